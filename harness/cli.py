@@ -1,0 +1,210 @@
+"""``python -m harness``: run, datasets, methods, ui.
+
+Every user error is one line on stderr and exit status 2; nothing is written
+until a command has its result (``--json`` files are written atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import HarnessError
+
+BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+EMBEDDED_DEFAULT = "synthetic"
+
+
+def default_protocol(dataset: str) -> str:
+    """``smoke`` on the small CPU datasets, the field's standard (``roth2020``) on benchmarks."""
+    return "roth2020" if dataset in BENCHMARKS else "smoke"
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HarnessError(f"{flag} expects comma-separated integers like 0,1,2; got '{text}'") from None
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from methods import list_methods
+
+    from .data import DATASETS
+    from .losses import LOSSES
+    from .protocol import apply_overrides, load_protocol, protocol_dir
+    from .reporting import format_results
+    from .training import RunConfig, prepare_splits, run_training
+
+    # Validate every name before any work starts.
+    DATASETS.get(args.dataset)
+    methods = list_methods() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for name in methods:
+        from methods import METHODS
+
+        METHODS.get(name)
+    if args.data_root is not None and not args.data_root.is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    protocol_name = args.protocol or default_protocol(args.dataset)
+    protocol = load_protocol(protocol_name)
+    overrides = list(args.set or [])
+    if args.epochs is not None:
+        if args.epochs < 0:
+            raise HarnessError(f"--epochs must be >= 0, got {args.epochs}")
+        overrides.append(f"schedule.epochs={args.epochs}")
+    protocol, deviations = apply_overrides(protocol, overrides)
+    loss = args.loss or protocol.loss.name
+    LOSSES.get(loss)
+    if loss != protocol.loss.name and loss not in protocol.loss.args:
+        from .protocol import Deviation
+
+        deviations += (Deviation("loss.name", protocol.loss.name, loss),)
+    seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
+    path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
+
+    splits = prepare_splits(protocol, args.dataset, args.data_root)
+    print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
+          f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
+          + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
+    records = []
+    for seed in seeds:
+        for method in methods:
+            cfg = RunConfig(method=method, dataset=args.dataset, protocol=protocol, loss=loss,
+                            loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
+                            protocol_path=path, data_root=args.data_root, device=args.device,
+                            workers=args.workers, resume=args.resume, experiment=args.experiment or "",
+                            method_options=dict(protocol.methods.get(method, {})))
+            records.append(run_training(cfg, splits))
+    print(format_results(records))
+    if args.json:
+        _write_json_atomic(args.json, records)
+    return 0
+
+
+# ----------------------------------------------------------------------- listings
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from .data import DATASETS
+    from .data.fashion_mnist import fashion_mnist_root
+    from .data.synthetic import synthetic_root
+
+    for name in DATASETS:
+        info = DATASETS.get(name)
+        if name == "synthetic":
+            root = synthetic_root(args.data_root)
+            status = "found" if (root / "manifest.json").is_file() else "generated on first use"
+            where = str(root)
+        else:
+            try:
+                where = str(fashion_mnist_root(args.data_root) if name == "fashion-mnist" else info.locate(args.data_root))
+                status = "found"
+            except HarnessError as err:
+                status, where = "missing", str(err).split("expected ", 1)[-1]
+        print(f"{name:14s} {status:24s} {where}\n{'':14s} {info.description}")
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from methods import METHODS
+
+    for name in METHODS:
+        entry = METHODS.get(name)
+        paper = entry.cls.paper
+        source = f"{paper.title} ({paper.year})" if paper else "harness baseline"
+        print(f"{name:14s} {entry.description}\n{'':14s} {source}; options: "
+              f"{', '.join(f'{k}={v!r}' for k, v in entry.options().items()) or 'none'}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .tracking import tracking_uri
+
+    uri = tracking_uri()
+    print(f"MLflow UI on http://{args.host}:{args.port} over {uri}", file=sys.stderr)
+    artifacts = (Path("results") / "mlartifacts").resolve()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+           "--default-artifact-root", artifacts.as_uri(), "--host", args.host, "--port", str(args.port)]
+    return subprocess.call(cmd)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train and evaluate methods under a fair protocol")
+    run.add_argument("--methods", default="all", help="'all' or a comma-separated list")
+    run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
+    run.add_argument("--protocol", help="protocol name or .toml path (default: smoke on synthetic "
+                     "and fashion-mnist, roth2020 on the four benchmarks)")
+    run.add_argument("--loss", help="metric loss (default: the protocol's)")
+    run.add_argument("--seeds", help="comma-separated seeds (default: the protocol's)")
+    run.add_argument("--epochs", type=int, help="override schedule.epochs (recorded as a deviation); "
+                     "0 evaluates the initial model")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
+    run.add_argument("--data-root", type=Path)
+    run.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    run.add_argument("--workers", type=int, help="data-loading processes (default 0 on CPU, 4 on CUDA)")
+    run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
+    run.add_argument("--json", type=Path, help="write the result records to this file")
+    run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
+    run.set_defaults(func=cmd_run)
+
+    ds = sub.add_parser("datasets", help="list datasets, whether each is found locally and where")
+    ds.add_argument("--data-root", type=Path)
+    ds.set_defaults(func=cmd_datasets)
+
+    me = sub.add_parser("methods", help="list registered method plugins")
+    me.set_defaults(func=cmd_methods)
+
+    ui = sub.add_parser("ui", help="open the MLflow UI over the tracking store (127.0.0.1)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err)
+    # Errors raised in DataLoader workers arrive wrapped with the worker's traceback.
+    marker = "HarnessError: "
+    if marker in text:
+        text = text.rsplit(marker, 1)[-1]
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except HarnessError as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # errors from DataLoader workers are re-raised as other types
+        if "HarnessError" in str(err):
+            print(f"error: {_one_line(err)}", file=sys.stderr)
+            return 2
+        raise
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,24 @@
+"""Datasets: registry, official-layout loaders, the embedded synthetic set, sampling, transforms."""
+
+from . import benchmarks, fashion_mnist, synthetic  # noqa: F401  (fill the registry)
+from .base import (
+    DATASETS,
+    ArrayImageSet,
+    DatasetSplits,
+    FileImageSet,
+    ImageSet,
+    carve_validation,
+    cap_per_class,
+    default_data_root,
+)
+
+__all__ = [
+    "DATASETS",
+    "ArrayImageSet",
+    "DatasetSplits",
+    "FileImageSet",
+    "ImageSet",
+    "carve_validation",
+    "cap_per_class",
+    "default_data_root",
+]

@@ -1,0 +1,154 @@
+"""Metric losses and miners by name, through pytorch-metric-learning (PML).
+
+PML is reused wherever it has the loss; only the binomial deviance loss (used by
+three of the seeds) is written here, against PML's ``BaseMetricLossFunction``
+interface so that miners, reducers and distances compose with it as usual.
+Every entry carries its default hyperparameters as data; a protocol's
+``[loss.args.<name>]`` table overrides them, and an unknown argument is an error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
+from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from .errors import HarnessError
+from .registry import Registry
+
+__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "create_loss", "create_miner", "loss_defaults"]
+
+
+class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
+    """Binomial deviance (Yi et al. 2014), as in A-grouping Table 1 and the DGML code.
+
+    With cosine similarity ``s`` of a pair::
+
+        positive pair: softplus(-alpha * pos_scale * (s - margin))
+        negative pair: softplus( alpha * neg_scale * (s - margin))
+
+    averaged over positive pairs plus averaged over negative pairs. Defaults are
+    Table 1's: m = 0.5, alpha = 2, beta1 = 25 (negatives), beta0 = 1 (positives).
+    The printed formula in Table 1 is garbled; the weights' placement follows the
+    released DGML code (``cons = -1 * pos + 25 * neg``). Unlike that code, the
+    trivial self-pairs (s = 1, no gradient) are not counted among the positives.
+    """
+
+    def __init__(self, *, alpha: float = 2.0, margin: float = 0.5, pos_scale: float = 1.0,
+                 neg_scale: float = 25.0, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha, self.margin = alpha, margin
+        self.pos_scale, self.neg_scale = pos_scale, neg_scale
+        self.add_to_recordable_attributes(list_of_names=["alpha", "margin", "pos_scale", "neg_scale"],
+                                          is_stat=False)
+
+    def get_default_distance(self):
+        return CosineSimilarity()
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        sim = self.distance(embeddings, ref_emb)
+        if not self.distance.is_inverted:
+            raise HarnessError("binomial deviance needs a similarity (inverted) distance")
+        zero = embeddings.sum() * 0  # keeps the graph when a batch has no pairs
+        pos = F.softplus(-self.alpha * self.pos_scale * (sim[a1, p] - self.margin))
+        neg = F.softplus(self.alpha * self.neg_scale * (sim[a2, n] - self.margin))
+        loss = (pos.mean() if pos.numel() else zero) + (neg.mean() if neg.numel() else zero)
+        return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
+
+
+@dataclass(frozen=True)
+class LossEntry:
+    cls: type
+    defaults: dict[str, Any] = field(default_factory=dict)
+    #: Whether the loss holds parameters sized by the classes (proxies, per-class beta).
+    needs_classes: bool = False
+    description: str = ""
+
+
+LOSSES: Registry[LossEntry] = Registry("loss")
+MINERS: Registry[LossEntry] = Registry("miner")
+
+
+def _loss(name, cls, description, needs_classes=False, **defaults):
+    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description))
+
+
+_loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
+      pos_margin=0.0, neg_margin=1.0)
+_loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
+_loss("margin", pml_losses.MarginLoss,
+      "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
+      needs_classes=True, margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
+_loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
+      alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
+_loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019",
+      alpha=2.0, beta=50.0, base=0.5)
+_loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True,
+      margin=0.1, alpha=32.0)
+_loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True,
+      softmax_scale=1.0)
+_loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True,
+      margin=28.6, scale=64.0)
+_loss("normalized_softmax", pml_losses.NormalizedSoftmaxLoss, "Zhai & Wu 2019", needs_classes=True,
+      temperature=0.05)
+_loss("circle", pml_losses.CircleLoss, "Sun et al. 2020", m=0.4, gamma=80.0)
+_loss("lifted_structure", pml_losses.LiftedStructureLoss, "Oh Song et al. 2016",
+      neg_margin=1.0, pos_margin=0.0)
+_loss("ntxent", pml_losses.NTXentLoss, "Chen et al. 2020 (InfoNCE)", temperature=0.07)
+_loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classes=True,
+      centers_per_class=10, la=20.0, gamma=0.1, margin=0.01)
+
+MINERS.register("distance_weighted")(LossEntry(pml_miners.DistanceWeightedMiner,
+                                              {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
+                                              description="Wu et al. 2017"))
+MINERS.register("multi_similarity")(LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1},
+                                             description="Wang et al. 2019"))
+MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
+                                           {"margin": 0.2, "type_of_triplets": "semihard"},
+                                           description="semihard triplets"))
+MINERS.register("batch_hard")(LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017"))
+MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
+                                        {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
+
+
+def loss_defaults(name: str) -> dict[str, Any]:
+    return dict(LOSSES.get(name).defaults)
+
+
+def _instantiate(kind: str, name: str, entry: LossEntry, args: dict[str, Any], runtime: dict[str, Any]):
+    accepted = set(inspect.signature(entry.cls.__init__).parameters)
+    # PML bases take **kwargs (distance, reducer, ...): check against the whole MRO.
+    for base in entry.cls.__mro__[1:]:
+        if "__init__" in vars(base):
+            accepted |= set(inspect.signature(base.__init__).parameters)
+    unknown = sorted(set(args) - accepted - {"self", "args", "kwargs"})
+    if unknown:
+        raise HarnessError(f"unknown argument '{unknown[0]}' for {kind} '{name}'")
+    return entry.cls(**{**entry.defaults, **args, **runtime})
+
+
+def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: int,
+                embedding_size: int) -> torch.nn.Module:
+    """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``."""
+    entry = LOSSES.get(name)
+    runtime: dict[str, Any] = {}
+    if entry.needs_classes:
+        runtime["num_classes"] = num_classes
+        if "embedding_size" in inspect.signature(entry.cls.__init__).parameters:
+            runtime["embedding_size"] = embedding_size
+    return _instantiate("loss", name, entry, dict(args or {}), runtime)
+
+
+def create_miner(name: str, args: dict[str, Any] | None = None):
+    """A PML miner, or ``None`` for ``"none"``."""
+    if name in ("", "none"):
+        return None
+    return _instantiate("miner", name, MINERS.get(name), dict(args or {}), {})

@@ -1,0 +1,358 @@
+"""Fair protocols as data: ``protocols/<name>.toml`` parsed into a frozen, validated object.
+
+A protocol fixes everything that must be equal for two numbers to be comparable:
+backbone and weights, image size and transforms, embedding size, batch sampling,
+optimizer, schedule, splits, model selection and metrics. Unknown keys are
+errors naming the key (OML silently drops them; we do not). Command-line
+overrides are allowed, but each one is recorded as a named :class:`Deviation`
+and changes the fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import HarnessError, unknown_name
+
+__all__ = [
+    "Protocol",
+    "Deviation",
+    "load_protocol",
+    "list_protocols",
+    "apply_overrides",
+    "protocol_dir",
+    "fingerprint",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str = "resnet50"
+    pretrained: bool = True
+    #: Optional path to a state dict (loaded with ``weights_only=True``).
+    weights: str = ""
+    #: Roth et al. 2020: BN running statistics frozen (eval mode), affine still trained.
+    freeze_bn: bool = True
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    size: int = 224
+    #: Eval: Resize(resize) then CenterCrop(size).
+    resize: int = 256
+    train_transform: str = "random_resized_crop_flip"
+    eval_transform: str = "resize_center_crop"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    size: int = 128
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    classes_per_batch: int = 56
+    samples_per_class: int = 2
+    #: 0 means one pass over the training images per epoch.
+    batches_per_epoch: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.classes_per_batch * self.samples_per_class
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adam"
+    lr_backbone: float = 1e-5
+    lr_head: float = 1e-5
+    #: Learning rate of loss parameters (margin beta, proxies).
+    lr_loss: float = 5e-4
+    weight_decay: float = 4e-4
+    momentum: float = 0.9
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str = "constant"
+    epochs: int = 150
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    #: The default metric loss of this protocol.
+    name: str = "margin"
+    #: Hyperparameters per loss the protocol sanctions: ``{loss_name: {arg: value}}``.
+    #: Choosing a sanctioned loss with ``--loss`` is a run axis, not a deviation.
+    args: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MinerSpec:
+    name: str = "none"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    #: Fraction of training classes carved out, class-disjointly, for validation.
+    validation_classes: float = 0.2
+    seed: int = 0
+    #: Cap on images per class (0 = all), seeded; used by small CPU protocols.
+    max_train_images_per_class: int = 0
+    max_test_images_per_class: int = 0
+
+
+SELECTION_MODES = ("validation", "last", "test-paper")
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    #: "validation" (fair, default), "last" (final epoch) or "test-paper"
+    #: (mimics the seeds' released code; labelled in every table it reaches).
+    mode: str = "validation"
+    metric: str = "mean_average_precision_at_r"
+    evaluate_every: int = 1
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    metrics: tuple[str, ...] = (
+        "precision_at_1",
+        "recall_at_k",
+        "r_precision",
+        "mean_average_precision_at_r",
+    )
+    #: Recall@K values per dataset name; "default" applies to the rest.
+    recall_k: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {
+            "default": (1, 2, 4, 8),
+            "sop": (1, 10, 100, 1000),
+            "inshop": (1, 10, 20, 30, 40, 50),
+        }
+    )
+    batch_size: int = 128
+
+    def recall_k_for(self, dataset: str) -> tuple[int, ...]:
+        return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    description: str = ""
+    #: Paper or source the protocol transcribes.
+    source: str = ""
+    seeds: tuple[int, ...] = (0,)
+    backbone: BackboneSpec = BackboneSpec()
+    image: ImageSpec = ImageSpec()
+    embedding: EmbeddingSpec = EmbeddingSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    loss: LossSpec = LossSpec()
+    miner: MinerSpec = MinerSpec()
+    splits: SplitSpec = SplitSpec()
+    selection: SelectionSpec = SelectionSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
+    #: Method options fixed by this protocol: ``{method: {option: value}}``.
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.selection.mode in SELECTION_MODES, "selection.mode",
+               f"'{self.selection.mode}' is not one of {', '.join(SELECTION_MODES)}")
+        _check(0.0 <= self.splits.validation_classes < 1.0, "splits.validation_classes",
+               "must be in [0, 1)")
+        _check(self.image.size > 0 and self.image.resize >= self.image.size, "image.resize",
+               "must be >= image.size > 0")
+        _check(self.embedding.size > 0, "embedding.size", "must be positive")
+        _check(self.sampling.classes_per_batch >= 2, "sampling.classes_per_batch",
+               "must be >= 2 (negatives are needed)")
+        _check(self.sampling.samples_per_class >= 2, "sampling.samples_per_class",
+               "must be >= 2 (positives are needed)")
+        _check(self.schedule.epochs >= 0, "schedule.epochs", "must be >= 0")
+        _check(len(self.seeds) > 0, "seeds", "must list at least one seed")
+        _check(len(self.image.mean) == 3 and len(self.image.std) == 3, "image.mean",
+               "mean and std need three values")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def loss_args(self, loss_name: str) -> dict[str, Any]:
+        return dict(self.loss.args.get(loss_name, {}))
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A protocol field changed on the command line: named, recorded, fingerprinted."""
+
+    field: str
+    protocol_value: Any
+    value: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.protocol_value!r} -> {self.value!r}"
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise HarnessError(f"protocol key '{key}' {message}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
+        return _build(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise HarnessError(f"protocol key '{key}' must be a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
+        return {k: _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise HarnessError(
+            f"protocol key '{key}' must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise HarnessError(f"unknown protocol key '{dotted}'{hint}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def protocol_dir() -> Path:
+    """The shipped ``protocols/`` folder (next to the package in a source checkout)."""
+    here = Path(__file__).resolve().parents[1] / "protocols"
+    return here if here.is_dir() else Path.cwd() / "protocols"
+
+
+def list_protocols() -> list[str]:
+    return sorted(p.stem for p in protocol_dir().glob("*.toml"))
+
+
+def load_protocol(name_or_path: str | Path) -> Protocol:
+    """Load a shipped protocol by name, or any ``.toml`` file by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = protocol_dir() / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise unknown_name("protocol", str(name_or_path), list_protocols())
+    if not path.is_file():
+        raise HarnessError(f"protocol file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise HarnessError(f"malformed protocol file {path}: {err}") from None
+    data.setdefault("name", path.stem)
+    return _build(Protocol, data)
+
+
+# ------------------------------------------------------------------------- overrides
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override value with TOML's own rules (``3``, ``1e-5``, ``[1, 2]``, ``"adam"``)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string
+
+
+def apply_overrides(
+    protocol: Protocol, overrides: dict[str, Any] | list[str]
+) -> tuple[Protocol, tuple[Deviation, ...]]:
+    """Return the protocol with ``{"schedule.epochs": 3}`` (or ``["schedule.epochs=3"]``) applied.
+
+    Each changed field becomes a :class:`Deviation`; values equal to the
+    protocol's are not deviations.
+    """
+    if isinstance(overrides, list):
+        parsed = {}
+        for item in overrides:
+            if "=" not in item:
+                raise HarnessError(f"override '{item}' must look like key.path=value")
+            key, text = item.split("=", 1)
+            parsed[key.strip()] = _parse_value(text.strip())
+        overrides = parsed
+    data = protocol.to_dict()
+    deviations = []
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise HarnessError(f"unknown protocol key '{dotted}'")
+            node = node[part]
+        if parts[-1] not in node:
+            raise HarnessError(f"unknown protocol key '{dotted}'")
+        old = node[parts[-1]]
+        node[parts[-1]] = value
+        if _jsonable(value) != old:
+            deviations.append(Deviation(dotted, old, value))
+    return _build(Protocol, data), tuple(deviations)
+
+
+def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None) -> str:
+    """Hash of the canonical protocol, the resolved loss and the dataset split (16 hex chars)."""
+    payload = json.dumps(
+        {"protocol": protocol.to_dict(), "split": split_digest, "loss": loss,
+         "loss_args": _jsonable(loss_args or {})},
+        sort_keys=True, separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,0 +1,49 @@
+"""The results table printed at the end of ``run``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+__all__ = ["format_results", "SHORT_NAMES"]
+
+SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R"}
+
+
+def _short(metric: str) -> str:
+    if metric.startswith("recall_at_"):
+        return "R@" + metric.removeprefix("recall_at_")
+    return SHORT_NAMES.get(metric, metric)
+
+
+def format_results(records: list[dict]) -> str:
+    """One row per (method, loss) with mean (and std over seeds when there are several), in %."""
+    if not records:
+        return "(no runs)"
+    metrics = list(records[0]["metrics"])
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["dataset"], r["method"], r["loss"])].append(r)
+    header = ["dataset", "method", "loss", "seeds"] + [_short(m) for m in metrics]
+    rows = []
+    for (dataset, method, loss), runs in groups.items():
+        cells = [dataset, method, loss, str(len(runs))]
+        for m in metrics:
+            values = np.array([r["metrics"].get(m, np.nan) for r in runs]) * 100
+            cell = f"{values.mean():.2f}"
+            if len(values) > 1:
+                cell += f"±{values.std(ddof=1):.2f}"
+            cells.append(cell)
+        rows.append(cells)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+    deviations = sorted({d for r in records for d in r.get("deviations", [])})
+    out = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    out.append(f"protocol {records[0]['protocol']} (fingerprint {records[0]['fingerprint']}), "
+               f"model selection: {records[0]['selection']}"
+               + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else ""))
+    if deviations:
+        out.append("deviations: " + "; ".join(deviations))
+    return "\n".join(out)

@@ -1,0 +1,134 @@
+"""MLflow tracking: the store every number is reproduced from.
+
+Default store ``sqlite:///results/mlflow.db`` (relative to the working directory)
+unless ``MLFLOW_TRACKING_URI`` is set; artifacts under ``results/mlartifacts``.
+Each run records the full protocol, fingerprint, deviations, method options,
+seed, git commit and package versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["tracking_uri", "environment_tags", "flatten", "Tracker", "PACKAGES"]
+
+DEFAULT_URI = "sqlite:///results/mlflow.db"
+PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "numpy",
+            "mlflow", "optuna", "dml-harness")
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def git_commit() -> str:
+    """Commit of the harness source (with ``-dirty`` when the tree has local changes)."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def environment_tags() -> dict[str, str]:
+    tags = {"git_commit": git_commit(), "platform": platform.platform()}
+    tags.update({f"version.{k}": v for k, v in package_versions().items()})
+    return tags
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
+    return out
+
+
+class Tracker:
+    """A thin wrapper over one MLflow run (start or resume, log, finish or fail)."""
+
+    def __init__(self, experiment: str, run_name: str, run_id: str | None = None):
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri())
+        exp = mlflow.get_experiment_by_name(experiment)
+        if exp is None:
+            artifacts = (Path("results") / "mlartifacts").resolve()
+            artifacts.mkdir(parents=True, exist_ok=True)
+            exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts.as_uri())
+        else:
+            exp_id = exp.experiment_id
+        self.client = mlflow.MlflowClient()
+        if run_id is not None:
+            try:
+                self.client.get_run(run_id)
+            except Exception:
+                run_id = None
+        if run_id is None:
+            run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        fresh = [Param(k[:250], str(v)[:6000]) for k, v in params.items() if k[:250] not in existing]
+        for i in range(0, len(fresh), 100):
+            self.client.log_batch(self.run_id, params=fresh[i:i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                 if isinstance(v, int | float)]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), folder)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,400 @@
+"""Training and evaluation of one run: (method, dataset, protocol, loss, seed).
+
+Seeded everywhere (python, numpy, torch; deterministic kernels on CPU), AMP and
+channels-last on CUDA, a checkpoint after every epoch (written atomically), and
+``resume`` that continues from the last checkpoint to exactly the result of an
+uninterrupted run: every source of randomness is re-derived from ``(seed,
+epoch)`` at the start of each epoch, so nothing but tensors has to be saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from methods import HeadOutput, Method, create_method
+
+from .backbones import Backbone, create_backbone
+from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation
+from .data.sampling import ClassBalancedBatchSampler, TransformedImages
+from .data.transforms import build_transform
+from .errors import HarnessError
+from .evaluation import evaluate_embeddings
+from .losses import create_loss, create_miner
+from .protocol import Deviation, Protocol, fingerprint
+
+__all__ = ["RunConfig", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
+           "embed_images", "evaluate_split", "seed_everything", "resolve_device"]
+
+
+@dataclass
+class RunConfig:
+    method: str
+    dataset: str
+    protocol: Protocol
+    loss: str
+    loss_args: dict[str, Any]
+    seed: int
+    deviations: tuple[Deviation, ...] = ()
+    protocol_path: Path | None = None
+    method_options: dict[str, Any] = field(default_factory=dict)
+    data_root: Path | None = None
+    device: str = "auto"
+    workers: int | None = None
+    resume: bool = False
+    experiment: str = ""
+    checkpoint_root: Path = Path("results/checkpoints")
+
+
+class EmbeddingModel(nn.Module):
+    """Backbone (images -> feature maps) followed by a method head (maps -> HeadOutput)."""
+
+    def __init__(self, backbone: Backbone, head: Method):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, images: torch.Tensor) -> HeadOutput:
+        return self.head(self.backbone(images))
+
+
+# ----------------------------------------------------------------------- utilities
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise HarnessError(f"unknown device '{name}'; valid: auto, cpu, cuda")
+    return torch.device(name)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------ building
+
+
+def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None) -> DatasetSplits:
+    """Load the dataset, cap images per class (small protocols) and carve validation classes."""
+    splits = DATASETS.get(dataset).load(data_root)
+    s = protocol.splits
+    splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
+    splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
+    if protocol.selection.mode == "validation":
+        splits = carve_validation(splits, s.validation_classes, s.seed)
+    return splits
+
+
+def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
+    from methods import METHODS
+
+    stages = METHODS.get(method).cls.stages
+    b = protocol.backbone
+    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights,
+                               freeze_bn=b.freeze_bn, out_stages=stages)
+    channels = dict(backbone.channels)
+    head = create_method(method, channels=channels, embedding_size=protocol.embedding.size, **options)
+    return EmbeddingModel(backbone, head)
+
+
+def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
+    o = protocol.optimizer
+    groups = [{"params": [p for p in model.backbone.parameters() if p.requires_grad],
+               "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
+    groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
+    loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
+    if loss_params:
+        groups.append({"params": loss_params, "lr": o.lr_loss, "weight_decay": 0.0, "name": "loss"})
+    if o.name == "adam":
+        return torch.optim.Adam(groups)
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups)
+    if o.name == "rmsprop":
+        return torch.optim.RMSprop(groups, momentum=o.momentum)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, momentum=o.momentum)
+    raise HarnessError(f"unknown optimizer '{o.name}'; valid: adam, adamw, rmsprop, sgd")
+
+
+def _scheduler(protocol: Protocol, optimizer):
+    s = protocol.schedule
+    if s.name == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if s.name == "multistep":
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, list(s.milestones), gamma=s.gamma)
+    if s.name == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, s.epochs))
+    raise HarnessError(f"unknown schedule '{s.name}'; valid: constant, multistep, cosine")
+
+
+# ---------------------------------------------------------------------- evaluation
+
+
+@torch.inference_mode()
+def embed_images(model: EmbeddingModel, images, transform, *, batch_size: int, device: torch.device,
+                 workers: int = 0, keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+    """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``."""
+    model.eval()
+    loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
+                        num_workers=workers, pin_memory=device.type == "cuda")
+    embs, kept = [], {k: [] for k in keep}
+    amp = device.type == "cuda"
+    for batch, _, _ in loader:
+        batch = batch.to(device, non_blocking=True)
+        if amp:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device_type=device.type, enabled=amp):
+            out = model(batch)
+        embs.append(out.embedding.float().cpu())
+        for k in keep:
+            kept[k].append(getattr(out, k).float().cpu())
+    emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
+    return emb, {k: torch.cat(v) for k, v in kept.items()}
+
+
+def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
+                   *, device: torch.device, workers: int = 0) -> dict[str, float]:
+    """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None)."""
+    transform = build_transform(protocol.image, train=False)
+    bs = protocol.evaluation.batch_size
+    q, _ = embed_images(model, query_set, transform, batch_size=bs, device=device, workers=workers)
+    g = None
+    if gallery_set is not None:
+        g, _ = embed_images(model, gallery_set, transform, batch_size=bs, device=device, workers=workers)
+    return evaluate_embeddings(q, query_set.labels, g, None if gallery_set is None else gallery_set.labels,
+                               recall_k=protocol.evaluation.recall_k_for(dataset),
+                               metrics=protocol.evaluation.metrics, use_gpu=device.type == "cuda")
+
+
+# ------------------------------------------------------------------------- the run
+
+
+def run_key(cfg: RunConfig, fp: str) -> str:
+    payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
+                          "seed": cfg.seed}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _adapted_sampling(protocol: Protocol, num_classes: int) -> tuple[int, int, str]:
+    """Keep the protocol's batch size when a split has fewer classes than a batch asks for."""
+    s = protocol.sampling
+    if num_classes >= s.classes_per_batch:
+        return s.classes_per_batch, s.samples_per_class, ""
+    per_class = math.ceil(s.batch_size / num_classes)
+    note = (f"{num_classes} classes x {per_class} per batch (protocol asks "
+            f"{s.classes_per_batch} x {s.samples_per_class}; the split has {num_classes} classes)")
+    return num_classes, per_class, note
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[str, Any]:
+    """Train and test one run; returns the record written by ``run --json``."""
+    from .tracking import Tracker, environment_tags, flatten
+
+    protocol = cfg.protocol
+    device = resolve_device(cfg.device)
+    workers = cfg.workers if cfg.workers is not None else (4 if device.type == "cuda" else 0)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root)
+    fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args)
+    key = run_key(cfg, fp)
+    ckpt_dir = Path(cfg.checkpoint_root) / key
+    ckpt_path = ckpt_dir / "last.pt"
+    checkpoint = None
+    if cfg.resume and ckpt_path.is_file():
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
+
+    seed_everything(cfg.seed)
+    model = build_model(protocol, cfg.method, cfg.method_options).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    label_ids = np.unique(splits.train.labels)
+    label_map = {int(c): i for i, c in enumerate(label_ids)}
+    loss_fn = create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
+                          embedding_size=protocol.embedding.size).to(device)
+    miner = create_miner(protocol.miner.name, protocol.miner.args)
+    optimizer = _optimizer(protocol, model, loss_fn)
+    scheduler = _scheduler(protocol, optimizer)
+    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda")
+    classes_per_batch, per_class, sampling_note = _adapted_sampling(protocol, len(label_ids))
+    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
+                                        samples_per_class=per_class,
+                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed)
+    train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+
+    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
+    tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
+                      run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
+    try:
+        start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
+        if checkpoint is None:
+            _log_run_metadata(tracker, cfg, fp, splits, sampling_note, flatten, environment_tags)
+        else:
+            model.load_state_dict(checkpoint["model"])
+            loss_fn.load_state_dict(checkpoint["loss"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scheduler.load_state_dict(checkpoint["scheduler"])
+            start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
+
+        selection = protocol.selection
+        epochs = protocol.schedule.epochs
+        select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
+        for epoch in range(start_epoch, epochs):
+            stats = _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_data,
+                                 device, workers, epoch, epochs)
+            scheduler.step()
+            record = {"epoch": epoch + 1, **stats}
+            due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
+            if selection.mode in select_on and due:
+                q, g = select_on[selection.mode]
+                sel = evaluate_split(model, q, g, protocol, cfg.dataset, device=device, workers=workers)
+                prefix = "val" if selection.mode == "validation" else "test_paper_selection"
+                record.update({f"{prefix}_{k}": v for k, v in sel.items()})
+                if sel[selection.metric] > best["score"]:
+                    best = {"epoch": epoch + 1, "score": float(sel[selection.metric]),
+                            "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
+            history.append(record)
+            tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
+            _log(_epoch_line(cfg, record, epochs, selection.metric))
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_save({"epoch": epoch + 1, "model": model.state_dict(), "loss": loss_fn.state_dict(),
+                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                          "history": history, "best": best, "mlflow_run_id": tracker.run_id,
+                          "fingerprint": fp}, ckpt_path)
+
+        if best["state"] is not None and selection.mode != "last":
+            model.load_state_dict(best["state"])
+        test = evaluate_split(model, splits.test, splits.gallery, protocol, cfg.dataset,
+                              device=device, workers=workers)
+        selected_epoch = best["epoch"] if selection.mode != "last" else epochs
+        tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
+        tracker.set_tags({"selected_epoch": selected_epoch})
+        tracker.finish("FINISHED")
+    except BaseException as err:
+        tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
+        tracker.finish("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+    return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
+            "protocol": protocol.name, "fingerprint": fp,
+            "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
+            "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
+            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+
+
+def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
+                      flatten, environment_tags) -> None:
+    protocol = cfg.protocol
+    tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
+                        **flatten(cfg.method_options, "method."),
+                        "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
+                        "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method})
+    tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
+            "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
+            "selection": protocol.selection.mode,
+            "test_set_selection": protocol.selection.mode == "test-paper",
+            "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
+            "num_train_images": len(splits.train), "num_test_images": len(splits.test),
+            **environment_tags()}
+    if splits.val is not None:
+        tags["num_val_images"] = len(splits.val)
+    if sampling_note:
+        tags["sampling_adapted"] = sampling_note
+    tracker.set_tags(tags)
+    tracker.log_text(json.dumps(protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json")
+    tracker.log_text(json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),
+                     "protocol/deviations.json")
+    if cfg.protocol_path is not None and Path(cfg.protocol_path).is_file():
+        tracker.log_artifact(Path(cfg.protocol_path), "protocol")
+
+
+def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_data, device, workers,
+                 epoch, epochs) -> dict[str, float]:
+    seed = _epoch_seed(cfg.seed, epoch)
+    torch.manual_seed(seed)  # augmentation (in-process loading) and any dropout
+    sampler.set_epoch(epoch)
+    loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers,
+                        pin_memory=device.type == "cuda",
+                        generator=torch.Generator().manual_seed(seed))
+    model.train()
+    head = model.head
+    amp = device.type == "cuda"
+
+    def metric_loss(embeddings, labels):
+        embeddings = embeddings.float()
+        return loss_fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
+
+    total, seen, started = 0.0, 0, time.perf_counter()
+    bar = tqdm(loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
+               disable=None, file=sys.stderr)
+    for step, (images, labels, _) in enumerate(bar):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        if amp:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device_type=device.type, enabled=amp):
+            out = model(images)
+            terms = head.loss_terms(out, labels, metric_loss)
+            masked = head.masked_images(model, images, out, labels)
+            if masked is not None:
+                terms.update(head.masked_loss_terms(model(masked), out, labels, metric_loss))
+            loss = sum(terms.values())
+        if not torch.isfinite(loss):
+            raise HarnessError(
+                f"loss is {float(loss)} at epoch {epoch + 1}, batch {step + 1} "
+                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        total += float(loss.detach()) * len(images)
+        seen += len(images)
+        rate = seen / (time.perf_counter() - started)
+        bar.set_postfix(loss=f"{float(loss.detach()):.4f}", img_s=f"{rate:.0f}")
+    elapsed = time.perf_counter() - started
+    return {"train_loss": total / max(seen, 1), "train_images_per_s": seen / max(elapsed, 1e-9),
+            "train_seconds": elapsed}
+
+
+def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:
+    parts = [f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
+             f"loss {record['train_loss']:.4f}", f"{record['train_images_per_s']:.0f} img/s"]
+    for prefix in ("val_", "test_paper_selection_"):
+        if prefix + metric in record:
+            parts.append(f"{prefix.rstrip('_')} {metric} {record[prefix + metric]:.4f}")
+    return "  ".join(parts)

@@ -1,0 +1,21 @@
+"""Method plugins: one module per paper, registered by name.
+
+>>> from methods import create_method, list_methods
+>>> list_methods()
+['plain']
+"""
+
+from . import plain  # noqa: F401  (registers)
+from .base import (
+    METHODS,
+    HeadOutput,
+    Method,
+    PaperInfo,
+    create_method,
+    list_methods,
+    register_method,
+    register_variant,
+)
+
+__all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "create_method", "list_methods",
+           "register_method", "register_variant"]
