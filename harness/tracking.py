@@ -54,7 +54,11 @@ def package_versions() -> dict[str, str]:
 
 
 def environment_tags() -> dict[str, str]:
-    tags = {"git_commit": git_commit(), "platform": platform.platform()}
+    import torch
+
+    tags = {"git_commit": git_commit(), "platform": platform.platform(),
+            "torch_build": torch.__version__, "cuda": str(torch.version.cuda),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
     tags.update({f"version.{k}": v for k, v in package_versions().items()})
     return tags
 

@@ -375,7 +375,7 @@ def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_d
             loss = sum(terms.values())
         if not torch.isfinite(loss):
             raise HarnessError(
-                f"loss is {float(loss)} at epoch {epoch + 1}, batch {step + 1} "
+                f"loss is {float(loss.detach())} at epoch {epoch + 1}, batch {step + 1} "
                 f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
             )
         optimizer.zero_grad(set_to_none=True)

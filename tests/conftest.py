@@ -1,0 +1,41 @@
+"""Shared fixtures: an isolated data root, tracking store and working directory per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+TINY_PROTOCOL = TESTS / "protocols" / "tiny.toml"
+
+# Never reach for a model hub from tests (timm would retry for ~30 s).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """A data root shared by the session; the synthetic dataset is generated here once."""
+    root = tmp_path_factory.mktemp("data")
+    os.environ["DML_HARNESS_DATA"] = str(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tracking_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tracking")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{path / 'mlflow.db'}"
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, data_root, tracking_dir) -> Path:
+    """Run inside a fresh folder so ``results/`` (checkpoints, artifacts) is private."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_protocol() -> Path:
+    return TINY_PROTOCOL

@@ -1,0 +1,81 @@
+"""Backbones: stage shapes, real offline weights for EfficientNet-Lite0, frozen BN, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harness.backbones import BACKBONES, create_backbone, efficientnet_lite0_state_dict
+from harness.errors import HarnessError
+
+STRIDES = {"s8": 8, "s16": 16, "s32": 32}
+
+
+@pytest.mark.parametrize("name", BACKBONES.list())
+def test_stages_have_declared_channels_and_strides(name):
+    backbone = create_backbone(name, pretrained=False, out_stages=("s8", "s16", "s32")).eval()
+    with torch.no_grad():
+        maps = backbone(torch.randn(1, 3, 128, 128))
+    assert backbone.out_stages == ("s8", "s16", "s32")
+    for stage, fmap in zip(backbone.out_stages, maps, strict=True):
+        assert fmap.shape[1] == backbone.channels[stage]
+        assert fmap.shape[-1] == 128 // STRIDES[stage]
+
+
+def test_required_backbones_are_registered():
+    assert {"resnet50", "resnet18", "googlenet", "efficientnet_lite0"} <= set(BACKBONES.list())
+
+
+def test_efficientnet_lite0_real_weights_load_strict():
+    import timm
+
+    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    state = efficientnet_lite0_state_dict()
+    model.load_state_dict(state, strict=True)  # every key mapped, none left over
+    # Real ImageNet weights, not an initialisation: a trained stem has structure.
+    stem = state["conv_stem.weight"]
+    assert stem.shape == (32, 3, 3, 3)
+    assert not torch.allclose(stem, timm.create_model("tf_efficientnet_lite0").conv_stem.weight)
+    assert not torch.allclose(state["bn1.running_var"], torch.ones(32))  # real BN statistics
+    model.eval()
+    from harness.data.synthetic import make_classes, render
+
+    image, _ = render(make_classes(np.random.default_rng(0), 1)[0], np.random.default_rng(0), 224)
+    x = (torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255 - 0.5) / 0.5
+    with torch.no_grad():  # trained ImageNet logits on a structured image are far from uniform
+        logits = model(x)
+    assert torch.isfinite(logits).all() and logits.std() > 0.5
+
+
+def test_frozen_bn_stays_in_eval_mode_but_keeps_training_affine():
+    backbone = create_backbone("resnet18", pretrained=False, freeze_bn=True).train()
+    bns = [m for m in backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and all(not bn.training for bn in bns)
+    assert all(bn.weight.requires_grad for bn in bns)
+    before = bns[0].running_mean.clone()
+    backbone(torch.randn(2, 3, 64, 64))
+    assert torch.equal(before, bns[0].running_mean)
+    unfrozen = create_backbone("resnet18", pretrained=False, freeze_bn=False).train()
+    assert all(m.training for m in unfrozen.modules() if isinstance(m, torch.nn.BatchNorm2d))
+
+
+def test_unavailable_pretrained_weights_fail_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HarnessError, match="pretrained weights for backbone 'resnet50' are not available offline"):
+        create_backbone("resnet50", pretrained=True)
+
+
+def test_weights_file_is_loaded_safely(tmp_path):
+    source = create_backbone("resnet18", pretrained=False)
+    path = tmp_path / "r18.pth"
+    torch.save(source.body.state_dict(), path)
+    loaded = create_backbone("resnet18", pretrained=True, weights=str(path))
+    assert torch.equal(loaded.body.conv1.weight, source.body.conv1.weight)
+    with pytest.raises(HarnessError, match="backbone.weights file not found"):
+        create_backbone("resnet18", pretrained=True, weights=str(tmp_path / "missing.pth"))
+
+
+def test_unknown_backbone_lists_valid_names():
+    with pytest.raises(HarnessError, match="unknown backbone 'resnet5'.*resnet50"):
+        create_backbone("resnet5", pretrained=False)

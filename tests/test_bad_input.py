@@ -1,0 +1,82 @@
+"""Each bad input gets one clear line on stderr, exit status 2, and no half-written result."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+import torch
+
+from harness.cli import main
+from methods import METHODS, HeadOutput
+from methods.base import MethodEntry
+from methods.plain import PlainHead
+
+from .fixtures import make_cub
+
+
+def _fails(capsys, args, match, out_path):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]
+    assert last.startswith("error: ") and match in last, err
+    assert "Traceback" not in err
+    assert not out_path.exists()
+    return last
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--methods", "plain,agroupin"], "unknown method 'agroupin'"),
+    (["--dataset", "cub"], "unknown dataset 'cub'; did you mean 'cub200'? valid: cars196, cub200"),
+    (["--loss", "tripplet"], "unknown loss 'tripplet'; did you mean 'triplet'? valid:"),
+    (["--protocol", "rot2020"], "unknown protocol 'rot2020'; did you mean 'roth2020'? valid:"),
+    (["--seeds", "0,x"], "--seeds expects comma-separated integers"),
+    (["--set", "optimizer.lr=1"], "unknown protocol key 'optimizer.lr'"),
+    (["--dataset", "cub200", "--data-root", "/nonexistent/dir"], "--data-root /nonexistent/dir does not exist"),
+])
+def test_unknown_names_list_the_valid_ones(workdir, capsys, args, match):
+    _fails(capsys, ["run", *args, "--json", str(workdir / "o.json")], match, workdir / "o.json")
+
+
+def test_missing_data_root_names_the_expected_file(workdir, capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = _fails(capsys, ["run", "--dataset", "cub200", "--data-root", str(empty), "--json",
+                           str(workdir / "o.json")], "dataset 'cub200' not found: expected", workdir / "o.json")
+    assert str(empty / "CUB_200_2011" / "images.txt") in line
+
+
+def test_malformed_protocol_names_the_key(workdir, capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sampling]\nclasses_per_bach = 8\n")
+    _fails(capsys, ["run", "--protocol", str(bad), "--json", str(workdir / "o.json")],
+           "unknown protocol key 'sampling.classes_per_bach' (did you mean 'classes_per_batch'?)",
+           workdir / "o.json")
+
+
+def test_corrupt_image_names_its_path(workdir, capsys, tmp_path, tiny_protocol):
+    base = make_cub(tmp_path / "cub")
+    corrupt = base / "images" / "150.Bird_150" / "Bird_150_0000.jpg"
+    corrupt.write_bytes(b"this is not a jpeg")
+    line = _fails(capsys, ["run", "--methods", "plain", "--dataset", "cub200", "--data-root",
+                           str(tmp_path / "cub"), "--protocol", str(tiny_protocol), "--epochs", "0",
+                           "--set", "splits.max_test_images_per_class=0", "--json", str(workdir / "o.json")],
+                  "corrupt image", workdir / "o.json")
+    assert str(corrupt) in line
+
+
+class NanHead(PlainHead):
+    """A plain head whose loss becomes NaN (test only)."""
+
+    def loss_terms(self, output: HeadOutput, labels, metric_loss):
+        return {"metric": metric_loss(output.embedding, labels) * torch.tensor(float("nan"))}
+
+
+def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protocol, monkeypatch):
+    monkeypatch.setitem(METHODS._entries, "nan-test", MethodEntry("nan-test", NanHead, {}))
+    out = workdir / "o.json"
+    _fails(capsys, ["run", "--methods", "nan-test", "--protocol", str(tiny_protocol), "--json", str(out)],
+           "loss is nan at epoch 1, batch 1", out)
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.method = 'nan-test'",
+                              output_format="list")
+    assert runs and all(r.info.status == "FAILED" for r in runs)
+    assert "loss is nan" in runs[0].data.tags["failure"]

@@ -1,0 +1,106 @@
+"""Protocols as data: validation, overrides as named deviations, fingerprints."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.protocol import apply_overrides, fingerprint, list_protocols, load_protocol
+
+
+@pytest.mark.parametrize("name", ["smoke", "roth2020", "agrouping"])
+def test_shipped_protocols_load(name):
+    assert name in list_protocols()
+    protocol = load_protocol(name)
+    assert protocol.name == name
+    assert protocol.selection.mode == "validation"  # fair by default
+    hash(protocol.canonical_json())
+
+
+def test_roth2020_matches_the_field_facts():
+    p = load_protocol("roth2020")
+    assert (p.backbone.name, p.backbone.pretrained, p.backbone.freeze_bn) == ("resnet50", True, True)
+    assert (p.sampling.classes_per_batch, p.sampling.samples_per_class) == (56, 2)
+    assert (p.optimizer.name, p.optimizer.lr_backbone, p.optimizer.weight_decay) == ("adam", 1e-5, 4e-4)
+    assert (p.image.size, p.image.resize) == (224, 256)
+    assert p.evaluation.recall_k_for("sop") == (1, 10, 100, 1000)
+    assert p.evaluation.recall_k_for("cub200") == (1, 2, 4, 8)
+
+
+def test_agrouping_protocol_is_sec_4_3():
+    p = load_protocol("agrouping")
+    assert p.embedding.size == 512
+    assert p.methods["agrouping"]["groups"] == 4
+    assert p.optimizer.lr_backbone == 1e-5
+    assert p.sampling.batch_size == 112
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, key", [
+    ("seedz = [0]\n", "seedz"),
+    ("[optimizer]\nlr_bakbone = 1e-5\n", "optimizer.lr_bakbone"),
+    ("[backbone]\nname = 'resnet50'\npretrainde = true\n", "backbone.pretrainde"),
+])
+def test_unknown_key_is_an_error_naming_it(tmp_path, text, key):
+    with pytest.raises(HarnessError, match=f"unknown protocol key '{key}'"):
+        load_protocol(_write(tmp_path, text))
+
+
+def test_mistyped_value_names_the_key(tmp_path):
+    with pytest.raises(HarnessError, match="'embedding.size' must be int"):
+        load_protocol(_write(tmp_path, "[embedding]\nsize = 'big'\n"))
+
+
+def test_invalid_selection_mode(tmp_path):
+    with pytest.raises(HarnessError, match="selection.mode"):
+        load_protocol(_write(tmp_path, "[selection]\nmode = 'test'\n"))
+
+
+def test_malformed_toml_names_the_file(tmp_path):
+    with pytest.raises(HarnessError, match="malformed protocol file"):
+        load_protocol(_write(tmp_path, "[optimizer\n"))
+
+
+def test_unknown_protocol_lists_valid_names():
+    with pytest.raises(HarnessError, match="unknown protocol 'smok'.*smoke"):
+        load_protocol("smok")
+
+
+def test_override_is_a_named_deviation_and_changes_the_fingerprint():
+    p = load_protocol("smoke")
+    q, deviations = apply_overrides(p, ["schedule.epochs=7", "optimizer.lr_head=2e-4"])
+    assert q.schedule.epochs == 7 and q.optimizer.lr_head == 2e-4
+    assert {d.field for d in deviations} == {"schedule.epochs", "optimizer.lr_head"}
+    assert str(deviations[0]) == "schedule.epochs: 3 -> 7"
+    assert fingerprint(p, "split") != fingerprint(q, "split")
+
+
+def test_override_to_the_same_value_is_no_deviation():
+    p = load_protocol("smoke")
+    _, deviations = apply_overrides(p, {"schedule.epochs": p.schedule.epochs})
+    assert deviations == ()
+
+
+def test_override_of_unknown_field_is_an_error():
+    with pytest.raises(HarnessError, match="unknown protocol key 'schedule.epoch'"):
+        apply_overrides(load_protocol("smoke"), ["schedule.epoch=3"])
+
+
+def test_fingerprint_covers_protocol_split_and_loss():
+    p = load_protocol("smoke")
+    base = fingerprint(p, "a", loss="margin")
+    assert base == fingerprint(load_protocol("smoke"), "a", loss="margin")  # stable
+    assert base != fingerprint(p, "b", loss="margin")
+    assert base != fingerprint(p, "a", loss="triplet")
+    assert len(base) == 16
+
+
+def test_protocol_is_frozen():
+    p = load_protocol("smoke")
+    with pytest.raises(Exception):
+        p.schedule.epochs = 5  # type: ignore[misc]

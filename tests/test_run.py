@@ -1,0 +1,111 @@
+"""End-to-end ``python -m harness run`` on the embedded dataset with a tiny protocol:
+records, MLflow, determinism, resume after SIGKILL, ``--epochs 0``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+
+from harness.cli import main
+
+
+def run_cli(*args: str) -> int:
+    return main(["run", *args])
+
+
+def _records(path: Path) -> list[dict]:
+    return json.loads(path.read_text())
+
+
+def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, capsys):
+    out = workdir / "out.json"
+    assert run_cli("--methods", "all", "--protocol", str(tiny_protocol), "--json", str(out)) == 0
+    records = _records(out)
+    assert {r["method"] for r in records} >= {"plain"}
+    rec = next(r for r in records if r["method"] == "plain")
+    assert set(rec) >= {"method", "dataset", "loss", "seed", "protocol", "fingerprint", "metrics"}
+    assert rec["dataset"] == "synthetic" and rec["loss"] == "margin" and rec["seed"] == 0
+    for name in ("precision_at_1", "r_precision", "mean_average_precision_at_r", "recall_at_1", "recall_at_8"):
+        assert 0.0 <= rec["metrics"][name] <= 1.0
+    printed = capsys.readouterr().out
+    assert "MAP@R" in printed and "plain" in printed and rec["fingerprint"] in printed
+
+    run = mlflow.MlflowClient().get_run(rec["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    tags, params = run.data.tags, run.data.params
+    assert tags["fingerprint"] == rec["fingerprint"] and tags["seed"] == "0"
+    assert tags["git_commit"] and tags["torch_build"] == torch.__version__
+    assert tags["version.pytorch-metric-learning"] != "not installed"
+    assert tags["deviations"] == "none" and tags["test_set_selection"] == "False"
+    assert params["protocol.backbone.name"] == "efficientnet_lite0"
+    assert params["protocol.sampling.classes_per_batch"] == "8"
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
+    assert [m.step for m in history] == [1, 2]  # one validation per epoch
+    assert run.data.metrics["test_precision_at_1"] == pytest.approx(rec["metrics"]["precision_at_1"])
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "protocol")}
+    assert {"protocol/tiny.toml", "protocol/resolved.json", "protocol/deviations.json"} <= artifacts
+
+
+def test_same_seed_twice_gives_identical_metrics(workdir, tiny_protocol):
+    a, b = workdir / "a.json", workdir / "b.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(a)) == 0
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(b)) == 0
+    assert _records(a)[0]["metrics"] == _records(b)[0]["metrics"]
+    assert _records(a)[0]["fingerprint"] == _records(b)[0]["fingerprint"]
+
+
+def test_epochs_zero_evaluates_the_initial_model_as_a_deviation(workdir, tiny_protocol):
+    out = workdir / "zero.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0", "--json", str(out)) == 0
+    rec = _records(out)[0]
+    assert rec["selected_epoch"] == 0
+    assert rec["deviations"] == ["schedule.epochs: 2 -> 0"]
+    assert mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags["deviations"] == "schedule.epochs: 2 -> 0"
+
+
+def _cli_process(workdir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", "run", *args], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol):
+    common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
+              "--set", "sampling.batches_per_epoch=6"]
+    reference = workdir / "reference"
+    reference.mkdir()
+    proc = _cli_process(reference, *common, "--json", "ref.json")
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+
+    interrupted = workdir / "interrupted"
+    interrupted.mkdir()
+    proc = _cli_process(interrupted, *common, "--json", "out.json")
+    deadline = time.time() + 600
+    while not list(interrupted.glob("results/checkpoints/*/last.pt")):
+        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    (checkpoint,) = interrupted.glob("results/checkpoints/*/last.pt")
+    epoch = torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]
+    assert 1 <= epoch < 4, "the kill must land between the first checkpoint and the end"
+    assert not (interrupted / "out.json").exists()
+
+    proc = _cli_process(interrupted, *common, "--resume", "--json", "out.json")
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+    assert f"after epoch {epoch}" in proc.stderr.read()
+    resumed = _records(interrupted / "out.json")[0]
+    expected = _records(reference / "ref.json")[0]
+    assert resumed["metrics"] == expected["metrics"]
+    assert resumed["selected_epoch"] == expected["selected_epoch"]
+    run = mlflow.MlflowClient().get_run(resumed["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
