@@ -178,11 +178,15 @@ def register_dataset(name: str, *, description: str, folder: str, marker: str, e
 
 
 def carve_validation(splits: DatasetSplits, fraction: float, seed: int) -> DatasetSplits:
-    """Move a seeded, class-disjoint ``fraction`` of the training classes into ``val``."""
+    """Move a seeded, class-disjoint ``fraction`` of the training classes into ``val``.
+
+    At least two classes go to validation (a single class makes every retrieval
+    metric trivially perfect) and at least two stay for training.
+    """
     if fraction <= 0:
         return splits
     classes = np.unique(splits.train.labels)
-    n_val = int(round(fraction * classes.size))
+    n_val = max(2, int(round(fraction * classes.size)))
     if n_val < 2 or classes.size - n_val < 2:
         raise HarnessError(
             f"splits.validation_classes={fraction} leaves too few classes "
