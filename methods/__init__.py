@@ -5,7 +5,10 @@
 ['plain']
 """
 
-from . import plain  # noqa: F401  (registers)
+from . import (
+    agrouping,  # noqa: F401  (registers)
+    plain,  # noqa: F401  (registers)
+)
 from .base import (
     METHODS,
     HeadOutput,
