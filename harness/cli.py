@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
                             protocol_path=path, data_root=args.data_root, device=args.device,
                             workers=args.workers, resume=args.resume, experiment=args.experiment or "",
+                            init_from=args.init_from or "",
                             method_options=dict(protocol.methods.get(method, {})))
             records.append(run_training(cfg, splits))
     print(format_results(records))
@@ -168,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", type=Path, help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
+    run.add_argument("--init-from", metavar="RUN_ID",
+                     help="start from the selected weights of a finished run (e.g. --methods diml "
+                     "--epochs 0 --init-from <plain run>: DIML at test time on a trained model)")
     run.set_defaults(func=cmd_run)
 
     ds = sub.add_parser("datasets", help="list datasets, whether each is found locally and where")

@@ -56,6 +56,9 @@ class RunConfig:
     device: str = "auto"
     workers: int | None = None
     resume: bool = False
+    #: A finished run (MLflow run id) whose selected weights initialise this one,
+    #: e.g. DIML applied at test time to a trained ``plain`` model.
+    init_from: str = ""
     experiment: str = ""
     checkpoint_root: Path = Path("results/checkpoints")
 
@@ -182,18 +185,52 @@ def embed_images(model: EmbeddingModel, images, transform, *, batch_size: int, d
     return emb, {k: torch.cat(v) for k, v in kept.items()}
 
 
+def _reranker(head: Method, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor],
+              device: torch.device, chunk: int = 256):
+    """Wrap ``head.rerank_similarity`` as ``(query ids, candidate ids Q x K) -> scores Q x K``."""
+
+    @torch.inference_mode()
+    def rescore(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
+        out = []
+        for start in range(0, len(query_ids), chunk):
+            q_ids = torch.as_tensor(query_ids[start:start + chunk])
+            c_ids = torch.as_tensor(candidate_ids[start:start + chunk])
+            q = {k: v[q_ids].to(device) for k, v in query.items()}
+            c = {k: v[c_ids].to(device) for k, v in gallery.items()}
+            out.append(head.rerank_similarity(q, c).float().cpu())
+        return torch.cat(out).numpy() if out else np.zeros(candidate_ids.shape, np.float32)
+
+    return rescore
+
+
 def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
-                   *, device: torch.device, workers: int = 0) -> dict[str, float]:
-    """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None)."""
+                   *, device: torch.device, workers: int = 0, rerank: bool = True) -> dict[str, float]:
+    """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
+
+    A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
+    query's top ``rerank_k`` candidates; the plain cosine ranking's metrics are then
+    returned too, prefixed ``global_``.
+    """
     transform = build_transform(protocol.image, train=False)
     bs = protocol.evaluation.batch_size
-    q, _ = embed_images(model, query_set, transform, batch_size=bs, device=device, workers=workers)
-    g = None
+    head = model.head
+    rerank_k = int(getattr(head, "rerank_k", 0)) if rerank and head.rerank_fields else 0
+    keep = head.rerank_fields if rerank_k > 0 else ()
+    q, q_fields = embed_images(model, query_set, transform, batch_size=bs, device=device,
+                               workers=workers, keep=keep)
+    g, g_fields = None, q_fields
     if gallery_set is not None:
-        g, _ = embed_images(model, gallery_set, transform, batch_size=bs, device=device, workers=workers)
-    return evaluate_embeddings(q, query_set.labels, g, None if gallery_set is None else gallery_set.labels,
-                               recall_k=protocol.evaluation.recall_k_for(dataset),
-                               metrics=protocol.evaluation.metrics, use_gpu=device.type == "cuda")
+        g, g_fields = embed_images(model, gallery_set, transform, batch_size=bs, device=device,
+                                   workers=workers, keep=keep)
+    g_labels = None if gallery_set is None else gallery_set.labels
+    score = lambda **kw: evaluate_embeddings(  # noqa: E731
+        q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
+        metrics=protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
+    if rerank_k <= 0:
+        return score()
+    reranked = score(reranker=_reranker(head, q_fields, g_fields, device), rerank_k=rerank_k)
+    plain = score()
+    return {**reranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
 
 
 # ------------------------------------------------------------------------- the run
@@ -201,7 +238,7 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
 
 def run_key(cfg: RunConfig, fp: str) -> str:
     payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
-                          "seed": cfg.seed}, sort_keys=True, default=str)
+                          "seed": cfg.seed, "init_from": cfg.init_from}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -242,7 +279,10 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
     seed_everything(cfg.seed)
-    model = build_model(protocol, cfg.method, cfg.method_options).to(device)
+    model = build_model(protocol, cfg.method, cfg.method_options)
+    if cfg.init_from:
+        _load_finished_run(model, cfg.init_from)
+    model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     label_ids = np.unique(splits.train.labels)
@@ -305,7 +345,12 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
                               device=device, workers=workers)
         selected_epoch = best["epoch"] if selection.mode != "last" else epochs
         tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
-        tracker.set_tags({"selected_epoch": selected_epoch})
+        model_path = ckpt_dir / "model.pt"
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_save({"model": model.state_dict(), "method": cfg.method, "fingerprint": fp,
+                      "selected_epoch": selected_epoch}, model_path)
+        tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve())})
+        _explain_and_log(model, splits, protocol, device, ckpt_dir, tracker)
         tracker.finish("FINISHED")
     except BaseException as err:
         tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
@@ -316,6 +361,86 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+
+
+@torch.inference_mode()
+def _explain_and_log(model: EmbeddingModel, splits: DatasetSplits, protocol: Protocol,
+                     device: torch.device, out_dir: Path, tracker, count: int = 48) -> None:
+    """For heads that explain: a figure of their maps on test images, and, where the
+    dataset has part masks (``synthetic``), the share of each map's mass on each part.
+
+    Mass uses the head's raw spatial attention when it has one (``output.attention``,
+    upsampled without re-normalisation), else the explanation maps.
+    """
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    from .explain import attention_figure, part_attention_mass, upsample_maps
+
+    model.eval()
+    n = min(count, len(splits.test))
+    transform = build_transform(protocol.image, train=False)
+    images = torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device)
+    out = model(images)
+    maps = model.head.explain(images, out)
+    if maps is None:
+        return
+    mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
+    pictures = (images * std + mean).clamp(0, 1).cpu()
+    rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
+    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
+    tracker.log_artifact(figure, "explanations")
+    masks = splits.extras.get("masks")
+    if not masks:
+        return
+    from .data.synthetic import load_part_mask
+
+    size = protocol.image.size
+    labels = []
+    for i in range(n):
+        mask = load_part_mask(splits.extras["root"], masks[splits.test.keys()[i]])
+        mask = TF.center_crop(TF.resize(torch.from_numpy(mask.copy())[None], protocol.image.resize,
+                                        interpolation=InterpolationMode.NEAREST), size)
+        labels.append(mask[0])
+    raw = out.attention if out.attention is not None else maps
+    mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
+    shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
+    names = ["background", *splits.extras["parts"]]
+    tracker.log_metrics({f"explain_group{g + 1}_mass_{names[j]}": float(shares[g, j])
+                         for g in range(shares.shape[0]) for j in range(len(names))
+                         if np.isfinite(shares[g, j])})
+    table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
+                      for g in range(shares.shape[0]))
+    tracker.log_text(table, "explanations/part_mass.txt")
+    _log(f"{model.head.registry_name if hasattr(model.head, 'registry_name') else ''} attention mass "
+         f"per part (test images):\n{table}")
+
+
+def _load_finished_run(model: EmbeddingModel, run_id: str) -> None:
+    """Load the selected weights of a FINISHED run (its ``model_path`` tag) into ``model``.
+
+    Keys the new head does not have are an error; keys only the new head has (e.g. a
+    re-ranking head's extra parameters) keep their initialisation.
+    """
+    import mlflow
+
+    from .tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except Exception:
+        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}") from None
+    path = run.data.tags.get("model_path")
+    if run.info.status != "FINISHED" or not path or not Path(path).is_file():
+        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status} and has no saved model "
+                           f"(expected the file named by its model_path tag: {path})")
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    _log(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation")
 
 
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
@@ -331,6 +456,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "test_set_selection": protocol.selection.mode == "test-paper",
             "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
             "num_train_images": len(splits.train), "num_test_images": len(splits.test),
+            "init_from": cfg.init_from or "none",
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
@@ -361,6 +487,7 @@ def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_d
         return loss_fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
 
     total, seen, started = 0.0, 0, time.perf_counter()
+    term_sums: dict[str, float] = {}
     bar = tqdm(loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                disable=None, file=sys.stderr)
     for step, (images, labels, _) in enumerate(bar):
@@ -385,12 +512,14 @@ def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_d
         scaler.step(optimizer)
         scaler.update()
         total += float(loss.detach()) * len(images)
+        for name, value in terms.items():
+            term_sums[name] = term_sums.get(name, 0.0) + float(value.detach()) * len(images)
         seen += len(images)
         rate = seen / (time.perf_counter() - started)
         bar.set_postfix(loss=f"{float(loss.detach()):.4f}", img_s=f"{rate:.0f}")
     elapsed = time.perf_counter() - started
     return {"train_loss": total / max(seen, 1), "train_images_per_s": seen / max(elapsed, 1e-9),
-            "train_seconds": elapsed}
+            "train_seconds": elapsed, **{f"train_loss_{k}": v / max(seen, 1) for k, v in term_sums.items()}}
 
 
 def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:

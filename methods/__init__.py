@@ -1,8 +1,8 @@
 """Method plugins: one module per paper, registered by name.
 
 >>> from methods import create_method, list_methods
->>> list_methods()
-['plain']
+>>> list_methods('*grouping')
+['agrouping', 'cgrouping', 'ggrouping', 'mgrouping', 'ngrouping']
 """
 
 from . import (

@@ -109,3 +109,18 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_
     assert resumed["selected_epoch"] == expected["selected_epoch"]
     run = mlflow.MlflowClient().get_run(resumed["mlflow_run_id"])
     assert run.info.status == "FINISHED"
+
+
+def test_init_from_a_finished_run_reproduces_its_test_metrics(workdir, tiny_protocol, capsys):
+    first, second = workdir / "first.json", workdir / "second.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(first)) == 0
+    trained = _records(first)[0]
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
+                   "--init-from", trained["mlflow_run_id"], "--json", str(second)) == 0
+    assert _records(second)[0]["metrics"] == trained["metrics"]
+    tags = mlflow.MlflowClient().get_run(_records(second)[0]["mlflow_run_id"]).data.tags
+    assert tags["init_from"] == trained["mlflow_run_id"]
+    capsys.readouterr()
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
+                   "--init-from", "no-such-run") == 2
+    assert "error: --init-from: no run 'no-such-run'" in capsys.readouterr().err

@@ -7,8 +7,8 @@ from .base import (
     DatasetSplits,
     FileImageSet,
     ImageSet,
-    carve_validation,
     cap_per_class,
+    carve_validation,
     default_data_root,
 )
 
