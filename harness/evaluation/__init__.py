@@ -1,43 +1,219 @@
-"""Evaluation: chunked exact kNN (faiss) + retrieval metrics, optionally on a re-ranked order."""
+"""Evaluation suite: chunked exact kNN (faiss) + retrieval and clustering metrics.
+
+One implementation of each metric for the whole project: ``run`` (via
+``harness.training``), ``python -m harness evaluate`` and the benchmarks all go
+through :func:`evaluate_embeddings`.
+
+Metric names (the keys of the result and of the run's JSON):
+
+==================================  =================================================
+``precision_at_1``                  PML ``AccuracyCalculator`` definition
+``recall_at_K``                     hit rate in the top K, one key per K
+                                    (request all of ``recall_k`` with ``recall_at_k``)
+``r_precision``                     PML, R = class size - 1 (same-source)
+``mean_average_precision_at_r``     PML MAP@R (Musgrave et al. 2020)
+``map_at_c``                        Roth et al. 2020 mAP@C (see :mod:`.metrics`)
+``nmi``, ``ami``                    sklearn scores of one faiss k-means clustering
+``f1``                              pair-counting F1 of the same clustering
+==================================  =================================================
+
+Plus ``num_queries`` (queries scored) and ``num_lone_queries`` (queries with no
+other member of their class in the searched set, excluded from the retrieval
+metrics). Cost: one kNN search with k = the largest neighbour count any metric
+needs except a large Recall@K (in practice max R + 1), shared by all retrieval
+metrics and streamed chunk by chunk (never Q x N, never even the full Q x k
+lists); an exact count of the first relevant item's rank for the few queries
+that a larger Recall@K needs beyond those lists; one k-means run shared by the
+clustering metrics.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from .knn import drop_self, knn
-from .metrics import relevant_counts, retrieval_metrics
+from ..errors import HarnessError, unknown_name
+from .clustering import CLUSTERING_METRICS, clustering_metrics, kmeans_assignments, pair_counting_f1
+from .knn import (
+    break_ties_by_index,
+    chunk_bounds,
+    drop_self,
+    first_relevant_rank,
+    gpu_available,
+    iter_knn,
+    knn,
+)
+from .metrics import RETRIEVAL_METRICS, RetrievalScores, relevant_counts, retrieval_metrics
 
-__all__ = ["evaluate_embeddings", "knn", "drop_self", "retrieval_metrics", "relevant_counts",
-           "rerank_top_k"]
+__all__ = ["evaluate_embeddings", "rerank_top_k", "Reranker", "MetricRequest", "parse_metrics",
+           "l2_normalize", "METRICS", "DEFAULT_METRICS", "RETRIEVAL_METRICS", "CLUSTERING_METRICS",
+           "knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "gpu_available",
+           "first_relevant_rank", "retrieval_metrics", "relevant_counts", "kmeans_assignments", "pair_counting_f1",
+           "clustering_metrics"]
 
-#: (query ids Q, candidate ids Q x K) -> new similarity Q x K.
+#: (query ids (Q,), candidate ids (Q x K)) -> new similarities (Q x K), higher is closer.
 Reranker = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+METRICS = RETRIEVAL_METRICS + CLUSTERING_METRICS
+#: Everything except ``ami`` (sklearn's expected mutual information is slow with many classes).
+DEFAULT_METRICS = tuple(m for m in METRICS if m != "ami")
+
+
+@dataclass(frozen=True)
+class MetricRequest:
+    """Validated metric names: ``names`` among :data:`METRICS` and the Recall@K values."""
+
+    names: frozenset[str]
+    recall_k: tuple[int, ...]
+
+    @property
+    def retrieval(self) -> frozenset[str]:
+        return self.names & set(RETRIEVAL_METRICS)
+
+    @property
+    def clustering(self) -> frozenset[str]:
+        return self.names & set(CLUSTERING_METRICS)
+
+
+def parse_metrics(metrics: Iterable[str] | None, recall_k: Iterable[int] = (1, 2, 4, 8)) -> MetricRequest:
+    """Names -> :class:`MetricRequest`; ``recall_at_k`` asks for every K in ``recall_k``, ``recall_at_5``
+    for K = 5 alone. Unknown names and K < 1 raise :class:`HarnessError`."""
+    names: set[str] = set()
+    ks: set[int] = set()
+    for raw in DEFAULT_METRICS if metrics is None else list(metrics):
+        name = raw.strip().lower()
+        suffix = name[len("recall_at_"):]
+        if name == "recall_at_k":
+            ks.update(int(k) for k in recall_k)
+        elif name.startswith("recall_at_") and suffix.isdigit():
+            ks.add(int(suffix))
+        elif name not in METRICS:
+            raise unknown_name("metric", raw, [*METRICS, "recall_at_<K>"])
+        names.add("recall_at_k" if name.startswith("recall_at_") else name)
+    if any(k < 1 for k in ks):
+        raise HarnessError(f"Recall@K needs K >= 1, got {sorted(ks)}")
+    return MetricRequest(frozenset(names), tuple(sorted(ks)))
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (N x D float32, a new array); all-zero rows stay zero."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, np.finfo(np.float32).tiny)
 
 
 def rerank_top_k(indices: np.ndarray, query_ids: np.ndarray, reranker: Reranker, top_k: int) -> np.ndarray:
-    """Re-order the first ``top_k`` columns by the reranker's scores; the rest stay in place."""
-    if top_k <= 0:
+    """Re-order the first ``top_k`` columns of ``indices`` (Q x k) by the reranker's scores.
+
+    The rest stay in place; equal scores keep their original (cosine) order.
+    """
+    if top_k <= 0 or indices.shape[1] == 0:
         return indices
     head = indices[:, :top_k]
-    scores = np.asarray(reranker(query_ids, head))
-    order = np.argsort(-scores, axis=1, kind="stable")
+    scores = reranker(query_ids, head)
+    if hasattr(scores, "detach"):  # a torch tensor, possibly on a GPU
+        scores = scores.detach().float().cpu().numpy()
+    order = np.argsort(-np.asarray(scores), axis=1, kind="stable")
     out = indices.copy()
     out[:, :top_k] = np.take_along_axis(head, order, 1)
     return out
 
 
+def _check_inputs(query, query_labels, gallery, gallery_labels) -> None:
+    """One-line :class:`HarnessError` for shapes that cannot be evaluated."""
+    if query.ndim != 2:
+        raise HarnessError(f"query embeddings must be 2-D (N x D), got shape {query.shape}")
+    if len(query_labels) != len(query):
+        raise HarnessError(f"{len(query_labels)} query labels for {len(query)} query embeddings")
+    if (gallery is None) != (gallery_labels is None):
+        raise HarnessError("give both gallery embeddings and gallery labels, or neither")
+    if gallery is not None:
+        if gallery.ndim != 2 or gallery.shape[1] != query.shape[1]:
+            raise HarnessError(f"gallery embeddings must be N x {query.shape[1]}, got shape {gallery.shape}")
+        if len(gallery_labels) != len(gallery):
+            raise HarnessError(f"{len(gallery_labels)} gallery labels for {len(gallery)} gallery embeddings")
+    for name, x in (("query", query), ("gallery", gallery)):
+        if x is not None and not np.isfinite(x).all():
+            raise HarnessError(f"{name} embeddings contain NaN or infinite values")
+
+
+def _encode(query_labels: np.ndarray, gallery_labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels of any dtype -> dense int64 codes shared by query and gallery."""
+    q = np.asarray(query_labels).ravel()
+    if gallery_labels is None:
+        return np.unique(q, return_inverse=True)[1].ravel().astype(np.int64), None
+    g = np.asarray(gallery_labels).ravel()
+    codes = np.unique(np.concatenate([q, g]), return_inverse=True)[1].ravel().astype(np.int64)
+    return codes[: len(q)], codes[len(q):]
+
+
+def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | None, g_codes: np.ndarray | None,
+               request: MetricRequest, *, reranker: Reranker | None, rerank_k: int, chunk_size: int,
+               use_gpu: bool) -> dict[str, float]:
+    """Stream the kNN lists chunk by chunk into :class:`RetrievalScores`."""
+    same = gallery is None
+    ref_codes = q_codes if same else g_codes
+    r = relevant_counts(q_codes, ref_codes, same_source=same)
+    scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
+    k = max(scores.needed_k(recall=False), rerank_k if reranker is not None else 0)
+    listed = 0
+    for start, stop, idx, _ in iter_knn(query, gallery, k, chunk_size=chunk_size, use_gpu=use_gpu):
+        if reranker is not None and rerank_k > 0:
+            idx = rerank_top_k(idx, np.arange(start, stop), reranker, rerank_k)
+        scores.add(start, stop, ref_codes[idx])
+        listed = idx.shape[1]
+    # Recall@K beyond the lists: rank the first relevant item exactly by counting. Re-ranking only
+    # permuted the listed head, so for these queries (no hit in it) the rank is the cosine one.
+    rows = scores.rows_without_hit(listed)
+    if rows.size:
+        ranks = first_relevant_rank(query, gallery, q_codes, ref_codes, rows)
+        scores.set_first_hits(rows, np.maximum(ranks, listed))
+    return scores.result()
+
+
 def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
                         gallery_labels: np.ndarray | None = None, *, recall_k: Sequence[int] = (1, 2, 4, 8),
                         metrics: Sequence[str] | None = None, reranker: Reranker | None = None,
-                        rerank_k: int = 0, chunk_size: int = 4096, use_gpu: bool = False) -> dict[str, float]:
-    """Score L2-normalised embeddings; ``gallery=None`` searches the queries against themselves."""
-    same = gallery is None
-    ref_labels = query_labels if same else gallery_labels
-    r = relevant_counts(query_labels, ref_labels, same_source=same)
-    k = int(max(max(recall_k), r.max(initial=1), rerank_k))
-    idx, _ = knn(query, gallery, k, chunk_size=chunk_size, use_gpu=use_gpu)
-    if reranker is not None and rerank_k > 0:
-        idx = rerank_top_k(idx, np.arange(len(query)), reranker, rerank_k)
-    return retrieval_metrics(ref_labels[idx], query_labels, r, recall_k=recall_k, metrics=metrics)
+                        rerank_k: int = 0, chunk_size: int = 4096, use_gpu: bool = False,
+                        normalize: bool = True, kmeans_seed: int = 0,
+                        kmeans_iterations: int = 20) -> dict[str, float]:
+    """Score embeddings; ``gallery=None`` searches the queries against themselves.
+
+    ``query``: Q x D, ``query_labels``: (Q,); ``gallery``: N x D and
+    ``gallery_labels``: (N,) for In-Shop-style query/gallery retrieval. Labels
+    may be of any dtype. ``metrics``: names (see the module docstring; default
+    :data:`DEFAULT_METRICS`). ``normalize``: L2-normalise the embeddings first
+    (metrics are defined on normalised embeddings; pass False only for data
+    that already is). ``reranker``/``rerank_k``: re-score each query's top
+    ``rerank_k`` candidates (ids into the query set and into the gallery, or
+    the query set when same-source) and compute every retrieval metric on the
+    re-ranked order. ``chunk_size``: queries per faiss search (memory bound);
+    ``use_gpu``: faiss on a GPU when this build has one (silently CPU
+    otherwise). Clustering metrics cluster the query set (as PML does) with
+    k = its number of classes, ``kmeans_iterations`` iterations and
+    ``kmeans_seed``.
+
+    Returns ``{"num_queries", "num_lone_queries", <metric>: value, ...}``;
+    metrics are NaN when no query has a relevant item.
+    """
+    request = parse_metrics(metrics, recall_k)
+    query, gallery = np.asarray(query), None if gallery is None else np.asarray(gallery)
+    _check_inputs(query, np.asarray(query_labels), gallery, None if gallery_labels is None else np.asarray(gallery_labels))
+    prepare = l2_normalize if normalize else (lambda x: np.ascontiguousarray(x, dtype=np.float32))
+    query = prepare(query)
+    gallery = None if gallery is None else prepare(gallery)
+    q_codes, g_codes = _encode(query_labels, gallery_labels)
+    out: dict[str, float] = {}
+    if request.retrieval:
+        out.update(_retrieval(query, q_codes, gallery, g_codes, request, reranker=reranker,
+                              rerank_k=rerank_k, chunk_size=chunk_size, use_gpu=use_gpu))
+    else:
+        r = relevant_counts(q_codes, q_codes if gallery is None else g_codes, same_source=gallery is None)
+        out.update(num_queries=int((r > 0).sum()), num_lone_queries=int((r == 0).sum()))
+    if request.clustering and len(query):
+        clusters = kmeans_assignments(query, len(np.unique(q_codes)), iterations=kmeans_iterations,
+                                      seed=kmeans_seed, use_gpu=use_gpu)
+        out.update(clustering_metrics(q_codes, clusters, names=request.clustering))
+    return out

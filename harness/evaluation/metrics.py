@@ -1,58 +1,188 @@
 """Retrieval metrics from ranked neighbour lists: one implementation for the whole project.
 
-Names follow pytorch-metric-learning's ``AccuracyCalculator`` where it has the
-metric (``precision_at_1``, ``r_precision``, ``mean_average_precision_at_r``);
-Recall@K is the field's hit rate (any of the top K shares the query's class),
-reported as ``recall_at_K``.
+Every metric here is a mean over queries of a per-query score computed from
+``hits`` (Q x k bool: is the i-th neighbour of the query's class?). Because the
+input is a ranked list, the same code scores a plain cosine ranking and a
+re-ranked one (DIML, AVSL plugins).
 
-Inputs are the labels of each query's ranked neighbours (Q x k), so the same
-code scores a plain cosine ranking and a re-ranked one (DIML, AVSL).
-Queries with no relevant item in the reference (R = 0) are excluded from every
-metric and counted in ``num_lone_queries``.
+Definitions (R = number of relevant reference items: the query's class size
+minus one for same-source retrieval, the gallery count of its class for
+query/gallery retrieval):
+
+``precision_at_1``
+    hits[0]; pytorch-metric-learning ``AccuracyCalculator`` ``precision_at_1``.
+``recall_at_K``
+    hit rate: 1 if any of the top K is relevant (the field's Recall@K, e.g.
+    Oh Song et al. 2016); PML has no such metric.
+``r_precision``
+    (relevant among the top R) / R; PML ``r_precision`` (Musgrave et al. 2020).
+``mean_average_precision_at_r``
+    (1/R) * sum_{i<=R} hits[i] * P@i, with P@i = (relevant among the top i) / i;
+    PML ``mean_average_precision_at_r`` (Musgrave et al. 2020, MAP@R).
+``map_at_c``
+    Roth et al. 2020 ``mAP_c`` (Revisiting Training Strategies and
+    Generalization Performance in Deep Metric Learning, ``metrics/mAP_c.py``):
+    with c = the query's class size *including itself*, take the top-c
+    non-self neighbours and score (1/c) * sum_{i<=c} hits[i] * P@i, then
+    average over queries (Roth loops over classes but averages the per-query
+    values, so every query weighs the same). Compared
+    with MAP@R the window and the divisor are one larger (c = R + 1), so a
+    perfect ranking scores (c - 1) / c, not 1. Implemented as Roth defines it,
+    except that (a) the query is removed by index (Roth drops column 0 of the
+    search, which is wrong when a duplicate ranks first) and (b) queries with
+    no other member of their class are excluded like in every other metric
+    (Roth scores them 0). For query/gallery retrieval no self exists and c = R,
+    so ``map_at_c`` equals ``mean_average_precision_at_r`` there.
+
+Queries with R = 0 ("lone" queries) are excluded from every metric and counted
+in ``num_lone_queries``; PML's ``AccuracyCalculator`` does the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-__all__ = ["retrieval_metrics", "relevant_counts"]
+__all__ = ["RETRIEVAL_METRICS", "relevant_counts", "first_hit_rank", "r_precision_scores",
+           "average_precision_scores", "RetrievalScores", "retrieval_metrics", "NO_HIT"]
+
+RETRIEVAL_METRICS = ("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r",
+                     "map_at_c")
+#: :func:`first_hit_rank` of a list without any relevant item.
+NO_HIT = np.iinfo(np.int64).max
 
 
 def relevant_counts(query_labels: np.ndarray, reference_labels: np.ndarray, *, same_source: bool) -> np.ndarray:
-    """R per query: reference items of the query's class (minus the query itself)."""
+    """R per query (Q,) int64: reference items of the query's class, minus the query itself if same-source."""
     classes, counts = np.unique(reference_labels, return_counts=True)
-    pos = np.searchsorted(classes, query_labels)
-    pos = np.clip(pos, 0, len(classes) - 1)
-    found = classes[pos] == query_labels
-    r = np.where(found, counts[pos], 0)
+    if len(classes) == 0:
+        return np.zeros(len(query_labels), np.int64)
+    pos = np.clip(np.searchsorted(classes, query_labels), 0, len(classes) - 1)
+    r = np.where(classes[pos] == query_labels, counts[pos], 0).astype(np.int64)
     return r - 1 if same_source else r
 
 
-def retrieval_metrics(neighbor_labels: np.ndarray, query_labels: np.ndarray, num_relevant: np.ndarray,
-                      *, recall_k=(1,), metrics=None) -> dict[str, float]:
-    """Precision@1, Recall@K, R-Precision and MAP@R (R = ``num_relevant`` per query)."""
-    valid = num_relevant > 0
-    hits = neighbor_labels[valid] == query_labels[valid, None]
-    r = num_relevant[valid]
-    k = hits.shape[1]
-    wanted = set(metrics or ("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r"))
-    out: dict[str, float] = {"num_queries": int(valid.sum()), "num_lone_queries": int((~valid).sum())}
-    if not valid.any():
+def first_hit_rank(hits: np.ndarray) -> np.ndarray:
+    """0-based rank of the first relevant neighbour (Q,) int64, or ``NO_HIT`` when none of the k is."""
+    if hits.shape[1] == 0:
+        return np.full(hits.shape[0], NO_HIT, np.int64)
+    return np.where(hits.any(1), hits.argmax(1), NO_HIT)
+
+
+def _within(hits: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """hits restricted to each row's first ``n`` columns (Q x min(max n, k))."""
+    width = int(min(n.max(initial=0), hits.shape[1]))
+    return hits[:, :width] & (np.arange(width)[None, :] < n[:, None])
+
+
+def r_precision_scores(hits: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Per-query R-Precision (Q,) float64: relevant among the top ``r`` / ``r`` (r > 0)."""
+    return _within(hits, r).sum(1) / r
+
+
+def average_precision_scores(hits: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per-query (1/n) * sum_{i<=n} hits[i] * P@i (Q,) float64, for n > 0.
+
+    ``n = R`` gives MAP@R's average precision, ``n = c`` Roth's mAP@C.
+    """
+    h = _within(hits, n)
+    precision_at_i = np.cumsum(h, axis=1, dtype=np.float64) / np.arange(1, h.shape[1] + 1)
+    return (precision_at_i * h).sum(1) / n
+
+
+class RetrievalScores:
+    """Per-query scores filled chunk by chunk, averaged by :meth:`result`.
+
+    ``query_labels``, ``num_relevant`` (R) and ``window_c`` (mAP@C's c): (Q,)
+    arrays. ``names``: requested metrics among :data:`RETRIEVAL_METRICS`;
+    ``recall_k``: the K values of ``recall_at_K``.
+    """
+
+    def __init__(self, query_labels: np.ndarray, num_relevant: np.ndarray, *, window_c: np.ndarray,
+                 names: Sequence[str], recall_k: Sequence[int]):
+        self.labels = np.asarray(query_labels)
+        self.r = np.asarray(num_relevant, np.int64)
+        self.c = np.asarray(window_c, np.int64)
+        self.valid = self.r > 0
+        self.names = set(names)
+        self.recall_k = tuple(int(k) for k in recall_k)
+        q = len(self.labels)
+        self.first_hit = np.zeros(q, np.int64)
+        self.scores = {name: np.zeros(q, np.float64)
+                       for name in ("r_precision", "mean_average_precision_at_r", "map_at_c")
+                       if name in self.names}
+
+    def needed_k(self, *, recall: bool = True) -> int:
+        """How many neighbours per query the requested metrics read; with ``recall=False`` all but
+        Recall@K, whose larger K can be served by :meth:`set_first_hits` instead."""
+        k = 1
+        if recall and "recall_at_k" in self.names and self.recall_k:
+            k = max(k, max(self.recall_k))
+        if self.names & {"r_precision", "mean_average_precision_at_r"}:
+            k = max(k, int(self.r.max(initial=0)))
+        if "map_at_c" in self.names:
+            k = max(k, int(self.c.max(initial=0)))
+        return k
+
+    def rows_without_hit(self, listed_k: int) -> np.ndarray:
+        """Scored queries with no relevant item in their ``listed_k`` neighbours, when a requested
+        Recall@K looks further (their exact first-hit rank is then needed)."""
+        if "recall_at_k" not in self.names or max(self.recall_k, default=0) <= listed_k:
+            return np.empty(0, np.int64)
+        return np.flatnonzero(self.valid & (self.first_hit == NO_HIT))
+
+    def set_first_hits(self, rows: np.ndarray, ranks: np.ndarray) -> None:
+        """Record exact 0-based first-hit ranks for ``rows`` (from outside the neighbour lists)."""
+        self.first_hit[rows] = ranks
+
+    def add(self, start: int, stop: int, neighbor_labels: np.ndarray) -> None:
+        """Score queries ``start:stop`` from their neighbours' labels ((stop - start) x k)."""
+        valid = self.valid[start:stop]
+        rows = np.flatnonzero(valid) + start
+        hits = neighbor_labels[valid] == self.labels[rows, None]
+        r = self.r[rows]
+        if self.names & {"r_precision", "mean_average_precision_at_r"} and r.max(initial=0) > hits.shape[1]:
+            raise ValueError(f"need at least max R = {r.max()} neighbours, got {hits.shape[1]}")
+        self.first_hit[rows] = first_hit_rank(hits)
+        if "r_precision" in self.scores:
+            self.scores["r_precision"][rows] = r_precision_scores(hits, r)
+        if "mean_average_precision_at_r" in self.scores:
+            self.scores["mean_average_precision_at_r"][rows] = average_precision_scores(hits, r)
+        if "map_at_c" in self.scores:
+            self.scores["map_at_c"][rows] = average_precision_scores(hits, self.c[rows])
+
+    def result(self) -> dict[str, float]:
+        """``num_queries``, ``num_lone_queries`` and the requested means (NaN when no query counts)."""
+        valid = self.valid
+        out: dict[str, float] = {"num_queries": int(valid.sum()), "num_lone_queries": int((~valid).sum())}
+
+        def mean(values: np.ndarray) -> float:
+            return float(values[valid].mean()) if valid.any() else float("nan")
+
+        if "precision_at_1" in self.names:
+            out["precision_at_1"] = mean(self.first_hit == 0)
+        if "recall_at_k" in self.names:
+            for k in self.recall_k:
+                out[f"recall_at_{k}"] = mean(self.first_hit < k)
+        for name in ("r_precision", "mean_average_precision_at_r", "map_at_c"):
+            if name in self.scores:
+                out[name] = mean(self.scores[name])
         return out
-    if "precision_at_1" in wanted:
-        out["precision_at_1"] = float(hits[:, 0].mean())
-    if "recall_at_k" in wanted:
-        first_hit = np.where(hits.any(1), hits.argmax(1), k)
-        for kk in recall_k:
-            out[f"recall_at_{kk}"] = float((first_hit < kk).mean())
-    if wanted & {"r_precision", "mean_average_precision_at_r"}:
-        if r.max() > k:
-            raise ValueError(f"need at least max R = {r.max()} neighbours, got {k}")
-        within_r = np.arange(k)[None, :] < r[:, None]
-        hits_r = hits & within_r
-        if "r_precision" in wanted:
-            out["r_precision"] = float((hits_r.sum(1) / r).mean())
-        if "mean_average_precision_at_r" in wanted:
-            precision_at_i = np.cumsum(hits_r, axis=1) / np.arange(1, k + 1)[None, :]
-            out["mean_average_precision_at_r"] = float(((precision_at_i * hits_r).sum(1) / r).mean())
-    return out
+
+
+def retrieval_metrics(neighbor_labels: np.ndarray, query_labels: np.ndarray, num_relevant: np.ndarray, *,
+                      recall_k: Sequence[int] = (1,), metrics: Sequence[str] | None = None,
+                      same_source: bool = True) -> dict[str, float]:
+    """All requested retrieval metrics from ranked lists (neighbor_labels: Q x k, self excluded).
+
+    ``num_relevant``: R per query (:func:`relevant_counts`); ``same_source``
+    decides mAP@C's window (c = R + 1 with a self, R without). The lists must
+    hold at least max R items; Recall@K with K > k counts hits within the k only
+    (``evaluate_embeddings`` ranks the first hit exactly instead).
+    """
+    r = np.asarray(num_relevant, np.int64)
+    scores = RetrievalScores(query_labels, r, window_c=r + int(same_source),
+                             names=metrics or RETRIEVAL_METRICS, recall_k=recall_k)
+    scores.add(0, len(r), np.asarray(neighbor_labels))
+    return scores.result()
