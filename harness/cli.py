@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "--epochs 0 --init-from <plain run>: DIML at test time on a trained model)")
     run.set_defaults(func=cmd_run)
 
+    from .evaluate_cli import add_evaluate_parser
+
+    add_evaluate_parser(sub)
+
     ds = sub.add_parser("datasets", help="list datasets, whether each is found locally and where")
     ds.add_argument("--data-root", type=Path)
     ds.set_defaults(func=cmd_datasets)

@@ -53,6 +53,8 @@ class ImageSpec:
     #: Eval: Resize(resize) then CenterCrop(size).
     resize: int = 256
     train_transform: str = "random_resized_crop_flip"
+    #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
+    crop_scale: tuple[float, ...] = (0.08, 1.0)
     eval_transform: str = "resize_center_crop"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
@@ -133,11 +135,16 @@ class SelectionSpec:
 
 @dataclass(frozen=True)
 class EvaluationSpec:
+    #: Names as in ``harness.evaluation`` (PML's spelling where it has one).
+    #: Validation during training computes only the retrieval ones.
     metrics: tuple[str, ...] = (
         "precision_at_1",
         "recall_at_k",
         "r_precision",
         "mean_average_precision_at_r",
+        "map_at_c",
+        "nmi",
+        "f1",
     )
     #: Recall@K values per dataset name; "default" applies to the rest.
     recall_k: dict[str, tuple[int, ...]] = field(
@@ -190,6 +197,8 @@ class Protocol:
         _check(len(self.seeds) > 0, "seeds", "must list at least one seed")
         _check(len(self.image.mean) == 3 and len(self.image.std) == 3, "image.mean",
                "mean and std need three values")
+        _check(len(self.image.crop_scale) == 2 and 0 < self.image.crop_scale[0] <= self.image.crop_scale[1] <= 1,
+               "image.crop_scale", "must be [low, high] with 0 < low <= high <= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))

@@ -8,10 +8,13 @@ import numpy as np
 
 __all__ = ["format_results", "SHORT_NAMES"]
 
-SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R"}
+SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R",
+               "map_at_c": "mAP@C", "nmi": "NMI", "ami": "AMI", "f1": "F1"}
 
 
 def _short(metric: str) -> str:
+    if metric.startswith("global_"):  # the cosine ranking before a method's re-ranking
+        return "cos:" + _short(metric.removeprefix("global_"))
     if metric.startswith("recall_at_"):
         return "R@" + metric.removeprefix("recall_at_")
     return SHORT_NAMES.get(metric, metric)

@@ -204,7 +204,8 @@ def _reranker(head: Method, query: dict[str, torch.Tensor], gallery: dict[str, t
 
 
 def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
-                   *, device: torch.device, workers: int = 0, rerank: bool = True) -> dict[str, float]:
+                   *, device: torch.device, workers: int = 0, rerank: bool = True,
+                   metrics: tuple[str, ...] | None = None) -> dict[str, float]:
     """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
 
     A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
@@ -225,7 +226,7 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
     g_labels = None if gallery_set is None else gallery_set.labels
     score = lambda **kw: evaluate_embeddings(  # noqa: E731
         q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
-        metrics=protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
+        metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
     if rerank_k <= 0:
         return score()
     reranked = score(reranker=_reranker(head, q_fields, g_fields, device), rerank_k=rerank_k)
@@ -316,6 +317,12 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         selection = protocol.selection
         epochs = protocol.schedule.epochs
         select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
+        # Per-epoch selection needs the retrieval metrics only (no k-means every epoch).
+        from .evaluation import RETRIEVAL_METRICS
+
+        selection_metrics = tuple(dict.fromkeys(
+            [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"]
+            + [selection.metric]))
         for epoch in range(start_epoch, epochs):
             stats = _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_data,
                                  device, workers, epoch, epochs)
@@ -324,7 +331,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
             if selection.mode in select_on and due:
                 q, g = select_on[selection.mode]
-                sel = evaluate_split(model, q, g, protocol, cfg.dataset, device=device, workers=workers)
+                sel = evaluate_split(model, q, g, protocol, cfg.dataset, device=device, workers=workers,
+                                     metrics=selection_metrics)
                 prefix = "val" if selection.mode == "validation" else "test_paper_selection"
                 record.update({f"{prefix}_{k}": v for k, v in sel.items()})
                 if sel[selection.metric] > best["score"]:

@@ -20,7 +20,7 @@ def build_transform(image_spec, *, train: bool) -> T.Compose:
     if name not in valid:
         raise unknown_name("train transform" if train else "eval transform", name, valid)
     if name == "random_resized_crop_flip":
-        ops = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+        ops = [T.RandomResizedCrop(size, scale=tuple(image_spec.crop_scale)), T.RandomHorizontalFlip()]
     elif name == "resize_flip":
         ops = [T.Resize((size, size)), T.RandomHorizontalFlip()]
     elif name == "resize_center_crop":
