@@ -41,7 +41,7 @@ def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
     return batches * len(batch) / (time.perf_counter() - start)
 
 
-def harness_rate(method: str, batches: int, device: str) -> float:
+def harness_rate(method: str, batches: int, device: str, workers: int | None) -> float:
     import mlflow
 
     from harness.cli import main
@@ -51,7 +51,8 @@ def harness_rate(method: str, batches: int, device: str) -> float:
     os.chdir(workdir)
     out = workdir / "out.json"
     code = main(["run", "--methods", method, "--epochs", "2", "--device", device, "--json", str(out),
-                 "--set", f"sampling.batches_per_epoch={batches}", "--set", "selection.mode=last"])
+                 "--set", f"sampling.batches_per_epoch={batches}", "--set", "selection.mode=last",
+                 *(["--workers", str(workers)] if workers is not None else [])])
     assert code == 0
     import json
 
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--method", default="plain")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--workers", type=int, help="data-loading processes (default: the run's default)")
     args = parser.parse_args()
     from harness.protocol import load_protocol
     from harness.training import resolve_device
@@ -75,7 +77,7 @@ def main() -> None:
           f"image {protocol.image.size} px, backbone {protocol.backbone.name}")
     bare = bare_backbone_rate(protocol, args.batches, device)
     print(f"bare backbone forward+backward: {bare:8.1f} images/s")
-    harness = harness_rate(args.method, args.batches, str(device.type))
+    harness = harness_rate(args.method, args.batches, str(device.type), args.workers)
     print(f"harness training ({args.method}):  {harness:8.1f} images/s")
     print(f"ratio harness / bare:           {harness / bare:8.3f}  (target >= 0.85)")
 

@@ -31,7 +31,7 @@ from methods import HeadOutput, Method, create_method
 from .backbones import Backbone, create_backbone
 from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
-from .data.transforms import build_transform
+from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
 from .evaluation import evaluate_embeddings
 from .losses import create_loss, create_miner
@@ -164,8 +164,9 @@ def _scheduler(protocol: Protocol, optimizer):
 
 
 @torch.inference_mode()
-def embed_images(model: EmbeddingModel, images, transform, *, batch_size: int, device: torch.device,
-                 workers: int = 0, keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_size: int,
+                 device: torch.device, workers: int = 0,
+                 keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``."""
     model.eval()
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
@@ -173,7 +174,7 @@ def embed_images(model: EmbeddingModel, images, transform, *, batch_size: int, d
     embs, kept = [], {k: [] for k in keep}
     amp = device.type == "cuda"
     for batch, _, _ in loader:
-        batch = batch.to(device, non_blocking=True)
+        batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
         if amp:
             batch = batch.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device_type=device.type, enabled=amp):
@@ -217,11 +218,11 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
     head = model.head
     rerank_k = int(getattr(head, "rerank_k", 0)) if rerank and head.rerank_fields else 0
     keep = head.rerank_fields if rerank_k > 0 else ()
-    q, q_fields = embed_images(model, query_set, transform, batch_size=bs, device=device,
+    q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
                                workers=workers, keep=keep)
     g, g_fields = None, q_fields
     if gallery_set is not None:
-        g, g_fields = embed_images(model, gallery_set, transform, batch_size=bs, device=device,
+        g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
                                    workers=workers, keep=keep)
     g_labels = None if gallery_set is None else gallery_set.labels
     score = lambda **kw: evaluate_embeddings(  # noqa: E731
@@ -388,7 +389,8 @@ def _explain_and_log(model: EmbeddingModel, splits: DatasetSplits, protocol: Pro
     model.eval()
     n = min(count, len(splits.test))
     transform = build_transform(protocol.image, train=False)
-    images = torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device)
+    images = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device),
+                             protocol.image)
     out = model(images)
     maps = model.head.explain(images, out)
     if maps is None:
@@ -489,6 +491,7 @@ def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_d
     model.train()
     head = model.head
     amp = device.type == "cuda"
+    image_spec = cfg.protocol.image
 
     def metric_loss(embeddings, labels):
         embeddings = embeddings.float()
@@ -499,7 +502,7 @@ def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_d
     bar = tqdm(loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                disable=None, file=sys.stderr)
     for step, (images, labels, _) in enumerate(bar):
-        images = images.to(device, non_blocking=True)
+        images = normalize_batch(images.to(device, non_blocking=True), image_spec)
         labels = labels.to(device, non_blocking=True)
         if amp:
             images = images.contiguous(memory_format=torch.channels_last)

@@ -132,6 +132,6 @@ def test_synthetic_registry_entry(data_root):
     assert splits.train.num_classes == 60 and splits.test.num_classes == 60
     assert _disjoint(splits.train, splits.test)
     assert len(splits.train) == 60 * 24
-    path = splits.train.relpaths[0]
+    path = splits.train.keys()[0]
     mask = load_part_mask(splits.extras["root"], splits.extras["masks"][path])
     assert mask.shape == (128, 128)

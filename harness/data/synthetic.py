@@ -12,7 +12,9 @@ pixels of each part) is saved beside every image so explanations can be scored.
 Generation is deterministic in the seed, happens once on first use, and is
 cached under ``<data root>/synthetic/v1-seed<seed>``; it is written to a
 temporary folder and renamed, so an interrupted generation leaves nothing half
-written.
+written. Besides the PNG files (for people to look at) the images are packed
+into one ``images.npy`` that training reads memory-mapped: decoding PNGs every
+epoch would cost more than the rest of the data pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .base import DatasetSplits, FileImageSet, default_data_root, register_dataset
+from .base import ArrayImageSet, DatasetSplits, default_data_root, register_dataset
 
 VERSION = "v1"
 PARTS = ("body", "head", "wing", "tail")
@@ -188,6 +190,18 @@ def generate(target: Path, seed: int = 0, *, num_classes: int = NUM_CLASSES,
     return target
 
 
+def packed_images(root: Path, paths: list[str]) -> np.ndarray:
+    """``images.npy`` (N x H x W x 3 uint8, manifest order), packed once, memory-mapped."""
+    packed = root / "images.npy"
+    if not packed.is_file():
+        stack = np.stack([np.asarray(Image.open(root / p).convert("RGB")) for p in paths])
+        tmp = root / ".images.npy.tmp"
+        with open(tmp, "wb") as fh:
+            np.save(fh, stack)
+        os.replace(tmp, packed)
+    return np.load(packed, mmap_mode="r")
+
+
 def load_part_mask(root: Path, relpath: str) -> np.ndarray:
     """The part label map (0 background, i = PARTS[i-1]) of one image."""
     return np.asarray(Image.open(root / relpath))
@@ -210,9 +224,11 @@ def load_synthetic(data_root: Path | None, seed: int = 0) -> DatasetSplits:
     masks = {it["path"]: it["mask"] for it in items}
     is_train = labels < manifest["num_train_classes"]
     tr, te = np.flatnonzero(is_train), np.flatnonzero(~is_train)
+    images = packed_images(root, paths)
+    # Keys stay the PNG paths: the split digest names the same images either way.
     return DatasetSplits(
         "synthetic",
-        train=FileImageSet(root, [paths[i] for i in tr], labels[tr]),
-        test=FileImageSet(root, [paths[i] for i in te], labels[te]),
+        train=ArrayImageSet(images[tr], labels[tr], [paths[i] for i in tr]),
+        test=ArrayImageSet(images[te], labels[te], [paths[i] for i in te]),
         extras={"root": root, "masks": masks, "parts": manifest["parts"]},
     )
