@@ -186,6 +186,8 @@ class Protocol:
                f"'{self.selection.mode}' is not one of {', '.join(SELECTION_MODES)}")
         _check(0.0 <= self.splits.validation_classes < 1.0, "splits.validation_classes",
                "must be in [0, 1)")
+        _check(self.selection.mode != "validation" or self.splits.validation_classes > 0,
+               "splits.validation_classes", "must be > 0 when selection.mode is 'validation'")
         _check(self.image.size > 0 and self.image.resize >= self.image.size, "image.resize",
                "must be >= image.size > 0")
         _check(self.embedding.size > 0, "embedding.size", "must be positive")

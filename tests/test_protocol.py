@@ -106,3 +106,10 @@ def test_protocol_is_frozen():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.schedule.epochs = 5  # type: ignore[misc]
+
+
+def test_validation_selection_needs_validation_classes(tmp_path):
+    with pytest.raises(HarnessError, match="'splits.validation_classes' must be > 0"):
+        load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n"))
+    paper = load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n[selection]\nmode = 'test-paper'\n"))
+    assert paper.selection.mode == "test-paper"

@@ -124,3 +124,14 @@ def test_init_from_a_finished_run_reproduces_its_test_metrics(workdir, tiny_prot
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
                    "--init-from", "no-such-run") == 2
     assert "error: --init-from: no run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_test_set_selection_is_labelled_everywhere(workdir, tiny_protocol, capsys):
+    out = workdir / "paper.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
+                   "--set", "selection.mode=test-paper", "--json", str(out)) == 0
+    rec = _records(out)[0]
+    assert rec["selection"] == "test-paper"
+    assert "TEST-SET SELECTION" in capsys.readouterr().out
+    tags = mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags
+    assert tags["test_set_selection"] == "True" and "selection.mode" in tags["deviations"]
