@@ -1,0 +1,394 @@
+"""Paper-style comparison tables from the tracking store alone (no retraining).
+
+``python -m harness table --experiment NAME [--published CSV --table 3]`` reads the
+FINISHED runs of one or more MLflow experiments, groups them by (backbone, loss,
+method, dataset), and prints mean +- std over seeds of each ``test_<metric>`` in
+percent, with the published number and the difference beside it.
+
+Three steps, each a plain function so that each is easy to test:
+
+1. :func:`load_runs` (tracking store -> one row per run),
+2. :func:`summarize` (runs -> one row per cell, refusing blocks that mix protocol
+   fingerprints) and :func:`attach_published`,
+3. :func:`render_latex` / :func:`render_markdown` (cells -> string; pure).
+
+Layout (A-grouping Table 3): rows are blocks of backbone + loss, one row per
+method inside a block; columns are dataset x metric. The best reproduced mean of
+each block and column is bold. A dagger marks cells whose runs carry protocol
+deviations or were selected on the test set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import HarnessError
+
+__all__ = ["add_table_parser", "cmd_table", "load_runs", "summarize", "load_published",
+           "attach_published", "render_latex", "render_markdown", "write_atomic",
+           "DEFAULT_METRICS", "CELL_COLUMNS"]
+
+#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
+DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c")
+KEYS = ["backbone", "loss", "method", "dataset"]
+BLOCK = ["backbone", "loss", "dataset"]
+#: Columns of the long "cell" frame the renderers take.
+CELL_COLUMNS = [*KEYS, "metric", "mean", "std", "n", "flagged", "published"]
+
+METRIC_LABELS = {"recall_at_1": "R@1", "recall_at_2": "R@2", "recall_at_4": "R@4",
+                 "recall_at_8": "R@8", "recall_at_10": "R@10", "recall_at_100": "R@100",
+                 "nmi": "NMI", "f1": "F1", "map_at_c": "mAP@C", "precision_at_1": "P@1",
+                 "r_precision": "RP", "mean_average_precision_at_r": "MAP@R"}
+DATASET_LABELS = {"cub200": "CUB-200-2011", "cars196": "Cars196", "sop": "SOP", "inshop": "In-Shop",
+                  "synthetic": "synthetic", "fashion-mnist": "Fashion-MNIST"}
+BACKBONE_LABELS = {"googlenet": "GoogLeNet", "resnet50": "ResNet-50", "resnet18": "ResNet-18",
+                   "efficientnet_lite0": "EfficientNet-Lite0"}
+LOSS_LABELS = {"contrastive": "Contrastive", "binomial_deviance": "Binomial deviance",
+               "margin": "Margin", "multi_similarity": "Multi-similarity"}
+METHOD_LABELS = {"ngrouping": "N-grouping", "mgrouping": "M-grouping", "ggrouping": "G-grouping",
+                 "cgrouping": "C-grouping", "agrouping": "A-grouping"}
+
+
+def _label(table: dict[str, str], name: str) -> str:
+    return table.get(name, name)
+
+
+# ------------------------------------------------------------------------ loading
+
+
+def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
+    """One row per FINISHED run of ``experiments``: keys, fingerprint, flags and test metrics.
+
+    Columns: ``run_id, experiment, backbone, loss, method, dataset, seed, fingerprint,
+    deviations, test_set_selection`` and one column per ``test_<metric>`` (fractions).
+    """
+    import mlflow
+
+    from .tracking import tracking_uri
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    ids = {}
+    for name in experiments:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is None:
+            known = sorted(e.name for e in mlflow.search_experiments())
+            raise HarnessError(f"no MLflow experiment '{name}' in {uri}; experiments there: "
+                               f"{', '.join(known) or 'none'}")
+        ids[exp.experiment_id] = name
+    frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
+                               output_format="pandas")
+    columns = ["run_id", "experiment", *KEYS, "seed", "fingerprint", "deviations", "test_set_selection"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+
+    def col(name: str, default: str = "") -> pd.Series:
+        return frame[name] if name in frame else pd.Series(default, index=frame.index)
+
+    runs = pd.DataFrame({
+        "run_id": frame["run_id"],
+        "experiment": frame["experiment_id"].map(ids),
+        "backbone": col("params.protocol.backbone.name"),
+        "loss": col("tags.loss"),
+        "method": col("tags.method"),
+        "dataset": col("tags.dataset"),
+        "seed": col("tags.seed"),
+        "fingerprint": col("tags.fingerprint"),
+        "deviations": col("tags.deviations", "none").fillna("none"),
+        "test_set_selection": col("tags.test_set_selection", "False").fillna("False") == "True",
+    })
+    for name in frame.columns:
+        if name.startswith("metrics.test_"):
+            runs[name.removeprefix("metrics.")] = frame[name]
+    return runs.reset_index(drop=True)
+
+
+def _check_fingerprints(runs: pd.DataFrame) -> None:
+    for (backbone, loss, dataset), block in runs.groupby(BLOCK, sort=False):
+        prints = sorted(set(block["fingerprint"]))
+        if len(prints) > 1:
+            a, b = prints[0], prints[1]
+            na, nb = (int((block["fingerprint"] == p).sum()) for p in (a, b))
+            raise HarnessError(
+                f"refusing to compare runs of different protocols in block {backbone} + {loss} on "
+                f"{dataset}: protocol fingerprints {a} ({na} runs) and {b} ({nb} runs); "
+                f"table one protocol at a time (one experiment, or rerun the odd runs)")
+
+
+def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> pd.DataFrame:
+    """Runs -> cells (``CELL_COLUMNS`` without ``published``): mean and sample std over
+    seeds in percent, the number of runs, and ``flagged`` when any run of the cell has
+    deviations or test-set selection. Raises if a block mixes protocol fingerprints."""
+    if runs.empty:
+        return pd.DataFrame(columns=CELL_COLUMNS[:-1])
+    _check_fingerprints(runs)
+    rows = []
+    for key, cell in runs.groupby(KEYS, sort=False):
+        flagged = bool(((cell["deviations"] != "none") | cell["test_set_selection"]).any())
+        for metric in metrics:
+            column = f"test_{metric}"
+            values = (cell[column].dropna() * 100.0) if column in cell else pd.Series(dtype=float)
+            if values.empty:
+                continue
+            rows.append({**dict(zip(KEYS, key, strict=True)), "metric": metric,
+                         "mean": float(values.mean()),
+                         "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                         "n": len(values), "flagged": flagged})
+    return pd.DataFrame(rows, columns=CELL_COLUMNS[:-1])
+
+
+def load_published(path: Path, tables: Iterable[str] | None = None) -> pd.DataFrame:
+    """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered."""
+    if not Path(path).is_file():
+        raise HarnessError(f"published table file not found: {path}")
+    frame = pd.read_csv(path, dtype={"table": str}, keep_default_na=False)
+    missing = {"table", *KEYS, "metric", "value"} - set(frame.columns)
+    if missing:
+        raise HarnessError(f"{path} lacks the columns {', '.join(sorted(missing))}")
+    if tables:
+        wanted = [str(t) for t in tables]
+        unknown = sorted(set(wanted) - set(frame["table"]))
+        if unknown:
+            raise HarnessError(f"{path} has no table {', '.join(unknown)}; tables there: "
+                               f"{', '.join(sorted(set(frame['table'])))}")
+        frame = frame[frame["table"].isin(wanted)]
+    return frame[[*KEYS, "metric", "value"]].astype({"value": float}).reset_index(drop=True)
+
+
+def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
+    """Outer-join reproduced cells with published values (column ``published``), so a
+    published row without runs still appears (reproduced mean NaN)."""
+    if published is None or published.empty:
+        out = cells.copy()
+        out["published"] = math.nan
+        return out[CELL_COLUMNS]
+    pub = published.rename(columns={"value": "published"})
+    out = pub.merge(cells, on=[*KEYS, "metric"], how="outer") if not cells.empty else pub.assign(
+        mean=math.nan, std=math.nan, n=0, flagged=False)
+    out["n"] = out["n"].fillna(0).astype(int)
+    out["flagged"] = out["flagged"].astype("boolean").fillna(False).astype(bool)
+    return out[CELL_COLUMNS].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _order(values: Iterable, known: Sequence = ()) -> list:
+    """Distinct values: those in ``known`` first in its order, then the rest as they appear."""
+    seen = list(dict.fromkeys(v for v in values if isinstance(v, str | tuple)))
+    rank = {v: i for i, v in enumerate(known)}
+    return sorted(seen, key=lambda v: (rank.get(v, len(rank)), seen.index(v)))
+
+
+def _layout(cells: pd.DataFrame, metrics: Sequence[str] | None):
+    """Row blocks, row methods and (dataset, metric) columns in first-appearance order."""
+    if cells.empty:
+        raise HarnessError("nothing to tabulate: no finished runs and no published values")
+    backbones, losses = _order(cells["backbone"], list(BACKBONE_LABELS)), _order(cells["loss"], list(LOSS_LABELS))
+    blocks = _order(zip(cells["backbone"], cells["loss"], strict=True),
+                    [(b, lo) for b in backbones for lo in losses])
+    methods = _order(cells["method"], list(METHOD_LABELS))
+    datasets = _order(cells["dataset"], list(DATASET_LABELS))
+    present = _order(cells["metric"])
+    metric_order = [m for m in (metrics or present) if m in present]
+    columns = [(d, m) for d in datasets for m in metric_order
+               if ((cells["dataset"] == d) & (cells["metric"] == m)).any()]
+    return blocks, methods, datasets, columns
+
+
+def _best(cells: pd.DataFrame) -> set[tuple]:
+    """Keys (backbone, loss, method, dataset, metric) of the best reproduced mean per
+    block and column (ties: all of them)."""
+    best = set()
+    have = cells.dropna(subset=["mean"])
+    for _, group in have.groupby([*BLOCK, "metric"], sort=False):
+        top = round(group["mean"].max(), 2)
+        for _, row in group[group["mean"].round(2) == top].iterrows():
+            best.add((row["backbone"], row["loss"], row["method"], row["dataset"], row["metric"]))
+    return best
+
+
+def _fmt(value: float) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool) -> str:
+    if row is None:
+        return "–"
+    mean, std, pub, flagged = row["mean"], row["std"], row["published"], bool(row["flagged"])
+    if math.isnan(mean):
+        ours = "–"
+    else:
+        ours = _fmt(mean)
+        if bold:
+            ours = f"\\textbf{{{ours}}}" if latex else f"**{ours}**"
+        if not math.isnan(std):
+            ours += f"$\\pm${std:.2f}" if latex else f" ± {std:.2f}"
+        if flagged:
+            ours += "$^\\dagger$" if latex else "†"
+    if math.isnan(pub):
+        return ours
+    diff = "" if math.isnan(mean) else f" ({round(mean, 2) - pub:+.2f})"
+    return f"{ours} / {pub:.2f}{diff}"
+
+
+def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool) -> list[str]:
+    ns = sorted(set(int(n) for n in cells["n"] if n))
+    seeds = ("over " + (f"{ns[0]} seeds" if len(ns) == 1 else f"{ns[0]}-{ns[-1]} seeds")) if ns else ""
+    pm = "$\\pm$" if latex else "±"
+    notes = [f"Cells: reproduced mean {pm} sample std {seeds} (percent) / published value "
+             f"(reproduced minus published). Bold: best reproduced mean of its block and column."]
+    if cells["flagged"].any():
+        dagger = "$^\\dagger$" if latex else "†"
+        what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
+        notes.append(f"{dagger} runs with protocol deviations or test-set model selection ({what}).")
+    return notes
+
+
+def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None):
+    blocks, methods, datasets, columns = _layout(cells, metrics)
+    best = _best(cells)
+    index = {(r.backbone, r.loss, r.method, r.dataset, r.metric): r for r in cells.itertuples(index=False)}
+    body = []
+    for backbone, loss in blocks:
+        in_block = cells[(cells["backbone"] == backbone) & (cells["loss"] == loss)]
+        rows = []
+        for method in [m for m in methods if (in_block["method"] == m).any()]:
+            row = []
+            for dataset, metric in columns:
+                key = (backbone, loss, method, dataset, metric)
+                rec = index.get(key)
+                row.append((None if rec is None else pd.Series(rec._asdict()), key in best))
+            rows.append((method, row))
+        body.append(((backbone, loss), rows))
+    return body, datasets, columns
+
+
+def _latex_escape(text: str) -> str:
+    for a, b in (("\\", "\\textbackslash{}"), ("&", "\\&"), ("%", "\\%"), ("_", "\\_"), ("#", "\\#")):
+        text = text.replace(a, b)
+    return text
+
+
+def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
+                 deviations: Sequence[str] = ()) -> str:
+    """Cells (``CELL_COLUMNS``) -> a booktabs LaTeX table (needs ``\\usepackage{booktabs}``)."""
+    body, datasets, columns = _rows(cells, metrics)
+    width = 1 + len(columns)
+    lines = ["\\begin{table*}[t]", "\\centering", "\\scriptsize"]
+    if caption:
+        lines.append(f"\\caption{{{_latex_escape(caption)}}}")
+    lines += [f"\\begin{{tabular}}{{l{'c' * len(columns)}}}", "\\toprule"]
+    spans, start = [], 2
+    head = ["Method"]
+    for d in datasets:
+        k = sum(1 for c in columns if c[0] == d)
+        if k:
+            head.append(f"\\multicolumn{{{k}}}{{c}}{{{_latex_escape(_label(DATASET_LABELS, d))}}}")
+            spans.append(f"\\cmidrule(lr){{{start}-{start + k - 1}}}")
+            start += k
+    lines.append(" & ".join(head) + " \\\\")
+    lines.append(" ".join(spans))
+    lines.append(" & ".join(["", *(_latex_escape(_label(METRIC_LABELS, m)) for _, m in columns)]) + " \\\\")
+    for (backbone, loss), rows in body:
+        lines.append("\\midrule")
+        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+        lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
+        for method, row in rows:
+            cells_text = [_cell_text(rec, bold, latex=True) for rec, bold in row]
+            lines.append(" & ".join([_latex_escape(_label(METHOD_LABELS, method)), *cells_text]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    for note in _footnotes(cells, deviations, latex=True):
+        lines.append(f"\\\\[2pt]\\parbox{{\\textwidth}}{{\\footnotesize {_latex_escape_note(note)}}}")
+    lines.append("\\end{table*}")
+    return "\n".join(lines) + "\n"
+
+
+def _latex_escape_note(text: str) -> str:
+    # Notes contain our own math ($\pm$, $^\dagger$); escape only the rest.
+    return text.replace("%", "\\%").replace("&", "\\&").replace("_", "\\_").replace("#", "\\#")
+
+
+def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
+                    deviations: Sequence[str] = ()) -> str:
+    """Cells (``CELL_COLUMNS``) -> a GitHub Markdown table with footnotes."""
+    body, _, columns = _rows(cells, metrics)
+    header = ["Method", *(f"{_label(DATASET_LABELS, d)} {_label(METRIC_LABELS, m)}" for d, m in columns)]
+    lines = [f"**{caption}**", ""] if caption else []
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *[":---:"] * len(columns)]) + "|"]
+    for (backbone, loss), rows in body:
+        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+        lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
+        for method, row in rows:
+            lines.append("| " + " | ".join([_label(METHOD_LABELS, method),
+                                            *(_cell_text(rec, bold, latex=False) for rec, bold in row)]) + " |")
+    lines.append("")
+    lines += _footnotes(cells, deviations, latex=False)
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
+                tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
+                caption: str = "") -> str:
+    """Tracking store -> table text (what ``cmd_table`` writes)."""
+    runs = load_runs(experiments)
+    pub = load_published(published, tables) if published else None
+    wanted = list(metrics) if metrics else (_order(pub["metric"]) if pub is not None else list(DEFAULT_METRICS))
+    if pub is not None:
+        pub = pub[pub["metric"].isin(wanted)]
+    cells = attach_published(summarize(runs, wanted), pub)
+    deviations = sorted({d for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True)
+                         if d != "none"} | ({"test-set model selection"} if runs["test_set_selection"].any() else set()))
+    render = render_latex if fmt == "latex" else render_markdown
+    caption = caption or (f"Reproduced (experiment {', '.join(experiments)}) vs published"
+                          + (f" (table {', '.join(tables)})" if tables else ""))
+    return render(cells, metrics=wanted, caption=caption, deviations=deviations)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    tables = [t.strip() for t in (args.table or "").split(",") if t.strip()]
+    if tables and not args.published:
+        raise HarnessError("--table needs --published (the CSV the table number refers to)")
+    metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+    text = build_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
+                       metrics=metrics, caption=args.caption or "")
+    name = args.name or "+".join(args.experiment)
+    out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
+    write_atomic(out, text)
+    print(text)
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
+def add_table_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
+    p.add_argument("--experiment", action="append", required=True,
+                   help="MLflow experiment to read (repeat for several)")
+    p.add_argument("--format", choices=("latex", "markdown"), default="latex")
+    p.add_argument("--out", type=Path, help="output file (default results/tables/<name>.tex|.md)")
+    p.add_argument("--name", help="table name for the default output path (default: the experiment)")
+    p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
+    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
+    p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
+                   f"else {','.join(DEFAULT_METRICS)})")
+    p.add_argument("--caption")
+    p.set_defaults(func=cmd_table)
+    return p
