@@ -259,9 +259,72 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@dataclass
+class _Training:
+    """Everything one run trains with (built once, restored from a checkpoint on resume)."""
+
+    model: EmbeddingModel
+    loss_fn: nn.Module
+    miner: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    sampler: ClassBalancedBatchSampler
+    train_data: TransformedImages
+    sampling_note: str
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.loss_fn.load_state_dict(checkpoint["loss"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+
+
+def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device) -> _Training:
+    protocol = cfg.protocol
+    seed_everything(cfg.seed)
+    model = build_model(protocol, cfg.method, cfg.method_options)
+    if cfg.init_from:
+        _load_finished_run(model, cfg.init_from)
+    model = model.to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    label_ids = np.unique(splits.train.labels)
+    loss_fn = create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
+                          embedding_size=protocol.embedding.size).to(device)
+    optimizer = _optimizer(protocol, model, loss_fn)
+    classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
+    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
+                                        samples_per_class=per_class,
+                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed)
+    # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
+    label_map = {int(c): i for i, c in enumerate(label_ids)}
+    train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+    return _Training(model, loss_fn, create_miner(protocol.miner.name, protocol.miner.args), optimizer,
+                     _scheduler(protocol, optimizer), torch.amp.GradScaler("cuda", enabled=device.type == "cuda"),
+                     sampler, train_data, note)
+
+
+def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
+    """Per-epoch selection needs the retrieval metrics only (no k-means every epoch)."""
+    from .evaluation import RETRIEVAL_METRICS
+
+    wanted = [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"]
+    return tuple(dict.fromkeys([*wanted, protocol.selection.metric]))
+
+
 def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[str, Any]:
-    """Train and test one run; returns the record written by ``run --json``."""
-    from .tracking import Tracker, environment_tags, flatten
+    """Train and test one run; returns the record written by ``run --json``.
+
+    Model selection follows ``protocol.selection``: the epoch with the best
+    validation metric ("validation"), the best test metric ("test-paper", the
+    seeds' released-code behaviour, labelled everywhere) or the last epoch.
+    """
+    from .tracking import Tracker
 
     protocol = cfg.protocol
     device = resolve_device(cfg.device)
@@ -272,94 +335,61 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         torch.set_flush_denormal(True)
     splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root)
     fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args)
-    key = run_key(cfg, fp)
-    ckpt_dir = Path(cfg.checkpoint_root) / key
+    ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
     ckpt_path = ckpt_dir / "last.pt"
     checkpoint = None
     if cfg.resume and ckpt_path.is_file():
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
-    seed_everything(cfg.seed)
-    model = build_model(protocol, cfg.method, cfg.method_options)
-    if cfg.init_from:
-        _load_finished_run(model, cfg.init_from)
-    model = model.to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    label_ids = np.unique(splits.train.labels)
-    label_map = {int(c): i for i, c in enumerate(label_ids)}
-    loss_fn = create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
-                          embedding_size=protocol.embedding.size).to(device)
-    miner = create_miner(protocol.miner.name, protocol.miner.args)
-    optimizer = _optimizer(protocol, model, loss_fn)
-    scheduler = _scheduler(protocol, optimizer)
-    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda")
-    classes_per_batch, per_class, sampling_note = _adapted_sampling(protocol, len(label_ids))
-    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
-                                        samples_per_class=per_class,
-                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed)
-    train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
-
-    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
-    tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
+    t = _build_training(cfg, splits, device)
+    tracker = Tracker(cfg.experiment or f"{cfg.dataset}-{protocol.name}", f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
         if checkpoint is None:
-            _log_run_metadata(tracker, cfg, fp, splits, sampling_note, flatten, environment_tags)
+            _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note)
         else:
-            model.load_state_dict(checkpoint["model"])
-            loss_fn.load_state_dict(checkpoint["loss"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            scheduler.load_state_dict(checkpoint["scheduler"])
+            t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
 
-        selection = protocol.selection
-        epochs = protocol.schedule.epochs
+        selection, epochs = protocol.selection, protocol.schedule.epochs
         select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
-        # Per-epoch selection needs the retrieval metrics only (no k-means every epoch).
-        from .evaluation import RETRIEVAL_METRICS
-
-        selection_metrics = tuple(dict.fromkeys(
-            [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"]
-            + [selection.metric]))
         for epoch in range(start_epoch, epochs):
-            stats = _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_data,
-                                 device, workers, epoch, epochs)
-            scheduler.step()
-            record = {"epoch": epoch + 1, **stats}
+            record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, workers, epoch, epochs)}
+            t.scheduler.step()
             due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
             if selection.mode in select_on and due:
                 q, g = select_on[selection.mode]
-                sel = evaluate_split(model, q, g, protocol, cfg.dataset, device=device, workers=workers,
-                                     metrics=selection_metrics)
+                scores = evaluate_split(t.model, q, g, protocol, cfg.dataset, device=device, workers=workers,
+                                        metrics=_selection_metrics(protocol))
                 prefix = "val" if selection.mode == "validation" else "test_paper_selection"
-                record.update({f"{prefix}_{k}": v for k, v in sel.items()})
-                if sel[selection.metric] > best["score"]:
-                    best = {"epoch": epoch + 1, "score": float(sel[selection.metric]),
-                            "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
+                record.update({f"{prefix}_{k}": v for k, v in scores.items()})
+                if scores[selection.metric] > best["score"]:
+                    best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
+                            "state": {k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}}
             history.append(record)
             tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
             _log(_epoch_line(cfg, record, epochs, selection.metric))
             ckpt_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_save({"epoch": epoch + 1, "model": model.state_dict(), "loss": loss_fn.state_dict(),
-                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                          "history": history, "best": best, "mlflow_run_id": tracker.run_id,
-                          "fingerprint": fp}, ckpt_path)
+            _atomic_save({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
+                          "mlflow_run_id": tracker.run_id, "fingerprint": fp}, ckpt_path)
 
-        if best["state"] is not None and selection.mode != "last":
-            model.load_state_dict(best["state"])
-        test = evaluate_split(model, splits.test, splits.gallery, protocol, cfg.dataset,
+        if selection.mode == "last":
+            selected_epoch = epochs
+        else:
+            selected_epoch = best["epoch"]
+            if best["state"] is not None:
+                t.model.load_state_dict(best["state"])
+        test = evaluate_split(t.model, splits.test, splits.gallery, protocol, cfg.dataset,
                               device=device, workers=workers)
-        selected_epoch = best["epoch"] if selection.mode != "last" else epochs
         tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
-        model_path = ckpt_dir / "model.pt"
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_save({"model": model.state_dict(), "method": cfg.method, "fingerprint": fp,
+        model_path = ckpt_dir / "model.pt"
+        _atomic_save({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
                       "selected_epoch": selected_epoch}, model_path)
         tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve())})
-        _explain_and_log(model, splits, protocol, device, ckpt_dir, tracker)
+        _explain_and_log(t.model, splits, protocol, device, ckpt_dir, tracker)
         tracker.finish("FINISHED")
     except BaseException as err:
         tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
@@ -453,8 +483,9 @@ def _load_finished_run(model: EmbeddingModel, run_id: str) -> None:
     _log(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation")
 
 
-def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
-                      flatten, environment_tags) -> None:
+def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str) -> None:
+    from .tracking import environment_tags, flatten
+
     protocol = cfg.protocol
     tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
                         **flatten(cfg.method_options, "method."),
@@ -480,12 +511,13 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tracker.log_artifact(Path(cfg.protocol_path), "protocol")
 
 
-def _train_epoch(cfg, model, loss_fn, miner, optimizer, scaler, sampler, train_data, device, workers,
-                 epoch, epochs) -> dict[str, float]:
+def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: int, epoch: int,
+                 epochs: int) -> dict[str, float]:
+    model, loss_fn, miner, optimizer, scaler = t.model, t.loss_fn, t.miner, t.optimizer, t.scaler
     seed = _epoch_seed(cfg.seed, epoch)
     torch.manual_seed(seed)  # augmentation (in-process loading) and any dropout
-    sampler.set_epoch(epoch)
-    loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers,
+    t.sampler.set_epoch(epoch)
+    loader = DataLoader(t.train_data, batch_sampler=t.sampler, num_workers=workers,
                         pin_memory=device.type == "cuda",
                         generator=torch.Generator().manual_seed(seed))
     model.train()
