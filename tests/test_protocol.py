@@ -113,3 +113,15 @@ def test_validation_selection_needs_validation_classes(tmp_path):
         load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n"))
     paper = load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n[selection]\nmode = 'test-paper'\n"))
     assert paper.selection.mode == "test-paper"
+
+
+@pytest.mark.parametrize("name", list_protocols())
+def test_every_shipped_protocol_builds_its_method_options(name):
+    """Method options a protocol fixes are real options of registered plugins."""
+    from methods import create_method
+
+    protocol = load_protocol(name)
+    for method, options in protocol.methods.items():
+        head = create_method(method, channels={"s8": 8, "s16": 16, "s32": 64},
+                             embedding_size=protocol.embedding.size, **options)
+        assert head.embedding_size == protocol.embedding.size
