@@ -220,11 +220,12 @@ def _fmt(value: float) -> str:
 
 
 def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool) -> str:
+    dash = "--" if latex else "–"
     if row is None:
-        return "–"
+        return dash
     mean, std, pub, flagged = row["mean"], row["std"], row["published"], bool(row["flagged"])
     if math.isnan(mean):
-        ours = "–"
+        ours = dash
     else:
         ours = _fmt(mean)
         if bold:
@@ -392,3 +393,20 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--caption")
     p.set_defaults(func=cmd_table)
     return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.tables`` (the same as ``python -m harness table``)."""
+    parser = argparse.ArgumentParser(prog="python -m harness.tables", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    add_table_parser(sub)
+    args = parser.parse_args(["table", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return cmd_table(args)
+    except HarnessError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

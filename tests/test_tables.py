@@ -117,7 +117,7 @@ def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
     assert "\\textbf{66.00}$\\pm$1.41" in tex
     # contrastive has no cars196 runs: an empty cell, not a crash
     contrastive = tex.split("Contrastive}}")[1]
-    assert "–" in contrastive.splitlines()[1]
+    assert "--" in contrastive.splitlines()[1]
 
 
 def test_published_rows_without_runs_still_appear():

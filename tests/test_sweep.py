@@ -1,0 +1,265 @@
+"""Grids as data and ``sweep``: validation, expansion of the A-grouping Table 3 grid,
+every cell run once, restart skips finished cells (no new MLflow runs), a failed cell
+is retried on the next start; PostgreSQL with three workers and one killed mid-cell."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from harness.errors import HarnessError
+from harness.grids import load_grid
+from harness.sweep import CELL_ATTR, add_sweep_parser
+
+TINY_GRID = Path(__file__).parent / "grids" / "tiny.toml"
+TINY_PROTOCOL = Path(__file__).parent / "protocols" / "tiny.toml"
+
+
+def _grid(tmp: Path, *, methods=("plain", "ngrouping"), seeds=(0,), extra: str = "") -> Path:
+    """The tiny grid with its own experiment name (the tracking store is shared by the session)."""
+    path = tmp / "grid.toml"
+    path.write_text(
+        f'name = "tiny-{uuid.uuid4().hex[:6]}"\nprotocol = "{TINY_PROTOCOL}"\n'
+        f"methods = {list(methods)!r}\nlosses = ['margin']\nbackbones = ['efficientnet_lite0']\n"
+        f"datasets = ['synthetic']\nseeds = {list(seeds)!r}\n{extra}".replace("'", '"'))
+    return path
+
+
+def _sweep(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_sweep_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["sweep", *argv])
+    return args.func(args)
+
+
+def _runs(experiment: str) -> list:
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    exp = mlflow.get_experiment_by_name(experiment)
+    return [] if exp is None else mlflow.MlflowClient().search_runs([exp.experiment_id])
+
+
+# ------------------------------------------------------------------------------ grids
+
+
+def test_unknown_grid_keys_are_errors_naming_the_key(tmp_path):
+    bad = _grid(tmp_path, extra="methdos = ['plain']\n")
+    with pytest.raises(HarnessError, match="unknown grid key 'methdos'.*did you mean 'methods'"):
+        load_grid(bad)
+    bad = _grid(tmp_path, extra="[smoke]\nepochs = 1\n")
+    with pytest.raises(HarnessError, match="unknown grid key 'smoke.epochs'"):
+        load_grid(bad)
+    bad = _grid(tmp_path, extra="[backbone.googlenet]\nlr = 1\n")
+    with pytest.raises(HarnessError, match="unknown grid key 'backbone.googlenet.lr'"):
+        load_grid(bad)
+    bad = _grid(tmp_path, methods=("plain", "agroupin"))
+    with pytest.raises(HarnessError, match="did you mean 'agrouping'"):
+        load_grid(bad)
+    with pytest.raises(HarnessError, match="unknown grid 'nope'"):
+        load_grid("nope")
+
+
+def test_agrouping_table3_grid():
+    grid = load_grid("agrouping-table3")
+    cells = grid.cells
+    assert grid.protocol == "agrouping" and grid.published_tables == ("3", "4")
+    # 5 methods x 3 losses x 2 backbones x 2 datasets x 3 seeds + SOP (ResNet-50 + margin) x 5 x 3
+    assert len(cells) == 5 * 3 * 2 * 2 * 3 + 5 * 3
+    assert {c.dataset for c in cells if c.backbone == "googlenet"} == {"cub200", "cars196"}
+    assert {(c.backbone, c.loss) for c in cells if c.dataset == "sop"} == {("resnet50", "margin")}
+    google = next(c for c in cells if c.backbone == "googlenet")
+    resnet = next(c for c in cells if c.backbone == "resnet50")
+    assert google.protocol.optimizer.lr_backbone == 2e-5 == google.protocol.optimizer.lr_head
+    assert google.protocol.backbone.name == "googlenet" and resnet.protocol.optimizer.lr_backbone == 1e-5
+    assert all(c.deviations == () for c in cells)  # the paper's settings, not deviations
+    assert len({c.key for c in cells}) == len(cells)
+    assert resnet.loss_args and resnet.method_options == {} if resnet.method == "ngrouping" else True
+
+    smoke = load_grid("agrouping-table3", smoke=True)
+    assert smoke.experiment == "agrouping-table3-smoke" and smoke.protocol == "smoke"
+    assert {c.method for c in smoke.cells} == {"ngrouping", "mgrouping", "ggrouping", "cgrouping", "agrouping"}
+    assert {c.loss for c in smoke.cells} == {"contrastive", "binomial_deviance", "margin"}
+    assert {c.dataset for c in smoke.cells} == {"synthetic"} and len(smoke.cells) == 15
+    assert all(c.protocol.schedule.epochs == 1 and c.protocol.sampling.batches_per_epoch == 2
+               for c in smoke.cells)
+    assert all("schedule.epochs" in {d.field for d in c.deviations} for c in smoke.cells)
+
+
+def test_smoke_table_replaces_keys_and_adds_deviations():
+    grid = load_grid(TINY_GRID, smoke=True)
+    assert [c.seed for c in grid.cells] == [1, 1] and grid.name == "tiny-smoke"
+    assert [str(d) for d in grid.cells[0].deviations] == ["schedule.epochs: 2 -> 1"]
+    assert {c.key for c in grid.cells}.isdisjoint({c.key for c in load_grid(TINY_GRID).cells})
+
+
+# ------------------------------------------------------------------------------ sweep
+
+
+def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, capsys):
+    grid_path = _grid(workdir)
+    grid = load_grid(grid_path)
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
+    runs = _runs(grid.experiment)
+    assert sorted(r.data.tags[CELL_ATTR] for r in runs) == sorted(c.key for c in grid.cells)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    tags = runs[0].data.tags
+    assert tags["optuna_study"] == f"sweep:{grid.name}" and tags["grid"] == grid.name
+    assert "backbone.name=efficientnet_lite0" in tags["grid_variant"]
+    assert "2/2 cells finished" in capsys.readouterr().out
+
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
+    assert len(_runs(grid.experiment)) == 2  # nothing ran again
+    assert "2/2 cells finished" in capsys.readouterr().out
+
+
+def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkeypatch, capsys):
+    import optuna
+
+    from harness import training
+
+    grid_path = _grid(workdir)
+    grid = load_grid(grid_path)
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    real = training.run_training
+
+    def flaky(cfg, splits=None):
+        if cfg.method == "ngrouping":
+            raise RuntimeError("simulated crash")
+        return real(cfg, splits)
+
+    monkeypatch.setattr(training, "run_training", flaky)
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 1
+    out = capsys.readouterr()
+    assert "1/2 cells finished" in out.out and "RuntimeError: simulated crash" in out.out
+    assert "FAILED efficientnet_lite0/margin/ngrouping/synthetic/seed0" in out.err
+
+    monkeypatch.setattr(training, "run_training", real)
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
+    out = capsys.readouterr()
+    assert "retrying efficientnet_lite0/margin/ngrouping" in out.err and "2/2 cells finished" in out.out
+    finished = [r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]
+    assert sorted(r.data.tags["method"] for r in finished) == ["ngrouping", "plain"]
+    study = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage)
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "COMPLETE", "FAIL"]
+
+
+# ------------------------------------------------------------------------- PostgreSQL
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    """A throw-away PostgreSQL server on 127.0.0.1 (Debian's ``postgresql``), or a skip."""
+    import importlib.util
+
+    if not (importlib.util.find_spec("psycopg") or importlib.util.find_spec("psycopg2")):
+        pytest.skip("no PostgreSQL driver: pip install psycopg2-binary (or 'psycopg[binary]')")
+    bindir = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None) \
+        if Path("/usr/lib/postgresql").is_dir() else None
+    initdb = shutil.which("initdb") or (str(bindir / "initdb") if bindir else None)
+    if not initdb or not Path(initdb).exists():
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    bindir = Path(initdb).resolve().parent
+    import tempfile
+
+    # Not under pytest's tmp_path: its parents are private to root, the server user
+    # must reach its data folder and socket.
+    base = Path(tempfile.mkdtemp(prefix="harness-pg-"))
+    os.chmod(base, 0o777)
+    data = base / "pg"
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        user = "postgres"
+        try:
+            import pwd
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run the server")
+        prefix = ["runuser", "-u", user, "--"]
+    else:
+        user = os.environ.get("USER", "postgres")
+    port = _free_port()
+    try:
+        subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"],
+                       check=True, capture_output=True, timeout=120, cwd=base)
+        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(base / "pg.log"),
+                        "-o", f"-h 127.0.0.1 -p {port} -k {base}", "start"],
+                       check=True, capture_output=True, timeout=120, cwd=base)
+    except (subprocess.SubprocessError, OSError) as err:
+        detail = getattr(err, "stderr", b"") or b""
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"cannot start PostgreSQL: {err} {detail.decode(errors='replace').strip()[:300]}")
+    try:
+        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "sweep"],
+                       check=True, capture_output=True, timeout=60)
+        yield f"postgresql://postgres@127.0.0.1:{port}/sweep"
+    finally:
+        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60, cwd=base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(workdir, postgres):
+    import optuna
+
+    grid_path = _grid(workdir, methods=("plain", "ngrouping"), seeds=(0, 1))
+    grid = load_grid(grid_path)
+    common = ["--grid", str(grid_path), "--storage", postgres, "--heartbeat", "1", "--grace", "4"]
+    # Queue the cells (no worker in this process: zero cells are run by it) ...
+    from harness.sweep import enqueue_cells, open_study, storage_url
+
+    study = open_study(grid, postgres, heartbeat=1, grace=4)
+    assert enqueue_cells(grid, study)["queued"] == 4
+    # ... then three worker processes, as `sweep --workers 3` starts them.
+    cmd = [sys.executable, "-m", "harness.sweep", *common, "--worker-only"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    workers = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    try:
+        victim, deadline = None, time.time() + 300
+        while victim is None and time.time() < deadline:
+            running = [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"
+                       and "worker" in t.user_attrs and CELL_ATTR in t.user_attrs]
+            if running:
+                time.sleep(3)  # mid-cell
+                victim = running[0]
+                pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        assert victim is not None, "no worker started a cell"
+        for w in workers:
+            w.wait(timeout=900)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    trials = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage_url(postgres)).trials
+    killed = next(t for t in trials if t.number == victim.number)
+    assert killed.state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert retry and retry[-1].state.name == "COMPLETE"
+    finished = [r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]
+    keys = sorted(r.data.tags[CELL_ATTR] for r in finished)
+    assert keys == sorted(c.key for c in grid.cells)  # every cell exactly once, none lost
+    assert all(r.info.status in ("FINISHED", "KILLED") for r in _runs(grid.experiment))
+    # a restart finds nothing to do
+    assert _sweep(*common) == 0
+    assert len([r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]) == 4
