@@ -1,0 +1,143 @@
+"""``tune``: seeded TPE over a plugin's search space and protocol learning rates, scored
+on validation MAP@R, resumable without repeating finished trials, the best setting
+reproduced over the protocol's seeds; every run linked to the study in MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+
+import mlflow
+import optuna
+import pytest
+
+from harness.errors import HarnessError
+from harness.protocol import load_protocol
+from harness.tune import add_tune_parser, study_name, suggest
+
+
+def _tune(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["tune", *argv])
+    return args.func(args)
+
+
+def _runs(experiment: str) -> list:
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    exp = mlflow.get_experiment_by_name(experiment)
+    return [] if exp is None else mlflow.MlflowClient().search_runs([exp.experiment_id])
+
+
+def test_search_space_includes_the_plugin_and_protocol_fields(tiny_protocol):
+    protocol = load_protocol(tiny_protocol)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    trial = study.ask()
+    options, overrides = suggest(trial, "agrouping", protocol, ("optimizer.lr_head",))
+    assert set(options) == {"groups", "diversity_weight"} and 16 % options["groups"] == 0
+    assert set(overrides) == {"optimizer.lr_head"}
+    assert 1e-4 <= overrides["optimizer.lr_head"] <= 1e-2  # the tiny protocol's 1e-3 / 10 .. * 10
+    with pytest.raises(HarnessError, match="only positive float fields"):
+        suggest(study.ask(), "plain", protocol, ("schedule.epochs",))
+
+
+def test_tuning_refuses_test_set_selection(workdir, tiny_protocol):
+    with pytest.raises(HarnessError, match="never chosen on the test set"):
+        _tune("--method", "plain", "--trials", "1", "--protocol", str(tiny_protocol),
+              "--set", 'selection.mode="test-paper"')
+
+
+def _fake_training(calls: list):
+    """Stands in for ``run_training``: an MLflow run with a validation history, no training."""
+    from harness.tracking import Tracker
+
+    def run(cfg, splits=None):
+        calls.append(cfg)
+        tracker = Tracker(cfg.experiment, f"{cfg.method}-fake")
+        lr = cfg.protocol.optimizer.lr_head
+        tracker.set_tags({"method": cfg.method, "seed": cfg.seed, "protocol": cfg.protocol.name,
+                          "fingerprint": "fake", "selection": "validation",
+                          "deviations": "; ".join(map(str, cfg.deviations)) or "none"})
+        for epoch, value in ((1, lr * 10), (2, lr * 20)):
+            tracker.log_metrics({"val_mean_average_precision_at_r": value}, step=epoch)
+        tracker.log_metrics({"test_mean_average_precision_at_r": lr}, step=2)
+        tracker.finish()
+        return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
+                "protocol": cfg.protocol.name, "fingerprint": "fake", "deviations": [], "selection": "validation",
+                "mlflow_run_id": tracker.run_id, "metrics": {"mean_average_precision_at_r": lr}}
+
+    return run
+
+
+def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch, capsys):
+    from harness import training
+
+    calls: list = []
+    monkeypatch.setattr(training, "run_training", _fake_training(calls))
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    experiment = f"tune-fake-{uuid.uuid4().hex[:6]}"
+    common = ["--method", "agrouping", "--protocol", str(tiny_protocol), "--storage", storage,
+              "--experiment", experiment, "--space", "optimizer.lr_head"]
+    assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
+    assert len(calls) == 3
+    name = study_name("agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+    study = optuna.load_study(study_name=name, storage=storage)
+    best = study.best_trial
+    assert best.value == pytest.approx(best.params["optimizer.lr_head"] * 20)  # best epoch of the history
+    assert best.intermediate_values == pytest.approx({1: best.value / 2, 2: best.value})
+    assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
+    assert len(calls) == 3  # nothing repeated
+    assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
+    assert len(calls) == 5 + 2  # two more trials, then the best over two seeds
+    repro = calls[-2:]
+    best = optuna.load_study(study_name=name, storage=storage).best_trial
+    assert [c.seed for c in repro] == [0, 1]
+    assert repro[0].protocol.optimizer.lr_head == pytest.approx(best.params["optimizer.lr_head"])
+    assert repro[0].method_options == {k: v for k, v in best.params.items() if k != "optimizer.lr_head"}
+    assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
+    assert len(calls) == 7  # reproductions found in MLflow, not repeated
+    assert "over seeds [0, 1]" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(workdir, tiny_protocol, capsys):
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    experiment = f"tune-{uuid.uuid4().hex[:6]}"
+    common = ["--method", "agrouping", "--protocol", str(tiny_protocol), "--storage", storage,
+              "--experiment", experiment, "--space", "optimizer.lr_head"]
+    assert _tune(*common, "--trials", "2", "--no-reproduce") == 0
+    name = study_name("agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    runs = _runs(experiment)
+    assert len(runs) == 2
+    for run in runs:
+        tags = run.data.tags
+        assert tags["optuna_study"] == name and tags["tune_role"] == "trial"
+        assert tags["deviations"].startswith("optimizer.lr_head: 0.001 ->")  # a recorded deviation
+        trial = study.trials[int(tags["optuna_trial"])]
+        assert trial.user_attrs["mlflow_run_id"] == run.info.run_id
+        assert trial.value == pytest.approx(max(trial.intermediate_values.values()))
+        assert run.data.params["method.groups"] == str(trial.params["groups"])
+
+    # Re-running with the same target repeats nothing; reproduction of the best (seed 0) only.
+    assert _tune(*common, "--trials", "2") == 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert len(study.trials) == 2
+    runs = _runs(experiment)
+    repro = [r for r in runs if r.data.tags["tune_role"] == "reproduction"]
+    assert len(runs) == 3 and len(repro) == 1
+    assert repro[0].data.tags["optuna_trial"] == str(study.best_trial.number)
+    assert "test_mean_average_precision_at_r" in repro[0].data.metrics
+    out = capsys.readouterr().out
+    assert f"best trial {study.best_trial.number}" in out and "over seeds [0]" in out
+
+    # A larger target runs only the difference; the finished reproduction is not repeated.
+    assert _tune(*common, "--trials", "3") == 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert len(study.trials) == 3
+    runs = _runs(experiment)
+    expected_repro = 1 if study.best_trial.number != 2 else 2
+    assert len([r for r in runs if r.data.tags["tune_role"] == "reproduction"]) == expected_repro
+    assert len(runs) == 3 + 1 + (expected_repro - 1)
