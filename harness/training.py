@@ -187,18 +187,14 @@ def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_
 
 
 def _reranker(head: Method, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor],
-              device: torch.device, chunk: int = 256):
-    """Wrap ``head.rerank_similarity`` as ``(query ids, candidate ids Q x K) -> scores Q x K``."""
+              chunk: int = 256):
+    """Wrap ``head.rerank_by_ids`` as ``(query ids, candidate ids Q x K) -> scores Q x K``,
+    a few hundred queries at a time (bounded memory, no per-query loop)."""
 
     @torch.inference_mode()
     def rescore(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
-        out = []
-        for start in range(0, len(query_ids), chunk):
-            q_ids = torch.as_tensor(query_ids[start:start + chunk])
-            c_ids = torch.as_tensor(candidate_ids[start:start + chunk])
-            q = {k: v[q_ids].to(device) for k, v in query.items()}
-            c = {k: v[c_ids].to(device) for k, v in gallery.items()}
-            out.append(head.rerank_similarity(q, c).float().cpu())
+        out = [head.rerank_by_ids(query, gallery, query_ids[i:i + chunk], candidate_ids[i:i + chunk]).float().cpu()
+               for i in range(0, len(query_ids), chunk)]
         return torch.cat(out).numpy() if out else np.zeros(candidate_ids.shape, np.float32)
 
     return rescore
@@ -230,7 +226,7 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
         metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
     if rerank_k <= 0:
         return score()
-    reranked = score(reranker=_reranker(head, q_fields, g_fields, device), rerank_k=rerank_k)
+    reranked = score(reranker=_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
     plain = score()
     return {**reranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
 
@@ -528,6 +524,9 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
     def metric_loss(embeddings, labels):
         embeddings = embeddings.float()
         return loss_fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
+
+    # Heads that score pairs their own way (DIML's training mode) reuse the run's loss and miner.
+    metric_loss.loss_fn, metric_loss.miner = loss_fn, miner
 
     total, seen, started = 0.0, 0, time.perf_counter()
     term_sums: dict[str, float] = {}

@@ -12,7 +12,8 @@ hook                        carries
 ``loss_terms``              metric loss (applied per group, per level, ...) + extra terms
 ``masked_images``           images for a second forward pass (e.g. SAM's soft masks)
 ``masked_loss_terms``       loss terms on that second pass
-``rerank_similarity``       re-scores (query, candidate) pairs at evaluation (DIML, AVSL)
+``rerank_similarity``       re-scores (query, candidate) pairs at evaluation (DIML, AVSL);
+                            ``rerank_by_ids`` feeds it from the stored fields
 ``explain``                 explanation maps (B x K x H x W) for images
 ``search_space``            the method's Optuna search space
 ==========================  ==============================================================
@@ -131,6 +132,16 @@ class Method(nn.Module):
         """Scores for Q x K candidate pairs from the ``rerank_fields`` (query: Q x ...,
         candidates: Q x K x ...), or None when the method does not re-rank."""
         return None
+
+    def rerank_by_ids(self, query_fields: dict[str, torch.Tensor], gallery_fields: dict[str, torch.Tensor],
+                      query_ids, candidate_ids) -> torch.Tensor:
+        """:meth:`rerank_similarity` from stored fields (every query's and gallery item's
+        ``rerank_fields``) and ids (Q,) / (Q x K). The default gathers the candidates and
+        calls :meth:`rerank_similarity`; a method may gather lazily to save memory."""
+        q_ids = torch.as_tensor(query_ids, dtype=torch.long)
+        c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
+        return self.rerank_similarity({k: v[q_ids] for k, v in query_fields.items()},
+                                      {k: v[c_ids] for k, v in gallery_fields.items()})
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""

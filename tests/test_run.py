@@ -135,3 +135,17 @@ def test_test_set_selection_is_labelled_everywhere(workdir, tiny_protocol, capsy
     assert "TEST-SET SELECTION" in capsys.readouterr().out
     tags = mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags
     assert tags["test_set_selection"] == "True" and "selection.mode" in tags["deviations"]
+
+
+def test_diml_at_test_time_on_a_finished_plain_run(workdir, tiny_protocol):
+    """The paper's training-free use: DIML re-ranks the cosine ranking of a trained model.
+    Its ``global_*`` metrics are that model's own cosine metrics."""
+    plain, diml = workdir / "plain.json", workdir / "diml.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(plain)) == 0
+    trained = _records(plain)[0]
+    assert run_cli("--methods", "diml", "--protocol", str(tiny_protocol), "--epochs", "0",
+                   "--init-from", trained["mlflow_run_id"], "--json", str(diml)) == 0
+    metrics = _records(diml)[0]["metrics"]
+    for name, value in trained["metrics"].items():
+        assert metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
+    assert 0.0 <= metrics["precision_at_1"] <= 1.0
