@@ -242,10 +242,12 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool) -> str:
 
 def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool) -> list[str]:
     ns = sorted(set(int(n) for n in cells["n"] if n))
-    seeds = ("over " + (f"{ns[0]} seeds" if len(ns) == 1 else f"{ns[0]}-{ns[-1]} seeds")) if ns else ""
+    seeds = ("over " + (f"{ns[0]} seed{'s' if ns[0] != 1 else ''}" if len(ns) == 1
+                        else f"{ns[0]}-{ns[-1]} seeds")) if ns else ""
     pm = "$\\pm$" if latex else "±"
-    notes = [f"Cells: reproduced mean {pm} sample std {seeds} (percent) / published value "
-             f"(reproduced minus published). Bold: best reproduced mean of its block and column."]
+    published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
+    notes = [f"Cells: reproduced mean {pm} sample std {seeds} (percent){published}. "
+             f"Bold: best reproduced mean of its block and column."]
     if cells["flagged"].any():
         dagger = "$^\\dagger$" if latex else "†"
         what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
@@ -307,7 +309,7 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
             lines.append(" & ".join([_latex_escape(_label(METHOD_LABELS, method)), *cells_text]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     for note in _footnotes(cells, deviations, latex=True):
-        lines.append(f"\\\\[2pt]\\parbox{{\\textwidth}}{{\\footnotesize {_latex_escape_note(note)}}}")
+        lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {_latex_escape_note(note)}}}")
     lines.append("\\end{table*}")
     return "\n".join(lines) + "\n"
 
@@ -359,8 +361,8 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     deviations = sorted({d for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True)
                          if d != "none"} | ({"test-set model selection"} if runs["test_set_selection"].any() else set()))
     render = render_latex if fmt == "latex" else render_markdown
-    caption = caption or (f"Reproduced (experiment {', '.join(experiments)}) vs published"
-                          + (f" (table {', '.join(tables)})" if tables else ""))
+    caption = caption or (f"Reproduced (experiment {', '.join(experiments)})"
+                          + (f" vs published (table {', '.join(tables)})" if tables else ""))
     return render(cells, metrics=wanted, caption=caption, deviations=deviations)
 
 
