@@ -418,12 +418,20 @@ def _explain_and_log(model: EmbeddingModel, splits: DatasetSplits, protocol: Pro
     images = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device),
                              protocol.image)
     out = model(images)
-    maps = model.head.explain(images, out)
-    if maps is None:
-        return
     mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
     std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
     pictures = (images * std + mean).clamp(0, 1).cpu()
+    if n >= 2:  # the first test image and its nearest neighbour among the others
+        sims = out.embedding[1:] @ out.embedding[0]
+        j = 1 + int(sims.argmax())
+        one = lambda i: HeadOutput(**{k: (v[i:i + 1] if isinstance(v, torch.Tensor) else None)  # noqa: E731
+                                      for k, v in vars(out).items() if k != "extras"})
+        pair = model.head.pair_figure(pictures[0], pictures[j], one(0), one(j), out_dir / "pair.png")
+        if pair is not None:
+            tracker.log_artifact(Path(pair), "explanations")
+    maps = model.head.explain(images, out)
+    if maps is None:
+        return
     rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
     figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
     tracker.log_artifact(figure, "explanations")

@@ -147,6 +147,12 @@ class Method(nn.Module):
         """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""
         return None
 
+    def pair_figure(self, query_image: torch.Tensor, gallery_image: torch.Tensor, query: HeadOutput,
+                    gallery: HeadOutput, path) -> object | None:
+        """Write a figure explaining one (query, gallery) similarity, or None (no such figure).
+        Images: 3 x H x W in [0, 1]; outputs: this head's outputs for a batch of one each."""
+        return None
+
     def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """Parameter groups of the head (override for per-part learning rates)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr,

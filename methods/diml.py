@@ -527,6 +527,11 @@ class DIMLHead(PlainHead):
                              f"got {tuple(q_loc.shape)} and {tuple(c_loc.shape)}")
         return self._stream_scores(q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k)
 
+    def pair_figure(self, query_image, gallery_image, query, gallery, path):
+        """Fig. 5 for one pair: marginals, plan and the largest part-wise contributions."""
+        explanation = explain_pair(query, gallery, marginals=self.marginals, eps=self.eps)
+        return pair_figure(query_image, gallery_image, explanation, path)
+
     @torch.no_grad()
     def rerank_by_ids(self, query_fields: Mapping[str, torch.Tensor], gallery_fields: Mapping[str, torch.Tensor],
                       query_ids, candidate_ids) -> torch.Tensor:
