@@ -52,7 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Validate every name before any work starts.
     DATASETS.get(args.dataset)
-    methods = list_methods() if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for name in methods:
         from methods import METHODS
 
@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="train and evaluate methods under a fair protocol")
-    run.add_argument("--methods", default="all", help="'all' or a comma-separated list")
+    run.add_argument("--methods", default="all",
+                     help="'all' (every registered method but ablation variants) or a comma-separated list")
     run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
     run.add_argument("--protocol", help="protocol name or .toml path (default: smoke on synthetic "
                      "and fashion-mnist, roth2020 on the four benchmarks)")

@@ -174,6 +174,8 @@ class MethodEntry:
     #: Options preset by this named variant (paper settings, ablations).
     preset: dict[str, Any]
     description: str = ""
+    #: Ablation variants (a paper's component study) are left out of ``--methods all``.
+    ablation: bool = False
 
     def options(self) -> dict[str, Any]:
         """All options with their defaults: the class signature, then the preset."""
@@ -196,13 +198,16 @@ def register_method(name: str, *, description: str = "", **preset):
     return add
 
 
-def register_variant(name: str, cls: type[Method], *, description: str = "", **preset) -> None:
-    """A thin named variant: the same class with preset options (like timm's variants)."""
-    METHODS.register(name)(MethodEntry(name, cls, preset, description))
+def register_variant(name: str, cls: type[Method], *, description: str = "", ablation: bool = False,
+                     **preset) -> None:
+    """A thin named variant: the same class with preset options (like timm's variants).
+    ``ablation=True`` marks a component-study variant, left out of ``--methods all``."""
+    METHODS.register(name)(MethodEntry(name, cls, preset, description, ablation))
 
 
-def list_methods(pattern: str = "*") -> list[str]:
-    return METHODS.list(pattern)
+def list_methods(pattern: str = "*", *, ablations: bool = True) -> list[str]:
+    """Registered names matching ``pattern``; ``ablations=False`` drops ablation variants."""
+    return [n for n in METHODS.list(pattern) if ablations or not METHODS.get(n).ablation]
 
 
 def create_method(name: str, *, channels: dict[str, int], embedding_size: int,

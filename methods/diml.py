@@ -687,9 +687,9 @@ class DIMLHead(PlainHead):
                 "marginals": trial.suggest_categorical("marginals", list(MARGINALS))}
 
 
-register_variant("diml_ss", DIMLHead, marginals="uniform", add_global=False,
+register_variant("diml_ss", DIMLHead, ablation=True, marginals="uniform", add_global=False,
                  description="DIML Table 2 row SS: structural similarity alone, uniform marginals")
-register_variant("diml_ss_mm", DIMLHead, marginals="uniform",
+register_variant("diml_ss_mm", DIMLHead, ablation=True, marginals="uniform",
                  description="DIML Table 2 row SS+MM: cosine + structural similarity, uniform marginals")
 register_variant("diml_train", DIMLHead, train_structural=True,
                  description="DIML Table 3 (train): structural matching also inside the metric loss")
