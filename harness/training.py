@@ -61,6 +61,10 @@ class RunConfig:
     init_from: str = ""
     experiment: str = ""
     checkpoint_root: Path = Path("results/checkpoints")
+    #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
+    tags: dict[str, str] = field(default_factory=dict)
+    #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
+    epoch_callback: Any = None
 
 
 class EmbeddingModel(nn.Module):
@@ -370,6 +374,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             _atomic_save({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
                           "mlflow_run_id": tracker.run_id, "fingerprint": fp}, ckpt_path)
+            if cfg.epoch_callback is not None:
+                cfg.epoch_callback(epoch + 1, record)
 
         if selection.mode == "last":
             selected_epoch = epochs
@@ -507,6 +513,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tags["num_val_images"] = len(splits.val)
     if sampling_note:
         tags["sampling_adapted"] = sampling_note
+    tags.update(cfg.tags)
     tracker.set_tags(tags)
     tracker.log_text(json.dumps(protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json")
     tracker.log_text(json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),

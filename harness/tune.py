@@ -147,7 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         protocol, extra = apply_overrides(base, overrides)
         cfg = _config(args, protocol, base_deviations + extra, loss, seed,
                       {**base.methods.get(args.method, {}), **options}, experiment, path)
-        if has_hook:  # pragma: no cover - needs the proposed RunConfig.epoch_callback
+        if has_hook:  # report per epoch while training, so the pruner can stop a run early
             def on_epoch(epoch: int, record: dict) -> None:
                 value = record.get(f"val_{metric}")
                 if value is not None:

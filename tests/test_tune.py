@@ -61,6 +61,8 @@ def _fake_training(calls: list):
                           "deviations": "; ".join(map(str, cfg.deviations)) or "none"})
         for epoch, value in ((1, lr * 10), (2, lr * 20)):
             tracker.log_metrics({"val_mean_average_precision_at_r": value}, step=epoch)
+            if cfg.epoch_callback is not None:  # as run_training does after each epoch
+                cfg.epoch_callback(epoch, {"val_mean_average_precision_at_r": value})
         tracker.log_metrics({"test_mean_average_precision_at_r": lr}, step=2)
         tracker.finish()
         return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
