@@ -133,8 +133,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
     from .tracking import tracking_uri
 
     uri = tracking_uri()
@@ -142,7 +140,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     artifacts = (Path("results") / "mlartifacts").resolve()
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
            "--default-artifact-root", artifacts.as_uri(), "--host", args.host, "--port", str(args.port)]
-    return subprocess.call(cmd)
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)  # become the server: signals (Ctrl-C, SIGTERM) reach it directly
 
 
 # --------------------------------------------------------------------------- main
