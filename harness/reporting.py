@@ -24,7 +24,8 @@ def format_results(records: list[dict]) -> str:
     """One row per (method, loss) with mean (and std over seeds when there are several), in %."""
     if not records:
         return "(no runs)"
-    metrics = list(records[0]["metrics"])
+    # Union of the records' metrics, in first-seen order (re-ranking methods add cos: columns).
+    metrics = list(dict.fromkeys(m for r in records for m in r["metrics"]))
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["dataset"], r["method"], r["loss"])].append(r)
@@ -34,6 +35,9 @@ def format_results(records: list[dict]) -> str:
         cells = [dataset, method, loss, str(len(runs))]
         for m in metrics:
             values = np.array([r["metrics"].get(m, np.nan) for r in runs]) * 100
+            if np.isnan(values).all():
+                cells.append("-")
+                continue
             cell = f"{values.mean():.2f}"
             if len(values) > 1:
                 cell += f"±{values.std(ddof=1):.2f}"

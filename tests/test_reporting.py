@@ -1,0 +1,23 @@
+"""The results table printed by ``run``."""
+
+from harness.reporting import format_results
+
+
+def _record(method, metrics, seed=0, selection="validation"):
+    return {"dataset": "synthetic", "method": method, "loss": "margin", "seed": seed, "protocol": "smoke",
+            "fingerprint": "abc", "selection": selection, "metrics": metrics}
+
+
+def test_columns_are_the_union_and_seeds_give_mean_and_std():
+    text = format_results([_record("plain", {"precision_at_1": 0.5}, 0),
+                           _record("plain", {"precision_at_1": 0.7}, 1),
+                           _record("diml", {"precision_at_1": 0.6, "global_precision_at_1": 0.5})])
+    header, _, plain, diml, footer = text.splitlines()[:5]
+    assert header.split()[-2:] == ["P@1", "cos:P@1"]
+    assert plain.split()[-2:] == ["60.00±14.14", "-"]
+    assert diml.split()[-2:] == ["60.00", "50.00"]
+    assert "fingerprint abc" in footer
+
+
+def test_test_set_selection_is_flagged():
+    assert "TEST-SET SELECTION" in format_results([_record("plain", {"precision_at_1": 0.5}, selection="test-paper")])
