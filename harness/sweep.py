@@ -239,7 +239,9 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
                              protocol_path=cell.protocol_path, method_options=dict(cell.method_options),
                              data_root=settings.get("data_root"), device=settings.get("device", "auto"),
                              workers=settings.get("loader_workers"), resume=True,
-                             experiment=grid.experiment)
+                             experiment=grid.experiment,
+                             # Tagged from the start; the full set again below (and on adoption).
+                             tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label})
     record = training.run_training(cfg, splits)
     _tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
