@@ -7,7 +7,11 @@ row of a paper's table), ``[backbone.<name>] set = {...}`` holds the settings a 
 prescribes for one backbone (the grid's protocol *variant*: fingerprinted, not a
 deviation), top-level ``set`` and ``[smoke] set`` are protocol overrides recorded as
 deviations. ``[smoke]`` replaces any top-level key for the tiny version (``--smoke``).
-Unknown keys are errors naming the key.
+``[test_time] method = "base"`` makes ``method`` a test-time-only method (DIML): its
+cell trains nothing and evaluates the selected weights of the ``base`` cell with the
+same backbone, loss, dataset and seed, under the same protocol (so both land in one
+comparison). ``metrics`` names the table's metric columns. Unknown keys are errors
+naming the key.
 
 Each :class:`Cell` has a ``key``: a hash of everything that determines its result
 (resolved protocol, dataset, loss and its arguments, method and options, seed,
@@ -32,7 +36,7 @@ __all__ = ["Grid", "Cell", "load_grid", "list_grids", "grid_dir", "expand"]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 TOP_KEYS = {"name", "description", "protocol", "experiment", "set", "published", "backbone", "extra",
-            "smoke", *AXES}
+            "smoke", "test_time", "metrics", *AXES}
 SMOKE_KEYS = {"protocol", "experiment", "set", *AXES}
 EXTRA_KEYS = set(AXES)
 PUBLISHED_KEYS = {"file", "tables"}
@@ -57,6 +61,8 @@ class Cell:
     variant: dict[str, Any]
     deviations: tuple[Deviation, ...]
     key: str
+    #: Key of the cell whose selected weights this test-time-only cell evaluates ("" if it trains).
+    base_key: str = ""
 
     @property
     def label(self) -> str:
@@ -79,6 +85,10 @@ class Grid:
     published_file: str = ""
     published_tables: tuple[str, ...] = ()
     smoke: bool = False
+    #: ``{method: base method}``: methods applied at test time to the base method's weights.
+    test_time: dict[str, str] = field(default_factory=dict)
+    #: Metric columns of the grid's tables (empty: the published table's, else the default).
+    metrics: tuple[str, ...] = ()
     cells: list[Cell] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -158,6 +168,10 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
             raise HarnessError(f"grid key 'backbone.{backbone}' must be a table")
         _reject_unknown(spec, VARIANT_KEYS, f"backbone.{backbone}.")
         variants[backbone] = _overrides(spec.get("set", {}), f"backbone.{backbone}.set")
+    test_time = data.get("test_time", {})
+    if not isinstance(test_time, dict) or not all(isinstance(v, str) for v in test_time.values()):
+        raise HarnessError(f"grid key 'test_time' must be a table of method = \"base method\", got {test_time!r}")
+    metrics = _axis(data["metrics"], "metrics", str) if "metrics" in data else []
     protocol = str(top["protocol"])
     if protocol.endswith(".toml") and not Path(protocol).is_absolute():
         protocol = str((path.parent / protocol).resolve())
@@ -166,23 +180,27 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
                 axes=axes, extras=tuple(extras), overrides=_overrides(top.get("set", {}), "set"),
                 variants=variants, published_file=str(published.get("file", "")),
-                published_tables=tuple(str(t) for t in published.get("tables", ())), smoke=smoke)
+                published_tables=tuple(str(t) for t in published.get("tables", ())), smoke=smoke,
+                test_time=dict(test_time), metrics=tuple(metrics))
     grid.cells.extend(expand(grid))
     return grid
 
 
 def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, method: str,
-              options: dict, seed: int, deviations: tuple[Deviation, ...]) -> str:
-    payload = json.dumps({"protocol": protocol.to_dict(), "dataset": dataset, "loss": loss,
-                          "loss_args": loss_args, "method": method, "options": options, "seed": seed,
-                          "deviations": [str(d) for d in deviations]},
+              options: dict, seed: int, deviations: tuple[Deviation, ...], base_key: str = "") -> str:
+    fields = {"protocol": protocol.to_dict(), "dataset": dataset, "loss": loss, "loss_args": loss_args,
+              "method": method, "options": options, "seed": seed, "deviations": [str(d) for d in deviations]}
+    if base_key:  # only then, so that the keys of grids without test-time methods never change
+        fields["base_key"] = base_key
+    payload = json.dumps(fields,
                          sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def expand(grid: Grid) -> list[Cell]:
     """All cells of the grid, main axes then extras, without duplicates; names are checked
-    against the registries (methods, losses, datasets, backbones) before anything runs."""
+    against the registries (methods, losses, datasets, backbones) before anything runs.
+    A test-time-only cell comes after its base cell and carries the base cell's key."""
     from methods import METHODS
 
     from .backbones import BACKBONES
@@ -206,15 +224,24 @@ def expand(grid: Grid) -> list[Cell]:
                 loss_args = protocol.loss_args(loss)
                 for dataset in sub["datasets"]:
                     DATASETS.get(dataset)
-                    for method in sub["methods"]:
+                    keys: dict[tuple[str, int], str] = {}
+                    # Base methods first, so that every test-time cell finds its base's key.
+                    for method in sorted(sub["methods"], key=lambda m: m in grid.test_time):
                         METHODS.get(method)
+                        base_method = grid.test_time.get(method, "")
+                        if base_method and (base_method not in sub["methods"] or base_method in grid.test_time):
+                            raise HarnessError(
+                                f"grid {grid.name}: test_time.{method} = '{base_method}' must name a trained "
+                                f"method of the same grid (methods there: {', '.join(sub['methods'])})")
                         options = dict(protocol.methods.get(method, {}))
                         for seed in sub["seeds"]:
+                            base_key = keys[(base_method, seed)] if base_method else ""
                             key = _cell_key(protocol, dataset, loss, loss_args, method, options, seed,
-                                            deviations)
+                                            deviations, base_key)
+                            keys[(method, seed)] = key
                             cells.setdefault(key, Cell(
                                 grid=grid.name, backbone=backbone, loss=loss, method=method,
                                 dataset=dataset, seed=seed, protocol=protocol, protocol_path=path,
                                 loss_args=loss_args, method_options=options, variant=variant,
-                                deviations=deviations, key=key))
+                                deviations=deviations, key=key, base_key=base_key))
     return list(cells.values())

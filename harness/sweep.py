@@ -16,7 +16,10 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
   re-queues it, so another worker
   (or the next start) runs the cell;
 * a cell that raises is reported, its trial failed, and it is queued again on the
-  next start.
+  next start;
+* a test-time-only cell (grid ``[test_time]``, e.g. DIML on a trained ``plain``) is
+  queued once its base cell has a FINISHED run; the coordinating process queues in
+  rounds until nothing new becomes ready (cells whose base failed wait, and say so).
 
 The tracking store is the record of what is done: a restarted sweep skips every
 cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for it.
@@ -136,9 +139,11 @@ def _trials_by_state(study) -> dict[str, list]:
 
 
 def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
-    """Queue every cell without a FINISHED run and without a queued or running trial.
+    """Queue every cell without a FINISHED run and without a queued or running trial
+    whose base cell (if it has one) is finished.
 
-    Returns counts and the cells that failed on an earlier start (now retried)."""
+    Returns counts, the cells that failed on an earlier start (now retried) and the
+    cells still waiting for their base cell."""
     from optuna.storages import fail_stale_trials
 
     fail_stale_trials(study)
@@ -146,16 +151,19 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
     by = _trials_by_state(study)
     pending = {t.user_attrs[CELL_ATTR] for t in by["WAITING"] + by["RUNNING"]}
     failed_before = {t.user_attrs[CELL_ATTR] for t in by["FAIL"]}
-    queued, retried = [], []
+    queued, retried, waiting = [], [], []
     for cell in grid.cells:
         if cell.key in done or cell.key in pending:
+            continue
+        if cell.base_key and cell.base_key not in done:
+            waiting.append(cell)
             continue
         study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key, "cell": cell.label})
         queued.append(cell)
         if cell.key in failed_before:
             retried.append(cell)
     return {"total": len(grid.cells), "finished": sum(c.key in done for c in grid.cells),
-            "queued": len(queued), "pending": len(pending), "retried": retried}
+            "queued": len(queued), "pending": len(pending), "retried": retried, "waiting": waiting}
 
 
 class _Heartbeat:
@@ -234,11 +242,17 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
     for run in _runs_of_cell(grid, cell, fp, "RUNNING"):
         mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
+    init_from = ""
+    if cell.base_key:
+        init_from = finished_cells(grid).get(cell.base_key, "")
+        if not init_from:
+            raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
     cfg = training.RunConfig(method=cell.method, dataset=cell.dataset, protocol=protocol, loss=cell.loss,
                              loss_args=dict(cell.loss_args), seed=cell.seed, deviations=cell.deviations,
                              protocol_path=cell.protocol_path, method_options=dict(cell.method_options),
                              data_root=settings.get("data_root"), device=settings.get("device", "auto"),
                              workers=settings.get("loader_workers"), resume=True,
+                             init_from=init_from, evaluate_only=bool(cell.base_key),
                              experiment=grid.experiment,
                              # Tagged from the start; the full set again below (and on adoption).
                              tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label})
@@ -335,36 +349,50 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         report = worker_loop(grid, study, settings=_settings(args))
         return 1 if report["failed"] else 0
 
-    counts = enqueue_cells(grid, study)
-    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
-         f"{counts['queued']} queued, {counts['pending']} already queued or running; "
-         f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
-    for cell in counts["retried"]:
-        _log(f"retrying {cell.label} (failed on an earlier start)")
     if args.workers < 1:
         raise HarnessError(f"--workers must be >= 1, got {args.workers}")
+    # Rounds: cells become ready when their base cell finishes (test-time methods).
+    for round_number in range(1, len(grid.cells) + 1):
+        counts = enqueue_cells(grid, study)
+        if round_number > 1 and not counts["queued"]:
+            break
+        _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
+             f"{counts['queued']} queued, {counts['pending']} already queued or running, "
+             f"{len(counts['waiting'])} waiting for their base cell; "
+             f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
+        for cell in counts["retried"]:
+            _log(f"retrying {cell.label} (failed on an earlier start)")
+        _run_workers(grid, study, args)
+        if not counts["waiting"]:
+            break
+    return _final_report(grid, study)
+
+
+def _run_workers(grid: Grid, study, args: argparse.Namespace) -> None:
     if args.workers == 1:
         worker_loop(grid, study, settings=_settings(args))
-    else:
-        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
-        try:
-            for p in procs:
-                p.wait()
-        except KeyboardInterrupt:
-            for p in procs:
-                p.terminate()
-            raise
-    return _final_report(grid, study)
+        return
+    procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
 
 
 def _final_report(grid: Grid, study) -> int:
     done = finished_cells(grid)
     missing = [c for c in grid.cells if c.key not in done]
+    labels = {c.key: c.label for c in grid.cells}
     failed = {t.user_attrs[CELL_ATTR]: t.user_attrs.get("error", "") for t in _trials_by_state(study)["FAIL"]}
     print(f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
           f"(MLflow experiment '{grid.experiment}')")
     for cell in missing:
         reason = failed.get(cell.key, "not run")
+        if cell.base_key and cell.base_key not in done:
+            reason = f"waiting for its base cell {labels.get(cell.base_key, cell.base_key)}"
         print(f"  not finished: {cell.label}: {reason or 'failed'} (queued again on the next start)")
     return 1 if missing else 0
 

@@ -50,10 +50,12 @@ DATASET_LABELS = {"cub200": "CUB-200-2011", "cars196": "Cars196", "sop": "SOP", 
                   "synthetic": "synthetic", "fashion-mnist": "Fashion-MNIST"}
 BACKBONE_LABELS = {"googlenet": "GoogLeNet", "resnet50": "ResNet-50", "resnet18": "ResNet-18",
                    "efficientnet_lite0": "EfficientNet-Lite0"}
-LOSS_LABELS = {"contrastive": "Contrastive", "binomial_deviance": "Binomial deviance",
-               "margin": "Margin", "multi_similarity": "Multi-similarity"}
-METHOD_LABELS = {"ngrouping": "N-grouping", "mgrouping": "M-grouping", "ggrouping": "G-grouping",
-                 "cgrouping": "C-grouping", "agrouping": "A-grouping"}
+LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_deviance": "Binomial deviance",
+               "margin": "Margin", "multi_similarity": "Multi-similarity", "proxy_nca": "ProxyNCA",
+               "proxy_anchor": "ProxyAnchor", "arcface": "ArcFace", "normalized_softmax": "Normalized softmax"}
+#: Row order inside a block: baselines before the methods built on them.
+METHOD_LABELS = {"plain": "Baseline", "diml": "DIML", "ngrouping": "N-grouping", "mgrouping": "M-grouping",
+                 "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping"}
 
 
 def _label(table: dict[str, str], name: str) -> str:

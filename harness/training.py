@@ -59,6 +59,10 @@ class RunConfig:
     #: A finished run (MLflow run id) whose selected weights initialise this one,
     #: e.g. DIML applied at test time to a trained ``plain`` model.
     init_from: str = ""
+    #: Train no epoch: evaluate the ``init_from`` weights, which were trained under this
+    #: same protocol (a test-time-only method such as DIML on a trained baseline). Unlike
+    #: ``--epochs 0`` this is not a deviation: the protocol's training happened in the base run.
+    evaluate_only: bool = False
     experiment: str = ""
     checkpoint_root: Path = Path("results/checkpoints")
     #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
@@ -240,7 +244,9 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
 
 def run_key(cfg: RunConfig, fp: str) -> str:
     payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
-                          "seed": cfg.seed, "init_from": cfg.init_from}, sort_keys=True, default=str)
+                          "seed": cfg.seed, "init_from": cfg.init_from,
+                          **({"evaluate_only": True} if cfg.evaluate_only else {})},
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -327,6 +333,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     from .tracking import Tracker
 
     protocol = cfg.protocol
+    if cfg.evaluate_only and not cfg.init_from:
+        raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
     device = resolve_device(cfg.device)
     workers = cfg.workers if cfg.workers is not None else (4 if device.type == "cuda" else 0)
     if device.type == "cpu":
@@ -353,7 +361,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
 
-        selection, epochs = protocol.selection, protocol.schedule.epochs
+        selection = protocol.selection
+        epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
         select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
         for epoch in range(start_epoch, epochs):
             record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, workers, epoch, epochs)}
@@ -507,7 +516,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "test_set_selection": protocol.selection.mode == "test-paper",
             "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
             "num_train_images": len(splits.train), "num_test_images": len(splits.test),
-            "init_from": cfg.init_from or "none",
+            "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)

@@ -152,6 +152,76 @@ def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkey
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
 
 
+def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
+    plain_only = load_grid(_grid(tmp_path, methods=("plain",)))
+    grid = load_grid(_grid(tmp_path, methods=("diml", "plain"), seeds=(0, 1),
+                           extra='[test_time]\ndiml = "plain"\n'))
+    plains = {c.seed: c for c in grid.cells if c.method == "plain"}
+    dimls = {c.seed: c for c in grid.cells if c.method == "diml"}
+    assert [c.method for c in grid.cells] == ["plain", "plain", "diml", "diml"]  # bases first
+    assert all(dimls[s].base_key == plains[s].key and not plains[s].base_key for s in (0, 1))
+    # Adding a test-time method does not change the keys of the trained cells.
+    assert plains[0].key == plain_only.cells[0].key
+    bad = _grid(tmp_path, methods=("diml",), extra='[test_time]\ndiml = "plain"\n')
+    with pytest.raises(HarnessError, match="test_time.diml = 'plain' must name a trained method"):
+        load_grid(bad)
+
+
+def test_diml_table1_grid():
+    grid = load_grid("diml-table1")
+    assert grid.protocol == "roth2020" and grid.published_tables == ("1",)
+    assert grid.metrics == ("precision_at_1", "r_precision", "mean_average_precision_at_r")
+    # 2 methods x 3 losses x 3 datasets x 3 seeds, every diml cell on its plain cell.
+    assert len(grid.cells) == 2 * 3 * 3 * 3
+    by_key = {c.key: c for c in grid.cells}
+    for cell in grid.cells:
+        if cell.method == "diml":
+            base = by_key[cell.base_key]
+            assert (base.method, base.loss, base.dataset, base.seed) == ("plain", cell.loss, cell.dataset, cell.seed)
+            assert base.protocol == cell.protocol
+
+
+def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys):
+    from harness.tables import load_runs, summarize
+
+    grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
+    grid = load_grid(grid_path)
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
+    runs = {r.data.tags["method"]: r for r in _runs(grid.experiment)}
+    plain, diml = runs["plain"], runs["diml"]
+    assert diml.data.tags["init_from"] == plain.info.run_id
+    assert diml.data.tags["evaluate_only"] == "True" and diml.data.tags["deviations"] == "none"
+    assert diml.data.tags["fingerprint"] == plain.data.tags["fingerprint"]
+    assert not any(k.startswith("val_") for k in diml.data.metrics)  # no training epoch
+    # DIML re-ranks the same trained embedding: its cosine numbers are the baseline's.
+    assert diml.data.metrics["test_global_precision_at_1"] == pytest.approx(plain.data.metrics["test_precision_at_1"])
+    assert "2/2 cells finished" in capsys.readouterr().out
+    cells = summarize(load_runs([grid.experiment]), ["precision_at_1"])
+    assert set(cells["method"]) == {"plain", "diml"}  # one block, one fingerprint: comparable
+
+    assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
+    assert len(_runs(grid.experiment)) == 2  # nothing ran again
+
+
+def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, monkeypatch, capsys):
+    from harness import training
+
+    grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
+    real = training.run_training
+
+    def crash_plain(cfg, splits=None):
+        if cfg.method == "plain":
+            raise RuntimeError("simulated crash")
+        return real(cfg, splits)
+
+    monkeypatch.setattr(training, "run_training", crash_plain)
+    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}") == 1
+    out = capsys.readouterr().out
+    assert "0/2 cells finished" in out
+    assert "diml/synthetic/seed0: waiting for its base cell efficientnet_lite0/margin/plain" in out
+
+
 # ------------------------------------------------------------------------- PostgreSQL
 
 
