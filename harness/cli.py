@@ -60,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     protocol_name = args.protocol or default_protocol(args.dataset)
-    protocol = load_protocol(protocol_name)
+    protocol = load_protocol(protocol_name).for_dataset(args.dataset)
     overrides = list(args.set or [])
     if args.epochs is not None:
         if args.epochs < 0:

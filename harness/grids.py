@@ -215,15 +215,16 @@ def expand(grid: Grid) -> list[Cell]:
             BACKBONES.get(backbone)
             variant = {"backbone.name": backbone, **grid.variants.get(backbone, {})}
             variant_protocol, _ = apply_overrides(base, variant)
-            protocol, deviations = apply_overrides(variant_protocol, grid.overrides)
             for loss in sub["losses"]:
                 LOSSES.get(loss)
-                if loss != protocol.loss.name and loss not in protocol.loss.args:
+                if loss != variant_protocol.loss.name and loss not in variant_protocol.loss.args:
                     raise HarnessError(f"grid {grid.name}: loss '{loss}' has no arguments in protocol "
-                                       f"'{protocol.name}' ([loss.args.{loss}]); add them there")
-                loss_args = protocol.loss_args(loss)
+                                       f"'{variant_protocol.name}' ([loss.args.{loss}]); add them there")
                 for dataset in sub["datasets"]:
                     DATASETS.get(dataset)
+                    # The protocol's settings for this dataset, then the grid's deviations.
+                    protocol, deviations = apply_overrides(variant_protocol.for_dataset(dataset), grid.overrides)
+                    loss_args = protocol.loss_args(loss)
                     keys: dict[tuple[str, int], str] = {}
                     # Base methods first, so that every test-time cell finds its base's key.
                     for method in sorted(sub["methods"], key=lambda m: m in grid.test_time):

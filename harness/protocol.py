@@ -180,6 +180,9 @@ class Protocol:
     evaluation: EvaluationSpec = EvaluationSpec()
     #: Method options fixed by this protocol: ``{method: {option: value}}``.
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Settings for one dataset, part of the protocol (not deviations), as partial protocol
+    #: tables: ``[datasets.sop.schedule] epochs = 100``. :meth:`for_dataset` applies them.
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.selection.mode in SELECTION_MODES, "selection.mode",
@@ -203,7 +206,24 @@ class Protocol:
                "image.crop_scale", "must be [low, high] with 0 < low <= high <= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        data = _jsonable(dataclasses.asdict(self))
+        if not data["datasets"]:  # absent when empty: fingerprints of protocols without it stay put
+            del data["datasets"]
+        return data
+
+    def for_dataset(self, dataset: str) -> Protocol:
+        """The protocol as it runs on ``dataset``: that dataset's settings applied, and
+        the per-dataset sections consumed (so applying it again changes nothing, and
+        command-line overrides made afterwards stay in force)."""
+        if not self.datasets:
+            return self
+        settings = _flatten(self.datasets.get(dataset, {}))
+        base = dataclasses.replace(self, datasets={})
+        try:
+            resolved, _ = apply_overrides(base, settings)
+        except HarnessError as err:
+            raise HarnessError(f"protocol '{self.name}', section datasets.{dataset}: {err}") from None
+        return resolved
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -238,6 +258,19 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"schedule": {"epochs": 100}}`` -> ``{"schedule.epochs": 100}`` (dicts that are
+    protocol values, such as ``loss.args``, are reached key by key)."""
+    out = {}
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out
 
 
 def _type_name(tp: Any) -> str:
@@ -311,7 +344,13 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed protocol file {path}: {err}") from None
     data.setdefault("name", path.stem)
-    return _build(Protocol, data)
+    protocol = _build(Protocol, data)
+    for dataset, section in protocol.datasets.items():
+        if not isinstance(section, dict) or {"name", "datasets"} & set(section):
+            raise HarnessError(f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
+                               f"(not name or datasets), got {section!r}")
+        protocol.for_dataset(dataset)  # unknown keys and bad values fail here, not mid-run
+    return protocol
 
 
 # ------------------------------------------------------------------------- overrides

@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ def _atomic_save(obj: Any, path: Path) -> None:
 
 def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None) -> DatasetSplits:
     """Load the dataset, cap images per class (small protocols) and carve validation classes."""
+    protocol = protocol.for_dataset(dataset)
     splits = DATASETS.get(dataset).load(data_root)
     s = protocol.splits
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
@@ -332,6 +333,9 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     """
     from .tracking import Tracker
 
+    # Callers resolve the protocol for the dataset before applying overrides; this is a
+    # no-op then, and resolves a protocol that still has per-dataset sections.
+    cfg = replace(cfg, protocol=cfg.protocol.for_dataset(cfg.dataset))
     protocol = cfg.protocol
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")

@@ -118,7 +118,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.trials < 0:
         raise HarnessError(f"--trials must be >= 0, got {args.trials}")
     protocol_name = args.protocol or default_protocol(args.dataset)
-    base, base_deviations = apply_overrides(load_protocol(protocol_name), list(args.set or []))
+    base, base_deviations = apply_overrides(load_protocol(protocol_name).for_dataset(args.dataset),
+                                            list(args.set or []))
     if base.selection.mode != "validation":
         raise HarnessError(f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
                            f"'{base.selection.mode}'): hyperparameters are never chosen on the test set")

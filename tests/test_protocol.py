@@ -125,3 +125,35 @@ def test_every_shipped_protocol_builds_its_method_options(name):
         head = create_method(method, channels={"s8": 8, "s16": 16, "s32": 64},
                              embedding_size=protocol.embedding.size, **options)
         assert head.embedding_size == protocol.embedding.size
+
+
+def test_dataset_sections_are_part_of_the_protocol_not_deviations():
+    roth = load_protocol("roth2020")
+    sop, cub = roth.for_dataset("sop"), roth.for_dataset("cub200")
+    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al. 2020, DESIGN.md §3
+    assert sop.for_dataset("sop") == sop and not sop.datasets  # resolved once: idempotent
+    # An override made after resolution stays in force and is measured against 100.
+    overridden, deviations = apply_overrides(sop, ["schedule.epochs=3"])
+    assert overridden.for_dataset("sop").schedule.epochs == 3
+    assert [str(d) for d in deviations] == ["schedule.epochs: 100 -> 3"]
+    # A protocol without sections keeps its canonical form (and fingerprints) unchanged.
+    assert "datasets" not in load_protocol("smoke").for_dataset("synthetic").to_dict()
+
+
+def test_grid_cells_take_the_dataset_section():
+    from harness.grids import load_grid
+
+    cells = load_grid("diml-table1").cells
+    assert {c.protocol.schedule.epochs for c in cells if c.dataset == "sop"} == {100}
+    assert {c.protocol.schedule.epochs for c in cells if c.dataset != "sop"} == {150}
+    assert all(not c.deviations for c in cells)
+
+
+@pytest.mark.parametrize("section, message", [
+    ("[datasets.sop.schedule]\nepohcs = 100\n", "section datasets.sop: unknown protocol key 'schedule.epohcs'"),
+    ("[datasets.sop.embedding]\nsize = 'big'\n", "section datasets.sop: protocol key 'embedding.size' must be int"),
+    ("[datasets.sop]\nname = 'x'\n", "'datasets.sop' must be a table of protocol settings"),
+])
+def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, message):
+    with pytest.raises(HarnessError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_protocol(_write(tmp_path, section))
