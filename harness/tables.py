@@ -52,7 +52,12 @@ BACKBONE_LABELS = {"googlenet": "GoogLeNet", "resnet50": "ResNet-50", "resnet18"
                    "efficientnet_lite0": "EfficientNet-Lite0"}
 LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_deviance": "Binomial deviance",
                "margin": "Margin", "multi_similarity": "Multi-similarity", "proxy_nca": "ProxyNCA",
-               "proxy_anchor": "ProxyAnchor", "arcface": "ArcFace", "normalized_softmax": "Normalized softmax"}
+               "proxy_anchor": "ProxyAnchor", "arcface": "ArcFace", "normalized_softmax": "Normalized softmax",
+               # DIML Table 1's other rows (Roth et al. 2020's loss names)
+               "triplet_random": "Triplet (random)", "triplet_semihard": "Triplet (semihard)",
+               "triplet_softhard": "Triplet (softhard)", "triplet_distance": "Triplet (distance)",
+               "angular": "Angular", "npair": "N-pair", "generalized_lifted": "Generalized lifted",
+               "quadruplet": "Quadruplet", "snr": "SNR", "histogram": "Histogram"}
 #: Row order inside a block: baselines before the methods built on them.
 METHOD_LABELS = {"plain": "Baseline", "diml": "DIML", "ngrouping": "N-grouping", "mgrouping": "M-grouping",
                  "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping"}

@@ -130,6 +130,20 @@ def test_published_rows_without_runs_still_appear():
         load_published(PUBLISHED, ["9"])
 
 
+def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
+    pub = load_published(PUBLISHED.with_name("diml.csv"), ["1"])
+    runs = _runs([{"method": m, "dataset": d, "loss": "margin", "test_precision_at_1": v}
+                  for m, d, v in (("plain", "cub200", 0.60), ("diml", "cub200", 0.63))])
+    cells = attach_published(summarize(runs, ["precision_at_1"]), pub)
+    text = render_markdown(cells, metrics=["precision_at_1", "r_precision", "mean_average_precision_at_r"])
+    lines = text.splitlines()
+    margin = lines.index(next(line for line in lines if line.startswith("| *ResNet-50 + Margin*")))
+    # Paper's Table 1: per loss a Baseline row, then DIML; ours beside theirs with the difference.
+    assert lines[margin + 1].startswith("| Baseline | 60.00 / 62.47 (-2.47) |")
+    assert lines[margin + 2].startswith("| DIML | **63.00** / 65.16 (-2.16) |")
+    assert text.count("| Baseline |") == 17 and "| *ResNet-50 + Triplet (semihard)* |" in text
+
+
 # ------------------------------------------------------------- over the MLflow store
 
 
