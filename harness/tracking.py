@@ -91,9 +91,13 @@ class Tracker:
         else:
             exp_id = exp.experiment_id
         self.client = mlflow.MlflowClient()
+        #: Whether ``run_id`` was found and continues; False when a new run was created
+        #: (also when a checkpoint names a run this tracking store does not have).
+        self.resumed = False
         if run_id is not None:
             try:
                 self.client.get_run(run_id)
+                self.resumed = True
             except Exception:
                 run_id = None
         if run_id is None:

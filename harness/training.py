@@ -331,7 +331,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     validation metric ("validation"), the best test metric ("test-paper", the
     seeds' released-code behaviour, labelled everywhere) or the last epoch.
     """
-    from .tracking import Tracker
+    from .tracking import Tracker, tracking_uri
 
     # Callers resolve the protocol for the dataset before applying overrides; this is a
     # no-op then, and resolves a protocol that still has per-dataset sections.
@@ -359,11 +359,16 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
-        if checkpoint is None:
+        if checkpoint is None or not tracker.resumed:
             _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note)
-        else:
+        if checkpoint is not None:
             t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
+            if not tracker.resumed:  # the checkpoint's run is not in this store: a new run gets it all
+                _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in {tracking_uri()}; "
+                     f"continuing in a new run {tracker.run_id}")
+                for record in history:
+                    tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
 
         selection = protocol.selection
         epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs

@@ -77,6 +77,25 @@ def _cli_process(workdir: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
 
 
+def test_resume_into_a_store_without_the_checkpoints_run_records_everything(workdir, tiny_protocol,
+                                                                              monkeypatch):
+    """Checkpoints outlive a deleted tracking store; resuming one must not leave a bare run."""
+    first = workdir / "first.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(first)) == 0
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'fresh.db'}")
+    again = workdir / "again.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--resume", "--json", str(again)) == 0
+    record = _records(again)[0]
+    assert record["metrics"] == _records(first)[0]["metrics"]
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    run = mlflow.MlflowClient().get_run(record["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["method"] == "plain" and run.data.tags["fingerprint"] == record["fingerprint"]
+    assert run.data.params["protocol.backbone.name"] == "efficientnet_lite0"
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
+    assert [m.step for m in history] == [1, 2]
+
+
 def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol):
     common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
               "--set", "sampling.batches_per_epoch=6"]
