@@ -57,13 +57,21 @@ def _sweep_args(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
+    """``results/tables/<grid>.tex`` and ``.md`` from the tracking store, with the paper's
+    published values. A smoke run's cells (other backbone and dataset) get their own rows
+    and columns beside the paper's, and the caption says they are not comparable."""
     data = tomllib.loads((GRIDS / f"{grid}.toml").read_text())
     experiment = (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke") if smoke \
         else data.get("experiment", data["name"])
     published = data.get("published", {})
+    caption = data.get("description", grid)
+    if smoke:
+        caption += (f" -- smoke run (experiment {experiment}, on {', '.join(data['smoke'].get('datasets', []))}): "
+                    "a pipeline check, not comparable with the published columns")
     for fmt, ext in (("latex", "tex"), ("markdown", "md")):
-        args = ["--experiment", experiment, "--format", fmt, "--out", f"results/tables/{experiment}.{ext}"]
-        if published and not smoke:  # the smoke grid runs other datasets than the paper
+        args = ["--experiment", experiment, "--format", fmt, "--out", f"results/tables/{data['name']}.{ext}",
+                "--caption", caption]
+        if published:
             args += ["--published", published["file"], "--table", ",".join(str(t) for t in published["tables"])]
         if data.get("metrics"):
             args += ["--metrics", ",".join(data["metrics"])]
