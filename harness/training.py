@@ -301,8 +301,11 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     label_ids = np.unique(splits.train.labels)
-    loss_fn = create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
-                          embedding_size=protocol.embedding.size).to(device)
+    copies = int(getattr(model.head, "metric_loss_copies", 1))
+    losses = [create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
+                          embedding_size=model.head.metric_loss_dim) for _ in range(copies)]
+    # One instance keeps its state-dict keys; several (one per group) are a ModuleList.
+    loss_fn = (losses[0] if copies == 1 else nn.ModuleList(losses)).to(device)
     optimizer = _optimizer(protocol, model, loss_fn)
     classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
     sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
@@ -554,12 +557,15 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
     amp = device.type == "cuda"
     image_spec = cfg.protocol.image
 
-    def metric_loss(embeddings, labels):
+    copies = len(loss_fn) if isinstance(loss_fn, nn.ModuleList) else 1
+
+    def metric_loss(embeddings, labels, copy: int = 0):
         embeddings = embeddings.float()
-        return loss_fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
+        fn = loss_fn[copy] if copies > 1 else loss_fn
+        return fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
 
     # Heads that score pairs their own way (DIML's training mode) reuse the run's loss and miner.
-    metric_loss.loss_fn, metric_loss.miner = loss_fn, miner
+    metric_loss.loss_fn, metric_loss.miner, metric_loss.copies = loss_fn, miner, copies
 
     total, seen, started = 0.0, 0, time.perf_counter()
     term_sums: dict[str, float] = {}

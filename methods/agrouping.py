@@ -50,8 +50,11 @@ Where the paper is silent or disagrees with the released code (DGML-master):
 * The baselines' exact layers (Appendix A is not in our copy of the text) follow the
   code's ``group_layers.py``, except that G-grouping's masks pass through a sigmoid as
   in ABE (the code's gate has none; ``gate_sigmoid=False`` reproduces it).
-* The margin loss in the code learns one beta per (group, class); the harness passes
-  one ``metric_loss`` for all groups, so a learnable beta is shared by the groups.
+* Loss parameters per group. Eq. 14 only sums the groups' metric losses; the code's
+  criteria hold them per group (``criteria/margin.py``: beta of shape groups x classes),
+  so a learnable margin beta or proxy is learnt for each group separately. Code followed
+  (``loss_per_group=True``: the trainer holds one loss instance per group);
+  ``loss_per_group=False`` shares one instance across the groups.
 """
 
 from __future__ import annotations
@@ -250,7 +253,8 @@ class GroupingHead(Method):
                  reduction: int | None = None, gate_sigmoid: bool = True,
                  diversity_weight: float = 0.01, diversity_beta: float = 25.0,
                  diversity_reduction: str = "mean",
-                 query_weight_decay: float = 0.001, head_weight_decay: float | None = None):
+                 query_weight_decay: float = 0.001, head_weight_decay: float | None = None,
+                 loss_per_group: bool = True):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if grouping not in GROUPINGS:
             raise ValueError(f"grouping must be one of {tuple(GROUPINGS)}, got {grouping!r}")
@@ -273,6 +277,8 @@ class GroupingHead(Method):
         self.diversity_weight, self.diversity_beta = diversity_weight, diversity_beta
         self.diversity_reduction = diversity_reduction
         self.query_weight_decay, self.head_weight_decay = query_weight_decay, head_weight_decay
+        self.metric_loss_copies = groups if loss_per_group else 1
+        self.metric_loss_dim = self.group_dim
 
     def embed(self, maps):
         feats, aux = self.grouping(maps[-1])
@@ -284,10 +290,12 @@ class GroupingHead(Method):
     def loss_terms(self, output, labels, metric_loss):
         """Eq. 14 without the L2 term (that is weight decay, see :meth:`optimizer_groups`):
         ``metric`` = the metric loss on each group separately, averaged over the P groups
-        (the protocol's miner runs per group too, as in the code); ``diversity`` =
-        lambda1 * Eq. 4, already weighted (absent when P = 1 or lambda1 = 0)."""
+        (the protocol's miner runs per group too, as in the code; group p uses loss
+        instance p when the trainer holds one per group); ``diversity`` = lambda1 * Eq. 4,
+        already weighted (absent when P = 1 or lambda1 = 0)."""
         groups = output.groups
-        metric = torch.stack([metric_loss(groups[:, p].contiguous(), labels)
+        per_group = getattr(metric_loss, "copies", 1) > 1
+        metric = torch.stack([metric_loss(groups[:, p].contiguous(), labels, **({"copy": p} if per_group else {}))
                               for p in range(groups.shape[1])]).mean()
         terms = {"metric": metric}
         if groups.shape[1] > 1 and self.diversity_weight:

@@ -73,6 +73,10 @@ class HeadOutput:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+#: The run's metric loss (with the protocol's miner): ``metric_loss(embeddings, labels)``.
+#: When a head asks for ``metric_loss_copies = P > 1`` the trainer holds P independent
+#: instances (each with its own learnable parameters, e.g. margin betas or proxies), says
+#: so in ``metric_loss.copies`` and takes ``metric_loss(embeddings, labels, copy=p)``.
 MetricLoss = Callable[..., torch.Tensor]
 
 
@@ -86,12 +90,16 @@ class Method(nn.Module):
     stages: ClassVar[tuple[str, ...]] = ("s32",)
     #: Head-output fields the evaluation must keep for :meth:`rerank_similarity`.
     rerank_fields: ClassVar[tuple[str, ...]] = ()
+    #: Independent instances of the metric loss the head needs (see :data:`MetricLoss`).
+    metric_loss_copies: int = 1
 
     def __init__(self, *, channels: dict[str, int], embedding_size: int):
         super().__init__()
         self.channels = dict(channels)
         self.in_channels = channels["s32"]
         self.embedding_size = embedding_size
+        #: Size of the vectors the head passes to the metric loss (proxies are sized by it).
+        self.metric_loss_dim = embedding_size
 
     # ------------------------------------------------------------------ required hook
 

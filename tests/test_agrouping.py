@@ -9,6 +9,7 @@ import numpy as np
 import optuna
 import pytest
 import torch
+from pytorch_metric_learning import losses as pml_losses
 
 from harness.errors import HarnessError
 from harness.explain import attention_figure, part_attention_mass, upsample_maps
@@ -329,3 +330,41 @@ def test_search_space():
     assert weight.log and (weight.low, weight.high) == (1e-3, 0.1)
     create_method("agrouping", channels=CHANNELS, embedding_size=12, **params)
     assert METHODS.get("ngrouping").cls.search_space(trial) == {}
+
+
+def test_each_group_has_its_own_loss_instance_when_the_trainer_holds_one_per_group():
+    """DGML-master's criteria keep loss parameters per group (margin beta: groups x classes)."""
+    head = make(diversity_weight=0.0)
+    assert head.metric_loss_copies == 4 and head.metric_loss_dim == EMB // 4
+    assert make(loss_per_group=False).metric_loss_copies == 1
+    out = head([fmap()])
+    y = labels()
+    losses = [pml_losses.MarginLoss(num_classes=int(y.max()) + 1, learn_beta=True, beta=1.2) for _ in range(4)]
+    used = []
+
+    def metric_loss(emb, lab, copy=0):
+        used.append(copy)
+        return losses[copy](emb, lab)
+
+    metric_loss.copies = 4
+    terms = head.loss_terms(out, y, metric_loss)
+    assert used == [0, 1, 2, 3]
+    expected = sum(losses[p](out.groups[:, p], y) for p in range(4)) / 4
+    torch.testing.assert_close(terms["metric"], expected)
+    # Group p's beta moves with group p's loss only.
+    (grad0,) = torch.autograd.grad(losses[0](out.groups[:, 0], y), losses[0].beta)
+    (grad_term,) = torch.autograd.grad(terms["metric"], losses[0].beta)
+    torch.testing.assert_close(grad_term, grad0 / 4)
+
+
+def test_runs_hold_a_loss_per_group_sized_for_the_groups(workdir, tiny_protocol):
+    """Proxies live in the group's space (d = D / P), one set per group; a run trains."""
+    from harness.cli import main
+
+    out = workdir / "out.json"
+    assert main(["run", "--methods", "agrouping", "--protocol", str(tiny_protocol), "--loss", "proxy_anchor",
+                 "--epochs", "1", "--json", str(out)]) == 0
+    (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["loss"]
+    proxies = [state[f"{p}.proxies"] for p in range(4)]
+    assert all(t.shape[1] == 16 // 4 for t in proxies)  # tiny protocol: D = 16, P = 4
