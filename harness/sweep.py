@@ -18,8 +18,9 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
 * a cell that raises is reported, its trial failed, and it is queued again on the
   next start;
 * a test-time-only cell (grid ``[test_time]``, e.g. DIML on a trained ``plain``) is
-  queued once its base cell has a FINISHED run; the coordinating process queues in
-  rounds until nothing new becomes ready (cells whose base failed wait, and say so).
+  queued once its base cell has a FINISHED run: by the start that finds it so, or by
+  any worker (on any machine) that finds the queue empty; a cell whose base failed
+  waits, and the final report says so.
 
 The tracking store is the record of what is done: a restarted sweep skips every
 cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for it.
@@ -42,7 +43,7 @@ from .errors import HarnessError
 from .grids import Cell, Grid, load_grid
 
 __all__ = ["add_sweep_parser", "cmd_sweep", "open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
-           "worker_loop", "DEFAULT_STORAGE"]
+           "enqueue_ready_dependents", "worker_loop", "DEFAULT_STORAGE"]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
@@ -166,6 +167,20 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
             "queued": len(queued), "pending": len(pending), "retried": retried, "waiting": waiting}
 
 
+def enqueue_ready_dependents(grid: Grid, study) -> int:
+    """Queue the test-time cells whose base cell has finished and that have no trial in
+    this study yet (one that failed waits for the next start, as any failed cell)."""
+    waiting = [c for c in grid.cells if c.base_key]
+    if not waiting:
+        return 0
+    done = finished_cells(grid)
+    tried = {t.user_attrs[CELL_ATTR] for ts in _trials_by_state(study).values() for t in ts}
+    ready = [c for c in waiting if c.base_key in done and c.key not in done and c.key not in tried]
+    for cell in ready:
+        study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key, "cell": cell.label})
+    return len(ready)
+
+
 class _Heartbeat:
     """Record an Optuna heartbeat for one trial every ``interval`` seconds in a thread."""
 
@@ -278,6 +293,8 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
         by = _trials_by_state(study)
         if not by["WAITING"]:
             if not by["RUNNING"]:
+                if enqueue_ready_dependents(grid, study):
+                    continue
                 return report
             time.sleep(poll)  # another worker may die: its cell would come back here
             continue
@@ -349,37 +366,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         report = worker_loop(grid, study, settings=_settings(args))
         return 1 if report["failed"] else 0
 
+    counts = enqueue_cells(grid, study)
+    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
+         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
+         f"{len(counts['waiting'])} waiting for their base cell; "
+         f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
+    for cell in counts["retried"]:
+        _log(f"retrying {cell.label} (failed on an earlier start)")
     if args.workers < 1:
         raise HarnessError(f"--workers must be >= 1, got {args.workers}")
-    # Rounds: cells become ready when their base cell finishes (test-time methods).
-    for round_number in range(1, len(grid.cells) + 1):
-        counts = enqueue_cells(grid, study)
-        if round_number > 1 and not counts["queued"]:
-            break
-        _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
-             f"{counts['queued']} queued, {counts['pending']} already queued or running, "
-             f"{len(counts['waiting'])} waiting for their base cell; "
-             f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
-        for cell in counts["retried"]:
-            _log(f"retrying {cell.label} (failed on an earlier start)")
-        _run_workers(grid, study, args)
-        if not counts["waiting"]:
-            break
-    return _final_report(grid, study)
-
-
-def _run_workers(grid: Grid, study, args: argparse.Namespace) -> None:
     if args.workers == 1:
         worker_loop(grid, study, settings=_settings(args))
-        return
-    procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
-    try:
-        for p in procs:
-            p.wait()
-    except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
-        raise
+    else:
+        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+        try:
+            for p in procs:
+                p.wait()
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            raise
+    return _final_report(grid, study)
 
 
 def _final_report(grid: Grid, study) -> int:

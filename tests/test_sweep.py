@@ -204,6 +204,20 @@ def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys)
     assert len(_runs(grid.experiment)) == 2  # nothing ran again
 
 
+def test_worker_processes_queue_test_time_cells_when_their_base_finishes(workdir, capsys):
+    """Workers (here two processes on SQLite) pick up DIML cells themselves once the
+    plain cell they evaluate has finished: no coordinator round is needed."""
+    grid_path = _grid(workdir, methods=("plain", "diml"), seeds=(0, 1), extra='[test_time]\ndiml = "plain"\n')
+    grid = load_grid(grid_path)
+    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}",
+                  "--workers", "2") == 0
+    assert "4/4 cells finished" in capsys.readouterr().out
+    runs = _runs(grid.experiment)
+    plain = {r.data.tags["seed"]: r.info.run_id for r in runs if r.data.tags["method"] == "plain"}
+    diml = {r.data.tags["seed"]: r.data.tags["init_from"] for r in runs if r.data.tags["method"] == "diml"}
+    assert len(runs) == 4 and diml == plain
+
+
 def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, monkeypatch, capsys):
     from harness import training
 

@@ -195,10 +195,16 @@ def packed_images(root: Path, paths: list[str]) -> np.ndarray:
     packed = root / "images.npy"
     if not packed.is_file():
         stack = np.stack([np.asarray(Image.open(root / p).convert("RGB")) for p in paths])
-        tmp = root / ".images.npy.tmp"
-        with open(tmp, "wb") as fh:
-            np.save(fh, stack)
-        os.replace(tmp, packed)
+        # A temp name per process: workers that start together each pack, and the last
+        # atomic replace wins with identical bytes (a shared name let one read a half file).
+        fd, tmp = tempfile.mkstemp(prefix=".images-", suffix=".npy.tmp", dir=root)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.save(fh, stack)
+            os.replace(tmp, packed)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return np.load(packed, mmap_mode="r")
 
 
