@@ -23,7 +23,8 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "create_loss", "create_miner", "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "create_loss", "create_miner", "miner_for",
+           "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -71,14 +72,17 @@ class LossEntry:
     #: Whether the loss holds parameters sized by the classes (proxies, per-class beta).
     needs_classes: bool = False
     description: str = ""
+    #: The miner this loss always uses instead of the protocol's (see :func:`miner_for`);
+    #: None: the protocol's.
+    miner: str | None = None
 
 
 LOSSES: Registry[LossEntry] = Registry("loss")
 MINERS: Registry[LossEntry] = Registry("miner")
 
 
-def _loss(name, cls, description, needs_classes=False, **defaults):
-    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description))
+def _loss(name, cls, description, needs_classes=False, miner=None, **defaults):
+    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description, miner))
 
 
 _loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
@@ -89,21 +93,21 @@ _loss("margin", pml_losses.MarginLoss,
       needs_classes=True, margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
 _loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
       alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
-_loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019",
+_loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
       alpha=2.0, beta=50.0, base=0.5)
-_loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True,
+_loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True, miner="none",
       margin=0.1, alpha=32.0)
-_loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True,
+_loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True, miner="none",
       softmax_scale=1.0)
-_loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True,
+_loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True, miner="none",
       margin=28.6, scale=64.0)
-_loss("normalized_softmax", pml_losses.NormalizedSoftmaxLoss, "Zhai & Wu 2019", needs_classes=True,
+_loss("normalized_softmax", pml_losses.NormalizedSoftmaxLoss, "Zhai & Wu 2019", needs_classes=True, miner="none",
       temperature=0.05)
 _loss("circle", pml_losses.CircleLoss, "Sun et al. 2020", m=0.4, gamma=80.0)
 _loss("lifted_structure", pml_losses.LiftedStructureLoss, "Oh Song et al. 2016",
       neg_margin=1.0, pos_margin=0.0)
 _loss("ntxent", pml_losses.NTXentLoss, "Chen et al. 2020 (InfoNCE)", temperature=0.07)
-_loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classes=True,
+_loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classes=True, miner="none",
       centers_per_class=10, la=20.0, gamma=0.1, margin=0.01)
 
 MINERS.register("distance_weighted")(LossEntry(pml_miners.DistanceWeightedMiner,
@@ -117,6 +121,24 @@ MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
 MINERS.register("batch_hard")(LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017"))
 MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
                                         {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
+
+
+def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+    """The miner (name, args) a run of ``loss`` uses under a protocol whose miner is
+    ``protocol_miner``.
+
+    A protocol fixes one miner for the tuple losses (Roth et al. 2020: distance-weighted
+    sampling). Losses over proxies or classes take none: PML would only re-weight their
+    samples by the miner's tuples, and Roth et al.'s code (which the DIML seed trains
+    with) gives them no batch miner. Multi-similarity brings its own pair mining (Wang
+    et al. 2019, Sec. 3.3; PML splits it into ``MultiSimilarityMiner``, epsilon 0.1),
+    which Roth et al.'s criterion also runs inside the loss.
+    """
+    own = LOSSES.get(loss).miner
+    if own is None or own == protocol_miner:
+        return protocol_miner, dict(protocol_args or {})
+    return own, {}
 
 
 def loss_defaults(name: str) -> dict[str, Any]:

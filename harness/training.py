@@ -34,7 +34,7 @@ from .data.sampling import ClassBalancedBatchSampler, TransformedImages
 from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
 from .evaluation import evaluate_embeddings
-from .losses import create_loss, create_miner
+from .losses import create_loss, create_miner, miner_for
 from .protocol import Deviation, Protocol, fingerprint
 
 __all__ = ["RunConfig", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
@@ -314,7 +314,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device)
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
-    return _Training(model, loss_fn, create_miner(protocol.miner.name, protocol.miner.args), optimizer,
+    miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args))
+    return _Training(model, loss_fn, miner, optimizer,
                      _scheduler(protocol, optimizer), torch.amp.GradScaler("cuda", enabled=device.type == "cuda"),
                      sampler, train_data, note)
 
@@ -529,6 +530,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
             "num_train_images": len(splits.train), "num_test_images": len(splits.test),
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
+            "miner": miner_for(cfg.loss, protocol.miner.name)[0],
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)

@@ -71,3 +71,28 @@ def test_miners_compose_with_losses(name):
     value = create_loss("contrastive", num_classes=4, embedding_size=4)(emb, labels, miner(emb, labels))
     assert torch.isfinite(value)
     assert create_miner("none") is None
+
+
+def test_proxy_and_class_losses_take_no_miner_and_multi_similarity_mines_its_own_pairs():
+    from harness.losses import miner_for
+
+    args = {"cutoff": 0.5}
+    for loss in ("contrastive", "triplet", "margin", "binomial_deviance"):
+        assert miner_for(loss, "distance_weighted", args) == ("distance_weighted", args)  # the protocol's
+    for loss in ("proxy_anchor", "proxy_nca", "arcface", "normalized_softmax", "soft_triple"):
+        assert miner_for(loss, "distance_weighted", args) == ("none", {})
+        assert create_miner(*miner_for(loss, "distance_weighted", args)) is None
+    assert miner_for("multi_similarity", "distance_weighted", args) == ("multi_similarity", {})
+    # A protocol that already names the loss's own miner keeps its arguments for it.
+    assert miner_for("multi_similarity", "multi_similarity", {"epsilon": 0.2}) == (
+        "multi_similarity", {"epsilon": 0.2})
+
+
+def test_a_miner_would_change_a_proxy_loss():
+    """Why proxy losses get no miner: PML turns the miner's tuples into sample weights."""
+    torch.manual_seed(0)
+    emb = F.normalize(torch.randn(8, 4), dim=1)
+    labels = torch.arange(8) % 4
+    loss = create_loss("proxy_anchor", num_classes=4, embedding_size=4)
+    mined = create_miner("distance_weighted")(emb, labels)
+    assert not torch.isclose(loss(emb, labels), loss(emb, labels, mined))

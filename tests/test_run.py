@@ -92,6 +92,7 @@ def test_resume_into_a_store_without_the_checkpoints_run_records_everything(work
     assert run.info.status == "FINISHED"
     assert run.data.tags["method"] == "plain" and run.data.tags["fingerprint"] == record["fingerprint"]
     assert run.data.params["protocol.backbone.name"] == "efficientnet_lite0"
+    assert run.data.tags["miner"] == "distance_weighted"  # the tiny protocol's, for the margin loss
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
     assert [m.step for m in history] == [1, 2]
 
