@@ -82,18 +82,23 @@ def test_resume_into_a_store_without_the_checkpoints_run_records_everything(work
     """Checkpoints outlive a deleted tracking store; resuming one must not leave a bare run."""
     first = workdir / "first.json"
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(first)) == 0
+    session_store = os.environ["MLFLOW_TRACKING_URI"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'fresh.db'}")
     again = workdir / "again.json"
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--resume", "--json", str(again)) == 0
+    try:
+        assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--resume",
+                       "--json", str(again)) == 0
+    finally:  # the harness sets MLflow's process-wide URI: later tests expect the session's store
+        mlflow.set_tracking_uri(session_store)
     record = _records(again)[0]
     assert record["metrics"] == _records(first)[0]["metrics"]
-    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    run = mlflow.MlflowClient().get_run(record["mlflow_run_id"])
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir / 'fresh.db'}")
+    run = client.get_run(record["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["method"] == "plain" and run.data.tags["fingerprint"] == record["fingerprint"]
     assert run.data.params["protocol.backbone.name"] == "efficientnet_lite0"
     assert run.data.tags["miner"] == "distance_weighted"  # the tiny protocol's, for the margin loss
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
+    history = client.get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
     assert [m.step for m in history] == [1, 2]
 
 
