@@ -29,6 +29,7 @@ cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
@@ -181,6 +182,30 @@ def enqueue_ready_dependents(grid: Grid, study) -> int:
     return len(ready)
 
 
+@contextlib.contextmanager
+def _pop_lock(storage):
+    """Serialise popping a queued trial among the processes of one machine on SQLite.
+
+    Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
+    workers that ask at the same moment can both get the same trial and run the cell
+    twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
+    exclusive ``flock`` on a file beside the database does the same for local workers."""
+    # create_study wraps the RDBStorage in a cache; the URL is on the backend.
+    url = str(getattr(storage, "url", "") or getattr(getattr(storage, "_backend", None), "url", ""))
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        yield
+        return
+    import fcntl
+
+    lock_path = Path(url.removeprefix("sqlite:///") + ".pop.lock")
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class _Heartbeat:
     """Record an Optuna heartbeat for one trial every ``interval`` seconds in a thread."""
 
@@ -298,7 +323,8 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
                 return report
             time.sleep(poll)  # another worker may die: its cell would come back here
             continue
-        trial = study.ask()
+        with _pop_lock(storage):
+            trial = study.ask()
         key = trial.user_attrs.get(CELL_ATTR)
         if key is None:  # another worker took the last queued cell first
             study.tell(trial, state=TrialState.FAIL)

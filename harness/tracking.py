@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["tracking_uri", "environment_tags", "flatten", "Tracker", "PACKAGES"]
+__all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "numpy",
@@ -75,6 +75,26 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def experiment_id(name: str) -> str:
+    """The id of MLflow experiment ``name``, created on first use. Sweep workers start
+    together: when another process creates it between our look-up and our create, the
+    store's unique-name constraint fails ours, and we take theirs."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifacts = (Path("results") / "mlartifacts").resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri())
+    except mlflow.exceptions.MlflowException:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 class Tracker:
     """A thin wrapper over one MLflow run (start or resume, log, finish or fail)."""
 
@@ -83,13 +103,7 @@ class Tracker:
 
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri())
-        exp = mlflow.get_experiment_by_name(experiment)
-        if exp is None:
-            artifacts = (Path("results") / "mlartifacts").resolve()
-            artifacts.mkdir(parents=True, exist_ok=True)
-            exp_id = mlflow.create_experiment(experiment, artifact_location=artifacts.as_uri())
-        else:
-            exp_id = exp.experiment_id
+        exp_id = experiment_id(experiment)
         self.client = mlflow.MlflowClient()
         #: Whether ``run_id`` was found and continues; False when a new run was created
         #: (also when a checkpoint names a run this tracking store does not have).

@@ -218,6 +218,25 @@ def test_worker_processes_queue_test_time_cells_when_their_base_finishes(workdir
     assert len(runs) == 4 and diml == plain
 
 
+def test_a_worker_losing_the_race_to_create_the_experiment_joins_it(workdir, monkeypatch):
+    """Two workers look the experiment up, find none, and both create it: the store's
+    unique name fails the second, which must then use the first one's experiment."""
+    from harness.tracking import experiment_id
+
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    first = mlflow.create_experiment(name)
+    real = mlflow.get_experiment_by_name
+    calls = []
+
+    def stale_then_real(n):  # the look-up ran before the other worker's create
+        calls.append(n)
+        return None if len(calls) == 1 else real(n)
+
+    monkeypatch.setattr(mlflow, "get_experiment_by_name", stale_then_real)
+    assert experiment_id(name) == first and len(calls) == 2
+
+
 def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, monkeypatch, capsys):
     from harness import training
 
