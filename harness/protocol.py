@@ -31,6 +31,7 @@ __all__ = [
     "apply_overrides",
     "protocol_dir",
     "fingerprint",
+    "flatten_keys",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -217,7 +218,7 @@ class Protocol:
         command-line overrides made afterwards stay in force)."""
         if not self.datasets:
             return self
-        settings = _flatten(self.datasets.get(dataset, {}))
+        settings = flatten_keys(self.datasets.get(dataset, {}))
         base = dataclasses.replace(self, datasets={})
         try:
             resolved, _ = apply_overrides(base, settings)
@@ -260,14 +261,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"schedule": {"epochs": 100}}`` -> ``{"schedule.epochs": 100}`` (dicts that are
     protocol values, such as ``loss.args``, are reached key by key)."""
     out = {}
     for key, value in table.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict) and value:
-            out.update(_flatten(value, dotted))
+            out.update(flatten_keys(value, dotted))
         else:
             out[dotted] = value
     return out

@@ -453,15 +453,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.sweep``: a worker process (started by ``sweep --workers N``)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.sweep")
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return cmd_sweep(args)
-    except HarnessError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    """``python -m harness.sweep`` (worker processes; = ``python -m harness sweep``): the same command through the one CLI entry point (its error handling)."""
+    from .cli import main as cli_main
+
+    return cli_main(["sweep", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -405,16 +405,10 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.tables`` (the same as ``python -m harness table``)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.tables", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    add_table_parser(sub)
-    args = parser.parse_args(["table", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return cmd_table(args)
-    except HarnessError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    """``python -m harness.tables`` = ``python -m harness table``: the same command through the one CLI entry point (its error handling)."""
+    from .cli import main as cli_main
+
+    return cli_main(["table", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -65,14 +65,10 @@ def environment_tags() -> dict[str, str]:
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
-    out = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
-    return out
+    from .protocol import flatten_keys
+
+    return {f"{prefix}{key}": json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
+            for key, value in flatten_keys(data).items()}
 
 
 def experiment_id(name: str) -> str:

@@ -301,7 +301,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     label_ids = np.unique(splits.train.labels)
-    copies = int(getattr(model.head, "metric_loss_copies", 1))
+    copies = model.head.metric_loss_copies
     losses = [create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
                           embedding_size=model.head.metric_loss_dim) for _ in range(copies)]
     # One instance keeps its state-dict keys; several (one per group) are a ModuleList.

@@ -252,16 +252,10 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.tune`` (the same as ``python -m harness tune``)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.tune", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    add_tune_parser(sub)
-    args = parser.parse_args(["tune", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return cmd_tune(args)
-    except HarnessError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    """``python -m harness.tune`` = ``python -m harness tune``: the same command through the one CLI entry point (its error handling)."""
+    from .cli import main as cli_main
+
+    return cli_main(["tune", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":
