@@ -7,7 +7,7 @@ percent, with the published number and the difference beside it.
 
 Three steps, each a plain function so that each is easy to test:
 
-1. :func:`load_runs` (tracking store -> one row per run),
+1. :func:`load_runs` (tracking store -> one row per run, the newest per seed),
 2. :func:`summarize` (runs -> one row per cell, refusing blocks that mix protocol
    fingerprints) and :func:`attach_published`,
 3. :func:`render_latex` / :func:`render_markdown` (cells -> string; pure).
@@ -114,7 +114,18 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     for name in frame.columns:
         if name.startswith("metrics.test_"):
             runs[name.removeprefix("metrics.")] = frame[name]
-    return runs.reset_index(drop=True)
+    return _newest_per_seed(runs, frame["start_time"])
+
+
+def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
+    """One run per (method, protocol, seed): a rerun supersedes the older run, so that
+    ``n`` counts seeds and the spread is over seeds, not over repeats of one."""
+    order = start_time.sort_values(kind="stable").index
+    newest = runs.loc[order].drop_duplicates([*KEYS, "seed", "fingerprint"], keep="last")
+    if len(newest) < len(runs):
+        print(f"tables: {len(runs) - len(newest)} older run(s) superseded by a newer run of the same "
+              f"method, protocol and seed", file=sys.stderr)
+    return newest.sort_index().reset_index(drop=True)
 
 
 def _check_fingerprints(runs: pd.DataFrame) -> None:

@@ -148,8 +148,8 @@ def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
 
 
 def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str = "fp1",
-              deviations: str = "none", status: str = "FINISHED") -> str:
-    run = client.create_run(exp_id)
+              deviations: str = "none", status: str = "FINISHED", start_time: int | None = None) -> str:
+    run = client.create_run(exp_id, start_time=start_time)
     rid = run.info.run_id
     client.log_param(rid, "protocol.backbone.name", "resnet50")
     for k, v in {"method": method, "loss": "margin", "dataset": "cub200", "seed": seed, "fingerprint": fp,
@@ -172,7 +172,8 @@ def experiment(workdir) -> str:
 def test_table_command_reads_finished_runs_and_writes_atomically(experiment, workdir, capsys):
     client = mlflow.MlflowClient()
     exp_id = client.create_experiment(experiment)
-    _fake_run(client, exp_id, method="agrouping", seed=0, r1=0.70)
+    _fake_run(client, exp_id, method="agrouping", seed=0, r1=0.70, start_time=2_000)
+    _fake_run(client, exp_id, method="agrouping", seed=0, r1=0.10, start_time=1_000)  # superseded by the rerun
     _fake_run(client, exp_id, method="agrouping", seed=1, r1=0.72)
     _fake_run(client, exp_id, method="ngrouping", seed=0, r1=0.60)
     _fake_run(client, exp_id, method="ngrouping", seed=1, r1=0.10, status="FAILED")  # ignored
