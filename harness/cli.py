@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .data import DATASETS
     from .losses import LOSSES
-    from .protocol import apply_overrides, load_protocol, protocol_dir
+    from .protocol import Deviation, apply_overrides, load_protocol, protocol_dir
     from .reporting import format_results
     from .training import RunConfig, prepare_splits, run_training
 
@@ -70,13 +70,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     loss = args.loss or protocol.loss.name
     LOSSES.get(loss)
     if loss != protocol.loss.name and loss not in protocol.loss.args:
-        from .protocol import Deviation
-
         deviations += (Deviation("loss.name", protocol.loss.name, loss),)
+    if args.seen_class_control:
+        deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
 
-    splits = prepare_splits(protocol, args.dataset, args.data_root)
+    splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control)
     print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
           f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
           + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--init-from", metavar="RUN_ID",
                      help="start from the selected weights of a finished run (e.g. --methods diml "
                      "--epochs 0 --init-from <plain run>: DIML at test time on a trained model)")
+    run.add_argument("--seen-class-control", action="store_true",
+                     help="diagnostic: train on other images of the test classes, not on the training "
+                     "classes (a deviation; tells broken training from features that do not transfer)")
     run.set_defaults(func=cmd_run)
 
     from .evaluate_cli import add_evaluate_parser

@@ -192,6 +192,9 @@ def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, meth
               "method": method, "options": options, "seed": seed, "deviations": [str(d) for d in deviations]}
     if base_key:  # only then, so that the keys of grids without test-time methods never change
         fields["base_key"] = base_key
+    from methods import METHODS
+
+    fields.update(METHODS.get(method).key_fields())
     payload = json.dumps(fields,
                          sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -26,10 +26,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from methods import HeadOutput, Method, create_method
+from methods import METHODS, HeadOutput, Method, create_method
 
 from .backbones import Backbone, create_backbone
-from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation
+from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation, seen_class_control
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
 from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
@@ -115,21 +115,27 @@ def _atomic_save(obj: Any, path: Path) -> None:
 # ------------------------------------------------------------------------ building
 
 
-def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None) -> DatasetSplits:
-    """Load the dataset, cap images per class (small protocols) and carve validation classes."""
+def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
+                   control: bool = False) -> DatasetSplits:
+    """Load the dataset, cap images per class (small protocols) and carve validation classes.
+
+    ``control`` swaps the training images for other images of the test classes
+    (:func:`~harness.data.seen_class_control`, a diagnostic recorded as a deviation).
+    """
     protocol = protocol.for_dataset(dataset)
     splits = DATASETS.get(dataset).load(data_root)
+    test_pool = splits.test
     s = protocol.splits
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
     splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
     if protocol.selection.mode == "validation":
         splits = carve_validation(splits, s.validation_classes, s.seed)
+    if control:
+        splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
     return splits
 
 
 def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
-    from methods import METHODS
-
     stages = METHODS.get(method).cls.stages
     b = protocol.backbone
     backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights,
@@ -246,7 +252,8 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
 def run_key(cfg: RunConfig, fp: str) -> str:
     payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
                           "seed": cfg.seed, "init_from": cfg.init_from,
-                          **({"evaluate_only": True} if cfg.evaluate_only else {})},
+                          **({"evaluate_only": True} if cfg.evaluate_only else {}),
+                          **METHODS.get(cfg.method).key_fields()},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -524,6 +531,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
                         "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
                         "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method})
     tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
+            "method_revision": METHODS.get(cfg.method).cls.revision,
             "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
             "selection": protocol.selection.mode,
             "test_set_selection": protocol.selection.mode == "test-paper",

@@ -248,6 +248,7 @@ class GroupingHead(Method):
     name = "agrouping"
     paper = PAPER
     stages = ("s32",)
+    revision = 2  # 2: one metric-loss instance per group (loss_per_group=True)
 
     def __init__(self, *, channels, embedding_size, grouping: str = "attention", groups: int = 4,
                  reduction: int | None = None, gate_sigmoid: bool = True,

@@ -92,6 +92,10 @@ class Method(nn.Module):
     rerank_fields: ClassVar[tuple[str, ...]] = ()
     #: Independent instances of the metric loss the head needs (see :data:`MetricLoss`).
     metric_loss_copies: int = 1
+    #: Bump when a change alters what the method computes with the same options. It
+    #: enters grid cell keys and checkpoint keys (from 2 on, so that revision-1 keys never
+    #: change): finished cells of older code are rerun, not reused, and runs record it.
+    revision: ClassVar[int] = 1
 
     def __init__(self, *, channels: dict[str, int], embedding_size: int):
         super().__init__()
@@ -192,6 +196,10 @@ class MethodEntry:
                     if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
                     and k not in ("channels", "embedding_size")}
         return {**defaults, **self.preset}
+
+    def key_fields(self) -> dict[str, int]:
+        """What a cell or checkpoint key adds for this method: its revision from 2 on."""
+        return {"method_revision": self.cls.revision} if self.cls.revision > 1 else {}
 
 
 METHODS: Registry[MethodEntry] = Registry("method")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.data import DATASETS, cap_per_class, carve_validation
+from harness.data import DATASETS, cap_per_class, carve_validation, seen_class_control
 from harness.data.fashion_mnist import read_idx
 from harness.data.synthetic import PARTS, generate, load_part_mask
 from harness.errors import HarnessError
+from harness.protocol import apply_overrides, load_protocol
+from harness.training import prepare_splits
 
 from .fixtures import make_cars, make_cub, make_fashion_mnist, make_inshop, make_sop
 
@@ -112,6 +114,30 @@ def test_cap_per_class(tmp_path):
     make_cub(tmp_path, per_class=3)
     capped = cap_per_class(DATASETS.get("cub200").load(tmp_path).train, 2, seed=0)
     assert np.bincount(capped.labels).max() == 2 and capped.num_classes == 100
+
+
+def test_seen_class_control_trains_on_other_images_of_the_test_classes(tmp_path):
+    make_fashion_mnist(tmp_path)  # 6 images per class
+    protocol, _ = apply_overrides(load_protocol("smoke"), ["splits.max_test_images_per_class=4",
+                                                           "splits.max_train_images_per_class=1"])
+    real = prepare_splits(protocol, "fashion-mnist", tmp_path)
+    control = prepare_splits(protocol, "fashion-mnist", tmp_path, control=True)
+    assert list(control.test.keys()) == list(real.test.keys())
+    assert list(control.val.keys()) == list(real.val.keys())
+    assert set(control.train.labels) == set(control.test.labels) == {5, 6, 7, 8, 9}
+    assert not set(control.train.keys()) & set(control.test.keys())
+    assert np.bincount(control.train.labels).max() == 1
+    assert control.digest() != real.digest()
+
+
+def test_seen_class_control_needs_spare_test_class_images(tmp_path):
+    make_fashion_mnist(tmp_path)
+    with pytest.raises(HarnessError, match="tests on all of them"):
+        prepare_splits(load_protocol("smoke"), "fashion-mnist", tmp_path, control=True)
+    make_inshop(tmp_path)
+    inshop = DATASETS.get("inshop").load(tmp_path)
+    with pytest.raises(HarnessError, match="against a gallery"):
+        seen_class_control(inshop, inshop.test, 0, 0)
 
 
 def test_synthetic_is_deterministic_and_has_part_masks(tmp_path):

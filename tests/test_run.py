@@ -72,6 +72,30 @@ def test_epochs_zero_evaluates_the_initial_model_as_a_deviation(workdir, tiny_pr
     assert mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags["deviations"] == "schedule.epochs: 2 -> 0"
 
 
+def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tiny_protocol, capsys):
+    real, control = workdir / "real.json", workdir / "control.json"
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1")
+    assert run_cli(*common, "--json", str(real)) == 0
+    assert run_cli(*common, "--seen-class-control", "--json", str(control)) == 0
+    rec = _records(control)[0]
+    assert "splits.train: 'training classes' -> 'seen-class control'" in rec["deviations"]
+    assert rec["fingerprint"] != _records(real)[0]["fingerprint"]
+    tags = mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags
+    assert "seen-class control" in tags["deviations"]
+
+
+def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol, monkeypatch):
+    from harness.protocol import load_protocol
+    from harness.training import RunConfig, run_key
+    from methods.plain import PlainHead
+
+    cfg = RunConfig(method="plain", dataset="synthetic", protocol=load_protocol(tiny_protocol),
+                    loss="margin", loss_args={}, seed=0)
+    before = run_key(cfg, "fp")
+    monkeypatch.setattr(PlainHead, "revision", 2)
+    assert run_key(cfg, "fp") != before  # a resume never continues the older code's checkpoint
+
+
 def _cli_process(workdir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "harness", "run", *args], cwd=workdir,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))

@@ -1,13 +1,12 @@
 """Slow end-to-end checks of the shipped defaults (run with ``python -m pytest -m slow``).
 
 They train for real on CPU for minutes: the README's main command on the embedded
-dataset, and the Fashion-MNIST check that training helps on real data nobody here made.
+dataset, and the Fashion-MNIST checks that training helps on real data nobody here made.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -31,14 +30,31 @@ def test_smoke_run_of_all_methods_on_the_embedded_dataset(workdir, capsys):
     assert "MAP@R" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not (DEBIAN_PATH / "train-images-idx3-ubyte.gz").is_file(),
-                    reason="Debian package dataset-fashion-mnist is not installed")
-def test_training_beats_the_initial_model_on_fashion_mnist(workdir):
-    before, after = workdir / "e0.json", workdir / "trained.json"
-    assert main(["run", "--methods", "plain", "--dataset", "fashion-mnist", "--epochs", "0",
-                 "--json", str(before)]) == 0
-    assert main(["run", "--methods", "plain", "--dataset", "fashion-mnist", "--json", str(after)]) == 0
-    p0 = json.loads(Path(before).read_text())[0]["metrics"]["precision_at_1"]
-    p1 = json.loads(Path(after).read_text())[0]["metrics"]["precision_at_1"]
-    print(f"Fashion-MNIST precision@1: initial {p0:.4f}, trained {p1:.4f}")
-    assert p1 - p0 >= 0.05
+@pytest.fixture(scope="module")
+def fashion_mnist_precision(tmp_path_factory, data_root, tracking_dir) -> dict[str, float]:
+    """Precision@1 on Fashion-MNIST's test classes under ``smoke``, seed 0: the initial
+    model, the protocol's zero-shot training, and the seen-class control."""
+    if not (DEBIAN_PATH / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip("Debian package dataset-fashion-mnist is not installed")
+    variants = {"initial": ["--epochs", "0"], "zero-shot": [], "control": ["--seen-class-control"]}
+    workdir, found = tmp_path_factory.mktemp("fashion"), {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(workdir)
+        for name, extra in variants.items():
+            out = workdir / f"{name}.json"
+            assert main(["run", "--methods", "plain", "--dataset", "fashion-mnist", "--seeds", "0",
+                         "--json", str(out), *extra]) == 0
+            found[name] = json.loads(out.read_text())[0]["metrics"]["precision_at_1"]
+    print("Fashion-MNIST precision@1 " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
+    return found
+
+
+def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_mnist_precision):
+    """Training works on real data: on other images of the test classes it gains >= 5 points."""
+    assert fashion_mnist_precision["control"] - fashion_mnist_precision["initial"] >= 0.05
+
+
+@pytest.mark.xfail(strict=True, reason="trained on 3 clothing classes, the model does not beat ImageNet "
+                   "features on shoes, bags and shirts by 5 points (README: Does training work?)")
+def test_zero_shot_training_beats_the_initial_model_by_five_points(fashion_mnist_precision):
+    assert fashion_mnist_precision["zero-shot"] - fashion_mnist_precision["initial"] >= 0.05

@@ -167,6 +167,16 @@ def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
         load_grid(bad)
 
 
+def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypatch):
+    from methods.plain import PlainHead
+
+    path = _grid(tmp_path, methods=("plain", "ngrouping"))
+    before = {c.method: c.key for c in load_grid(path).cells}
+    monkeypatch.setattr(PlainHead, "revision", 2)
+    after = {c.method: c.key for c in load_grid(path).cells}
+    assert after["plain"] != before["plain"] and after["ngrouping"] == before["ngrouping"]
+
+
 def test_diml_table1_grid():
     grid = load_grid("diml-table1")
     assert grid.protocol == "roth2020" and grid.published_tables == ("1",)

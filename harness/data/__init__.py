@@ -10,6 +10,7 @@ from .base import (
     cap_per_class,
     carve_validation,
     default_data_root,
+    seen_class_control,
 )
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "ImageSet",
     "carve_validation",
     "cap_per_class",
+    "seen_class_control",
     "default_data_root",
 ]

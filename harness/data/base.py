@@ -200,6 +200,27 @@ def carve_validation(splits: DatasetSplits, fraction: float, seed: int) -> Datas
     return splits
 
 
+def seen_class_control(splits: DatasetSplits, pool: ImageSet, cap: int, seed: int) -> DatasetSplits:
+    """Train on other images of the test classes: a diagnostic, never a benchmark split.
+
+    Zero-shot retrieval trains and tests on disjoint classes, so a run that does not beat
+    its initial model leaves two explanations: the training is broken, or what it learns
+    does not transfer to the test classes. Training on ``pool`` images of the test classes
+    that are not test images (at most ``cap`` per class, seeded) tells them apart. The
+    validation and test sets stay the protocol's own, so model selection is unchanged.
+    """
+    if splits.gallery is not None:
+        raise HarnessError(f"the seen-class control needs a test set searched against itself; "
+                           f"'{splits.name}' searches queries against a gallery")
+    spare = np.flatnonzero(~np.isin(np.asarray(pool.keys()), np.asarray(splits.test.keys()))
+                           & np.isin(pool.labels, splits.test.labels))
+    if spare.size == 0:
+        raise HarnessError(f"the seen-class control needs test-class images the protocol does not test on; "
+                           f"'{splits.name}' tests on all of them (set splits.max_test_images_per_class)")
+    splits.train = cap_per_class(pool.subset(spare), cap, seed)
+    return splits
+
+
 def cap_per_class(images: ImageSet, cap: int, seed: int) -> ImageSet:
     """Keep at most ``cap`` images per class (seeded, order preserved); 0 keeps all."""
     if cap <= 0:
