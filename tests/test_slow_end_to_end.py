@@ -31,8 +31,8 @@ def test_smoke_run_of_all_methods_on_the_embedded_dataset(workdir, capsys):
 
 
 @pytest.fixture(scope="module")
-def fashion_mnist_precision(tmp_path_factory, data_root, tracking_dir) -> dict[str, float]:
-    """Precision@1 on Fashion-MNIST's test classes under ``smoke``, seed 0: the initial
+def fashion_mnist_scores(tmp_path_factory, data_root, tracking_dir) -> dict[str, dict[str, float]]:
+    """Test metrics on Fashion-MNIST's test classes under ``smoke``, seed 0: the initial
     model, the protocol's zero-shot training, and the seen-class control."""
     if not (DEBIAN_PATH / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("Debian package dataset-fashion-mnist is not installed")
@@ -44,17 +44,22 @@ def fashion_mnist_precision(tmp_path_factory, data_root, tracking_dir) -> dict[s
             out = workdir / f"{name}.json"
             assert main(["run", "--methods", "plain", "--dataset", "fashion-mnist", "--seeds", "0",
                          "--json", str(out), *extra]) == 0
-            found[name] = json.loads(out.read_text())[0]["metrics"]["precision_at_1"]
-    print("Fashion-MNIST precision@1 " + ", ".join(f"{k} {v:.4f}" for k, v in found.items()))
+            found[name] = json.loads(out.read_text())[0]["metrics"]
+    print("Fashion-MNIST " + "; ".join(f"{k}: P@1 {v['precision_at_1']:.4f} MAP@R "
+                                       f"{v['mean_average_precision_at_r']:.4f}" for k, v in found.items()))
     return found
 
 
-def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_mnist_precision):
-    """Training works on real data: on other images of the test classes it gains >= 5 points."""
-    assert fashion_mnist_precision["control"] - fashion_mnist_precision["initial"] >= 0.05
+def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_mnist_scores):
+    """Training works on real data: on other images of the test classes it ranks them far
+    better (measured: MAP@R 46 -> 85, P@1 88.9 -> 94.0)."""
+    initial, control = fashion_mnist_scores["initial"], fashion_mnist_scores["control"]
+    assert control["mean_average_precision_at_r"] - initial["mean_average_precision_at_r"] >= 0.20
+    assert control["precision_at_1"] - initial["precision_at_1"] >= 0.02
 
 
 @pytest.mark.xfail(strict=True, reason="trained on 3 clothing classes, the model does not beat ImageNet "
                    "features on shoes, bags and shirts by 5 points (README: Does training work?)")
-def test_zero_shot_training_beats_the_initial_model_by_five_points(fashion_mnist_precision):
-    assert fashion_mnist_precision["zero-shot"] - fashion_mnist_precision["initial"] >= 0.05
+def test_zero_shot_training_beats_the_initial_model_by_five_points(fashion_mnist_scores):
+    initial, trained = fashion_mnist_scores["initial"], fashion_mnist_scores["zero-shot"]
+    assert trained["precision_at_1"] - initial["precision_at_1"] >= 0.05
