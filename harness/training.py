@@ -153,10 +153,11 @@ def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) ->
     loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
     if loss_params:
         groups.append({"params": loss_params, "lr": o.lr_loss, "weight_decay": 0.0, "name": "loss"})
+    # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
     if o.name == "adam":
-        return torch.optim.Adam(groups)
+        return torch.optim.Adam(groups, fused=True)
     if o.name == "adamw":
-        return torch.optim.AdamW(groups)
+        return torch.optim.AdamW(groups, fused=True)
     if o.name == "rmsprop":
         return torch.optim.RMSprop(groups, momentum=o.momentum)
     if o.name == "sgd":
@@ -354,6 +355,9 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     workers = cfg.workers if cfg.workers is not None else (4 if device.type == "cuda" else 0)
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # That mode also fills every new tensor with NaN, a debugging aid that changes no
+        # result (kernels overwrite the memory) and cost 15% of CPU training time.
+        torch.utils.deterministic.fill_uninitialized_memory = False
         # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
         torch.set_flush_denormal(True)
     splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root)
