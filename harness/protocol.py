@@ -70,7 +70,8 @@ class EmbeddingSpec:
 class SamplingSpec:
     classes_per_batch: int = 56
     samples_per_class: int = 2
-    #: 0 means one pass over the training images per epoch.
+    #: 0: as many batches as the training images fill (N // batch size); classes are drawn
+    #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
     batches_per_epoch: int = 0
 
     @property

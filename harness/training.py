@@ -260,11 +260,13 @@ def run_key(cfg: RunConfig, fp: str) -> str:
 
 
 def _adapted_sampling(protocol: Protocol, num_classes: int) -> tuple[int, int, str]:
-    """Keep the protocol's batch size when a split has fewer classes than a batch asks for."""
+    """When a split has fewer classes than a batch asks for, every batch takes all of them,
+    with more images each: as many as keep the batch within the protocol's size, and at
+    least the protocol's samples per class."""
     s = protocol.sampling
     if num_classes >= s.classes_per_batch:
         return s.classes_per_batch, s.samples_per_class, ""
-    per_class = math.ceil(s.batch_size / num_classes)
+    per_class = max(s.samples_per_class, s.batch_size // num_classes)
     note = (f"{num_classes} classes x {per_class} per batch (protocol asks "
             f"{s.classes_per_batch} x {s.samples_per_class}; the split has {num_classes} classes)")
     return num_classes, per_class, note
@@ -290,13 +292,16 @@ class _Training:
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}  # AMP's loss scale: a resume continues it
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self.model.load_state_dict(checkpoint["model"])
         self.loss_fn.load_state_dict(checkpoint["loss"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
+        if checkpoint.get("scaler"):  # absent in older checkpoints; empty when AMP is off
+            self.scaler.load_state_dict(checkpoint["scaler"])
 
 
 def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device) -> _Training:
@@ -413,6 +418,11 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         if selection.mode == "last":
             selected_epoch = epochs
         else:
+            if best["state"] is None and epochs > start_epoch:
+                raise HarnessError(
+                    f"the selection metric {selection.metric} was NaN at every evaluation "
+                    f"(selection mode '{selection.mode}'), so no epoch could be selected; "
+                    f"does every validation class have at least two images?")
             selected_epoch = best["epoch"]
             if best["state"] is not None:
                 t.model.load_state_dict(best["state"])

@@ -80,3 +80,15 @@ def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protoc
                               output_format="list")
     assert runs and all(r.info.status == "FAILED" for r in runs)
     assert "loss is nan" in runs[0].data.tags["failure"]
+
+
+def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys, tiny_protocol, monkeypatch):
+    import harness.training as training
+
+    def no_scores(*args, metrics=None, **kwargs):
+        return {name: float("nan") for name in metrics or ("mean_average_precision_at_r",)}
+
+    monkeypatch.setattr(training, "evaluate_split", no_scores)
+    out = workdir / "o.json"
+    _fails(capsys, ["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
+                    "--json", str(out)], "was NaN at every evaluation", out)

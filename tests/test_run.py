@@ -198,3 +198,21 @@ def test_diml_at_test_time_on_a_finished_plain_run(workdir, tiny_protocol):
     for name, value in trained["metrics"].items():
         assert metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
     assert 0.0 <= metrics["precision_at_1"] <= 1.0
+
+
+def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
+    """On CUDA the GradScaler's scale and growth counter must survive a resume."""
+    from harness.protocol import load_protocol
+    from harness.training import RunConfig, _build_training, prepare_splits
+
+    protocol = load_protocol(tiny_protocol)
+    cfg = RunConfig(method="plain", dataset="synthetic", protocol=protocol, loss="margin",
+                    loss_args=protocol.loss_args("margin"), seed=0)
+    splits = prepare_splits(protocol, "synthetic", None)
+    first, second = (_build_training(cfg, splits, torch.device("cpu")) for _ in range(2))
+    first.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    second.scaler = torch.amp.GradScaler("cpu")
+    first.scaler.scale(torch.ones(()))  # the scale exists once used
+    first.scaler.update(new_scale=256.0)
+    second.restore(first.state())
+    assert second.scaler.get_scale() == 256.0
