@@ -102,13 +102,15 @@ class Tracker:
         exp_id = experiment_id(experiment)
         self.client = mlflow.MlflowClient()
         #: Whether ``run_id`` was found and continues; False when a new run was created
-        #: (also when a checkpoint names a run this tracking store does not have).
+        #: (also when a checkpoint names a run that is not in this store and experiment:
+        #: resuming another experiment's run would leave this experiment without it).
         self.resumed = False
         if run_id is not None:
             try:
-                self.client.get_run(run_id)
-                self.resumed = True
+                self.resumed = self.client.get_run(run_id).info.experiment_id == exp_id
             except Exception:
+                pass
+            if not self.resumed:
                 run_id = None
         if run_id is None:
             run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id

@@ -375,7 +375,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
     t = _build_training(cfg, splits, device)
-    tracker = Tracker(cfg.experiment or f"{cfg.dataset}-{protocol.name}", f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
+    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
+    tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
@@ -385,8 +386,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
             if not tracker.resumed:  # the checkpoint's run is not in this store: a new run gets it all
-                _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in {tracking_uri()}; "
-                     f"continuing in a new run {tracker.run_id}")
+                _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
+                     f"'{experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")
                 for record in history:
                     tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
 

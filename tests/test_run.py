@@ -126,6 +126,19 @@ def test_resume_into_a_store_without_the_checkpoints_run_records_everything(work
     assert [m.step for m in history] == [1, 2]
 
 
+def test_resume_in_another_experiment_starts_a_run_there(workdir, tiny_protocol):
+    """A checkpoint made under experiment A, resumed under B, must not reopen A's run."""
+    first, again = workdir / "first.json", workdir / "again.json"
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1")
+    assert run_cli(*common, "--experiment", "resume-a", "--json", str(first)) == 0
+    assert run_cli(*common, "--experiment", "resume-b", "--resume", "--json", str(again)) == 0
+    a, b = _records(first)[0], _records(again)[0]
+    assert b["mlflow_run_id"] != a["mlflow_run_id"] and b["metrics"] == a["metrics"]
+    run = mlflow.MlflowClient().get_run(b["mlflow_run_id"])
+    assert run.info.experiment_id == mlflow.get_experiment_by_name("resume-b").experiment_id
+    assert run.info.status == "FINISHED" and run.data.tags["fingerprint"] == a["fingerprint"]
+
+
 def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol):
     common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
               "--set", "sampling.batches_per_epoch=6"]
