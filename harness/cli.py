@@ -71,6 +71,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     LOSSES.get(loss)
     if loss != protocol.loss.name and loss not in protocol.loss.args:
         deviations += (Deviation("loss.name", protocol.loss.name, loss),)
+    if args.evaluate_only and not args.init_from:
+        raise HarnessError("--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID")
+    if args.evaluate_only and args.epochs is not None:
+        raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
+    if args.init_from and not args.evaluate_only:  # trained from another run's weights
+        deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
     if args.seen_class_control:
         deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
@@ -87,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
                             protocol_path=path, data_root=args.data_root, device=args.device,
                             workers=args.workers, resume=args.resume, experiment=args.experiment or "",
-                            init_from=args.init_from or "",
+                            init_from=args.init_from or "", evaluate_only=args.evaluate_only,
                             method_options=dict(protocol.methods.get(method, {})))
             records.append(run_training(cfg, splits))
     print(format_results(records))
@@ -170,8 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
     run.add_argument("--init-from", metavar="RUN_ID",
-                     help="start from the selected weights of a finished run (e.g. --methods diml "
-                     "--epochs 0 --init-from <plain run>: DIML at test time on a trained model)")
+                     help="start from the selected weights of a finished run (a deviation, unless "
+                     "--evaluate-only)")
+    run.add_argument("--evaluate-only", action="store_true",
+                     help="train no epoch: evaluate the --init-from run's weights, trained under this "
+                     "same protocol (e.g. --methods diml: DIML at test time on a trained plain run)")
     run.add_argument("--seen-class-control", action="store_true",
                      help="diagnostic: train on other images of the test classes, not on the training "
                      "classes (a deviation; tells broken training from features that do not transfer)")

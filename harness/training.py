@@ -304,12 +304,12 @@ class _Training:
             self.scaler.load_state_dict(checkpoint["scaler"])
 
 
-def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device) -> _Training:
+def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device, fp: str = "") -> _Training:
     protocol = cfg.protocol
     seed_everything(cfg.seed)
     model = build_model(protocol, cfg.method, cfg.method_options)
     if cfg.init_from:
-        _load_finished_run(model, cfg.init_from)
+        _load_finished_run(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "")
     model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -374,7 +374,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
-    t = _build_training(cfg, splits, device)
+    t = _build_training(cfg, splits, device, fp)
     experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
     tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
@@ -511,11 +511,12 @@ def _explain_and_log(model: EmbeddingModel, splits: DatasetSplits, protocol: Pro
          f"per part (test images):\n{table}")
 
 
-def _load_finished_run(model: EmbeddingModel, run_id: str) -> None:
+def _load_finished_run(model: EmbeddingModel, run_id: str, *, expect_fingerprint: str = "") -> None:
     """Load the selected weights of a FINISHED run (its ``model_path`` tag) into ``model``.
 
     Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation.
+    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    (evaluate-only runs): the run must have been trained under this same protocol and split.
     """
     import mlflow
 
@@ -530,6 +531,11 @@ def _load_finished_run(model: EmbeddingModel, run_id: str) -> None:
     if run.info.status != "FINISHED" or not path or not Path(path).is_file():
         raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status} and has no saved model "
                            f"(expected the file named by its model_path tag: {path})")
+    trained_under = run.data.tags.get("fingerprint", "")
+    if expect_fingerprint and trained_under != expect_fingerprint:
+        raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
+                           f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
+                           f"without training needs the same protocol, dataset and loss")
     state = torch.load(path, map_location="cpu", weights_only=True)["model"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:

@@ -173,19 +173,37 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_
     assert run.info.status == "FINISHED"
 
 
-def test_init_from_a_finished_run_reproduces_its_test_metrics(workdir, tiny_protocol, capsys):
+def test_evaluate_only_reproduces_the_init_from_runs_test_metrics(workdir, tiny_protocol, capsys):
     first, second = workdir / "first.json", workdir / "second.json"
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(first)) == 0
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol))
+    assert run_cli(*common, "--json", str(first)) == 0
     trained = _records(first)[0]
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
-                   "--init-from", trained["mlflow_run_id"], "--json", str(second)) == 0
-    assert _records(second)[0]["metrics"] == trained["metrics"]
-    tags = mlflow.MlflowClient().get_run(_records(second)[0]["mlflow_run_id"]).data.tags
-    assert tags["init_from"] == trained["mlflow_run_id"]
+    assert run_cli(*common, "--evaluate-only", "--init-from", trained["mlflow_run_id"], "--json", str(second)) == 0
+    again = _records(second)[0]
+    assert again["metrics"] == trained["metrics"]
+    assert again["deviations"] == [] and again["fingerprint"] == trained["fingerprint"]
+    assert mlflow.MlflowClient().get_run(again["mlflow_run_id"]).data.tags["init_from"] == trained["mlflow_run_id"]
+
     capsys.readouterr()
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
-                   "--init-from", "no-such-run") == 2
+    assert run_cli(*common, "--evaluate-only", "--init-from", "no-such-run") == 2
     assert "error: --init-from: no run 'no-such-run'" in capsys.readouterr().err
+    assert run_cli(*common, "--evaluate-only") == 2
+    assert "give --init-from RUN_ID" in capsys.readouterr().err
+
+
+def test_init_from_with_training_is_a_deviation_and_evaluate_only_needs_the_same_protocol(
+        workdir, tiny_protocol, capsys):
+    first, tuned = workdir / "first.json", workdir / "tuned.json"
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol))
+    assert run_cli(*common, "--epochs", "1", "--json", str(first)) == 0
+    one_epoch = _records(first)[0]
+    assert run_cli(*common, "--init-from", one_epoch["mlflow_run_id"], "--json", str(tuned)) == 0
+    assert f"init_from: \"the protocol's pretrained weights\" -> '{one_epoch['mlflow_run_id']}'" in \
+        _records(tuned)[0]["deviations"]
+    capsys.readouterr()
+    # Trained for 1 epoch (a deviation), so not under the protocol this run evaluates with.
+    assert run_cli(*common, "--evaluate-only", "--init-from", one_epoch["mlflow_run_id"]) == 2
+    assert "was trained under protocol fingerprint" in capsys.readouterr().err
 
 
 def test_test_set_selection_is_labelled_everywhere(workdir, tiny_protocol, capsys):
@@ -205,7 +223,7 @@ def test_diml_at_test_time_on_a_finished_plain_run(workdir, tiny_protocol):
     plain, diml = workdir / "plain.json", workdir / "diml.json"
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(plain)) == 0
     trained = _records(plain)[0]
-    assert run_cli("--methods", "diml", "--protocol", str(tiny_protocol), "--epochs", "0",
+    assert run_cli("--methods", "diml", "--protocol", str(tiny_protocol), "--evaluate-only",
                    "--init-from", trained["mlflow_run_id"], "--json", str(diml)) == 0
     metrics = _records(diml)[0]["metrics"]
     for name, value in trained["metrics"].items():
