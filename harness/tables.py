@@ -92,7 +92,8 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
         ids[exp.experiment_id] = name
     frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
                                output_format="pandas")
-    columns = ["run_id", "experiment", *KEYS, "seed", "fingerprint", "deviations", "test_set_selection"]
+    columns = ["run_id", "experiment", *KEYS, "seed", "fingerprint", "deviations", "test_set_selection",
+               "method_revision"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
 
@@ -110,6 +111,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
         "fingerprint": col("tags.fingerprint"),
         "deviations": col("tags.deviations", "none").fillna("none"),
         "test_set_selection": col("tags.test_set_selection", "False").fillna("False") == "True",
+        "method_revision": pd.to_numeric(col("tags.method_revision", "1"), errors="coerce").fillna(1).astype(int),
     })
     for name in frame.columns:
         if name.startswith("metrics.test_"):
@@ -118,13 +120,16 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
 
 
 def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
-    """One run per (method, protocol, seed): a rerun supersedes the older run, so that
-    ``n`` counts seeds and the spread is over seeds, not over repeats of one."""
-    order = start_time.sort_values(kind="stable").index
-    newest = runs.loc[order].drop_duplicates([*KEYS, "seed", "fingerprint"], keep="last")
+    """One run per (method, protocol, seed): runs of an older method revision and older
+    runs of the same seed are superseded, so that ``n`` counts seeds of the current code
+    and the spread is over seeds, not over repeats of one."""
+    cell = [*KEYS, "fingerprint"]
+    current = runs[runs["method_revision"] == runs.groupby(cell)["method_revision"].transform("max")]
+    order = start_time.loc[current.index].sort_values(kind="stable").index
+    newest = current.loc[order].drop_duplicates([*cell, "seed"], keep="last")
     if len(newest) < len(runs):
-        print(f"tables: {len(runs) - len(newest)} older run(s) superseded by a newer run of the same "
-              f"method, protocol and seed", file=sys.stderr)
+        print(f"tables: {len(runs) - len(newest)} run(s) superseded by a newer run or method revision "
+              f"of the same method, protocol and seed", file=sys.stderr)
     return newest.sort_index().reset_index(drop=True)
 
 
@@ -177,6 +182,15 @@ def load_published(path: Path, tables: Iterable[str] | None = None) -> pd.DataFr
             raise HarnessError(f"{path} has no table {', '.join(unknown)}; tables there: "
                                f"{', '.join(sorted(set(frame['table'])))}")
         frame = frame[frame["table"].isin(wanted)]
+    twice = frame[frame.duplicated([*KEYS, "metric"], keep=False)]
+    if not twice.empty:
+        first = twice.iloc[0]
+        others = [c for c in frame.columns if c not in (*KEYS, "metric", "value")]
+        raise HarnessError(
+            f"{path} holds several values for one cell, e.g. {first['method']} + {first['loss']} on "
+            f"{first['dataset']}, {first['metric']} ({len(twice)} rows in tables "
+            f"{', '.join(sorted(set(twice['table'])))} differ only in {', '.join(others)}); "
+            f"choose one table with --table")
     return frame[[*KEYS, "metric", "value"]].astype({"value": float}).reset_index(drop=True)
 
 
@@ -269,6 +283,7 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool) -> l
     if cells["flagged"].any():
         dagger = "$^\\dagger$" if latex else "†"
         what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
+        what = _latex_escape(what) if latex else what
         notes.append(f"{dagger} runs with protocol deviations or test-set model selection ({what}).")
     return notes
 
@@ -292,10 +307,13 @@ def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None):
     return body, datasets, columns
 
 
+_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
 def _latex_escape(text: str) -> str:
-    for a, b in (("\\", "\\textbackslash{}"), ("&", "\\&"), ("%", "\\%"), ("_", "\\_"), ("#", "\\#")):
-        text = text.replace(a, b)
-    return text
+    """Plain text to LaTeX: every special character escaped, ``->`` as an arrow."""
+    return r"$\to$".join("".join(_LATEX_SPECIALS.get(ch, ch) for ch in part) for part in text.split("->"))
 
 
 def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
@@ -327,14 +345,9 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
             lines.append(" & ".join([_latex_escape(_label(METHOD_LABELS, method)), *cells_text]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     for note in _footnotes(cells, deviations, latex=True):
-        lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {_latex_escape_note(note)}}}")
+        lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {note}}}")
     lines.append("\\end{table*}")
     return "\n".join(lines) + "\n"
-
-
-def _latex_escape_note(text: str) -> str:
-    # Notes contain our own math ($\pm$, $^\dagger$); escape only the rest.
-    return text.replace("%", "\\%").replace("&", "\\&").replace("_", "\\_").replace("#", "\\#")
 
 
 def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",

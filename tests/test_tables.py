@@ -101,8 +101,9 @@ def test_deviation_and_test_selection_are_marked_with_a_footnote():
     rows = [line for line in text.splitlines() if line.startswith("| N-") or line.startswith("| A-")]
     assert all("†" in r for r in rows)
     assert "† runs with protocol deviations or test-set model selection (schedule.epochs: 150 -> 1" in text
-    latex = render_latex(cells, deviations=["schedule.epochs: 150 -> 1"])
+    latex = render_latex(cells, deviations=["schedule.epochs: 150 -> 1", "loss.args: {'m': 0.1} -> {'m': 1e-3}"])
     assert "$^\\dagger$" in latex
+    assert "schedule.epochs: 150 $\\to$ 1; loss.args: \\{'m': 0.1\\} $\\to$ \\{'m': 1e-3\\}" in latex
 
 
 def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
@@ -128,6 +129,8 @@ def test_published_rows_without_runs_still_appear():
     assert text.count("| N-grouping") == 6 and "– / 63.09" in text  # 6 blocks of Table 3
     with pytest.raises(HarnessError, match="no table 9"):
         load_published(PUBLISHED, ["9"])
+    with pytest.raises(HarnessError, match="several values for one cell, e.g. .* choose one table"):
+        load_published(PUBLISHED.with_name("diml.csv"), ["4"])  # D = 64 and D = 512 rows
 
 
 def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
@@ -148,12 +151,13 @@ def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
 
 
 def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str = "fp1",
-              deviations: str = "none", status: str = "FINISHED", start_time: int | None = None) -> str:
+              deviations: str = "none", status: str = "FINISHED", start_time: int | None = None,
+              revision: int = 1) -> str:
     run = client.create_run(exp_id, start_time=start_time)
     rid = run.info.run_id
     client.log_param(rid, "protocol.backbone.name", "resnet50")
     for k, v in {"method": method, "loss": "margin", "dataset": "cub200", "seed": seed, "fingerprint": fp,
-                 "deviations": deviations, "test_set_selection": "False"}.items():
+                 "deviations": deviations, "test_set_selection": "False", "method_revision": revision}.items():
         client.set_tag(rid, k, str(v))
     client.log_metric(rid, "test_recall_at_1", r1)
     client.log_metric(rid, "test_nmi", 0.5)
@@ -188,6 +192,22 @@ def test_table_command_reads_finished_runs_and_writes_atomically(experiment, wor
     assert "**71.00** ± 1.41 / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
     assert "60.00 / 63.09 (-3.09)" in text  # one finished seed: no std
     assert not list(out.parent.glob(".*tmp"))
+
+
+def test_runs_of_an_older_method_revision_are_superseded(experiment, workdir, capsys):
+    from harness.tables import load_runs
+
+    client = mlflow.MlflowClient()
+    exp_id = client.create_experiment(experiment)
+    _fake_run(client, exp_id, method="agrouping", seed=0, r1=0.10, revision=1)
+    _fake_run(client, exp_id, method="agrouping", seed=1, r1=0.20, revision=1)
+    _fake_run(client, exp_id, method="agrouping", seed=0, r1=0.60, revision=2)
+    _fake_run(client, exp_id, method="ngrouping", seed=0, r1=0.50)
+    cells = summarize(load_runs([experiment]), ["recall_at_1"])
+    a = cells[cells.method == "agrouping"].iloc[0]
+    assert (a["mean"], a["n"]) == (pytest.approx(60.0), 1)  # revision 2 only: one seed so far
+    assert cells[cells.method == "ngrouping"].iloc[0]["n"] == 1
+    assert "2 run(s) superseded" in capsys.readouterr().err
 
 
 def test_table_command_refuses_mixed_fingerprints(experiment, workdir):
