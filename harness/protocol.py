@@ -352,7 +352,26 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
             raise HarnessError(f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
                                f"(not name or datasets), got {section!r}")
         protocol.for_dataset(dataset)  # unknown keys and bad values fail here, not mid-run
+    _check_registered_names(protocol)
     return protocol
+
+
+def _check_registered_names(protocol: Protocol) -> None:
+    """Sections keyed by a method, loss or dataset name must name a registered one: a
+    misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
+    from methods import METHODS
+
+    from .data import DATASETS
+    from .losses import LOSSES
+
+    keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
+             ("datasets", protocol.datasets, DATASETS),
+             ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
+              DATASETS)]
+    for key, section, registry in keyed:
+        for name in section:
+            if name not in registry:
+                raise HarnessError(f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}")
 
 
 # ------------------------------------------------------------------------- overrides

@@ -92,3 +92,13 @@ def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys
     out = workdir / "o.json"
     _fails(capsys, ["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
                     "--json", str(out)], "was NaN at every evaluation", out)
+
+
+@pytest.mark.parametrize("section, match", [
+    ("[methods.agroupng]\ngroups = 4\n", "protocol key 'methods.agroupng': unknown method 'agroupng'; did you mean 'agrouping'?"),
+    ("[loss.args.margn]\nmargin = 0.1\n", "protocol key 'loss.args.margn': unknown loss 'margn'; did you mean 'margin'?"),
+])
+def test_a_misspelt_name_in_a_protocol_section_is_an_error(workdir, capsys, tmp_path, section, match):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(section)
+    _fails(capsys, ["run", "--protocol", str(bad), "--json", str(workdir / "o.json")], match, workdir / "o.json")
