@@ -382,6 +382,10 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
         if checkpoint is None or not tracker.resumed:
             _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note)
+        else:  # the run's git_commit tag is its first segment's; say which code continued it
+            from .tracking import git_commit
+
+            tracker.set_tags({"git_commit_at_resume": git_commit()})
         if checkpoint is not None:
             t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]

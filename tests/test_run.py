@@ -277,3 +277,19 @@ def test_a_run_that_finishes_after_a_failure_loses_its_failure_tag(workdir):
     resumed.finish("FINISHED")
     run = mlflow.MlflowClient().get_run(first.run_id)
     assert run.info.status == "FINISHED" and "failure" not in run.data.tags
+
+
+def test_sigterm_marks_the_run_killed(workdir, tiny_protocol):
+    """A sweep stops its workers with SIGTERM; their runs must not stay RUNNING."""
+    proc = _cli_process(workdir, "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
+                        "--set", "sampling.batches_per_epoch=6")
+    deadline = time.time() + 600
+    while not list(workdir.glob("results/checkpoints/*/last.pt")):
+        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
+    run_id = torch.load(checkpoint, map_location="cpu", weights_only=True)["mlflow_run_id"]
+    assert mlflow.MlflowClient().get_run(run_id).info.status == "KILLED"
