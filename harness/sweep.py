@@ -270,9 +270,16 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
         splits_cache[split_key] = training.prepare_splits(protocol, cell.dataset, settings.get("data_root"))
     splits = splits_cache[split_key]
     fp = fingerprint(protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
-    # A worker killed after its run finished but before tagging it: adopt that run.
+    # A worker killed after its run finished but before tagging it: adopt that run, if the
+    # same code (method revision) ran it from the same weights.
+    from methods import METHODS
+
+    revision = str(METHODS.get(cell.method).cls.revision)
+    init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
     for run in _runs_of_cell(grid, cell, fp, "FINISHED"):
-        if CELL_ATTR not in run.data.tags:
+        tags = run.data.tags
+        if (CELL_ATTR not in tags and tags.get("method_revision", "1") == revision
+                and tags.get("init_from", "none") == (init_from or "none")):
             _tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
             _log(f"{cell.label}: adopted finished untagged run {run.info.run_id}")
             return {"mlflow_run_id": run.info.run_id, "metrics": {
@@ -282,11 +289,8 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
     for run in _runs_of_cell(grid, cell, fp, "RUNNING"):
         mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
-    init_from = ""
-    if cell.base_key:
-        init_from = finished_cells(grid).get(cell.base_key, "")
-        if not init_from:
-            raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
+    if cell.base_key and not init_from:
+        raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
     cfg = training.RunConfig(method=cell.method, dataset=cell.dataset, protocol=protocol, loss=cell.loss,
                              loss_args=dict(cell.loss_args), seed=cell.seed, deviations=cell.deviations,
                              protocol_path=cell.protocol_path, method_options=dict(cell.method_options),

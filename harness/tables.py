@@ -142,7 +142,7 @@ def _check_fingerprints(runs: pd.DataFrame) -> None:
             raise HarnessError(
                 f"refusing to compare runs of different protocols in block {backbone} + {loss} on "
                 f"{dataset}: protocol fingerprints {a} ({na} runs) and {b} ({nb} runs); "
-                f"table one protocol at a time (one experiment, or rerun the odd runs)")
+                f"table one protocol at a time (one experiment, or delete the odd runs from it)")
 
 
 def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> pd.DataFrame:

@@ -123,6 +123,26 @@ def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, 
     assert "2/2 cells finished" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("same_code", [True, False])
+def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(workdir, monkeypatch, capsys,
+                                                                           same_code):
+    """A worker killed after its run finished but before tagging it: the next start adopts
+    the run, unless the method has a newer revision since."""
+    from harness.cli import main
+    from methods.plain import PlainHead
+
+    grid_path = _grid(workdir, methods=("plain",))
+    grid = load_grid(grid_path)
+    assert main(["run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL),
+                 "--experiment", grid.experiment]) == 0
+    if not same_code:
+        monkeypatch.setattr(PlainHead, "revision", 2)
+    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}") == 0
+    adopted = "adopted finished untagged run" in capsys.readouterr().err
+    assert adopted == same_code
+    assert len(_runs(grid.experiment)) == (1 if same_code else 2)
+
+
 def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkeypatch, capsys):
     import optuna
 
