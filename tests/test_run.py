@@ -101,6 +101,14 @@ def _cli_process(workdir: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
 
 
+def _wait_for_a_checkpoint(proc: subprocess.Popen, folder: Path, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not list(folder.glob("results/checkpoints/*/last.pt")):
+        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+
+
 def test_resume_into_a_store_without_the_checkpoints_run_records_everything(workdir, tiny_protocol,
                                                                               monkeypatch):
     """Checkpoints outlive a deleted tracking store; resuming one must not leave a bare run."""
@@ -150,11 +158,7 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_
     interrupted = workdir / "interrupted"
     interrupted.mkdir()
     proc = _cli_process(interrupted, *common, "--json", "out.json")
-    deadline = time.time() + 600
-    while not list(interrupted.glob("results/checkpoints/*/last.pt")):
-        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
-        assert time.time() < deadline
-        time.sleep(0.02)
+    _wait_for_a_checkpoint(proc, interrupted)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     (checkpoint,) = interrupted.glob("results/checkpoints/*/last.pt")
@@ -283,11 +287,7 @@ def test_sigterm_marks_the_run_killed(workdir, tiny_protocol):
     """A sweep stops its workers with SIGTERM; their runs must not stay RUNNING."""
     proc = _cli_process(workdir, "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
                         "--set", "sampling.batches_per_epoch=6")
-    deadline = time.time() + 600
-    while not list(workdir.glob("results/checkpoints/*/last.pt")):
-        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
-        assert time.time() < deadline
-        time.sleep(0.02)
+    _wait_for_a_checkpoint(proc, workdir)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 130
     (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
