@@ -251,7 +251,13 @@ def _fmt(value: float) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
 
-def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool) -> str:
+def _most_seeds(cells: pd.DataFrame) -> int:
+    return int(cells["n"].max()) if len(cells) else 0
+
+
+def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, most_seeds: int = 0) -> str:
+    """``mean ± std`` (bold when best), a dagger when flagged, the seed count when it is
+    below the table's most, then ``/ published (difference)``."""
     dash = "--" if latex else "–"
     if row is None:
         return dash
@@ -266,6 +272,8 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool) -> str:
             ours += f"$\\pm${std:.2f}" if latex else f" ± {std:.2f}"
         if flagged:
             ours += "$^\\dagger$" if latex else "†"
+        if 0 < row["n"] < most_seeds:
+            ours += f"$_{{n={row['n']}}}$" if latex else f" (n={row['n']})"
     if math.isnan(pub):
         return ours
     diff = "" if math.isnan(mean) else f" ({round(mean, 2) - pub:+.2f})"
@@ -278,8 +286,10 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool) -> l
                         else f"{ns[0]}-{ns[-1]} seeds")) if ns else ""
     pm = "$\\pm$" if latex else "±"
     published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
+    fewer = (" n: the number of seeds where a cell has fewer than the others."
+             if ns and ns[0] < ns[-1] else "")
     notes = [f"Cells: reproduced mean {pm} sample std {seeds} (percent){published}. "
-             f"Bold: best reproduced mean of its block and column."]
+             f"Bold: best reproduced mean of its block and column.{fewer}"]
     if cells["flagged"].any():
         dagger = "$^\\dagger$" if latex else "†"
         what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
@@ -341,7 +351,7 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
         for method, row in rows:
-            cells_text = [_cell_text(rec, bold, latex=True) for rec, bold in row]
+            cells_text = [_cell_text(rec, bold, latex=True, most_seeds=_most_seeds(cells)) for rec, bold in row]
             lines.append(" & ".join([_latex_escape(_label(METHOD_LABELS, method)), *cells_text]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     for note in _footnotes(cells, deviations, latex=True):
@@ -362,7 +372,8 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
         lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
         for method, row in rows:
             lines.append("| " + " | ".join([_label(METHOD_LABELS, method),
-                                            *(_cell_text(rec, bold, latex=False) for rec, bold in row)]) + " |")
+                                            *(_cell_text(rec, bold, latex=False, most_seeds=_most_seeds(cells))
+                                              for rec, bold in row)]) + " |")
     lines.append("")
     lines += _footnotes(cells, deviations, latex=False)
     return "\n".join(lines) + "\n"

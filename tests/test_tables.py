@@ -190,7 +190,8 @@ def test_table_command_reads_finished_runs_and_writes_atomically(experiment, wor
     a_row = next(line for line in text.splitlines()
                  if line.startswith("| A-grouping") and "**71.00** ± 1.41" in line)
     assert "**71.00** ± 1.41 / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
-    assert "60.00 / 63.09 (-3.09)" in text  # one finished seed: no std
+    assert "60.00 (n=1) / 63.09 (-3.09)" in text  # one finished seed of two: no std, the count shown
+    assert "n: the number of seeds where a cell has fewer than the others." in text
     assert not list(out.parent.glob(".*tmp"))
 
 
