@@ -16,7 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES"]
+__all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
+           "uncommitted_changes"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -48,6 +49,24 @@ def git_commit(root: Path | None = None) -> str:
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def uncommitted_changes(root: Path | None = None) -> str:
+    """The patch from the recorded commit to the code that ran: ``git diff HEAD`` plus new
+    files under the source folders (empty for a clean tree), so a ``-dirty`` run can be
+    reproduced from its tracking store."""
+    root = root or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout
+
+    try:
+        patch = git("diff", "HEAD", "--binary")
+        new_files = git("ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS).split()
+        patch += "".join(git("diff", "--no-index", "--binary", "/dev/null", name) for name in new_files)
+        return patch
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def package_versions() -> dict[str, str]:

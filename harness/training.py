@@ -548,7 +548,7 @@ def _load_finished_run(model: EmbeddingModel, run_id: str, *, expect_fingerprint
 
 
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str) -> None:
-    from .tracking import environment_tags, flatten
+    from .tracking import environment_tags, flatten, uncommitted_changes
 
     protocol = cfg.protocol
     tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
@@ -576,6 +576,8 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
                      "protocol/deviations.json")
     if cfg.protocol_path is not None and Path(cfg.protocol_path).is_file():
         tracker.log_artifact(Path(cfg.protocol_path), "protocol")
+    if tags["git_commit"].endswith("-dirty"):
+        tracker.log_text(uncommitted_changes(), "source/uncommitted.patch")
 
 
 def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: int, epoch: int,

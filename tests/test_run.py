@@ -270,6 +270,30 @@ def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_pat
     assert git_commit(tmp_path).endswith("-dirty")
 
 
+def test_the_uncommitted_patch_turns_the_commit_into_the_code_that_ran(tmp_path):
+    from harness.tracking import uncommitted_changes
+
+    repo, clone = tmp_path / "repo", tmp_path / "clone"
+    repo.mkdir()
+    git = lambda *args, cwd=repo: subprocess.run(  # noqa: E731
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
+    git("init", "-q")
+    (repo / "methods").mkdir()
+    (repo / "methods" / "plain.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    (repo / "methods" / "plain.py").write_text("x = 3\n")
+    (repo / "methods" / "new_method.py").write_text("y = 2\n")
+    (repo / "scratch.txt").write_text("not source\n")
+    patch = tmp_path / "uncommitted.patch"
+    patch.write_text(uncommitted_changes(repo))
+    git("clone", "-q", str(repo), str(clone), cwd=tmp_path)
+    git("apply", str(patch), cwd=clone)
+    assert (clone / "methods" / "plain.py").read_text() == "x = 3\n"
+    assert (clone / "methods" / "new_method.py").read_text() == "y = 2\n"
+    assert not (clone / "scratch.txt").exists()
+
+
 def test_a_run_that_finishes_after_a_failure_loses_its_failure_tag(workdir):
     from harness.tracking import Tracker
 
