@@ -251,10 +251,6 @@ def _fmt(value: float) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
 
-def _most_seeds(cells: pd.DataFrame) -> int:
-    return int(cells["n"].max()) if len(cells) else 0
-
-
 def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, most_seeds: int = 0) -> str:
     """``mean ± std`` (bold when best), a dagger when flagged, the seed count when it is
     below the table's most, then ``/ published (difference)``."""
@@ -330,6 +326,7 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
                  deviations: Sequence[str] = ()) -> str:
     """Cells (``CELL_COLUMNS``) -> a booktabs LaTeX table (needs ``\\usepackage{booktabs}``)."""
     body, datasets, columns = _rows(cells, metrics)
+    most_seeds = int(cells["n"].max()) if len(cells) else 0
     width = 1 + len(columns)
     lines = ["\\begin{table*}[t]", "\\centering", "\\scriptsize"]
     if caption:
@@ -351,7 +348,7 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
         for method, row in rows:
-            cells_text = [_cell_text(rec, bold, latex=True, most_seeds=_most_seeds(cells)) for rec, bold in row]
+            cells_text = [_cell_text(rec, bold, latex=True, most_seeds=most_seeds) for rec, bold in row]
             lines.append(" & ".join([_latex_escape(_label(METHOD_LABELS, method)), *cells_text]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     for note in _footnotes(cells, deviations, latex=True):
@@ -364,6 +361,7 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
                     deviations: Sequence[str] = ()) -> str:
     """Cells (``CELL_COLUMNS``) -> a GitHub Markdown table with footnotes."""
     body, _, columns = _rows(cells, metrics)
+    most_seeds = int(cells["n"].max()) if len(cells) else 0
     header = ["Method", *(f"{_label(DATASET_LABELS, d)} {_label(METRIC_LABELS, m)}" for d, m in columns)]
     lines = [f"**{caption}**", ""] if caption else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *[":---:"] * len(columns)]) + "|"]
@@ -372,7 +370,7 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
         lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
         for method, row in rows:
             lines.append("| " + " | ".join([_label(METHOD_LABELS, method),
-                                            *(_cell_text(rec, bold, latex=False, most_seeds=_most_seeds(cells))
+                                            *(_cell_text(rec, bold, latex=False, most_seeds=most_seeds)
                                               for rec, bold in row)]) + " |")
     lines.append("")
     lines += _footnotes(cells, deviations, latex=False)

@@ -34,18 +34,19 @@ def tracking_uri() -> str:
     return uri
 
 
+def _git(root: Path | None, *args: str, check: bool = False) -> str:
+    """Output of ``git args`` in the harness's source tree (or ``root``)."""
+    return subprocess.run(["git", *args], cwd=root or Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=30, check=check).stdout
+
+
 def git_commit(root: Path | None = None) -> str:
     """Commit of the harness source (with ``-dirty`` when the tree has local changes,
     including new files under the source folders: an uncommitted method changes results)."""
-    root = root or Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        tracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                 capture_output=True, text=True, timeout=10).stdout.strip()
-        new_source = subprocess.run(["git", "status", "--porcelain", "--", *SOURCE_FOLDERS], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = tracked or new_source
+        commit = _git(root, "rev-parse", "HEAD", check=True).strip()
+        dirty = (_git(root, "status", "--porcelain", "--untracked-files=no").strip()
+                 or _git(root, "status", "--porcelain", "--", *SOURCE_FOLDERS).strip())
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -55,16 +56,10 @@ def uncommitted_changes(root: Path | None = None) -> str:
     """The patch from the recorded commit to the code that ran: ``git diff HEAD`` plus new
     files under the source folders (empty for a clean tree), so a ``-dirty`` run can be
     reproduced from its tracking store."""
-    root = root or Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout
-
     try:
-        patch = git("diff", "HEAD", "--binary")
-        new_files = git("ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS).split()
-        patch += "".join(git("diff", "--no-index", "--binary", "/dev/null", name) for name in new_files)
-        return patch
+        patch = _git(root, "diff", "HEAD", "--binary")
+        new_files = _git(root, "ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS).split()
+        return patch + "".join(_git(root, "diff", "--no-index", "--binary", "/dev/null", name) for name in new_files)
     except (OSError, subprocess.SubprocessError):
         return ""
 
