@@ -2,7 +2,11 @@
 
 agrouping.csv: Xu et al., "Towards Improved and Interpretable Deep Metric Learning via
 Attentive Grouping", Tables 2-4.  diml.csv: Zhao et al., "Towards Interpretable Deep Metric
-Learning with Structural Matching", Tables 1-6.  One row per printed cell ("-" cells omitted).
+Learning with Structural Matching", Tables 1-6.  diablo.csv: Jacob et al., "DIABLO:
+Dictionary-based attention block for deep metric learning", Tables 1-4.  avsl.csv: Zhang et al.,
+"Attributable Visual Similarity Learning", Tables 1-2.  sam.csv: Zheng et al., "Visual Similarity
+Attention", Tables 1-2 (its re-identification and segmentation tables are out of scope).  One row
+per printed cell ("-" cells omitted); a printed "x ± s" is two rows, metric M and M_std.
 """
 from __future__ import annotations
 
@@ -29,10 +33,34 @@ SPECS = {
         # T5: 10 rows x 9; T6: 8 rows x 9.
         "rows_per_table": {"1": 306, "2": 48, "3": 36, "4": 72, "5": 90, "6": 72},
     },
+    "diablo.csv": {
+        "columns": BASE_COLUMNS + ["setting", "notes"],
+        # T1: 21 rows (14 comparisons + 3 baselines + 4 DIABLO) x 12 (CUB, Cars R@1..32) minus
+        #     36 "-" (RML, Angular, DAML, HDML, DAMLRMM, DVML, HTG, JCF, ABE: R@16/32 on both) = 216;
+        # T2: 18 rows (14 comparisons + 2 baselines + 2 DIABLO) x 10 (SOP R@1..1000, In-Shop
+        #     R@1..50) minus 52 "-" (Angular 6, DAML/HDML/RML/DAMLRMM/DVML 7 each, HTG 5, JCF 6) = 128;
+        # T3: 5 columns (baseline + 4 selection/placement) x (mean, std) = 10;
+        # T4: 2 blocks x 4 dictionary sizes x (mean, std) = 16.
+        "rows_per_table": {"1": 216, "2": 128, "3": 10, "4": 16},
+    },
+    "avsl.csv": {
+        "columns": BASE_COLUMNS + ["setting", "notes"],
+        # T1: 19 rows x 11 (CUB R@1..8, Cars R@1..8, SOP R@1..100) minus 10 "-"
+        #     (DE-DSP 2, DIML 8) = 199;  T2: 5 rows x 4 (Cars196 R@1..8) = 20.
+        "rows_per_table": {"1": 199, "2": 20},
+    },
+    "sam.csv": {
+        "columns": BASE_COLUMNS + ["setting", "notes"],
+        # T1: 6 rows (3 architectures x baseline/SAM) x 3 (CUB R-1, R-2, R-4) = 18;
+        # T2: 13 rows x 6 (CUB R-1/2, Cars R-1/2, SOP R-1/R-1k) minus 6 "-"
+        #     (P-NCA, HDML, GroupLoss, MS+SFT: SOP R-1k; DRO-KL_M: both SOP) = 72.
+        "rows_per_table": {"1": 18, "2": 72},
+    },
 }
 
-DATASETS = {"cub200", "cars196", "sop"}
-BACKBONES = {"googlenet", "resnet50"}
+DATASETS = {"cub200", "cars196", "sop", "inshop"}
+# "unspecified": SAM's Table 2 prints no backbone for the comparison rows.
+BACKBONES = {"googlenet", "resnet50", "bninception", "unspecified"}
 GROUPING_METHODS = {"ngrouping", "mgrouping", "ggrouping", "cgrouping", "agrouping"}
 
 
@@ -99,3 +127,37 @@ def test_diml_methods():
     assert {row["method"] for row in rows} == {"plain", "diml"}
     assert all(row["method"] in METHODS for row in rows)
     assert all(row["loss"] for row in rows)
+
+
+@pytest.mark.parametrize("name, own", [("diablo.csv", "diablo"), ("avsl.csv", "avsl"), ("sam.csv", "sam")])
+def test_own_method_rows_are_on_a_named_loss(name, own):
+    """The paper's own rows and the baselines it is added to carry the loss; they are the only
+    rows named ``plain`` or the method's plugin name."""
+    _, rows = _load(name)
+    methods = {row["method"] for row in rows}
+    assert own in methods
+    for row in rows:
+        if row["method"] in {"plain", own}:
+            assert row["loss"], row
+
+
+@pytest.mark.parametrize("name", ["diablo.csv", "avsl.csv", "sam.csv"])
+def test_every_std_row_has_its_mean(name):
+    _, rows = _load(name)
+    keys = {(r["table"], r["backbone"], r["loss"], r["method"], r["dataset"], r["metric"], r["setting"])
+            for r in rows}
+    stds = [r for r in rows if r["metric"].endswith("_std")]
+    for r in stds:
+        assert (r["table"], r["backbone"], r["loss"], r["method"], r["dataset"],
+                r["metric"][:-len("_std")], r["setting"]) in keys, r
+    if name == "diablo.csv":
+        assert {r["table"] for r in stds} == {"3", "4"}
+        assert all("ten random 50/50 splits of the training classes" in r["notes"]
+                   for r in rows if r["table"] in {"3", "4"})
+    else:
+        assert not stds
+
+
+def test_sam_scope_note():
+    _, rows = _load("sam.csv")
+    assert "re-identification and segmentation tables out of scope" in rows[0]["notes"]
