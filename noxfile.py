@@ -75,12 +75,12 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
             args += ["--published", published["file"], "--table", ",".join(str(t) for t in published["tables"])]
         if data.get("metrics"):
             args += ["--metrics", ",".join(data["metrics"])]
-        session.run("python", "-m", "harness.tables", *args)
+        session.run("python", "-m", "harness", "table", *args)
 
 
 def _reproduce(session: nox.Session, grid: str) -> None:
     args, forwarded = _sweep_args(list(session.posargs))
-    session.run("python", "-m", "harness.sweep", "--grid", grid, *forwarded)
+    session.run("python", "-m", "harness", "sweep", "--grid", grid, *forwarded)
     _grid_tables(session, grid, smoke=args.smoke)
 
 

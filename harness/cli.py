@@ -14,15 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HarnessError
+from .protocol import default_protocol
 
-BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+#: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
 EMBEDDED_DEFAULT = "synthetic"
-
-
-def default_protocol(dataset: str) -> str:
-    """``smoke`` on the small CPU datasets, the field's standard (``roth2020``) on benchmarks."""
-    return "roth2020" if dataset in BENCHMARKS else "smoke"
-
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
@@ -42,7 +37,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from methods import list_methods
+    from methods import METHODS, check_method_options, list_methods
 
     from .data import DATASETS
     from .losses import LOSSES
@@ -54,8 +49,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     DATASETS.get(args.dataset)
     methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for name in methods:
-        from methods import METHODS
-
         METHODS.get(name)
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
@@ -80,6 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.seen_class_control:
         deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
+    for method in methods:  # a bad option value is one line now, not after the dataset loads
+        check_method_options(method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size,
+                             loss=loss)
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
 
     splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control)

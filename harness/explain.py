@@ -17,6 +17,7 @@ these never changes the process's global backend or leaks open figures.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["upsample_maps", "minmax_normalize", "attention_figure", "part_attention_mass"]
+__all__ = ["upsample_maps", "minmax_normalize", "attention_figure", "part_attention_mass", "log_explanations"]
 
 RANKINGS = ("max", "mass", "concentration")
 
@@ -148,3 +149,68 @@ def part_attention_mass(maps, part_labels, num_parts: int | None = None) -> np.n
     total = mass.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, mass / total, np.nan)
+
+
+@torch.inference_mode()
+def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
+                     count: int = 48) -> None:
+    """For heads that explain: a figure of their maps on test images, and, where the
+    dataset has part masks (``synthetic``), the share of each map's mass on each part.
+
+    Mass uses the head's raw spatial attention when it has one (``output.attention``,
+    upsampled without re-normalisation), else the explanation maps.
+    """
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    from methods import HeadOutput
+
+    from .data.transforms import build_transform, normalize_batch
+
+    model.eval()
+    n = min(count, len(splits.test))
+    transform = build_transform(protocol.image, train=False)
+    images = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device),
+                             protocol.image)
+    out = model(images)
+    mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
+    pictures = (images * std + mean).clamp(0, 1).cpu()
+    if n >= 2:  # the first test image and its nearest neighbour among the others
+        sims = out.embedding[1:] @ out.embedding[0]
+        j = 1 + int(sims.argmax())
+        one = lambda i: HeadOutput(**{k: (v[i:i + 1] if isinstance(v, torch.Tensor) else None)  # noqa: E731
+                                      for k, v in vars(out).items() if k != "extras"})
+        pair = model.head.pair_figure(pictures[0], pictures[j], one(0), one(j), out_dir / "pair.png")
+        if pair is not None:
+            tracker.log_artifact(Path(pair), "explanations")
+    maps = model.head.explain(images, out)
+    if maps is None:
+        return
+    rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
+    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
+    tracker.log_artifact(figure, "explanations")
+    masks = splits.extras.get("masks")
+    if not masks:
+        return
+    from .data.synthetic import load_part_mask
+
+    size = protocol.image.size
+    labels = []
+    for i in range(n):
+        mask = load_part_mask(splits.extras["root"], masks[splits.test.keys()[i]])
+        mask = TF.center_crop(TF.resize(torch.from_numpy(mask.copy())[None], protocol.image.resize,
+                                        interpolation=InterpolationMode.NEAREST), size)
+        labels.append(mask[0])
+    raw = out.attention if out.attention is not None else maps
+    mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
+    shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
+    names = ["background", *splits.extras["parts"]]
+    tracker.log_metrics({f"explain_group{g + 1}_mass_{names[j]}": float(shares[g, j])
+                         for g in range(shares.shape[0]) for j in range(len(names))
+                         if np.isfinite(shares[g, j])})
+    table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
+                      for g in range(shares.shape[0]))
+    tracker.log_text(table, "explanations/part_mass.txt")
+    print(f"{model.head.registry_name if hasattr(model.head, 'registry_name') else ''} attention mass "
+         f"per part (test images):\n{table}", file=sys.stderr, flush=True)

@@ -23,8 +23,8 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "create_loss", "create_miner", "miner_for",
-           "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
+           "miner_for", "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -174,3 +174,42 @@ def create_miner(name: str, args: dict[str, Any] | None = None):
     if name in ("", "none"):
         return None
     return _instantiate("miner", name, MINERS.get(name), dict(args or {}), {})
+
+
+_MINE = object()
+
+
+class MetricLoss:
+    """The run's metric loss as a plugin receives it: the loss (one instance, or one per
+    group / level when the head asks for ``metric_loss_copies`` > 1, each with its own
+    learnable parameters such as margin betas or proxies) and the protocol's miner.
+
+    ``metric_loss(embeddings, labels)`` mines and applies instance 0; ``copy=p`` picks
+    instance p; ``indices=`` applies the loss to tuples mined elsewhere (SAM's masked
+    pass reuses the first pass's tuples: ``idx = metric_loss.mine(e, y)``, then
+    ``metric_loss(e, y, indices=idx)``). Embeddings are cast to float32 (AMP).
+    The instances themselves belong to the trainer (optimised, checkpointed).
+    """
+
+    def __init__(self, losses: torch.nn.Module | torch.nn.ModuleList, miner=None):
+        self.losses = list(losses) if isinstance(losses, torch.nn.ModuleList) else [losses]
+        self.miner = miner
+
+    @property
+    def copies(self) -> int:
+        return len(self.losses)
+
+    def module(self, copy: int = 0) -> torch.nn.Module:
+        """Loss instance ``copy`` (a PML loss: ``.distance``, learnable parameters)."""
+        return self.losses[copy]
+
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
+        """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
+        return self.miner(embeddings.float(), labels) if self.miner is not None else None
+
+    def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0,
+                 indices=_MINE) -> torch.Tensor:
+        embeddings = embeddings.float()
+        if indices is _MINE:
+            indices = self.mine(embeddings, labels)
+        return self.losses[copy](embeddings, labels, indices)

@@ -385,6 +385,32 @@ def _parse_value(text: str) -> Any:
         return text  # a bare word is a string
 
 
+#: The field's benchmark datasets: ``roth2020`` is their default protocol.
+BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+
+
+def default_protocol(dataset: str) -> str:
+    """``smoke`` on the small CPU datasets, the field's standard (``roth2020``) on benchmarks."""
+    return "roth2020" if dataset in BENCHMARKS else "smoke"
+
+
+def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bool:
+    """``methods.<method>.<option>`` may set any option the method declares, whether or
+    not the protocol file lists it (its current value: the method's default). True when
+    the option was added here."""
+    from methods import METHODS
+
+    options = METHODS.get(method).options()
+    if option not in options:
+        raise HarnessError(f"unknown option '{option}' for method '{method}' in --set methods.{method}.{option}; "
+                           f"valid: {', '.join(sorted(options)) or 'none'}")
+    section = data.setdefault("methods", {}).setdefault(method, {})
+    if option in section:
+        return False
+    section[option] = _jsonable(options[option])
+    return True
+
+
 def apply_overrides(
     protocol: Protocol, overrides: dict[str, Any] | list[str]
 ) -> tuple[Protocol, tuple[Deviation, ...]]:
@@ -406,6 +432,7 @@ def apply_overrides(
     for dotted, value in overrides.items():
         node = data
         parts = dotted.split(".")
+        declared = parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:])
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 raise HarnessError(f"unknown protocol key '{dotted}'")
@@ -416,6 +443,10 @@ def apply_overrides(
         node[parts[-1]] = value
         if _jsonable(value) != old:
             deviations.append(Deviation(dotted, old, value))
+        elif declared:  # set to the method's default: the protocol (and its fingerprint) is unchanged
+            del node[parts[-1]]
+            if not node:
+                del data["methods"][parts[1]]
     return _build(Protocol, data), tuple(deviations)
 
 

@@ -375,7 +375,7 @@ def _settings(args: argparse.Namespace) -> dict:
 
 
 def _worker_command(args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "harness.sweep", "--grid", str(args.grid), "--worker-only",
+    cmd = [sys.executable, "-m", "harness", "sweep", "--grid", str(args.grid), "--worker-only",
            "--storage", storage_url(args.storage), "--device", args.device,
            "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
     if args.smoke:
@@ -454,14 +454,3 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=int, default=90,
                    help="seconds without a heartbeat after which a running cell is retried")
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.sweep`` (worker processes; = ``python -m harness sweep``): the same command through the one CLI entry point (its error handling)."""
-    from .cli import main as cli_main
-
-    return cli_main(["sweep", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -435,14 +435,3 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--caption")
     p.set_defaults(func=cmd_table)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.tables`` = ``python -m harness table``: the same command through the one CLI entry point (its error handling)."""
-    from .cli import main as cli_main
-
-    return cli_main(["table", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

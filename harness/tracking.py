@@ -12,12 +12,15 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .errors import HarnessError
+
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
-           "uncommitted_changes"]
+           "uncommitted_changes", "load_finished_weights"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -175,3 +178,35 @@ class Tracker:
         if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:
             self.client.delete_tag(self.run_id, "failure")  # a resumed run that failed before
         self.client.set_terminated(self.run_id, status=status)
+
+
+def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "") -> None:
+    """Load the selected weights of a FINISHED run (its ``model_path`` tag) into ``model``.
+
+    Keys the new head does not have are an error; keys only the new head has (e.g. a
+    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    (evaluate-only runs): the run must have been trained under this same protocol and split.
+    """
+    import mlflow
+    import torch
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except Exception:
+        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}") from None
+    path = run.data.tags.get("model_path")
+    if run.info.status != "FINISHED" or not path or not Path(path).is_file():
+        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status} and has no saved model "
+                           f"(expected the file named by its model_path tag: {path})")
+    trained_under = run.data.tags.get("fingerprint", "")
+    if expect_fingerprint and trained_under != expect_fingerprint:
+        raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
+                           f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
+                           f"without training needs the same protocol, dataset and loss")
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    print(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
+          file=sys.stderr, flush=True)

@@ -1,6 +1,8 @@
-"""Training and evaluation of one run: (method, dataset, protocol, loss, seed).
+"""Training of one run: (method, dataset, protocol, loss, seed), then its test.
 
-Seeded everywhere (python, numpy, torch; deterministic kernels on CPU), AMP and
+This module trains; it asks :mod:`harness.evaluation.model` to evaluate,
+:mod:`harness.explain` to log explanations and :mod:`harness.tracking` for the
+store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU), AMP and
 channels-last on CUDA, a checkpoint after every epoch (written atomically), and
 ``resume`` that continues from the last checkpoint to exactly the result of an
 uninterrupted run: every source of randomness is re-derived from ``(seed,
@@ -26,19 +28,21 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from methods import METHODS, HeadOutput, Method, create_method
+from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
 from .backbones import Backbone, create_backbone
 from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation, seen_class_control
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
 from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
-from .evaluation import evaluate_embeddings
-from .losses import create_loss, create_miner, miner_for
+from .evaluation.model import evaluate_split
+from .explain import log_explanations
+from .losses import MetricLoss, create_loss, create_miner, miner_for
 from .protocol import Deviation, Protocol, fingerprint
+from .tracking import load_finished_weights
 
 __all__ = ["RunConfig", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
-           "embed_images", "evaluate_split", "seed_everything", "resolve_device"]
+           "seed_everything", "resolve_device"]
 
 
 @dataclass
@@ -136,19 +140,23 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
 
 
 def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
-    stages = METHODS.get(method).cls.stages
+    """The protocol's backbone, the method's head on it (``setup``), and the backbone told
+    to stop at the last point the head reads."""
     b = protocol.backbone
-    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights,
-                               freeze_bn=b.freeze_bn, out_stages=stages)
-    channels = dict(backbone.channels)
-    head = create_method(method, channels=channels, embedding_size=protocol.embedding.size, **options)
+    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights, freeze_bn=b.freeze_bn)
+    head = create_method(method, channels=dict(backbone.channels), embedding_size=protocol.embedding.size,
+                         **options)
+    head.setup(backbone)
+    backbone.set_outputs(head.stages)
     return EmbeddingModel(backbone, head)
 
 
 def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
     o = protocol.optimizer
-    groups = [{"params": [p for p in model.backbone.parameters() if p.requires_grad],
-               "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
+    # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
+    # the backbone they came from.
+    pretrained = [p for p in (*model.backbone.parameters(), *model.head.pretrained.parameters()) if p.requires_grad]
+    groups = [{"params": pretrained, "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
     loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
     if loss_params:
@@ -174,77 +182,6 @@ def _scheduler(protocol: Protocol, optimizer):
     if s.name == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, s.epochs))
     raise HarnessError(f"unknown schedule '{s.name}'; valid: constant, multistep, cosine")
-
-
-# ---------------------------------------------------------------------- evaluation
-
-
-@torch.inference_mode()
-def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_size: int,
-                 device: torch.device, workers: int = 0,
-                 keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-    """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``."""
-    model.eval()
-    loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
-                        num_workers=workers, pin_memory=device.type == "cuda")
-    embs, kept = [], {k: [] for k in keep}
-    amp = device.type == "cuda"
-    for batch, _, _ in loader:
-        batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
-        if amp:
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=device.type, enabled=amp):
-            out = model(batch)
-        embs.append(out.embedding.float().cpu())
-        for k in keep:
-            kept[k].append(getattr(out, k).float().cpu())
-    emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
-    return emb, {k: torch.cat(v) for k, v in kept.items()}
-
-
-def _reranker(head: Method, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor],
-              chunk: int = 256):
-    """Wrap ``head.rerank_by_ids`` as ``(query ids, candidate ids Q x K) -> scores Q x K``,
-    a few hundred queries at a time (bounded memory, no per-query loop)."""
-
-    @torch.inference_mode()
-    def rescore(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
-        out = [head.rerank_by_ids(query, gallery, query_ids[i:i + chunk], candidate_ids[i:i + chunk]).float().cpu()
-               for i in range(0, len(query_ids), chunk)]
-        return torch.cat(out).numpy() if out else np.zeros(candidate_ids.shape, np.float32)
-
-    return rescore
-
-
-def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
-                   *, device: torch.device, workers: int = 0, rerank: bool = True,
-                   metrics: tuple[str, ...] | None = None) -> dict[str, float]:
-    """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
-
-    A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
-    query's top ``rerank_k`` candidates; the plain cosine ranking's metrics are then
-    returned too, prefixed ``global_``.
-    """
-    transform = build_transform(protocol.image, train=False)
-    bs = protocol.evaluation.batch_size
-    head = model.head
-    rerank_k = int(getattr(head, "rerank_k", 0)) if rerank and head.rerank_fields else 0
-    keep = head.rerank_fields if rerank_k > 0 else ()
-    q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
-                               workers=workers, keep=keep)
-    g, g_fields = None, q_fields
-    if gallery_set is not None:
-        g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
-                                   workers=workers, keep=keep)
-    g_labels = None if gallery_set is None else gallery_set.labels
-    score = lambda **kw: evaluate_embeddings(  # noqa: E731
-        q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
-        metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
-    if rerank_k <= 0:
-        return score()
-    reranked = score(reranker=_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
-    plain = score()
-    return {**reranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
 
 
 # ------------------------------------------------------------------------- the run
@@ -309,7 +246,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     seed_everything(cfg.seed)
     model = build_model(protocol, cfg.method, cfg.method_options)
     if cfg.init_from:
-        _load_finished_run(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "")
+        load_finished_weights(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "")
     model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -439,7 +376,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         _atomic_save({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
                       "selected_epoch": selected_epoch}, model_path)
         tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve())})
-        _explain_and_log(t.model, splits, protocol, device, ckpt_dir, tracker)
+        log_explanations(t.model, splits, protocol, device, ckpt_dir, tracker)
         tracker.finish("FINISHED")
     except BaseException as err:
         tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
@@ -450,101 +387,6 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
-
-
-@torch.inference_mode()
-def _explain_and_log(model: EmbeddingModel, splits: DatasetSplits, protocol: Protocol,
-                     device: torch.device, out_dir: Path, tracker, count: int = 48) -> None:
-    """For heads that explain: a figure of their maps on test images, and, where the
-    dataset has part masks (``synthetic``), the share of each map's mass on each part.
-
-    Mass uses the head's raw spatial attention when it has one (``output.attention``,
-    upsampled without re-normalisation), else the explanation maps.
-    """
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms import functional as TF
-
-    from .explain import attention_figure, part_attention_mass, upsample_maps
-
-    model.eval()
-    n = min(count, len(splits.test))
-    transform = build_transform(protocol.image, train=False)
-    images = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device),
-                             protocol.image)
-    out = model(images)
-    mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
-    pictures = (images * std + mean).clamp(0, 1).cpu()
-    if n >= 2:  # the first test image and its nearest neighbour among the others
-        sims = out.embedding[1:] @ out.embedding[0]
-        j = 1 + int(sims.argmax())
-        one = lambda i: HeadOutput(**{k: (v[i:i + 1] if isinstance(v, torch.Tensor) else None)  # noqa: E731
-                                      for k, v in vars(out).items() if k != "extras"})
-        pair = model.head.pair_figure(pictures[0], pictures[j], one(0), one(j), out_dir / "pair.png")
-        if pair is not None:
-            tracker.log_artifact(Path(pair), "explanations")
-    maps = model.head.explain(images, out)
-    if maps is None:
-        return
-    rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
-    tracker.log_artifact(figure, "explanations")
-    masks = splits.extras.get("masks")
-    if not masks:
-        return
-    from .data.synthetic import load_part_mask
-
-    size = protocol.image.size
-    labels = []
-    for i in range(n):
-        mask = load_part_mask(splits.extras["root"], masks[splits.test.keys()[i]])
-        mask = TF.center_crop(TF.resize(torch.from_numpy(mask.copy())[None], protocol.image.resize,
-                                        interpolation=InterpolationMode.NEAREST), size)
-        labels.append(mask[0])
-    raw = out.attention if out.attention is not None else maps
-    mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
-    shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
-    names = ["background", *splits.extras["parts"]]
-    tracker.log_metrics({f"explain_group{g + 1}_mass_{names[j]}": float(shares[g, j])
-                         for g in range(shares.shape[0]) for j in range(len(names))
-                         if np.isfinite(shares[g, j])})
-    table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
-                      for g in range(shares.shape[0]))
-    tracker.log_text(table, "explanations/part_mass.txt")
-    _log(f"{model.head.registry_name if hasattr(model.head, 'registry_name') else ''} attention mass "
-         f"per part (test images):\n{table}")
-
-
-def _load_finished_run(model: EmbeddingModel, run_id: str, *, expect_fingerprint: str = "") -> None:
-    """Load the selected weights of a FINISHED run (its ``model_path`` tag) into ``model``.
-
-    Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
-    (evaluate-only runs): the run must have been trained under this same protocol and split.
-    """
-    import mlflow
-
-    from .tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri())
-    try:
-        run = mlflow.MlflowClient().get_run(run_id)
-    except Exception:
-        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}") from None
-    path = run.data.tags.get("model_path")
-    if run.info.status != "FINISHED" or not path or not Path(path).is_file():
-        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status} and has no saved model "
-                           f"(expected the file named by its model_path tag: {path})")
-    trained_under = run.data.tags.get("fingerprint", "")
-    if expect_fingerprint and trained_under != expect_fingerprint:
-        raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
-                           f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
-                           f"without training needs the same protocol, dataset and loss")
-    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected:
-        raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
-    _log(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation")
 
 
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str) -> None:
@@ -594,15 +436,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
     amp = device.type == "cuda"
     image_spec = cfg.protocol.image
 
-    copies = len(loss_fn) if isinstance(loss_fn, nn.ModuleList) else 1
-
-    def metric_loss(embeddings, labels, copy: int = 0):
-        embeddings = embeddings.float()
-        fn = loss_fn[copy] if copies > 1 else loss_fn
-        return fn(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
-
-    # Heads that score pairs their own way (DIML's training mode) reuse the run's loss and miner.
-    metric_loss.loss_fn, metric_loss.miner, metric_loss.copies = loss_fn, miner, copies
+    metric_loss = MetricLoss(loss_fn, miner)
 
     total, seen, started = 0.0, 0, time.perf_counter()
     term_sums: dict[str, float] = {}
@@ -615,10 +449,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
             images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device_type=device.type, enabled=amp):
             out = model(images)
-            terms = head.loss_terms(out, labels, metric_loss)
-            masked = head.masked_images(model, images, out, labels)
-            if masked is not None:
-                terms.update(head.masked_loss_terms(model(masked), out, labels, metric_loss))
+            terms = head.loss_terms(out, TrainingBatch(labels, metric_loss, images, model))
             loss = sum(terms.values())
         if not torch.isfinite(loss):
             raise HarnessError(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import inspect
 import math
 import sys
 from pathlib import Path
@@ -54,11 +53,7 @@ def suggest(trial, method: str, protocol, space: tuple[str, ...]) -> tuple[dict[
     """``(method options, protocol overrides)`` suggested for ``trial``."""
     from methods import METHODS
 
-    cls = METHODS.get(method).cls
-    if "embedding_size" in inspect.signature(cls.search_space).parameters:
-        options = cls.search_space(trial, embedding_size=protocol.embedding.size)
-    else:
-        options = cls.search_space(trial)
+    options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
     overrides = {}
     for field in space:
         value = _get(protocol, field)
@@ -105,10 +100,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from methods import METHODS
 
     from . import training
-    from .cli import default_protocol
     from .data import DATASETS
     from .losses import LOSSES
-    from .protocol import apply_overrides, load_protocol, protocol_dir
+    from .protocol import apply_overrides, default_protocol, load_protocol, protocol_dir
     from .reporting import format_results
     from .sweep import open_storage
     from .tracking import tracking_uri
@@ -249,14 +243,3 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--loader-workers", type=int)
     p.set_defaults(func=cmd_tune)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.tune`` = ``python -m harness tune``: the same command through the one CLI entry point (its error handling)."""
-    from .cli import main as cli_main
-
-    return cli_main(["tune", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,6 +7,7 @@
 
 from . import (
     agrouping,  # noqa: F401  (registers)
+    diablo,  # noqa: F401  (registers)
     diml,  # noqa: F401  (registers)
     plain,  # noqa: F401  (registers)
 )
@@ -15,11 +16,13 @@ from .base import (
     HeadOutput,
     Method,
     PaperInfo,
+    TrainingBatch,
+    check_method_options,
     create_method,
     list_methods,
     register_method,
     register_variant,
 )
 
-__all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "create_method", "list_methods",
-           "register_method", "register_variant"]
+__all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "TrainingBatch", "check_method_options",
+           "create_method", "list_methods", "register_method", "register_variant"]

@@ -288,15 +288,15 @@ class GroupingHead(Method):
         return HeadOutput(embedding=embedding, groups=groups, attention=aux.pop("attention", None),
                           extras=aux)
 
-    def loss_terms(self, output, labels, metric_loss):
+    def loss_terms(self, output, batch):
         """Eq. 14 without the L2 term (that is weight decay, see :meth:`optimizer_groups`):
         ``metric`` = the metric loss on each group separately, averaged over the P groups
         (the protocol's miner runs per group too, as in the code; group p uses loss
         instance p when the trainer holds one per group); ``diversity`` = lambda1 * Eq. 4,
         already weighted (absent when P = 1 or lambda1 = 0)."""
-        groups = output.groups
-        per_group = getattr(metric_loss, "copies", 1) > 1
-        metric = torch.stack([metric_loss(groups[:, p].contiguous(), labels, **({"copy": p} if per_group else {}))
+        groups, metric_loss = output.groups, batch.metric_loss
+        per_group = metric_loss.copies > 1
+        metric = torch.stack([metric_loss(groups[:, p].contiguous(), batch.labels, copy=p if per_group else 0)
                               for p in range(groups.shape[1])]).mean()
         terms = {"metric": metric}
         if groups.shape[1] > 1 and self.diversity_weight:
@@ -309,8 +309,8 @@ class GroupingHead(Method):
         queries (A-grouping) get ``query_weight_decay``; the rest of the head (key, value,
         baselines' layers) ``head_weight_decay``, defaulting to the protocol's."""
         head_decay = weight_decay if self.head_weight_decay is None else self.head_weight_decay
-        queries = getattr(self.grouping, "queries", None)
-        rest = [p for p in self.parameters() if p.requires_grad and p is not queries]
+        queries = getattr(self.grouping, "queries", None)  # only the attentive grouping has them
+        rest = [p for p in self.head_parameters() if p is not queries]
         out = [{"params": rest, "lr": lr, "weight_decay": head_decay, "name": "head"}]
         if queries is not None and queries.requires_grad:
             out.append({"params": [queries], "lr": lr, "weight_decay": self.query_weight_decay,
@@ -327,10 +327,10 @@ class GroupingHead(Method):
         return upsample_maps(maps, images.shape[-2:])
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size: int | None = None):
-        """P in {2, 4, 8} (only values dividing ``embedding_size`` when given) and
-        lambda1 log-uniform in [1e-3, 1e-1]."""
-        choices = [g for g in (2, 4, 8) if embedding_size is None or embedding_size % g == 0]
+    def search_space(cls, trial, *, embedding_size):
+        """P in {2, 4, 8} (only values dividing ``embedding_size``) and lambda1
+        log-uniform in [1e-3, 1e-1]."""
+        choices = [g for g in (2, 4, 8) if embedding_size % g == 0]
         return {"groups": trial.suggest_categorical("groups", choices),
                 "diversity_weight": trial.suggest_float("diversity_weight", 1e-3, 1e-1, log=True)}
 
@@ -345,7 +345,7 @@ class SingleEmbeddingHead(GroupingHead):
     name = "ngrouping"
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size: int | None = None):
+    def search_space(cls, trial, *, embedding_size):
         return {}
 
 

@@ -7,27 +7,37 @@ A method is a head over backbone feature maps (:class:`Method`). Its public
 ==========================  ==============================================================
 hook                        carries
 ==========================  ==============================================================
-``embed``                   maps -> :class:`HeadOutput` (embedding + structured outputs:
-                            groups, a grid of local embeddings, levels with CAMs, attention)
-``loss_terms``              metric loss (applied per group, per level, ...) + extra terms
-``masked_images``           images for a second forward pass (e.g. SAM's soft masks)
-``masked_loss_terms``       loss terms on that second pass
-``rerank_similarity``       re-scores (query, candidate) pairs at evaluation (DIML, AVSL);
-                            ``rerank_by_ids`` feeds it from the stored fields
+``embed``                   maps of the declared ``stages`` -> :class:`HeadOutput`
+                            (embedding + structured outputs: groups, a grid of local
+                            embeddings, levels with CAMs, attention)
+``setup``                   called once with the :class:`~harness.backbones.Backbone` at
+                            build time: declare other ``stages``, keep pretrained copies
+                            of backbone segments (``self.pretrained``, trained at the
+                            backbone's learning rate), run the backbone's own later
+                            segments (``self.backbone.run``)
+``loss_terms``              named loss terms for a :class:`TrainingBatch` (its
+                            :class:`~harness.losses.MetricLoss` per group / level, extra
+                            terms; ``batch.model`` / ``batch.images`` for a second pass)
+``rerank_similarity``       scores (query, candidate) pairs at evaluation (DIML, AVSL);
+                            ``rerank_by_ids`` feeds it from stored fields
 ``explain``                 explanation maps (B x K x H x W) for images
+``pair_figure``             a figure explaining one (query, gallery) similarity
+``optimizer_groups``        per-part learning rates / weight decay of the head
 ``search_space``            the method's Optuna search space
 ==========================  ==============================================================
 
-Paper metadata lives on the class as data (:class:`PaperInfo`); paper defaults
-are ``defaults``; named variants are registered with preset options.
+Everything the harness reads from a head is declared on :class:`Method` with a
+default: ``stages``, ``rerank_fields``, ``rerank_k``, ``metric_loss_copies``,
+``metric_loss_dim``, ``revision``. Paper metadata lives on the class as data
+(:class:`PaperInfo`); paper defaults are the constructor's keyword defaults; named
+variants are registered with preset options.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -35,8 +45,13 @@ from torch import nn
 from harness.errors import HarnessError
 from harness.registry import Registry
 
-__all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "METHODS", "register_method",
-           "register_variant", "create_method", "list_methods"]
+if TYPE_CHECKING:
+    from harness.backbones import Backbone
+    from harness.losses import MetricLoss
+
+__all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "TrainingBatch", "METHODS",
+           "register_method", "register_variant", "create_method", "check_method_options",
+           "list_methods"]
 
 
 @dataclass(frozen=True)
@@ -73,11 +88,20 @@ class HeadOutput:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-#: The run's metric loss (with the protocol's miner): ``metric_loss(embeddings, labels)``.
-#: When a head asks for ``metric_loss_copies = P > 1`` the trainer holds P independent
-#: instances (each with its own learnable parameters, e.g. margin betas or proxies), says
-#: so in ``metric_loss.copies`` and takes ``metric_loss(embeddings, labels, copy=p)``.
-MetricLoss = Callable[..., torch.Tensor]
+@dataclass
+class TrainingBatch:
+    """What :meth:`Method.loss_terms` gets besides the head's output.
+
+    * ``labels``: B class ids (0..C-1).
+    * ``metric_loss``: the run's :class:`~harness.losses.MetricLoss` (loss instances + miner).
+    * ``images``: the normalised input batch, and ``model``: the whole embedding model
+      (backbone + this head), for methods that run a second pass (SAM's masked images).
+    """
+
+    labels: torch.Tensor
+    metric_loss: MetricLoss
+    images: torch.Tensor | None = None
+    model: nn.Module | None = None
 
 
 class Method(nn.Module):
@@ -86,12 +110,17 @@ class Method(nn.Module):
     #: Registry name of the configurable class (variants add their own names).
     name: ClassVar[str] = ""
     paper: ClassVar[PaperInfo | None] = None
-    #: Backbone stages the head reads ("s8", "s16", "s32"); the last is the final map.
-    stages: ClassVar[tuple[str, ...]] = ("s32",)
+    #: Backbone points whose maps ``embed`` receives, in chain order (``"s8"``, ``"s16"``,
+    #: ``"s32"`` on every backbone); :meth:`setup` may declare others per backbone.
+    stages: tuple[str, ...] = ("s32",)
     #: Head-output fields the evaluation must keep for :meth:`rerank_similarity`.
     rerank_fields: ClassVar[tuple[str, ...]] = ()
-    #: Independent instances of the metric loss the head needs (see :data:`MetricLoss`).
+    #: Candidates per query that :meth:`rerank_similarity` re-scores (0: no re-ranking).
+    rerank_k: int = 0
+    #: Independent instances of the metric loss the head needs (one per group, level...).
     metric_loss_copies: int = 1
+    #: Registered loss names the head can train with (None: any); checked before a run starts.
+    supported_losses: tuple[str, ...] | None = None
     #: Bump when a change alters what the method computes with the same options. It
     #: enters grid cell keys and checkpoint keys (from 2 on, so that revision-1 keys never
     #: change): finished cells of older code are rerun, not reused, and runs record it.
@@ -104,6 +133,10 @@ class Method(nn.Module):
         self.embedding_size = embedding_size
         #: Size of the vectors the head passes to the metric loss (proxies are sized by it).
         self.metric_loss_dim = embedding_size
+        #: Pretrained copies of backbone segments (:meth:`setup`): trained at the
+        #: protocol's backbone learning rate, not the head's.
+        self.pretrained = nn.ModuleDict()
+        self._backbone: Backbone | None = None
 
     # ------------------------------------------------------------------ required hook
 
@@ -125,19 +158,21 @@ class Method(nn.Module):
 
     # ------------------------------------------------------------------ optional hooks
 
-    def loss_terms(self, output: HeadOutput, labels: torch.Tensor,
-                   metric_loss: MetricLoss) -> dict[str, torch.Tensor]:
+    def setup(self, backbone: Backbone) -> None:
+        """Called once with the backbone, before training or loading weights. The default
+        keeps a reference (``self.backbone``, not a submodule: its parameters stay the
+        backbone's). Override to declare ``stages`` or add ``self.pretrained`` copies."""
+        object.__setattr__(self, "_backbone", backbone)  # not registered: no shared params
+
+    @property
+    def backbone(self) -> Backbone:
+        if self._backbone is None:
+            raise HarnessError(f"{type(self).__name__} was not set up with a backbone (call setup first)")
+        return self._backbone
+
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Named loss terms, summed by the trainer. Default: the metric loss on the embedding."""
-        return {"metric": metric_loss(output.embedding, labels)}
-
-    def masked_images(self, model: nn.Module, images: torch.Tensor, output: HeadOutput,
-                      labels: torch.Tensor) -> torch.Tensor | None:
-        """Images for a second forward pass (SAM), or None for no second pass."""
-        return None
-
-    def masked_loss_terms(self, masked_output: HeadOutput, output: HeadOutput, labels: torch.Tensor,
-                          metric_loss: MetricLoss) -> dict[str, torch.Tensor]:
-        return {}
+        return {"metric": batch.metric_loss(output.embedding, batch.labels)}
 
     def rerank_similarity(self, query: dict[str, torch.Tensor],
                           candidates: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -152,8 +187,8 @@ class Method(nn.Module):
         calls :meth:`rerank_similarity`; a method may gather lazily to save memory."""
         q_ids = torch.as_tensor(query_ids, dtype=torch.long)
         c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
-        return self.rerank_similarity({k: v[q_ids] for k, v in query_fields.items()},
-                                      {k: v[c_ids] for k, v in gallery_fields.items()})
+        return self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
+                                      {k: gallery_fields[k][c_ids] for k in self.rerank_fields})
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""
@@ -165,14 +200,20 @@ class Method(nn.Module):
         Images: 3 x H x W in [0, 1]; outputs: this head's outputs for a batch of one each."""
         return None
 
+    def head_parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters of the head proper (not the ``pretrained`` copies)."""
+        copied = {id(p) for p in self.pretrained.parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in copied]
+
     def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
-        """Parameter groups of the head (override for per-part learning rates)."""
-        return [{"params": [p for p in self.parameters() if p.requires_grad], "lr": lr,
-                 "weight_decay": weight_decay, "name": "head"}]
+        """Parameter groups of the head (override for per-part learning rates). The
+        ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
+        return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
 
     @classmethod
-    def search_space(cls, trial) -> dict[str, Any]:
-        """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``."""
+    def search_space(cls, trial, *, embedding_size: int) -> dict[str, Any]:
+        """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``
+        (``embedding_size``: the protocol's, for options that must divide it)."""
         return {}
 
 
@@ -228,7 +269,8 @@ def list_methods(pattern: str = "*", *, ablations: bool = True) -> list[str]:
 
 def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
                   **options) -> Method:
-    """Build a registered method; unknown options are errors naming the option.
+    """Build a registered method; an unknown option or a bad value is a
+    :class:`~harness.errors.HarnessError` naming the method and the option.
 
     Options that are None are dropped, so unset command-line flags never override
     a variant's preset (timm's ``create_model`` convention).
@@ -239,6 +281,22 @@ def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
     for key in options:
         if key not in valid:
             raise HarnessError(f"unknown option '{key}' for method '{name}'; valid: {', '.join(sorted(valid)) or 'none'}")
-    model = entry.cls(channels=channels, embedding_size=embedding_size, **{**entry.preset, **options})
+    try:
+        model = entry.cls(channels=channels, embedding_size=embedding_size, **{**entry.preset, **options})
+    except (ValueError, TypeError) as err:  # a constructor's check of a value
+        raise HarnessError(f"method '{name}': {err}") from None
     model.registry_name = name
     return model
+
+
+#: Stand-in widths for :func:`check_method_options` (values are checked, nothing is run).
+_PLACEHOLDER_CHANNELS = {"s8": 8, "s16": 16, "s32": 32}
+
+
+def check_method_options(name: str, options: dict[str, Any], *, embedding_size: int, loss: str = "") -> None:
+    """Build the method once on placeholder channels, so that a bad option value (or a
+    loss the head cannot train with) is one clear error before any dataset or backbone loads."""
+    head = create_method(name, channels=_PLACEHOLDER_CHANNELS, embedding_size=embedding_size, **options)
+    if loss and head.supported_losses is not None and loss not in head.supported_losses:
+        raise HarnessError(f"method '{name}' cannot train with loss '{loss}' with these options; "
+                           f"valid: {', '.join(head.supported_losses)}")

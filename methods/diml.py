@@ -83,13 +83,13 @@ from torchvision.ops import roi_align
 
 from harness.errors import HarnessError
 
-from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from .base import HeadOutput, PaperInfo, register_method, register_variant
 from .plain import PlainHead
 
 __all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "sinkhorn", "local_similarity", "uniform_marginals",
            "cross_correlation_marginals", "transport_plans", "structural_similarity",
            "structural_distance", "pairwise_matching", "PrecomputedDistance", "PairExplanation",
-           "explain_pair", "pair_figure", "make_reranker"]
+           "explain_pair", "pair_figure"]
 
 PAPER = PaperInfo(
     title="Towards Interpretable Deep Metric Learning with Structural Matching",
@@ -108,8 +108,6 @@ MARGINALS = ("cross_correlation", "uniform")
 GRIDS = (1, 2, 4, 7)
 #: Mass added to every cross-correlation weight before normalising (the code's constant).
 CC_DELTA = 1e-5
-#: Query-candidate pairs per ``rerank_similarity`` call of :func:`make_reranker` (generic methods).
-RERANK_CHUNK_PAIRS = 8192
 #: Pairs iterated together by the Sinkhorn solver (a cache-sized working set; ``_sinkhorn_stream``).
 SINKHORN_WINDOW = 2048
 
@@ -457,10 +455,9 @@ class DIMLHead(PlainHead):
     "MM", or by the structural similarity alone, Table 2's "SS" row), ``max_iter`` /
     ``tol`` (Sinkhorn's cap and L1 marginal tolerance), ``train_structural`` (App. A.3,
     Table 3: the metric loss sees the average of the global and the structural
-    similarity or distance; default False, the paper's training-free use),
-    ``train_loss`` (the loss used in that mode when the harness does not hand over its
-    own loss object, see :meth:`loss_terms`) and ``plan_grad`` (back-propagate through
-    the Sinkhorn iterations in that mode; False as in the code).
+    similarity or distance; default False, the paper's training-free use) and
+    ``plan_grad`` (back-propagate through the Sinkhorn iterations in that mode; False
+    as in the code).
     """
 
     paper = PAPER
@@ -468,23 +465,21 @@ class DIMLHead(PlainHead):
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
                  marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
-                 tol: float = 1e-4, train_structural: bool = False, train_loss: str = "margin",
-                 plan_grad: bool = False):
+                 tol: float = 1e-4, train_structural: bool = False, plan_grad: bool = False):
         super().__init__(channels=channels, embedding_size=embedding_size, pool="avg")
         if grid not in GRIDS:
             raise HarnessError(f"DIML grid must be one of {GRIDS} (Table 6), got {grid}")
         if marginals not in MARGINALS:
             raise HarnessError(f"DIML marginals must be one of {MARGINALS}, got {marginals!r}")
-        if train_loss not in STRUCTURAL_LOSSES:
-            raise HarnessError(f"DIML train_loss must be one of {STRUCTURAL_LOSSES}, got {train_loss!r}")
         if rerank_k < 0:
             raise HarnessError(f"DIML rerank_k must be >= 0, got {rerank_k}")
         if not eps > 0 or max_iter < 1 or not tol >= 0:
             raise HarnessError(f"DIML needs eps > 0, max_iter >= 1 and tol >= 0 (got {eps}, {max_iter}, {tol})")
         self.grid, self.rerank_k, self.eps, self.marginals = grid, rerank_k, eps, marginals
         self.add_global, self.max_iter, self.tol = add_global, max_iter, tol
-        self.train_structural, self.train_loss, self.plan_grad = train_structural, train_loss, plan_grad
-        self._own_loss: torch.nn.Module | None = None
+        self.train_structural, self.plan_grad = train_structural, plan_grad
+        if train_structural:  # the pair matrix replaces a pair- or triplet-based loss's distance
+            self.supported_losses = STRUCTURAL_LOSSES
 
     # ------------------------------------------------------------------ embeddings
 
@@ -609,21 +604,20 @@ class DIMLHead(PlainHead):
 
     # ------------------------------------------------------------------- training
 
-    def loss_terms(self, output, labels, metric_loss):
+    def loss_terms(self, output, batch):
         """The metric loss; with ``train_structural`` on DIML's pair matrix (App. A.3).
 
         Distance-based losses (margin, contrastive, triplet: Eqs. 15-16) see
         ``(d_global + d_struct) / 2`` with d the Euclidean distance of unit vectors;
         similarity-based ones (multi-similarity: Eqs. 18-19) see ``(s_global + s_struct) / 2``.
-        The loss is the run's PML loss when the harness attaches it to the callable
-        (``metric_loss.loss_fn``, with its learnable beta and hyperparameters, and
-        ``metric_loss.miner``, which mines on the global embeddings as the code's
-        ``batchminer(pooled_feature)`` does); otherwise the harness loss named by
-        ``train_loss`` with its registry defaults (a fixed beta for the margin loss).
+        The loss is the run's PML loss (``batch.metric_loss.module()``, with its learnable
+        beta and hyperparameters) and its miner, which mines on the global embeddings as
+        the code's ``batchminer(pooled_feature)`` does.
         """
+        labels = batch.labels
         if not self.train_structural:
-            return {"metric": metric_loss(output.embedding, labels)}
-        loss, miner = self._structural_loss(metric_loss)
+            return {"metric": batch.metric_loss(output.embedding, labels)}
+        loss = self._structural_loss(batch.metric_loss)
         emb = output.embedding.float()
         with torch.autocast(device_type=emb.device.type, enabled=False):  # matching in float32
             plan, s = pairwise_matching(output.local.float(), emb, marginals=self.marginals, eps=self.eps,
@@ -641,26 +635,16 @@ class DIMLHead(PlainHead):
             matrix = (_euclidean_from_cosine(cos) + structural_distance(plan, s)) / 2  # Eq. 16
             if loss.distance.power != 1:
                 matrix = matrix ** loss.distance.power
-        indices = miner(emb, labels) if miner is not None else None
+        indices = batch.metric_loss.mine(emb, labels)
         with _distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)):
             return {"metric": loss(emb, labels, indices)}
 
-    def _structural_loss(self, metric_loss):
-        loss = getattr(metric_loss, "loss_fn", None)
-        miner = getattr(metric_loss, "miner", None)
-        if loss is None:
-            if self._own_loss is None:
-                from harness.losses import create_loss, loss_defaults
-
-                args = {"learn_beta": False} if "learn_beta" in loss_defaults(self.train_loss) else {}
-                # Registered outside the module tree (no parameters to train or checkpoint).
-                object.__setattr__(self, "_own_loss", create_loss(self.train_loss, args, num_classes=0,
-                                                                  embedding_size=self.embedding_size))
-            loss = self._own_loss
+    def _structural_loss(self, metric_loss) -> torch.nn.Module:
+        loss = metric_loss.module()
         if isinstance(loss, _PROXY_LOSSES) or getattr(loss, "distance", None) is None:
             raise HarnessError(f"DIML's training mode needs a pair- or triplet-based loss "
                                f"({', '.join(STRUCTURAL_LOSSES)}), got {type(loss).__name__}")
-        return loss, miner
+        return loss
 
     # ---------------------------------------------------------------- explanation
 
@@ -681,7 +665,7 @@ class DIMLHead(PlainHead):
         return explain_pair(query_out, gallery_out, **self._options())
 
     @classmethod
-    def search_space(cls, trial):
+    def search_space(cls, trial, *, embedding_size):
         return {"grid": trial.suggest_categorical("grid", [2, 4, 7]),
                 "eps": trial.suggest_float("eps", 0.02, 0.2, log=True),
                 "marginals": trial.suggest_categorical("marginals", list(MARGINALS))}
@@ -693,45 +677,6 @@ register_variant("diml_ss_mm", DIMLHead, ablation=True, marginals="uniform",
                  description="DIML Table 2 row SS+MM: cosine + structural similarity, uniform marginals")
 register_variant("diml_train", DIMLHead, train_structural=True,
                  description="DIML Table 3 (train): structural matching also inside the metric loss")
-
-
-def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
-                  gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
-                  queries_per_call: int | None = None) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """A :data:`harness.evaluation.Reranker` over stored head outputs.
-
-    ``query_fields`` / ``gallery_fields``: the method's ``rerank_fields`` of every query /
-    gallery image (N x ...; ``gallery_fields=None`` for same-source retrieval). Returns
-    ``(query ids (Q,), candidate ids Q x K) -> Q x K float32 scores``. A method with
-    ``rerank_by_ids`` (DIML) gathers candidates itself, a few queries at a time; for any
-    other method the candidates of ``queries_per_call`` queries (default: about
-    ``RERANK_CHUNK_PAIRS`` pairs) are gathered and passed to ``rerank_similarity``.
-    """
-    gallery_fields = query_fields if gallery_fields is None else gallery_fields
-    names = tuple(method.rerank_fields)
-    missing = [f for f in names if f not in query_fields or f not in gallery_fields]
-    if missing:
-        raise HarnessError(f"re-ranking with {type(method).__name__} needs the fields {missing}")
-    by_ids = getattr(method, "rerank_by_ids", None)
-
-    def rerank(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
-        query_ids = np.asarray(query_ids)
-        candidate_ids = np.asarray(candidate_ids)
-        if by_ids is not None:
-            return by_ids(query_fields, gallery_fields, query_ids, candidate_ids).float().cpu().numpy()
-        nq, k = candidate_ids.shape
-        out = np.empty((nq, k), dtype=np.float32)
-        step = queries_per_call or max(1, RERANK_CHUNK_PAIRS // max(k, 1))
-        for start in range(0, nq, step):
-            stop = min(nq, start + step)
-            qi = torch.as_tensor(query_ids[start:stop])
-            ci = torch.as_tensor(candidate_ids[start:stop])
-            query = {f: query_fields[f][qi] for f in names}
-            cands = {f: gallery_fields[f][ci] for f in names}
-            out[start:stop] = method.rerank_similarity(query, cands).float().cpu().numpy()
-        return out
-
-    return rerank
 
 
 # ----------------------------------------------------------------- explanation of a pair

@@ -39,5 +39,5 @@ class PlainHead(Method):
         return HeadOutput(embedding=F.normalize(self.project(self.pooled(fmap)), dim=-1))
 
     @classmethod
-    def search_space(cls, trial):
+    def search_space(cls, trial, *, embedding_size):
         return {"pool": trial.suggest_categorical("pool", list(POOLS))}

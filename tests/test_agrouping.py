@@ -13,8 +13,8 @@ from pytorch_metric_learning import losses as pml_losses
 
 from harness.errors import HarnessError
 from harness.explain import attention_figure, part_attention_mass, upsample_maps
-from harness.losses import BinomialDevianceLoss
-from methods import METHODS, create_method
+from harness.losses import BinomialDevianceLoss, MetricLoss
+from methods import METHODS, TrainingBatch, create_method
 from methods.agrouping import GroupingHead, diversity_loss
 
 CHANNELS = {"s32": 64}
@@ -112,11 +112,11 @@ def test_gate_masks_without_sigmoid_as_in_the_code():
 
 
 def test_invalid_options_are_errors():
-    with pytest.raises(ValueError, match="divide"):
+    with pytest.raises(HarnessError, match="method 'agrouping': groups must divide"):
         make(groups=3)
-    with pytest.raises(ValueError, match="grouping"):
+    with pytest.raises(HarnessError, match="grouping"):
         make(grouping="bogus")
-    with pytest.raises(ValueError, match="diversity_reduction"):
+    with pytest.raises(HarnessError, match="diversity_reduction"):
         make(diversity_reduction="sum")
     with pytest.raises(HarnessError, match="unknown option 'lambda1'"):
         make(lambda1=0.1)
@@ -181,12 +181,9 @@ def test_per_group_metric_loss_is_the_average_over_groups():
     loss = BinomialDevianceLoss()
     y = labels()
     calls = []
+    loss.register_forward_pre_hook(lambda _module, args: calls.append(args[0]))
 
-    def metric_loss(emb, lab):
-        calls.append(emb)
-        return loss(emb, lab)
-
-    terms = head.loss_terms(out, y, metric_loss)
+    terms = head.loss_terms(out, TrainingBatch(y, MetricLoss(loss)))
     assert set(terms) == {"metric"}
     assert len(calls) == 4 and all(c.shape == (6, EMB // 4) for c in calls)
     expected = sum(loss(out.groups[:, p], y) for p in range(4)) / 4
@@ -197,7 +194,7 @@ def test_single_group_metric_loss_is_the_plain_metric_loss():
     head = make("ngrouping")
     out = head([fmap()])
     loss = BinomialDevianceLoss()
-    terms = head.loss_terms(out, labels(), loss)
+    terms = head.loss_terms(out, TrainingBatch(labels(), MetricLoss(loss)))
     assert set(terms) == {"metric"}
     torch.testing.assert_close(terms["metric"], loss(out.embedding, labels()))
 
@@ -205,14 +202,14 @@ def test_single_group_metric_loss_is_the_plain_metric_loss():
 def test_loss_terms_add_weighted_diversity():
     head = make(diversity_weight=0.5)
     out = head([fmap()])
-    terms = head.loss_terms(out, labels(), BinomialDevianceLoss())
+    terms = head.loss_terms(out, TrainingBatch(labels(), MetricLoss(BinomialDevianceLoss())))
     torch.testing.assert_close(terms["diversity"], 0.5 * diversity_loss(out.groups))
 
 
 def test_gradients_reach_the_queries():
     head = make()
     out = head([fmap()])
-    terms = head.loss_terms(out, labels(), BinomialDevianceLoss())
+    terms = head.loss_terms(out, TrainingBatch(labels(), MetricLoss(BinomialDevianceLoss())))
     sum(terms.values()).backward()
     for param in (head.grouping.queries, head.grouping.key.weight, head.grouping.value.weight):
         assert param.grad is not None and param.grad.abs().sum() > 0
@@ -320,7 +317,7 @@ def test_paper_metadata_and_registry():
 
 def test_search_space():
     trial = optuna.trial.FixedTrial({"groups": 8, "diversity_weight": 0.02})
-    assert GroupingHead.search_space(trial) == {"groups": 8, "diversity_weight": 0.02}
+    assert GroupingHead.search_space(trial, embedding_size=512) == {"groups": 8, "diversity_weight": 0.02}
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = study.ask()
     params = GroupingHead.search_space(trial, embedding_size=12)
@@ -329,7 +326,7 @@ def test_search_space():
     weight = dist["diversity_weight"]
     assert weight.log and (weight.low, weight.high) == (1e-3, 0.1)
     create_method("agrouping", channels=CHANNELS, embedding_size=12, **params)
-    assert METHODS.get("ngrouping").cls.search_space(trial) == {}
+    assert METHODS.get("ngrouping").cls.search_space(trial, embedding_size=12) == {}
 
 
 def test_each_group_has_its_own_loss_instance_when_the_trainer_holds_one_per_group():
@@ -341,13 +338,9 @@ def test_each_group_has_its_own_loss_instance_when_the_trainer_holds_one_per_gro
     y = labels()
     losses = [pml_losses.MarginLoss(num_classes=int(y.max()) + 1, learn_beta=True, beta=1.2) for _ in range(4)]
     used = []
-
-    def metric_loss(emb, lab, copy=0):
-        used.append(copy)
-        return losses[copy](emb, lab)
-
-    metric_loss.copies = 4
-    terms = head.loss_terms(out, y, metric_loss)
+    for p, loss in enumerate(losses):
+        loss.register_forward_pre_hook(lambda _module, _args, p=p: used.append(p))
+    terms = head.loss_terms(out, TrainingBatch(y, MetricLoss(torch.nn.ModuleList(losses))))
     assert used == [0, 1, 2, 3]
     expected = sum(losses[p](out.groups[:, p], y) for p in range(4)) / 4
     torch.testing.assert_close(terms["metric"], expected)

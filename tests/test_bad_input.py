@@ -67,8 +67,8 @@ def test_corrupt_image_names_its_path(workdir, capsys, tmp_path, tiny_protocol):
 class NanHead(PlainHead):
     """A plain head whose loss becomes NaN (test only)."""
 
-    def loss_terms(self, output: HeadOutput, labels, metric_loss):
-        return {"metric": metric_loss(output.embedding, labels) * torch.tensor(float("nan"))}
+    def loss_terms(self, output: HeadOutput, batch):
+        return {"metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))}
 
 
 def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protocol, monkeypatch):

@@ -1,82 +1,166 @@
-"""Conformance suite run once per registered method plugin (CPU, random feature maps).
+"""Conformance suite run once per registered method plugin (CPU, a small real backbone).
 
-Every plugin must build from its defaults, embed the feature maps of the stages it
-declares, train one step with a real PML loss, explain (or decline to), and offer a
-search space over its own options.
+Every plugin must build from its defaults on a backbone (``setup``), embed the maps
+of the points it declares, train one step with the harness's real
+:class:`~harness.losses.MetricLoss` (per-copy instances, a miner, a loss sized by
+``metric_loss_dim``), put every trainable parameter in exactly one optimizer group
+(its pretrained copies in the backbone's), round-trip its state dict, re-rank through
+the engine's one adapter when it declares ``rerank_fields``, explain (or decline to),
+and offer a search space over its own options.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import optuna
 import pytest
 import torch
+from torch import nn
 
-from harness.losses import create_loss
-from methods import METHODS, HeadOutput, Method, PaperInfo, create_method, list_methods
+from harness.backbones import Backbone, BackboneSpec
+from harness.errors import HarnessError
+from harness.evaluation.model import make_reranker
+from harness.losses import MetricLoss, create_loss, create_miner
+from harness.training import EmbeddingModel
+from methods import (
+    METHODS,
+    HeadOutput,
+    Method,
+    PaperInfo,
+    TrainingBatch,
+    check_method_options,
+    create_method,
+    list_methods,
+)
 
-CHANNELS = {"s8": 16, "s16": 32, "s32": 64}
-SIZES = {"s8": (12, 12), "s16": (6, 6), "s32": (3, 3)}
 EMB = 32
 BATCH = 8
-IMAGE = (48, 40)
+IMAGE = (96, 80)
 
 
-def feature_maps(stages, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(BATCH, CHANNELS[s], *SIZES[s], generator=gen) for s in stages]
+def _block(cin: int, cout: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
+                         nn.ReLU())
+
+
+def toy_backbone(seed: int = 0) -> Backbone:
+    """s8 / s16 / s32 points of widths 16 / 32 / 64, BatchNorm frozen as in the protocols."""
+    torch.manual_seed(seed)
+    body = nn.Module()
+    body.stem = nn.Sequential(_block(3, 8, 2), _block(8, 16, 2), _block(16, 16, 2))
+    body.stage3, body.stage4 = _block(16, 32, 2), _block(32, 64, 2)
+    spec = BackboneSpec((("s8", 16, ("stem",)), ("s16", 32, ("stage3",)), ("s32", 64, ("stage4",))))
+    return Backbone("toy", body, spec, freeze_bn=True)
+
+
+def build(name: str, seed: int = 0, **options) -> EmbeddingModel:
+    backbone = toy_backbone(seed)
+    head = create_method(name, channels=backbone.channels, embedding_size=EMB, **options)
+    head.setup(backbone)
+    backbone.set_outputs(head.stages)
+    return EmbeddingModel(backbone, head)
+
+
+def images(seed: int = 0) -> torch.Tensor:
+    return torch.randn(BATCH, 3, *IMAGE, generator=torch.Generator().manual_seed(seed))
+
+
+def run_loss(head: Method, loss: str) -> MetricLoss:
+    """The trainer's construction: one instance per copy, sized by ``metric_loss_dim``."""
+    losses = [create_loss(loss, num_classes=4, embedding_size=head.metric_loss_dim)
+              for _ in range(head.metric_loss_copies)]
+    miner = create_miner("distance_weighted") if loss == "margin" else None
+    return MetricLoss(losses[0] if len(losses) == 1 else nn.ModuleList(losses), miner)
 
 
 @pytest.fixture(params=list_methods())
-def method(request) -> Method:
-    torch.manual_seed(0)
-    return create_method(request.param, channels=CHANNELS, embedding_size=EMB)
+def name(request) -> str:
+    return request.param
 
 
-def test_builds_with_metadata(method):
-    assert isinstance(method, Method)
-    entry = METHODS.get(method.registry_name)
-    assert set(method.stages) <= set(CHANNELS) and method.stages[-1] == "s32"
+def test_builds_with_metadata(name):
+    model = build(name)
+    head = model.head
+    entry = METHODS.get(name)
+    assert isinstance(head, Method)
+    assert head.stages and set(head.stages) <= set(model.backbone.points)
+    assert model.backbone.out_stages == tuple(head.stages)
     assert entry.cls.paper is None or isinstance(entry.cls.paper, PaperInfo)
     assert set(entry.preset) <= set(entry.options())
+    assert head.rerank_k >= 0 and head.metric_loss_copies >= 1 and head.metric_loss_dim >= 1
 
 
-def test_forward_loss_backward_explain(method):
+@pytest.mark.parametrize("loss", ["margin", "proxy_anchor"])
+def test_forward_loss_backward_and_optimizer_groups(name, loss):
+    model = build(name).train()
+    head = model.head
+    if head.supported_losses is not None and loss not in head.supported_losses:
+        with pytest.raises(HarnessError, match=f"cannot train with loss '{loss}'"):
+            check_method_options(name, {}, embedding_size=EMB, loss=loss)
+        loss = head.supported_losses[0]
     labels = torch.arange(BATCH) // 2  # 4 classes x 2
-    loss_fn = create_loss("margin", num_classes=4, embedding_size=EMB)
-    method.train()
-    out = method(feature_maps(method.stages))
+    metric_loss = run_loss(head, loss)
+    x = images()
+    out = model(x)
     assert isinstance(out, HeadOutput)
     assert out.embedding.shape == (BATCH, EMB)
     torch.testing.assert_close(out.embedding.norm(dim=-1), torch.ones(BATCH), rtol=1e-4, atol=1e-4)
 
-    terms = method.loss_terms(out, labels, lambda emb, lab: loss_fn(emb, lab))
+    terms = head.loss_terms(out, TrainingBatch(labels, metric_loss, x, model))
     assert terms and all(t.dim() == 0 and torch.isfinite(t) for t in terms.values())
     sum(terms.values()).backward()
-    grads = [p.grad for p in method.parameters() if p.requires_grad]
+    grads = [p.grad for p in head.parameters() if p.requires_grad]
     assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
 
-    groups = method.optimizer_groups(1e-3, 1e-4)
-    covered = [id(p) for g in groups for p in g["params"]]
-    assert len(covered) == len(set(covered))
-    assert set(covered) == {id(p) for p in method.parameters() if p.requires_grad}
+    groups = head.optimizer_groups(1e-3, 1e-4)
+    in_groups = [id(p) for g in groups for p in g["params"]]
+    pretrained = {id(p) for p in head.pretrained.parameters() if p.requires_grad}
+    assert len(in_groups) == len(set(in_groups)) and not set(in_groups) & pretrained
+    assert set(in_groups) | pretrained == {id(p) for p in head.parameters() if p.requires_grad}
 
-    method.eval()
+
+def test_state_dict_round_trip_gives_the_same_embedding(name):
+    model = build(name).train()
+    labels = torch.arange(BATCH) // 2
+    head = model.head
+    # One optimizer step so that buffers and parameters differ from a fresh build.
+    optim = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    metric_loss = run_loss(head, "margin")
+    x = images()
+    sum(head.loss_terms(model(x), TrainingBatch(labels, metric_loss, x, model)).values()).backward()
+    optim.step()
+    other = build(name, seed=1)
+    other.load_state_dict(model.state_dict())
+    model.eval(), other.eval()
     with torch.no_grad():
-        out = method(feature_maps(method.stages, seed=1))
-        maps = method.explain(torch.rand(BATCH, 3, *IMAGE), out)
+        torch.testing.assert_close(other(images(1)).embedding, model(images(1)).embedding)
+
+
+def test_explain_and_rerank(name):
+    model = build(name).eval()
+    head = model.head
+    x = images(1)
+    with torch.no_grad():
+        out = model(x)
+        maps = head.explain(torch.rand(BATCH, 3, *IMAGE), out)
     if maps is not None:
         assert maps.dim() == 4 and maps.shape[0] == BATCH and maps.shape[2:] == IMAGE
         assert torch.isfinite(maps).all() and maps.min() >= 0 and maps.max() <= 1
+    if head.rerank_fields:
+        fields = {f: getattr(out, f) for f in head.rerank_fields}
+        candidates = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(1, BATCH + 1)])[:BATCH]
+        scores = make_reranker(head, fields, queries_per_call=3)(np.arange(BATCH), candidates)
+        assert scores.shape == (BATCH, 3) and np.isfinite(scores).all()
 
 
-def test_search_space_uses_own_options(method):
-    entry = METHODS.get(method.registry_name)
+def test_search_space_uses_own_options(name):
+    entry = METHODS.get(name)
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
-    params = entry.cls.search_space(trial)
+    params = entry.cls.search_space(trial, embedding_size=EMB)
     assert set(params) <= set(entry.options())
-    rebuilt = create_method(method.registry_name, channels=CHANNELS, embedding_size=EMB, **params)
+    rebuilt = build(name, **params).eval()
     with torch.no_grad():
-        out = rebuilt(feature_maps(rebuilt.stages))
+        out = rebuilt(images())
     assert math.isclose(float(out.embedding.norm(dim=-1).mean()), 1.0, rel_tol=1e-4)

@@ -16,14 +16,15 @@ from pytorch_metric_learning import miners as pml_miners
 
 from harness.errors import HarnessError
 from harness.evaluation import evaluate_embeddings, rerank_top_k
-from methods import METHODS, HeadOutput, PaperInfo, create_method
+from harness.evaluation.model import make_reranker
+from harness.losses import MetricLoss
+from methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
 from methods.diml import (
     PAPER,
     DIMLHead,
     PrecomputedDistance,
     cross_correlation_marginals,
     explain_pair,
-    make_reranker,
     pair_figure,
     sinkhorn,
     structural_distance,
@@ -379,12 +380,9 @@ def hand_batch():
     return HeadOutput(embedding=emb, local=loc[:, None]), torch.tensor([0, 0, 1, 1])
 
 
-def attached(loss, miner=None):
-    def metric_loss(embeddings, labels):
-        return loss(embeddings, labels, miner(embeddings, labels) if miner is not None else None)
-
-    metric_loss.loss_fn, metric_loss.miner = loss, miner
-    return metric_loss
+def batch(labels, loss, miner=None) -> TrainingBatch:
+    """What the trainer hands ``loss_terms``: the labels and the run's loss with its miner."""
+    return TrainingBatch(labels, MetricLoss(loss, miner))
 
 
 def test_margin_loss_on_the_mean_of_global_and_structural_distances_by_hand():
@@ -393,7 +391,7 @@ def test_margin_loss_on_the_mean_of_global_and_structural_distances_by_hand():
     out, labels = hand_batch()
     head = make(grid=1, train_structural=True)
     loss = pml_losses.MarginLoss(margin=0.2, beta=1.0, triplets_per_anchor="all")
-    got = head.loss_terms(out, labels, attached(loss))["metric"]
+    got = head.loss_terms(out, batch(labels, loss))["metric"]
     e, z = out.embedding, out.local[:, 0]
     dist = lambda a, b: float((e[a] - e[b]).norm() + (z[a] - z[b]).norm()) / 2  # noqa: E731
     terms, nonzero = 0.0, 0
@@ -414,7 +412,7 @@ def test_multi_similarity_loss_on_the_mean_of_global_and_structural_similarities
     head = make(grid=1, train_structural=True)
     alpha, beta, base = 2.0, 50.0, 0.5
     loss = pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)
-    got = head.loss_terms(out, labels, attached(loss))["metric"]
+    got = head.loss_terms(out, batch(labels, loss))["metric"]
     e, z = out.embedding, out.local[:, 0]
     sim = lambda a, b: float(e[a] @ e[b] + z[a] @ z[b]) / 2  # noqa: E731
     total = 0.0
@@ -436,7 +434,7 @@ def test_structural_training_loss_reduces_to_the_plain_loss_when_grids_are_the_e
     loss = (pml_losses.MarginLoss(margin=0.2, beta=1.2, num_classes=4, learn_beta=True) if name == "margin"
             else pml_losses.MultiSimilarityLoss())
     miner = pml_miners.MultiSimilarityMiner(0.1) if name == "multi_similarity" else None
-    got = head.loss_terms(out, labels, attached(loss, miner))["metric"]
+    got = head.loss_terms(out, batch(labels, loss, miner))["metric"]
     plain = loss(out.embedding, labels, miner(out.embedding, labels) if miner else None)
     assert float(got.detach()) == pytest.approx(float(plain.detach()), rel=1e-4, abs=1e-6)
 
@@ -455,12 +453,12 @@ def test_precomputed_distance_reproduces_pml_on_the_global_matrix():
         loss.distance = old
 
 
-def test_training_mode_trains_and_falls_back_to_its_own_loss():
-    head = make(train_structural=True, train_loss="multi_similarity")
+def test_training_mode_trains_with_the_runs_loss():
+    head = make(train_structural=True)
     head.train()
     maps, labels = clustered_maps(8, classes=4, seed=5)
     out = head([maps])
-    terms = head.loss_terms(out, labels, lambda emb, lab: pytest.fail("plain loss used"))
+    terms = head.loss_terms(out, batch(labels, pml_losses.MultiSimilarityLoss()))
     assert set(terms) == {"metric"} and torch.isfinite(terms["metric"])
     terms["metric"].backward()
     assert head.project.weight.grad.abs().sum() > 0
@@ -468,10 +466,10 @@ def test_training_mode_trains_and_falls_back_to_its_own_loss():
     # Plan gradients on request (the paper's differentiable iterations).
     head2 = make(train_structural=True, plan_grad=True)
     out2 = head2([maps])
-    head2.loss_terms(out2, labels, lambda e, lab: None)["metric"].backward()
+    head2.loss_terms(out2, batch(labels, pml_losses.MarginLoss()))["metric"].backward()
     assert torch.isfinite(head2.project.weight.grad).all()
     with pytest.raises(HarnessError, match="pair- or triplet-based"):
-        head.loss_terms(out, labels, attached(pml_losses.ProxyAnchorLoss(num_classes=4, embedding_size=EMB)))
+        head.loss_terms(out, batch(labels, pml_losses.ProxyAnchorLoss(num_classes=4, embedding_size=EMB)))
 
 
 # ---------------------------------------------------------------- explanation, meta

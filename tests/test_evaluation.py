@@ -317,7 +317,7 @@ def assert_same_ranking_up_to_rounding(idx, sims, idx_ref, sims_ref, tol=SIMILAR
     either way), in which case the swapped entries must hold the same similarity."""
     np.testing.assert_allclose(sims, sims_ref, rtol=0, atol=tol)
     rows, cols = np.nonzero(idx != idx_ref)
-    for r, c in zip(rows, cols):
+    for r, c in zip(rows, cols, strict=True):
         j = np.flatnonzero(idx_ref[r] == idx[r, c])  # where the reference put this item
         near = abs(sims_ref[r, c] - sims_ref[r, j[0]]) <= 2 * tol if j.size else False
         assert near, f"row {r}, rank {c}: item {idx[r, c]} vs {idx_ref[r, c]} is not a near tie"

@@ -359,7 +359,7 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
     study = open_study(grid, postgres, heartbeat=1, grace=4)
     assert enqueue_cells(grid, study)["queued"] == 4
     # ... then three worker processes, as `sweep --workers 3` starts them.
-    cmd = [sys.executable, "-m", "harness.sweep", *common, "--worker-only"]
+    cmd = [sys.executable, "-m", "harness", "sweep", *common, "--worker-only"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     workers = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for _ in range(3)]

@@ -1,0 +1,111 @@
+"""Evaluation of a model: embed image sets, score them, re-rank where the method scores pairs.
+
+The engine knows one thing about methods that score their own way: a method may
+score (query, candidate) pairs from fields it keeps per image (``rerank_fields``,
+``rerank_k`` and :meth:`~methods.base.Method.rerank_by_ids`). :func:`make_reranker`
+is the one adapter from that hook to the id-based :data:`~harness.evaluation.Reranker`
+that :func:`~harness.evaluation.evaluate_embeddings` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..data.sampling import TransformedImages
+from ..data.transforms import build_transform, normalize_batch
+from ..errors import HarnessError
+from . import Reranker, evaluate_embeddings
+
+if TYPE_CHECKING:
+    from methods.base import Method
+
+    from ..protocol import Protocol
+
+__all__ = ["embed_images", "evaluate_split", "make_reranker", "QUERIES_PER_RERANK_CALL"]
+
+#: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
+#: the gathered fields: queries x K x field size).
+QUERIES_PER_RERANK_CALL = 256
+
+
+def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
+                  gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
+                  queries_per_call: int = QUERIES_PER_RERANK_CALL) -> Reranker:
+    """``(query ids (Q,), candidate ids Q x K) -> Q x K float32 scores`` from the method's
+    ``rerank_by_ids`` over stored fields (``gallery_fields=None``: same-source retrieval),
+    ``queries_per_call`` queries at a time."""
+    gallery_fields = query_fields if gallery_fields is None else gallery_fields
+    missing = [f for f in method.rerank_fields if f not in query_fields or f not in gallery_fields]
+    if missing:
+        raise HarnessError(f"re-ranking with {type(method).__name__} needs the fields {missing}")
+
+    @torch.inference_mode()
+    def rerank(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
+        query_ids, candidate_ids = np.asarray(query_ids), np.asarray(candidate_ids)
+        out = [method.rerank_by_ids(query_fields, gallery_fields, query_ids[i:i + queries_per_call],
+                                    candidate_ids[i:i + queries_per_call]).float().cpu()
+               for i in range(0, len(query_ids), queries_per_call)]
+        return torch.cat(out).numpy() if out else np.zeros(candidate_ids.shape, np.float32)
+
+    return rerank
+
+
+@torch.inference_mode()
+def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
+                 device: torch.device, workers: int = 0,
+                 keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+    """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``."""
+    model.eval()
+    loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
+                        num_workers=workers, pin_memory=device.type == "cuda")
+    embs, kept = [], {k: [] for k in keep}
+    amp = device.type == "cuda"
+    for batch, _, _ in loader:
+        batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
+        if amp:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device_type=device.type, enabled=amp):
+            out = model(batch)
+        embs.append(out.embedding.float().cpu())
+        for k in keep:
+            kept[k].append(getattr(out, k).float().cpu())
+    emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
+    return emb, {k: torch.cat(v) for k, v in kept.items()}
+
+
+def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Protocol, dataset: str,
+                   *, device: torch.device, workers: int = 0, rerank: bool = True,
+                   metrics: tuple[str, ...] | None = None) -> dict[str, float]:
+    """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
+
+    A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
+    query's top ``rerank_k`` candidates; the plain cosine ranking's metrics are then
+    returned too, prefixed ``global_``.
+    """
+    transform = build_transform(protocol.image, train=False)
+    bs = protocol.evaluation.batch_size
+    head = model.head
+    rerank_k = head.rerank_k if rerank and head.rerank_fields else 0
+    keep = head.rerank_fields if rerank_k > 0 else ()
+    q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
+                               workers=workers, keep=keep)
+    g, g_fields = None, q_fields
+    if gallery_set is not None:
+        g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
+                                   workers=workers, keep=keep)
+    g_labels = None if gallery_set is None else gallery_set.labels
+
+    def score(**kw) -> dict[str, float]:
+        return evaluate_embeddings(q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
+                                   metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
+
+    if rerank_k <= 0:
+        return score()
+    reranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
+    plain = score()
+    return {**reranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
