@@ -102,3 +102,23 @@ def test_a_misspelt_name_in_a_protocol_section_is_an_error(workdir, capsys, tmp_
     bad = tmp_path / "bad.toml"
     bad.write_text(section)
     _fails(capsys, ["run", "--protocol", str(bad), "--json", str(workdir / "o.json")], match, workdir / "o.json")
+
+
+def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsys, monkeypatch):
+    """A value the method's constructor refuses (groups not dividing the embedding size) is
+    one ``error:`` line, raised before any dataset is read."""
+    import harness.training as training
+
+    monkeypatch.setattr(training, "prepare_splits", lambda *a, **k: pytest.fail("dataset loaded"))
+    _fails(capsys, ["run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3",
+                    "--json", str(workdir / "o.json")],
+           "method 'agrouping': groups must divide the embedding size 128, got 3", workdir / "o.json")
+    _fails(capsys, ["run", "--methods", "diablo", "--set", "methods.diablo.entries=7",
+                    "--json", str(workdir / "o.json")], "DIABLO entries (N) must be a positive divisor",
+           workdir / "o.json")
+    _fails(capsys, ["run", "--methods", "plain", "--set", "methods.plain.groups=2",
+                    "--json", str(workdir / "o.json")], "unknown option 'groups' for method 'plain'",
+           workdir / "o.json")
+    _fails(capsys, ["run", "--methods", "diml_train", "--loss", "proxy_anchor",
+                    "--json", str(workdir / "o.json")], "method 'diml_train' cannot train with loss 'proxy_anchor'",
+           workdir / "o.json")

@@ -157,3 +157,20 @@ def test_grid_cells_take_the_dataset_section():
 def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, message):
     with pytest.raises(HarnessError, match=message.replace(".", r"\.").replace("(", r"\(")):
         load_protocol(_write(tmp_path, section))
+
+
+def test_set_accepts_any_declared_method_option_and_records_it():
+    """``--set methods.<m>.<opt>=v`` for an option the protocol file does not list: accepted,
+    a deviation from the method's default; setting the default changes nothing."""
+    from harness.protocol import apply_overrides, fingerprint, load_protocol
+
+    smoke = load_protocol("smoke")
+    assert "agrouping" not in smoke.methods
+    changed, deviations = apply_overrides(smoke, ["methods.agrouping.groups=2"])
+    assert changed.methods["agrouping"] == {"groups": 2}
+    assert [(d.field, d.protocol_value, d.value) for d in deviations] == [("methods.agrouping.groups", 4, 2)]
+    assert fingerprint(changed, "x") != fingerprint(smoke, "x")
+    same, none = apply_overrides(smoke, ["methods.agrouping.groups=4"])
+    assert none == () and fingerprint(same, "x") == fingerprint(smoke, "x")
+    with pytest.raises(HarnessError, match="unknown option 'group' for method 'agrouping'"):
+        apply_overrides(smoke, ["methods.agrouping.group=2"])
