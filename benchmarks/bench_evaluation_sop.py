@@ -142,7 +142,10 @@ CHILDREN = {"kernels": child_kernels, "suite": child_suite, "pml": child_pml}
 
 def run_child(name: str, data_dir: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "OPENBLAS_NUM_THREADS": str(THREADS),
-           "MKL_NUM_THREADS": str(THREADS), "PYTHONPATH": str(REPO)}
+           "MKL_NUM_THREADS": str(THREADS),
+           # The repo first, then whatever the parent found its packages through (a GPU
+           # machine's wheels are installed on PYTHONPATH).
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     out = subprocess.run([sys.executable, __file__, "--child", name, "--data", str(data_dir)], env=env,
                          cwd=REPO, capture_output=True, text=True, check=False)
     if out.returncode != 0:

@@ -792,7 +792,7 @@ def pair_figure(query_image, gallery_image, explanation: PairExplanation, path: 
     axes = fig.subplots(1, 2)
     for ax, img, marginal, title in zip(axes, images, heat, ("query", "gallery"), strict=True):
         h, w = img.shape[:2]
-        up = F.interpolate(marginal[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
+        up = F.interpolate(marginal[None, None].float().cpu(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
         up = (up - up.min()) / (up.max() - up.min()).clamp_min(1e-12)
         ax.imshow(img, extent=(0, w, h, 0))
         ax.imshow(up.numpy(), cmap=cmap, alpha=alpha, extent=(0, w, h, 0), vmin=0, vmax=1)
