@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import ot
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,12 @@ from methods.diml import (
 
 C = 48
 EMB = 16
+
+
+def pot():
+    """POT (a test dependency, ``pip install -e '.[test]'``) is the reference Sinkhorn; the
+    GPU machine's wheelhouse leaves it out, so only the tests that compare with it skip there."""
+    return pytest.importorskip("ot", reason="POT (the reference Sinkhorn) is not installed")
 
 
 def make(**options) -> DIMLHead:
@@ -85,7 +90,7 @@ def test_plans_agree_with_pot(eps):
     cost, mu, nu = problems(6, 5, 7, seed=2)
     plan = sinkhorn(cost, mu, nu, eps=eps, max_iter=100_000, tol=1e-13).numpy()
     for i in range(len(cost)):
-        ref = ot.sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), eps, numItermax=100_000, stopThr=1e-14)
+        ref = pot().sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), eps, numItermax=100_000, stopThr=1e-14)
         np.testing.assert_allclose(plan[i], ref, rtol=0, atol=1e-5)
 
 
@@ -96,7 +101,7 @@ def test_entropic_objective_is_pots():
     eps = 0.2
     plan = sinkhorn(cost, mu, nu, eps=eps, max_iter=100_000, tol=1e-13)[0]
     value = float((plan * cost[0]).sum() + eps * (plan * (plan.log() - 1)).sum())
-    ref_plan = torch.as_tensor(ot.sinkhorn(mu[0].numpy(), nu[0].numpy(), cost[0].numpy(), eps, stopThr=1e-14,
+    ref_plan = torch.as_tensor(pot().sinkhorn(mu[0].numpy(), nu[0].numpy(), cost[0].numpy(), eps, stopThr=1e-14,
                                            numItermax=100_000))
     ref = float((ref_plan * cost[0]).sum() + eps * (ref_plan * (ref_plan.log() - 1)).sum())
     assert value == pytest.approx(ref, abs=1e-9)
@@ -116,7 +121,7 @@ def test_small_eps_agrees_with_pots_log_domain_solver():
     cost, mu, nu = problems(3, 6, 5, seed=5, scale=2.0)
     plan = sinkhorn(cost, mu, nu, eps=0.01, max_iter=100_000, tol=1e-11).numpy()
     for i in range(3):
-        ref = ot.sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), 0.01, method="sinkhorn_log",
+        ref = pot().sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), 0.01, method="sinkhorn_log",
                           numItermax=100_000, stopThr=1e-13)
         np.testing.assert_allclose(plan[i], ref, rtol=0, atol=1e-5)
 
