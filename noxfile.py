@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, reproduce-agrouping, reproduce-diml, tables.
+"""nox sessions: tests, lint, reproduce-agrouping, reproduce-diml, reproduce-diablo, tables.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -6,7 +6,9 @@ skipped) and writes its tables under ``results/tables``:
 
 * ``reproduce-agrouping``: A-grouping Table 3 (+ the SOP row of Table 4);
 * ``reproduce-diml``: DIML Table 1, a baseline per loss and DIML applied at test time
-  to each trained baseline.
+  to each trained baseline;
+* ``reproduce-diablo``: DIABLO Table 1, a baseline and + DIABLO (N = 8) per loss, and
+  N = 16 for the binomial deviance, beside the published rows of the same setting.
 
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
@@ -73,6 +75,8 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
                 "--caption", caption]
         if published:
             args += ["--published", published["file"], "--table", ",".join(str(t) for t in published["tables"])]
+            for method, rows in published.get("rows", {}).items():  # rows told apart by `setting`
+                args += [arg for row in rows for arg in ("--published-row", f"{method}={row}")]
         if data.get("metrics"):
             args += ["--metrics", ",".join(data["metrics"])]
         session.run("python", "-m", "harness", "table", *args)
@@ -94,6 +98,12 @@ def reproduce_agrouping(session: nox.Session) -> None:
 def reproduce_diml(session: nox.Session) -> None:
     """DIML Table 1: train a baseline per loss, apply DIML at test time to each, then the tables."""
     _reproduce(session, "diml-table1")
+
+
+@nox.session(name="reproduce-diablo", python=False)
+def reproduce_diablo(session: nox.Session) -> None:
+    """DIABLO Table 1: baseline and + DIABLO per loss (N = 8, and N = 16 for binomial), then the tables."""
+    _reproduce(session, "diablo-table1")
 
 
 @nox.session(python=False)

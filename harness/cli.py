@@ -78,12 +78,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                              loss=loss)
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
 
-    splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control)
+    def splits_for(seed: int):
+        return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+
+    splits = splits_for(seeds[0])
     print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
           f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
           + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
     records = []
     for seed in seeds:
+        if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
+            splits = splits_for(seed)
         for method in methods:
             cfg = RunConfig(method=method, dataset=args.dataset, protocol=protocol, loss=loss,
                             loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,

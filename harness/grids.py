@@ -10,8 +10,11 @@ deviations. ``[smoke]`` replaces any top-level key for the tiny version (``--smo
 ``[test_time] method = "base"`` makes ``method`` a test-time-only method (DIML): its
 cell trains nothing and evaluates the selected weights of the ``base`` cell with the
 same backbone, loss, dataset and seed, under the same protocol (so both land in one
-comparison). ``metrics`` names the table's metric columns. Unknown keys are errors
-naming the key.
+comparison). ``metrics`` names the table's metric columns. ``[published] rows`` maps a
+reproduced method to the published rows it sits beside, as ``"method@setting"`` (the
+CSV's ``method`` and ``setting`` columns; DIABLO Table 1 prints binomial + DIABLO with
+N = 8 and N = 16): ``diablo_n16 = ["diablo@entries=16"]``; with it, published rows
+no entry names are left out of the tables. Unknown keys are errors naming the key.
 
 Each :class:`Cell` has a ``key``: a hash of everything that determines its result
 (resolved protocol, dataset, loss and its arguments, method and options, seed,
@@ -39,7 +42,7 @@ TOP_KEYS = {"name", "description", "protocol", "experiment", "set", "published",
             "smoke", "test_time", "metrics", *AXES}
 SMOKE_KEYS = {"protocol", "experiment", "set", *AXES}
 EXTRA_KEYS = set(AXES)
-PUBLISHED_KEYS = {"file", "tables"}
+PUBLISHED_KEYS = {"file", "tables", "rows"}
 VARIANT_KEYS = {"set"}
 
 
@@ -84,6 +87,9 @@ class Grid:
     variants: dict[str, dict[str, Any]]
     published_file: str = ""
     published_tables: tuple[str, ...] = ()
+    #: ``{reproduced method: ("method@setting", ...)}``: the published rows beside each
+    #: method (empty: every published row, by its own method name).
+    published_rows: dict[str, tuple[str, ...]] = field(default_factory=dict)
     smoke: bool = False
     #: ``{method: base method}``: methods applied at test time to the base method's weights.
     test_time: dict[str, str] = field(default_factory=dict)
@@ -162,6 +168,8 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
         extras.append(sub)
     published = data.get("published", {})
     _reject_unknown(published, PUBLISHED_KEYS, "published.")
+    published_rows = _published_rows(published.get("rows", {}),
+                                     {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])})
     variants = {}
     for backbone, spec in data.get("backbone", {}).items():
         if not isinstance(spec, dict):
@@ -180,10 +188,26 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
                 axes=axes, extras=tuple(extras), overrides=_overrides(top.get("set", {}), "set"),
                 variants=variants, published_file=str(published.get("file", "")),
-                published_tables=tuple(str(t) for t in published.get("tables", ())), smoke=smoke,
+                published_tables=tuple(str(t) for t in published.get("tables", ())),
+                published_rows=published_rows, smoke=smoke,
                 test_time=dict(test_time), metrics=tuple(metrics))
     grid.cells.extend(expand(grid))
     return grid
+
+
+def _published_rows(rows: Any, methods: set[str]) -> dict[str, tuple[str, ...]]:
+    """``[published] rows``: a table of reproduced method = ["method@setting", ...], each
+    key a method of the grid (a misspelt one would silently drop its published values)."""
+    if not isinstance(rows, dict):
+        raise HarnessError(f"grid key 'published.rows' must be a table of method = [\"method@setting\", ...], "
+                           f"got {rows!r}")
+    out = {}
+    for method, specs in rows.items():
+        if method not in methods:
+            raise HarnessError(f"grid key 'published.rows.{method}': '{method}' is not a method of the grid "
+                               f"(methods: {', '.join(sorted(methods))})")
+        out[method] = tuple(_axis(specs, f"published.rows.{method}", str))
+    return out
 
 
 def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, method: str,

@@ -57,6 +57,10 @@ class ImageSpec:
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
     crop_scale: tuple[float, ...] = (0.08, 1.0)
     eval_transform: str = "resize_center_crop"
+    #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
+    #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).
+    #: Empty (and absent from the canonical form) for the other transforms.
+    multiscale_range: tuple[float, ...] = ()
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
 
@@ -118,6 +122,11 @@ class SplitSpec:
     #: Fraction of training classes carved out, class-disjointly, for validation.
     validation_classes: float = 0.2
     seed: int = 0
+    #: Carve the validation classes with the run's seed instead of ``seed``: every seed
+    #: trains and selects on its own random class split (DIABLO Sec. 4.2, ten random
+    #: train/val splits). The caps below stay on ``seed``, so the test set is the same for
+    #: every run. False (and absent from the canonical form) keeps one carve for all seeds.
+    validation_by_run_seed: bool = False
     #: Cap on images per class (0 = all), seeded; used by small CPU protocols.
     max_train_images_per_class: int = 0
     max_test_images_per_class: int = 0
@@ -206,12 +215,28 @@ class Protocol:
                "mean and std need three values")
         _check(len(self.image.crop_scale) == 2 and 0 < self.image.crop_scale[0] <= self.image.crop_scale[1] <= 1,
                "image.crop_scale", "must be [low, high] with 0 < low <= high <= 1")
+        multiscale = self.image.multiscale_range
+        _check(self.image.train_transform != "multiscale_crop_flip"
+               or (len(multiscale) == 2 and 0 < multiscale[0] <= multiscale[1]),
+               "image.multiscale_range", "must be [low, high] with 0 < low <= high for multiscale_crop_flip")
+        _check(not self.splits.validation_by_run_seed or self.splits.validation_classes > 0,
+               "splits.validation_by_run_seed", "needs splits.validation_classes > 0 (a carve to seed)")
 
     def to_dict(self) -> dict[str, Any]:
-        data = _jsonable(dataclasses.asdict(self))
-        if not data["datasets"]:  # absent when empty: fingerprints of protocols without it stay put
+        """The canonical form (fingerprinted): keys added after fingerprints were in use are
+        absent while at their defaults, so protocols that do not use them keep their
+        fingerprints (and sweep cell keys)."""
+        data = self._full_dict()
+        if not data["datasets"]:
             del data["datasets"]
+        for section, key in _OPTIONAL_KEYS:
+            if data[section][key] == _jsonable(getattr(getattr(Protocol, section), key)):
+                del data[section][key]
         return data
+
+    def _full_dict(self) -> dict[str, Any]:
+        """Every field (what overrides address)."""
+        return _jsonable(dataclasses.asdict(self))
 
     def for_dataset(self, dataset: str) -> Protocol:
         """The protocol as it runs on ``dataset``: that dataset's settings applied, and
@@ -232,6 +257,10 @@ class Protocol:
 
     def loss_args(self, loss_name: str) -> dict[str, Any]:
         return dict(self.loss.args.get(loss_name, {}))
+
+
+#: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
+_OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"))
 
 
 @dataclass(frozen=True)
@@ -427,7 +456,7 @@ def apply_overrides(
             key, text = item.split("=", 1)
             parsed[key.strip()] = _parse_value(text.strip())
         overrides = parsed
-    data = protocol.to_dict()
+    data = protocol._full_dict()
     deviations = []
     for dotted, value in overrides.items():
         node = data

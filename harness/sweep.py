@@ -265,9 +265,12 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
 
     mlflow.set_tracking_uri(tracking_uri())
     protocol = cell.protocol
-    split_key = (cell.dataset, repr(protocol.splits), protocol.selection.mode, str(settings.get("data_root")))
+    # A protocol that carves validation by the run's seed has one split per seed.
+    split_key = (cell.dataset, repr(protocol.splits), protocol.selection.mode, str(settings.get("data_root")),
+                 cell.seed if protocol.splits.validation_by_run_seed else None)
     if split_key not in splits_cache:
-        splits_cache[split_key] = training.prepare_splits(protocol, cell.dataset, settings.get("data_root"))
+        splits_cache[split_key] = training.prepare_splits(protocol, cell.dataset, settings.get("data_root"),
+                                                          seed=cell.seed)
     splits = splits_cache[split_key]
     fp = fingerprint(protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
     # A worker killed after its run finished but before tagging it: adopt that run, if the

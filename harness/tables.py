@@ -32,7 +32,7 @@ import pandas as pd
 from .errors import HarnessError
 
 __all__ = ["add_table_parser", "cmd_table", "load_runs", "summarize", "load_published",
-           "attach_published", "render_latex", "render_markdown", "write_atomic",
+           "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
            "DEFAULT_METRICS", "CELL_COLUMNS"]
 
 #: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
@@ -44,6 +44,7 @@ CELL_COLUMNS = [*KEYS, "metric", "mean", "std", "n", "flagged", "published"]
 
 METRIC_LABELS = {"recall_at_1": "R@1", "recall_at_2": "R@2", "recall_at_4": "R@4",
                  "recall_at_8": "R@8", "recall_at_10": "R@10", "recall_at_100": "R@100",
+                 "recall_at_16": "R@16", "recall_at_32": "R@32", "recall_at_1000": "R@1000",
                  "nmi": "NMI", "f1": "F1", "map_at_c": "mAP@C", "precision_at_1": "P@1",
                  "r_precision": "RP", "mean_average_precision_at_r": "MAP@R"}
 DATASET_LABELS = {"cub200": "CUB-200-2011", "cars196": "Cars196", "sop": "SOP", "inshop": "In-Shop",
@@ -60,7 +61,8 @@ LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_dev
                "quadruplet": "Quadruplet", "snr": "SNR", "histogram": "Histogram"}
 #: Row order inside a block: baselines before the methods built on them.
 METHOD_LABELS = {"plain": "Baseline", "diml": "DIML", "ngrouping": "N-grouping", "mgrouping": "M-grouping",
-                 "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping"}
+                 "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping",
+                 "diablo": "+ DIABLO (N = 8)", "diablo_n16": "+ DIABLO (N = 16)"}
 
 
 def _label(table: dict[str, str], name: str) -> str:
@@ -167,8 +169,41 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> p
     return pd.DataFrame(rows, columns=CELL_COLUMNS[:-1])
 
 
-def load_published(path: Path, tables: Iterable[str] | None = None) -> pd.DataFrame:
-    """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered."""
+def parse_published_row(spec: str) -> tuple[str, str]:
+    """``"diablo@entries=16"`` -> ``("diablo", "entries=16")``; no ``@``: the empty setting."""
+    method, _, setting = spec.partition("@")
+    if not method:
+        raise HarnessError(f"published row '{spec}' must look like method@setting (setting may be empty)")
+    return method, setting
+
+
+def _select_published_rows(frame: pd.DataFrame, rows: dict[str, Sequence[str]], path: Path) -> pd.DataFrame:
+    """Each reproduced method's published rows, renamed to it: ``rows`` maps a reproduced
+    method to ``"method@setting"`` specs matched against the CSV's ``method`` and
+    ``setting`` columns (a CSV without ``setting`` has the empty one). Rows no spec names
+    are dropped; a spec that matches nothing is an error (a typo would drop a column)."""
+    setting = frame["setting"].astype(str) if "setting" in frame else pd.Series("", index=frame.index)
+    picked = []
+    for reproduced, specs in rows.items():
+        for spec in specs:
+            method, wanted = parse_published_row(spec)
+            match = frame[(frame["method"] == method) & (setting == wanted)]
+            if match.empty:
+                known = sorted({f"{m}@{s}" for m, s in zip(frame["method"], setting, strict=True)})
+                raise HarnessError(f"{path} has no row '{spec}' (for {reproduced}) in the chosen tables; "
+                                   f"rows there: {', '.join(known)}")
+            picked.append(match.assign(method=reproduced))
+    return pd.concat(picked, ignore_index=True) if picked else frame.iloc[0:0]
+
+
+def load_published(path: Path, tables: Iterable[str] | None = None,
+                   rows: dict[str, Sequence[str]] | None = None) -> pd.DataFrame:
+    """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered.
+
+    ``rows`` (a grid's ``[published] rows``): ``{reproduced method: ["method@setting"]}``,
+    the published rows beside each reproduced method, told apart by the CSV's ``setting``
+    column (e.g. DIABLO's N = 8 and N = 16 rows of one loss); without it every row keeps
+    its own method and the ``setting`` column is not read."""
     if not Path(path).is_file():
         raise HarnessError(f"published table file not found: {path}")
     frame = pd.read_csv(path, dtype={"table": str}, keep_default_na=False)
@@ -182,6 +217,8 @@ def load_published(path: Path, tables: Iterable[str] | None = None) -> pd.DataFr
             raise HarnessError(f"{path} has no table {', '.join(unknown)}; tables there: "
                                f"{', '.join(sorted(set(frame['table'])))}")
         frame = frame[frame["table"].isin(wanted)]
+    if rows:
+        frame = _select_published_rows(frame, rows, path)
     twice = frame[frame.duplicated([*KEYS, "metric"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]
@@ -190,7 +227,8 @@ def load_published(path: Path, tables: Iterable[str] | None = None) -> pd.DataFr
             f"{path} holds several values for one cell, e.g. {first['method']} + {first['loss']} on "
             f"{first['dataset']}, {first['metric']} ({len(twice)} rows in tables "
             f"{', '.join(sorted(set(twice['table'])))} differ only in {', '.join(others)}); "
-            f"choose one table with --table")
+            f"choose one table with --table, or name the rows beside each method with --published-row "
+            f"(a grid's [published] rows)")
     return frame[[*KEYS, "metric", "value"]].astype({"value": float}).reset_index(drop=True)
 
 
@@ -390,10 +428,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
                 tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                caption: str = "") -> str:
+                caption: str = "", published_rows: dict[str, Sequence[str]] | None = None) -> str:
     """Tracking store -> table text (what ``cmd_table`` writes)."""
     runs = load_runs(experiments)
-    pub = load_published(published, tables) if published else None
+    pub = load_published(published, tables, published_rows) if published else None
     wanted = list(metrics) if metrics else (_order(pub["metric"]) if pub is not None else list(DEFAULT_METRICS))
     if pub is not None:
         pub = pub[pub["metric"].isin(wanted)]
@@ -411,8 +449,17 @@ def cmd_table(args: argparse.Namespace) -> int:
     if tables and not args.published:
         raise HarnessError("--table needs --published (the CSV the table number refers to)")
     metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+    rows: dict[str, list[str]] = {}
+    for item in args.published_row or []:
+        reproduced, sep, spec = item.partition("=")
+        if not sep or not reproduced.strip():
+            raise HarnessError(f"--published-row '{item}' must look like METHOD=PUBLISHED_METHOD@SETTING")
+        parse_published_row(spec.strip())
+        rows.setdefault(reproduced.strip(), []).append(spec.strip())
+    if rows and not args.published:
+        raise HarnessError("--published-row needs --published (the CSV the rows are in)")
     text = build_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
-                       metrics=metrics, caption=args.caption or "")
+                       metrics=metrics, caption=args.caption or "", published_rows=rows or None)
     name = args.name or "+".join(args.experiment)
     out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
     write_atomic(out, text)
@@ -430,6 +477,10 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--name", help="table name for the default output path (default: the experiment)")
     p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
     p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
+    p.add_argument("--published-row", action="append", metavar="METHOD=PUBLISHED@SETTING",
+                   help="the published rows beside a reproduced method, by the CSV's method and setting "
+                   "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
+                   "given, rows not named are left out")
     p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
                    f"else {','.join(DEFAULT_METRICS)})")
     p.add_argument("--caption")

@@ -120,20 +120,25 @@ def _atomic_save(obj: Any, path: Path) -> None:
 
 
 def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
-                   control: bool = False) -> DatasetSplits:
+                   control: bool = False, seed: int | None = None) -> DatasetSplits:
     """Load the dataset, cap images per class (small protocols) and carve validation classes.
 
     ``control`` swaps the training images for other images of the test classes
     (:func:`~harness.data.seen_class_control`, a diagnostic recorded as a deviation).
+    ``seed``: the run's seed, which carves the validation classes when the protocol sets
+    ``splits.validation_by_run_seed`` (then it is required; else it is not used).
     """
     protocol = protocol.for_dataset(dataset)
+    s = protocol.splits
+    if s.validation_by_run_seed and seed is None:
+        raise HarnessError(f"protocol '{protocol.name}' carves its validation classes with the run's seed "
+                           f"(splits.validation_by_run_seed): its splits need the seed of the run")
     splits = DATASETS.get(dataset).load(data_root)
     test_pool = splits.test
-    s = protocol.splits
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
     splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
     if protocol.selection.mode == "validation":
-        splits = carve_validation(splits, s.validation_classes, s.seed)
+        splits = carve_validation(splits, s.validation_classes, seed if s.validation_by_run_seed else s.seed)
     if control:
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
     return splits
@@ -302,7 +307,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         torch.utils.deterministic.fill_uninitialized_memory = False
         # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
         torch.set_flush_denormal(True)
-    splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root)
+    splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
     fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args)
     ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
     ckpt_path = ckpt_dir / "last.pt"

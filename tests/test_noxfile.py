@@ -32,7 +32,7 @@ def _option(call: tuple[str, ...], flag: str) -> str:
 
 
 @pytest.mark.parametrize("smoke", [False, True])
-@pytest.mark.parametrize("grid, table", [("agrouping-table3", "3,4"), ("diml-table1", "1")])
+@pytest.mark.parametrize("grid, table", [("agrouping-table3", "3,4"), ("diml-table1", "1"), ("diablo-table1", "1")])
 def test_tables_are_named_after_the_grid_and_carry_the_published_values(noxfile, grid, table, smoke):
     session = RecordingSession()
     noxfile._grid_tables(session, grid, smoke=smoke)
@@ -48,4 +48,26 @@ def test_every_paper_has_a_reproduce_session(noxfile):
     import nox.registry
 
     sessions = set(nox.registry.get())
-    assert {"tests", "lint", "tables", "reproduce-agrouping", "reproduce-diml"} <= sessions
+    assert {"tests", "lint", "tables", "reproduce-agrouping", "reproduce-diml", "reproduce-diablo"} <= sessions
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_diablo_tables_name_the_published_rows_beside_each_method(noxfile, smoke):
+    """DIABLO Table 1 prints binomial + DIABLO twice (N = 8, N = 16): the grid's
+    [published] rows reach the table command, one --published-row per published row."""
+    session = RecordingSession()
+    noxfile._grid_tables(session, "diablo-table1", smoke=smoke)
+    for call in session.calls:
+        rows = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-row"]
+        assert rows == ["plain=plain@", "diablo=diablo@", "diablo=diablo@entries=8", "diablo_n16=diablo@entries=16"]
+
+
+def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
+    session = RecordingSession()
+    session.posargs = ["--smoke", "--workers", "2"]
+    noxfile.reproduce_diablo(session)
+    sweep, *tables = session.calls
+    assert sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "diablo-table1")
+    assert "--smoke" in sweep and _option(sweep, "--workers") == "2"
+    assert sorted(_option(call, "--out") for call in tables) == ["results/tables/diablo-table1.md",
+                                                                  "results/tables/diablo-table1.tex"]

@@ -147,6 +147,38 @@ def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
     assert text.count("| Baseline |") == 17 and "| *ResNet-50 + Triplet (semihard)* |" in text
 
 
+DIABLO_ROWS = {"plain": ["plain@"], "diablo": ["diablo@", "diablo@entries=8"], "diablo_n16": ["diablo@entries=16"]}
+
+
+def test_published_rows_told_apart_by_setting_sit_beside_their_method():
+    """DIABLO Table 1 prints binomial + DIABLO for N = 8 and N = 16 (the CSV's `setting`):
+    without a mapping that is two values for one cell; with the grid's [published] rows,
+    each reproduced method gets its own row (the contrastive and triplet + DIABLO rows,
+    which print no N, have the empty setting), and other papers' rows are left out."""
+    csv = PUBLISHED.with_name("diablo.csv")
+    with pytest.raises(HarnessError, match="several values for one cell, e.g. diablo \\+ binomial_deviance"):
+        load_published(csv, ["1"])
+    pub = load_published(csv, ["1"], DIABLO_ROWS)
+    r1 = pub[(pub.dataset == "cub200") & (pub.metric == "recall_at_1")].set_index(["loss", "method"])["value"]
+    assert r1.to_dict() == {("contrastive", "plain"): 58.7, ("contrastive", "diablo"): 62.3,
+                            ("triplet", "plain"): 55.9, ("triplet", "diablo"): 59.6,
+                            ("binomial_deviance", "plain"): 59.6, ("binomial_deviance", "diablo"): 62.8,
+                            ("binomial_deviance", "diablo_n16"): 63.9}
+    assert len(pub) == 7 * 2 * 6  # seven rows x two datasets x R@1..32
+    runs = _runs([{"backbone": "googlenet", "loss": "binomial_deviance", "method": m, "test_recall_at_1": v}
+                  for m, v in (("plain", 0.60), ("diablo", 0.62), ("diablo_n16", 0.64))])
+    text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), pub), metrics=["recall_at_1"])
+    lines = text.splitlines()
+    block = lines.index(next(line for line in lines if line.startswith("| *GoogLeNet + Binomial deviance*")))
+    assert lines[block + 1].startswith("| Baseline | 60.00 / 59.60 (+0.40) |")
+    assert lines[block + 2].startswith("| + DIABLO (N = 8) | 62.00 / 62.80 (-0.80) |")
+    assert lines[block + 3].startswith("| + DIABLO (N = 16) | **64.00** / 63.90 (+0.10) |")
+    # A grid without rows keeps the CSV's own method names (the setting column is not read).
+    assert set(load_published(PUBLISHED.with_name("diml.csv"), ["1"])["method"]) == {"plain", "diml"}
+    with pytest.raises(HarnessError, match="no row 'diablo@entries=32'.*rows there: .*diablo@entries=16"):
+        load_published(csv, ["1"], {"diablo": ["diablo@entries=32"]})
+
+
 # ------------------------------------------------------------- over the MLflow store
 
 
@@ -231,3 +263,18 @@ def test_table_command_names_unknown_experiments(workdir):
 def test_cell_columns_are_stable():
     assert CELL_COLUMNS == ["backbone", "loss", "method", "dataset", "metric", "mean", "std", "n",
                             "flagged", "published"]
+
+
+def test_table_command_takes_published_rows(experiment, workdir, capsys):
+    client = mlflow.MlflowClient()
+    exp_id = client.create_experiment(experiment)
+    _fake_run(client, exp_id, method="plain", seed=0, r1=0.70)
+    rows = [f"--published-row={m}={spec}" for m, specs in DIABLO_ROWS.items() for spec in specs]
+    args = _parser().parse_args(["table", "--experiment", experiment, "--format", "markdown",
+                                 "--published", str(PUBLISHED.with_name("diablo.csv")), "--table", "1", *rows])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "| + DIABLO (N = 16) |" in text and "63.90" in text and "| rml |" not in text
+    args = _parser().parse_args(["table", "--experiment", experiment, "--published-row", "diablo"])
+    with pytest.raises(HarnessError, match="must look like METHOD=PUBLISHED_METHOD@SETTING"):
+        args.func(args)
