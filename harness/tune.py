@@ -128,13 +128,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     name = study_name(args.method, args.dataset, loss, base, space)
     experiment = args.experiment or f"tune-{args.method}-{args.dataset}-{base.name}"
     seed = args.seed if args.seed is not None else base.seeds[0]
+    try:  # checked before the search starts, not after it
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else None
+    except ValueError:
+        raise HarnessError(f"--seeds expects comma-separated integers like 0,1,2; got '{args.seeds}'") from None
     mlflow.set_tracking_uri(tracking_uri())
 
     storage = open_storage(args.storage, heartbeat=60, grace=180, retry_stale=False)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=args.sampler_seed), pruner=pruner)
-    splits = training.prepare_splits(base, args.dataset, args.data_root)
+    splits = training.prepare_splits(base, args.dataset, args.data_root, seed=seed)
     has_hook = "epoch_callback" in {f.name for f in dataclasses.fields(training.RunConfig)}
 
     def objective(trial) -> float:
@@ -184,7 +188,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     options = {k: v for k, v in best.params.items() if k not in space}
     options = {**base.methods.get(args.method, {}), **options}
     protocol, extra = apply_overrides(base, {k: v for k, v in best.params.items() if k in space})
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(protocol.seeds)
+    seeds = seeds if seeds is not None else list(protocol.seeds)
     exp = mlflow.get_experiment_by_name(experiment)
     done_runs = {}
     if exp is not None:
@@ -208,7 +212,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                         if k.startswith("test_") and not k.startswith("test_num_")}})
             continue
         cfg = _config(args, protocol, base_deviations + extra, loss, s, options, experiment, path)
-        record = training.run_training(cfg, splits)
+        # A protocol that carves validation by the run's seed needs each seed's own split.
+        record = training.run_training(cfg, None if base.splits.validation_by_run_seed else splits)
         _tag(record["mlflow_run_id"], {"optuna_study": name, "optuna_trial": best.number,
                                        "tune_role": "reproduction"})
         records.append(record)

@@ -143,3 +143,17 @@ def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(workdir, 
     expected_repro = 1 if study.best_trial.number != 2 else 2
     assert len([r for r in runs if r.data.tags["tune_role"] == "reproduction"]) == expected_repro
     assert len(runs) == 3 + 1 + (expected_repro - 1)
+
+
+def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeypatch, capsys):
+    from harness import training
+
+    calls: list = []
+    monkeypatch.setattr(training, "run_training", _fake_training(calls))
+    from harness.cli import main
+
+    assert main(["tune", "--method", "plain", "--protocol", str(tiny_protocol), "--storage",
+                 f"sqlite:///{workdir / 'optuna.db'}", "--trials", "1", "--seeds", "0,x"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --seeds expects comma-separated integers like 0,1,2; got '0,x'" in err
+    assert "Traceback" not in err and calls == []
