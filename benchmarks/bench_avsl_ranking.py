@@ -56,7 +56,7 @@ def make_data(n: int, classes: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(n) % classes
     levels = []
-    for level, noise in enumerate((5.0, 4.5, 4.0)):
+    for _level, noise in enumerate((5.0, 4.5, 4.0)):
         centres = torch.randn(classes, R, generator=g)
         levels.append(F.normalize(centres[labels] + noise * torch.randn(n, R, generator=g), dim=-1))
     cert = 0.02 * torch.rand(n, LEVELS, R, generator=g)

@@ -15,7 +15,7 @@ from harness.evaluation import evaluate_embeddings, exhaustive_knn
 from harness.evaluation.metrics import relevant_counts, retrieval_metrics
 from harness.evaluation.model import make_pair_scorer, make_reranker
 from harness.losses import MetricLoss, create_loss
-from methods import TrainingBatch, create_method
+from methods import TrainingBatch
 from methods.avsl import (
     attribution,
     cam_certainty,
