@@ -7,6 +7,7 @@
 
 from . import (
     agrouping,  # noqa: F401  (registers)
+    avsl,  # noqa: F401  (registers)
     diablo,  # noqa: F401  (registers)
     diml,  # noqa: F401  (registers)
     plain,  # noqa: F401  (registers)

@@ -20,6 +20,8 @@ hook                        carries
                             terms; ``batch.model`` / ``batch.images`` for a second pass)
 ``rerank_similarity``       scores (query, candidate) pairs at evaluation (DIML, AVSL);
                             ``rerank_by_ids`` feeds it from stored fields
+``score_pairs``             scores every (query, gallery) pair of two sets of stored fields
+                            (Q x G), for heads that declare ``exhaustive_pairs`` (AVSL)
 ``explain``                 explanation maps (B x K x H x W) for images
 ``pair_figure``             a figure explaining one (query, gallery) similarity
 ``optimizer_groups``        per-part learning rates / weight decay of the head
@@ -27,7 +29,7 @@ hook                        carries
 ==========================  ==============================================================
 
 Everything the harness reads from a head is declared on :class:`Method` with a
-default: ``stages``, ``rerank_fields``, ``rerank_k``, ``metric_loss_copies``,
+default: ``stages``, ``rerank_fields``, ``rerank_k``, ``exhaustive_pairs``, ``metric_loss_copies``,
 ``metric_loss_dim``, ``revision``. Paper metadata lives on the class as data
 (:class:`PaperInfo`); paper defaults are the constructor's keyword defaults; named
 variants are registered with preset options.
@@ -87,6 +89,16 @@ class HeadOutput:
     attention: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def field(self, name: str) -> torch.Tensor:
+        """A stored field by name, as one tensor: an attribute (a list such as ``levels`` is
+        stacked along dim 1: B x L x D) or, failing that, an entry of ``extras``."""
+        value = getattr(self, name, None) if name in self.__dataclass_fields__ else None
+        if value is None:
+            if name not in self.extras:
+                raise KeyError(f"head output has no field '{name}'")
+            value = self.extras[name]
+        return torch.stack(list(value), 1) if isinstance(value, (list, tuple)) else value
+
 
 @dataclass
 class TrainingBatch:
@@ -117,6 +129,9 @@ class Method(nn.Module):
     rerank_fields: ClassVar[tuple[str, ...]] = ()
     #: Candidates per query that :meth:`rerank_similarity` re-scores (0: no re-ranking).
     rerank_k: int = 0
+    #: Score every (query, gallery) pair with :meth:`score_pairs` instead of re-ranking the
+    #: cosine's top ``rerank_k`` (the engine ranks exhaustively, gallery chunk by chunk).
+    exhaustive_pairs: bool = False
     #: Independent instances of the metric loss the head needs (one per group, level...).
     metric_loss_copies: int = 1
     #: Registered loss names the head can train with (None: any); checked before a run starts.
@@ -189,6 +204,16 @@ class Method(nn.Module):
         c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
         return self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
                                       {k: gallery_fields[k][c_ids] for k in self.rerank_fields})
+
+    def score_pairs(self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Scores (higher = closer) of every (query, gallery) pair, Q x G, from the
+        ``rerank_fields`` of Q queries and G gallery items. The default expands the gallery
+        to Q x G candidates for :meth:`rerank_similarity`; override for a cheaper form."""
+        q = len(next(iter(query.values())))
+        out = self.rerank_similarity(query, {k: v.unsqueeze(0).expand(q, *v.shape) for k, v in gallery.items()})
+        if out is None:
+            raise HarnessError(f"{type(self).__name__} declares exhaustive_pairs but scores no pairs")
+        return out
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""

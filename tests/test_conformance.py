@@ -149,7 +149,7 @@ def test_explain_and_rerank(name):
         assert maps.dim() == 4 and maps.shape[0] == BATCH and maps.shape[2:] == IMAGE
         assert torch.isfinite(maps).all() and maps.min() >= 0 and maps.max() <= 1
     if head.rerank_fields:
-        fields = {f: getattr(out, f) for f in head.rerank_fields}
+        fields = {f: out.field(f) for f in head.rerank_fields}
         candidates = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(1, BATCH + 1)])[:BATCH]
         scores = make_reranker(head, fields, queries_per_call=3)(np.arange(BATCH), candidates)
         assert scores.shape == (BATCH, 3) and np.isfinite(scores).all()

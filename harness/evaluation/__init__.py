@@ -47,7 +47,7 @@ from .knn import (
 )
 from .metrics import RETRIEVAL_METRICS, RetrievalScores, relevant_counts, retrieval_metrics
 
-__all__ = ["evaluate_embeddings", "rerank_top_k", "Reranker", "MetricRequest", "parse_metrics",
+__all__ = ["evaluate_embeddings", "rerank_top_k", "exhaustive_knn", "Reranker", "PairScorer", "MetricRequest", "parse_metrics",
            "l2_normalize", "METRICS", "DEFAULT_METRICS", "RETRIEVAL_METRICS", "CLUSTERING_METRICS",
            "knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "gpu_available",
            "first_relevant_rank", "retrieval_metrics", "relevant_counts", "kmeans_assignments", "pair_counting_f1",
@@ -55,6 +55,9 @@ __all__ = ["evaluate_embeddings", "rerank_top_k", "Reranker", "MetricRequest", "
 
 #: (query ids (Q,), candidate ids (Q x K)) -> new similarities (Q x K), higher is closer.
 Reranker = Callable[[np.ndarray, np.ndarray], np.ndarray]
+#: (query ids (Q,), gallery ids (G,)) -> similarities of every pair (Q x G, a numpy array or a
+#: torch tensor on any device), higher is closer.
+PairScorer = Callable[[np.ndarray, np.ndarray], "np.ndarray | object"]
 
 METRICS = RETRIEVAL_METRICS + CLUSTERING_METRICS
 #: Everything except ``ami`` (sklearn's expected mutual information is slow with many classes).
@@ -121,6 +124,48 @@ def rerank_top_k(indices: np.ndarray, query_ids: np.ndarray, reranker: Reranker,
     return out
 
 
+def exhaustive_knn(num_queries: int, num_reference: int | None, scorer: PairScorer, k: int, *,
+                   query_chunk: int = 64, reference_chunk: int = 1024):
+    """Yield ``(start, stop, indices)`` per chunk of queries: each query's top-``k`` reference
+    items over *every* (query, reference) pair scored by ``scorer``.
+
+    ``num_reference=None``: same-source retrieval (the queries against themselves, each
+    query removed from its own list by index). The order is the one :func:`iter_knn` gives
+    the cosine: decreasing score, ties by reference index (lower first). Reference chunks
+    of ``reference_chunk`` items are scored for ``query_chunk`` queries at a time and merged
+    into a running top-k, so memory is ``query_chunk x (reference_chunk + k)`` scores plus
+    what the scorer needs for ``query_chunk x reference_chunk`` pairs; never Q x N. Merging
+    runs on the scorer's device (a stable sort of [running top-k, new chunk]: both are in
+    the total order already, and every running id is below the new chunk's).
+    """
+    import torch
+
+    same = num_reference is None
+    n_ref = num_queries if same else int(num_reference)
+    k = max(0, min(int(k), n_ref - int(same)))
+    for start in range(0, num_queries, max(1, query_chunk)):
+        stop = min(num_queries, start + max(1, query_chunk))
+        q_ids = np.arange(start, stop)
+        if k == 0:
+            yield start, stop, np.empty((stop - start, 0), np.int64)
+            continue
+        best_s = best_i = None
+        for g0 in range(0, n_ref, max(1, reference_chunk)):
+            g1 = min(n_ref, g0 + max(1, reference_chunk))
+            s = torch.as_tensor(scorer(q_ids, np.arange(g0, g1))).float()
+            if s.shape != (stop - start, g1 - g0):
+                raise HarnessError(f"pair scorer returned {tuple(s.shape)}, expected {(stop - start, g1 - g0)}")
+            ids = torch.arange(g0, g1, device=s.device).expand(stop - start, -1)
+            s = torch.nan_to_num(s, nan=-torch.inf)
+            if same:  # the query itself never enters: k <= N - 1 finite scores outrank it
+                s = s.masked_fill(ids == torch.as_tensor(q_ids, device=s.device)[:, None], -torch.inf)
+            if best_s is not None:
+                s, ids = torch.cat([best_s, s], 1), torch.cat([best_i, ids], 1)
+            order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
+            best_s, best_i = s.gather(1, order), ids.gather(1, order)
+        yield start, stop, best_i.cpu().numpy().astype(np.int64)
+
+
 def _check_inputs(query, query_labels, gallery, gallery_labels) -> None:
     """One-line :class:`HarnessError` for shapes that cannot be evaluated."""
     if query.ndim != 2:
@@ -173,10 +218,25 @@ def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | Non
     return scores.result()
 
 
+def _retrieval_exhaustive(num_queries: int, q_codes: np.ndarray, num_gallery: int | None, g_codes: np.ndarray | None,
+                          request: MetricRequest, scorer: PairScorer, chunks: tuple[int, int]) -> dict[str, float]:
+    """Every retrieval metric from exhaustive lists (:func:`exhaustive_knn`), k = what they read."""
+    same = num_gallery is None
+    ref_codes = q_codes if same else g_codes
+    r = relevant_counts(q_codes, ref_codes, same_source=same)
+    scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
+    k = scores.needed_k(recall=True)  # Recall@K included: the lists are exact, no cosine fallback
+    for start, stop, idx in exhaustive_knn(num_queries, num_gallery, scorer, k, query_chunk=chunks[0],
+                                           reference_chunk=chunks[1]):
+        scores.add(start, stop, ref_codes[idx])
+    return scores.result()
+
+
 def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
                         gallery_labels: np.ndarray | None = None, *, recall_k: Sequence[int] = (1, 2, 4, 8),
                         metrics: Sequence[str] | None = None, reranker: Reranker | None = None,
-                        rerank_k: int = 0, chunk_size: int = 4096, use_gpu: bool = False,
+                        rerank_k: int = 0, pair_scorer: PairScorer | None = None,
+                        pair_chunks: tuple[int, int] = (64, 1024), chunk_size: int = 4096, use_gpu: bool = False,
                         normalize: bool = True, kmeans_seed: int = 0,
                         kmeans_iterations: int = 20) -> dict[str, float]:
     """Score embeddings; ``gallery=None`` searches the queries against themselves.
@@ -189,7 +249,10 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     that already is). ``reranker``/``rerank_k``: re-score each query's top
     ``rerank_k`` candidates (ids into the query set and into the gallery, or
     the query set when same-source) and compute every retrieval metric on the
-    re-ranked order. ``chunk_size``: queries per faiss search (memory bound);
+    re-ranked order. ``pair_scorer``: rank every query against the whole searched
+    set by the scorer's similarities instead of the cosine (:func:`exhaustive_knn`, in
+    ``pair_chunks`` = (queries, gallery items) per call); the embeddings still serve the
+    clustering metrics. ``chunk_size``: queries per faiss search (memory bound);
     ``use_gpu``: faiss on a GPU when this build has one (silently CPU
     otherwise). Clustering metrics cluster the query set (as PML does) with
     k = its number of classes, ``kmeans_iterations`` iterations and
@@ -206,7 +269,10 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     gallery = None if gallery is None else prepare(gallery)
     q_codes, g_codes = _encode(query_labels, gallery_labels)
     out: dict[str, float] = {}
-    if request.retrieval:
+    if request.retrieval and pair_scorer is not None:
+        out.update(_retrieval_exhaustive(len(query), q_codes, None if gallery is None else len(gallery), g_codes,
+                                         request, pair_scorer, pair_chunks))
+    elif request.retrieval:
         out.update(_retrieval(query, q_codes, gallery, g_codes, request, reranker=reranker,
                               rerank_k=rerank_k, chunk_size=chunk_size, use_gpu=use_gpu))
     else:

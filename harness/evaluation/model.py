@@ -4,7 +4,9 @@ The engine knows one thing about methods that score their own way: a method may
 score (query, candidate) pairs from fields it keeps per image (``rerank_fields``,
 ``rerank_k`` and :meth:`~methods.base.Method.rerank_by_ids`). :func:`make_reranker`
 is the one adapter from that hook to the id-based :data:`~harness.evaluation.Reranker`
-that :func:`~harness.evaluation.evaluate_embeddings` calls.
+that :func:`~harness.evaluation.evaluate_embeddings` calls. A head that declares
+``exhaustive_pairs`` is ranked by its pair scores over the whole gallery instead
+(:meth:`~methods.base.Method.score_pairs` through :func:`make_pair_scorer`, chunked).
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ if TYPE_CHECKING:
 
     from ..protocol import Protocol
 
-__all__ = ["embed_images", "evaluate_split", "make_reranker", "QUERIES_PER_RERANK_CALL"]
+__all__ = ["embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
+           "QUERIES_PER_RERANK_CALL", "PAIRS_PER_CALL"]
 
 #: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
 #: the gathered fields: queries x K x field size).
 QUERIES_PER_RERANK_CALL = 256
+#: (query, gallery) pairs per ``score_pairs`` call of the exhaustive ranking (a method's memory
+#: is about this many pairs x its field size, e.g. 16,384 x 512 floats = 32 MiB per tensor).
+PAIRS_PER_CALL = 1 << 14
 
 
 def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
@@ -55,6 +61,40 @@ def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
     return rerank
 
 
+def pair_chunks(num_gallery: int, *, pairs: int = PAIRS_PER_CALL, queries: int = 64) -> tuple[int, int]:
+    """(queries, gallery items) per ``score_pairs`` call: about ``pairs`` pairs per call."""
+    queries = max(1, min(queries, pairs))
+    return queries, max(1, min(max(num_gallery, 1), pairs // queries))
+
+
+def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
+                     gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
+                     device: torch.device | str = "cpu"):
+    """``(query ids (Q,), gallery ids (G,)) -> Q x G`` scores of every pair from the method's
+    ``score_pairs`` over stored fields (moved to ``device`` once; ``gallery_fields=None``:
+    same-source retrieval). Results stay on ``device``."""
+    gallery_fields = query_fields if gallery_fields is None else gallery_fields
+    missing = [f for f in method.rerank_fields if f not in query_fields or f not in gallery_fields]
+    if missing:
+        raise HarnessError(f"pair scoring with {type(method).__name__} needs the fields {missing}")
+    device = torch.device(device)
+    q_dev = {k: query_fields[k].to(device) for k in method.rerank_fields}
+    g_dev = q_dev if gallery_fields is query_fields else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+
+    @torch.inference_mode()
+    def score(query_ids: np.ndarray, gallery_ids: np.ndarray) -> torch.Tensor:
+        q = torch.as_tensor(np.asarray(query_ids), dtype=torch.long, device=device)
+        g = np.asarray(gallery_ids)
+        if len(g) and g[-1] - g[0] + 1 == len(g) and (np.diff(g) == 1).all():  # a range: views, no gather
+            gal = {k: v[int(g[0]):int(g[-1]) + 1] for k, v in g_dev.items()}
+        else:
+            gi = torch.as_tensor(g, dtype=torch.long, device=device)
+            gal = {k: v[gi] for k, v in g_dev.items()}
+        return method.score_pairs({k: v[q] for k, v in q_dev.items()}, gal).float()
+
+    return score
+
+
 @torch.inference_mode()
 def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
@@ -73,7 +113,7 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
             out = model(batch)
         embs.append(out.embedding.float().cpu())
         for k in keep:
-            kept[k].append(getattr(out, k).float().cpu())
+            kept[k].append(out.field(k).float().cpu())
     emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
     return emb, {k: torch.cat(v) for k, v in kept.items()}
 
@@ -84,14 +124,17 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
     """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
 
     A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
-    query's top ``rerank_k`` candidates; the plain cosine ranking's metrics are then
-    returned too, prefixed ``global_``.
+    query's top ``rerank_k`` candidates; one that declares ``exhaustive_pairs`` ranks every
+    query against the whole gallery by its pair scores (chunked, on ``device``). The plain
+    cosine ranking's metrics are then returned too, prefixed ``global_``, with
+    ``num_ranked_candidates``: how many candidates per query the method scored.
     """
     transform = build_transform(protocol.image, train=False)
     bs = protocol.evaluation.batch_size
     head = model.head
-    rerank_k = head.rerank_k if rerank and head.rerank_fields else 0
-    keep = head.rerank_fields if rerank_k > 0 else ()
+    exhaustive = bool(rerank and head.rerank_fields and getattr(head, "exhaustive_pairs", False))
+    rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
+    keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
     q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
                                workers=workers, keep=keep)
     g, g_fields = None, q_fields
@@ -104,8 +147,15 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
         return evaluate_embeddings(q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
                                    metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
 
-    if rerank_k <= 0:
+    if exhaustive:
+        n_gallery = len(q) - 1 if g is None else len(g)
+        scorer = make_pair_scorer(head, q_fields, None if gallery_set is None else g_fields, device=device)
+        ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery))
+        ranked["num_ranked_candidates"] = n_gallery
+    elif rerank_k > 0:
+        ranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
+        ranked["num_ranked_candidates"] = rerank_k
+    else:
         return score()
-    reranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
     plain = score()
-    return {**reranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
+    return {**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}

@@ -1,0 +1,476 @@
+"""AVSL: attributable visual similarity learning (Zhang, Zheng, Zhou, Lu, CVPR 2022; code:
+zbr17/AVSL).
+
+AVSL compares two images by a graph of per-dimension "similarity nodes" over several
+backbone levels: the nodes of a level are rectified by the most correlated nodes of the
+level below, weighted by how reliable (how focused) their class activation maps are, and
+the overall distance is the sum of the rectified top-level nodes. This file has the pieces
+in the order of the paper's Sec. 3 and one configurable head:
+
+======================================  ===================================================
+piece                                   paper
+======================================  ===================================================
+:meth:`AVSLHead.embed`                  nodes' embeddings e^l = h^l(g^l(z^l)) (Sec. 3.2)
+:func:`similarity_nodes`                Eq. 1, delta_i = (e~_i - e~'_i)^2 on unit vectors
+:func:`class_activation_maps`           Eq. 2, u_i = sum_j a_ij z_j
+:func:`edge_estimate`                   Eq. 3, omega^_ij = <u^_i^l, u^_j^{l-1}> (batch mean)
+:meth:`AVSLHead.update_edges`           Eq. 4, momentum update of the edge buffers
+:func:`cam_certainty`                   std of a normalised CAM (one factor of Eq. 5)
+:func:`reliability`                     Eqs. 5-6, p = sigma(alpha * eta + beta)
+:func:`normalized_edges`                Eq. 7 (top-k per node) and the normalised
+                                        omega~ of Eq. 8
+:func:`rectified_distance`              Eqs. 8-9 and d^ = sum_i delta^_i^L
+:func:`attribution`                     Eq. 11: lambda_i^l delta_i^l, summing to d^
+:meth:`AVSLHead.loss_terms`             Eq. 10: a metric loss per level plus the final
+                                        loss on d^
+======================================  ===================================================
+
+Registered: ``avsl`` (paper defaults: levels s8/s16/s32, i.e. ResNet-50 layer2/3/4, top
+k = 128 clipped to the embedding size, momentum 0.5, every query ranked against the whole
+gallery by d^).
+
+Evaluation. ``embed`` returns the unit top-level embedding (the cosine ranking, logged as
+``global_*``), ``levels`` (unit embeddings per level) and ``extras["certainty"]`` (B x L x
+r: the std of each node's normalised CAM, Eq. 5's per-image factor); ``rerank_fields``
+are those two. With ``rank="exhaustive"`` (default, the paper's "Evaluation" in Sec. 3.4)
+the head declares ``exhaustive_pairs`` and the engine scores every (query, gallery) pair
+in chunks (:meth:`AVSLHead.score_pairs`); ``rank="rerank"`` re-scores only the top
+``rerank_k`` cosine candidates. Scores are similarities: -d^.
+
+Where the paper and the released code differ or are silent (each choice is an option):
+
+* Pooling g^l: GAP + GMP, then a 1x1 conv (= Linear) with bias, as the code (the paper
+  says "global pooling"); kaiming-normal (fan_out) weights, zero bias, as the code.
+* CAMs (Eq. 2). ``cam="decomposed"`` (default, the code): the conv applied to
+  ``z + H W max(z) 1[argmax z]`` per channel (bias included), so that the CAM's spatial mean *is* the
+  embedding (GAP + GMP are linear in it); ``cam="linear"`` is Eq. 2 as printed,
+  ``sum_j a_ij z_j`` without bias or max term. CAMs carry no gradient (the code's
+  ``detach``; the paper trains nothing through them).
+* Normalised CAM for Eq. 5: min-shifted, L1-normalised over the map, unbiased std (the
+  code). The code subtracts the minimum over the *width only* (``min(dim=-1)``);
+  ``cam_shift="map"`` (default) subtracts the whole map's minimum, ``"width"`` is the
+  code's exact behaviour.
+* Eq. 3: the lower level's CAM is average-pooled to the upper level's size (the paper's
+  p = min h x min w), each map L2-normalised, the inner products averaged over the batch
+  (the code). Eq. 4: the first update overwrites the buffer (the code; a zero buffer
+  would halve the first estimate), later ones use gamma = ``momentum`` (0.5, paper and
+  code). Edge buffers are updated in training mode only and travel in the state dict.
+* Eq. 7-8: the code applies relu to the edges before the top-k (the paper's
+  omega~ in [0, 1] needs non-negative edges) and adds 1e-8 to the denominator;
+  followed.
+* Eq. 6 reliability p = sigma(g (alpha eta + beta)), alpha = 1, beta = 0 at init (the
+  code). The paper has g = 1 (default); the code multiplies by ``prob_gamma = 10``
+  (``reliability_gain=10``).
+* Eq. 10. The paper leaves L^m and L^f as "a loss"; here both are the run's metric loss.
+  The per-level losses are copy l of the run's loss on level l's unit embedding (their
+  own distance: for unit vectors sum_i delta_i^l = d^l is a monotone function of it);
+  the code adds per-level weights (CUB 0.5/1/0.5, Cars and SOP 1/4/4):
+  ``level_weights`` (default all 1, the paper's plain sum). The final loss L^f sees d^
+  converted to the loss's own distance: a cosine-like similarity 1 - d^/2 for
+  similarity losses (ProxyAnchor on cosine with margin 0.1, alpha 32 equals the code's
+  alpha 16, margins 1.8/2.2 on squared distance), sqrt(d^) for Euclidean ones (equal to
+  the Euclidean distance when nothing is rectified). The nodes are detached in d^ there,
+  so L^f trains alpha, beta only (theta_2 in Eq. 10; paper and code agree). Proxy losses:
+  the proxies of each level's loss copy are the "images" compared with (the code) and
+  their CAM std is the batch mean of the level's (the code). The top level's loss copy
+  evaluates L^f (sharing, e.g., the margin loss's beta with level L).
+* The code's training schedule (5-epoch frozen-trunk warm-up, per-part learning rates,
+  StepLR) belongs to a protocol, not to the head; ``inference_lr_scale`` offers the
+  per-part rate of alpha, beta (code: collector 1.1e-4 vs embedder 5.5e-4 on CUB, 0.2).
+* The released tester builds the whole N x N distance with N x N x r intermediates per
+  slice; here gallery chunks are scored with a running top-k (harness.evaluation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+from torch import nn
+from torch.nn import init
+
+from harness.errors import HarnessError
+
+from .base import HeadOutput, Method, PaperInfo, register_method
+from .diml import PrecomputedDistance, _distance_replaced
+
+__all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
+           "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix"]
+
+PAPER = PaperInfo(
+    title="Attributable Visual Similarity Learning",
+    authors="Borui Zhang, Wenzhao Zheng, Jie Zhou, Jiwen Lu",
+    year=2022,
+    venue="CVPR 2022",
+    code_url="https://github.com/zbr17/AVSL",
+    tables=("1", "2", "3"),
+)
+
+CAMS = ("decomposed", "linear")
+CAM_SHIFTS = ("map", "width")
+RANKS = ("exhaustive", "rerank")
+#: Added to the top-k edge sums before normalising (the code's constant).
+EDGE_EPS = 1e-8
+#: Loss names the head trains with (the final loss needs a pair distance or `proxies`).
+SUPPORTED_LOSSES = ("margin", "multi_similarity", "contrastive", "triplet", "binomial_deviance", "circle",
+                    "lifted_structure", "ntxent", "proxy_anchor", "proxy_nca")
+
+
+# ------------------------------------------------------------------ the graph's pieces
+
+
+def similarity_nodes(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Eq. 1: delta_i = (x_i - y_i)^2 of unit embeddings, broadcasting (..., r) -> (..., r).
+    Their sum is the squared Euclidean distance d^l (Sec. 3.4)."""
+    return (x - y).square()
+
+
+def class_activation_maps(fmap: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                          mode: str = "decomposed") -> torch.Tensor:
+    """Eq. 2: u_i = sum_j a_ij z_j for every embedding dimension i (B x C x H x W -> B x r x H x W).
+
+    ``weight``: r x C (the level's projection a_ij), ``bias``: r. ``mode="linear"`` is Eq. 2
+    as printed (no bias); ``"decomposed"`` (the code) projects ``z + H W max(z) 1[argmax z]`` with
+    the bias, whose spatial mean is the embedding of GAP + GMP pooling."""
+    if mode not in CAMS:
+        raise ValueError(f"cam must be one of {CAMS}, got {mode!r}")
+    if mode == "decomposed":
+        b, c, h, w = fmap.shape
+        flat = fmap.flatten(2)
+        top, idx = flat.max(2, keepdim=True)
+        peak = torch.zeros_like(flat).scatter_(2, idx, top * (h * w))  # mean over the map: max z
+        fmap = fmap + peak.view(b, c, h, w)
+    cams = torch.einsum("bchw,rc->brhw", fmap, weight)
+    if mode == "decomposed" and bias is not None:
+        cams = cams + bias[None, :, None, None]
+    return cams
+
+
+def cam_certainty(cams: torch.Tensor, *, shift: str = "map") -> torch.Tensor:
+    """std(u^_i) of each normalised CAM (Eq. 5's per-image factor), B x r x H x W -> B x r.
+
+    Normalisation (the code): subtract the minimum (``shift="map"``: of the whole map;
+    ``"width"``: the code's minimum over the last axis), divide by the L1 norm, unbiased
+    std over the H W locations."""
+    if shift not in CAM_SHIFTS:
+        raise ValueError(f"cam_shift must be one of {CAM_SHIFTS}, got {shift!r}")
+    if shift == "width":
+        u = (cams - cams.amin(-1, keepdim=True)).flatten(2)
+    else:
+        u = cams.flatten(2)
+        u = u - u.amin(-1, keepdim=True)
+    u = F.normalize(u, p=1, dim=-1)
+    if u.shape[-1] < 2:
+        return torch.zeros(u.shape[:2], dtype=u.dtype, device=u.device)
+    return u.std(-1)
+
+
+def edge_estimate(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 over a batch: omega^_ij = mean_b <u^_i^l, u^_j^{l-1}>, an r_l x r_{l-1} matrix.
+
+    ``upper``: B x r x h x w CAMs of level l, ``lower``: B x r' x h' x w' of level l-1,
+    average-pooled to h x w when the sizes differ; each map L2-normalised (the code)."""
+    if lower.shape[-2:] != upper.shape[-2:]:
+        lower = F.adaptive_avg_pool2d(lower, upper.shape[-2:])
+    hi = F.normalize(upper.flatten(2), dim=-1)
+    lo = F.normalize(lower.flatten(2), dim=-1)
+    return torch.einsum("bip,bjp->ij", hi, lo) / upper.shape[0]
+
+
+def normalized_edges(edges: torch.Tensor, k: int) -> torch.Tensor:
+    """Eqs. 7-8: omega~_ij = 1[j in top-k of row i] relu(omega_ij) / sum over that top-k (+1e-8).
+
+    ``edges``: r_l x r_{l-1}, rows the upper level's nodes; ties in the top-k by index."""
+    w = F.relu(edges)
+    k = max(1, min(int(k), w.shape[1]))
+    idx = torch.sort(w, dim=1, descending=True, stable=True).indices[:, :k]  # ties: lower index first
+    mask = torch.zeros_like(w).scatter_(1, idx, 1.0)
+    w = w * mask
+    return w / (w.sum(1, keepdim=True) + EDGE_EPS)
+
+
+def reliability(cert_x: torch.Tensor, cert_y: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, *,
+                gain: float = 1.0) -> torch.Tensor:
+    """Eqs. 5-6: p_i = sigma(gain * (alpha_i eta_i + beta_i)), eta_i = std(u^_i(x)) std(u^_i(x')).
+    Broadcasts (..., r); ``gain`` is the code's ``prob_gamma`` (10), 1 in the paper."""
+    return torch.sigmoid(gain * (alpha * (cert_x * cert_y) + beta))
+
+
+def _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify, detach_nodes=False):
+    """Per level: nodes delta^l (..., r) and reliabilities p^l (levels >= 2)."""
+    deltas, probs = [], []
+    for level in range(x_levels.shape[-2]):
+        delta = similarity_nodes(x_levels[..., level, :], y_levels[..., level, :])
+        deltas.append(delta.detach() if detach_nodes else delta)
+        if level and rectify:
+            probs.append(reliability(x_cert[..., level, :], y_cert[..., level, :], alphas[level - 1],
+                                     betas[level - 1], gain=gain))
+    return deltas, probs
+
+
+def rectified_distance(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: torch.Tensor, y_cert: torch.Tensor,
+                       edges: Sequence[torch.Tensor], alphas: Sequence[torch.Tensor], betas: Sequence[torch.Tensor],
+                       *, gain: float = 1.0, rectify: bool = True, detach_nodes: bool = False) -> torch.Tensor:
+    """Eqs. 8-9 and the overall distance d^ = sum_i delta^_i^L, broadcasting over leading axes.
+
+    ``x_levels`` / ``y_levels``: (..., L, r) unit embeddings per level (e.g. Q x 1 x L x r
+    against 1 x G x L x r for a Q x G matrix); ``x_cert`` / ``y_cert``: (..., L, r) CAM
+    stds; ``edges``: L-1 normalised r x r matrices omega~ (:func:`normalized_edges`, rows
+    the upper level); ``alphas`` / ``betas``: L-1 vectors (levels 2..L). The recursion
+    delta^^l = P^l delta^l + (I - P^l) W~^l delta^^{l-1}, delta^^1 = delta^1. With
+    ``rectify=False``, d^ = d^L (the top level's squared distance)."""
+    deltas, probs = _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify,
+                                   detach_nodes)
+    if not rectify:
+        return deltas[-1].sum(-1)
+    hat = deltas[0]
+    for level in range(1, len(deltas)):
+        p = probs[level - 1]
+        hat = p * deltas[level] + (1 - p) * (hat @ edges[level - 1].t())
+    return hat.sum(-1)
+
+
+def attribution(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: torch.Tensor, y_cert: torch.Tensor,
+                edges: Sequence[torch.Tensor], alphas: Sequence[torch.Tensor], betas: Sequence[torch.Tensor],
+                *, gain: float = 1.0, rectify: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 11: the weights lambda^l (..., L, r) and contributions lambda_i^l delta_i^l (..., L, r).
+
+    lambda^L = 1^T P^L, lambda^l = 1^T (I - P^L) W~^L ... (I - P^{l+1}) W~^{l+1} P^l (P^1 = I);
+    the contributions sum to :func:`rectified_distance`."""
+    deltas, probs = _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify)
+    num = len(deltas)
+    lambdas = [torch.zeros_like(d) for d in deltas]
+    if not rectify:
+        lambdas[-1] = torch.ones_like(deltas[-1])
+    else:
+        carry = torch.ones_like(deltas[-1])  # coefficient row vector on delta^^l
+        for level in range(num - 1, 0, -1):
+            p = probs[level - 1]
+            lambdas[level] = carry * p
+            carry = (carry * (1 - p)) @ edges[level - 1]
+        lambdas[0] = carry
+    lam = torch.stack(lambdas, -2)
+    return lam, lam * torch.stack(deltas, -2)
+
+
+def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
+                         detach_nodes: bool = False) -> torch.Tensor:
+    """d^ of every (x, y) pair: (N x L x r, M x L x r) -> N x M, with the head's parameters."""
+    return rectified_distance(x_levels[:, None], y_levels[None], x_cert[:, None], y_cert[None], head.edge_matrices(),
+                              list(head.alphas), list(head.betas), gain=head.reliability_gain,
+                              rectify=head.rectify, detach_nodes=detach_nodes)
+
+
+# ---------------------------------------------------------------------------- head
+
+
+def _stacked(field) -> torch.Tensor:
+    return torch.stack(list(field), 1) if isinstance(field, (list, tuple)) else field
+
+
+@register_method("avsl", description="AVSL: multi-level similarity nodes rectified through CAM-overlap edges, "
+                 "exhaustive ranking by the learned distance")
+class AVSLHead(Method):
+    """Per level GAP + GMP and a 1x1 conv to r dims; nodes, CAM edges and reliabilities."""
+
+    paper = PAPER
+    rerank_fields = ("levels", "certainty")
+    supported_losses = SUPPORTED_LOSSES
+
+    def __init__(self, *, channels, embedding_size, levels: int = 3, topk: int = 128, momentum: float = 0.5,
+                 reliability_gain: float = 1.0, rectify: bool = True, cam: str = "decomposed",
+                 cam_shift: str = "map", level_weights: Sequence[float] | None = None, final_weight: float = 1.0,
+                 rank: str = "exhaustive", rerank_k: int = 100, inference_lr_scale: float = 1.0):
+        super().__init__(channels=channels, embedding_size=embedding_size)
+        all_stages = ("s8", "s16", "s32")
+        if not 1 <= int(levels) <= 3:
+            raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
+        if cam not in CAMS:
+            raise ValueError(f"cam must be one of {CAMS}, got {cam!r}")
+        if cam_shift not in CAM_SHIFTS:
+            raise ValueError(f"cam_shift must be one of {CAM_SHIFTS}, got {cam_shift!r}")
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if topk < 1:
+            raise ValueError(f"topk must be at least 1, got {topk}")
+        if rank == "rerank" and rerank_k < 1:
+            raise ValueError(f"rerank_k must be at least 1 with rank='rerank', got {rerank_k}")
+        weights = [1.0] * int(levels) if level_weights is None else [float(w) for w in level_weights]
+        if len(weights) != int(levels):
+            raise ValueError(f"level_weights needs {levels} values, got {len(weights)}")
+        self.num_levels = int(levels)
+        self.stages = all_stages[3 - self.num_levels:]
+        self.topk = min(int(topk), embedding_size)
+        self.momentum = float(momentum)
+        self.reliability_gain = float(reliability_gain)
+        self.rectify = bool(rectify) and self.num_levels > 1
+        self.cam, self.cam_shift = cam, cam_shift
+        self.level_weights, self.final_weight = weights, float(final_weight)
+        self.rank = rank
+        self.exhaustive_pairs = rank == "exhaustive"
+        self.rerank_k = int(rerank_k) if rank == "rerank" else 0
+        self.inference_lr_scale = float(inference_lr_scale)
+        self.metric_loss_copies = self.num_levels
+        self.project = nn.ModuleList()
+        for stage in self.stages:
+            conv = nn.Linear(channels[stage], embedding_size)  # a 1x1 conv on pooled features
+            init.kaiming_normal_(conv.weight, mode="fan_out")
+            init.zeros_(conv.bias)
+            self.project.append(conv)
+        r = embedding_size
+        self.alphas = nn.ParameterList([nn.Parameter(torch.ones(r)) for _ in range(self.num_levels - 1)])
+        self.betas = nn.ParameterList([nn.Parameter(torch.zeros(r)) for _ in range(self.num_levels - 1)])
+        for level in range(1, self.num_levels):
+            self.register_buffer(f"edges_{level}", torch.zeros(r, r))  # rows: level l nodes, cols: l-1
+        self.register_buffer("edge_updates", torch.zeros((), dtype=torch.long))
+
+    # ----------------------------------------------------------------- graph state
+
+    def edge_buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, f"edges_{level}") for level in range(1, self.num_levels)]
+
+    def edge_matrices(self) -> list[torch.Tensor]:
+        """The normalised top-k edges omega~ (Eqs. 7-8) of levels 2..L."""
+        return [normalized_edges(e, self.topk) for e in self.edge_buffers()]
+
+    @torch.no_grad()
+    def update_edges(self, cams: Sequence[torch.Tensor]) -> None:
+        """Eq. 4 with the batch estimate of Eq. 3; the first update overwrites (the code)."""
+        first = int(self.edge_updates) == 0
+        for level, buf in enumerate(self.edge_buffers(), start=1):
+            new = edge_estimate(cams[level].float(), cams[level - 1].float())
+            buf.copy_(new if first else self.momentum * buf + (1 - self.momentum) * new)
+        self.edge_updates += 1
+
+    # ---------------------------------------------------------------------- embed
+
+    def embed(self, maps):
+        levels, cams, certs = [], [], []
+        for fmap, conv in zip(maps, self.project, strict=True):
+            pooled = fmap.mean(dim=(2, 3)) + fmap.amax(dim=(2, 3))
+            levels.append(F.normalize(conv(pooled), dim=-1))
+            with torch.no_grad(), torch.autocast(device_type=fmap.device.type, enabled=False):
+                cam = class_activation_maps(fmap.detach().float(), conv.weight.float(), conv.bias.float(),
+                                            mode=self.cam)
+                cams.append(cam)
+                certs.append(cam_certainty(cam, shift=self.cam_shift))
+        if self.training and self.num_levels > 1:
+            self.update_edges(cams)
+        return HeadOutput(embedding=levels[-1], levels=levels, cams=cams,
+                          extras={"certainty": torch.stack(certs, 1)})
+
+    # ------------------------------------------------------------------ evaluation
+
+    def score_pairs(self, query: Mapping[str, torch.Tensor], gallery: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """-d^ of every (query, gallery) pair: Q x G from Q x L x r and G x L x r fields."""
+        q_lev, g_lev = _stacked(query["levels"]).float(), _stacked(gallery["levels"]).float()
+        q_cert, g_cert = _stacked(query["certainty"]).float(), _stacked(gallery["certainty"]).float()
+        return -pair_distance_matrix(self, q_lev, q_cert, g_lev, g_cert)
+
+    def rerank_similarity(self, query, candidates):
+        """-d^ of Q x K pairs (query fields Q x L x r, candidates Q x K x L x r)."""
+        q_lev, c_lev = _stacked(query["levels"]).float(), _stacked(candidates["levels"]).float()
+        q_cert, c_cert = _stacked(query["certainty"]).float(), _stacked(candidates["certainty"]).float()
+        d = rectified_distance(q_lev[:, None], c_lev, q_cert[:, None], c_cert, self.edge_matrices(),
+                               list(self.alphas), list(self.betas), gain=self.reliability_gain,
+                               rectify=self.rectify)
+        return -d
+
+    def rerank_by_ids(self, query_fields, gallery_fields, query_ids, candidate_ids):
+        query_fields = {k: _stacked(query_fields[k]) for k in self.rerank_fields}
+        gallery_fields = {k: _stacked(gallery_fields[k]) for k in self.rerank_fields}
+        return super().rerank_by_ids(query_fields, gallery_fields, query_ids, candidate_ids)
+
+    @torch.no_grad()
+    def attribute_pair(self, query: HeadOutput, gallery: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 11 for one pair (batches of one): lambda (L x r) and contributions (L x r)."""
+        def fields(out):
+            return _stacked(out.levels)[0].float(), out.extras["certainty"][0].float()
+
+        (xl, xc), (yl, yc) = fields(query), fields(gallery)
+        return attribution(xl, yl, xc, yc, self.edge_matrices(), list(self.alphas), list(self.betas),
+                           gain=self.reliability_gain, rectify=self.rectify)
+
+    def explain(self, images, output):
+        """Per level (K = L maps), the mean of the nodes' normalised CAMs at image size, in [0, 1]."""
+        if not output.cams:
+            return None
+        size = tuple(images.shape[-2:])
+        out = []
+        for cam in output.cams:
+            u = cam.float().flatten(2)
+            u = F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1).mean(1).view(cam.shape[0], 1, *cam.shape[2:])
+            out.append(F.interpolate(u, size=size, mode="bilinear", align_corners=False))
+        maps = torch.cat(out, 1)
+        lo = maps.amin(dim=(-2, -1), keepdim=True)
+        hi = maps.amax(dim=(-2, -1), keepdim=True)
+        return ((maps - lo) / (hi - lo).clamp_min(1e-12)).clamp(0, 1)
+
+    # -------------------------------------------------------------------- training
+
+    def loss_terms(self, output, batch):
+        """Eq. 10: sum_l w_l L^m(level l) + w_f L^f(d^) (see the module docstring)."""
+        labels = batch.labels
+        metric = batch.metric_loss
+        terms = {}
+        for level, emb in enumerate(output.levels):
+            loss = metric(emb, labels, copy=level if metric.copies > 1 else 0)
+            terms[f"metric_level{level + 1}"] = self.level_weights[level] * loss
+        if self.rectify and self.final_weight:
+            terms["final"] = self.final_weight * self._final_loss(output, batch)
+        return terms
+
+    def _final_loss(self, output, batch) -> torch.Tensor:
+        metric = batch.metric_loss
+        top = metric.copies - 1 if metric.copies > 1 else 0
+        loss = metric.module(top)
+        distance = getattr(loss, "distance", None)
+        if distance is None:
+            raise HarnessError(f"AVSL's final loss needs a PML loss with a distance, got {type(loss).__name__}")
+        with torch.autocast(device_type=output.embedding.device.type, enabled=False):
+            levels = _stacked(output.levels).float()
+            cert = output.extras["certainty"].float()
+            proxies = [getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
+                       for c in range(self.num_levels)]
+            if all(p is not None for p in proxies):  # the code: compare with each level's proxies
+                ref = torch.stack([F.normalize(p.float(), dim=-1) for p in proxies], 1)
+                ref_cert = cert.mean(dim=(0, 2))[None, :, None].expand(ref.shape[0], -1, ref.shape[2])
+                d = pair_distance_matrix(self, levels, cert, ref, ref_cert, detach_nodes=True)
+            else:
+                d = pair_distance_matrix(self, levels, cert, levels, cert, detach_nodes=True)
+            if distance.is_inverted:
+                if not isinstance(distance, CosineSimilarity):
+                    raise HarnessError(f"AVSL's final loss needs a cosine or Euclidean loss distance, "
+                                       f"got {type(distance).__name__}")
+                matrix = 1 - d / 2
+            else:
+                if not isinstance(distance, LpDistance) or distance.p != 2:
+                    raise HarnessError(f"AVSL's final loss needs a cosine or Euclidean loss distance, "
+                                       f"got {type(distance).__name__}")
+                matrix = d if distance.power == 2 else d.clamp_min(1e-12).sqrt() ** distance.power
+            emb = output.embedding.float()
+            indices = metric.mine(emb, batch.labels)
+            with _distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)):
+                return loss(emb, batch.labels, indices)
+
+    def optimizer_groups(self, lr, weight_decay):
+        inference = list(self.alphas.parameters()) + list(self.betas.parameters())
+        ids = {id(p) for p in inference}
+        groups = [{"params": [p for p in self.head_parameters() if id(p) not in ids], "lr": lr,
+                   "weight_decay": weight_decay, "name": "head"}]
+        if inference:
+            groups.append({"params": inference, "lr": lr * self.inference_lr_scale, "weight_decay": weight_decay,
+                           "name": "inference"})
+        return groups
+
+    @classmethod
+    def search_space(cls, trial, *, embedding_size) -> dict[str, Any]:
+        ks = sorted({min(k, embedding_size) for k in (32, 64, 128, 256)})
+        return {"topk": trial.suggest_categorical("topk", ks),
+                "momentum": trial.suggest_float("momentum", 0.3, 0.9),
+                "reliability_gain": trial.suggest_categorical("reliability_gain", [1.0, 10.0])}
