@@ -94,6 +94,11 @@ Choices where the paper is silent (assumptions; each is an option and in the sea
   per step in all).
 * L_sm's reduction over tuples (not said): the mean, so gamma does not depend on the batch.
 
+Both passes run the model in training mode: with the protocols' frozen BatchNorm the
+masked images leave the running statistics alone and images do not interact (which
+Eq. 1 by autograd on an earlier stage also assumes); with ``freeze_bn = false`` the
+masked pass updates them too, as a second forward of the same network does.
+
 Explanation (not a training choice): :meth:`SAMHead.explain` gives, per image, the
 similarity attention of the image with its nearest neighbour in the batch under the
 Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is similar; an

@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from harness.errors import HarnessError
-from harness.losses import LOSSES, MINERS, BinomialDevianceLoss, QuadrupletLoss, create_loss, create_miner
+from harness.losses import (
+    LOSSES,
+    MINERS,
+    BinomialDevianceLoss,
+    QuadrupletLoss,
+    create_loss,
+    create_miner,
+)
 
 
 def test_binomial_deviance_matches_a_hand_computation():

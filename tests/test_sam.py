@@ -402,7 +402,6 @@ def test_explain_pairs_each_image_with_its_nearest_neighbour(stage):
 
 
 def test_pair_figure_is_written_from_local_embeddings(tmp_path):
-    from harness.training import EmbeddingModel  # noqa: F401  (the model type log_explanations uses)
     from methods import HeadOutput
 
     model = build("sam").eval()
