@@ -1,8 +1,9 @@
 """Metric losses and miners by name, through pytorch-metric-learning (PML).
 
 PML is reused wherever it has the loss; only the binomial deviance loss (used by
-three of the seeds) is written here, against PML's ``BaseMetricLossFunction``
-interface so that miners, reducers and distances compose with it as usual.
+three of the seeds) and the quadruplet loss (SAM's Table 1; PML has none) are written
+here, against PML's ``BaseMetricLossFunction`` interface so that miners, reducers and
+distances compose with them as usual.
 Every entry carries its default hyperparameters as data; a protocol's
 ``[loss.args.<name>]`` table overrides them, and an unknown argument is an error.
 """
@@ -18,12 +19,13 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.reducers import AvgNonZeroReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
            "miner_for", "loss_defaults"]
 
 
@@ -65,6 +67,48 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
 
 
+class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
+    """Quadruplet loss (Chen et al. 2017, "Beyond triplet loss"), for SAM's quadruplet
+    architecture (Table 1: Law et al. 2013's quadruplets (a, p, n1, n2), n1 and n2
+    negatives of a; the SAM paper prints no formula). With d the distance::
+
+        triplet term:     relu(d(a, p) - d(a, n1) + margin)
+        quadruplet term:  relu(d(a, p) - d(n1, n2) + margin2)
+
+    over the triplets (a, p, n1) (mined, or all of the batch's) and, for each, every n2 of
+    a class other than a's and n1's (Chen et al.'s constraint); each term averaged over its
+    non-zero entries (as PML's triplet loss), then summed. Chen et al. set the second
+    margin to half the first (adaptive margins); fixed here at 0.2 and 0.1, the triplet
+    loss's margin and its half (an assumption). Euclidean distance on the unit embeddings.
+    """
+
+    def __init__(self, *, margin: float = 0.2, margin2: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.margin, self.margin2 = margin, margin2
+        self.add_to_recordable_attributes(list_of_names=["margin", "margin2"], is_stat=False)
+
+    def get_default_reducer(self):
+        return AvgNonZeroReducer()
+
+    def _sub_loss_names(self):
+        return ["triplet_loss", "quadruplet_loss"]
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        a, p, n = lmu.convert_to_triplets(indices_tuple, labels, ref_labels, t_per_anchor="all")
+        if len(a) == 0:
+            return self.zero_losses()
+        mat = self.distance(embeddings, ref_emb)
+        ref_mat = mat if ref_emb is embeddings else self.distance(ref_emb, ref_emb)
+        ap = mat[a, p]
+        first = F.relu(self.distance.margin(ap, mat[a, n]) + self.margin)
+        # n2: every reference item whose class is neither the anchor's nor n1's.
+        valid = (ref_labels[None, :] != labels[a][:, None]) & (ref_labels[None, :] != ref_labels[n][:, None])
+        t, n2 = torch.where(valid)
+        second = F.relu(self.distance.margin(ap[t], ref_mat[n[t], n2]) + self.margin2)
+        return {"triplet_loss": {"losses": first, "indices": (a, p, n), "reduction_type": "triplet"},
+                "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"}}
+
+
 @dataclass(frozen=True)
 class LossEntry:
     cls: type
@@ -88,6 +132,8 @@ def _loss(name, cls, description, needs_classes=False, miner=None, **defaults):
 _loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
       pos_margin=0.0, neg_margin=1.0)
 _loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
+_loss("quadruplet", QuadrupletLoss, "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
+      margin=0.2, margin2=0.1)
 _loss("margin", pml_losses.MarginLoss,
       "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
       needs_classes=True, margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)

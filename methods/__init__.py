@@ -11,6 +11,7 @@ from . import (
     diablo,  # noqa: F401  (registers)
     diml,  # noqa: F401  (registers)
     plain,  # noqa: F401  (registers)
+    sam,  # noqa: F401  (registers)
 )
 from .base import (
     METHODS,

@@ -1,4 +1,4 @@
-"""Losses by name through PML, the binomial deviance golden value, miners."""
+"""Losses by name through PML, the binomial deviance and quadruplet golden values, miners."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from harness.errors import HarnessError
-from harness.losses import LOSSES, MINERS, BinomialDevianceLoss, create_loss, create_miner
+from harness.losses import (
+    LOSSES,
+    MINERS,
+    BinomialDevianceLoss,
+    QuadrupletLoss,
+    create_loss,
+    create_miner,
+)
 
 
 def test_binomial_deviance_matches_a_hand_computation():
@@ -36,6 +43,38 @@ def test_binomial_deviance_gradient_pulls_positives_together():
     emb = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
     BinomialDevianceLoss()(F.normalize(emb, dim=1), torch.tensor([0, 0])).backward()
     assert emb.grad[0, 1] < 0  # moving toward the other positive lowers the loss
+
+
+def test_quadruplet_loss_matches_a_hand_computation():
+    """Chen et al. 2017 on Euclidean distance: mean over the non-zero triplet terms
+    relu(d(a,p) - d(a,n1) + 0.2) plus mean over the non-zero quadruplet terms
+    relu(d(a,p) - d(n1,n2) + 0.1), n2 of a class other than a's and n1's."""
+    emb = F.normalize(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8], [-1.0, 0.1], [0.3, -1.0]]),
+                      dim=1)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    d = torch.cdist(emb, emb)
+    first, second = [], []
+    for a in range(6):
+        for p in range(6):
+            if p == a or labels[p] != labels[a]:
+                continue
+            for n in range(6):
+                if labels[n] == labels[a]:
+                    continue
+                first.append(max(0.0, float(d[a, p] - d[a, n]) + 0.2))
+                for n2 in range(6):
+                    if labels[n2] not in (labels[a], labels[n]):
+                        second.append(max(0.0, float(d[a, p] - d[n, n2]) + 0.1))
+    nonzero = lambda xs: [x for x in xs if x > 0]  # noqa: E731
+    expected = sum(nonzero(first)) / len(nonzero(first)) + sum(nonzero(second)) / len(nonzero(second))
+    assert float(create_loss("quadruplet", num_classes=3, embedding_size=2)(emb, labels)) == \
+        pytest.approx(expected, rel=1e-5)
+    # Mined triplets restrict both terms to them.
+    mined = (torch.tensor([0]), torch.tensor([1]), torch.tensor([2]))
+    t1 = max(0.0, float(d[0, 1] - d[0, 2]) + 0.2)
+    t2 = [max(0.0, float(d[0, 1] - d[2, j]) + 0.1) for j in (4, 5)]
+    expected = (t1 if t1 > 0 else 0.0) + (sum(nonzero(t2)) / len(nonzero(t2)) if nonzero(t2) else 0.0)
+    assert float(QuadrupletLoss()(emb, labels, mined)) == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", LOSSES.list())

@@ -1,0 +1,567 @@
+"""SAM: similarity attention and similarity mining (Zheng, Karanam, Chen, Radke, Wu,
+"Visual Similarity Attention", IJCAI 2022; arXiv 1911.07381, first titled "Learning
+Similarity Attention"). The authors released no code: this file implements the paper's
+text; every choice the text leaves open is named below. (A third-party TensorFlow SAM
+differs from the paper: learnable mask parameters, no gradient through the attention.)
+
+The head is the plain DML head (GAP -> Linear -> L2, :mod:`methods.plain`); SAM changes
+training and explanation, not the embedding.
+
+Similarity attention (Sec. 3.1). For a tuple of unit embeddings, a weight vector w
+picks the dimensions that make the tuple satisfy its criterion:
+
+=================  ==========================================================================
+``form``           w (element-wise products, all vectors unit-norm)
+=================  ==========================================================================
+``triplet``        w = (1 - |f_a - f_p|) * |f_a - f_n|                    (Sec. 3.1, "w^p . w^n")
+``siamese``        w = 1 - |f_1 - f_2| for a positive pair, |f_1 - f_2| for a negative (Sec. 3.1.1)
+``quadruplet``     w = (1 - |f_a - f_p|) * |f_a - f_n1| * |f_a - f_n2|                (Sec. 3.1.1)
+=================  ==========================================================================
+
+Each image i of the tuple gets the score s^i = w . f^i and the attention map
+M^i = ReLU(sum_k alpha_k A_k), alpha_k = GAP(ds^i / dA_k) (Eq. 1), on the feature map A of
+backbone point ``stage``. On the last map (``s32``) under GAP -> Linear -> L2 the
+gradient is constant over space and Eq. 1 has a closed form (no double backward)::
+
+    e = W GAP(A) + b,  f = e / |e|,  g = ds/de = (w - (w . f) f) / |e|,
+    alpha = W^T g / (h w),  M = ReLU(sum_k alpha_k A_k)
+
+(:func:`closed_form_attention`). An earlier ``stage`` runs the rest of the backbone
+and the head again from the map and takes the vector-Jacobian product with autograd
+(``create_graph=True`` in training, :func:`autograd_attention`). Attention is computed
+in float32 with autocast disabled, from the map the backbone produced (its embedding is
+recomputed in float32 too, and w is built from that).
+
+Similarity mining (Sec. 3.2). Each attention map is upsampled to the image, normalised
+and turned into a soft mask 1 - Sigma(M), Sigma(Z) = sigmoid(alpha (Z - beta)); the masked
+images x * (1 - Sigma(M)) go through the same model again (``batch.model``) and
+
+* triplet (Eq. 2):     L_sm = | ||f*a - f*p|| - ||f*a - f*n|| |
+* siamese (3.2.1):     L_sm = -||f*1 - f*2||, positive pairs only
+* quadruplet (3.2.1):  L_sm = L_sm(a, p, n1) + L_sm(a, p, n2)
+
+averaged over the tuples. The total is Eq. 3, L = L_ml + gamma L_sm: ``loss_terms``
+returns ``{"metric": L_ml, "similarity_mining": gamma * L_sm}``. As the paper says ("all
+operations leading up to Equation 1 ... are differentiable"), L_sm's gradient flows
+through the masks into M, and through M into the backbone, the head and w.
+
+Tuples: L_ml is the run's metric loss on the tuples its miner chose
+(``idx = batch.metric_loss.mine(f, y)``, ``batch.metric_loss(f, y, indices=idx)``); L_sm
+uses tuples from the *same* ``idx`` (converted to pairs / triplets as PML does; all
+tuples of the batch when the protocol has no miner), see :func:`select_tuples`.
+
+Architectures of Table 1 and the registered names (the loss is the run's ``--loss``;
+Table 1 pairs Siamese with contrastive, triplet with triplet, quadruplet with the
+harness's ``quadruplet`` loss, Chen et al. 2017):
+
+==================  ===========  ==============================================================
+name                ``form``     note
+==================  ===========  ==============================================================
+``sam``             triplet      the paper's main model: Sec. 3 is written for it, and "since the
+                                 triplet model gives the best performance among the three
+                                 architectures considered in Table 1, for all subsequent
+                                 experiments, we only report results with the triplet variant"
+                                 (Sec. 4.1; Table 2's SAM row)
+``sam_siamese``     siamese      Table 1 ablation
+``sam_quadruplet``  quadruplet   Table 1 ablation
+==================  ===========  ==============================================================
+
+Choices where the paper is silent (assumptions; each is an option and in the search space):
+
+* ``stage`` (Sec. 3.1: A is "from one of the intermediate layers"): default ``"s32"``, the
+  last convolutional map, as in Grad-CAM, which Eq. 1 follows (and the closed form).
+* ``alpha``, ``beta`` of Sigma (Sec. 3.2: "pre-set, by cross validation, constants", values not
+  printed): default alpha = 10, beta = 0.5, the values of GAIN (Li et al. 2018a, cited by the
+  paper for trainable attention), whose soft mask sigmoid(omega (A - sigma)) Sigma is.
+* ``gamma`` (Eq. 3): given only for re-identification, 0.2 (Sec. 4.2); used for retrieval too.
+* ``normalize``, how M is brought to the scale beta lives on (not said): M is upsampled
+  bilinearly to the image size, then ``"max"`` (default) divides each map by its maximum
+  (zeros of the ReLU stay 0, the peak is 1) or ``"minmax"`` rescales it to [0, 1].
+  Masked pixels tend to 0 in the *normalised* input, i.e. to the dataset's mean colour.
+* ``detach_weights``: Eq. 1 differentiates s = w . f with w held constant (w selects
+  dimensions, as a class weight does in Grad-CAM; the text differentiates "these sample
+  scores" and says nothing of w's own dependence on f). In training, w is itself a function
+  of the embeddings; default False lets L_sm's gradient reach the embeddings through w
+  too ("all operations ... are differentiable"); True holds w constant there as well.
+* ``mining``, which mined tuples are masked: each image is masked at most once per step, as
+  in the paper's triplet model, where a batch is a set of triplets and each image belongs to
+  one (Fig. 2). Mined tuples are taken greedily, skipping any that shares an image with one
+  already taken, in random order (``"random"``, default) or hardest first (``"hardest"``:
+  largest d(a, p) - d(a, n), or largest d(1, 2) for Siamese positives). A quadruplet extends a
+  mined triplet (a, p, n1) by a second negative n2 of a class other than a's and n1's (Chen
+  et al. 2017's constraint; the paper only says both are negatives of a): random, or the
+  nearest to a. So the masked pass sees at most one batch of images (about 2 forward passes
+  per step in all).
+* L_sm's reduction over tuples (not said): the mean, so gamma does not depend on the batch.
+
+Both passes run the model in training mode: with the protocols' frozen BatchNorm the
+masked images leave the running statistics alone and images do not interact (which
+Eq. 1 by autograd on an earlier stage also assumes); with ``freeze_bn = false`` the
+masked pass updates them too, as a second forward of the same network does.
+
+Explanation (not a training choice): :meth:`SAMHead.explain` gives, per image, the
+similarity attention of the image with its nearest neighbour in the batch under the
+Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is similar; an
+image alone is paired with itself, w = 1). :meth:`SAMHead.pair_figure` draws the same
+for a (query, gallery) pair (Fig. 4 style), in closed form on the last map.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+from torch import nn
+
+from harness.errors import HarnessError
+from harness.explain import upsample_maps
+
+from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
+
+__all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_weights",
+           "quadruplet_weights", "tuple_weights", "eq1_attention", "closed_form_attention",
+           "autograd_attention", "soft_mask", "normalize_attention", "similarity_mining_loss",
+           "candidate_tuples", "select_tuples", "pair_figure"]
+
+PAPER = PaperInfo(
+    title="Visual Similarity Attention",
+    authors="Meng Zheng, Srikrishna Karanam, Terrence Chen, Richard J. Radke, Ziyan Wu",
+    year=2022,
+    venue="IJCAI",
+    arxiv="1911.07381",
+    tables=("1", "2"),
+)
+
+FORMS = ("triplet", "siamese", "quadruplet")
+TUPLE_SIZE = {"siamese": 2, "triplet": 3, "quadruplet": 4}
+NORMALIZATIONS = ("max", "minmax")
+MININGS = ("random", "hardest")
+STAGES = ("s8", "s16", "s32")
+_EPS = 1e-12
+
+
+# ------------------------------------------------------------------ Sec. 3.1: weights
+
+
+def triplet_weights(f_a: torch.Tensor, f_p: torch.Tensor, f_n: torch.Tensor) -> torch.Tensor:
+    """Sec. 3.1: w = w^p * w^n, w^p = 1 - |f_a - f_p|, w^n = |f_a - f_n| (element-wise)."""
+    return (1 - (f_a - f_p).abs()) * (f_a - f_n).abs()
+
+
+def pair_weights(f_1: torch.Tensor, f_2: torch.Tensor, same) -> torch.Tensor:
+    """Sec. 3.1.1, Siamese: w = 1 - |f_1 - f_2| if the pair is of one class, else |f_1 - f_2|.
+    ``same``: a bool or a bool tensor (one per pair)."""
+    diff = (f_1 - f_2).abs()
+    if isinstance(same, bool):
+        return 1 - diff if same else diff
+    return torch.where(torch.as_tensor(same, device=diff.device)[..., None], 1 - diff, diff)
+
+
+def quadruplet_weights(f_a: torch.Tensor, f_p: torch.Tensor, f_n1: torch.Tensor, f_n2: torch.Tensor) -> torch.Tensor:
+    """Sec. 3.1.1, quadruplet: w = (1 - |f_a - f_p|) * |f_a - f_n1| * |f_a - f_n2|."""
+    return (1 - (f_a - f_p).abs()) * (f_a - f_n1).abs() * (f_a - f_n2).abs()
+
+
+def tuple_weights(features: torch.Tensor, form: str) -> torch.Tensor:
+    """T x k x D embeddings of T tuples (SAM's roles in order: a, p[, n[, n2]]; Siamese pairs
+    are positive pairs, the only ones similarity mining uses) -> T x D weight vectors."""
+    if form == "siamese":
+        return pair_weights(features[:, 0], features[:, 1], True)
+    if form == "triplet":
+        return triplet_weights(features[:, 0], features[:, 1], features[:, 2])
+    if form == "quadruplet":
+        return quadruplet_weights(features[:, 0], features[:, 1], features[:, 2], features[:, 3])
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+# ------------------------------------------------------------------ Sec. 3.1: Eq. 1
+
+
+def eq1_attention(maps: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Eq. 1: M = ReLU(sum_k alpha_k A_k), alpha_k = GAP(ds/dA_k). ``maps``, ``grads``:
+    N x C x h x w -> N x h x w."""
+    alpha = grads.mean(dim=(2, 3))
+    return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
+
+
+def closed_form_attention(maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor,
+                          weight: torch.Tensor) -> torch.Tensor:
+    """Eq. 1 on the last map under GAP -> Linear (``weight`` D x C) -> L2, without autograd.
+
+    ``maps`` N x C x h x w, ``e`` N x D (before the L2 normalisation), ``f = e / |e|``,
+    ``w`` N x D (held constant). ds/de = (w - (w . f) f) / |e| (the Jacobian of the L2
+    normalisation), ds/dA_k(x, y) = (W^T ds/de)_k / (h w) at every (x, y), so alpha_k is that
+    constant and M = ReLU(A . W^T g) / (h w). Differentiable in all its inputs."""
+    g = (w - (w * f).sum(-1, keepdim=True) * f) / e.norm(dim=-1, keepdim=True).clamp_min(_EPS)
+    alpha = g @ weight / (maps.shape[-2] * maps.shape[-1])
+    return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
+
+
+def autograd_attention(maps: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *,
+                       create_graph: bool) -> torch.Tensor:
+    """Eq. 1 by autograd: ds/dA is the vector-Jacobian product of f (computed from ``maps``)
+    with w (w held constant in the derivative; with ``create_graph`` the result stays
+    differentiable in the parameters, the maps and w). Rows must not interact (BatchNorm
+    frozen or in eval mode, as the protocols run it)."""
+    grads, = torch.autograd.grad(f, maps, grad_outputs=w, create_graph=create_graph)
+    return eq1_attention(maps, grads)
+
+
+# ------------------------------------------------------------------ Sec. 3.2: masks and L_sm
+
+
+def normalize_attention(maps: torch.Tensor, how: str = "max") -> torch.Tensor:
+    """Each H x W map of N x 1 x H x W on beta's scale: divided by its maximum (``"max"``)
+    or min-max rescaled (``"minmax"``); an all-zero map stays 0 (an assumption, see the
+    module docstring)."""
+    hi = maps.amax(dim=(-2, -1), keepdim=True)
+    if how == "max":
+        return maps / hi.clamp_min(_EPS)
+    if how == "minmax":
+        lo = maps.amin(dim=(-2, -1), keepdim=True)
+        return (maps - lo) / (hi - lo).clamp_min(_EPS)
+    raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {how!r}")
+
+
+def soft_mask(maps: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """Sec. 3.2: 1 - Sigma(M), Sigma(Z) = sigmoid(alpha (Z - beta)), element-wise: the factor
+    that x is multiplied by (near 0 where the attention is high)."""
+    return 1 - torch.sigmoid(alpha * (maps - beta))
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    """Euclidean norm over the last axis, with a finite gradient at 0."""
+    return (x.pow(2).sum(-1) + _EPS).sqrt()
+
+
+def similarity_mining_loss(features: torch.Tensor, form: str) -> torch.Tensor:
+    """L_sm on the masked images' embeddings, T x k x D (roles a, p[, n[, n2]]), averaged
+    over the T tuples: Eq. 2 (triplet), -||f*1 - f*2|| (Siamese positive pairs, Sec. 3.2.1),
+    Eq. 2 on (a, p, n1) plus Eq. 2 on (a, p, n2) (quadruplet, Sec. 3.2.1)."""
+    if form == "siamese":
+        return -_norm(features[:, 0] - features[:, 1]).mean()
+    d_ap = _norm(features[:, 0] - features[:, 1])
+    if form == "triplet":
+        return (d_ap - _norm(features[:, 0] - features[:, 2])).abs().mean()
+    if form == "quadruplet":
+        return ((d_ap - _norm(features[:, 0] - features[:, 2])).abs()
+                + (d_ap - _norm(features[:, 0] - features[:, 3])).abs()).mean()
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+# ------------------------------------------------------------------ tuples
+
+
+def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
+    """The mined tuples as rows: positive pairs (Siamese) or triplets (triplet, quadruplet),
+    converted from a miner's pairs (a1, p, a2, n) or triplets (a, p, n) as PML converts them;
+    ``indices`` None (no miner): all of the batch's."""
+    if form == "siamese":
+        a1, p, _, _ = lmu.convert_to_pairs(indices, labels)
+        return torch.stack([a1, p], 1)
+    a, p, n = lmu.convert_to_triplets(indices, labels, t_per_anchor="all")
+    return torch.stack([a, p, n], 1)
+
+
+def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Tensor | None = None,
+                  mining: str = "random") -> torch.Tensor:
+    """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
+    greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
+    second negative to a mined triplet (see the module docstring). Random choices use
+    torch's global generator (seeded per epoch by the trainer)."""
+    k = TUPLE_SIZE[form]
+    cand = candidate_tuples(indices, labels, form)
+    batch = len(labels)
+    empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
+    if len(cand) == 0:
+        return empty
+    dist = None
+    if mining == "hardest" or form == "quadruplet":
+        if embeddings is None and mining == "hardest":
+            raise ValueError("mining='hardest' needs the embeddings")
+        if embeddings is not None:
+            emb = embeddings.detach().float().cpu()
+            dist = torch.cdist(emb, emb)
+    cand_cpu = cand.cpu()
+    if mining == "random":
+        order = torch.randperm(len(cand_cpu)).tolist()
+    elif mining == "hardest":
+        hard = dist[cand_cpu[:, 0], cand_cpu[:, 1]]
+        if form != "siamese":
+            hard = hard - dist[cand_cpu[:, 0], cand_cpu[:, 2]]
+        order = torch.argsort(-hard, stable=True).tolist()
+    else:
+        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+    rows, y = cand_cpu.tolist(), labels.cpu().tolist()
+    used, chosen, free = [False] * batch, [], batch
+    for t in order:
+        members = rows[t]
+        if len(set(members)) < len(members) or any(used[i] for i in members):
+            continue
+        if form == "quadruplet":
+            a, n1 = members[0], members[2]
+            pool = [j for j in range(batch) if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]]
+            if not pool:
+                continue
+            if mining == "hardest":
+                n2 = min(pool, key=lambda j: float(dist[a, j]))
+            else:
+                n2 = pool[int(torch.randint(len(pool), ()))]
+            members = members + [n2]
+        chosen.append(members)
+        for i in members:
+            used[i] = True
+        free -= k
+        if free < k:
+            break
+    if not chosen:
+        return empty
+    return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+
+
+def _grid(n: int, height: int, width: int) -> tuple[int, int]:
+    """The h x w grid (h * w = n) whose aspect is closest to the image's."""
+    shapes = [(h, n // h) for h in range(1, n + 1) if n % h == 0]
+    return min(shapes, key=lambda s: abs(math.log(s[0] / s[1]) - math.log(height / width)))
+
+
+# ------------------------------------------------------------------ the head
+
+
+@register_method("sam", description="SAM: similarity attention + similarity mining on soft-masked images "
+                                     "(triplet form), GAP + linear head")
+class SAMHead(Method):
+    """The plain head (GAP -> Linear -> L2) trained with SAM's similarity mining (see the
+    module docstring). Options: ``form`` (``"triplet"`` | ``"siamese"`` | ``"quadruplet"``),
+    ``stage`` (the map of Eq. 1), ``alpha`` / ``beta`` (Sigma), ``gamma`` (Eq. 3),
+    ``normalize`` (M's scale), ``detach_weights`` (w constant in training), ``mining``
+    (which mined tuples are masked); all but ``form`` are assumptions, see above."""
+
+    name = "sam"
+    paper = PAPER
+
+    def __init__(self, *, channels, embedding_size, form: str = "triplet", stage: str = "s32",
+                 alpha: float = 10.0, beta: float = 0.5, gamma: float = 0.2, normalize: str = "max",
+                 detach_weights: bool = False, mining: str = "random"):
+        super().__init__(channels=channels, embedding_size=embedding_size)
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        if not alpha > 0:
+            raise ValueError(f"alpha (mask sharpness) must be > 0, got {alpha}")
+        if not 0 <= beta <= 1:
+            raise ValueError(f"beta (mask threshold on the normalised map) must be in [0, 1], got {beta}")
+        if not gamma >= 0:
+            raise ValueError(f"gamma (Eq. 3) must be >= 0, got {gamma}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        if mining not in MININGS:
+            raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+        self.form, self.stage, self.normalize, self.mining = form, stage, normalize, mining
+        self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
+        self.detach_weights = bool(detach_weights)
+        self.project = nn.Linear(self.in_channels, embedding_size)
+
+    @property
+    def closed_form(self) -> bool:
+        return self.stage == "s32"
+
+    def setup(self, backbone):
+        """Attention on an earlier map: the backbone stops there and :meth:`embed` runs the
+        rest (``backbone.run``), so the map is in the graph of the embedding."""
+        super().setup(backbone)
+        if self.stage != "s32":
+            self.stages = (self.stage,)
+
+    # ---------------------------------------------------------------------- forward
+
+    def _last_map(self, fmap: torch.Tensor) -> torch.Tensor:
+        return fmap if self.stage == "s32" else self.backbone.run(fmap, start=self.stage)
+
+    def embed(self, maps):
+        fmap = maps[-1]
+        last = self._last_map(fmap)
+        e = self.project(last.mean(dim=(2, 3)))
+        out = HeadOutput(embedding=F.normalize(e, dim=-1), extras={"map": fmap})
+        if not self.training:  # per-location embeddings W A_ij, for pair_figure (which gets no extras)
+            out.local = torch.einsum("bchw,dc->bhwd", last, self.project.weight.to(last.dtype)).flatten(1, 2)
+        return out
+
+    # ---------------------------------------------------------------------- Eq. 1
+
+    def features32(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e, f) in float32 from maps of ``stage`` (call with autocast disabled): the head
+        (and, for an earlier stage, the rest of the backbone) run again in float32."""
+        last = self._last_map(maps)
+        e = F.linear(last.float().mean(dim=(2, 3)), self.project.weight.float(), self.project.bias.float())
+        return e, F.normalize(e, dim=-1)
+
+    def attention(self, maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *,
+                  closed_form: bool | None = None, create_graph: bool = True) -> torch.Tensor:
+        """Eq. 1 for N rows: ``maps`` (float32, of ``stage``), (e, f) = :meth:`features32` of
+        them, ``w`` N x D. Closed form on ``s32`` (``closed_form`` None), else autograd
+        (``maps`` must then require grad and (e, f) come from them)."""
+        if self.closed_form if closed_form is None else closed_form:
+            if self.stage != "s32":
+                raise HarnessError("SAM's closed form holds on the last map (stage s32) only")
+            return closed_form_attention(maps, e, f, w, self.project.weight.float())
+        return autograd_attention(maps, f, w, create_graph=create_graph)
+
+    def _fp32(self, device: torch.device):
+        return torch.autocast(device_type=device.type, enabled=False)
+
+    def tuple_attention(self, maps: torch.Tensor, form: str | None = None,
+                        create_graph: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention maps of T tuples' images: ``maps`` (T*k) x C x h x w, rows tuple by tuple
+        in role order. Returns (M (T*k) x h x w, w T x D), float32 under any autocast."""
+        form = form or self.form
+        k = TUPLE_SIZE[form]
+        with self._fp32(maps.device), (nullcontext() if self.closed_form else torch.enable_grad()):
+            a = maps.float()
+            if not self.closed_form and not a.requires_grad:
+                a = a.detach().requires_grad_()
+            e, f = self.features32(a)
+            w = tuple_weights(f.view(-1, k, f.shape[-1]), form)
+            if self.detach_weights:
+                w = w.detach()
+            m = self.attention(a, e, f, w.repeat_interleave(k, dim=0), create_graph=create_graph)
+        return m, w
+
+    # ---------------------------------------------------------------------- Sec. 3.2
+
+    def masks(self, attention: torch.Tensor, size) -> torch.Tensor:
+        """N x h x w attention -> N x 1 x H x W soft masks 1 - Sigma(M) at image size."""
+        up = F.interpolate(attention[:, None], size=tuple(size), mode="bilinear", align_corners=False)
+        return soft_mask(normalize_attention(up, self.normalize), self.alpha, self.beta)
+
+    def loss_terms(self, output, batch):
+        """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of
+        (a selection of) the same tuples, through a second pass of ``batch.model``."""
+        f, labels = output.embedding, batch.labels
+        indices = batch.metric_loss.mine(f, labels)
+        terms = {"metric": batch.metric_loss(f, labels, indices=indices)}
+        if batch.images is None or batch.model is None:
+            raise HarnessError("SAM's similarity mining needs the batch's images and model (a second pass)")
+        fmap = output.extras.get("map")
+        if fmap is None:
+            raise HarnessError("SAM's loss needs the feature map its embed keeps (output.extras['map'])")
+        tuples = select_tuples(indices, labels, self.form, f, self.mining)
+        if len(tuples) == 0:
+            terms["similarity_mining"] = f.sum() * 0
+            return terms
+        rows = tuples.flatten()
+        attention, _ = self.tuple_attention(fmap[rows])
+        masks = self.masks(attention, batch.images.shape[-2:])
+        masked = batch.images[rows] * masks.to(batch.images.dtype)
+        f_star = batch.model(masked).embedding.float()
+        l_sm = similarity_mining_loss(f_star.view(len(tuples), -1, f_star.shape[-1]), self.form)
+        terms["similarity_mining"] = self.gamma * l_sm
+        return terms
+
+    # ---------------------------------------------------------------------- explanation
+
+    def explain(self, images, output):
+        """One map per image (K = 1): its similarity attention with its nearest neighbour in
+        the batch under w = 1 - |f - f_nn| (itself, w = 1, when alone), upsampled to the
+        image and min-max normalised. Works under ``no_grad`` / ``inference_mode``."""
+        fmap = output.extras.get("map")
+        if fmap is None:
+            return None
+        grad = nullcontext() if self.closed_form else torch.enable_grad()
+        with torch.inference_mode(False), self._fp32(fmap.device), grad:
+            a = fmap.detach().clone().float()
+            if not self.closed_form:
+                a.requires_grad_()
+            e, f = self.features32(a)
+            if len(f) > 1:
+                sims = f.detach() @ f.detach().T
+                sims.fill_diagonal_(-float("inf"))
+                partner = sims.argmax(dim=1)
+            else:
+                partner = torch.arange(len(f), device=f.device)
+            w = pair_weights(f, f[partner], True).detach()
+            m = self.attention(a, e, f, w, create_graph=False)
+        return upsample_maps(m.detach()[:, None], images.shape[-2:])
+
+    def pair_figure(self, query_image, gallery_image, query, gallery, path):
+        """Fig. 4 style for one pair: each image with its similarity attention under the
+        positive-pair weight w = 1 - |f_q - f_g|, in closed form from the per-location
+        embeddings of the last map (``local``; for an earlier ``stage`` the figure is of
+        ``s32``, since the figure gets neither the maps nor normalised images)."""
+        if query.local is None or gallery.local is None:
+            return None
+        maps = []
+        with torch.inference_mode(False), torch.no_grad():
+            locs = [query.local[0].float().cpu(), gallery.local[0].float().cpu()]
+            bias = self.project.bias.detach().float().cpu()
+            es = [loc.mean(0) + bias for loc in locs]
+            fs = [F.normalize(e, dim=-1) for e in es]
+            w = pair_weights(fs[0], fs[1], True)
+            for loc, e, f, image in zip(locs, es, fs, (query_image, gallery_image), strict=True):
+                g = (w - (w @ f) * f) / e.norm().clamp_min(_EPS)
+                m = F.relu(loc @ g) / len(loc)
+                maps.append(m.view(*_grid(len(loc), *image.shape[-2:])))
+            cosine = float(fs[0] @ fs[1])
+        note = "" if self.stage == "s32" else f" (drawn on s32; trained on {self.stage})"
+        return pair_figure(query_image, gallery_image, maps[0], maps[1], path,
+                           title=f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}")
+
+    @classmethod
+    def search_space(cls, trial, *, embedding_size):
+        """The paper-silent choices: stage, alpha, beta, gamma, M's normalisation, w held
+        constant or not, which mined tuples are masked."""
+        return {"stage": trial.suggest_categorical("stage", ["s16", "s32"]),
+                "alpha": trial.suggest_float("alpha", 2.0, 50.0, log=True),
+                "beta": trial.suggest_float("beta", 0.2, 0.8),
+                "gamma": trial.suggest_float("gamma", 0.01, 1.0, log=True),
+                "normalize": trial.suggest_categorical("normalize", list(NORMALIZATIONS)),
+                "detach_weights": trial.suggest_categorical("detach_weights", [False, True]),
+                "mining": trial.suggest_categorical("mining", list(MININGS))}
+
+
+def _image_array(image):
+    x = image.detach().float().cpu() if isinstance(image, torch.Tensor) else torch.as_tensor(image).float()
+    if x.dim() == 3 and x.shape[0] in (1, 3):
+        x = x.permute(1, 2, 0)
+    if x.shape[-1] == 1:
+        x = x.expand(*x.shape[:2], 3)
+    return x.clamp(0, 1).numpy()
+
+
+def pair_figure(query_image, gallery_image, query_map: torch.Tensor, gallery_map: torch.Tensor,
+                path: str | Path, *, title: str = "", alpha: float = 0.5, cmap: str = "jet",
+                dpi: int = 100) -> Path:
+    """Write a PNG in the style of Fig. 4: the query and the gallery image, each with its
+    attention map (h x w, upsampled bilinearly, min-max normalised) overlaid. Images:
+    3 x H x W in [0, 1]. Drawn on an Agg canvas (no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(6, 3.4), dpi=dpi)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    for ax, image, heat, name in zip(axes, (query_image, gallery_image), (query_map, gallery_map),
+                                     ("query", "gallery"), strict=True):
+        img = _image_array(image)
+        up = upsample_maps(heat.detach().float().cpu()[None, None], img.shape[:2])[0, 0]
+        ax.imshow(img)
+        ax.imshow(up.numpy(), cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
+        ax.set_title(name, fontsize=9)
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.savefig(path, format="png")
+    return path
+
+
+register_variant("sam_siamese", SAMHead, ablation=True, form="siamese",
+                 description="SAM Table 1: Siamese form (positive pairs masked; L_sm = -||f*1 - f*2||)")
+register_variant("sam_quadruplet", SAMHead, ablation=True, form="quadruplet",
+                 description="SAM Table 1: quadruplet form (L_sm = Eq. 2 on (a, p, n1) + on (a, p, n2))")
