@@ -1,0 +1,117 @@
+"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never a part.
+
+One helper for every file the harness writes whole (checkpoints, selected weights,
+``--json`` records, tables), because the hand-rolled variants it replaces each had a
+flaw: a fixed temporary name (``last.tmp``, ``.out.json.tmp``) that two concurrent
+writers of the same target share and corrupt, a temporary file left behind when the
+writer failed, and no ``fsync`` (after a power loss the rename can survive while the
+data does not, leaving an empty or short file under the final name).
+
+The recipe: write to a unique temporary file in the target's folder
+(:func:`tempfile.mkstemp`, so the rename stays on one file system and is atomic),
+flush and ``fsync`` it, ``os.replace`` it over the target, then ``fsync`` the folder
+(where the platform allows) so the rename itself is durable. On any failure,
+including ``KeyboardInterrupt``, the temporary file is removed and the target is left
+as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_save_torch", "sha256_file"]
+
+
+def _umask() -> int:
+    # mkstemp creates 0600 files; a written result should get the permissions any other
+    # new file gets (0666 minus the umask). Reading the umask means setting it: done once.
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable; not possible everywhere (Windows, some file
+    systems refuse ``fsync`` on a directory), where it is skipped."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary: bool = True,
+                 before_replace: Callable[[Path], Any] | None = None) -> None:
+    """Write ``path`` atomically: ``write_fn(fh)`` fills a temporary file beside it.
+
+    ``binary``: the file handle is opened ``"wb"`` (else ``"w"``, UTF-8).
+    ``before_replace(tmp_path)``: called once the data is on disk, just before the
+    rename (e.g. to record the file's checksum where a reader will look for it first).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
+            write_fn(fh)
+            fh.flush()
+            if hasattr(os, "fchmod"):  # not on Windows
+                os.fchmod(fh.fileno(), _FILE_MODE)
+            os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write(path, lambda fh: fh.write(text), binary=False)
+
+
+def sha256_file(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_save_torch(obj: Any, path: Path | str, *,
+                      before_replace: Callable[[Path, str], Any] | None = None) -> str:
+    """``torch.save(obj)`` to ``path`` atomically; returns the sha256 of the written file.
+
+    ``before_replace(tmp_path, sha256)``: as in :func:`atomic_write`, with the digest
+    (checkpoints record it in their sidecar before the new file takes the name)."""
+    import torch
+
+    digest: list[str] = []
+
+    def check(tmp: Path) -> None:
+        digest.append(sha256_file(tmp))
+        if before_replace is not None:
+            before_replace(tmp, digest[0])
+
+    atomic_write(path, lambda fh: torch.save(obj, fh), before_replace=check)
+    return digest[0]

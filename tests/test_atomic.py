@@ -1,0 +1,70 @@
+"""harness.atomic: a writer failing mid-way leaves neither the target nor a temporary
+file; two writers of one file do not collide; data and rename are fsynced."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from harness.atomic import atomic_save_torch, atomic_write, atomic_write_bytes, sha256_file
+
+
+def test_a_writer_failing_midway_leaves_neither_the_target_nor_a_temporary_file(tmp_path):
+    target = tmp_path / "out" / "result.json"
+
+    def half_then_fail(fh):
+        fh.write(b"{\"half\": ")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, half_then_fail)
+    assert list(target.parent.iterdir()) == []
+
+    target.write_bytes(b"old")  # an existing target keeps its content
+    for error in (RuntimeError("boom"), KeyboardInterrupt()):
+        def fail(fh, error=error):
+            fh.write(b"new, cut short")
+            raise error
+
+        with pytest.raises(type(error)):
+            atomic_write(target, fail)
+        assert target.read_bytes() == b"old"
+        assert [p.name for p in target.parent.iterdir()] == ["result.json"]
+
+
+def test_two_concurrent_writers_of_one_file_do_not_collide(tmp_path):
+    """The old helpers wrote every writer's data to one fixed temporary name."""
+    target = tmp_path / "last.pt"
+    payloads = [bytes([i]) * (1 << 20) for i in (1, 2)]
+    errors: list[BaseException] = []
+
+    def writer(data: bytes) -> None:
+        try:
+            for _ in range(25):
+                atomic_write_bytes(target, data)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert target.read_bytes() in payloads  # whole, one writer's
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_atomic_writes_are_fsynced_and_keep_the_usual_permissions(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    digest = atomic_save_torch({"w": torch.ones(3)}, tmp_path / "model.pt")
+    assert len(synced) >= 1  # the file (and the folder where the platform allows)
+    assert digest == sha256_file(tmp_path / "model.pt")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "model.pt").stat().st_mode & 0o777 == 0o666 & ~mask
