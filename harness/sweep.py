@@ -182,28 +182,23 @@ def enqueue_ready_dependents(grid: Grid, study) -> int:
     return len(ready)
 
 
-@contextlib.contextmanager
-def _pop_lock(storage):
+def _pop_lock(url: str | None):
     """Serialise popping a queued trial among the processes of one machine on SQLite.
 
     Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
     workers that ask at the same moment can both get the same trial and run the cell
     twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
-    exclusive ``flock`` on a file beside the database does the same for local workers."""
-    # create_study wraps the RDBStorage in a cache; the URL is on the backend.
-    url = str(getattr(storage, "url", "") or getattr(getattr(storage, "_backend", None), "url", ""))
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        yield
-        return
-    import fcntl
+    exclusive lock on a file beside the database does the same for local workers.
 
-    lock_path = Path(url.removeprefix("sqlite:///") + ".pop.lock")
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    ``url``: the storage URL the study was opened with (:func:`storage_url`), passed in
+    rather than read back from Optuna's storage objects (private, and wrapped in a cache).
+    The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
+    Windows), released when the block ends or the process dies."""
+    if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    return FileLock(url.removeprefix("sqlite:///") + ".pop.lock")
 
 
 class _Heartbeat:
@@ -241,9 +236,11 @@ def _runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
     exp = mlflow.get_experiment_by_name(grid.experiment)
     if exp is None:
         return []
+    from .tracking import filter_value as q  # quoted for MLflow's search syntax
+
     return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
-        f"attributes.status = '{status}' and tags.fingerprint = '{fp}' and tags.method = '{cell.method}' "
-        f"and tags.seed = '{cell.seed}' and tags.dataset = '{cell.dataset}'"))
+        f"attributes.status = {q(status)} and tags.fingerprint = {q(fp)} and tags.method = {q(cell.method)} "
+        f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"))
 
 
 def _tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
@@ -294,6 +291,7 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
     if cell.base_key and not init_from:
         raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
+    root = settings.get("checkpoint_root")
     cfg = training.RunConfig(method=cell.method, dataset=cell.dataset, protocol=protocol, loss=cell.loss,
                              loss_args=dict(cell.loss_args), seed=cell.seed, deviations=cell.deviations,
                              protocol_path=cell.protocol_path, method_options=dict(cell.method_options),
@@ -301,6 +299,7 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
                              workers=settings.get("loader_workers"), resume=True,
                              init_from=init_from, evaluate_only=bool(cell.base_key),
                              experiment=grid.experiment,
+                             **({"checkpoint_root": Path(root)} if root else {}),
                              # Tagged from the start; the full set again below (and on adoption).
                              tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label})
     record = training.run_training(cfg, splits)
@@ -311,6 +310,7 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
 def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0) -> dict[str, list]:
     """Pop and run queued cells until none is queued or running anywhere.
 
+    ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
     Returns ``{"done": [...], "failed": [(label, error)], "skipped": [...]}`` for this worker."""
     from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
@@ -330,7 +330,7 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
                 return report
             time.sleep(poll)  # another worker may die: its cell would come back here
             continue
-        with _pop_lock(storage):
+        with _pop_lock(settings.get("storage")):
             trial = study.ask()
         key = trial.user_attrs.get(CELL_ATTR)
         if key is None:  # another worker took the last queued cell first
@@ -374,7 +374,8 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
 
 
 def _settings(args: argparse.Namespace) -> dict:
-    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers}
+    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers,
+            "storage": storage_url(args.storage), "checkpoint_root": args.checkpoint_root}
 
 
 def _worker_command(args: argparse.Namespace) -> list[str]:
@@ -387,6 +388,8 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
         cmd += ["--data-root", str(args.data_root)]
     if args.loader_workers is not None:
         cmd += ["--loader-workers", str(args.loader_workers)]
+    if args.checkpoint_root:
+        cmd += ["--checkpoint-root", str(args.checkpoint_root)]
     return cmd
 
 
@@ -453,6 +456,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--loader-workers", type=int, help="data-loading processes per run")
+    p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
+                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
     p.add_argument("--heartbeat", type=int, default=30, help="seconds between worker heartbeats")
     p.add_argument("--grace", type=int, default=90,
                    help="seconds without a heartbeat after which a running cell is retried")

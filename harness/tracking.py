@@ -20,7 +20,7 @@ from typing import Any
 from .errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
-           "uncommitted_changes", "load_finished_weights"]
+           "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -77,10 +77,30 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def source_tags(commit: str) -> dict[str, str]:
+    """MLflow's standard source tags, which ``MlflowClient.create_run`` (unlike the fluent
+    ``mlflow.start_run``) does not set: the UI shows the source and commit from them.
+
+    ``mlflow.source.name`` is what MLflow itself would record (the program run, ``sys.argv[0]``);
+    ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds ``-dirty``; the
+    ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
+    from mlflow.entities import SourceType
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+    program = sys.argv[0] if sys.argv and sys.argv[0] else "harness"
+    tags = {MLFLOW_SOURCE_NAME: str(Path(program).resolve()) if Path(program).is_file() else program,
+            MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL)}
+    bare = commit.removesuffix("-dirty")
+    if bare and bare != "unknown":
+        tags[MLFLOW_GIT_COMMIT] = bare
+    return tags
+
+
 def environment_tags() -> dict[str, str]:
     import torch
 
-    tags = {"git_commit": git_commit(), "platform": platform.platform(),
+    commit = git_commit()
+    tags = {"git_commit": commit, **source_tags(commit), "platform": platform.platform(),
             "torch_build": torch.__version__, "cuda": str(torch.version.cuda),
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
     tags.update({f"version.{k}": v for k, v in package_versions().items()})
@@ -93,6 +113,23 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
     return {f"{prefix}{key}": json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
             for key, value in flatten_keys(data).items()}
+
+
+def filter_value(value: Any) -> str:
+    """``value`` as a string literal of MLflow's search syntax (``filter_string``).
+
+    MLflow takes a string between single or double quotes and strips them without
+    unescaping anything: neither a doubled quote nor a backslash escapes one (checked on
+    MLflow 3.17: ``'it''s'`` and ``'it\\'s'`` match nothing). So a value is quoted with
+    the quote it does not contain; one holding both kinds cannot be written at all, and
+    is one clear error instead of a filter that silently matches nothing or breaks."""
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    raise HarnessError(f"cannot search the tracking store for {text!r}: MLflow's filter syntax has no "
+                       f"way to write a value holding both ' and \"; rename it")
 
 
 def experiment_id(name: str) -> str:
@@ -130,10 +167,9 @@ class Tracker:
         #: resuming another experiment's run would leave this experiment without it).
         self.resumed = False
         if run_id is not None:
-            try:
-                self.resumed = self.client.get_run(run_id).info.experiment_id == exp_id
-            except Exception:
-                pass
+            # Only "no such run" may start a new run: any other failure (a locked or
+            # unreachable database) would otherwise silently split one run into two.
+            self.resumed = _existing_run_experiment(self.client, run_id) == exp_id
             if not self.resumed:
                 run_id = None
         if run_id is None:
@@ -168,6 +204,22 @@ class Tracker:
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
+    def log_dataset(self, name: str, digest: str, *, data_root: Path | None = None,
+                    sizes: dict[str, int] | None = None, context: str = "train/val/test") -> None:
+        """The run's dataset as an MLflow dataset input (name, split digest, image counts),
+        so the UI lists it and runs on the same split share one dataset entry. Metadata
+        only (``MetaDataset``): the images stay where the data root has them."""
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        source = CodeDatasetSource({"loader": f"harness.data:{name}", "data_root": str(data_root or "default"),
+                                    **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
+        dataset = MetaDataset(source, name=name, digest=digest)
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(
+            dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)
 
@@ -180,31 +232,86 @@ class Tracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "") -> None:
-    """Load the selected weights of a FINISHED run (its ``model_path`` tag) into ``model``.
+def _existing_run_experiment(client, run_id: str) -> str | None:
+    """The experiment id of run ``run_id``; None when the store answers that it does not
+    exist. Any other failure is one :class:`HarnessError` line (not a new run)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
+    try:
+        return client.get_run(run_id).info.experiment_id
+    except MlflowException as err:
+        if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return None
+        cause = err
+    except Exception as err:  # e.g. sqlalchemy's OperationalError: database is locked
+        cause = err
+    text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+    raise HarnessError(f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
+                       f"{type(cause).__name__}: {text}") from cause
+
+
+def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | None) -> Path:
+    """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
+    two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
+    root still serves, else the absolute ``model_path``."""
+    recorded = tags.get("model_path", "")
+    relative = tags.get("model_relpath") or ("/".join(Path(recorded).parts[-2:]) if recorded else "")
+    candidates = []
+    if relative and checkpoint_root is not None and not Path(relative).is_absolute() \
+            and ".." not in Path(relative).parts:
+        candidates.append(Path(checkpoint_root) / relative)
+    if recorded:
+        candidates.append(Path(recorded))
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise HarnessError(f"--init-from: run '{run_id}' has no saved model: looked for "
+                       f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
+                       f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)")
+
+
+def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
+                          checkpoint_root: Path | None = None) -> None:
+    """Load the selected weights of a FINISHED run into ``model``.
+
+    The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
+    path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
+    or replaced since is one error line, not silently other weights.
     Keys the new head does not have are an error; keys only the new head has (e.g. a
     re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
     (evaluate-only runs): the run must have been trained under this same protocol and split.
     """
+    import hashlib
+    import io
+
     import mlflow
     import torch
 
     mlflow.set_tracking_uri(tracking_uri())
-    try:
-        run = mlflow.MlflowClient().get_run(run_id)
-    except Exception:
-        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}") from None
-    path = run.data.tags.get("model_path")
-    if run.info.status != "FINISHED" or not path or not Path(path).is_file():
-        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status} and has no saved model "
-                           f"(expected the file named by its model_path tag: {path})")
+    client = mlflow.MlflowClient()
+    if _existing_run_experiment(client, run_id) is None:
+        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}")
+    run = client.get_run(run_id)
+    if run.info.status != "FINISHED":
+        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+                           f"selected weights")
+    path = _weights_file(run_id, run.data.tags, checkpoint_root)
     trained_under = run.data.tags.get("fingerprint", "")
     if expect_fingerprint and trained_under != expect_fingerprint:
         raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
                            f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
                            f"without training needs the same protocol, dataset and loss")
-    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    data = path.read_bytes()
+    expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
+    if expected and found != expected:
+        raise HarnessError(f"--init-from: {path} does not match the weights recorded for run '{run_id}' "
+                           f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced")
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["model"]
+    except Exception as err:
+        raise HarnessError(f"--init-from: {path} of run '{run_id}' is unreadable "
+                           f"({type(err).__name__}: {str(err).strip()[:200]})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
