@@ -12,6 +12,7 @@ epoch)`` at the start of each epoch, so nothing but tensors has to be saved.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
+from .atomic import atomic_save_torch, atomic_write_text
 from .backbones import Backbone, create_backbone
 from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation, seen_class_control
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
@@ -68,7 +70,10 @@ class RunConfig:
     #: ``--epochs 0`` this is not a deviation: the protocol's training happened in the base run.
     evaluate_only: bool = False
     experiment: str = ""
-    checkpoint_root: Path = Path("results/checkpoints")
+    #: Where checkpoints and selected weights live (``--checkpoint-root``, else
+    #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
+    #: weights relative to it too, so a moved root still serves ``--init-from``.
+    checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
     #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
     tags: dict[str, str] = field(default_factory=dict)
     #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
@@ -110,10 +115,67 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def default_checkpoint_root() -> Path:
+    """``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints`` (relative to the working directory)."""
+    return Path(os.environ.get("DML_HARNESS_CHECKPOINTS") or "results/checkpoints")
+
+
+# Checkpoints are checked before a resume trusts them: a file cut short (disk full, a
+# copy interrupted, a crash on a file system that reorders writes) must restart the run,
+# never continue it from garbage. Beside ``last.pt``, ``last.pt.sha256.json`` lists the
+# sha256 digests a resume accepts.
+
+#: What a resumable checkpoint holds at least.
+_CHECKPOINT_KEYS = ("epoch", "model", "loss", "optimizer", "scheduler", "history", "best")
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256.json")
+
+
+def _save_checkpoint(obj: dict[str, Any], path: Path, current_digest: str | None) -> str:
+    """Save ``obj`` to ``path`` atomically; returns its sha256.
+
+    The sidecar is rewritten (atomically) just before the new file takes the name and
+    lists both the new digest and ``current_digest`` (that of the file still under the
+    name), so whenever a crash lands, the file under the name is one the sidecar accepts.
+    """
+    def record(_tmp: Path, digest: str) -> None:
+        accepted = [digest] + ([current_digest] if current_digest and current_digest != digest else [])
+        atomic_write_text(_sidecar(path), json.dumps({"file": path.name, "sha256": accepted}))
+
+    return atomic_save_torch(obj, path, before_replace=record)
+
+
+def _load_checkpoint(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(checkpoint, sha256)`` of a resumable ``path``, or ``(None, None)`` after one line
+    saying why it is refused (the run then starts from scratch).
+
+    Refused: a digest the sidecar does not list (a sidecar that cannot be read counts as
+    such), a file ``torch.load`` cannot read, one without the keys a resume needs. A
+    checkpoint without a sidecar (written before the harness kept one) is only loaded and
+    checked for its keys."""
+    try:
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        sidecar = _sidecar(path)
+        if sidecar.exists():
+            try:
+                accepted = json.loads(sidecar.read_text(encoding="utf-8"))["sha256"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"its checksum file {sidecar.name} is unreadable") from None
+            if digest not in accepted:
+                raise ValueError(f"{len(data)} bytes with sha256 {digest[:12]}..., not a digest "
+                                 f"recorded in {sidecar.name}")
+        checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if not isinstance(checkpoint, dict) or not set(_CHECKPOINT_KEYS) <= set(checkpoint):
+            raise ValueError("not a training checkpoint (keys missing)")
+    except Exception as err:
+        text = str(err).strip()
+        reason = f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+        _log(f"checkpoint {path} is unreadable ({reason}); starting from scratch")
+        return None, None
+    return checkpoint, digest
 
 
 # ------------------------------------------------------------------------ building
@@ -251,7 +313,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     seed_everything(cfg.seed)
     model = build_model(protocol, cfg.method, cfg.method_options)
     if cfg.init_from:
-        load_finished_weights(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "")
+        load_finished_weights(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "",
+                              checkpoint_root=cfg.checkpoint_root)
     model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -311,9 +374,10 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args)
     ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
     ckpt_path = ckpt_dir / "last.pt"
-    checkpoint = None
+    checkpoint, ckpt_digest = None, None
     if cfg.resume and ckpt_path.is_file():
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
+    if checkpoint is not None:
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
     t = _build_training(cfg, splits, device, fp)
@@ -357,8 +421,9 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
             _log(_epoch_line(cfg, record, epochs, selection.metric))
             ckpt_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_save({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
-                          "mlflow_run_id": tracker.run_id, "fingerprint": fp}, ckpt_path)
+            ckpt_digest = _save_checkpoint({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
+                                            "mlflow_run_id": tracker.run_id, "fingerprint": fp},
+                                           ckpt_path, ckpt_digest)
             if cfg.epoch_callback is not None:
                 cfg.epoch_callback(epoch + 1, record)
 
@@ -378,14 +443,24 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         model_path = ckpt_dir / "model.pt"
-        _atomic_save({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
-                      "selected_epoch": selected_epoch}, model_path)
-        tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve())})
+        model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
+                                          "selected_epoch": selected_epoch}, model_path)
+        # The absolute path, and the path under the checkpoint root (which still resolves
+        # when the root moves) with the file's sha256, checked by --init-from.
+        tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve()),
+                          "model_relpath": f"{ckpt_dir.name}/{model_path.name}", "model_sha256": model_sha256})
+        tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
         log_explanations(t.model, splits, protocol, device, ckpt_dir, tracker)
         tracker.finish("FINISHED")
     except BaseException as err:
-        tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
-        tracker.finish("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        try:
+            tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
+            tracker.finish(status)
+        except Exception as secondary:  # the store failing too must not hide why the run stopped
+            text = str(secondary).strip().splitlines()[0][:300] if str(secondary).strip() else ""
+            _log(f"could not mark run {tracker.run_id} {status} in the tracking store "
+                 f"({type(secondary).__name__}: {text})")
         raise
     return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
             "protocol": protocol.name, "fingerprint": fp,
@@ -418,6 +493,10 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tags["sampling_adapted"] = sampling_note
     tags.update(cfg.tags)
     tracker.set_tags(tags)
+    # The dataset and its split digest as an MLflow dataset input (the UI's Datasets column).
+    tracker.log_dataset(cfg.dataset, splits.digest(), data_root=cfg.data_root,
+                        sizes={"train": len(splits.train), "val": 0 if splits.val is None else len(splits.val),
+                               "test": len(splits.test)})
     tracker.log_text(json.dumps(protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json")
     tracker.log_text(json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),
                      "protocol/deviations.json")

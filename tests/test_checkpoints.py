@@ -1,0 +1,96 @@
+"""A checkpoint cut short at any byte is refused in one line and the run restarts from
+scratch (never from garbage), ending with the metrics of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main
+
+
+def run_cli(*args: str) -> int:
+    return main(["run", *args])
+
+
+def _records(path: Path) -> list[dict]:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------ checkpoints
+
+
+def _checkpoint(epoch: int) -> dict:
+    model = torch.nn.Linear(4, 2)
+    return {"epoch": epoch, "model": model.state_dict(), "loss": {}, "optimizer": {}, "scheduler": {},
+            "history": [{"epoch": epoch}], "best": {"epoch": epoch, "score": 0.5, "state": None}}
+
+
+def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    from harness.training import _load_checkpoint, _save_checkpoint, _sidecar
+
+    path = tmp_path / "last.pt"
+    digest = _save_checkpoint(_checkpoint(1), path, None)
+    loaded, found = _load_checkpoint(path)
+    assert loaded["epoch"] == 1 and found == digest
+    whole = path.read_bytes()
+    for cut in (0, 1, 100, len(whole) // 2, len(whole) - 1):
+        for with_sidecar in (True, False):  # without: a checkpoint of an older harness
+            path.write_bytes(whole[:cut])
+            if not with_sidecar:
+                _sidecar(path).unlink(missing_ok=True)
+            capsys.readouterr()
+            assert _load_checkpoint(path) == (None, None), cut
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"checkpoint {path} is unreadable (")
+            assert lines[0].endswith("); starting from scratch")
+            _save_checkpoint(_checkpoint(1), path, None)  # the sidecar again
+
+
+def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(tmp_path, monkeypatch):
+    from harness.training import _load_checkpoint, _save_checkpoint
+
+    path = tmp_path / "last.pt"
+    first = _save_checkpoint(_checkpoint(1), path, None)
+    real_replace = os.replace
+
+    def crash(src, dst):
+        if Path(dst) == path:
+            raise KeyboardInterrupt  # killed after the sidecar was rewritten
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _save_checkpoint(_checkpoint(2), path, first)
+    monkeypatch.setattr(os, "replace", real_replace)
+    loaded, digest = _load_checkpoint(path)
+    assert loaded["epoch"] == 1 and digest == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256.json"]
+
+
+def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterrupted_metrics(
+        workdir, tiny_protocol, capsys):
+    from harness.training import _load_checkpoint
+
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol))
+    reference, resumed = workdir / "ref.json", workdir / "resumed.json"
+    assert run_cli(*common, "--json", str(reference)) == 0
+    (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
+    whole = checkpoint.read_bytes()
+    for cut in (0, 1, 4096, len(whole) // 2, len(whole) - 1):  # a real checkpoint, cut anywhere
+        checkpoint.write_bytes(whole[:cut])
+        assert _load_checkpoint(checkpoint) == (None, None)
+    checkpoint.write_bytes(whole[:-1])
+    capsys.readouterr()
+    assert run_cli(*common, "--resume", "--json", str(resumed)) == 0
+    err = capsys.readouterr().err
+    refused = [line for line in err.splitlines() if "is unreadable" in line]
+    assert len(refused) == 1 and refused[0].endswith("starting from scratch")
+    assert refused[0].startswith(f"checkpoint {checkpoint.relative_to(workdir)} is unreadable (")
+    assert "resuming" not in err and "Traceback" not in err
+    assert _records(resumed)[0]["metrics"] == _records(reference)[0]["metrics"]
+    assert _load_checkpoint(checkpoint)[0]["epoch"] == 2  # rewritten whole
