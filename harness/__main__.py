@@ -1,14 +1,6 @@
-import signal
 import sys
 
-from .cli import main
+from .cli import run_main
 
-
-def _terminated(signum, frame):
-    # SIGTERM (a sweep stopping its workers, a cluster's time limit) unwinds like Ctrl-C,
-    # so the current run is marked KILLED instead of left RUNNING in the tracking store.
-    raise KeyboardInterrupt
-
-
-signal.signal(signal.SIGTERM, _terminated)
-sys.exit(main())
+# run_main installs the SIGTERM handler; the dml-harness console script calls it too.
+sys.exit(run_main())

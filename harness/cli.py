@@ -2,17 +2,25 @@
 
 Every user error is one line on stderr and exit status 2; nothing is written
 until a command has its result (``--json`` files are written atomically).
+
+Both entry points, ``python -m harness`` and the ``dml-harness`` console script, call
+:func:`run_main`, which installs the SIGTERM handler before running :func:`main`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_text
 from .errors import HarnessError
 from .protocol import default_protocol
 
@@ -26,11 +34,23 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise HarnessError(f"{flag} expects comma-separated integers like 0,1,2; got '{text}'") from None
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with every NaN or infinite float replaced by None: ``json.dumps`` would write
+    the tokens ``NaN`` / ``Infinity``, which are not JSON (``evaluate --json`` writes null too)."""
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if hasattr(data, "item") and getattr(data, "ndim", None) == 0:  # numpy / torch scalars
+        return _finite(data.item())
+    return data
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    # allow_nan=False: a non-finite value _finite missed is an error, never invalid JSON.
+    atomic_write_text(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------------- run
@@ -95,7 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                             protocol_path=path, data_root=args.data_root, device=args.device,
                             workers=args.workers, resume=args.resume, experiment=args.experiment or "",
                             init_from=args.init_from or "", evaluate_only=args.evaluate_only,
-                            method_options=dict(protocol.methods.get(method, {})))
+                            method_options=dict(protocol.methods.get(method, {})),
+                            **({"checkpoint_root": args.checkpoint_root} if args.checkpoint_root else {}))
             records.append(run_training(cfg, splits))
     print(format_results(records))
     if args.json:
@@ -148,7 +169,62 @@ def cmd_ui(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
            "--default-artifact-root", artifacts.as_uri(), "--host", args.host, "--port", str(args.port)]
     sys.stderr.flush()
-    os.execv(sys.executable, cmd)  # become the server: signals (Ctrl-C, SIGTERM) reach it directly
+    return serve_process_group(cmd)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (not zombie) member. Zombies count
+    as members for ``killpg`` until reaped, and a container's PID 1 may never reap them."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
+
+
+def stop_process_group(pgid: int, grace: float = 10.0) -> None:
+    """SIGTERM every process of group ``pgid``, wait up to ``grace`` seconds, SIGKILL the rest."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
+def serve_process_group(cmd: list[str], grace: float = 10.0) -> int:
+    """Run ``cmd`` (a server) in its own session and process group until it exits; on
+    SIGTERM or SIGINT stop the whole group, then exit.
+
+    ``mlflow server`` starts worker processes of its own (uvicorn / gunicorn); a signal
+    to the server alone, or to a process that exec-ed into it, left those workers
+    running and holding the port. Here every process it starts shares its group, and
+    ``killpg`` reaches them all. Returns the server's exit status; a signal ends in
+    ``KeyboardInterrupt`` (exit 130 through :func:`main`) once the group is gone."""
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:  # interrupted (or failed): the server and its workers go with us
+        signal.signal(signal.SIGTERM, previous)
+        stop_process_group(proc.pid, grace)
+        proc.wait()
 
 
 # --------------------------------------------------------------------------- main
@@ -176,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", type=Path, help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
+    run.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
+                     "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
+                     "weights under it even after the folder moved")
     run.add_argument("--init-from", metavar="RUN_ID",
                      help="start from the selected weights of a finished run (a deviation, unless "
                      "--evaluate-only)")
@@ -218,6 +297,20 @@ def _one_line(err: BaseException) -> str:
     if marker in text:
         text = text.rsplit(marker, 1)[-1]
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def _terminated(signum, frame):
+    # SIGTERM (a sweep stopping its workers, a cluster's time limit) unwinds like Ctrl-C,
+    # so the current run is marked KILLED instead of left RUNNING in the tracking store.
+    raise KeyboardInterrupt
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    """The program entry point (``python -m harness`` and the ``dml-harness`` script):
+    :func:`main` with SIGTERM turned into ``KeyboardInterrupt``. Kept out of :func:`main`
+    so that calling ``main`` from Python (tests, notebooks) leaves signals alone."""
+    signal.signal(signal.SIGTERM, _terminated)
+    return main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

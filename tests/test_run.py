@@ -307,10 +307,50 @@ def test_a_run_that_finishes_after_a_failure_loses_its_failure_tag(workdir):
     assert run.info.status == "FINISHED" and "failure" not in run.data.tags
 
 
-def test_sigterm_marks_the_run_killed(workdir, tiny_protocol):
-    """A sweep stops its workers with SIGTERM; their runs must not stay RUNNING."""
-    proc = _cli_process(workdir, "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
-                        "--set", "sampling.batches_per_epoch=6")
+def _console_script() -> list[str]:
+    """What the ``dml-harness`` console script runs, read from pyproject.toml: pip's
+    generated script is ``sys.exit(<function>())`` after importing it."""
+    import tomllib
+
+    entry = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    module, function = entry["project"]["scripts"]["dml-harness"].split(":")
+    return ["-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
+def test_the_console_script_installs_the_sigterm_handler(monkeypatch):
+    import importlib
+
+    import harness.cli as cli
+
+    module, function = _console_script()[1].split("; ")[1].removeprefix("from ").split(" import ")
+    entry = getattr(importlib.import_module(module), function)
+    seen = {}
+
+    def fake_main(argv=None):
+        seen["handler"] = signal.getsignal(signal.SIGTERM)
+        return 0
+
+    monkeypatch.setattr(cli, "main", fake_main)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert entry([]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(KeyboardInterrupt):  # SIGTERM unwinds like Ctrl-C: the run is marked KILLED
+        seen["handler"](signal.SIGTERM, None)
+
+
+@pytest.mark.parametrize("entry", ["python -m harness", "dml-harness"])
+def test_sigterm_marks_the_run_killed(workdir, tiny_protocol, entry):
+    """A sweep stops its workers with SIGTERM; their runs must not stay RUNNING, whichever
+    entry point started them."""
+    args = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
+            "--set", "sampling.batches_per_epoch=6")
+    if entry == "python -m harness":
+        proc = _cli_process(workdir, *args)
+    else:
+        proc = subprocess.Popen([sys.executable, *_console_script(), "run", *args], cwd=workdir,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     _wait_for_a_checkpoint(proc, workdir)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 130

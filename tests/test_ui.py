@@ -1,20 +1,22 @@
 """``python -m harness ui``: the MLflow UI over the project's store, bound to 127.0.0.1,
-lists the runs (checked through its REST API)."""
+lists the runs (checked through its REST API); stopped with SIGTERM, it leaves no
+server process or worker behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
+from pathlib import Path
 
 import mlflow
 import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -30,6 +32,87 @@ def _post(url: str, payload: dict) -> dict:
         return json.loads(response.read())
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a parent that does not reap it counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return state != "Z"
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _wait_gone(pids, timeout: float = 30) -> set[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return {p for p in pids if _alive(p)}
+
+
+# A stand-in for `mlflow server`: a process that starts a worker of its own (the grandchild
+# of the harness), each writing its pid, then both wait.
+STAND_IN = textwrap.dedent("""
+    import subprocess, sys, time
+    from pathlib import Path
+    folder = Path(sys.argv[1])
+    subprocess.Popen([sys.executable, "-c",
+                      f"import os, time; open({str(folder / 'worker.pid')!r}, 'w').write(str(os.getpid())); time.sleep(600)"])
+    (folder / "server.pid").write_text(str(__import__("os").getpid()))
+    time.sleep(600)
+""")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the processes")
+def test_sigterm_stops_the_server_and_its_workers(tmp_path):
+    """``ui`` runs the server in its own process group and, on SIGTERM, stops the group."""
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom harness.cli import serve_process_group\n"
+         "try:\n    sys.exit(serve_process_group([sys.executable, '-c', sys.argv[1], sys.argv[2]], grace=5))\n"
+         "except KeyboardInterrupt:\n    sys.exit(130)", STAND_IN, str(tmp_path)],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not ((tmp_path / "server.pid").exists() and (tmp_path / "worker.pid").exists()):
+            assert supervisor.poll() is None, supervisor.stderr.read()
+            assert time.time() < deadline, "the stand-in server did not start"
+            time.sleep(0.05)
+        time.sleep(0.1)  # the pid files are written before they are closed
+        pids = {int((tmp_path / name).read_text()) for name in ("server.pid", "worker.pid")}
+        assert all(_alive(p) for p in pids)
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 130
+        assert _wait_gone(pids, timeout=5) == set(), "processes left running after SIGTERM"
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        for name in ("server.pid", "worker.pid"):
+            if (tmp_path / name).exists():
+                try:
+                    os.kill(int((tmp_path / name).read_text() or 0), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+@pytest.mark.slow
 def test_ui_lists_the_runs_through_its_rest_api(workdir):
     client = mlflow.MlflowClient()
     experiment = client.create_experiment(f"ui-{time.time_ns()}")
@@ -55,6 +138,10 @@ def test_ui_lists_the_runs_through_its_rest_api(workdir):
                 time.sleep(1)
         assert found is not None, "the UI did not answer within 120 s"
         assert {r["info"]["run_id"] for r in found["runs"]} == run_ids
+        started = _descendants(server.pid)  # mlflow server and the workers it started
+        assert started
     finally:
         server.terminate()
         server.wait(timeout=30)
+    assert server.returncode == 130
+    assert _wait_gone(started) == set(), "the MLflow server or a worker outlived SIGTERM"
