@@ -352,9 +352,14 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def protocol_dir() -> Path:
-    """The shipped ``protocols/`` folder (next to the package in a source checkout)."""
-    here = Path(__file__).resolve().parents[1] / "protocols"
-    return here if here.is_dir() else Path.cwd() / "protocols"
+    """The shipped protocols: ``protocols/`` of the source checkout (the source of truth),
+    else the copy a wheel installs as package data (``harness/_protocols``, mapped from
+    ``protocols/`` in pyproject.toml), else ``protocols/`` in the working directory."""
+    package = Path(__file__).resolve().parent
+    for folder in (package.parent / "protocols", package / "_protocols"):
+        if (folder / "smoke.toml").is_file():  # not just any folder named protocols
+            return folder
+    return Path.cwd() / "protocols"
 
 
 def list_protocols() -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -196,6 +195,30 @@ def _select_published_rows(frame: pd.DataFrame, rows: dict[str, Sequence[str]], 
     return pd.concat(picked, ignore_index=True) if picked else frame.iloc[0:0]
 
 
+def published_dir() -> Path:
+    """The transcribed published numbers: ``results/published/`` of the source checkout
+    (the source of truth), else the copy a wheel installs as package data
+    (``harness/_published``, mapped in pyproject.toml)."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "results" / "published"
+    return checkout if checkout.is_dir() else package / "_published"
+
+
+def locate_published(path: Path | str) -> Path:
+    """``path`` as given when it exists; else a relative ``results/published/<name>.csv``
+    (what grids name) or a bare ``<name>.csv`` / ``<name>`` from :func:`published_dir`, so
+    tables work from any working directory and from an installed package."""
+    path = Path(path)
+    if path.is_file() or path.is_absolute():
+        return path
+    parts = path.parts
+    if parts[:2] == ("results", "published") or len(parts) == 1:
+        shipped = published_dir() / Path(parts[-1]).with_suffix(".csv").name
+        if shipped.is_file():
+            return shipped
+    return path
+
+
 def load_published(path: Path, tables: Iterable[str] | None = None,
                    rows: dict[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered.
@@ -204,6 +227,7 @@ def load_published(path: Path, tables: Iterable[str] | None = None,
     the published rows beside each reproduced method, told apart by the CSV's ``setting``
     column (e.g. DIABLO's N = 8 and N = 16 rows of one loss); without it every row keeps
     its own method and the ``setting`` column is not read."""
+    path = locate_published(path)
     if not Path(path).is_file():
         raise HarnessError(f"published table file not found: {path}")
     frame = pd.read_csv(path, dtype={"table": str}, keep_default_na=False)
@@ -416,11 +440,10 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a table atomically (see :mod:`harness.atomic`)."""
+    from .atomic import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 # ---------------------------------------------------------------------------- CLI
