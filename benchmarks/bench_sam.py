@@ -61,12 +61,12 @@ def step_fn(model, metric_loss, optimizer, images, labels):
 
 
 def flops_per_image(step, batch: int) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs of one training step per image (the same count as bench_diablo's)."""
+    from bench_diablo import (
+        flops_per_image as count,  # benchmarks/ is on sys.path when run as a script
+    )
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step()
-    return counter.get_total_flops() / batch
+    return count(step, batch)
 
 
 def passes_per_step(model, step, batch: int, steps: int = 3) -> float:
