@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, reproduce-agrouping, reproduce-diml, reproduce-diablo, tables.
+"""nox sessions: tests, lint, reproduce-agrouping, -diml, -diablo, -avsl, -sam, tables.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -8,7 +8,11 @@ skipped) and writes its tables under ``results/tables``:
 * ``reproduce-diml``: DIML Table 1, a baseline per loss and DIML applied at test time
   to each trained baseline;
 * ``reproduce-diablo``: DIABLO Table 1, a baseline and + DIABLO (N = 8) per loss, and
-  N = 16 for the binomial deviance, beside the published rows of the same setting.
+  N = 16 for the binomial deviance, beside the published rows of the same setting;
+* ``reproduce-avsl``: AVSL Table 1, Margin and ProxyAnchor with and without AVSL on
+  CUB, Cars and SOP;
+* ``reproduce-sam``: SAM Table 1, baseline and SAM for the Siamese (contrastive),
+  triplet and quadruplet architectures on CUB.
 
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
@@ -104,6 +108,18 @@ def reproduce_diml(session: nox.Session) -> None:
 def reproduce_diablo(session: nox.Session) -> None:
     """DIABLO Table 1: baseline and + DIABLO per loss (N = 8, and N = 16 for binomial), then the tables."""
     _reproduce(session, "diablo-table1")
+
+
+@nox.session(name="reproduce-avsl", python=False)
+def reproduce_avsl(session: nox.Session) -> None:
+    """AVSL Table 1: Margin and ProxyAnchor baselines and + AVSL on CUB, Cars, SOP, then the tables."""
+    _reproduce(session, "avsl-table1")
+
+
+@nox.session(name="reproduce-sam", python=False)
+def reproduce_sam(session: nox.Session) -> None:
+    """SAM Table 1: baseline and SAM for the Siamese, triplet and quadruplet architectures, then the tables."""
+    _reproduce(session, "sam-table1")
 
 
 @nox.session(python=False)

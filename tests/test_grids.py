@@ -51,3 +51,38 @@ def test_published_rows_name_methods_of_the_grid(tmp_path):
         load_grid(_grid(tmp_path, '[published.rows]\nplain = "plain@"\n'))
     with pytest.raises(HarnessError, match="unknown grid key 'published.row'"):
         load_grid(_grid(tmp_path, '[published.row]\nplain = ["plain@"]\n'))
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_avsl_table1_has_margin_and_proxy_anchor_with_and_without_avsl(smoke):
+    grid = load_grid("avsl-table1", smoke=smoke)
+    assert _rows(grid) == {(lo, m) for lo in ("margin", "proxy_anchor") for m in ("plain", "avsl")}
+    if smoke:  # 4 rows, one seed, on synthetic
+        assert len(grid.cells) == 4 and {c.dataset for c in grid.cells} == {"synthetic"}
+    else:  # 4 rows x 3 datasets x 3 seeds under the paper's protocol, with its per-dataset code settings
+        assert len(grid.cells) == 36 and not any(c.deviations for c in grid.cells)
+        weights = {c.dataset: c.protocol.for_dataset(c.dataset).methods["avsl"]["level_weights"]
+                   for c in grid.cells if c.method == "avsl"}
+        assert weights == {"cub200": [0.5, 1.0, 0.5], "cars196": [1.0, 4.0, 4.0], "sop": [1.0, 4.0, 4.0]}
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_sam_table1_pairs_each_architecture_with_its_loss(smoke):
+    grid = load_grid("sam-table1", smoke=smoke)
+    assert _rows(grid) == {("contrastive", "plain"), ("contrastive", "sam_siamese"), ("triplet", "plain"),
+                           ("triplet", "sam"), ("quadruplet", "plain"), ("quadruplet", "sam_quadruplet")}
+    assert len(grid.cells) == (6 if smoke else 18)
+    if not smoke:  # every loss of Table 1 is sanctioned by the sam protocol: no deviation
+        assert not any(c.deviations for c in grid.cells)
+
+
+@pytest.mark.parametrize("name", ["agrouping-table3", "diml-table1", "diablo-table1", "avsl-table1", "sam-table1"])
+def test_every_published_row_a_grid_names_is_in_its_csv(name):
+    """A row spec that matches nothing would drop a published column from the table."""
+    from harness.tables import load_published
+
+    grid = load_grid(name)
+    frame = load_published(grid.published_file, grid.published_tables, grid.published_rows or None)
+    assert not frame.empty
+    if grid.published_rows:
+        assert set(frame["method"]) == set(grid.published_rows)

@@ -32,7 +32,8 @@ def _option(call: tuple[str, ...], flag: str) -> str:
 
 
 @pytest.mark.parametrize("smoke", [False, True])
-@pytest.mark.parametrize("grid, table", [("agrouping-table3", "3,4"), ("diml-table1", "1"), ("diablo-table1", "1")])
+@pytest.mark.parametrize("grid, table", [("agrouping-table3", "3,4"), ("diml-table1", "1"), ("diablo-table1", "1"),
+                                          ("avsl-table1", "1"), ("sam-table1", "1")])
 def test_tables_are_named_after_the_grid_and_carry_the_published_values(noxfile, grid, table, smoke):
     session = RecordingSession()
     noxfile._grid_tables(session, grid, smoke=smoke)
@@ -48,7 +49,8 @@ def test_every_paper_has_a_reproduce_session(noxfile):
     import nox.registry
 
     sessions = set(nox.registry.get())
-    assert {"tests", "lint", "tables", "reproduce-agrouping", "reproduce-diml", "reproduce-diablo"} <= sessions
+    assert {"tests", "lint", "tables", "reproduce-agrouping", "reproduce-diml", "reproduce-diablo",
+            "reproduce-avsl", "reproduce-sam"} <= sessions
 
 
 @pytest.mark.parametrize("smoke", [False, True])
