@@ -107,8 +107,7 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
     amp = device.type == "cuda"
     for batch, _, _ in loader:
         batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
-        if amp:
-            batch = batch.contiguous(memory_format=torch.channels_last)
+        batch = batch.contiguous(memory_format=torch.channels_last)  # as in training
         with torch.autocast(device_type=device.type, enabled=amp):
             out = model(batch)
         embs.append(out.embedding.float().cpu())
