@@ -152,6 +152,17 @@ def part_attention_mass(maps, part_labels, num_parts: int | None = None) -> np.n
 
 
 @torch.inference_mode()
+def _a_test_triplet(labels: np.ndarray) -> tuple[int, int, int] | None:
+    """(anchor, positive, negative) test indices: the first image, the next of its class,
+    the first of another class; None when the split has no such triplet."""
+    labels = np.asarray(labels)
+    same = np.flatnonzero(labels == labels[0])
+    other = np.flatnonzero(labels != labels[0])
+    if len(same) < 2 or not len(other):
+        return None
+    return 0, int(same[1]), int(other[0])
+
+
 def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
                      count: int = 48) -> None:
     """For heads that explain: a figure of their maps on test images, and, where the
@@ -163,7 +174,7 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as TF
 
-    from methods import HeadOutput
+    from methods import Method
 
     from .data.transforms import build_transform, normalize_batch
 
@@ -179,11 +190,19 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     if n >= 2:  # the first test image and its nearest neighbour among the others
         sims = out.embedding[1:] @ out.embedding[0]
         j = 1 + int(sims.argmax())
-        one = lambda i: HeadOutput(**{k: (v[i:i + 1] if isinstance(v, torch.Tensor) else None)  # noqa: E731
-                                      for k, v in vars(out).items() if k != "extras"})
-        pair = model.head.pair_figure(pictures[0], pictures[j], one(0), one(j), out_dir / "pair.png")
-        if pair is not None:
-            tracker.log_artifact(Path(pair), "explanations")
+        pair = model.head.pair_figure(pictures[0], pictures[j], out.select(0), out.select(j), out_dir / "pair.png")
+        for written in ([] if pair is None else pair if isinstance(pair, list) else [pair]):
+            tracker.log_artifact(Path(written), "explanations")
+    triplet = _a_test_triplet(splits.test.labels)
+    if triplet is not None and type(model.head).triplet_figure is not Method.triplet_figure:
+        batch = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in triplet]).to(device),
+                                protocol.image)
+        outputs = model(batch)
+        pictures3 = (batch * std + mean).clamp(0, 1).cpu()
+        written = model.head.triplet_figure(list(pictures3), [outputs.select(i) for i in range(3)],
+                                            out_dir / "triplet.png")
+        for path in written or []:
+            tracker.log_artifact(Path(path), "explanations")
     maps = model.head.explain(images, out)
     if maps is None:
         return

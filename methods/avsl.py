@@ -83,7 +83,10 @@ Where the paper and the released code differ or are silent (each choice is an op
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,13 +95,16 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torch import nn
 from torch.nn import init
 
+from harness.atomic import atomic_write_text
 from harness.errors import HarnessError
+from harness.explain import upsample_maps
 
 from .base import HeadOutput, Method, PaperInfo, register_method
 from .diml import PrecomputedDistance, _distance_replaced
 
 __all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
-           "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix"]
+           "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix",
+           "PairAttribution", "reliable_nodes_figure", "node_expansion_figure"]
 
 PAPER = PaperInfo(
     title="Attributable Visual Similarity Learning",
@@ -386,15 +392,40 @@ class AVSLHead(Method):
         gallery_fields = {k: _stacked(gallery_fields[k]) for k in self.rerank_fields}
         return super().rerank_by_ids(query_fields, gallery_fields, query_ids, candidate_ids)
 
-    @torch.no_grad()
     def attribute_pair(self, query: HeadOutput, gallery: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 11 for one pair (batches of one): lambda (L x r) and contributions (L x r)."""
+        record = self.pair_attribution(query, gallery)
+        return record.lambdas, record.contributions
+
+    @torch.no_grad()
+    def pair_attribution(self, query: HeadOutput, gallery: HeadOutput) -> PairAttribution:
+        """Eq. 11 for one pair (batches of one) with what Figs. 6-7 show: per level the
+        nodes delta, reliabilities p (levels >= 2), lambda and contributions lambda * delta."""
         def fields(out):
             return _stacked(out.levels)[0].float(), out.extras["certainty"][0].float()
 
         (xl, xc), (yl, yc) = fields(query), fields(gallery)
-        return attribution(xl, yl, xc, yc, self.edge_matrices(), list(self.alphas), list(self.betas),
-                           gain=self.reliability_gain, rectify=self.rectify)
+        args = (self.edge_matrices(), list(self.alphas), list(self.betas))
+        deltas, probs = _rectify_terms(xl, yl, xc, yc, *args, self.reliability_gain, True)
+        lam, contrib = attribution(xl, yl, xc, yc, *args, gain=self.reliability_gain, rectify=self.rectify)
+        return PairAttribution(deltas=torch.stack(deltas), reliability=[p.cpu() for p in probs],
+                               lambdas=lam.cpu(), contributions=contrib.cpu(),
+                               edges=[e.cpu() for e in args[0]], distance=float(contrib.sum()))
+
+    def pair_figure(self, query_image, gallery_image, query, gallery, path):
+        """Figs. 6 and 7 for one pair, and the pair's attribution as data (JSON): see
+        :func:`reliable_nodes_figure`, :func:`node_expansion_figure`."""
+        if not query.levels or not query.cams or "certainty" not in query.extras or self.num_levels < 2:
+            return None
+        record = self.pair_attribution(query, gallery)
+        path = Path(path)
+        cams = ([c[0].float().cpu() for c in query.cams], [c[0].float().cpu() for c in gallery.cams])
+        data = path.with_name(f"{path.stem}_avsl_attribution.json")
+        atomic_write_text(data, json.dumps(record.to_dict(), indent=1))
+        return [reliable_nodes_figure(query_image, gallery_image, cams, record, path.with_name(f"{path.stem}_fig6.png")),
+                node_expansion_figure(query_image, gallery_image, cams, record,
+                                      path.with_name(f"{path.stem}_fig7.png")),
+                data]
 
     def explain(self, images, output):
         """Per level (K = L maps), the mean of the nodes' normalised CAMs at image size, in [0, 1]."""
@@ -474,3 +505,100 @@ class AVSLHead(Method):
         return {"topk": trial.suggest_categorical("topk", ks),
                 "momentum": trial.suggest_float("momentum", 0.3, 0.9),
                 "reliability_gain": trial.suggest_categorical("reliability_gain", [1.0, 10.0])}
+
+
+# ------------------------------------------------------------- attribution figures
+
+
+@dataclass
+class PairAttribution:
+    """Eq. 11 for one (query, gallery) pair. Per level l (0 = lowest): ``deltas`` L x r
+    (Eq. 1's nodes), ``reliability`` L-1 vectors p^l of levels 2..L (Eq. 6), ``lambdas``
+    and ``contributions`` L x r (lambda^l and lambda^l * delta^l, summing to ``distance``
+    d^), ``edges`` the normalised omega~ (r_l x r_{l-1}, rows the upper level)."""
+
+    deltas: torch.Tensor
+    reliability: list[torch.Tensor]
+    lambdas: torch.Tensor
+    contributions: torch.Tensor
+    edges: list[torch.Tensor]
+    distance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"distance": self.distance, "deltas": self.deltas.cpu().tolist(),
+                "reliability": [p.tolist() for p in self.reliability], "lambdas": self.lambdas.tolist(),
+                "contributions": self.contributions.tolist(),
+                "note": "AVSL Eq. 11; levels lowest first; reliability for levels 2..L; "
+                        "contributions sum to the rectified distance d^ (Eq. 9)"}
+
+
+def _figure(rows: int, cols: int, width: float = 1.7):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * cols, width * rows + 0.6), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, axes
+
+
+def _overlay(ax, image: torch.Tensor, cam: torch.Tensor | None, title: str = "") -> None:
+    img = image.detach().float().cpu().permute(1, 2, 0).clamp(0, 1).numpy()
+    ax.imshow(img)
+    if cam is not None:  # min-shifted (the code's CAM normalisation), upsampled, in [0, 1]
+        heat = upsample_maps((cam - cam.min())[None, None].float(), img.shape[:2])[0, 0]
+        ax.imshow(heat.numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+    if title:
+        ax.set_title(title, fontsize=7)
+    ax.axis("off")
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.suptitle(title, fontsize=8)
+    fig.savefig(path, format="png")
+    return path
+
+
+def reliable_nodes_figure(query_image, gallery_image, cams, record: PairAttribution, path: Path,
+                          nodes: int = 4) -> Path:
+    """Fig. 6 style: the top level's most reliable nodes (the ``2 * nodes`` highest p^L),
+    ranked by their contribution lambda_i delta_i to d^, each with its CAM on the query
+    (top row) and the gallery image (bottom row)."""
+    top = len(record.lambdas) - 1
+    p = record.reliability[-1]
+    reliable = torch.argsort(p, descending=True)[: 2 * nodes]
+    ranked = reliable[torch.argsort(record.contributions[top, reliable], descending=True)][:nodes]
+    fig, axes = _figure(2, len(ranked) + 1)
+    _overlay(axes[0, 0], query_image, None, "query")
+    _overlay(axes[1, 0], gallery_image, None, "gallery")
+    for col, i in enumerate(ranked.tolist(), start=1):
+        title = f"node {i}: p {float(p[i]):.2f}, " + "\u03bb\u03b4" + f" {float(record.contributions[top, i]):.3g}"
+        _overlay(axes[0, col], query_image, cams[0][top][i], title)
+        _overlay(axes[1, col], gallery_image, cams[1][top][i])
+    return _save(fig, path, f"AVSL Fig. 6: most reliable top-level nodes by contribution; d^ = {record.distance:.3f}")
+
+
+def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribution, path: Path,
+                          expand: int = 3) -> Path:
+    """Fig. 7 style: the top level's most similar node (smallest delta among the more
+    reliable half) and most dissimilar node (largest contribution), and its least reliable
+    node expanded into the ``expand`` lower-level nodes it draws on most (largest omega~
+    of its row), each with lambda; query CAMs on top, gallery CAMs below."""
+    top = len(record.lambdas) - 1
+    p = record.reliability[-1]
+    half = torch.argsort(p, descending=True)[: max(1, len(p) // 2)]
+    similar = int(half[record.deltas[top, half].argmin()])
+    dissimilar = int(record.contributions[top].argmax())
+    unreliable = int(p.argmin())
+    lower = torch.argsort(record.edges[-1][unreliable], descending=True)[:expand].tolist()
+    columns = [(top, similar, "most similar"), (top, dissimilar, "most dissimilar"),
+               (top, unreliable, "least reliable")] + [(top - 1, j, f"-> level {top} node") for j in lower]
+    fig, axes = _figure(2, len(columns))
+    lam = "\u03bb"
+    for col, (level, i, what) in enumerate(columns):
+        extra = f", p {float(p[i]):.2f}" if level == top else f", w {float(record.edges[-1][unreliable, i]):.2f}"
+        title = f"{what}\nL{level + 1} #{i}: {lam} {float(record.lambdas[level, i]):.2f}{extra}"
+        _overlay(axes[0, col], query_image, cams[0][level][i], title)
+        _overlay(axes[1, col], gallery_image, cams[1][level][i])
+    return _save(fig, path, "AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below")

@@ -24,6 +24,7 @@ hook                        carries
                             (Q x G), for heads that declare ``exhaustive_pairs`` (AVSL)
 ``explain``                 explanation maps (B x K x H x W) for images
 ``pair_figure``             a figure explaining one (query, gallery) similarity
+``triplet_figure``          a figure explaining an (anchor, positive, negative) triplet
 ``optimizer_groups``        per-part learning rates / weight decay of the head
 ``search_space``            the method's Optuna search space
 ==========================  ==============================================================
@@ -88,6 +89,19 @@ class HeadOutput:
     cams: list[torch.Tensor] | None = None
     attention: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def select(self, index: int) -> HeadOutput:
+        """Item ``index`` as a batch of one: every tensor field, list of tensors and tensor
+        in ``extras`` sliced along its first (batch) axis."""
+        def one(value):
+            if isinstance(value, torch.Tensor):
+                return value[index:index + 1]
+            if isinstance(value, (list, tuple)):
+                return [one(v) for v in value]
+            return value
+
+        return HeadOutput(**{name: one(getattr(self, name)) for name in self.__dataclass_fields__
+                             if name != "extras"}, extras={k: one(v) for k, v in self.extras.items()})
 
     def field(self, name: str) -> torch.Tensor:
         """A stored field by name, as one tensor: an attribute (a list such as ``levels`` is
@@ -222,7 +236,15 @@ class Method(nn.Module):
     def pair_figure(self, query_image: torch.Tensor, gallery_image: torch.Tensor, query: HeadOutput,
                     gallery: HeadOutput, path) -> object | None:
         """Write a figure explaining one (query, gallery) similarity, or None (no such figure).
-        Images: 3 x H x W in [0, 1]; outputs: this head's outputs for a batch of one each."""
+        Images: 3 x H x W in [0, 1]; outputs: this head's outputs for a batch of one each
+        (:meth:`HeadOutput.select`). Returns the file written, or a list of files (figures
+        and the pair's explanation as data), each logged with the run."""
+        return None
+
+    def triplet_figure(self, images: list[torch.Tensor], outputs: list[HeadOutput], path) -> list | None:
+        """Write a figure explaining an (anchor, positive, negative) triplet of test images
+        (SAM's Fig. 4), or None. Images: 3 x H x W in [0, 1]; outputs: batches of one.
+        Returns the files written (figures and the maps as data), each logged with the run."""
         return None
 
     def head_parameters(self) -> list[nn.Parameter]:

@@ -102,8 +102,10 @@ masked pass updates them too, as a second forward of the same network does.
 Explanation (not a training choice): :meth:`SAMHead.explain` gives, per image, the
 similarity attention of the image with its nearest neighbour in the batch under the
 Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is similar; an
-image alone is paired with itself, w = 1). :meth:`SAMHead.pair_figure` draws the same
-for a (query, gallery) pair (Fig. 4 style), in closed form on the last map.
+image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the same for a
+(query, gallery) pair as data, :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive /
+negative maps under the triplet weight, both in closed form on the last map; the run logs
+them as figures (:meth:`SAMHead.pair_figure`, :meth:`SAMHead.triplet_figure`).
 """
 
 from __future__ import annotations
@@ -112,11 +114,13 @@ import math
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
+from harness.atomic import atomic_write
 from harness.errors import HarnessError
 from harness.explain import upsample_maps
 
@@ -125,7 +129,7 @@ from .base import HeadOutput, Method, PaperInfo, register_method, register_varia
 __all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_weights",
            "quadruplet_weights", "tuple_weights", "eq1_attention", "closed_form_attention",
            "autograd_attention", "soft_mask", "normalize_attention", "similarity_mining_loss",
-           "candidate_tuples", "select_tuples", "pair_figure"]
+           "candidate_tuples", "select_tuples", "attention_row_figure"]
 
 PAPER = PaperInfo(
     title="Visual Similarity Attention",
@@ -388,7 +392,7 @@ class SAMHead(Method):
         last = self._last_map(fmap)
         e = self.project(last.mean(dim=(2, 3)))
         out = HeadOutput(embedding=F.normalize(e, dim=-1), extras={"map": fmap})
-        if not self.training:  # per-location embeddings W A_ij, for pair_figure (which gets no extras)
+        if not self.training:  # per-location embeddings W A_ij, for the closed-form explanation maps
             out.local = torch.einsum("bchw,dc->bhwd", last, self.project.weight.to(last.dtype)).flatten(1, 2)
         return out
 
@@ -488,28 +492,71 @@ class SAMHead(Method):
             m = self.attention(a, e, f, w, create_graph=False)
         return upsample_maps(m.detach()[:, None], images.shape[-2:])
 
-    def pair_figure(self, query_image, gallery_image, query, gallery, path):
-        """Fig. 4 style for one pair: each image with its similarity attention under the
-        positive-pair weight w = 1 - |f_q - f_g|, in closed form from the per-location
-        embeddings of the last map (``local``; for an earlier ``stage`` the figure is of
-        ``s32``, since the figure gets neither the maps nor normalised images)."""
+    @torch.no_grad()
+    def local_attention(self, outputs: list[HeadOutput], w: torch.Tensor, image_size=(1, 1)) -> list[torch.Tensor]:
+        """Eq. 1 in closed form for each image of a tuple under the tuple's weight ``w``,
+        from the per-location embeddings of the last map (``local``: W A_ij, eval mode):
+        with e = mean_ij W A_ij + b and f = e / |e|, ds/dA_ij = W^T g / HW for
+        g = (w - (w.f) f) / |e| at every location, so M = ReLU(sum_ij (W A_ij) . g) / HW.
+        Returns one h x w map per image (float32, on the CPU). For an earlier ``stage`` the
+        maps are of ``s32`` (the closed form needs the last map). ``image_size`` (H, W) gives
+        the map's aspect (its h x w grid)."""
+        bias = self.project.bias.detach().float().cpu()
+        maps = []
+        for out in outputs:
+            loc = out.local[0].float().cpu()
+            e = loc.mean(0) + bias
+            f = F.normalize(e, dim=-1)
+            g = (w - (w @ f) * f) / e.norm().clamp_min(_EPS)
+            maps.append((F.relu(loc @ g) / len(loc)).view(*_grid(len(loc), *image_size)))
+        return maps
+
+    def _unit(self, out: HeadOutput) -> torch.Tensor:
+        return F.normalize(out.local[0].float().cpu().mean(0) + self.project.bias.detach().float().cpu(), dim=-1)
+
+    def pair_maps(self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The similarity attention of a (query, gallery) pair as data: two h x w maps
+        under the Siamese weight (w = 1 - |f_q - f_g| for ``same``, else |f_q - f_g|)."""
         if query.local is None or gallery.local is None:
             return None
-        maps = []
-        with torch.inference_mode(False), torch.no_grad():
-            locs = [query.local[0].float().cpu(), gallery.local[0].float().cpu()]
-            bias = self.project.bias.detach().float().cpu()
-            es = [loc.mean(0) + bias for loc in locs]
-            fs = [F.normalize(e, dim=-1) for e in es]
-            w = pair_weights(fs[0], fs[1], True)
-            for loc, e, f, image in zip(locs, es, fs, (query_image, gallery_image), strict=True):
-                g = (w - (w @ f) * f) / e.norm().clamp_min(_EPS)
-                m = F.relu(loc @ g) / len(loc)
-                maps.append(m.view(*_grid(len(loc), *image.shape[-2:])))
-            cosine = float(fs[0] @ fs[1])
+        w = pair_weights(self._unit(query), self._unit(gallery), same)
+        q, g = self.local_attention([query, gallery], w, image_size)
+        return q, g
+
+    def triplet_maps(self, anchor: HeadOutput, positive: HeadOutput, negative: HeadOutput, image_size=(1, 1)
+                     ) -> list[torch.Tensor] | None:
+        """Fig. 4's maps as data: anchor, positive and negative attention under the triplet
+        weight w = (1 - |f_a - f_p|) * |f_a - f_n| (Sec. 3.1)."""
+        if any(o.local is None for o in (anchor, positive, negative)):
+            return None
+        w = triplet_weights(*(self._unit(o) for o in (anchor, positive, negative)))
+        return self.local_attention([anchor, positive, negative], w, image_size)
+
+    def pair_figure(self, query_image, gallery_image, query, gallery, path):
+        """A (query, gallery) pair in the style of Fig. 4: each image with its similarity
+        attention under the positive-pair weight w = 1 - |f_q - f_g| (:meth:`pair_maps`)."""
+        maps = self.pair_maps(query, gallery, image_size=query_image.shape[-2:])
+        if maps is None:
+            return None
+        cosine = float(self._unit(query) @ self._unit(gallery))
         note = "" if self.stage == "s32" else f" (drawn on s32; trained on {self.stage})"
-        return pair_figure(query_image, gallery_image, maps[0], maps[1], path,
-                           title=f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}")
+        return attention_row_figure([query_image, gallery_image], list(maps), ["query", "gallery"], path,
+                                    title=f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}")
+
+    def triplet_figure(self, images, outputs, path):
+        """Fig. 4: anchor, positive and negative with their triplet attention maps
+        (:meth:`triplet_maps`), and the maps as data (``.npz`` beside the figure)."""
+        maps = self.triplet_maps(*outputs, image_size=images[0].shape[-2:])
+        if maps is None:
+            return None
+        path = Path(path)
+        data = path.with_suffix(".npz")
+        atomic_write(data, lambda fh: np.savez(fh, anchor=maps[0].numpy(), positive=maps[1].numpy(),
+                                               negative=maps[2].numpy()))
+        figure = attention_row_figure(images, maps, ["anchor", "positive", "negative"], path,
+                                      title="SAM Fig. 4: triplet attention, w = (1 - |f_a - f_p|) * |f_a - f_n|")
+        return [figure, data]
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
@@ -533,22 +580,20 @@ def _image_array(image):
     return x.clamp(0, 1).numpy()
 
 
-def pair_figure(query_image, gallery_image, query_map: torch.Tensor, gallery_map: torch.Tensor,
-                path: str | Path, *, title: str = "", alpha: float = 0.5, cmap: str = "jet",
-                dpi: int = 100) -> Path:
-    """Write a PNG in the style of Fig. 4: the query and the gallery image, each with its
-    attention map (h x w, upsampled bilinearly, min-max normalised) overlaid. Images:
-    3 x H x W in [0, 1]. Drawn on an Agg canvas (no pyplot)."""
+def attention_row_figure(images, maps, names, path: str | Path, *, title: str = "", alpha: float = 0.5,
+                         cmap: str = "jet", dpi: int = 100) -> Path:
+    """Write a PNG in the style of Fig. 4: images side by side, each with its attention map
+    (h x w, upsampled bilinearly, min-max normalised) overlaid. Images: 3 x H x W in
+    [0, 1]. Drawn on an Agg canvas (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(6, 3.4), dpi=dpi)
+    fig = Figure(figsize=(3 * len(images), 3.4), dpi=dpi)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    for ax, image, heat, name in zip(axes, (query_image, gallery_image), (query_map, gallery_map),
-                                     ("query", "gallery"), strict=True):
+    axes = fig.subplots(1, len(images), squeeze=False)[0]
+    for ax, image, heat, name in zip(axes, images, maps, names, strict=True):
         img = _image_array(image)
         up = upsample_maps(heat.detach().float().cpu()[None, None], img.shape[:2])[0, 0]
         ax.imshow(img)

@@ -317,3 +317,27 @@ def test_one_level_without_rectification_ranks_like_the_cosine():
     # -d^ = 2 cos - 2 exactly: the same order.
     d = make_pair_scorer(head, fields)(np.arange(24), np.arange(24)).numpy()
     np.testing.assert_allclose(d, 2 * emb @ emb.T - 2, atol=1e-5)
+
+
+def test_pair_figures_6_and_7_and_the_attribution_as_data(tmp_path):
+    """Figs. 6-7 are written for a pair, with Eq. 11's attribution as JSON that sums to d^."""
+    import json
+
+    model = build("avsl").train()
+    with torch.no_grad():
+        model(images(3))  # non-zero edges
+        model.eval()
+        out = model(images(1))
+    pictures = torch.rand(BATCH, 3, 32, 32)
+    written = model.head.pair_figure(pictures[0], pictures[2], out.select(0), out.select(2), tmp_path / "pair.png")
+    names = sorted(p.name for p in written)
+    assert names == ["pair_avsl_attribution.json", "pair_fig6.png", "pair_fig7.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
+    record = json.loads((tmp_path / "pair_avsl_attribution.json").read_text())
+    distance = -float(make_pair_scorer(model.head, {f: out.field(f) for f in model.head.rerank_fields})(
+        np.array([0]), np.array([2]))[0, 0])
+    assert record["distance"] == pytest.approx(distance, rel=1e-5)
+    assert sum(map(sum, record["contributions"])) == pytest.approx(distance, rel=1e-4)
+    assert len(record["reliability"]) == 2 and len(record["lambdas"]) == 3
+    assert build("avsl", levels=1).head.pair_figure(pictures[0], pictures[2], out.select(0), out.select(2),
+                                                    tmp_path / "one.png") is None

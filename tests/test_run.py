@@ -53,6 +53,13 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     assert run.data.metrics["test_precision_at_1"] == pytest.approx(rec["metrics"]["precision_at_1"])
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "protocol")}
     assert {"protocol/tiny.toml", "protocol/resolved.json", "protocol/deviations.json"} <= artifacts
+    # Explanations logged with the run: SAM's Fig. 4 (a test triplet, maps as data) and pair
+    # figure; AVSL's Figs. 6-7 and the pair's Eq. 11 attribution as data.
+    logged = {r["method"]: {a.path for a in mlflow.MlflowClient().list_artifacts(r["mlflow_run_id"], "explanations")}
+              for r in records}
+    assert {"explanations/triplet.png", "explanations/triplet.npz", "explanations/pair.png"} <= logged["sam"]
+    assert {"explanations/pair_fig6.png", "explanations/pair_fig7.png",
+            "explanations/pair_avsl_attribution.json"} <= logged["avsl"]
 
 
 def test_same_seed_twice_gives_identical_metrics(workdir, tiny_protocol):
@@ -147,8 +154,11 @@ def test_resume_in_another_experiment_starts_a_run_there(workdir, tiny_protocol)
     assert run.info.status == "FINISHED" and run.data.tags["fingerprint"] == a["fingerprint"]
 
 
-def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol):
-    common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "4",
+@pytest.mark.parametrize("method", ["plain", "avsl"])
+def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol, method):
+    """AVSL: its CAM-overlap edges (Eqs. 3-4) are buffers updated by momentum every step,
+    so a resumed run matches only if the checkpoint carries them."""
+    common = ["--methods", method, "--protocol", str(tiny_protocol), "--epochs", "4",
               "--set", "sampling.batches_per_epoch=6"]
     reference = workdir / "reference"
     reference.mkdir()
@@ -162,8 +172,12 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     (checkpoint,) = interrupted.glob("results/checkpoints/*/last.pt")
-    epoch = torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    epoch = saved["epoch"]
     assert 1 <= epoch < 4, "the kill must land between the first checkpoint and the end"
+    if method == "avsl":  # the edges went into the checkpoint, updated once per training step
+        assert int(saved["model"]["head.edge_updates"]) == 6 * epoch
+        assert any(v.abs().sum() > 0 for k, v in saved["model"].items() if k.startswith("head.edges_"))
     assert not (interrupted / "out.json").exists()
 
     proc = _cli_process(interrupted, *common, "--resume", "--json", "out.json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -402,17 +403,43 @@ def test_explain_pairs_each_image_with_its_nearest_neighbour(stage):
 
 
 def test_pair_figure_is_written_from_local_embeddings(tmp_path):
-    from methods import HeadOutput
-
     model = build("sam").eval()
     x = images(2)
     with torch.inference_mode():
         out = model(x)
     assert out.local is not None and out.local.shape[:2] == (BATCH, 9)
-    one = lambda i: HeadOutput(embedding=out.embedding[i:i + 1], local=out.local[i:i + 1])  # noqa: E731
-    path = model.head.pair_figure(torch.rand(3, *IMAGE), torch.rand(3, *IMAGE), one(0), one(1),
+    path = model.head.pair_figure(torch.rand(3, *IMAGE), torch.rand(3, *IMAGE), out.select(0), out.select(1),
                                   tmp_path / "fig" / "pair.png")
     assert path.is_file() and path.stat().st_size > 1000
     # local rebuilds the embedding: e = mean_ij W A_ij + b.
     e = out.local.mean(1) + model.head.project.bias
     torch.testing.assert_close(F.normalize(e, dim=-1), out.embedding, rtol=1e-5, atol=1e-5)
+
+
+def test_triplet_maps_are_eq_1_under_the_triplet_weight_and_fig_4_is_logged_with_them(tmp_path):
+    """Fig. 4: each image's map is Eq. 1 with s = w . f_k, w = (1 - |f_a - f_p|) * |f_a - f_n|
+    held constant, from autograd on the last map; the figure's data (.npz) holds them."""
+    model = build("sam").eval()
+    head = model.head
+    x = images(3)
+    with torch.inference_mode():
+        out = model(x)
+    anchor, positive, negative = 0, 1, 2
+    maps = head.triplet_maps(out.select(anchor), out.select(positive), out.select(negative), image_size=IMAGE)
+    a = out.extras["map"].clone().requires_grad_()
+    _, f = head.features32(a)
+    w = triplet_weights(f[anchor], f[positive], f[negative]).detach()
+    for k, index in enumerate((anchor, positive, negative)):
+        s = (w * f[index]).sum()
+        (grad,) = torch.autograd.grad(s, a, retain_graph=True)
+        expected = eq1_attention(a[index:index + 1].detach(), grad[index:index + 1])[0]
+        torch.testing.assert_close(maps[k], expected, rtol=1e-4, atol=1e-6)
+    pictures = [torch.rand(3, *IMAGE) for _ in range(3)]
+    written = head.triplet_figure(pictures, [out.select(i) for i in (anchor, positive, negative)],
+                                  tmp_path / "triplet.png")
+    assert [p.name for p in written] == ["triplet.png", "triplet.npz"]
+    with np.load(written[1]) as data:
+        assert sorted(data.files) == ["anchor", "negative", "positive"]
+        np.testing.assert_allclose(data["negative"], maps[2].numpy())
+    q, g = head.pair_maps(out.select(0), out.select(1), image_size=IMAGE)
+    assert q.shape == maps[0].shape and not torch.equal(q, maps[0])  # the pair weight is another w
