@@ -169,18 +169,25 @@ MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
                                         {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
 
 
-def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
+def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None, *,
+              loss_miners: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
     """The miner (name, args) a run of ``loss`` uses under a protocol whose miner is
-    ``protocol_miner``.
+    ``protocol_miner`` and whose per-loss miners (``[loss.miners.<loss>]``) are ``loss_miners``.
 
-    A protocol fixes one miner for the tuple losses (Roth et al. 2020: distance-weighted
-    sampling). Losses over proxies or classes take none: PML would only re-weight their
+    The miner belongs to the loss setting. A protocol fixes one miner for the tuple losses
+    (Roth et al. 2020: distance-weighted sampling), and may give one loss another, as the
+    setting it transcribes does (A-grouping: DGML's binomial deviance, ``criteria/
+    binomial_deviance.py``, takes every pair of the batch, ``REQUIRES_BATCHMINER = False``,
+    while its margin and contrastive losses use the distance sampler); that entry wins.
+    Otherwise losses over proxies or classes take none: PML would only re-weight their
     samples by the miner's tuples, and Roth et al.'s code (which the DIML seed trains
     with) gives them no batch miner. Multi-similarity brings its own pair mining (Wang
     et al. 2019, Sec. 3.3; PML splits it into ``MultiSimilarityMiner``, epsilon 0.1),
     which Roth et al.'s criterion also runs inside the loss.
     """
+    chosen = (loss_miners or {}).get(loss)
+    if chosen is not None:
+        return chosen["name"], dict(chosen.get("args", {}))
     own = LOSSES.get(loss).miner
     if own is None or own == protocol_miner:
         return protocol_miner, dict(protocol_args or {})
