@@ -195,8 +195,8 @@ def test_a_loss_can_have_its_own_miner_in_the_protocol():
 
     p = load_protocol("agrouping")
     assert miner_for("binomial_deviance", p.miner.name, p.miner.args, loss_miners=p.loss.miners) == ("none", {})
-    assert miner_for("margin", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted"
-    assert miner_for("contrastive", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted"
+    assert miner_for("margin", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
+    assert miner_for("contrastive", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
     # Protocols without the section keep their canonical form, hence their fingerprints.
     for name in ("smoke", "roth2020", "diablo"):
         assert "miners" not in load_protocol(name).to_dict()["loss"]
@@ -212,3 +212,14 @@ def test_a_loss_can_have_its_own_miner_in_the_protocol():
 def test_bad_loss_miners_fail_at_load_naming_the_key(tmp_path, section, message):
     with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
         load_protocol(_write(tmp_path, section))
+
+
+def test_roth2020_samples_with_roth_et_als_distance_weighted_miner():
+    """Roth et al. 2020's code (and the DIML and DGML copies of it): no upper cutoff, one
+    triplet per anchor; not PML's DistanceWeightedMiner."""
+    from harness.losses import RothDistanceWeightedMiner, create_miner
+
+    for name in ("roth2020", "agrouping", "agrouping-sec42", "agrouping-googlenet"):
+        p = load_protocol(name)
+        assert isinstance(create_miner(p.miner.name, p.miner.args), RothDistanceWeightedMiner), name
+    assert load_protocol("roth2020").miner.args == {"cutoff": 0.5}
