@@ -130,7 +130,7 @@ def test_every_shipped_protocol_builds_its_method_options(name):
 def test_dataset_sections_are_part_of_the_protocol_not_deviations():
     roth = load_protocol("roth2020")
     sop, cub = roth.for_dataset("sop"), roth.for_dataset("cub200")
-    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al. 2020, DESIGN.md §3
+    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al.'s code: sop_runs.sh --n_epochs 100
     assert sop.for_dataset("sop") == sop and not sop.datasets  # resolved once: idempotent
     # An override made after resolution stays in force and is measured against 100.
     overridden, deviations = apply_overrides(sop, ["schedule.epochs=3"])
