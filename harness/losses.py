@@ -11,6 +11,7 @@ Every entry carries its default hyperparameters as data; a protocol's
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +19,15 @@ import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from pytorch_metric_learning.reducers import AvgNonZeroReducer
+from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
            "miner_for", "loss_defaults"]
 
 
@@ -109,6 +111,72 @@ class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
                 "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"}}
 
 
+def inverse_sphere_log_weights(distances: torch.Tensor, dim: int) -> torch.Tensor:
+    """log q(d)^-1 for distances d of unit vectors in R^dim (Wu et al. 2017, "Sampling
+    matters", Sec. 4: q(d) ~ d^(n-2) [1 - d^2/4]^((n-3)/2)), up to a constant."""
+    return (2.0 - dim) * torch.log(distances) - ((dim - 3) / 2) * torch.log(1.0 - 0.25 * distances ** 2)
+
+
+class RothDistanceWeightedMiner(pml_miners.BaseMiner):
+    """Distance-weighted sampling as Roth et al. 2020's code runs it (the ``distance``
+    batch miner of Revisiting_Deep_Metric_Learning_PyTorch; read here in the copies the
+    DIML and DGML seeds ship, ``batchminer/distance.py`` of wl-zhao/DIML and
+    XinyiXuXD/DGML-master, identical in what follows).
+
+    Per anchor: distances clamped below at ``cutoff`` (0.5), negatives drawn with weight
+    q(d)^-1 (:func:`inverse_sphere_log_weights`, Wu et al. 2017 Sec. 4), one triplet per
+    anchor with one positive drawn uniformly among the anchor's other same-class items.
+    Two differences from PML's ``DistanceWeightedMiner`` (Wu et al.'s own recipe):
+
+    * no upper cutoff: PML zeroes negatives at distance >= ``nonzero_loss_cutoff`` (1.4);
+      the code has that line commented out ("Cutting of values with high distances made
+      the results slightly worse");
+    * one triplet per anchor, where PML draws as many as the anchor's class has items in
+      the batch (``get_random_triplet_indices``: two per anchor at 2 per class).
+
+    Where the code would fail, here: non-finite weights (d = 2 exactly) are dropped, as
+    PML drops them (the code's ``np.random.choice`` raises on NaN), and the log weights
+    are shifted by each anchor's maximum over its negatives (the code's maximum also
+    counts the zeros it writes at same-class entries; after normalisation both give the
+    same distribution unless the code's underflows). Draws use torch's generator (seeded
+    per epoch by the trainer), not NumPy's.
+    """
+
+    def __init__(self, cutoff: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        c_f.assert_distance_type(self, LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.cutoff = float(cutoff)
+        self.add_to_recordable_attributes(list_of_names=["cutoff"], is_stat=False)
+
+    def negative_weights(self, embeddings, labels, ref_emb, ref_labels) -> torch.Tensor:
+        """B x B' sampling probabilities of each anchor's negatives (rows sum to 1, or 0
+        for an anchor without a negative)."""
+        distances = self.distance(embeddings, ref_emb).clamp(min=self.cutoff)
+        log_w = inverse_sphere_log_weights(distances, embeddings.size(1))
+        negative = (labels[:, None] != ref_labels[None, :]) & torch.isfinite(log_w)
+        log_w = log_w.masked_fill(~negative, -math.inf)
+        shift = log_w.max(dim=1, keepdim=True).values.nan_to_num(0.0, neginf=0.0)
+        weights = torch.exp(log_w - shift)
+        return weights / weights.sum(dim=1, keepdim=True).clamp(min=torch.finfo(weights.dtype).tiny)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        weights = self.negative_weights(embeddings, labels, ref_emb, ref_labels)
+        positive = labels[:, None] == ref_labels[None, :]
+        if ref_emb is embeddings:
+            positive.fill_diagonal_(False)
+        usable = (weights.sum(dim=1) > 0) & positive.any(dim=1)
+        anchors = torch.where(usable)[0]
+        if len(anchors) == 0:
+            empty = torch.tensor([], dtype=torch.long, device=labels.device)
+            return empty, empty.clone(), empty.clone()
+        positives = torch.multinomial(positive[anchors].to(weights.dtype), 1).squeeze(1)
+        negatives = torch.multinomial(weights[anchors], 1).squeeze(1)
+        return anchors, positives, negatives
+
+    def get_default_distance(self):
+        return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+
 @dataclass(frozen=True)
 class LossEntry:
     cls: type
@@ -158,7 +226,11 @@ _loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classe
 
 MINERS.register("distance_weighted")(LossEntry(pml_miners.DistanceWeightedMiner,
                                               {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
-                                              description="Wu et al. 2017"))
+                                              description="Wu et al. 2017 (PML: upper cutoff 1.4, "
+                                                          "a class's size in triplets per anchor)"))
+MINERS.register("distance_weighted_roth")(LossEntry(RothDistanceWeightedMiner, {"cutoff": 0.5},
+                                                   description="Roth et al. 2020's code: no upper cutoff, "
+                                                               "one triplet per anchor"))
 MINERS.register("multi_similarity")(LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1},
                                              description="Wang et al. 2019"))
 MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
@@ -169,18 +241,25 @@ MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
                                         {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
 
 
-def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
+def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None, *,
+              loss_miners: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
     """The miner (name, args) a run of ``loss`` uses under a protocol whose miner is
-    ``protocol_miner``.
+    ``protocol_miner`` and whose per-loss miners (``[loss.miners.<loss>]``) are ``loss_miners``.
 
-    A protocol fixes one miner for the tuple losses (Roth et al. 2020: distance-weighted
-    sampling). Losses over proxies or classes take none: PML would only re-weight their
+    The miner belongs to the loss setting. A protocol fixes one miner for the tuple losses
+    (Roth et al. 2020: distance-weighted sampling), and may give one loss another, as the
+    setting it transcribes does (A-grouping: DGML's binomial deviance, ``criteria/
+    binomial_deviance.py``, takes every pair of the batch, ``REQUIRES_BATCHMINER = False``,
+    while its margin and contrastive losses use the distance sampler); that entry wins.
+    Otherwise losses over proxies or classes take none: PML would only re-weight their
     samples by the miner's tuples, and Roth et al.'s code (which the DIML seed trains
     with) gives them no batch miner. Multi-similarity brings its own pair mining (Wang
     et al. 2019, Sec. 3.3; PML splits it into ``MultiSimilarityMiner``, epsilon 0.1),
     which Roth et al.'s criterion also runs inside the loss.
     """
+    chosen = (loss_miners or {}).get(loss)
+    if chosen is not None:
+        return chosen["name"], dict(chosen.get("args", {}))
     own = LOSSES.get(loss).miner
     if own is None or own == protocol_miner:
         return protocol_miner, dict(protocol_args or {})

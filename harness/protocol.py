@@ -109,6 +109,11 @@ class LossSpec:
     #: Hyperparameters per loss the protocol sanctions: ``{loss_name: {arg: value}}``.
     #: Choosing a sanctioned loss with ``--loss`` is a run axis, not a deviation.
     args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The miner of one loss, when the setting the protocol transcribes gives that loss
+    #: another miner than ``[miner]``: ``[loss.miners.binomial_deviance] name = "none"``
+    #: (``{loss_name: {"name": miner, "args": {...}}}``; see :func:`harness.losses.miner_for`).
+    #: Empty (and absent from the canonical form) in protocols that do not use it.
+    miners: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,7 @@ class Protocol:
 
 
 #: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
-_OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"))
+_OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"), ("loss", "miners"))
 
 
 @dataclass(frozen=True)
@@ -406,6 +411,28 @@ def _check_registered_names(protocol: Protocol) -> None:
         for name in section:
             if name not in registry:
                 raise HarnessError(f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}")
+    _check_loss_miners(protocol)
+
+
+def _check_loss_miners(protocol: Protocol) -> None:
+    """``[loss.miners.<loss>]``: a registered loss, a ``name`` that is a registered miner
+    (or ``"none"``: every pair or triplet of the batch), optional ``args``, nothing else."""
+    from .losses import LOSSES, MINERS
+
+    for loss, spec in protocol.loss.miners.items():
+        key = f"loss.miners.{loss}"
+        if loss not in LOSSES:
+            raise HarnessError(f"protocol key '{key}': {unknown_name(LOSSES.kind, loss, LOSSES.list())}")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise HarnessError(f"protocol key '{key}' must be a table with a miner 'name', got {spec!r}")
+        extra = sorted(set(spec) - {"name", "args"})
+        if extra:
+            raise HarnessError(f"unknown protocol key '{key}.{extra[0]}' (expected name and args)")
+        if spec["name"] != "none" and spec["name"] not in MINERS:
+            raise HarnessError(f"protocol key '{key}.name': "
+                               f"{unknown_name(MINERS.kind, spec['name'], ['none', *MINERS.list()])}")
+        if not isinstance(spec.get("args", {}), dict):
+            raise HarnessError(f"protocol key '{key}.args' must be a table, got {spec['args']!r}")
 
 
 # ------------------------------------------------------------------------- overrides

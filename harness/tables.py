@@ -219,6 +219,36 @@ def locate_published(path: Path | str) -> Path:
     return path
 
 
+#: Flags a published row's ``notes`` may start with (``flag: why``). ``column_mislabelled``:
+#: the printed column's heading names another metric than its values are (kept in the CSV
+#: as printed, never compared). ``ksweep``: computed by a path of the authors' code that
+#: differs from the method's definition (compared, and the table's footnote says so).
+EXCLUDED_FLAGS = ("column_mislabelled",)
+FOOTNOTED_FLAGS = ("ksweep",)
+
+
+def _note_flag(note: str) -> str:
+    head = note.split(":", 1)[0].strip()
+    return head if head in (*EXCLUDED_FLAGS, *FOOTNOTED_FLAGS) else ""
+
+
+def _drop_excluded(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Rows flagged ``column_mislabelled`` out, with one line on stderr naming them; the
+    descriptions stay in ``frame.attrs["excluded"]`` for the table's footnote."""
+    notes = frame["notes"] if "notes" in frame.columns else pd.Series("", index=frame.index)
+    flags = notes.map(_note_flag)
+    excluded = frame[flags.isin(EXCLUDED_FLAGS)]
+    kept = frame[~flags.isin(EXCLUDED_FLAGS)].copy()
+    kept["note"] = [n if _note_flag(n) else "" for n in notes[kept.index]]
+    described = sorted({f"{r['method']} {r['dataset']} {r['metric']} (table {r['table']}): {r['notes']}"
+                        for _, r in excluded.iterrows()})
+    if described:
+        print(f"tables: {len(excluded)} published value(s) of {Path(path).name} not compared: "
+              + "; ".join(described), file=sys.stderr)
+    kept.attrs["excluded"] = described
+    return kept
+
+
 def load_published(path: Path, tables: Iterable[str] | None = None,
                    rows: dict[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered.
@@ -226,7 +256,11 @@ def load_published(path: Path, tables: Iterable[str] | None = None,
     ``rows`` (a grid's ``[published] rows``): ``{reproduced method: ["method@setting"]}``,
     the published rows beside each reproduced method, told apart by the CSV's ``setting``
     column (e.g. DIABLO's N = 8 and N = 16 rows of one loss); without it every row keeps
-    its own method and the ``setting`` column is not read."""
+    its own method and the ``setting`` column is not read.
+
+    A row whose ``notes`` start with ``column_mislabelled:`` is left out (one line on
+    stderr; ``attrs["excluded"]``); the ``note`` column keeps the other flagged notes
+    (``ksweep: ...``) for the table's footnotes."""
     path = locate_published(path)
     if not Path(path).is_file():
         raise HarnessError(f"published table file not found: {path}")
@@ -243,17 +277,20 @@ def load_published(path: Path, tables: Iterable[str] | None = None,
         frame = frame[frame["table"].isin(wanted)]
     if rows:
         frame = _select_published_rows(frame, rows, path)
+    frame = _drop_excluded(frame, path)
     twice = frame[frame.duplicated([*KEYS, "metric"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]
-        others = [c for c in frame.columns if c not in (*KEYS, "metric", "value")]
+        others = [c for c in frame.columns if c not in (*KEYS, "metric", "value", "note")]
         raise HarnessError(
             f"{path} holds several values for one cell, e.g. {first['method']} + {first['loss']} on "
             f"{first['dataset']}, {first['metric']} ({len(twice)} rows in tables "
             f"{', '.join(sorted(set(twice['table'])))} differ only in {', '.join(others)}); "
             f"choose one table with --table, or name the rows beside each method with --published-row "
             f"(a grid's [published] rows)")
-    return frame[[*KEYS, "metric", "value"]].astype({"value": float}).reset_index(drop=True)
+    out = frame[[*KEYS, "metric", "value", "note"]].astype({"value": float}).reset_index(drop=True)
+    out.attrs["excluded"] = frame.attrs.get("excluded", [])
+    return out
 
 
 def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
@@ -455,6 +492,7 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     """Tracking store -> table text (what ``cmd_table`` writes)."""
     runs = load_runs(experiments)
     pub = load_published(published, tables, published_rows) if published else None
+    excluded = pub.attrs.get("excluded", []) if pub is not None else []
     wanted = list(metrics) if metrics else (_order(pub["metric"]) if pub is not None else list(DEFAULT_METRICS))
     if pub is not None:
         pub = pub[pub["metric"].isin(wanted)]
@@ -464,7 +502,24 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     render = render_latex if fmt == "latex" else render_markdown
     caption = caption or (f"Reproduced (experiment {', '.join(experiments)})"
                           + (f" vs published (table {', '.join(tables)})" if tables else ""))
-    return render(cells, metrics=wanted, caption=caption, deviations=deviations)
+    text = render(cells, metrics=wanted, caption=caption, deviations=deviations)
+    return _with_published_notes(text, excluded, [] if pub is None else sorted(set(pub["note"]) - {""}),
+                                 latex=fmt == "latex")
+
+
+def _with_published_notes(text: str, excluded: Sequence[str], notes: Sequence[str], *, latex: bool) -> str:
+    """The rendered table with a footnote per flagged published note and one naming the
+    published values left out (``column_mislabelled``)."""
+    lines = [f"Published values not compared: {'; '.join(excluded)}."] if excluded else []
+    lines += [f"Published values marked {note}" for note in notes]
+    if not lines:
+        return text
+    if latex:
+        lines = [f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {_latex_escape(line)}}}"
+                 for line in lines]
+        head, end = text.rstrip("\n").rsplit("\n", 1)  # end: \\end{table*}
+        return "\n".join([head, *lines, end]) + "\n"
+    return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
 
 def cmd_table(args: argparse.Namespace) -> int:

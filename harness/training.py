@@ -332,7 +332,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
-    miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args))
+    miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
+                                    loss_miners=protocol.loss.miners))
     return _Training(model, loss_fn, miner, optimizer,
                      _scheduler(protocol, optimizer), torch.amp.GradScaler("cuda", enabled=device.type == "cuda"),
                      sampler, train_data, note)
@@ -485,7 +486,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
             "num_train_images": len(splits.train), "num_test_images": len(splits.test),
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
-            "miner": miner_for(cfg.loss, protocol.miner.name)[0],
+            "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)

@@ -62,7 +62,10 @@ Where the paper and the released code (wl-zhao/DIML) differ or are silent:
   code. As in the code, the plan is a constant for the gradient by default
   (``plan_grad=False``; the paper calls the iterations differentiable, and
   ``plan_grad=True`` back-propagates through them at a memory cost of one plan per
-  iteration).
+  iteration). Multi-similarity's pair mining (Eq. 18's s*) runs on the combined
+  similarity of Eq. 19, as the code's ``multisimilarity_diml`` criterion does; the
+  margin loss's distance-weighted sampler runs on the global embeddings, as the code's
+  ``margin_diml`` criterion does (``DIMLHead._mine``).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
 from torchvision.ops import roi_align
 
@@ -462,6 +466,9 @@ class DIMLHead(PlainHead):
 
     paper = PAPER
     rerank_fields = ("embedding", "local")
+    #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
+    #: (Eqs. 18-19), no longer on the global cosine.
+    revision = 2
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
                  marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
@@ -611,8 +618,8 @@ class DIMLHead(PlainHead):
         ``(d_global + d_struct) / 2`` with d the Euclidean distance of unit vectors;
         similarity-based ones (multi-similarity: Eqs. 18-19) see ``(s_global + s_struct) / 2``.
         The loss is the run's PML loss (``batch.metric_loss.module()``, with its learnable
-        beta and hyperparameters) and its miner, which mines on the global embeddings as
-        the code's ``batchminer(pooled_feature)`` does.
+        beta and hyperparameters) and its miner; see :meth:`_mine` for which similarity
+        the miner sees.
         """
         labels = batch.labels
         if not self.train_structural:
@@ -635,9 +642,31 @@ class DIMLHead(PlainHead):
             matrix = (_euclidean_from_cosine(cos) + structural_distance(plan, s)) / 2  # Eq. 16
             if loss.distance.power != 1:
                 matrix = matrix ** loss.distance.power
-        indices = batch.metric_loss.mine(emb, labels)
+        indices = self._mine(batch.metric_loss, emb, labels, matrix, inverted=loss.distance.is_inverted)
         with _distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)):
             return {"metric": loss(emb, labels, indices)}
+
+    @staticmethod
+    def _mine(metric_loss, emb: torch.Tensor, labels: torch.Tensor, matrix: torch.Tensor, *, inverted: bool):
+        """The miner's tuples for DIML training.
+
+        Multi-similarity's pair mining is part of the loss (Eq. 18: s* keeps the pairs whose
+        similarity passes min_p s(k, p) - epsilon or max_n s(k, n) + epsilon), and Eq. 19
+        replaces that s by the combined similarity, so the miner sees ``matrix``, as the
+        released code does (``criteria/multisimilarity_diml.py`` selects its pairs on the
+        combined similarity). A batch sampler (distance-weighted sampling for the margin
+        loss) sees the global embeddings, as the code's ``batchminer(pooled_feature)``
+        in ``criteria/margin_diml.py`` does.
+        """
+        miner = metric_loss.miner
+        if not isinstance(miner, pml_miners.MultiSimilarityMiner):
+            return metric_loss.mine(emb, labels)
+        if miner.distance.is_inverted != inverted:
+            raise HarnessError("DIML training mines multi-similarity pairs on the loss's combined matrix; the "
+                               "miner and the loss must both use a similarity (or both a distance)")
+        # A copy: PML's MultiSimilarityMiner writes its sort sentinels into the matrix it gets.
+        with _distance_replaced(miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)):
+            return metric_loss.mine(emb, labels)
 
     def _structural_loss(self, metric_loss) -> torch.nn.Module:
         loss = metric_loss.module()

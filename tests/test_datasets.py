@@ -161,3 +161,66 @@ def test_synthetic_registry_entry(data_root):
     path = splits.train.keys()[0]
     mask = load_part_mask(splits.extras["root"], splits.extras["masks"][path])
     assert mask.shape == (128, 128)
+
+
+# ------------------------------------------------------- checks on every load
+
+
+def test_a_class_in_both_train_and_test_is_refused(tmp_path):
+    base = make_sop(tmp_path)
+    test_file = base / "Ebay_test.txt"
+    lines = test_file.read_text().splitlines()
+    image_id, _, super_id, path = lines[1].split()
+    test_file.write_text("\n".join([*lines, f"{int(image_id) + 1000} 1 {super_id} {path}"]) + "\n")  # class 1 trains
+    with pytest.raises(HarnessError, match="1 class\\(es\\) are in both the training and the test split "
+                                           "\\(e.g. class 1\\)"):
+        DATASETS.get("sop").load(tmp_path)
+    inshop = make_inshop(tmp_path / "shop")
+    listing = inshop / "list_eval_partition.txt"
+    listing.write_text(listing.read_text().replace("id_00000004 query", "id_00000001 query", 1))
+    with pytest.raises(HarnessError, match="class-disjoint"):
+        DATASETS.get("inshop").load(tmp_path / "shop")
+
+
+def _cub_index(root, per_class):
+    """CUB index files only (the loader reads no image): ``per_class[c - 1]`` images of class c."""
+    base = root / "CUB_200_2011"
+    base.mkdir(parents=True)
+    images, labels, image_id = [], [], 1
+    for c, count in enumerate(per_class, start=1):
+        for i in range(count):
+            images.append(f"{image_id} {c:03d}.Bird/{i}.jpg")
+            labels.append(f"{image_id} {c}")
+            image_id += 1
+    (base / "images.txt").write_text("\n".join(images) + "\n")
+    (base / "image_class_labels.txt").write_text("\n".join(labels) + "\n")
+
+
+def test_a_full_tree_must_have_the_official_counts(tmp_path, capsys):
+    """CUB: 5,864 train images of classes 1-100, 5,924 test of 101-200 (Wah et al. 2011;
+    DIML Sec. 4.1). A tree listing as many images as the release is held to them; a
+    smaller one is partial (the test fixtures): one stderr line, no check."""
+    official = [59] * 64 + [58] * 36 + [60] * 24 + [59] * 76  # 5,864 + 5,924 = 11,788
+    _cub_index(tmp_path / "ok", official)
+    splits = DATASETS.get("cub200").load(tmp_path / "ok")
+    assert (len(splits.train), len(splits.test)) == (5_864, 5_924)
+    assert capsys.readouterr().err == ""
+    moved = [*official[:99], official[99] - 1, official[100] + 1, *official[101:]]  # one image, other class
+    _cub_index(tmp_path / "moved", moved)
+    with pytest.raises(HarnessError, match="lists 11,788 images, a full release, but not the official splits: "
+                                           "train images 5,863 \\(official 5,864\\), test images 5,925"):
+        DATASETS.get("cub200").load(tmp_path / "moved")
+    _cub_index(tmp_path / "more", [*official[:-1], official[-1] + 5])
+    with pytest.raises(HarnessError, match="test images 5,929 \\(official 5,924\\)"):
+        DATASETS.get("cub200").load(tmp_path / "more")
+    make_cub(tmp_path / "fixture")
+    DATASETS.get("cub200").load(tmp_path / "fixture")
+    assert "400 of the official release's 11,788 images listed (a partial tree)" in capsys.readouterr().err
+
+
+def test_official_counts_match_the_seed_papers():
+    """DIML / AVSL / A-grouping Sec. 4.1, DIABLO Sec. 5; In-Shop: Liu et al. 2016."""
+    counts = {name: DATASETS.get(name).official for name in ("cub200", "cars196", "sop", "inshop")}
+    assert {n: (c.images, c.train_classes + c.test_classes) for n, c in counts.items()} == {
+        "cub200": (11_788, 200), "cars196": (16_185, 196), "sop": (120_053, 22_634), "inshop": (52_712, 7_982)}
+    assert (counts["inshop"].test_images, counts["inshop"].gallery_images) == (14_218, 12_612)

@@ -429,6 +429,39 @@ def test_multi_similarity_loss_on_the_mean_of_global_and_structural_similarities
     assert float(got) == pytest.approx(total / 4, rel=1e-5)
 
 
+def test_multi_similarity_mines_on_the_combined_similarity_by_hand():
+    """Eqs. 18-19: s* (the epsilon pair selection of Eq. 18) is taken on the combined
+    similarity (s_global + s_struct) / 2, as the released ``multisimilarity_diml``
+    criterion does; mining on the global cosine gives another value on this batch."""
+    g = gen(1)
+    emb = F.normalize(torch.randn(8, 3, generator=g), dim=-1)
+    loc = F.normalize(torch.randn(8, 3, generator=g), dim=-1)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    out = HeadOutput(embedding=emb, local=loc[:, None])
+    head = make(grid=1, train_structural=True)
+    alpha, beta, base, eps = 2.0, 50.0, 0.5, 0.1
+    loss = pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)
+    got = head.loss_terms(out, batch(labels, loss, pml_miners.MultiSimilarityMiner(eps)))["metric"]
+    combined = lambda a, b: float(emb[a] @ emb[b] + loc[a] @ loc[b]) / 2  # noqa: E731
+    cosine = lambda a, b: float(emb[a] @ emb[b])  # noqa: E731
+
+    def by_hand(mine_on):
+        total = 0.0
+        for a in range(8):
+            pos = [p for p in range(8) if p != a and labels[p] == labels[a]]
+            neg = [n for n in range(8) if labels[n] != labels[a]]
+            hardest_neg, hardest_pos = max(mine_on(a, n) for n in neg), min(mine_on(a, p) for p in pos)
+            kept_pos = [combined(a, p) for p in pos if mine_on(a, p) - eps < hardest_neg]
+            kept_neg = [combined(a, n) for n in neg if mine_on(a, n) + eps > hardest_pos]
+            total += math.log(1 + sum(math.exp(-alpha * (s - base)) for s in kept_pos)) / alpha
+            total += math.log(1 + sum(math.exp(beta * (s - base)) for s in kept_neg)) / beta
+        return total / 8
+
+    assert float(got) == pytest.approx(by_hand(combined), rel=1e-5)
+    assert by_hand(cosine) == pytest.approx(0.7298, abs=1e-3)  # the old behaviour, far from it
+    assert abs(by_hand(cosine) - float(got)) > 0.1
+
+
 @pytest.mark.parametrize("name", ["margin", "multi_similarity"])
 def test_structural_training_loss_reduces_to_the_plain_loss_when_grids_are_the_embedding(name):
     """G = 1 from real maps: the grid is the embedding, so the DIML matrix equals the global

@@ -135,3 +135,48 @@ def test_a_miner_would_change_a_proxy_loss():
     loss = create_loss("proxy_anchor", num_classes=4, embedding_size=4)
     mined = create_miner("distance_weighted")(emb, labels)
     assert not torch.isclose(loss(emb, labels), loss(emb, labels, mined))
+
+
+def test_roth_distance_weighted_miner_weights_by_hand():
+    """Roth et al. 2020's sampler: per anchor, negatives weighted by q(d)^-1 = d^(2-n)
+    (1 - d^2/4)^(-(n-3)/2) with d clamped below at 0.5 (Wu et al. 2017 Sec. 4), normalised;
+    same-class items weigh nothing; no upper cutoff."""
+    from harness.losses import RothDistanceWeightedMiner
+
+    g = torch.Generator().manual_seed(3)
+    emb = F.normalize(torch.randn(6, 4, generator=g), dim=1)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    got = RothDistanceWeightedMiner(cutoff=0.5).negative_weights(emb, labels, emb, labels)
+    dim = 4
+    for a in range(6):
+        raw = [0.0] * 6
+        for n in range(6):
+            if labels[n] != labels[a]:
+                d = max(0.5, float((emb[a] - emb[n]).norm()))
+                raw[n] = d ** (2 - dim) * (1 - d * d / 4) ** (-(dim - 3) / 2)
+        expected = [w / sum(raw) for w in raw]
+        assert got[a].tolist() == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_roth_miner_has_no_upper_cutoff_and_one_triplet_per_anchor():
+    """Where PML's DistanceWeightedMiner (Wu et al.'s recipe) differs: a negative beyond
+    PML's nonzero_loss_cutoff (1.4) is still drawn, and each anchor gets one triplet."""
+    from pytorch_metric_learning import miners as pml_miners
+
+    # Anchor 0 and its positive 1 near e1; negative 2 at distance 1.0; negative 3 at ~1.9.
+    emb = F.normalize(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.95, 0.3, 0.0, 0.0], [0.5, 0.0, 0.866, 0.0],
+                                    [-0.8, 0.0, 0.0, 0.6]]), dim=1)
+    labels = torch.tensor([0, 0, 1, 2])
+    assert float((emb[0] - emb[3]).norm()) > 1.8
+    roth, pml = create_miner("distance_weighted_roth"), pml_miners.DistanceWeightedMiner(0.5, 1.4)
+    torch.manual_seed(0)
+    far_roth = sum(int(((a == 0) & (n == 3)).any()) for a, _, n in (roth(emb, labels) for _ in range(400)))
+    far_pml = sum(int(((a == 0) & (n == 3)).any()) for a, _, n in (pml(emb, labels) for _ in range(400)))
+    # q^-1 weights in R^4: 1.155 at d = 1.0, ~0.80 at d = 1.9, so about 0.41 of the draws.
+    assert 0.3 < far_roth / 400 < 0.52 and far_pml == 0
+    batch = F.normalize(torch.randn(16, 8), dim=1)
+    pairs = torch.arange(16) // 2  # 8 classes x 2
+    a, p, n = roth(batch, pairs)
+    assert a.tolist() == list(range(16)) and (pairs[p] == pairs[a]).all() and (p != a).all()
+    assert (pairs[n] != pairs[a]).all()
+    assert len(pml(batch, pairs)[0]) == 32  # PML: two per anchor at two per class

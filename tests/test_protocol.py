@@ -130,7 +130,7 @@ def test_every_shipped_protocol_builds_its_method_options(name):
 def test_dataset_sections_are_part_of_the_protocol_not_deviations():
     roth = load_protocol("roth2020")
     sop, cub = roth.for_dataset("sop"), roth.for_dataset("cub200")
-    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al. 2020, DESIGN.md §3
+    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al.'s code: sop_runs.sh --n_epochs 100
     assert sop.for_dataset("sop") == sop and not sop.datasets  # resolved once: idempotent
     # An override made after resolution stays in force and is measured against 100.
     overridden, deviations = apply_overrides(sop, ["schedule.epochs=3"])
@@ -174,3 +174,52 @@ def test_set_accepts_any_declared_method_option_and_records_it():
     assert none == () and fingerprint(same, "x") == fingerprint(smoke, "x")
     with pytest.raises(HarnessError, match="unknown option 'group' for method 'agrouping'"):
         apply_overrides(smoke, ["methods.agrouping.group=2"])
+
+
+def test_agrouping_schedules_are_dgml_masters_per_dataset_configs():
+    """DGML-master configs/<dataset>.yaml: n_epochs, MultiStepLR milestones (tau), gamma 0.3."""
+    for name in ("agrouping", "agrouping-sec42", "agrouping-googlenet"):
+        p = load_protocol(name)
+        got = {d: (s.name, s.epochs, s.milestones, s.gamma)
+               for d in ("cub200", "cars196", "sop", "inshop") for s in [p.for_dataset(d).schedule]}
+        assert got == {"cub200": ("multistep", 100, (55,), 0.3), "cars196": ("multistep", 200, (100,), 0.3),
+                       "sop": ("multistep", 150, (100,), 0.3), "inshop": ("multistep", 150, (100,), 0.3)}, name
+    # Table 4 reports SOP R@2.
+    assert 2 in load_protocol("agrouping").evaluation.recall_k_for("sop")
+
+
+def test_a_loss_can_have_its_own_miner_in_the_protocol():
+    """``[loss.miners.<loss>]``: A-grouping's binomial deviance takes all pairs (DGML-master's
+    criterion has no batch miner) while its margin and contrastive losses keep the protocol's."""
+    from harness.losses import miner_for
+
+    p = load_protocol("agrouping")
+    assert miner_for("binomial_deviance", p.miner.name, p.miner.args, loss_miners=p.loss.miners) == ("none", {})
+    assert miner_for("margin", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
+    assert miner_for("contrastive", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
+    # Protocols without the section keep their canonical form, hence their fingerprints.
+    for name in ("smoke", "roth2020", "diablo"):
+        assert "miners" not in load_protocol(name).to_dict()["loss"]
+    assert fingerprint(load_protocol("smoke"), "x", loss="margin") == "87f54855bcb64a32"
+
+
+@pytest.mark.parametrize("section, message", [
+    ("[loss.miners.binomal]\nname = 'none'\n", "'loss.miners.binomal': unknown loss 'binomal'"),
+    ("[loss.miners.margin]\nname = 'distance'\n", "'loss.miners.margin.name': unknown miner 'distance'"),
+    ("[loss.miners.margin]\nname = 'none'\nargz = {}\n", "unknown protocol key 'loss.miners.margin.argz'"),
+    ("[loss.miners.margin]\nargs = {}\n", "'loss.miners.margin' must be a table with a miner 'name'"),
+])
+def test_bad_loss_miners_fail_at_load_naming_the_key(tmp_path, section, message):
+    with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
+        load_protocol(_write(tmp_path, section))
+
+
+def test_roth2020_samples_with_roth_et_als_distance_weighted_miner():
+    """Roth et al. 2020's code (and the DIML and DGML copies of it): no upper cutoff, one
+    triplet per anchor; not PML's DistanceWeightedMiner."""
+    from harness.losses import RothDistanceWeightedMiner, create_miner
+
+    for name in ("roth2020", "agrouping", "agrouping-sec42", "agrouping-googlenet"):
+        p = load_protocol(name)
+        assert isinstance(create_miner(p.miner.name, p.miner.args), RothDistanceWeightedMiner), name
+    assert load_protocol("roth2020").miner.args == {"cutoff": 0.5}

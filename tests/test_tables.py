@@ -278,3 +278,39 @@ def test_table_command_takes_published_rows(experiment, workdir, capsys):
     args = _parser().parse_args(["table", "--experiment", experiment, "--published-row", "diablo"])
     with pytest.raises(HarnessError, match="must look like METHOD=PUBLISHED_METHOD@SETTING"):
         args.func(args)
+
+
+def test_a_mislabelled_published_column_is_never_compared(experiment, capsys):
+    """A-grouping Table 2 heads its ResNet-50 SOP column R@2 but prints R@10 values there
+    (Ours-R 91.8 against Table 4's R@2 83.11): the rows stay in the CSV, flagged, and the
+    table leaves them out with a footnote and one line on stderr."""
+    from harness.tables import build_table
+
+    pub = load_published(PUBLISHED, ["2"])
+    assert not ((pub.dataset == "sop") & (pub.metric == "recall_at_2") & (pub.backbone == "resnet50")).any()
+    assert ((pub.dataset == "sop") & (pub.metric == "recall_at_10")).sum() == 5  # Inception rows: R@10 as printed
+    assert "agrouping sop recall_at_2 (table 2): column_mislabelled" in capsys.readouterr().err
+    client = mlflow.MlflowClient()
+    _fake_run(client, client.create_experiment(experiment), method="agrouping", seed=0, r1=0.70)
+    text = build_table([experiment], fmt="markdown", published=PUBLISHED, tables=["2"])
+    assert "91.80" not in text and "79.20" in text  # Ours-R SOP: R@1 compared, the "R@2" not
+    assert "Published values not compared: " in text and "never compared as R@2" in text
+    latex = build_table([experiment], fmt="latex", published=PUBLISHED, tables=["2"])
+    assert "Published values not compared" in latex and latex.rstrip().endswith("\\end{table*}")
+
+
+def test_diml_k_sweep_rows_carry_their_note_into_the_table(experiment):
+    """DIML Table 3's test-only rows and Tables 5-6 come from the released code's K-sweep
+    evaluation: compared, with the note as a footnote."""
+    from harness.tables import build_table
+
+    diml = PUBLISHED.with_name("diml.csv")
+    rows = {"plain": ["plain@diml_stage=none"], "diml": ["diml@diml_stage=test"]}
+    pub = load_published(diml, ["3"], rows)
+    assert set(pub.loc[pub.method == "diml", "note"].str.split(":").str[0]) == {"ksweep"}
+    assert set(pub.loc[pub.method == "plain", "note"]) == {""}
+    assert set(load_published(diml, ["1"])["note"]) == {""}
+    client = mlflow.MlflowClient()
+    _fake_run(client, client.create_experiment(experiment), method="diml", seed=0, r1=0.70)
+    text = build_table([experiment], fmt="markdown", published=diml, tables=["3"], published_rows=rows)
+    assert "Published values marked ksweep: from the released code's K-sweep evaluation" in text

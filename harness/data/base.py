@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,9 @@ __all__ = [
     "ArrayImageSet",
     "DatasetSplits",
     "DatasetInfo",
+    "OfficialCounts",
+    "check_class_disjoint",
+    "check_official_counts",
     "DATASETS",
     "register_dataset",
     "default_data_root",
@@ -135,6 +139,62 @@ class DatasetSplits:
 
 
 @dataclass(frozen=True)
+class OfficialCounts:
+    """Images and classes of a benchmark's official release, per split (In-Shop: the
+    test classes are those of query and gallery together)."""
+
+    train_images: int
+    train_classes: int
+    test_images: int
+    test_classes: int
+    gallery_images: int = 0
+    #: Where the numbers come from (paper section, dataset documentation).
+    source: str = ""
+
+    @property
+    def images(self) -> int:
+        return self.train_images + self.test_images + self.gallery_images
+
+
+def _split_counts(splits: DatasetSplits) -> tuple[int, int, int, int, int]:
+    test_labels = splits.test.labels if splits.gallery is None else np.concatenate(
+        [splits.test.labels, splits.gallery.labels])
+    return (len(splits.train), splits.train.num_classes, len(splits.test), int(np.unique(test_labels).size),
+            0 if splits.gallery is None else len(splits.gallery))
+
+
+def check_class_disjoint(splits: DatasetSplits) -> None:
+    """Zero-shot retrieval trains and tests on disjoint classes: a class in both is an error."""
+    test = [s.labels for s in (splits.test, splits.gallery) if s is not None]
+    shared = np.intersect1d(splits.train.labels, np.concatenate(test))
+    if shared.size:
+        raise HarnessError(f"dataset '{splits.name}': {shared.size} class(es) are in both the training and the "
+                           f"test split (e.g. class {shared[0]}); zero-shot retrieval needs class-disjoint splits")
+
+
+def check_official_counts(splits: DatasetSplits, official: OfficialCounts) -> None:
+    """On a tree that lists at least as many images as the official release (the full
+    release, or one claiming to be), every split's image and class count must be the
+    official one: a tree from another release or a damaged index file would otherwise
+    give numbers that look comparable and are not. A tree with fewer images is partial
+    (a subset, or the small fixture trees of the tests): one line on stderr says the
+    counts were not checked, since a partial tree cannot be told from a broken one."""
+    got = _split_counts(splits)
+    listed = got[0] + got[2] + got[4]
+    if listed < official.images:
+        print(f"dataset '{splits.name}': {listed:,} of the official release's {official.images:,} images "
+              f"listed (a partial tree); official split counts not checked", file=sys.stderr)
+        return
+    want = (official.train_images, official.train_classes, official.test_images, official.test_classes,
+            official.gallery_images)
+    if got != want:
+        names = ("train images", "train classes", "test images", "test classes", "gallery images")
+        wrong = ", ".join(f"{n} {g:,} (official {w:,})" for n, g, w in zip(names, got, want, strict=True) if g != w)
+        raise HarnessError(f"dataset '{splits.name}' lists {listed:,} images, a full release, but not the "
+                           f"official splits: {wrong} [{official.source}]")
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     name: str
     description: str
@@ -145,6 +205,8 @@ class DatasetInfo:
     loader: object  # Callable[[Path], DatasetSplits]
     #: Whether the harness can produce the data itself (no root needed).
     embedded: bool = False
+    #: The official release's split counts, checked on a full tree (benchmarks only).
+    official: OfficialCounts | None = None
 
     def candidates(self, data_root: Path | None) -> list[Path]:
         root = Path(data_root) if data_root else default_data_root()
@@ -161,17 +223,21 @@ class DatasetInfo:
         )
 
     def load(self, data_root: Path | None) -> DatasetSplits:
-        if self.embedded:
-            return self.loader(data_root)
-        return self.loader(self.locate(data_root))
+        """The loader's splits, checked: class-disjoint, and official counts on a full tree."""
+        splits = self.loader(data_root) if self.embedded else self.loader(self.locate(data_root))
+        check_class_disjoint(splits)
+        if self.official is not None:
+            check_official_counts(splits, self.official)
+        return splits
 
 
 DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 
-def register_dataset(name: str, *, description: str, folder: str, marker: str, embedded: bool = False):
+def register_dataset(name: str, *, description: str, folder: str, marker: str, embedded: bool = False,
+                     official: OfficialCounts | None = None):
     def add(loader):
-        DATASETS.register(name)(DatasetInfo(name, description, folder, marker, loader, embedded))
+        DATASETS.register(name)(DatasetInfo(name, description, folder, marker, loader, embedded, official))
         return loader
 
     return add

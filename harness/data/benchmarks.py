@@ -1,11 +1,30 @@
 """The four standard DML benchmarks, read from their official layouts.
 
-Splits are the community's zero-shot, class-disjoint ones (DESIGN.md §3):
+Splits are the community's zero-shot, class-disjoint ones, introduced by Oh Song et al.
+2016 ("Deep Metric Learning via Lifted Structured Feature Embedding", CVPR) for CUB,
+Cars and SOP and by Liu et al. 2016 ("DeepFashion", CVPR) for In-Shop, and restated with
+their counts by the seed papers: DIML Sec. 4.1, A-grouping Sec. 4.1, AVSL Sec. 4.1, DIABLO
+Sec. 5 (the only one with In-Shop).
 
-* CUB-200-2011: classes 1-100 train, 101-200 test.
-* Cars196: classes 1-98 train, 99-196 test (the annotation's ``test`` flag is ignored).
-* SOP: ``Ebay_train.txt`` / ``Ebay_test.txt``.
-* In-Shop: ``list_eval_partition.txt``; test = query searched against gallery.
+* CUB-200-2011 (Wah et al. 2011, Caltech tech. report CNS-TR-2011-001; the release's
+  README documents ``images.txt`` and ``image_class_labels.txt``): 11,788 images of 200
+  classes; classes 1-100 train (5,864 images), 101-200 test (5,924).
+* Cars196 (Krause et al. 2013, "3D Object Representations for Fine-Grained
+  Categorization", 3dRR; ``cars_annos.mat`` of the devkit, fields ``relative_im_path``,
+  ``class``, ``test``): 16,185 images of 196 classes; classes 1-98 train (8,054), 99-196
+  test (8,131); the annotation's ``test`` flag (a within-class split for classification)
+  is ignored.
+* SOP (Oh Song et al. 2016; the release's README documents ``Ebay_train.txt`` /
+  ``Ebay_test.txt``, header ``image_id class_id super_class_id path``): 120,053 images
+  of 22,634 classes; 59,551 train images of 11,318 classes, 60,502 test of 11,316.
+* In-Shop (Liu et al. 2016; the benchmark's README documents
+  ``Eval/list_eval_partition.txt``: a count, the header ``image_name item_id
+  evaluation_status``, rows train / query / gallery): 52,712 images of 7,982 items;
+  25,882 train images of 3,997 items, 14,218 query and 12,612 gallery images of 3,985
+  items; test = query searched against gallery. (DIABLO Sec. 5 prints "17218" query
+  images, a typo: 25,882 + 14,218 + 12,612 = 52,712.)
+
+:func:`~harness.data.base.check_official_counts` holds a full tree to these counts.
 """
 
 from __future__ import annotations
@@ -15,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HarnessError
-from .base import DatasetSplits, FileImageSet, register_dataset
+from .base import DatasetSplits, FileImageSet, OfficialCounts, register_dataset
 
 
 def _read_rows(path: Path, *, skip: int = 0, min_fields: int = 2) -> list[list[str]]:
@@ -43,6 +62,7 @@ def _split_by_class(root: Path, paths: list[str], labels: np.ndarray, last_train
     description="CUB-200-2011 birds; classes 1-100 train (5,864), 101-200 test (5,924)",
     folder="CUB_200_2011",
     marker="images.txt",
+    official=OfficialCounts(5_864, 100, 5_924, 100, source="Wah et al. 2011; DIML Sec. 4.1"),
 )
 def load_cub200(root: Path) -> DatasetSplits:
     images = {r[0]: r[1] for r in _read_rows(root / "images.txt")}
@@ -62,6 +82,7 @@ def load_cub200(root: Path) -> DatasetSplits:
     description="Stanford Cars196; classes 1-98 train (8,054), 99-196 test (8,131)",
     folder="cars196",
     marker="cars_annos.mat",
+    official=OfficialCounts(8_054, 98, 8_131, 98, source="Krause et al. 2013; DIML Sec. 4.1"),
 )
 def load_cars196(root: Path) -> DatasetSplits:
     from scipy.io import loadmat
@@ -95,6 +116,7 @@ def _read_ebay(path: Path) -> tuple[list[str], np.ndarray]:
     description="Stanford Online Products; 59,551 train / 11,318 classes, 60,502 test / 11,316 classes",
     folder="Stanford_Online_Products",
     marker="Ebay_train.txt",
+    official=OfficialCounts(59_551, 11_318, 60_502, 11_316, source="Oh Song et al. 2016; DIML Sec. 4.1"),
 )
 def load_sop(root: Path) -> DatasetSplits:
     train_paths, train_labels = _read_ebay(root / "Ebay_train.txt")
@@ -114,6 +136,8 @@ def load_sop(root: Path) -> DatasetSplits:
     description="In-Shop Clothes Retrieval; 25,882 train, 14,218 query vs 12,612 gallery",
     folder="inshop",
     marker="list_eval_partition.txt",
+    official=OfficialCounts(25_882, 3_997, 14_218, 3_985, gallery_images=12_612,
+                            source="Liu et al. 2016; DIABLO Sec. 5"),
 )
 def load_inshop(root: Path) -> DatasetSplits:
     listing = root / "list_eval_partition.txt"
