@@ -131,6 +131,9 @@ __all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_w
            "autograd_attention", "soft_mask", "normalize_attention", "similarity_mining_loss",
            "candidate_tuples", "select_tuples", "attention_row_figure"]
 
+# The text transcribed here is titled "Visual Similarity Attention" and set in IJCAI's
+# template (2022); arXiv 1911.07381 is the same work, first posted as "Learning Similarity
+# Attention" (the name the harness's issues use).
 PAPER = PaperInfo(
     title="Visual Similarity Attention",
     authors="Meng Zheng, Srikrishna Karanam, Terrence Chen, Richard J. Radke, Ziyan Wu",
