@@ -12,6 +12,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from harness.errors import HarnessError
 from harness.tables import (
@@ -29,7 +30,8 @@ PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "agr
 
 def _runs(rows: list[dict]) -> pd.DataFrame:
     base = {"run_id": "r", "experiment": "e", "backbone": "resnet50", "loss": "margin", "dataset": "cub200",
-            "seed": "0", "fingerprint": "fpA", "deviations": "none", "test_set_selection": False}
+            "seed": "0", "fingerprint": "fpA", "deviations": "none", "test_set_selection": False,
+            "evaluation_code": "code1", "setting": ""}
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
@@ -52,7 +54,8 @@ def test_summarize_mean_std_in_percent():
     cells = summarize(_two_methods(), ["recall_at_1", "nmi"])
     row = cells[(cells.method == "ngrouping") & (cells.metric == "recall_at_1")].iloc[0]
     assert row["mean"] == pytest.approx(61.0) and row["std"] == pytest.approx(math.sqrt(2.0))
-    assert row["n"] == 2 and not row["flagged"]
+    assert row["half_width"] == pytest.approx(scipy_stats.t.ppf(0.975, 1) * math.sqrt(2.0) / math.sqrt(2.0))
+    assert row["n"] == 2 and not row["flagged"] and not row["code_flagged"]
 
 
 def test_mixed_fingerprints_in_one_block_are_refused_naming_both():
@@ -87,9 +90,10 @@ def test_markdown_layout_bold_best_published_and_difference():
     a_row = next(line for line in lines if line.startswith("| A-grouping"))
     # rows in first-appearance order, best per column bold, published beside with difference
     assert lines.index(n_row) < lines.index(a_row)
-    assert "61.00 ± 1.41 / 63.09 (-2.09)" in n_row and "**71.00** ± 1.41" in n_row
-    assert "**66.00** ± 1.41 / 65.50 (+0.50)" in a_row and "69.00" in a_row
-    assert "†" not in text
+    # two seeds: 95% t half-width 12.71, every interval overlaps the best one's: tied, none bold
+    assert "61.00 ± 12.71≈ (n=2) / 63.09 (-2.09)" in n_row and "71.00 ± 12.71≈ (n=2)" in n_row
+    assert "66.00 ± 12.71≈ (n=2) / 65.50 (+0.50)" in a_row and "69.00 ± 0.00≈ (n=2)" in a_row
+    assert "**" not in n_row + a_row and "†" not in text and "§" not in text
 
 
 def test_deviation_and_test_selection_are_marked_with_a_footnote():
@@ -115,7 +119,7 @@ def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
     assert "\\multicolumn{2}{c}{CUB-200-2011} & \\multicolumn{2}{c}{Cars196}" in tex
     assert "\\cmidrule(lr){2-3} \\cmidrule(lr){4-5}" in tex
     assert "\\emph{ResNet-50 + Margin}" in tex and "\\emph{ResNet-50 + Contrastive}" in tex
-    assert "\\textbf{66.00}$\\pm$1.41" in tex
+    assert "66.00$\\pm$12.71$^{\\approx}$$_{n=2}$" in tex
     # contrastive has no cars196 runs: an empty cell, not a crash
     contrastive = tex.split("Contrastive}}")[1]
     assert "--" in contrastive.splitlines()[1]
@@ -142,8 +146,8 @@ def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
     lines = text.splitlines()
     margin = lines.index(next(line for line in lines if line.startswith("| *ResNet-50 + Margin*")))
     # Paper's Table 1: per loss a Baseline row, then DIML; ours beside theirs with the difference.
-    assert lines[margin + 1].startswith("| Baseline | 60.00 / 62.47 (-2.47) |")
-    assert lines[margin + 2].startswith("| DIML | **63.00** / 65.16 (-2.16) |")
+    assert lines[margin + 1].startswith("| Baseline | 60.00 (n=1) / 62.47 (-2.47) |")
+    assert lines[margin + 2].startswith("| DIML | 63.00 (n=1) / 65.16 (-2.16) |")
     assert text.count("| Baseline |") == 17 and "| *ResNet-50 + Triplet (semihard)* |" in text
 
 
@@ -170,9 +174,9 @@ def test_published_rows_told_apart_by_setting_sit_beside_their_method():
     text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), pub), metrics=["recall_at_1"])
     lines = text.splitlines()
     block = lines.index(next(line for line in lines if line.startswith("| *GoogLeNet + Binomial deviance*")))
-    assert lines[block + 1].startswith("| Baseline | 60.00 / 59.60 (+0.40) |")
-    assert lines[block + 2].startswith("| + DIABLO (N = 8) | 62.00 / 62.80 (-0.80) |")
-    assert lines[block + 3].startswith("| + DIABLO (N = 16) | **64.00** / 63.90 (+0.10) |")
+    assert lines[block + 1].startswith("| Baseline | 60.00 (n=1) / 59.60 (+0.40) |")
+    assert lines[block + 2].startswith("| + DIABLO (N = 8) | 62.00 (n=1) / 62.80 (-0.80) |")
+    assert lines[block + 3].startswith("| + DIABLO (N = 16) | 64.00 (n=1) / 63.90 (+0.10) |")
     # A grid without rows keeps the CSV's own method names (the setting column is not read).
     assert set(load_published(PUBLISHED.with_name("diml.csv"), ["1"])["method"]) == {"plain", "diml"}
     with pytest.raises(HarnessError, match="no row 'diablo@entries=32'.*rows there: .*diablo@entries=16"):
@@ -189,7 +193,8 @@ def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str
     rid = run.info.run_id
     client.log_param(rid, "protocol.backbone.name", "resnet50")
     for k, v in {"method": method, "loss": "margin", "dataset": "cub200", "seed": seed, "fingerprint": fp,
-                 "deviations": deviations, "test_set_selection": "False", "method_revision": revision}.items():
+                 "deviations": deviations, "test_set_selection": "False", "method_revision": revision,
+                 "evaluation_code": "code1", "selection": "validation"}.items():
         client.set_tag(rid, k, str(v))
     client.log_metric(rid, "test_recall_at_1", r1)
     client.log_metric(rid, "test_nmi", 0.5)
@@ -220,10 +225,11 @@ def test_table_command_reads_finished_runs_and_writes_atomically(experiment, wor
     text = out.read_text()
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
     a_row = next(line for line in text.splitlines()
-                 if line.startswith("| A-grouping") and "**71.00** ± 1.41" in line)
-    assert "**71.00** ± 1.41 / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
-    assert "60.00 (n=1) / 63.09 (-3.09)" in text  # one finished seed of two: no std, the count shown
-    assert "n: the number of seeds where a cell has fewer than the others." in text
+                 if line.startswith("| A-grouping") and "71.00 ± 12.71 (n=2)" in line)
+    assert "71.00 ± 12.71 (n=2) / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
+    assert "60.00 (n=1) / 63.09 (-3.09)" in text  # one finished seed of two: no interval, the count shown
+    assert "half-width of the 95% Student t-interval" in text
+    assert "Model selection of the reproduced numbers: the epoch with the best validation" in text
     assert not list(out.parent.glob(".*tmp"))
 
 
@@ -261,8 +267,8 @@ def test_table_command_names_unknown_experiments(workdir):
 
 
 def test_cell_columns_are_stable():
-    assert CELL_COLUMNS == ["backbone", "loss", "method", "dataset", "metric", "mean", "std", "n",
-                            "flagged", "published"]
+    assert CELL_COLUMNS == ["backbone", "loss", "method", "setting", "dataset", "metric", "mean", "half_width",
+                            "std", "n", "flagged", "code_flagged", "published"]
 
 
 def test_table_command_takes_published_rows(experiment, workdir, capsys):
