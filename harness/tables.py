@@ -639,8 +639,9 @@ def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFram
 
 
 def _row_label(method: str, setting: str) -> str:
-    label = _label(METHOD_LABELS, method)
-    return f"{label} [{setting}]" if setting else label
+    """The paper's label for a method's row; the method's registered name and what tells
+    the row apart when it has a setting (a paper label may name an option, "N = 8")."""
+    return f"{method} [{setting}]" if setting else _label(METHOD_LABELS, method)
 
 
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
