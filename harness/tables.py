@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -120,7 +121,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
 
     Columns: ``run_id, experiment, backbone, loss, method, setting, dataset, seed,
     fingerprint, deviations, test_set_selection, method_revision, selection,
-    validation_classes, evaluation_code, options, tuned, init_from`` and one column per
+    validation_classes, selection_metric, evaluation_code, options, tuned, init_from`` and one column per
     ``test_<metric>`` (fractions). ``setting`` labels what tells apart runs of one method
     (see :func:`label_settings`).
     """
@@ -142,7 +143,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
                                output_format="pandas")
     columns = ["run_id", "experiment", "backbone", "loss", "method", "setting", "dataset", "seed", "fingerprint",
                "deviations", "test_set_selection", "method_revision", "selection", "validation_classes",
-               "evaluation_code", "options", "tuned", "init_from"]
+               "selection_metric", "evaluation_code", "options", "tuned", "init_from"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
 
@@ -169,6 +170,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
         "method_revision": pd.to_numeric(col("tags.method_revision", "1"), errors="coerce").fillna(1).astype(int),
         "selection": col("tags.selection", "validation"),
         "validation_classes": col("params.protocol.splits.validation_classes"),
+        "selection_metric": col("params.protocol.selection.metric"),
         "evaluation_code": col("tags.evaluation_code"),
         "options": options,
         "tuned": col("tags.tune_role") != "",
@@ -284,8 +286,9 @@ def artifact_per_query(run_id: str) -> dict[str, np.ndarray] | None:
 
     from .evaluation import PER_QUERY_ARTIFACT, load_per_query
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
     client = mlflow.MlflowClient()
-    folder, name = PER_QUERY_ARTIFACT.rsplit("/", 1)
+    folder = PER_QUERY_ARTIFACT.rsplit("/", 1)[0]
     if not any(a.path == PER_QUERY_ARTIFACT for a in client.list_artifacts(run_id, folder)):
         return None
     with tempfile.TemporaryDirectory() as tmp:
@@ -589,24 +592,25 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, tied: bool = F
 
 def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, tests: pd.DataFrame | None,
                notes: Sequence[str]) -> list[str]:
-    pm = "$\\pm$" if latex else "±"
+    pm, pct, lt = ("$\\pm$", "\\%", "$<$") if latex else ("±", "%", "<")
+    ttest = "ttest\\_rel" if latex else "ttest_rel"
     published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
-    out = [f"Cells: mean over seeds {pm} half-width of the 95% Student t-interval over seeds "
+    out = [f"Cells: mean over seeds {pm} half-width of the 95{pct} Student t-interval over seeds "
            f"(t(0.975, n-1) s / sqrt(n), s the sample std), in percent; n: the number of seeds{published}. "
            f"Bold: the best mean of its block and column when its interval lies above every other row's; "
-           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n < 2 "
+           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n {lt} 2 "
            f"have no interval and are neither."]
     if tests is not None and not tests.empty:
         baseline = _label(METHOD_LABELS, tests["baseline"].iloc[0])
         boot = tests[tests["boot_queries"] > 0]
         text = (f"{_mark('t_up', latex)}/{_mark('t_down', latex)}: above/below the block's baseline row "
                 f"({baseline}) in a paired t-test over seeds (same seed: same split and initialisation; "
-                f"scipy.stats.ttest_rel, two-sided), p < {SIGNIFICANCE}.")
+                f"scipy.stats.{ttest}, two-sided), p {lt} {SIGNIFICANCE}.")
         if not boot.empty:
             pooling = ", ".join(sorted(set(boot["boot_pooling"])))
             text += (f" {_mark('boot_up', latex)}/{_mark('boot_down', latex)}: the same in a paired bootstrap "
                      f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
-                     f"percentile interval), p < {SIGNIFICANCE}.")
+                     f"percentile interval), p {lt} {SIGNIFICANCE}.")
         out.append(text + " Differences and p-values: the table of paired tests.")
     out += [_latex_escape(n) if latex else n for n in notes]
     if cells["flagged"].any():
@@ -645,7 +649,8 @@ def _row_label(method: str, setting: str) -> str:
 
 
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}"}
 
 
 def _latex_escape(text: str) -> str:
@@ -733,8 +738,8 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
             lines.append("| " + " | ".join([_row_label(method, setting),
                                             *(_cell_text(c["row"], c["bold"], latex=False, tied=c["tied"],
                                                          test=c["test"]) for c in row)]) + " |")
-    lines.append("")
-    lines += _footnotes(cells, deviations, False, tests, notes)
+    for note in _footnotes(cells, deviations, False, tests, notes):  # one paragraph each
+        lines += ["", note]
     if tests is not None and not tests.empty:
         lines += ["", "**Paired tests against the baseline row**", "",
                   "| " + " | ".join(TEST_HEADER) + " |", "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
@@ -766,10 +771,12 @@ def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
     if not runs.empty:
         parts = []
         for mode in _order(runs["selection"]):
-            fractions = sorted({f for f in runs.loc[runs["selection"] == mode, "validation_classes"] if f})
-            fraction = (f"{float(fractions[0]):.0%}" if len(fractions) == 1 else "a fraction") if fractions \
-                else "a fraction"
-            parts.append(SELECTION_TEXT.get(mode, mode).format(metric="score", fraction=fraction))
+            these = runs[runs["selection"] == mode]
+            fractions = sorted({f for f in these.get("validation_classes", []) if f})
+            fraction = f"{float(fractions[0]):.0%}" if len(fractions) == 1 else "a fraction"
+            chosen = sorted({m for m in these.get("selection_metric", []) if m})
+            metric = _label(METRIC_LABELS, chosen[0]) if len(chosen) == 1 else "score"
+            parts.append(SELECTION_TEXT.get(mode, mode).format(metric=metric, fraction=fraction))
         notes.append("Model selection of the reproduced numbers: " + "; ".join(parts) + ".")
     if published is not None:
         stem = Path(published).stem
