@@ -93,7 +93,8 @@ LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_dev
 #: Row order inside a block: baselines before the methods built on them.
 METHOD_LABELS = {"plain": "Baseline", "diml": "DIML", "ngrouping": "N-grouping", "mgrouping": "M-grouping",
                  "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping",
-                 "diablo": "+ DIABLO (N = 8)", "diablo_n16": "+ DIABLO (N = 16)"}
+                 "diablo": "+ DIABLO (N = 8)", "diablo_n16": "+ DIABLO (N = 16)", "avsl": "AVSL", "sam": "SAM",
+                 "diml_train": "DIML (train)"}
 #: How each paper's published numbers were selected, keyed by the published CSV's name
 #: (what the papers and the authors' released code show; /work/shared/DESIGN.md §3-4 for the code).
 PUBLISHED_SELECTION = {
