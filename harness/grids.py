@@ -14,7 +14,11 @@ comparison). ``metrics`` names the table's metric columns. ``[published] rows`` 
 reproduced method to the published rows it sits beside, as ``"method@setting"`` (the
 CSV's ``method`` and ``setting`` columns; DIABLO Table 1 prints binomial + DIABLO with
 N = 8 and N = 16): ``diablo_n16 = ["diablo@entries=16"]``; with it, published rows
-no entry names are left out of the tables. Unknown keys are errors naming the key.
+no entry names are left out of the tables. ``[published] metrics`` maps a published
+metric to the reproduced variant that the paper's definition matches (DIML:
+``r_precision = "r_precision_query_in_r"``). ``baseline`` names the method every other
+row of a block is tested against in the tables (default ``plain``). Unknown keys are
+errors naming the key.
 
 Each :class:`Cell` has a ``key``: a hash of everything that determines its result
 (resolved protocol, dataset, loss and its arguments, method and options, seed,
@@ -39,10 +43,10 @@ __all__ = ["Grid", "Cell", "load_grid", "list_grids", "grid_dir", "expand"]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 TOP_KEYS = {"name", "description", "protocol", "experiment", "set", "published", "backbone", "extra",
-            "smoke", "test_time", "metrics", *AXES}
+            "smoke", "test_time", "metrics", "baseline", *AXES}
 SMOKE_KEYS = {"protocol", "experiment", "set", *AXES}
 EXTRA_KEYS = set(AXES)
-PUBLISHED_KEYS = {"file", "tables", "rows"}
+PUBLISHED_KEYS = {"file", "tables", "rows", "metrics"}
 VARIANT_KEYS = {"set"}
 
 
@@ -95,6 +99,10 @@ class Grid:
     test_time: dict[str, str] = field(default_factory=dict)
     #: Metric columns of the grid's tables (empty: the published table's, else the default).
     metrics: tuple[str, ...] = ()
+    #: The method of each block's reference row in the tables' paired tests.
+    baseline: str = "plain"
+    #: ``{published metric: reproduced metric}`` where the paper defines a metric differently.
+    published_metrics: dict[str, str] = field(default_factory=dict)
     cells: list[Cell] = field(default_factory=list, compare=False, repr=False)
 
 
@@ -180,6 +188,16 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
     if not isinstance(test_time, dict) or not all(isinstance(v, str) for v in test_time.values()):
         raise HarnessError(f"grid key 'test_time' must be a table of method = \"base method\", got {test_time!r}")
     metrics = _axis(data["metrics"], "metrics", str) if "metrics" in data else []
+    baseline = data.get("baseline", "plain")
+    all_methods = {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])}
+    if "baseline" in data and (not isinstance(baseline, str) or baseline not in all_methods):
+        raise HarnessError(f"grid key 'baseline' must name a method of the grid (methods: "
+                           f"{', '.join(sorted(all_methods))}), got {baseline!r}")
+    published_metrics = published.get("metrics", {})
+    if not isinstance(published_metrics, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in published_metrics.items()):
+        raise HarnessError(f"grid key 'published.metrics' must be a table of published metric = "
+                           f"\"reproduced metric\", got {published_metrics!r}")
     protocol = str(top["protocol"])
     if protocol.endswith(".toml") and not Path(protocol).is_absolute():
         protocol = str((path.parent / protocol).resolve())
@@ -190,7 +208,8 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 variants=variants, published_file=str(published.get("file", "")),
                 published_tables=tuple(str(t) for t in published.get("tables", ())),
                 published_rows=published_rows, smoke=smoke,
-                test_time=dict(test_time), metrics=tuple(metrics))
+                test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
+                published_metrics=dict(published_metrics))
     grid.cells.extend(expand(grid))
     return grid
 

@@ -37,6 +37,12 @@ from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation, seen
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
 from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
+from .evaluation import (
+    PER_QUERY_ARTIFACT,
+    evaluation_code_digest,
+    save_per_query,
+    with_paper_variants,
+)
 from .evaluation.model import evaluate_split
 from .explain import log_explanations
 from .losses import MetricLoss, create_loss, create_miner, miner_for
@@ -439,10 +445,18 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             selected_epoch = best["epoch"]
             if best["state"] is not None:
                 t.model.load_state_dict(best["state"])
-        test = evaluate_split(t.model, splits.test, splits.gallery, protocol, cfg.dataset,
-                              device=device, workers=workers)
+        # The papers' metric variants ride along (not protocol settings), and the per-query
+        # values behind every retrieval mean are kept for intervals and paired tests.
+        test = evaluate_split(t.model, splits.test, splits.gallery, protocol, cfg.dataset, device=device,
+                              workers=workers, metrics=with_paper_variants(protocol.evaluation.metrics),
+                              per_query=True)
         tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
+        tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if test.per_query is not None:
+            per_query_path = ckpt_dir / Path(PER_QUERY_ARTIFACT).name
+            save_per_query(per_query_path, test.per_query)
+            tracker.log_artifact(per_query_path, str(Path(PER_QUERY_ARTIFACT).parent))
         model_path = ckpt_dir / "model.pt"
         model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
                                           "selected_epoch": selected_epoch}, model_path)

@@ -73,3 +73,31 @@ def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
     assert "--smoke" in sweep and _option(sweep, "--workers") == "2"
     assert sorted(_option(call, "--out") for call in tables) == ["results/tables/diablo-table1.md",
                                                                   "results/tables/diablo-table1.tex"]
+
+
+def test_fair_table_sweeps_every_registered_method_then_writes_its_tables(noxfile):
+    from harness.grids import load_grid
+    from methods import list_methods
+
+    session = RecordingSession()
+    session.posargs = ["--smoke"]
+    noxfile.fair_table(session)
+    sweep, *tables = session.calls
+    assert sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "fair-roth2020") and "--smoke" in sweep
+    assert sorted(_option(call, "--out") for call in tables) == ["results/tables/fair-roth2020.md",
+                                                                  "results/tables/fair-roth2020.tex"]
+    assert all(_option(call, "--baseline") == "plain" for call in tables)
+    for smoke in (False, True):  # a row per method of the `--methods all` list, in both versions
+        grid = load_grid("fair-roth2020", smoke=smoke)
+        assert {c.method for c in grid.cells} == set(list_methods(ablations=False))
+        assert len({c.seed for c in grid.cells}) >= 2 and grid.test_time == {"diml": "plain"}
+
+
+def test_diml_tables_compare_the_published_rp_with_the_query_in_r_variant(noxfile):
+    session = RecordingSession()
+    noxfile._grid_tables(session, "diml-table1", smoke=False)
+    for call in session.calls:
+        mapped = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-metric"]
+        assert mapped == ["r_precision=r_precision_query_in_r",
+                          "mean_average_precision_at_r=mean_average_precision_at_r_query_in_r"]
+        assert "r_precision_query_in_r" in _option(call, "--metrics")

@@ -371,3 +371,20 @@ def test_sigterm_marks_the_run_killed(workdir, tiny_protocol, entry):
     (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
     run_id = torch.load(checkpoint, map_location="cpu", weights_only=True)["mlflow_run_id"]
     assert mlflow.MlflowClient().get_run(run_id).info.status == "KILLED"
+
+
+def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_protocol):
+    from harness.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, per_query_values
+    from harness.tables import artifact_per_query
+
+    out = workdir / "out.json"
+    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(out)) == 0
+    rec = _records(out)[0]
+    run = mlflow.MlflowClient().get_run(rec["mlflow_run_id"])
+    assert run.data.tags["evaluation_code"] == evaluation_code_digest()
+    assert PER_QUERY_ARTIFACT in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "evaluation")}
+    arrays = artifact_per_query(run.info.run_id)
+    for metric in ("precision_at_1", "r_precision", "mean_average_precision_at_r", "r_precision_query_in_r"):
+        assert per_query_values(arrays, metric).mean() == pytest.approx(run.data.metrics[f"test_{metric}"]), metric
+    # DIML's variant rides along in the store, not in the run's printed record
+    assert "mean_average_precision_at_r_query_in_r" in rec["metrics"]

@@ -67,6 +67,9 @@ def test_unknown_grid_keys_are_errors_naming_the_key(tmp_path):
         load_grid(bad)
     with pytest.raises(HarnessError, match="unknown grid 'nope'"):
         load_grid("nope")
+    bad = _grid(tmp_path, extra="baseline = 'plan'\n")
+    with pytest.raises(HarnessError, match="grid key 'baseline' must name a method of the grid"):
+        load_grid(bad)
 
 
 def test_agrouping_table3_grid():
@@ -89,7 +92,9 @@ def test_agrouping_table3_grid():
     assert smoke.experiment == "agrouping-table3-smoke" and smoke.protocol == "smoke"
     assert {c.method for c in smoke.cells} == {"ngrouping", "mgrouping", "ggrouping", "cgrouping", "agrouping"}
     assert {c.loss for c in smoke.cells} == {"contrastive", "binomial_deviance", "margin"}
-    assert {c.dataset for c in smoke.cells} == {"synthetic"} and len(smoke.cells) == 15
+    # two seeds, so that every smoke cell has an interval and a paired test
+    assert {c.dataset for c in smoke.cells} == {"synthetic"} and len(smoke.cells) == 15 * 2
+    assert grid.baseline == "ngrouping" and smoke.baseline == "ngrouping"
     assert all(c.protocol.schedule.epochs == 1 and c.protocol.sampling.batches_per_epoch == 2
                for c in smoke.cells)
     assert all("schedule.epochs" in {d.field for d in c.deviations} for c in smoke.cells)
@@ -220,7 +225,10 @@ def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypat
 def test_diml_table1_grid():
     grid = load_grid("diml-table1")
     assert grid.protocol == "roth2020" and grid.published_tables == ("1",)
-    assert grid.metrics == ("precision_at_1", "r_precision", "mean_average_precision_at_r")
+    assert grid.metrics == ("precision_at_1", "r_precision", "mean_average_precision_at_r",
+                            "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
+    assert grid.published_metrics == {"r_precision": "r_precision_query_in_r",
+                                      "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r"}
     # 2 methods x 3 losses x 3 datasets x 3 seeds, every diml cell on its plain cell.
     assert len(grid.cells) == 2 * 3 * 3 * 3
     by_key = {c.key: c for c in grid.cells}

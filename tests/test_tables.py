@@ -10,8 +10,10 @@ import uuid
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from harness.errors import HarnessError
 from harness.tables import (
@@ -29,7 +31,8 @@ PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "agr
 
 def _runs(rows: list[dict]) -> pd.DataFrame:
     base = {"run_id": "r", "experiment": "e", "backbone": "resnet50", "loss": "margin", "dataset": "cub200",
-            "seed": "0", "fingerprint": "fpA", "deviations": "none", "test_set_selection": False}
+            "seed": "0", "fingerprint": "fpA", "deviations": "none", "test_set_selection": False,
+            "evaluation_code": "code1", "setting": ""}
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
@@ -52,7 +55,8 @@ def test_summarize_mean_std_in_percent():
     cells = summarize(_two_methods(), ["recall_at_1", "nmi"])
     row = cells[(cells.method == "ngrouping") & (cells.metric == "recall_at_1")].iloc[0]
     assert row["mean"] == pytest.approx(61.0) and row["std"] == pytest.approx(math.sqrt(2.0))
-    assert row["n"] == 2 and not row["flagged"]
+    assert row["half_width"] == pytest.approx(scipy_stats.t.ppf(0.975, 1) * math.sqrt(2.0) / math.sqrt(2.0))
+    assert row["n"] == 2 and not row["flagged"] and not row["code_flagged"]
 
 
 def test_mixed_fingerprints_in_one_block_are_refused_naming_both():
@@ -87,9 +91,10 @@ def test_markdown_layout_bold_best_published_and_difference():
     a_row = next(line for line in lines if line.startswith("| A-grouping"))
     # rows in first-appearance order, best per column bold, published beside with difference
     assert lines.index(n_row) < lines.index(a_row)
-    assert "61.00 ± 1.41 / 63.09 (-2.09)" in n_row and "**71.00** ± 1.41" in n_row
-    assert "**66.00** ± 1.41 / 65.50 (+0.50)" in a_row and "69.00" in a_row
-    assert "†" not in text
+    # two seeds: 95% t half-width 12.71, every interval overlaps the best one's: tied, none bold
+    assert "61.00 ± 12.71≈ (n=2) / 63.09 (-2.09)" in n_row and "71.00 ± 12.71≈ (n=2)" in n_row
+    assert "66.00 ± 12.71≈ (n=2) / 65.50 (+0.50)" in a_row and "69.00 ± 0.00≈ (n=2)" in a_row
+    assert "**" not in n_row + a_row and "†" not in text and "§" not in text
 
 
 def test_deviation_and_test_selection_are_marked_with_a_footnote():
@@ -115,7 +120,7 @@ def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
     assert "\\multicolumn{2}{c}{CUB-200-2011} & \\multicolumn{2}{c}{Cars196}" in tex
     assert "\\cmidrule(lr){2-3} \\cmidrule(lr){4-5}" in tex
     assert "\\emph{ResNet-50 + Margin}" in tex and "\\emph{ResNet-50 + Contrastive}" in tex
-    assert "\\textbf{66.00}$\\pm$1.41" in tex
+    assert "66.00$\\pm$12.71$^{\\approx}$$_{n=2}$" in tex
     # contrastive has no cars196 runs: an empty cell, not a crash
     contrastive = tex.split("Contrastive}}")[1]
     assert "--" in contrastive.splitlines()[1]
@@ -142,8 +147,8 @@ def test_diml_table1_layout_baseline_then_diml_per_loss_beside_published():
     lines = text.splitlines()
     margin = lines.index(next(line for line in lines if line.startswith("| *ResNet-50 + Margin*")))
     # Paper's Table 1: per loss a Baseline row, then DIML; ours beside theirs with the difference.
-    assert lines[margin + 1].startswith("| Baseline | 60.00 / 62.47 (-2.47) |")
-    assert lines[margin + 2].startswith("| DIML | **63.00** / 65.16 (-2.16) |")
+    assert lines[margin + 1].startswith("| Baseline | 60.00 (n=1) / 62.47 (-2.47) |")
+    assert lines[margin + 2].startswith("| DIML | 63.00 (n=1) / 65.16 (-2.16) |")
     assert text.count("| Baseline |") == 17 and "| *ResNet-50 + Triplet (semihard)* |" in text
 
 
@@ -170,9 +175,9 @@ def test_published_rows_told_apart_by_setting_sit_beside_their_method():
     text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), pub), metrics=["recall_at_1"])
     lines = text.splitlines()
     block = lines.index(next(line for line in lines if line.startswith("| *GoogLeNet + Binomial deviance*")))
-    assert lines[block + 1].startswith("| Baseline | 60.00 / 59.60 (+0.40) |")
-    assert lines[block + 2].startswith("| + DIABLO (N = 8) | 62.00 / 62.80 (-0.80) |")
-    assert lines[block + 3].startswith("| + DIABLO (N = 16) | **64.00** / 63.90 (+0.10) |")
+    assert lines[block + 1].startswith("| Baseline | 60.00 (n=1) / 59.60 (+0.40) |")
+    assert lines[block + 2].startswith("| + DIABLO (N = 8) | 62.00 (n=1) / 62.80 (-0.80) |")
+    assert lines[block + 3].startswith("| + DIABLO (N = 16) | 64.00 (n=1) / 63.90 (+0.10) |")
     # A grid without rows keeps the CSV's own method names (the setting column is not read).
     assert set(load_published(PUBLISHED.with_name("diml.csv"), ["1"])["method"]) == {"plain", "diml"}
     with pytest.raises(HarnessError, match="no row 'diablo@entries=32'.*rows there: .*diablo@entries=16"):
@@ -189,7 +194,8 @@ def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str
     rid = run.info.run_id
     client.log_param(rid, "protocol.backbone.name", "resnet50")
     for k, v in {"method": method, "loss": "margin", "dataset": "cub200", "seed": seed, "fingerprint": fp,
-                 "deviations": deviations, "test_set_selection": "False", "method_revision": revision}.items():
+                 "deviations": deviations, "test_set_selection": "False", "method_revision": revision,
+                 "evaluation_code": "code1", "selection": "validation"}.items():
         client.set_tag(rid, k, str(v))
     client.log_metric(rid, "test_recall_at_1", r1)
     client.log_metric(rid, "test_nmi", 0.5)
@@ -220,10 +226,11 @@ def test_table_command_reads_finished_runs_and_writes_atomically(experiment, wor
     text = out.read_text()
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
     a_row = next(line for line in text.splitlines()
-                 if line.startswith("| A-grouping") and "**71.00** ± 1.41" in line)
-    assert "**71.00** ± 1.41 / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
-    assert "60.00 (n=1) / 63.09 (-3.09)" in text  # one finished seed of two: no std, the count shown
-    assert "n: the number of seeds where a cell has fewer than the others." in text
+                 if line.startswith("| A-grouping") and "71.00 ± 12.71 (n=2)" in line)
+    assert "71.00 ± 12.71 (n=2) / 68.62 (+2.38)" in a_row  # Table 3: ResNet-50 + margin, A-grouping, CUB R@1
+    assert "60.00 (n=1) / 63.09 (-3.09)" in text  # one finished seed of two: no interval, the count shown
+    assert "half-width of the 95% Student t-interval" in text
+    assert "Model selection of the reproduced numbers: the epoch with the best validation" in text
     assert not list(out.parent.glob(".*tmp"))
 
 
@@ -261,8 +268,8 @@ def test_table_command_names_unknown_experiments(workdir):
 
 
 def test_cell_columns_are_stable():
-    assert CELL_COLUMNS == ["backbone", "loss", "method", "dataset", "metric", "mean", "std", "n",
-                            "flagged", "published"]
+    assert CELL_COLUMNS == ["backbone", "loss", "method", "setting", "dataset", "metric", "mean", "half_width",
+                            "std", "n", "flagged", "code_flagged", "published"]
 
 
 def test_table_command_takes_published_rows(experiment, workdir, capsys):
@@ -314,3 +321,145 @@ def test_diml_k_sweep_rows_carry_their_note_into_the_table(experiment):
     _fake_run(client, client.create_experiment(experiment), method="diml", seed=0, r1=0.70)
     text = build_table([experiment], fmt="markdown", published=diml, tables=["3"], published_rows=rows)
     assert "Published values marked ksweep: from the released code's K-sweep evaluation" in text
+# ------------------------------------------------- intervals, paired tests, settings
+
+
+def _planted() -> pd.DataFrame:
+    """Three seeds of plain and of a method clearly above it, and one tied with it."""
+    values = {"plain": [0.600, 0.610, 0.605], "agrouping": [0.700, 0.712, 0.703], "mgrouping": [0.601, 0.615, 0.603]}
+    return _runs([{"method": m, "seed": str(s), "run_id": f"{m}-{s}", "test_recall_at_1": v}
+                  for m, vs in values.items() for s, v in enumerate(vs)])
+
+
+def test_planted_runs_give_scipys_interval_and_paired_p_value():
+    from harness.tables import paired_tests
+
+    runs = _planted()
+    cells = summarize(runs, ["recall_at_1"]).set_index("method")
+    for method, group in runs.groupby("method"):
+        values = group["test_recall_at_1"] * 100
+        low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=scipy_stats.sem(values))
+        cell = cells.loc[method]
+        assert cell["n"] == 3 and cell["mean"] - cell["half_width"] == pytest.approx(low)
+        assert cell["mean"] + cell["half_width"] == pytest.approx(high)
+    tests = paired_tests(runs, ["recall_at_1"], baseline="plain").set_index("method")
+    assert set(tests.index) == {"agrouping", "mgrouping"}  # the baseline is not tested against itself
+    ours = runs[runs.method == "agrouping"].sort_values("seed")["test_recall_at_1"] * 100
+    base = runs[runs.method == "plain"].sort_values("seed")["test_recall_at_1"] * 100
+    assert tests.loc["agrouping", "p_t"] == pytest.approx(scipy_stats.ttest_rel(ours.values, base.values).pvalue)
+    assert tests.loc["agrouping", "difference"] == pytest.approx((ours.values - base.values).mean())
+    assert tests.loc["agrouping", "pairs"] == 3 and tests.loc["agrouping", "boot_queries"] == 0  # no per-query data
+    text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), None),
+                           tests=paired_tests(runs, ["recall_at_1"]))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    # A-grouping's interval lies above every other: bold, and above plain in the paired t-test
+    assert "**70.50** ± " in rows["A-grouping"] and "↑ (n=3)" in rows["A-grouping"]
+    assert "**" not in rows["M-grouping"] + rows["Baseline"] and "↑" not in rows["M-grouping"]
+    assert "paired t-test over seeds" in text and "| Resnet" not in text
+    assert "**Paired tests against the baseline row**" in text
+    assert f"| {_p(tests.loc['agrouping', 'p_t'])} |" in text
+
+
+def _p(value):
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def test_ties_are_marked_not_bold():
+    runs = _planted()
+    runs = runs[runs.method != "agrouping"]
+    text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), None))
+    rows = [line for line in text.splitlines() if line.startswith("| Baseline") or line.startswith("| M-grouping")]
+    assert all("≈" in r for r in rows) and not any("**" in r for r in rows)
+    assert "tied for best" in text
+
+
+def test_rows_computed_by_different_evaluation_code_are_flagged():
+    runs = _planted()
+    runs.loc[runs.method == "agrouping", "evaluation_code"] = "code2"
+    cells = summarize(runs, ["recall_at_1"])
+    assert cells["code_flagged"].all()
+    assert "§" in render_markdown(attach_published(cells, None))
+    runs.loc[:, "evaluation_code"] = "code1"
+    other_block = _planted().assign(dataset="cars196", evaluation_code="")  # lacking the tag: flagged too
+    cells = summarize(pd.concat([runs, other_block], ignore_index=True), ["recall_at_1"])
+    assert not cells[cells.dataset == "cub200"]["code_flagged"].any()
+    assert cells[cells.dataset == "cars196"]["code_flagged"].all()
+
+
+def test_published_metric_sits_beside_the_papers_variant():
+    """DIML's published RP is compared with the query-in-R variant, labelled; the harness's
+    own RP column has no published value beside it."""
+    from harness.tables import variant_notes
+
+    pub = load_published(PUBLISHED.with_name("diml.csv"), ["1"])
+    pub = pub[pub.dataset == "cub200"].assign(metric=pub["metric"].replace({"r_precision": "r_precision_query_in_r"}))
+    runs = _runs([{"method": "plain", "seed": str(s), "test_r_precision": v, "test_r_precision_query_in_r": v - 0.01}
+                  for s, v in enumerate([0.30, 0.31])])
+    metrics = ["r_precision", "r_precision_query_in_r"]
+    text = render_markdown(attach_published(summarize(runs, metrics), pub[pub.metric.isin(metrics)]),
+                           metrics=metrics, notes=variant_notes(metrics, {"r_precision": "r_precision_query_in_r"}))
+    header = text.splitlines()[0]
+    assert header == "| Method | CUB-200-2011 RP | CUB-200-2011 RP (query in R) |"
+    margin = text.splitlines().index("| *ResNet-50 + Margin* |  |  |")
+    baseline = text.splitlines()[margin + 1]
+    assert baseline.startswith("| Baseline | 30.50 ± 6.35 (n=2) | 29.50 ± 6.35 (n=2) / ")
+    assert "query itself counted" in text and "(n-1)/n" in text
+
+
+def _option_run(client, exp_id, *, seed, entries, r1, tuned=False, init_from="none"):
+    rid = _fake_run(client, exp_id, method="diablo", seed=seed, r1=r1)
+    client.log_param(rid, "method.entries", str(entries))
+    client.log_param(rid, "method.selection", "dimension")
+    if tuned:
+        client.set_tag(rid, "tune_role", "reproduction")
+    client.set_tag(rid, "init_from", init_from)
+    return rid
+
+
+def test_runs_differing_only_in_a_method_option_are_two_rows(experiment, workdir, capsys):
+    from harness.tables import load_runs
+
+    client = mlflow.MlflowClient()
+    exp_id = client.create_experiment(experiment)
+    for seed in (0, 1):  # same fingerprint, same seeds: only the option tells them apart
+        _option_run(client, exp_id, seed=seed, entries=8, r1=0.60 + seed / 100)
+        _option_run(client, exp_id, seed=seed, entries=16, r1=0.70 + seed / 100)
+    _option_run(client, exp_id, seed=0, entries=8, r1=0.65, tuned=True)
+    runs = load_runs([experiment])
+    assert len(runs) == 5 and "superseded" not in capsys.readouterr().err
+    cells = summarize(runs, ["recall_at_1"]).set_index("setting")
+    assert cells.loc["entries=8", "mean"] == pytest.approx(60.5)
+    assert cells.loc["entries=16", "mean"] == pytest.approx(70.5)
+    assert cells.loc["entries=8, tuned", "n"] == 1
+    text = render_markdown(attach_published(summarize(runs, ["recall_at_1"]), None))
+    assert "| diablo [entries=8] |" in text and "| diablo [entries=16] |" in text
+    assert "| diablo [entries=8, tuned] |" in text
+
+
+def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir, tmp_path):
+    from harness.evaluation import PER_QUERY_ARTIFACT, save_per_query
+    from harness.tables import artifact_per_query, build_table
+
+    client = mlflow.MlflowClient()
+    exp_id = client.create_experiment(experiment)
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(50), 4)
+    stored = {}
+    for method, shift in (("plain", 0), ("agrouping", 2)):
+        for seed in (0, 1):
+            ranks = np.maximum(rng.integers(-1, 3, size=len(labels)) - shift, 0)  # agrouping ranks better
+            rid = _fake_run(client, exp_id, method=method, seed=seed, r1=float((ranks == 0).mean()))
+            arrays = {"query_index": np.arange(len(labels)), "label": labels, "num_relevant": np.full(len(labels), 3),
+                      "first_hit_rank": ranks}
+            path = tmp_path / rid / "per_query_test.npz"
+            save_per_query(path, arrays)
+            client.log_artifact(rid, str(path), PER_QUERY_ARTIFACT.rsplit("/", 1)[0])
+            stored[rid] = arrays
+    for rid, arrays in stored.items():  # round trip through the store
+        back = artifact_per_query(rid)
+        assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
+    text = build_table([experiment], fmt="markdown", metrics=["recall_at_1"], baseline="plain", resamples=500)
+    a_row = next(line for line in text.splitlines() if line.startswith("| A-grouping"))
+    assert "⇑" in a_row  # the bootstrap over 200 queries sees the better first ranks
+    assert "paired bootstrap over test queries (per-query differences averaged over seeds" in text
+    assert "(Q=200)" in text

@@ -15,7 +15,15 @@ Metric names (the keys of the result and of the run's JSON):
 ``map_at_c``                        Roth et al. 2020 mAP@C (see :mod:`.metrics`)
 ``nmi``, ``ami``                    sklearn scores of one faiss k-means clustering
 ``f1``                              pair-counting F1 of the same clustering
+``r_precision_query_in_r``,         DIML's released evaluation: the query counted in R
+``mean_average_precision_at_r_query_in_r``   (a perfect ranking scores (n-1)/n)
 ==================================  =================================================
+
+``evaluate_embeddings(..., per_query=True)`` also returns the per-query values behind
+the retrieval means (:attr:`Scores.per_query`, see
+:meth:`.metrics.RetrievalScores.per_query`), which a run stores as its
+``evaluation/per_query_test.npz`` artifact (:func:`save_per_query`, :func:`load_per_query`)
+so that intervals and paired tests over queries can be computed after the fact.
 
 Plus ``num_queries`` (queries scored) and ``num_lone_queries`` (queries with no
 other member of their class in the searched set, excluded from the retrieval
@@ -45,9 +53,19 @@ from .knn import (
     iter_knn,
     knn,
 )
-from .metrics import RETRIEVAL_METRICS, RetrievalScores, relevant_counts, retrieval_metrics
+from .metrics import (
+    PAPER_VARIANTS,
+    PER_QUERY_SCORES,
+    RETRIEVAL_METRICS,
+    RetrievalScores,
+    relevant_counts,
+    retrieval_metrics,
+    with_paper_variants,
+)
 
-__all__ = ["evaluate_embeddings", "rerank_top_k", "exhaustive_knn", "Reranker", "PairScorer", "MetricRequest", "parse_metrics",
+__all__ = ["evaluate_embeddings", "Scores", "save_per_query", "load_per_query", "per_query_values",
+           "evaluation_code_digest", "PER_QUERY_ARTIFACT", "PAPER_VARIANTS", "PER_QUERY_SCORES",
+           "with_paper_variants", "rerank_top_k", "exhaustive_knn", "Reranker", "PairScorer", "MetricRequest", "parse_metrics",
            "l2_normalize", "METRICS", "DEFAULT_METRICS", "RETRIEVAL_METRICS", "CLUSTERING_METRICS",
            "knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "gpu_available",
            "first_relevant_rank", "retrieval_metrics", "relevant_counts", "kmeans_assignments", "pair_counting_f1",
@@ -60,8 +78,70 @@ Reranker = Callable[[np.ndarray, np.ndarray], np.ndarray]
 PairScorer = Callable[[np.ndarray, np.ndarray], "np.ndarray | object"]
 
 METRICS = RETRIEVAL_METRICS + CLUSTERING_METRICS
-#: Everything except ``ami`` (sklearn's expected mutual information is slow with many classes).
-DEFAULT_METRICS = tuple(m for m in METRICS if m != "ami")
+#: Everything except ``ami`` (sklearn's expected mutual information is slow with many classes)
+#: and the papers' variants (asked for by name, or added by :func:`with_paper_variants`).
+DEFAULT_METRICS = tuple(m for m in METRICS if m != "ami" and m not in PAPER_VARIANTS.values())
+#: Where a run's per-query test results are logged (MLflow artifact path).
+PER_QUERY_ARTIFACT = "evaluation/per_query_test.npz"
+
+
+class Scores(dict):
+    """Metric name -> value (a plain dict to every caller), with ``per_query``: the
+    per-query arrays of the retrieval metrics when they were asked for, else None."""
+
+    per_query: dict[str, np.ndarray] | None = None
+
+
+def save_per_query(path, per_query: dict[str, np.ndarray]) -> None:
+    """Write per-query arrays as one compressed ``.npz``, atomically (never half-written)."""
+    import io
+
+    from ..atomic import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **per_query)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_per_query(path) -> dict[str, np.ndarray]:
+    """Arrays written by :func:`save_per_query` (no pickled objects are loaded)."""
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
+def per_query_values(per_query: dict[str, np.ndarray], metric: str) -> np.ndarray | None:
+    """One metric's per-query values (Q',) over the scored queries (R > 0), in query order;
+    None when the stored arrays cannot give it (clustering metrics, a score not kept).
+    ``precision_at_1`` and ``recall_at_K`` come from the first relevant item's rank."""
+    scored = per_query["num_relevant"] > 0
+    rank = per_query["first_hit_rank"][scored]
+    if metric == "precision_at_1":
+        return (rank == 0).astype(np.float64)
+    if metric.startswith("recall_at_") and metric.removeprefix("recall_at_").isdigit():
+        return (rank < int(metric.removeprefix("recall_at_"))).astype(np.float64)
+    if metric in per_query and metric in PER_QUERY_SCORES:
+        return per_query[metric][scored].astype(np.float64)
+    return None
+
+
+def evaluation_code_digest() -> str:
+    """sha256 (16 hex) of what decides an evaluation's numbers: the sources of
+    ``harness/evaluation/*.py`` and the versions of the libraries they call (faiss,
+    scikit-learn, numpy). Runs record it as the ``evaluation_code`` tag; tables flag rows
+    whose runs differ in it."""
+    import hashlib
+    from importlib import metadata
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    for package in ("faiss-cpu", "faiss-gpu", "faiss", "scikit-learn", "numpy"):
+        try:
+            digest.update(f"{package}=={metadata.version(package)}\0".encode())
+        except metadata.PackageNotFoundError:
+            continue
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -196,7 +276,7 @@ def _encode(query_labels: np.ndarray, gallery_labels: np.ndarray | None) -> tupl
 
 def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | None, g_codes: np.ndarray | None,
                request: MetricRequest, *, reranker: Reranker | None, rerank_k: int, chunk_size: int,
-               use_gpu: bool) -> dict[str, float]:
+               use_gpu: bool) -> RetrievalScores:
     """Stream the kNN lists chunk by chunk into :class:`RetrievalScores`."""
     same = gallery is None
     ref_codes = q_codes if same else g_codes
@@ -215,11 +295,11 @@ def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | Non
     if rows.size:
         ranks = first_relevant_rank(query, gallery, q_codes, ref_codes, rows)
         scores.set_first_hits(rows, np.maximum(ranks, listed))
-    return scores.result()
+    return scores
 
 
 def _retrieval_exhaustive(num_queries: int, q_codes: np.ndarray, num_gallery: int | None, g_codes: np.ndarray | None,
-                          request: MetricRequest, scorer: PairScorer, chunks: tuple[int, int]) -> dict[str, float]:
+                          request: MetricRequest, scorer: PairScorer, chunks: tuple[int, int]) -> RetrievalScores:
     """Every retrieval metric from exhaustive lists (:func:`exhaustive_knn`), k = what they read."""
     same = num_gallery is None
     ref_codes = q_codes if same else g_codes
@@ -229,7 +309,7 @@ def _retrieval_exhaustive(num_queries: int, q_codes: np.ndarray, num_gallery: in
     for start, stop, idx in exhaustive_knn(num_queries, num_gallery, scorer, k, query_chunk=chunks[0],
                                            reference_chunk=chunks[1]):
         scores.add(start, stop, ref_codes[idx])
-    return scores.result()
+    return scores
 
 
 def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
@@ -238,7 +318,7 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
                         rerank_k: int = 0, pair_scorer: PairScorer | None = None,
                         pair_chunks: tuple[int, int] = (64, 1024), chunk_size: int = 4096, use_gpu: bool = False,
                         normalize: bool = True, kmeans_seed: int = 0,
-                        kmeans_iterations: int = 20) -> dict[str, float]:
+                        kmeans_iterations: int = 20, per_query: bool = False) -> Scores:
     """Score embeddings; ``gallery=None`` searches the queries against themselves.
 
     ``query``: Q x D, ``query_labels``: (Q,); ``gallery``: N x D and
@@ -258,8 +338,9 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     k = its number of classes, ``kmeans_iterations`` iterations and
     ``kmeans_seed``.
 
-    Returns ``{"num_queries", "num_lone_queries", <metric>: value, ...}``;
-    metrics are NaN when no query has a relevant item.
+    Returns ``{"num_queries", "num_lone_queries", <metric>: value, ...}`` (a :class:`Scores`);
+    metrics are NaN when no query has a relevant item. ``per_query``: keep the per-query
+    values of the retrieval metrics in ``result.per_query``.
     """
     request = parse_metrics(metrics, recall_k)
     query, gallery = np.asarray(query), None if gallery is None else np.asarray(gallery)
@@ -268,13 +349,17 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     query = prepare(query)
     gallery = None if gallery is None else prepare(gallery)
     q_codes, g_codes = _encode(query_labels, gallery_labels)
-    out: dict[str, float] = {}
-    if request.retrieval and pair_scorer is not None:
-        out.update(_retrieval_exhaustive(len(query), q_codes, None if gallery is None else len(gallery), g_codes,
-                                         request, pair_scorer, pair_chunks))
-    elif request.retrieval:
-        out.update(_retrieval(query, q_codes, gallery, g_codes, request, reranker=reranker,
-                              rerank_k=rerank_k, chunk_size=chunk_size, use_gpu=use_gpu))
+    out = Scores()
+    if request.retrieval:
+        if pair_scorer is not None:
+            scores = _retrieval_exhaustive(len(query), q_codes, None if gallery is None else len(gallery), g_codes,
+                                           request, pair_scorer, pair_chunks)
+        else:
+            scores = _retrieval(query, q_codes, gallery, g_codes, request, reranker=reranker,
+                                rerank_k=rerank_k, chunk_size=chunk_size, use_gpu=use_gpu)
+        out.update(scores.result())
+        if per_query:
+            out.per_query = scores.per_query()
     else:
         r = relevant_counts(q_codes, q_codes if gallery is None else g_codes, same_source=gallery is None)
         out.update(num_queries=int((r > 0).sum()), num_lone_queries=int((r == 0).sum()))

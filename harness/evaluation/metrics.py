@@ -34,6 +34,18 @@ query/gallery retrieval):
     (Roth scores them 0). For query/gallery retrieval no self exists and c = R,
     so ``map_at_c`` equals ``mean_average_precision_at_r`` there.
 
+``r_precision_query_in_r``, ``mean_average_precision_at_r_query_in_r``
+    DIML's released evaluation (wl-zhao/DIML ``evaluation/metrics.py``
+    ``get_metrics_rank``, called from ``evaluation/eval_diml.py``): the query is
+    pushed to the end of its own ranking (similarity -100) but ``num_pos``
+    counts every item of its class, the query included, so R' = n = R + 1 and
+    a perfect ranking scores (n - 1) / n. RP' = (relevant among the top R') / R',
+    MAP@R' = (1/R') * sum_{i<=R'} hits[i] * P@i. Computed from the same ranking
+    as the standard metrics; for query/gallery retrieval there is no self to
+    count and they equal ``r_precision`` / ``mean_average_precision_at_r``.
+    Numerically MAP@R' equals ``map_at_c`` (same window and divisor); it is kept
+    under its own name so that a table says which paper's definition it shows.
+
 Queries with R = 0 ("lone" queries) are excluded from every metric and counted
 in ``num_lone_queries``; PML's ``AccuracyCalculator`` does the same.
 """
@@ -44,13 +56,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["RETRIEVAL_METRICS", "relevant_counts", "first_hit_rank", "r_precision_scores",
+__all__ = ["RETRIEVAL_METRICS", "PER_QUERY_SCORES", "PAPER_VARIANTS", "with_paper_variants", "relevant_counts", "first_hit_rank", "r_precision_scores",
            "average_precision_scores", "RetrievalScores", "retrieval_metrics", "NO_HIT"]
 
 RETRIEVAL_METRICS = ("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r",
-                     "map_at_c")
+                     "map_at_c", "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
+#: Per-query scores kept by :class:`RetrievalScores` (each a mean over queries in the result).
+PER_QUERY_SCORES = ("r_precision", "mean_average_precision_at_r", "map_at_c", "r_precision_query_in_r",
+                    "mean_average_precision_at_r_query_in_r")
+#: Each standard metric's variant as a paper's released evaluation defines it (computed from
+#: the same ranking, stored beside it, never under the standard name).
+PAPER_VARIANTS = {"r_precision": "r_precision_query_in_r",
+                  "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r"}
+#: Metrics whose window is c = R + 1 (same-source) instead of R.
+_WINDOW_C = ("map_at_c", "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
 #: :func:`first_hit_rank` of a list without any relevant item.
 NO_HIT = np.iinfo(np.int64).max
+
+
+def with_paper_variants(metrics: Sequence[str]) -> tuple[str, ...]:
+    """``metrics`` plus the :data:`PAPER_VARIANTS` of those among them (what a run's test
+    evaluation computes: the variants are not protocol settings, so no fingerprint changes)."""
+    return tuple(dict.fromkeys([*metrics, *(PAPER_VARIANTS[m] for m in metrics if m in PAPER_VARIANTS)]))
 
 
 def relevant_counts(query_labels: np.ndarray, reference_labels: np.ndarray, *, same_source: bool) -> np.ndarray:
@@ -94,8 +121,8 @@ def average_precision_scores(hits: np.ndarray, n: np.ndarray) -> np.ndarray:
 class RetrievalScores:
     """Per-query scores filled chunk by chunk, averaged by :meth:`result`.
 
-    ``query_labels``, ``num_relevant`` (R) and ``window_c`` (mAP@C's c): (Q,)
-    arrays. ``names``: requested metrics among :data:`RETRIEVAL_METRICS`;
+    ``query_labels``, ``num_relevant`` (R) and ``window_c`` (mAP@C's c, DIML's R'): (Q,)
+    arrays. :meth:`per_query` returns the per-query values behind every mean. ``names``: requested metrics among :data:`RETRIEVAL_METRICS`;
     ``recall_k``: the K values of ``recall_at_K``.
     """
 
@@ -109,9 +136,7 @@ class RetrievalScores:
         self.recall_k = tuple(int(k) for k in recall_k)
         q = len(self.labels)
         self.first_hit = np.zeros(q, np.int64)
-        self.scores = {name: np.zeros(q, np.float64)
-                       for name in ("r_precision", "mean_average_precision_at_r", "map_at_c")
-                       if name in self.names}
+        self.scores = {name: np.zeros(q, np.float64) for name in PER_QUERY_SCORES if name in self.names}
 
     def needed_k(self, *, recall: bool = True) -> int:
         """How many neighbours per query the requested metrics read; with ``recall=False`` all but
@@ -121,7 +146,7 @@ class RetrievalScores:
             k = max(k, max(self.recall_k))
         if self.names & {"r_precision", "mean_average_precision_at_r"}:
             k = max(k, int(self.r.max(initial=0)))
-        if "map_at_c" in self.names:
+        if self.names & set(_WINDOW_C):
             k = max(k, int(self.c.max(initial=0)))
         return k
 
@@ -149,8 +174,13 @@ class RetrievalScores:
             self.scores["r_precision"][rows] = r_precision_scores(hits, r)
         if "mean_average_precision_at_r" in self.scores:
             self.scores["mean_average_precision_at_r"][rows] = average_precision_scores(hits, r)
+        c = self.c[rows]
         if "map_at_c" in self.scores:
-            self.scores["map_at_c"][rows] = average_precision_scores(hits, self.c[rows])
+            self.scores["map_at_c"][rows] = average_precision_scores(hits, c)
+        if "r_precision_query_in_r" in self.scores:
+            self.scores["r_precision_query_in_r"][rows] = r_precision_scores(hits, c)
+        if "mean_average_precision_at_r_query_in_r" in self.scores:
+            self.scores["mean_average_precision_at_r_query_in_r"][rows] = average_precision_scores(hits, c)
 
     def result(self) -> dict[str, float]:
         """``num_queries``, ``num_lone_queries`` and the requested means (NaN when no query counts)."""
@@ -165,9 +195,20 @@ class RetrievalScores:
         if "recall_at_k" in self.names:
             for k in self.recall_k:
                 out[f"recall_at_{k}"] = mean(self.first_hit < k)
-        for name in ("r_precision", "mean_average_precision_at_r", "map_at_c"):
+        for name in PER_QUERY_SCORES:
             if name in self.scores:
                 out[name] = mean(self.scores[name])
+        return out
+
+    def per_query(self) -> dict[str, np.ndarray]:
+        """The values behind every mean, one entry per query (lone ones included, marked by
+        ``num_relevant == 0`` and excluded from every mean): ``query_index``, ``label`` (the
+        dense label code), ``num_relevant`` (R), ``first_hit_rank`` (0-based rank of the first
+        relevant item; P@1 = rank 0, Recall@K = rank < K; ``NO_HIT`` when none was found) and
+        each requested per-query score (``r_precision``, ``mean_average_precision_at_r``, ...)."""
+        out = {"query_index": np.arange(len(self.labels), dtype=np.int64), "label": self.labels.astype(np.int64),
+               "num_relevant": self.r.copy(), "first_hit_rank": np.where(self.valid, self.first_hit, NO_HIT)}
+        out.update({name: values.copy() for name, values in self.scores.items()})
         return out
 
 

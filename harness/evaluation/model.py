@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from ..data.sampling import TransformedImages
 from ..data.transforms import build_transform, normalize_batch
 from ..errors import HarnessError
-from . import Reranker, evaluate_embeddings
+from . import Reranker, Scores, evaluate_embeddings
 
 if TYPE_CHECKING:
     from methods.base import Method
@@ -119,7 +119,7 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
 
 def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Protocol, dataset: str,
                    *, device: torch.device, workers: int = 0, rerank: bool = True,
-                   metrics: tuple[str, ...] | None = None) -> dict[str, float]:
+                   metrics: tuple[str, ...] | None = None, per_query: bool = False) -> Scores:
     """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
 
     A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
@@ -127,6 +127,7 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
     query against the whole gallery by its pair scores (chunked, on ``device``). The plain
     cosine ranking's metrics are then returned too, prefixed ``global_``, with
     ``num_ranked_candidates``: how many candidates per query the method scored.
+    ``per_query``: keep the per-query values of the method's ranking (``result.per_query``).
     """
     transform = build_transform(protocol.image, train=False)
     bs = protocol.evaluation.batch_size
@@ -142,19 +143,21 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
                                    workers=workers, keep=keep)
     g_labels = None if gallery_set is None else gallery_set.labels
 
-    def score(**kw) -> dict[str, float]:
+    def score(**kw) -> Scores:
         return evaluate_embeddings(q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
                                    metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
 
     if exhaustive:
         n_gallery = len(q) - 1 if g is None else len(g)
         scorer = make_pair_scorer(head, q_fields, None if gallery_set is None else g_fields, device=device)
-        ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery))
+        ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
         ranked["num_ranked_candidates"] = n_gallery
     elif rerank_k > 0:
-        ranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k)
+        ranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
-        return score()
+        return score(per_query=per_query)
     plain = score()
-    return {**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
+    out = Scores({**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}})
+    out.per_query = ranked.per_query
+    return out
