@@ -39,6 +39,7 @@ from .data.transforms import build_transform, normalize_batch
 from .errors import HarnessError
 from .evaluation.model import evaluate_split
 from .explain import log_explanations
+from .faults import fault_point
 from .losses import MetricLoss, create_loss, create_miner, miner_for
 from .protocol import Deviation, Protocol, fingerprint
 from .tracking import load_finished_weights
@@ -544,6 +545,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        fault_point("train_batch")  # test-only hook (harness.faults); nothing when unset
         total += float(loss.detach()) * len(images)
         for name, value in terms.items():
             term_sums[name] = term_sums.get(name, 0.0) + float(value.detach()) * len(images)
