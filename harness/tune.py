@@ -31,8 +31,6 @@ import argparse
 import dataclasses
 import hashlib
 import math
-import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,26 +97,7 @@ def _config(args, protocol, deviations, loss: str, seed: int, options: dict, exp
                      loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
                      protocol_path=path, method_options=options, data_root=args.data_root,
                      device=args.device, workers=args.loader_workers, experiment=experiment,
-                     tags={k: str(v) for k, v in {**tags, "tune_worker": _WORKER}.items()})
-
-
-#: This process, as recorded on its trials and runs: a restart on the same host tells a
-#: dead one (SIGKILL) from a live one by its pid.
-_WORKER = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _dead_here(worker: str) -> bool:
-    """Whether ``worker`` (``host:pid``) is a process of this host that no longer runs."""
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another machine's: its heartbeat decides
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+                     tags={k: str(v) for k, v in tags.items()})
 
 
 def _trial_seed(sampler_seed: int, settled: int) -> int:
@@ -143,16 +122,16 @@ def _requeue_interrupted(study, experiment: str) -> int:
     """Queue again, with their parameters, the trials a killed process left behind: RUNNING
     ones of a dead process of this host (SIGKILL) and FAILED ones marked ``interrupted``
     (SIGTERM, Ctrl-C); mark their MLflow runs still RUNNING as KILLED. Returns how many."""
-    import mlflow
     from optuna.trial import TrialState
 
     from .tracking import filter_value as q
+    from .tracking import mark_dead_runs_killed, process_is_dead
 
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     queued = 0
     for t in trials:
-        dead = t.state == TrialState.RUNNING and _dead_here(t.user_attrs.get("worker", ""))
+        dead = t.state == TrialState.RUNNING and process_is_dead(t.user_attrs.get("worker", ""))
         if dead:
             study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
@@ -161,13 +140,9 @@ def _requeue_interrupted(study, experiment: str) -> int:
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
         _log(f"trial {t.number} was interrupted; queued again with its parameters {t.params}")
         queued += 1
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is not None:  # runs (trials and reproductions) a dead process of this host left RUNNING
-        for run in mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
-                f"attributes.status = 'RUNNING' and tags.optuna_study = {q(study.study_name)}")):
-            if _dead_here(run.data.tags.get("tune_worker", "")):
-                mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
-                _log(f"run {run.info.run_id} of a dead process marked KILLED")
+    # Runs (trials and reproductions) that a dead process of this host left RUNNING.
+    for run_id in mark_dead_runs_killed(experiment, f"tags.optuna_study = {q(study.study_name)}"):
+        _log(f"run {run_id} of a dead process marked KILLED")
     return queued
 
 
@@ -184,7 +159,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .reporting import format_results
     from .sweep import open_storage
     from .tracking import filter_value as q
-    from .tracking import tracking_uri
+    from .tracking import tracking_uri, worker_id
 
     METHODS.get(args.method)
     DATASETS.get(args.dataset)
@@ -222,7 +197,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     has_hook = "epoch_callback" in {f.name for f in dataclasses.fields(training.RunConfig)}
 
     def objective(trial) -> float:
-        trial.set_user_attr("worker", _WORKER)
+        trial.set_user_attr("worker", worker_id())
         options, overrides = suggest(trial, args.method, base, space)
         protocol, extra = apply_overrides(base, overrides)
         cfg = _config(args, protocol, base_deviations + extra, loss, seed,
