@@ -4,7 +4,7 @@ print the table (fault, point, recovered, final metrics identical, cells run twi
 left RUNNING, half-written results read).
 
 The scenarios are the fault suite's (``tests/faults/injection.py``); ``tests/faults/``
-runs a few of them under pytest (slow-marked), this script runs all of them (35 faults)
+runs a few of them under pytest (slow-marked), this script runs all of them (37 faults)
 and writes the Markdown table the README's "Reliability" section shows. It lives in
 ``benchmarks/`` beside the other measurement scripts because it measures (minutes of
 subprocesses, a table as its output) rather than asserts; it exits 1 if any row fails.
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.monotonic() - started:6.0f}s] {'ok  ' if row.ok else 'FAIL'} {row.command}: "
                   f"{row.fault} at {row.point} {row.note}", file=sys.stderr, flush=True)
     finally:
+        lab.close()
         if not args.keep and args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     table = format_table(rows)

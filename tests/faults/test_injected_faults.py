@@ -16,8 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, data_root) -> Lab:
-    return Lab(tmp_path_factory.mktemp("faults"), data_root, seed=0)
+def lab(tmp_path_factory, data_root):
+    lab = Lab(tmp_path_factory.mktemp("faults"), data_root, seed=0)
+    yield lab
+    lab.close()
 
 
 @pytest.fixture(scope="module")
