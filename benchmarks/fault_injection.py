@@ -10,7 +10,7 @@ and writes the Markdown table the README's "Reliability" section shows. It lives
 subprocesses, a table as its output) rather than asserts; it exits 1 if any row fails.
 
 Usage: python benchmarks/fault_injection.py [--seed 0] [--commands run,sweep,tune,table]
-       [--out results/fault_injection.md] [--workdir DIR] [--keep]
+       [--out results/fault_injection.md] [--workdir DIR] [--keep] [--start K] [--stop M]
 """
 
 from __future__ import annotations
@@ -36,17 +36,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     parser.add_argument("--workdir", type=Path, help="folder for the scenarios (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--start", type=int, default=0, help="run the faults from this index on (the "
+                        "references always run): split one list over several processes")
+    parser.add_argument("--stop", type=int, help="and stop before this index")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dml-faults-"))
     lab = Lab(work / "lab", work / "data", seed=args.seed)
     rows: list[Row] = []
     started = time.monotonic()
     try:
+        index = -1
         for step in scenarios(lab, commands=tuple(c.strip() for c in args.commands.split(","))):
+            if getattr(step, "__name__", "") != "prepare":
+                index += 1
+                if index < args.start or (args.stop is not None and index >= args.stop):
+                    continue
             row = step()
             if row is None:  # a reference run
                 continue
             rows.append(row)
+            if args.out:  # as it goes: a partial table survives an interrupted script
+                atomic_write_text(args.out, format_table(rows))
             print(f"[{time.monotonic() - started:6.0f}s] {'ok  ' if row.ok else 'FAIL'} {row.command}: "
                   f"{row.fault} at {row.point} {row.note}", file=sys.stderr, flush=True)
     finally:
