@@ -259,8 +259,16 @@ class Tracker:
         source = CodeDatasetSource({"loader": f"harness.data:{name}", "data_root": str(data_root or "default"),
                                     **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
         dataset = MetaDataset(source, name=name, digest=digest)
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(
-            dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+        inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except self.mlflow.exceptions.MlflowException as err:
+            # The store looks the dataset up, then inserts it: sweep workers starting runs on
+            # one split together race there, and the loser fails the dataset's unique key
+            # (seen with 3 workers on SQLite). The dataset exists now: the retry links to it.
+            if "UNIQUE constraint" not in str(err) and "unique constraint" not in str(err).lower():
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)

@@ -217,6 +217,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
             trial.set_user_attr("interrupted", True)
             raise
+        except HarnessError as err:  # e.g. a diverging setting: its trial fails, the study goes on
+            _log(f"trial {trial.number} failed: {err}")
+            raise
         run_id = record["mlflow_run_id"]
         _tag(run_id, {"optuna_study": name, "optuna_trial": trial.number, "tune_role": "trial"})
         trial.set_user_attr("mlflow_run_id", run_id)
@@ -237,6 +240,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # One trial at a time, the sampler seeded by the trials settled so far (see above).
         study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(args.sampler_seed, _settled(study)))
         # A diverging setting (non-finite loss: HarnessError) fails its trial, not the study.
+        # Optuna's own warning for a failed trial carries a traceback (also for Ctrl-C /
+        # SIGTERM); the objective says why in one line instead.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         study.optimize(objective, n_trials=1, catch=(HarnessError,),
                        callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=states)])
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
