@@ -12,7 +12,8 @@ The recipe: write to a unique temporary file in the target's folder
 flush and ``fsync`` it, ``os.replace`` it over the target, then ``fsync`` the folder
 (where the platform allows) so the rename itself is durable. On any failure,
 including ``KeyboardInterrupt``, the temporary file is removed and the target is left
-as it was.
+as it was. A write the operating system refuses (a full disk, a read-only or missing
+folder) is one :class:`~harness.errors.HarnessError` line naming the file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_save_torch", "sha256_file"]
+from .errors import HarnessError
+from .faults import fault_point
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_save_torch", "sha256_file",
+           "publish_folder"]
 
 
 def _umask() -> int:
@@ -62,24 +67,52 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
     rename (e.g. to record the file's checksum where a reader will look for it first).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from err
     tmp = Path(tmp_name)
     try:
         with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             write_fn(fh)
             fh.flush()
+            fault_point("write", path.name)  # test-only (harness.faults); nothing when unset
             if hasattr(os, "fchmod"):  # not on Windows
                 os.fchmod(fh.fileno(), _FILE_MODE)
             os.fsync(fh.fileno())
         if before_replace is not None:
             before_replace(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from err
         raise
     _fsync_dir(path.parent)
+
+
+def _write_error(path: Path, err: OSError) -> HarnessError:
+    reason = err.strerror or str(err) or type(err).__name__
+    return HarnessError(f"cannot write {path}: {reason}; the previous file (if any) is unchanged")
+
+
+def publish_folder(tmp: Path, target: Path) -> None:
+    """Make folder ``tmp`` (filled by the caller, in ``target``'s parent) appear as ``target``
+    in one rename, after every file and folder in it is fsynced; used for generated datasets,
+    whose marker file (a manifest) must never be visible before the files it lists.
+    Raises ``OSError`` if ``target`` exists (another process published first)."""
+    for folder, _, files in os.walk(tmp):
+        for name in files:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+    os.rename(tmp, target)
+    _fsync_dir(Path(target).parent)
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:

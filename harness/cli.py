@@ -299,6 +299,11 @@ def _one_line(err: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
 
 
+def _is_store_error(err: BaseException) -> bool:
+    """An error raised by the tracking or Optuna store (MLflow, SQLAlchemy, a database driver)."""
+    return type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3", "psycopg2", "psycopg", "optuna")
+
+
 def _terminated(signum, frame):
     # SIGTERM (a sweep stopping its workers, a cluster's time limit) unwinds like Ctrl-C,
     # so the current run is marked KILLED instead of left RUNNING in the tracking store.
@@ -323,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # errors from DataLoader workers are re-raised as other types
         if "HarnessError" in str(err):
             print(f"error: {_one_line(err)}", file=sys.stderr)
+            return 2
+        if _is_store_error(err):  # e.g. a store locked by another writer past MLflow's timeout
+            print(f"error: the tracking store failed ({type(err).__name__}: {_one_line(err)[:300]}); "
+                  f"run the command again once it answers (run --resume continues from the last checkpoint)", file=sys.stderr)
             return 2
         raise
     except KeyboardInterrupt:

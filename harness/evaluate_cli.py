@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .atomic import atomic_write_text
 from .errors import HarnessError
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
@@ -133,17 +132,9 @@ def _check_json_target(path: Path | None) -> None:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` to a temporary file next to ``path`` and rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` through :mod:`harness.atomic` (unique temporary file,
+    fsync, rename): a reader never sees part of it."""
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def _jsonable(value: float) -> float | None:

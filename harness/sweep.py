@@ -315,6 +315,12 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
     from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
 
+    # Import the training stack (torch, timm, MLflow: seconds of work, much of it holding
+    # the GIL) before holding a trial: imported inside the first cell, it starved that
+    # trial's heartbeat thread past a short grace period, and another worker failed the
+    # live trial as stale and ran its cell a second time.
+    from . import training  # noqa: F401
+
     settings = settings or {}
     cells = {c.key: c for c in grid.cells}
     storage = study._storage
@@ -354,20 +360,44 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
             try:
                 record = _run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
             except KeyboardInterrupt:
-                trial.set_user_attr("error", "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
+                _settle(study, trial, state=TrialState.FAIL, error="interrupted")
                 raise
             except Exception as err:
                 text = f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
                 _log(f"FAILED {cell.label}: {text}")
-                trial.set_user_attr("error", text)
-                study.tell(trial, state=TrialState.FAIL)
+                _settle(study, trial, state=TrialState.FAIL, error=text)
                 report["failed"].append((cell.label, text))
                 continue
-            trial.set_user_attr("mlflow_run_id", record["mlflow_run_id"])
             metric = cell.protocol.selection.metric
-            study.tell(trial, float(record["metrics"].get(metric, 0.0)))
+            _settle(study, trial, value=float(record["metrics"].get(metric, 0.0)),
+                    run_id=record["mlflow_run_id"])
             report["done"].append(cell.label)
+
+
+def _settle(study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = "") -> None:
+    """Tell the study how ``trial`` ended, unless it was already ended under this worker:
+    a heartbeat late past the grace period (an overloaded machine) makes another worker
+    fail the live trial as stale and queue it again. Telling then raised, which killed
+    this worker and left the queue with fewer workers than cells waiting (the flaky
+    "3 of 4 cells finished"). The run this worker finished stays the cell's; the queued
+    retry finds it FINISHED and skips the cell."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        if study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+            raise UpdateFinishedTrialError
+        if error:
+            trial.set_user_attr("error", error)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        if value is None:
+            study.tell(trial, state=state, skip_if_finished=True)
+        else:
+            study.tell(trial, value, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        _log(f"trial {trial.number} was failed as stale by another worker while it ran here (heartbeat "
+             f"late by more than the grace period); its retry skips the cell once this run is FINISHED")
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -20,7 +21,8 @@ from typing import Any
 from .errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
-           "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags"]
+           "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
+           "process_is_dead", "mark_dead_runs_killed"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -132,6 +134,46 @@ def filter_value(value: Any) -> str:
                        f"way to write a value holding both ' and \"; rename it")
 
 
+def worker_id() -> str:
+    """This process as ``host:pid``, recorded on the runs it starts (tag ``harness_worker``)
+    and on tune's trials: a restart on the same host tells a run whose process was killed
+    (SIGKILL leaves it RUNNING) from one a live process still owns."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def process_is_dead(worker: str) -> bool:
+    """Whether ``worker`` (``host:pid``) is a process of this host that no longer runs.
+    Another host's process is never declared dead here (its heartbeat decides, in sweeps)."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
+    process (tag ``harness_worker``) died on this host; returns their ids."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    client = mlflow.MlflowClient()
+    killed = []
+    for run in client.search_runs([exp.experiment_id], filter_string=f"attributes.status = 'RUNNING' and {filter_string}"):
+        if process_is_dead(run.data.tags.get("harness_worker", "")):
+            client.set_terminated(run.info.run_id, status="KILLED")
+            killed.append(run.info.run_id)
+    return killed
+
+
 def experiment_id(name: str) -> str:
     """The id of MLflow experiment ``name``, created on first use. Sweep workers start
     together: when another process creates it between our look-up and our create, the
@@ -217,8 +259,16 @@ class Tracker:
         source = CodeDatasetSource({"loader": f"harness.data:{name}", "data_root": str(data_root or "default"),
                                     **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
         dataset = MetaDataset(source, name=name, digest=digest)
-        self.client.log_inputs(self.run_id, datasets=[DatasetInput(
-            dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+        inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except self.mlflow.exceptions.MlflowException as err:
+            # The store looks the dataset up, then inserts it: sweep workers starting runs on
+            # one split together race there, and the loser fails the dataset's unique key
+            # (seen with 3 workers on SQLite). The dataset exists now: the retry links to it.
+            if "UNIQUE constraint" not in str(err) and "unique constraint" not in str(err).lower():
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)

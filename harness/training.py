@@ -45,6 +45,7 @@ from .evaluation import (
 )
 from .evaluation.model import evaluate_split
 from .explain import log_explanations
+from .faults import fault_point
 from .losses import MetricLoss, create_loss, create_miner, miner_for
 from .protocol import Deviation, Protocol, fingerprint
 from .tracking import load_finished_weights
@@ -382,23 +383,32 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
     ckpt_path = ckpt_dir / "last.pt"
     checkpoint, ckpt_digest = None, None
+    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
+    if cfg.resume:  # a run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED
+        from .tracking import filter_value, mark_dead_runs_killed
+
+        for run_id in mark_dead_runs_killed(experiment, f"tags.run_key = {filter_value(ckpt_dir.name)}"):
+            _log(f"run {run_id} of a process that died was left RUNNING; marked KILLED")
     if cfg.resume and ckpt_path.is_file():
         checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
     if checkpoint is not None:
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
     t = _build_training(cfg, splits, device, fp)
-    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
     tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
         if checkpoint is None or not tracker.resumed:
             _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note)
+            tracker.set_tags({"run_key": ckpt_dir.name})
         else:  # the run's git_commit tag is its first segment's; say which code continued it
             from .tracking import git_commit
 
             tracker.set_tags({"git_commit_at_resume": git_commit()})
+        from .tracking import worker_id
+
+        tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
         if checkpoint is not None:
             t.restore(checkpoint)
             start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
@@ -558,6 +568,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: in
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        fault_point("train_batch")  # test-only hook (harness.faults); nothing when unset
         total += float(loss.detach()) * len(images)
         for name, value in terms.items():
             term_sums[name] = term_sums.get(name, 0.0) + float(value.detach()) * len(images)

@@ -17,7 +17,12 @@ setting reproduced over the protocol's seeds and scored on the test split.
   hook in ``run_training``; when ``RunConfig`` has an ``epoch_callback`` field it is
   used and a ``MedianPruner`` stops poor trials early.
 * Every trial and reproduction is an MLflow run tagged ``optuna_study``,
-  ``optuna_trial`` and ``tune_role`` (``trial`` or ``reproduction``).
+  ``optuna_trial`` and ``tune_role`` (``trial`` or ``reproduction``) from its start.
+* Restart after a kill ends where an uninterrupted study ends: a trial whose process died
+  (left RUNNING by a SIGKILL on this host, or FAILED by SIGTERM / Ctrl-C) is queued again
+  with its parameters, its MLflow run left RUNNING is marked KILLED, and the sampler is
+  re-seeded before each trial from ``--sampler-seed`` and the number of trials settled so
+  far, so the next suggestion does not depend on how many processes the study took.
 """
 
 from __future__ import annotations
@@ -84,13 +89,61 @@ def _tag(run_id: str, tags: dict[str, Any]) -> None:
         client.set_tag(run_id, k, str(v))
 
 
-def _config(args, protocol, deviations, loss: str, seed: int, options: dict, experiment: str, path):
+def _config(args, protocol, deviations, loss: str, seed: int, options: dict, experiment: str, path,
+            tags: dict[str, Any]):
     from .training import RunConfig
 
     return RunConfig(method=args.method, dataset=args.dataset, protocol=protocol, loss=loss,
                      loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
                      protocol_path=path, method_options=options, data_root=args.data_root,
-                     device=args.device, workers=args.loader_workers, experiment=experiment)
+                     device=args.device, workers=args.loader_workers, experiment=experiment,
+                     tags={k: str(v) for k, v in tags.items()})
+
+
+def _trial_seed(sampler_seed: int, settled: int) -> int:
+    """The sampler's seed for the next trial: a function of the trials settled before it
+    (not of the process), so a restarted study suggests what an uninterrupted one would."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([sampler_seed, settled]).generate_state(1)[0])
+
+
+def _settled(study) -> int:
+    """Trials that count towards the next seed: every finished trial but an interrupted one
+    (retried with its parameters instead)."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+               or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")))
+
+
+def _requeue_interrupted(study, experiment: str) -> int:
+    """Queue again, with their parameters, the trials a killed process left behind: RUNNING
+    ones of a dead process of this host (SIGKILL) and FAILED ones marked ``interrupted``
+    (SIGTERM, Ctrl-C); mark their MLflow runs still RUNNING as KILLED. Returns how many."""
+    from optuna.trial import TrialState
+
+    from .tracking import filter_value as q
+    from .tracking import mark_dead_runs_killed, process_is_dead
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    queued = 0
+    for t in trials:
+        dead = t.state == TrialState.RUNNING and process_is_dead(t.user_attrs.get("worker", ""))
+        if dead:
+            study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        if not (dead or (t.state == TrialState.FAIL and t.user_attrs.get("interrupted"))) or t.number in retried:
+            continue
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        _log(f"trial {t.number} was interrupted; queued again with its parameters {t.params}")
+        queued += 1
+    # Runs (trials and reproductions) that a dead process of this host left RUNNING.
+    for run_id in mark_dead_runs_killed(experiment, f"tags.optuna_study = {q(study.study_name)}"):
+        _log(f"run {run_id} of a dead process marked KILLED")
+    return queued
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -105,7 +158,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .protocol import apply_overrides, default_protocol, load_protocol, protocol_dir
     from .reporting import format_results
     from .sweep import open_storage
-    from .tracking import tracking_uri
+    from .tracking import filter_value as q
+    from .tracking import tracking_uri, worker_id
 
     METHODS.get(args.method)
     DATASETS.get(args.dataset)
@@ -138,14 +192,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=args.sampler_seed), pruner=pruner)
+    _requeue_interrupted(study, experiment)
     splits = training.prepare_splits(base, args.dataset, args.data_root, seed=seed)
     has_hook = "epoch_callback" in {f.name for f in dataclasses.fields(training.RunConfig)}
 
     def objective(trial) -> float:
+        trial.set_user_attr("worker", worker_id())
         options, overrides = suggest(trial, args.method, base, space)
         protocol, extra = apply_overrides(base, overrides)
         cfg = _config(args, protocol, base_deviations + extra, loss, seed,
-                      {**base.methods.get(args.method, {}), **options}, experiment, path)
+                      {**base.methods.get(args.method, {}), **options}, experiment, path,
+                      {"optuna_study": name, "optuna_trial": trial.number, "tune_role": "trial"})
         if has_hook:  # report per epoch while training, so the pruner can stop a run early
             def on_epoch(epoch: int, record: dict) -> None:
                 value = record.get(f"val_{metric}")
@@ -155,7 +212,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         raise optuna.TrialPruned(f"pruned after epoch {epoch}")
             cfg = dataclasses.replace(cfg, epoch_callback=on_epoch)
         _log(f"trial {trial.number}: {options or '{}'} {overrides}")
-        record = training.run_training(cfg, splits)
+        try:
+            record = training.run_training(cfg, splits)
+        except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
+            trial.set_user_attr("interrupted", True)
+            raise
+        except HarnessError as err:  # e.g. a diverging setting: its trial fails, the study goes on
+            _log(f"trial {trial.number} failed: {err}")
+            raise
         run_id = record["mlflow_run_id"]
         _tag(run_id, {"optuna_study": name, "optuna_trial": trial.number, "tune_role": "trial"})
         trial.set_user_attr("mlflow_run_id", run_id)
@@ -172,9 +236,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     remaining = max(args.trials - done, 0)
     _log(f"study '{name}' in {storage.url}: "
          f"{done} trials done, running {remaining} more (target {args.trials})")
-    if remaining:
+    for _ in range(remaining):
+        # One trial at a time, the sampler seeded by the trials settled so far (see above).
+        study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(args.sampler_seed, _settled(study)))
         # A diverging setting (non-finite loss: HarnessError) fails its trial, not the study.
-        study.optimize(objective, n_trials=remaining, catch=(HarnessError,),
+        # Optuna's own warning for a failed trial carries a traceback (also for Ctrl-C /
+        # SIGTERM); the objective says why in one line instead.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        study.optimize(objective, n_trials=1, catch=(HarnessError,),
                        callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=states)])
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
@@ -194,7 +263,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if exp is not None:
         for run in mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
                 f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' and "
-                f"tags.optuna_study = '{name}' and tags.optuna_trial = '{best.number}'")):
+                f"tags.optuna_study = {q(name)} and tags.optuna_trial = {q(best.number)}")):
             done_runs.setdefault(int(run.data.tags["seed"]), run)
     records = []
     for s in seeds:
@@ -211,7 +280,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             "metrics": {k.removeprefix("test_"): v for k, v in run.data.metrics.items()
                                         if k.startswith("test_") and not k.startswith("test_num_")}})
             continue
-        cfg = _config(args, protocol, base_deviations + extra, loss, s, options, experiment, path)
+        cfg = _config(args, protocol, base_deviations + extra, loss, s, options, experiment, path,
+                      {"optuna_study": name, "optuna_trial": best.number, "tune_role": "reproduction"})
         # A protocol that carves validation by the run's seed needs each seed's own split.
         record = training.run_training(cfg, None if base.splits.validation_by_run_seed else splits)
         _tag(record["mlflow_run_id"], {"optuna_study": name, "optuna_trial": best.number,

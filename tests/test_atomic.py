@@ -19,7 +19,9 @@ def test_a_writer_failing_midway_leaves_neither_the_target_nor_a_temporary_file(
         fh.write(b"{\"half\": ")
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match=r"cannot write .*result.json: disk full"):  # one line, naming it
         atomic_write(target, half_then_fail)
     assert list(target.parent.iterdir()) == []
 
@@ -68,3 +70,33 @@ def test_atomic_writes_are_fsynced_and_keep_the_usual_permissions(tmp_path, monk
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "model.pt").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_file(tmp_path, monkeypatch):
+    """``DML_HARNESS_FAULT=write:NAME:N:enospc`` (test-only, harness.faults) fails the N-th
+    write of NAME as a full disk would: one HarnessError naming the file, the previous
+    version intact, no temporary file left."""
+    from harness.atomic import atomic_write_text
+    from harness.errors import HarnessError
+    from harness.faults import ENV
+
+    target = tmp_path / "table.md"
+    atomic_write_text(target, "old\n")
+    monkeypatch.setenv(ENV, "write:*.md:1:enospc")
+    with pytest.raises(HarnessError) as caught:
+        atomic_write_text(target, "new\n" * 1000)
+    message = str(caught.value)
+    assert message.startswith(f"cannot write {target}: No space left on device") and "\n" not in message
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["table.md"]
+    atomic_write_text(target, "new\n")  # only the first arrival fails
+    assert target.read_text() == "new\n"
+
+
+def test_fault_specs_are_checked(monkeypatch):
+    from harness.faults import ENV, fault_point
+
+    monkeypatch.setenv(ENV, "train_batch:x:kill")
+    with pytest.raises(ValueError, match="expected POINT:N:ACTION"):
+        fault_point("train_batch")
+    monkeypatch.delenv(ENV)
+    fault_point("train_batch")  # unset: nothing happens

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     loaded, found = _load_checkpoint(path)
     assert loaded["epoch"] == 1 and found == digest
     whole = path.read_bytes()
-    for cut in (0, 1, 100, len(whole) // 2, len(whole) - 1):
+    rng = random.Random(17)  # seeded: the same offsets every run
+    cuts = sorted({0, 1, 100, len(whole) // 2, len(whole) - 1, *(rng.randrange(len(whole)) for _ in range(12))})
+    for cut in cuts:
         for with_sidecar in (True, False):  # without: a checkpoint of an older harness
             path.write_bytes(whole[:cut])
             if not with_sidecar:
@@ -49,6 +52,27 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
             assert len(lines) == 1 and lines[0].startswith(f"checkpoint {path} is unreadable (")
             assert lines[0].endswith("); starting from scratch")
             _save_checkpoint(_checkpoint(1), path, None)  # the sidecar again
+
+
+def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
+    """Same length, one byte flipped anywhere (a bad sector, a copy gone wrong): the sha256
+    sidecar refuses it, where torch.load alone may read garbage tensors without complaint."""
+    from harness.training import _load_checkpoint, _save_checkpoint
+
+    path = tmp_path / "last.pt"
+    _save_checkpoint(_checkpoint(1), path, None)
+    whole = path.read_bytes()
+    rng = random.Random(23)
+    for at in sorted({0, len(whole) - 1, *(rng.randrange(len(whole)) for _ in range(12))}):
+        data = bytearray(whole)
+        data[at] ^= 0x01
+        path.write_bytes(bytes(data))
+        capsys.readouterr()
+        assert _load_checkpoint(path) == (None, None), at
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"checkpoint {path} is unreadable (") and "not a digest recorded" in line
+    path.write_bytes(whole)
+    assert _load_checkpoint(path)[0]["epoch"] == 1
 
 
 def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(tmp_path, monkeypatch):

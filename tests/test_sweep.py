@@ -380,11 +380,13 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
 
     grid_path = _grid(workdir, methods=("plain", "ngrouping"), seeds=(0, 1))
     grid = load_grid(grid_path)
-    common = ["--grid", str(grid_path), "--storage", postgres, "--heartbeat", "1", "--grace", "4"]
+    # Grace 15 s, not 4: on a loaded 2-core machine a live worker's heartbeat was late by
+    # more than 4 s, another worker failed its trial as stale and ran the cell again.
+    common = ["--grid", str(grid_path), "--storage", postgres, "--heartbeat", "1", "--grace", "15"]
     # Queue the cells (no worker in this process: zero cells are run by it) ...
     from harness.sweep import enqueue_cells, open_study, storage_url
 
-    study = open_study(grid, postgres, heartbeat=1, grace=4)
+    study = open_study(grid, postgres, heartbeat=1, grace=15)
     assert enqueue_cells(grid, study)["queued"] == 4
     # ... then three worker processes, as `sweep --workers 3` starts them.
     cmd = [sys.executable, "-m", "harness", "sweep", *common, "--worker-only"]
@@ -398,9 +400,13 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
                        and "worker" in t.user_attrs and CELL_ATTR in t.user_attrs]
             if running:
                 time.sleep(3)  # mid-cell
-                victim = running[0]
-                pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
-                os.kill(pid, signal.SIGKILL)
+                # The snapshot is 3 s old: the trial may have ended and its worker moved on
+                # (killing it then hit another cell, or one not yet heartbeating).
+                now = next(t for t in study.get_trials(deepcopy=False) if t.number == running[0].number)
+                if now.state.name == "RUNNING":
+                    victim = now
+                    pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.5)
         assert victim is not None, "no worker started a cell"
         for w in workers:

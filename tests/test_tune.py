@@ -157,3 +157,55 @@ def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeyp
     err = capsys.readouterr().err
     assert "error: --seeds expects comma-separated integers like 0,1,2; got '0,x'" in err
     assert "Traceback" not in err and calls == []
+
+
+def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(workdir, tiny_protocol,
+                                                                              monkeypatch):
+    """The study name holds the protocol's name; tune finds its finished reproductions with
+    an MLflow filter on it, which interpolating the name between quotes broke."""
+    from harness import training
+
+    quoted = workdir / "o'brien.toml"
+    quoted.write_text(tiny_protocol.read_text())
+    calls: list = []
+    monkeypatch.setattr(training, "run_training", _fake_training(calls))
+    common = ["--method", "plain", "--protocol", str(quoted), "--storage", f"sqlite:///{workdir / 'optuna.db'}",
+              "--experiment", f"tune-quote-{uuid.uuid4().hex[:6]}", "--space", "optimizer.lr_head",
+              "--trials", "1", "--seeds", "0"]
+    assert _tune(*common) == 0
+    assert len(calls) == 2 and "o'brien" in calls[-1].tags["optuna_study"]
+    assert _tune(*common) == 0
+    assert len(calls) == 2  # the reproduction was found through the quoted filter, not run again
+
+
+def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(workdir, tiny_protocol, monkeypatch):
+    """A trial interrupted (SIGTERM) is run again with its parameters and the next trials
+    get the suggestions of an uninterrupted study: the sampler is seeded per trial."""
+    from harness import training
+
+    def study_params(storage: str, interrupt_at: int | None) -> list[float]:
+        calls: list = []
+        fake = _fake_training(calls)
+
+        def run(cfg, splits=None):
+            if len(calls) == interrupt_at:
+                calls.append(cfg)
+                raise KeyboardInterrupt
+            return fake(cfg, splits)
+
+        monkeypatch.setattr(training, "run_training", run)
+        common = ["--method", "plain", "--protocol", str(tiny_protocol), "--storage", storage,
+                  "--experiment", f"tune-restart-{uuid.uuid4().hex[:6]}", "--space", "optimizer.lr_head",
+                  "--trials", "3", "--no-reproduce"]
+        if interrupt_at is not None:
+            with pytest.raises(KeyboardInterrupt):
+                _tune(*common)
+        assert _tune(*common) == 0
+        name = study_name("plain", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+        study = optuna.load_study(study_name=name, storage=storage)
+        done = [t for t in study.trials if t.state.name == "COMPLETE"]
+        assert len(done) == 3
+        return [t.params["optimizer.lr_head"] for t in done]
+
+    uninterrupted = study_params(f"sqlite:///{workdir / 'a.db'}", None)
+    assert study_params(f"sqlite:///{workdir / 'b.db'}", 1) == uninterrupted

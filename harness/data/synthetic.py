@@ -20,7 +20,6 @@ epoch would cost more than the rest of the data pipeline.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..atomic import atomic_write, publish_folder
 from .base import ArrayImageSet, DatasetSplits, default_data_root, register_dataset
 
 VERSION = "v1"
@@ -178,8 +178,8 @@ def generate(target: Path, seed: int = 0, *, num_classes: int = NUM_CLASSES,
         manifest = {"version": VERSION, "seed": seed, "parts": list(PARTS), "classes": classes,
                     "num_train_classes": min(NUM_TRAIN_CLASSES, num_classes // 2), "items": items}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
-        try:
-            os.rename(tmp, target)
+        try:  # fsynced, then renamed: a crash never leaves a manifest without its images
+            publish_folder(tmp, target)
         except OSError:  # another process finished first
             if not (target / "manifest.json").is_file():
                 raise
@@ -195,16 +195,9 @@ def packed_images(root: Path, paths: list[str]) -> np.ndarray:
     packed = root / "images.npy"
     if not packed.is_file():
         stack = np.stack([np.asarray(Image.open(root / p).convert("RGB")) for p in paths])
-        # A temp name per process: workers that start together each pack, and the last
-        # atomic replace wins with identical bytes (a shared name let one read a half file).
-        fd, tmp = tempfile.mkstemp(prefix=".images-", suffix=".npy.tmp", dir=root)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, stack)
-            os.replace(tmp, packed)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # A unique temp name per process (harness.atomic): workers that start together each
+        # pack, and the last atomic replace wins with identical bytes.
+        atomic_write(packed, lambda fh: np.save(fh, stack))
     return np.load(packed, mmap_mode="r")
 
 

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from ..data.sampling import TransformedImages
 from ..data.transforms import build_transform, normalize_batch
 from ..errors import HarnessError
+from ..faults import fault_point
 from . import Reranker, Scores, evaluate_embeddings
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
     keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
     q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
                                workers=workers, keep=keep)
+    fault_point("evaluate")  # test-only hook (harness.faults); nothing when unset
     g, g_fields = None, q_fields
     if gallery_set is not None:
         g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
