@@ -604,6 +604,13 @@ class DIMLHead(PlainHead):
 
     # ------------------------------------------------------------------- training
 
+    @classmethod
+    def cross_process_refusal(cls, options):
+        if options.get("train_structural"):
+            return ("its training mode builds the structural pair matrix from the local batch, so the "
+                    "pairs between processes' shares would be missing; train it in one process")
+        return ""
+
     def loss_terms(self, output, batch):
         """The metric loss; with ``train_structural`` on DIML's pair matrix (App. A.3).
 

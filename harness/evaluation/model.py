@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from ..accel import amp_dtype
 from ..data.sampling import TransformedImages
 from ..data.transforms import build_transform, normalize_batch
 from ..errors import HarnessError
@@ -104,18 +105,20 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda")
     embs, kept = [], {k: [] for k in keep}
-    amp = device.type == "cuda"
+    dtype = amp_dtype(device)
     for batch, _, _ in loader:
         batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
-        if amp:
+        if device.type == "cuda":
             batch = batch.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=device.type, enabled=amp):
+        with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
             out = model(batch)
-        embs.append(out.embedding.float().cpu())
+        # Kept on the device until the end: a copy to the host per batch would wait for
+        # the batch's forward pass before the next one is queued.
+        embs.append(out.embedding.float())
         for k in keep:
-            kept[k].append(out.field(k).float().cpu())
-    emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
-    return emb, {k: torch.cat(v) for k, v in kept.items()}
+            kept[k].append(out.field(k).float())
+    emb = torch.cat(embs).cpu().numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
+    return emb, {k: torch.cat(v).cpu() for k, v in kept.items()}
 
 
 def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Protocol, dataset: str,
