@@ -43,10 +43,13 @@ forces the torch search on a named device (the tests run it on the CPU).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported only for a torch search (the CPU suite stays without it)
+    import torch
 
 __all__ = ["knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "make_index",
            "first_relevant_rank", "gpu_available", "search_device", "GPU_MAX_K"]
@@ -123,11 +126,13 @@ def _min_rows(dim: int) -> int:
 def search_device(use_gpu: bool, device: str | torch.device | None = None) -> torch.device | None:
     """The device of a torch search, or None for faiss: ``device`` when given, else CUDA when
     a GPU is asked for and faiss has none."""
+    if device is None and not (use_gpu and not gpu_available()):
+        return None
+    import torch
+
     if device is not None:
         return torch.device(device)
-    if use_gpu and not gpu_available() and torch.cuda.is_available():
-        return torch.device("cuda")
-    return None
+    return torch.device("cuda") if torch.cuda.is_available() else None
 
 
 class _Search:
@@ -137,12 +142,18 @@ class _Search:
     def __init__(self, reference: np.ndarray, *, use_gpu: bool, device: str | torch.device | None = None):
         self.reference, self.cpu = reference, None
         self.device = search_device(use_gpu, device)
-        self.torch_reference = (torch.from_numpy(reference).to(self.device) if self.device is not None else None)
+        self.torch_reference = None
+        if self.device is not None:
+            import torch
+
+            self.torch_reference = torch.from_numpy(reference).to(self.device)
         self.gpu = (make_index(reference, use_gpu=True)
                     if use_gpu and self.device is None and gpu_available() else None)
 
     def __call__(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.torch_reference is not None:
+            import torch
+
             with torch.inference_mode():
                 sims = torch.from_numpy(np.ascontiguousarray(x)).to(self.device) @ self.torch_reference.T
                 values, indices = sims.topk(k, dim=1, largest=True, sorted=True)
