@@ -110,6 +110,9 @@ GRIDS = (1, 2, 4, 7)
 CC_DELTA = 1e-5
 #: Pairs iterated together by the Sinkhorn solver (a cache-sized working set; ``_sinkhorn_stream``).
 SINKHORN_WINDOW = 2048
+#: The same on a GPU: enough pairs per kernel launch to fill the device (each pair's
+#: state is a few G^2 x G^2 matrices: 65,536 pairs at G = 4 hold ~70 MB per matrix).
+SINKHORN_WINDOW_CUDA = 1 << 16
 
 
 # ------------------------------------------------------------------ optimal transport
@@ -534,10 +537,11 @@ class DIMLHead(PlainHead):
         ``candidate_ids`` Q x K): the candidates of a few queries are gathered only when
         the solver takes them in, so the Q x K x N x D candidate grids are never built and
         each gathered block is used while it is still in cache."""
-        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long)
-        c_ids = torch.as_tensor(np.asarray(candidate_ids), dtype=torch.long)
-        nq, k = c_ids.shape
         g_emb, g_loc = gallery_fields["embedding"], gallery_fields["local"]
+        # Ids go where the fields are (on a GPU run, the whole re-ranking stays on it).
+        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long).to(query_fields["local"].device)
+        c_ids = torch.as_tensor(np.asarray(candidate_ids), dtype=torch.long).to(g_loc.device)
+        nq, k = c_ids.shape
         flat = g_loc.reshape(len(g_loc), -1)
 
         def candidates(rows: slice):
@@ -579,7 +583,8 @@ class DIMLHead(PlainHead):
             structural[ids] = (u * (rows + self.eps * weighted)).sum(-1)
 
         if nq and k:
-            _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol)
+            window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
+            _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol, window=window)
         score = structural.view(nq, k)
         return score + cosine if self.add_global else score
 
