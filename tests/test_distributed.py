@@ -158,3 +158,40 @@ def test_torchrun_trains_one_tracked_run_with_world_size_two(workdir, tiny_proto
 
     refused = _torchrun("--methods", "sam", "--protocol", str(tiny_protocol), "--device", "cpu", cwd=workdir, env=env)
     assert refused.returncode != 0 and "error: method 'sam' cannot train across 2 processes" in refused.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol):
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]), "OMP_NUM_THREADS": "1"}
+    common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--device", "cpu", "--epochs", "4",
+              "--set", "sampling.batches_per_epoch=6"]
+    reference, interrupted = workdir / "reference", workdir / "interrupted"
+    for folder in (reference, interrupted):
+        folder.mkdir()
+    done = _torchrun(*common, "--json", "ref.json", cwd=reference, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(_free_port()),
+           "-m", "harness", "run", *common, "--json", "out.json"]
+    proc = subprocess.Popen(cmd, cwd=interrupted, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while not list(interrupted.glob("results/checkpoints/*/last.pt")):
+        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both processes
+    proc.wait(timeout=60)
+    (checkpoint,) = interrupted.glob("results/checkpoints/*/last.pt")
+    epoch = torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]
+    assert 1 <= epoch < 4, "the kill must land between the first checkpoint and the end"
+
+    resumed = _torchrun(*common, "--resume", "--json", "out.json", cwd=interrupted, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"after epoch {epoch}" in resumed.stderr
+    got = json.loads((interrupted / "out.json").read_text())[0]
+    expected = json.loads((reference / "ref.json").read_text())[0]
+    assert got["metrics"] == expected["metrics"] and got["world_size"] == 2
