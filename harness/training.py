@@ -593,14 +593,12 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     """One epoch of the training step, queued without waiting on the device: losses are
     summed on the device and read every :data:`SYNC_EVERY` steps and at the end, where a
     non-finite loss stops the run and names its first batch."""
-    model, optimizer, scaler = t.train_model, t.optimizer, t.scaler
+    model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
     torch.manual_seed(seed)  # dropout and random miners (augmentation has per-image seeds)
     t.sampler.set_epoch(epoch)
     model.train()
-    head = t.model.head
     dtype = amp_dtype(device)
-    image_spec = cfg.protocol.image
     gathered = isinstance(t.metric_loss, GatheredMetricLoss)
 
     seen, started = 0, time.perf_counter()
@@ -628,22 +626,14 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     step_loss: list[torch.Tensor] = []
     step = -1
     for step, (images, labels, _) in enumerate(bar):
-        images = normalize_batch(images.to(device, non_blocking=True), image_spec)
-        labels = labels.to(device, non_blocking=True)
-        if device.type == "cuda":
-            images = images.contiguous(memory_format=torch.channels_last)
-        if gathered:
-            t.metric_loss.set_step(cfg.seed, epoch, step)
-        with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
-            out = model(images)
-            terms = head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))
-            loss = sum(terms.values())
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if gathered:
-            average_gradients(t.loss_fn.parameters(), t.procs)
-        scaler.step(optimizer)
-        scaler.update()
+        try:
+            loss, terms = _train_step(cfg, t, model, images, labels, device, dtype, epoch, step, gathered)
+        except Exception:
+            # Weights a non-finite loss has reached can make a later step fail another way
+            # (a miner on NaN distances): the first non-finite batch is the error to report.
+            if step > first_step:
+                check(step - 1)
+            raise
         n = len(images)
         for name, value in (("", loss), *terms.items()):
             value = value.detach().float() * n
@@ -661,6 +651,29 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     totals = {k: float(v) / max(seen, 1) for k, v in sums.items()}
     return {"train_loss": totals.pop("", 0.0), "train_images_per_s": seen / max(elapsed, 1e-9),
             "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+
+
+def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                device: torch.device, dtype: torch.dtype | None, epoch: int, step: int,
+                gathered: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward, the head's loss terms, backward and the optimizer step of one batch."""
+    images = normalize_batch(images.to(device, non_blocking=True), cfg.protocol.image)
+    labels = labels.to(device, non_blocking=True)
+    if device.type == "cuda":
+        images = images.contiguous(memory_format=torch.channels_last)
+    if gathered:
+        t.metric_loss.set_step(cfg.seed, epoch, step)
+    with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
+        out = model(images)
+        terms = t.model.head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))
+        loss = sum(terms.values())
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    if gathered:
+        average_gradients(t.loss_fn.parameters(), t.procs)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    return loss, terms
 
 
 def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:

@@ -18,7 +18,9 @@ from harness.cli import main
 from harness.data.sampling import ClassBalancedBatchSampler, TransformedImages
 from harness.data.transforms import build_transform
 from harness.protocol import load_protocol
-from methods import METHODS, HeadOutput, MethodEntry, PlainHead
+from methods import METHODS, HeadOutput
+from methods.base import MethodEntry
+from methods.plain import PlainHead
 
 
 class _Images:
