@@ -60,11 +60,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from methods import METHODS, check_method_options, list_methods
 
     from .data import DATASETS
+    from .distributed import shutdown
     from .losses import LOSSES
     from .protocol import Deviation, apply_overrides, load_protocol, protocol_dir
     from .reporting import format_results
     from .training import RunConfig, prepare_splits, run_training
 
+    if args.deterministic:  # before anything touches CUDA (cuBLAS reads its workspace setting once)
+        from .accel import CUBLAS_WORKSPACE
+
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    # Under torchrun only process 0 reports (every process trains the same runs).
+    main_process = os.environ.get("RANK", "0") in ("", "0")
     # Validate every name before any work starts.
     DATASETS.get(args.dataset)
     methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -102,9 +109,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
 
     splits = splits_for(seeds[0])
-    print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
+    if main_process:
+        print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
           f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
-          + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
+              + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
     records = []
     for seed in seeds:
         if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
@@ -116,8 +124,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                             workers=args.workers, resume=args.resume, experiment=args.experiment or "",
                             init_from=args.init_from or "", evaluate_only=args.evaluate_only,
                             method_options=dict(protocol.methods.get(method, {})),
+                            deterministic=args.deterministic,
                             **({"checkpoint_root": args.checkpoint_root} if args.checkpoint_root else {}))
-            records.append(run_training(cfg, splits))
+            try:
+                records.append(run_training(cfg, splits))
+            except BaseException:
+                shutdown()  # a process group left open would hang the other processes' exit
+                raise
+    shutdown()
+    if not main_process:
+        return 0
     print(format_results(records))
     if args.json:
         _write_json_atomic(args.json, records)
@@ -252,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", type=Path, help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
+    run.add_argument("--deterministic", action="store_true",
+                     help="deterministic kernels on every device (an op without one is an error), cuDNN "
+                     "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run")
     run.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
                      "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
                      "weights under it even after the folder moved")

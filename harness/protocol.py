@@ -511,11 +511,18 @@ def apply_overrides(
     return _build(Protocol, data), tuple(deviations)
 
 
-def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None) -> str:
-    """Hash of the canonical protocol, the resolved loss and the dataset split (16 hex chars)."""
+def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None,
+                world_size: int = 1) -> str:
+    """Hash of the canonical protocol, the resolved loss and the dataset split (16 hex chars).
+
+    ``world_size``: processes that trained the run together (``torchrun``). The global
+    batch is the protocol's either way, but the arithmetic differs (gathered embeddings,
+    averaged gradients), so runs with other world sizes are not put side by side in one
+    table. Absent from the payload at 1, so single-process fingerprints are unchanged."""
     payload = json.dumps(
         {"protocol": protocol.to_dict(), "split": split_digest, "loss": loss,
-         "loss_args": _jsonable(loss_args or {})},
+         "loss_args": _jsonable(loss_args or {}),
+         **({"world_size": int(world_size)} if world_size != 1 else {})},
         sort_keys=True, separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

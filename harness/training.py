@@ -2,11 +2,18 @@
 
 This module trains; it asks :mod:`harness.evaluation.model` to evaluate,
 :mod:`harness.explain` to log explanations and :mod:`harness.tracking` for the
-store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU), AMP and
-channels-last on CUDA, a checkpoint after every epoch (written atomically), and
-``resume`` that continues from the last checkpoint to exactly the result of an
-uninterrupted run: every source of randomness is re-derived from ``(seed,
-epoch)`` at the start of each epoch, so nothing but tensors has to be saved.
+store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU,
+everywhere with ``--deterministic``), AMP (bf16 where supported, else fp16 with a loss
+scaler) and channels-last on CUDA, a checkpoint after every epoch (written atomically),
+and ``resume`` that continues from the last checkpoint to exactly the result of an
+uninterrupted run: every source of randomness is re-derived from ``(seed, epoch)``
+at the start of each epoch (each image's augmentation from ``(seed, epoch, batch,
+position)``), so nothing but tensors has to be saved, and the loader's workers can
+persist across epochs.
+
+Under ``torchrun`` one run trains across processes (:mod:`harness.distributed`):
+each takes a share of every global batch, the metric loss sees the gathered batch,
+DDP averages gradients, and process 0 alone evaluates, tracks and checkpoints.
 """
 
 from __future__ import annotations
@@ -31,11 +38,20 @@ from tqdm import tqdm
 
 from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
+from .accel import amp_dtype, amp_name, configure_determinism
 from .atomic import atomic_save_torch, atomic_write_text
 from .backbones import Backbone, create_backbone
 from .data import DATASETS, DatasetSplits, cap_per_class, carve_validation, seen_class_control
 from .data.sampling import ClassBalancedBatchSampler, TransformedImages
 from .data.transforms import build_transform, normalize_batch
+from .distributed import (
+    SINGLE_PROCESS,
+    GatheredMetricLoss,
+    Processes,
+    average_gradients,
+    barrier,
+    processes_from_env,
+)
 from .errors import HarnessError
 from .evaluation import (
     PER_QUERY_ARTIFACT,
@@ -85,6 +101,8 @@ class RunConfig:
     tags: dict[str, str] = field(default_factory=dict)
     #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
     epoch_callback: Any = None
+    #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.accel`).
+    deterministic: bool = False
 
 
 class EmbeddingModel(nn.Module):
@@ -300,6 +318,13 @@ class _Training:
     sampler: ClassBalancedBatchSampler
     train_data: TransformedImages
     sampling_note: str
+    #: Built once: with workers, they persist across epochs (each image's augmentation
+    #: seed comes with its index from the sampler, so persistence changes no crop).
+    loader: DataLoader
+    #: The module the training step calls: ``model``, or DDP around it across processes.
+    train_model: nn.Module
+    metric_loss: MetricLoss
+    procs: Processes = SINGLE_PROCESS
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
@@ -315,7 +340,8 @@ class _Training:
             self.scaler.load_state_dict(checkpoint["scaler"])
 
 
-def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device, fp: str = "") -> _Training:
+def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device, fp: str = "", *,
+                    workers: int = 0, procs: Processes = SINGLE_PROCESS) -> _Training:
     protocol = cfg.protocol
     seed_everything(cfg.seed)
     model = build_model(protocol, cfg.method, cfg.method_options)
@@ -335,15 +361,28 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
     sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
                                         samples_per_class=per_class,
-                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed)
+                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed,
+                                        rank=procs.rank, world_size=procs.world_size, sample_seeds=True)
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+    loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
+                        pin_memory=device.type == "cuda")
     miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
                                     loss_miners=protocol.loss.miners))
-    return _Training(model, loss_fn, miner, optimizer,
-                     _scheduler(protocol, optimizer), torch.amp.GradScaler("cuda", enabled=device.type == "cuda"),
-                     sampler, train_data, note)
+    train_model: nn.Module = model
+    metric_loss = MetricLoss(loss_fn, miner)
+    if procs.distributed:
+        # static_graph: the same parameters take part in every step (layers after the
+        # head's last stage never do), which DDP then learns once instead of searching
+        # the graph each step.
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True)
+        metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
+    # A loss scaler only for float16 autocast (bfloat16 has float32's range).
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
+    return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
+                     sampler, train_data, note, loader, train_model, metric_loss, procs)
 
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
@@ -370,21 +409,22 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
     device = resolve_device(cfg.device)
+    configure_determinism(cfg.deterministic, device)
+    procs, device = processes_from_env(device)
+    if procs.distributed:
+        _check_distributable(cfg, procs)
     workers = cfg.workers if cfg.workers is not None else (4 if device.type == "cuda" else 0)
     if device.type == "cpu":
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        # That mode also fills every new tensor with NaN, a debugging aid that changes no
-        # result (kernels overwrite the memory) and cost 15% of CPU training time.
-        torch.utils.deterministic.fill_uninitialized_memory = False
         # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
         torch.set_flush_denormal(True)
     splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
-    fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args)
+    fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args,
+                     world_size=procs.world_size)
     ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
     ckpt_path = ckpt_dir / "last.pt"
     checkpoint, ckpt_digest = None, None
     experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
-    if cfg.resume:  # a run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED
+    if cfg.resume and procs.is_main:  # a run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED
         from .tracking import filter_value, mark_dead_runs_killed
 
         for run_id in mark_dead_runs_killed(experiment, f"tags.run_key = {filter_value(ckpt_dir.name)}"):
@@ -394,13 +434,16 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     if checkpoint is not None:
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
 
-    t = _build_training(cfg, splits, device, fp)
+    t = _build_training(cfg, splits, device, fp, workers=workers, procs=procs)
+    epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
+    if not procs.is_main:
+        return _follow(cfg, t, device, checkpoint, epochs)
     tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
                       run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
         if checkpoint is None or not tracker.resumed:
-            _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note)
+            _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note, procs, device)
             tracker.set_tags({"run_key": ckpt_dir.name})
         else:  # the run's git_commit tag is its first segment's; say which code continued it
             from .tracking import git_commit
@@ -419,10 +462,9 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
                     tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
 
         selection = protocol.selection
-        epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
         select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
         for epoch in range(start_epoch, epochs):
-            record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, workers, epoch, epochs)}
+            record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, epoch, epochs)}
             t.scheduler.step()
             due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
             if selection.mode in select_on and due:
@@ -441,6 +483,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             ckpt_digest = _save_checkpoint({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
                                             "mlflow_run_id": tracker.run_id, "fingerprint": fp},
                                            ckpt_path, ckpt_digest)
+            barrier(procs)  # the other processes wait for this epoch's evaluation and checkpoint
             if cfg.epoch_callback is not None:
                 cfg.epoch_callback(epoch + 1, record)
 
@@ -477,6 +520,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
         log_explanations(t.model, splits, protocol, device, ckpt_dir, tracker)
         tracker.finish("FINISHED")
+        barrier(procs)
     except BaseException as err:
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         try:
@@ -491,17 +535,48 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "protocol": protocol.name, "fingerprint": fp,
             "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
+            "world_size": procs.world_size, "deterministic": cfg.deterministic,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
 
 
-def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str) -> None:
+def _check_distributable(cfg: RunConfig, procs: Processes) -> None:
+    """One line, before anything is built, for a run that cannot train across processes."""
+    if not cfg.protocol.backbone.freeze_bn:
+        raise HarnessError(f"training across {procs.world_size} processes needs frozen BatchNorm "
+                           f"(backbone.freeze_bn = true): trained BatchNorm would normalise by each "
+                           f"process's share, not by the protocol's batch")
+    entry = METHODS.get(cfg.method)
+    reason = entry.cls.cross_process_refusal({**entry.options(), **cfg.method_options})
+    if reason:
+        raise HarnessError(f"method '{cfg.method}' cannot train across {procs.world_size} processes: {reason}")
+
+
+def _follow(cfg: RunConfig, t: _Training, device: torch.device, checkpoint: dict[str, Any] | None,
+            epochs: int) -> dict[str, Any]:
+    """A process other than 0: train its share of every epoch, then wait while process 0
+    evaluates, tracks and checkpoints (returns no record; process 0 reports the run)."""
+    start_epoch = 0
+    if checkpoint is not None:
+        t.restore(checkpoint)
+        start_epoch = checkpoint["epoch"]
+    for epoch in range(start_epoch, epochs):
+        _train_epoch(cfg, t, device, epoch, epochs)
+        t.scheduler.step()
+        barrier(t.procs)
+    barrier(t.procs)  # process 0 tests and saves the selected weights
+    return {}
+
+
+def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
+                      procs: Processes, device: torch.device) -> None:
     from .tracking import environment_tags, flatten, uncommitted_changes
 
     protocol = cfg.protocol
     tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
                         **flatten(cfg.method_options, "method."),
                         "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
-                        "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method})
+                        "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
+                        "world_size": procs.world_size, "deterministic": cfg.deterministic})
     tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
             "method_revision": METHODS.get(cfg.method).cls.revision,
             "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
@@ -511,6 +586,8 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "num_train_images": len(splits.train), "num_test_images": len(splits.test),
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
+            "world_size": procs.world_size, "deterministic": cfg.deterministic,
+            "amp": amp_name(device),
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
@@ -531,53 +608,97 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tracker.log_text(uncommitted_changes(), "source/uncommitted.patch")
 
 
-def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, workers: int, epoch: int,
+#: Training steps between host synchronisations (progress bar, non-finite loss check):
+#: between them the loop only queues work on the device.
+SYNC_EVERY = 25
+
+
+def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
                  epochs: int) -> dict[str, float]:
-    model, loss_fn, miner, optimizer, scaler = t.model, t.loss_fn, t.miner, t.optimizer, t.scaler
+    """One epoch of the training step, queued without waiting on the device: losses are
+    summed on the device and read every :data:`SYNC_EVERY` steps and at the end, where a
+    non-finite loss stops the run and names its first batch."""
+    model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
-    torch.manual_seed(seed)  # augmentation (in-process loading) and any dropout
+    torch.manual_seed(seed)  # dropout and random miners (augmentation has per-image seeds)
     t.sampler.set_epoch(epoch)
-    loader = DataLoader(t.train_data, batch_sampler=t.sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda",
-                        generator=torch.Generator().manual_seed(seed))
     model.train()
-    head = model.head
-    amp = device.type == "cuda"
-    image_spec = cfg.protocol.image
+    dtype = amp_dtype(device)
+    gathered = isinstance(t.metric_loss, GatheredMetricLoss)
 
-    metric_loss = MetricLoss(loss_fn, miner)
-
-    total, seen, started = 0.0, 0, time.perf_counter()
-    term_sums: dict[str, float] = {}
-    bar = tqdm(loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
+    seen, started = 0, time.perf_counter()
+    sums: dict[str, torch.Tensor] = {}  # "" is the total; on the device
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    first_step = 0  # the first step since the last check
+    bar = tqdm(t.loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                disable=None, file=sys.stderr)
-    for step, (images, labels, _) in enumerate(bar):
-        images = normalize_batch(images.to(device, non_blocking=True), image_spec)
-        labels = labels.to(device, non_blocking=True)
-        images = images.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=device.type, enabled=amp):
-            out = model(images)
-            terms = head.loss_terms(out, TrainingBatch(labels, metric_loss, images, model))
-            loss = sum(terms.values())
-        if not torch.isfinite(loss):
+
+    def check(step: int) -> None:
+        """Host sync: raise on a non-finite loss in steps ``first_step..step``."""
+        nonlocal first_step
+        if not bool(finite):
+            bad = next(i for i, ok in enumerate(step_ok) if not bool(ok))
             raise HarnessError(
-                f"loss is {float(loss.detach())} at epoch {epoch + 1}, batch {step + 1} "
-                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+                f"loss is {float(step_loss[bad])} at epoch {epoch + 1}, batch {first_step + bad + 1} "
+                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED")
+        first_step = step + 1
+        step_ok.clear()
+        step_loss.clear()
+        bar.set_postfix(loss=f"{float(sums[''] / max(seen, 1)):.4f}",
+                        img_s=f"{seen / (time.perf_counter() - started):.0f}")
+
+    step_ok: list[torch.Tensor] = []
+    step_loss: list[torch.Tensor] = []
+    step = -1
+    for step, (images, labels, _) in enumerate(bar):
+        try:
+            loss, terms = _train_step(cfg, t, model, images, labels, device, dtype, epoch, step, gathered)
+        except Exception:
+            # Weights a non-finite loss has reached can make a later step fail another way
+            # (a miner on NaN distances): the first non-finite batch is the error to report.
+            if step > first_step:
+                check(step - 1)
+            raise
         fault_point("train_batch")  # test-only hook (harness.faults); nothing when unset
-        total += float(loss.detach()) * len(images)
-        for name, value in terms.items():
-            term_sums[name] = term_sums.get(name, 0.0) + float(value.detach()) * len(images)
-        seen += len(images)
-        rate = seen / (time.perf_counter() - started)
-        bar.set_postfix(loss=f"{float(loss.detach()):.4f}", img_s=f"{rate:.0f}")
+        n = len(images)
+        for name, value in (("", loss), *terms.items()):
+            value = value.detach().float() * n
+            sums[name] = sums[name] + value if name in sums else value
+        ok = torch.isfinite(loss.detach())
+        finite = finite & ok
+        step_ok.append(ok)
+        step_loss.append(loss.detach())
+        seen += n
+        if (step + 1) % SYNC_EVERY == 0:
+            check(step)
+    if step >= first_step:
+        check(step)
     elapsed = time.perf_counter() - started
-    return {"train_loss": total / max(seen, 1), "train_images_per_s": seen / max(elapsed, 1e-9),
-            "train_seconds": elapsed, **{f"train_loss_{k}": v / max(seen, 1) for k, v in term_sums.items()}}
+    totals = {k: float(v) / max(seen, 1) for k, v in sums.items()}
+    return {"train_loss": totals.pop("", 0.0), "train_images_per_s": seen / max(elapsed, 1e-9),
+            "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+
+
+def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                device: torch.device, dtype: torch.dtype | None, epoch: int, step: int,
+                gathered: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward, the head's loss terms, backward and the optimizer step of one batch."""
+    images = normalize_batch(images.to(device, non_blocking=True), cfg.protocol.image)
+    labels = labels.to(device, non_blocking=True)
+    images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
+    if gathered:
+        t.metric_loss.set_step(cfg.seed, epoch, step)
+    with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
+        out = model(images)
+        terms = t.model.head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))
+        loss = sum(terms.values())
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    if gathered:
+        average_gradients(t.loss_fn.parameters(), t.procs)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    return loss, terms
 
 
 def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:

@@ -444,6 +444,12 @@ class AVSLHead(Method):
 
     # -------------------------------------------------------------------- training
 
+    @classmethod
+    def cross_process_refusal(cls, options):
+        return ("its CAM edges are momentum buffers updated from each batch: each process would "
+                "update them from its share, and DistributedDataParallel would overwrite them with "
+                "process 0's; train it in one process")
+
     def loss_terms(self, output, batch):
         """Eq. 10: sum_l w_l L^m(level l) + w_f L^f(d^) (see the module docstring)."""
         labels = batch.labels

@@ -199,6 +199,14 @@ class Method(nn.Module):
             raise HarnessError(f"{type(self).__name__} was not set up with a backbone (call setup first)")
         return self._backbone
 
+    @classmethod
+    def cross_process_refusal(cls, options: dict[str, Any]) -> str:
+        """Why this method (with ``options``, all of them resolved) cannot train across
+        processes (``torchrun``), or "" when it can. It can when every pair term goes
+        through ``batch.metric_loss`` (gathered over processes) and every other loss term
+        is a mean over the batch's images (DDP's average then makes it the global mean)."""
+        return ""
+
     def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Named loss terms, summed by the trainer. Default: the metric loss on the embedding."""
         return {"metric": batch.metric_loss(output.embedding, batch.labels)}

@@ -114,6 +114,9 @@ GRIDS = (1, 2, 4, 7)
 CC_DELTA = 1e-5
 #: Pairs iterated together by the Sinkhorn solver (a cache-sized working set; ``_sinkhorn_stream``).
 SINKHORN_WINDOW = 2048
+#: The same on a GPU: enough pairs per kernel launch to fill the device (each pair's
+#: state is a few G^2 x G^2 matrices: 65,536 pairs at G = 4 hold ~70 MB per matrix).
+SINKHORN_WINDOW_CUDA = 1 << 16
 
 
 # ------------------------------------------------------------------ optimal transport
@@ -541,10 +544,11 @@ class DIMLHead(PlainHead):
         ``candidate_ids`` Q x K): the candidates of a few queries are gathered only when
         the solver takes them in, so the Q x K x N x D candidate grids are never built and
         each gathered block is used while it is still in cache."""
-        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long)
-        c_ids = torch.as_tensor(np.asarray(candidate_ids), dtype=torch.long)
-        nq, k = c_ids.shape
         g_emb, g_loc = gallery_fields["embedding"], gallery_fields["local"]
+        # Ids go where the fields are (on a GPU run, the whole re-ranking stays on it).
+        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long).to(query_fields["local"].device)
+        c_ids = torch.as_tensor(np.asarray(candidate_ids), dtype=torch.long).to(g_loc.device)
+        nq, k = c_ids.shape
         flat = g_loc.reshape(len(g_loc), -1)
 
         def candidates(rows: slice):
@@ -586,7 +590,8 @@ class DIMLHead(PlainHead):
             structural[ids] = (u * (rows + self.eps * weighted)).sum(-1)
 
         if nq and k:
-            _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol)
+            window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
+            _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol, window=window)
         score = structural.view(nq, k)
         return score + cosine if self.add_global else score
 
@@ -610,6 +615,13 @@ class DIMLHead(PlainHead):
         return s, gamma_c / gamma_c.sum(-1, keepdim=True), gamma_q / gamma_q.sum(-1, keepdim=True)
 
     # ------------------------------------------------------------------- training
+
+    @classmethod
+    def cross_process_refusal(cls, options):
+        if options.get("train_structural"):
+            return ("its training mode builds the structural pair matrix from the local batch, so the "
+                    "pairs between processes' shares would be missing; train it in one process")
+        return ""
 
     def loss_terms(self, output, batch):
         """The metric loss; with ``train_structural`` on DIML's pair matrix (App. A.3).

@@ -446,6 +446,12 @@ class SAMHead(Method):
         up = F.interpolate(attention[:, None], size=tuple(size), mode="bilinear", align_corners=False)
         return soft_mask(normalize_attention(up, self.normalize), self.alpha, self.beta)
 
+    @classmethod
+    def cross_process_refusal(cls, options):
+        return ("its similarity mining runs a second pass of the model on masked images and "
+                "differentiates the similarity with autograd.grad, which DistributedDataParallel "
+                "does not support; train it in one process")
+
     def loss_terms(self, output, batch):
         """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of
         (a selection of) the same tuples, through a second pass of ``batch.model``."""

@@ -544,3 +544,30 @@ def test_knn_is_the_exact_top_k_by_similarity_then_index(dim_copies, n, k):
                                                  -sims[q][:, ~q]), axis=1)[:, :k]]
     idx, _ = knn(x[q], x[~q], k)
     np.testing.assert_array_equal(np.flatnonzero(~q)[idx], expected_qg)
+
+
+@pytest.mark.parametrize("dim_copies, n, k", [(1, 260, 30), (64, 1100, 300)])
+def test_torch_search_is_the_same_exact_top_k(dim_copies, n, k):
+    """The torch top-k search (CUDA when faiss has no GPU; run here on the CPU) gives the
+    same (-similarity, index) top k on heavily tied data, at every chunking, and the same
+    ranking as faiss on continuous data."""
+    x, _ = dyadic_data(3, n=n)
+    x = np.tile(x, dim_copies) / np.sqrt(dim_copies).astype(np.float32)
+    for size in (1, 97, 10**6):
+        np.testing.assert_array_equal(knn(x, None, k, chunk_size=size, device="cpu")[0],
+                                      knn(x, None, k, chunk_size=size)[0])
+    q = np.arange(len(x)) % 4 == 0
+    np.testing.assert_array_equal(knn(x[q], x[~q], k, device="cpu")[0], knn(x[q], x[~q], k)[0])
+    w, _ = wide_data()
+    idx, sims = knn(l2_normalize(w), None, 40, device="cpu")
+    idx_faiss, sims_faiss = knn(l2_normalize(w), None, 40)
+    assert_same_ranking_up_to_rounding(idx, sims, idx_faiss, sims_faiss)
+
+
+def test_search_device_prefers_faiss_gpu_then_torch_cuda():
+    from harness.evaluation.knn import gpu_available, search_device
+
+    assert search_device(False) is None
+    assert search_device(False, "cpu") == torch.device("cpu")
+    expected = torch.device("cuda") if torch.cuda.is_available() and not gpu_available() else None
+    assert search_device(True) == expected

@@ -32,17 +32,27 @@ Guarantees
   may differ by a few ulp between chunk sizes (observed up to 1.3e-7), which
   can only reorder near ties. On this project's CI machine they are
   bit-identical; the tests compare them to a stated tolerance (1e-6).
+
+Where the search runs: with ``use_gpu``, faiss's GPU index when this faiss build
+has one (``faiss-gpu``), else torch on the CUDA device (the reference uploaded
+once, one ``chunk x N`` similarity block and ``topk`` per chunk: the same exact
+top k, ties then ordered by index as above), else faiss on the CPU. ``device``
+forces the torch search on a named device (the tests run it on the CPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
 
+if TYPE_CHECKING:  # torch is imported only for a torch search (the CPU suite stays without it)
+    import torch
+
 __all__ = ["knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "make_index",
-           "first_relevant_rank", "gpu_available", "GPU_MAX_K"]
+           "first_relevant_rank", "gpu_available", "search_device", "GPU_MAX_K"]
 
 #: Largest k faiss's GPU flat index accepts; larger searches fall back to the CPU.
 GPU_MAX_K = 2048
@@ -113,14 +123,41 @@ def _min_rows(dim: int) -> int:
     return max(-(-threshold // max(dim, 1)), 32, faiss.omp_get_max_threads())
 
 
-class _Search:
-    """``search(x, k) -> (sims, indices)`` on a GPU index when asked, present and k allows, else the CPU."""
+def search_device(use_gpu: bool, device: str | torch.device | None = None) -> torch.device | None:
+    """The device of a torch search, or None for faiss: ``device`` when given, else CUDA when
+    a GPU is asked for and faiss has none."""
+    if device is None and not (use_gpu and not gpu_available()):
+        return None
+    import torch
 
-    def __init__(self, reference: np.ndarray, *, use_gpu: bool):
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
+class _Search:
+    """``search(x, k) -> (sims, indices)``: faiss on a GPU when asked, present and k allows,
+    torch on ``device`` (see :func:`search_device`), else faiss on the CPU."""
+
+    def __init__(self, reference: np.ndarray, *, use_gpu: bool, device: str | torch.device | None = None):
         self.reference, self.cpu = reference, None
-        self.gpu = make_index(reference, use_gpu=True) if use_gpu and gpu_available() else None
+        self.device = search_device(use_gpu, device)
+        self.torch_reference = None
+        if self.device is not None:
+            import torch
+
+            self.torch_reference = torch.from_numpy(reference).to(self.device)
+        self.gpu = (make_index(reference, use_gpu=True)
+                    if use_gpu and self.device is None and gpu_available() else None)
 
     def __call__(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.torch_reference is not None:
+            import torch
+
+            with torch.inference_mode():
+                sims = torch.from_numpy(np.ascontiguousarray(x)).to(self.device) @ self.torch_reference.T
+                values, indices = sims.topk(k, dim=1, largest=True, sorted=True)
+            return values.cpu().numpy(), indices.cpu().numpy()
         if self.gpu is not None and k <= GPU_MAX_K:
             return self.gpu.search(x, k)
         if self.cpu is None:
@@ -175,7 +212,8 @@ def _widen(search: _Search, query: np.ndarray, rows: np.ndarray, k: int, *, same
 
 
 def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_size: int = 4096,
-             use_gpu: bool = False) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+             use_gpu: bool = False,
+             device: str | torch.device | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """Yield ``(start, stop, indices, sims)`` per chunk of queries; arrays are (stop - start) x k'.
 
     ``query``: Q x D float32; ``reference``: N x D float32, or None to search
@@ -193,7 +231,7 @@ def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_s
             yield start, stop, np.empty((stop - start, 0), np.int64), np.empty((stop - start, 0), np.float32)
         return
     width = min(k + 1, candidates)  # one extra neighbour shows whether a tie straddles the k-th position
-    search = _Search(reference, use_gpu=use_gpu)
+    search = _Search(reference, use_gpu=use_gpu, device=device)
     budget = max(chunk_size, _min_rows(query.shape[1])) * (width + 1)
     for start, stop in bounds:
         ids = np.arange(start, stop)
@@ -207,13 +245,13 @@ def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_s
 
 
 def knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_size: int = 4096,
-        use_gpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        use_gpu: bool = False, device: str | torch.device | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` reference indices (Q x k int64) and similarities (Q x k float32) per query.
 
     ``reference=None`` searches the queries against themselves, each query
     removed from its own list by index. See :func:`iter_knn`.
     """
-    parts = list(iter_knn(query, reference, k, chunk_size=chunk_size, use_gpu=use_gpu))
+    parts = list(iter_knn(query, reference, k, chunk_size=chunk_size, use_gpu=use_gpu, device=device))
     if not parts:
         return np.empty((0, 0), np.int64), np.empty((0, 0), np.float32)
     return np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from ..accel import amp_dtype
 from ..data.sampling import TransformedImages
 from ..data.transforms import build_transform, normalize_batch
 from ..errors import HarnessError
@@ -30,11 +31,13 @@ if TYPE_CHECKING:
     from ..protocol import Protocol
 
 __all__ = ["embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
-           "QUERIES_PER_RERANK_CALL", "PAIRS_PER_CALL"]
+           "QUERIES_PER_RERANK_CALL", "QUERIES_PER_RERANK_CALL_CUDA", "PAIRS_PER_CALL"]
 
 #: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
 #: the gathered fields: queries x K x field size).
 QUERIES_PER_RERANK_CALL = 256
+#: The same on a GPU, where one call should hold enough pairs to fill the device.
+QUERIES_PER_RERANK_CALL_CUDA = 4096
 #: (query, gallery) pairs per ``score_pairs`` call of the exhaustive ranking (a method's memory
 #: is about this many pairs x its field size, e.g. 16,384 x 512 floats = 32 MiB per tensor).
 PAIRS_PER_CALL = 1 << 14
@@ -42,14 +45,22 @@ PAIRS_PER_CALL = 1 << 14
 
 def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
                   gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
-                  queries_per_call: int = QUERIES_PER_RERANK_CALL) -> Reranker:
+                  queries_per_call: int | None = None, device: torch.device | str | None = None) -> Reranker:
     """``(query ids (Q,), candidate ids Q x K) -> Q x K float32 scores`` from the method's
     ``rerank_by_ids`` over stored fields (``gallery_fields=None``: same-source retrieval),
-    ``queries_per_call`` queries at a time."""
-    gallery_fields = query_fields if gallery_fields is None else gallery_fields
+    ``queries_per_call`` queries at a time (default: 256 on the CPU, 4,096 on a GPU).
+    ``device``: where the fields are moved once and the scores computed (default: where
+    they are)."""
+    same = gallery_fields is None
+    gallery_fields = query_fields if same else gallery_fields
     missing = [f for f in method.rerank_fields if f not in query_fields or f not in gallery_fields]
     if missing:
         raise HarnessError(f"re-ranking with {type(method).__name__} needs the fields {missing}")
+    if device is not None:
+        query_fields = {k: query_fields[k].to(device) for k in method.rerank_fields}
+        gallery_fields = query_fields if same else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+    on_cuda = next(iter(query_fields.values())).device.type == "cuda" if query_fields else False
+    queries_per_call = queries_per_call or (QUERIES_PER_RERANK_CALL_CUDA if on_cuda else QUERIES_PER_RERANK_CALL)
 
     @torch.inference_mode()
     def rerank(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
@@ -105,17 +116,19 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda")
     embs, kept = [], {k: [] for k in keep}
-    amp = device.type == "cuda"
+    dtype = amp_dtype(device)
     for batch, _, _ in loader:
         batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
         batch = batch.contiguous(memory_format=torch.channels_last)  # as in training
-        with torch.autocast(device_type=device.type, enabled=amp):
+        with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
             out = model(batch)
-        embs.append(out.embedding.float().cpu())
+        # Kept on the device until the end: a copy to the host per batch would wait for
+        # the batch's forward pass before the next one is queued.
+        embs.append(out.embedding.float())
         for k in keep:
-            kept[k].append(out.field(k).float().cpu())
-    emb = torch.cat(embs).numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
-    return emb, {k: torch.cat(v) for k, v in kept.items()}
+            kept[k].append(out.field(k).float())
+    emb = torch.cat(embs).cpu().numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
+    return emb, {k: torch.cat(v).cpu() for k, v in kept.items()}
 
 
 def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Protocol, dataset: str,
@@ -155,7 +168,8 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
         ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
         ranked["num_ranked_candidates"] = n_gallery
     elif rerank_k > 0:
-        ranked = score(reranker=make_reranker(head, q_fields, g_fields), rerank_k=rerank_k, per_query=per_query)
+        reranker = make_reranker(head, q_fields, None if gallery_set is None else g_fields, device=device)
+        ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
         return score(per_query=per_query)

@@ -1,0 +1,59 @@
+"""Device settings shared by training, evaluation and the benchmarks: mixed precision and
+reproducibility switches.
+
+* :func:`amp_dtype`: bfloat16 autocast on CUDA devices that support it (no loss scaler:
+  bfloat16 has float32's exponent range), float16 with a ``GradScaler`` on older ones,
+  none on CPU (float32).
+* :func:`configure_determinism`: the settings PyTorch's reproducibility notes name
+  (https://pytorch.org/docs/stable/notes/randomness.html): deterministic algorithms
+  (an error on an op that has none), ``cudnn.deterministic``, no cuDNN autotuning, and
+  ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which cuBLAS reads when its first handle is made,
+  so it is set before any CUDA work (the CLI calls this before it builds anything).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["amp_dtype", "amp_name", "configure_determinism", "CUBLAS_WORKSPACE"]
+
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``device``, or None (no autocast)."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def amp_name(device: torch.device) -> str:
+    """``bf16``, ``fp16`` or ``off``: recorded with each run."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[amp_dtype(device)]
+
+
+def configure_determinism(deterministic: bool, device: torch.device | None = None) -> None:
+    """Reproducibility switches for this process.
+
+    ``deterministic``: every op must have a deterministic implementation (else an error
+    names it), cuDNN picks deterministic kernels and does not autotune, cuBLAS gets a
+    fixed workspace. Without it, CPU still runs deterministic kernels where they exist
+    (a warning elsewhere: the harness's own CPU reruns are bit-identical), and CUDA lets
+    cuDNN autotune convolutions for the fixed input size (fast, not bit-repeatable).
+    """
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    elif device is not None and device.type == "cuda":
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cudnn.benchmark = True
+    else:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    # Deterministic mode also fills every new tensor with NaN, a debugging aid that changes
+    # no result (kernels overwrite the memory) and cost 15% of CPU training time.
+    torch.utils.deterministic.fill_uninitialized_memory = False
