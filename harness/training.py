@@ -506,9 +506,10 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
         tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if test.per_query is not None:
+        per_query = getattr(test, "per_query", None)  # a plain dict of scores carries none
+        if per_query is not None:
             per_query_path = ckpt_dir / Path(PER_QUERY_ARTIFACT).name
-            save_per_query(per_query_path, test.per_query)
+            save_per_query(per_query_path, per_query)
             tracker.log_artifact(per_query_path, str(Path(PER_QUERY_ARTIFACT).parent))
         model_path = ckpt_dir / "model.pt"
         model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
