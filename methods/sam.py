@@ -488,6 +488,22 @@ class SAMHead(Method):
             m = self.attention(a, e, f, w, create_graph=False)
         return upsample_maps(m.detach()[:, None], images.shape[-2:])
 
+    def pair_maps(self, query, gallery, same):
+        """Eq. 1 for P pairs at once, on the feature map of ``stage``: each image's similarity
+        attention under the Siamese weight of Sec. 3.1.1, w = 1 - |f_q - f_g| for a same-class
+        pair (what makes it similar), |f_q - f_g| for a pair of two classes (what tells it
+        apart). P x h x w each."""
+        maps = [query.extras.get("map"), gallery.extras.get("map")]
+        if maps[0] is None or maps[1] is None:
+            return None
+        grad = nullcontext() if self.closed_form else torch.enable_grad()
+        with torch.inference_mode(False), self._fp32(maps[0].device), grad:
+            leaves = [m.detach().clone().float().requires_grad_(not self.closed_form) for m in maps]
+            (e_q, f_q), (e_g, f_g) = (self.features32(a) for a in leaves)
+            w = pair_weights(f_q.detach(), f_g.detach(), torch.as_tensor(same, device=f_q.device))
+            return tuple(self.attention(a, e, f, w, create_graph=False).detach()
+                         for a, e, f in ((leaves[0], e_q, f_q), (leaves[1], e_g, f_g)))
+
     def pair_figure(self, query_image, gallery_image, query, gallery, path):
         """Fig. 4 style for one pair: each image with its similarity attention under the
         positive-pair weight w = 1 - |f_q - f_g|, in closed form from the per-location
