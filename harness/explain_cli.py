@@ -61,7 +61,7 @@ from .explain_scores import (
     curve_auc,
     mean_interval,
     part_shares,
-    perturbation_masks,
+    perturbation_curves,
     random_scores,
     region_scores,
 )
@@ -361,11 +361,25 @@ def _maps(ctx: RunContext, pairs: Pairs, batch: int) -> tuple[PairMaps | None, P
 # ------------------------------------------------------------------------ scores
 
 
+def _uniform_if_empty(maps: torch.Tensor) -> torch.Tensor:
+    """Maps without mass (a Grad-CAM whose ReLU keeps nothing) read as uniform: no pixel is
+    preferred, which is also how the deletion order treats them (ties broken at random)."""
+    empty = maps.flatten(1).sum(1) <= 0
+    return torch.where(empty[:, None, None], torch.ones_like(maps), maps)
+
+
+def _empty_maps(sources: dict[str, PairMaps]) -> str:
+    counts = {name: int((m.query.flatten(1).sum(1) <= 0).sum() + (m.gallery.flatten(1).sum(1) <= 0).sum())
+              for name, m in sources.items()}
+    return ", ".join(f"{name} {count}" for name, count in counts.items() if count)
+
+
 def _ground_truth_scores(maps: PairMaps, labels_q: torch.Tensor, labels_g: torch.Tensor, pairs: Pairs,
                          parts: list[str]) -> dict[str, np.ndarray]:
     """Per pair: object share and per-part shares, and (near-miss pairs) the differing part's
     share, its area share and the pointing game; each the mean over the pair's two images."""
     out: dict[str, np.ndarray] = {}
+    maps = PairMaps(_uniform_if_empty(maps.query), _uniform_if_empty(maps.gallery))
     shares = [part_shares(m, lab, len(parts)) for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))]
     mean_shares = ((shares[0] + shares[1]) / 2).numpy()
     out["object_share"] = 1 - mean_shares[:, 0]
@@ -380,42 +394,22 @@ def _ground_truth_scores(maps: PairMaps, labels_q: torch.Tensor, labels_g: torch
     return out
 
 
-@torch.inference_mode()
-def _curves(ctx: RunContext, pairs: Pairs, order_maps: dict[str, torch.Tensor], full_emb: torch.Tensor,
-            gallery_emb: torch.Tensor, seed: int, batch: int) -> dict[str, dict[str, np.ndarray]]:
-    """Deletion and insertion curves of the pair's target score, query side, for each
-    pixel order in ``order_maps`` (name -> P x H x W), given the intact query's and the
-    gallery image's embeddings (P x D). Returns name -> {"fractions", "deletion": P x S,
-    "insertion": P x S} with values (1 + t) / 2 in [0, 1]. The inner steps of several
-    pairs go through the model as one batch of about ``batch`` images."""
+def _curves(ctx: RunContext, pairs: Pairs, order_maps: dict[str, torch.Tensor], gallery_emb: torch.Tensor,
+            seed: int, batch: int) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`~harness.explain_scores.perturbation_curves` of the pairs' query side for each
+    pixel order in ``order_maps`` (name -> P x H x W): name -> {"fractions", "deletion",
+    "insertion"} (P x S each)."""
     generator = torch.Generator().manual_seed(seed)
-    n = len(pairs.query)
-    sign = torch.where(torch.as_tensor(pairs.same), 1.0, -1.0).to(ctx.device)
-    full_emb, gallery_emb = full_emb.to(ctx.device), gallery_emb.to(ctx.device)
-    size = ctx.protocol.image.size
-    blank_emb = ctx.model(torch.zeros(1, 3, size, size, device=ctx.device)).embedding.float()
-    full = (1 + sign * (full_emb * gallery_emb).sum(-1)) / 2
-    blank = (1 + sign * (blank_emb * gallery_emb).sum(-1)) / 2
+    queries = _images(ctx, pairs.query)
+    same = torch.as_tensor(pairs.same)
+
+    def embed(images):
+        return ctx.model(images).embedding
+
     out = {}
     for name, scores in order_maps.items():
-        fractions, _ = perturbation_masks(scores[:1], generator=generator)  # the step fractions only
-        steps = len(fractions)
-        deletion = torch.empty(n, steps, dtype=torch.float64)
-        insertion = torch.empty(n, steps, dtype=torch.float64)
-        deletion[:, 0], deletion[:, -1] = full.cpu(), blank.cpu()
-        insertion[:, 0], insertion[:, -1] = blank.cpu(), full.cpu()
-        per_chunk = max(1, batch // (2 * (steps - 2)))  # pairs whose inner steps fill one forward batch
-        for start in range(0, n, per_chunk):
-            rows = slice(start, min(n, start + per_chunk))
-            _, masks = perturbation_masks(scores[rows], generator=generator)
-            masks = masks[:, 1:-1].to(ctx.device)                          # p x (S - 2) x H x W
-            q = _images(ctx, pairs.query[rows])[:, None]                   # p x 1 x 3 x H x W
-            keep = masks[:, :, None]
-            batch_images = torch.cat([q * ~keep, q * keep]).flatten(0, 1)  # deletion, then insertion
-            emb = ctx.model(batch_images).embedding.float().view(2, -1, steps - 2, blank_emb.shape[-1])
-            t = (emb * gallery_emb[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
-            values = ((1 + t) / 2).cpu().double()
-            deletion[rows, 1:-1], insertion[rows, 1:-1] = values[0], values[1]
+        fractions, deletion, insertion = perturbation_curves(embed, queries, gallery_emb, same, scores,
+                                                             generator=generator, batch=batch)
         out[name] = {"fractions": fractions.numpy(), "deletion": deletion.numpy(), "insertion": insertion.numpy()}
     return out
 
@@ -540,6 +534,9 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
     sources = {"baseline": baseline_maps} if method_maps is None else {"method": method_maps,
                                                                         "baseline": baseline_maps}
     per_pair: dict[str, dict[str, np.ndarray]] = {name: {} for name in sources}
+    empty = _empty_maps(sources)
+    if empty:
+        notes.append(f"maps with no mass at all (scored as uniform), of {2 * len(chosen.query)} per source: {empty}")
     labels_q, labels_g = _part_labels(ctx, chosen.query), _part_labels(ctx, chosen.gallery)
     parts = list(ctx.splits.extras.get("parts", []))
     if labels_q is None or not parts:
@@ -555,7 +552,7 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
     m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
     orders = {name: maps.query[:m] for name, maps in sources.items()}
     orders["random"] = random_scores((m, size, size), torch.Generator().manual_seed(seed + 1))
-    curves = _curves(ctx, _first(chosen, m), orders, emb_q[:m], emb_g[:m], seed, batch=PERTURB_BATCH)
+    curves = _curves(ctx, _first(chosen, m), orders, emb_g[:m], seed, batch=PERTURB_BATCH)
     for name in sources:
         for kind in ("deletion", "insertion"):
             per_pair[name][f"{kind}_auc"] = curve_auc(torch.as_tensor(curves[name][kind]),
@@ -594,7 +591,7 @@ def _log_to_run(ctx: RunContext, record: dict[str, Any], figures: list[Path]) ->
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
-    metrics = {"explain_pairs": float(record["pairs"])}
+    metrics = {"explain_pairs": float(record["pairs"]), "explain_curve_pairs": float(record["curve_pairs"])}
     for source in ("method", "baseline"):
         scores = record.get(source)
         for key, value in (scores or {}).items():

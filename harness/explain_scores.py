@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 __all__ = ["part_shares", "region_scores", "pixel_order_masks", "perturbation_masks", "random_scores",
-           "curve_auc", "mean_interval", "STEP"]
+           "perturbation_curves", "curve_auc", "mean_interval", "STEP"]
 
 #: Fraction of the image removed or revealed per step of the deletion / insertion curves.
 STEP = 0.05
@@ -107,15 +107,51 @@ def random_scores(shape: tuple[int, ...], generator: torch.Generator | None = No
     return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
+@torch.inference_mode()
+def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.Tensor, same: torch.Tensor,
+                        scores: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
+                        batch: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deletion and insertion curves of P pairs' target scores (RISE Sec. 4.1, for a similarity).
+
+    ``embed``: images -> unit embeddings (N x D); ``queries``: P x 3 x H x W normalised
+    images, perturbed; ``gallery_embeddings``: P x D, the partners, intact; ``same``: P
+    bools, the target being t = cos for a same-class pair and -cos otherwise; ``scores``:
+    P x H x W, the pixel order (most-attributed first). Deletion sets the first k pixels of
+    the query to 0 (the normalised input's mean colour), insertion keeps only them. Returns
+    (fractions S, deletion P x S, insertion P x S) with values (1 + t) / 2 in [0, 1]; the
+    inner steps of several pairs go through ``embed`` as one batch of about ``batch`` images."""
+    n, device = len(queries), queries.device
+    sign = torch.where(torch.as_tensor(same, device=device), 1.0, -1.0)
+    gallery = gallery_embeddings.float().to(device)
+    steps = int(round(1 / step)) + 1
+    deletion = torch.empty(n, steps, dtype=torch.float64)
+    insertion = torch.empty(n, steps, dtype=torch.float64)
+    fractions = torch.linspace(0, 1, steps, dtype=torch.float64)
+    per_chunk = max(1, batch // (2 * steps))
+    for start in range(0, n, per_chunk):
+        rows = slice(start, min(n, start + per_chunk))
+        fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
+        keep = masks.to(device)[:, :, None]                                 # p x S x 1 x H x W
+        q = queries[rows][:, None]
+        images = torch.cat([q * ~keep, q * keep]).flatten(0, 1)            # deletion, then insertion
+        emb = embed(images).float().view(2, -1, steps, gallery.shape[-1])
+        t = (emb * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
+        values = ((1 + t) / 2).double().cpu()
+        deletion[rows], insertion[rows] = values[0], values[1]
+    return fractions, deletion, insertion
+
+
 def curve_auc(values: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
     """Area under curves (... x S) over ``fractions`` (S, from 0 to 1) by the trapezoidal
     rule. Values in [0, 1] give an area in [0, 1]."""
     return torch.trapezoid(values.double(), fractions.double().to(values.device), dim=-1)
 
 
-def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+def mean_interval(values, confidence: float = 0.95, bounds: tuple[float, float] = (0.0, 1.0)
+                  ) -> tuple[float, float, float]:
     """Mean and two-sided ``confidence`` t-interval of the finite ``values`` (NaN when none;
-    the interval collapses to the mean for a single value)."""
+    the interval collapses to the mean for a single value), clipped to ``bounds`` (every
+    score here lies in [0, 1]; a t-interval over few pairs can reach past it)."""
     from scipy import stats
 
     x = np.asarray(values, dtype=np.float64).ravel()
@@ -126,4 +162,4 @@ def mean_interval(values, confidence: float = 0.95) -> tuple[float, float, float
     if x.size == 1:
         return mean, mean, mean
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return mean, mean - half, mean + half
+    return mean, max(bounds[0], mean - half), min(bounds[1], mean + half)
