@@ -74,9 +74,9 @@ SCORE_KEYS = ("pointing_game", "discriminative_part_share", "chance_part_share",
               "deletion_auc", "insertion_auc", "random_deletion_auc", "random_insertion_auc")
 #: Images per forward pass of the perturbation curves.
 PERTURB_BATCH = 256
-#: Pairs whose deletion / insertion curves are measured by default: each pair costs 19 inner
-#: steps x (deletion, insertion) x 3 pixel orders = 114 forward passes, so 48 pairs take
-#: 5,472, the bulk of the command's time on a CPU (``--curve-pairs`` sets it).
+#: Pairs whose deletion / insertion curves are measured by default: each pair costs 21
+#: steps x (deletion, insertion) x 3 pixel orders = 126 forward passes, so 48 pairs take
+#: 6,048, the bulk of the command's time on a CPU (``--curve-pairs`` sets it).
 CURVE_PAIRS = 48
 
 

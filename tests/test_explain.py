@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.cli import main
-from harness.explain_cli import near_miss_class_pairs
+from harness.explain_cli import _rows, near_miss_class_pairs, similarity_gradcam
 from harness.explain_scores import (
     curve_auc,
     mean_interval,
@@ -21,6 +21,7 @@ from harness.explain_scores import (
     perturbation_curves,
     region_scores,
 )
+from methods import list_methods
 
 
 def _labels() -> torch.Tensor:
@@ -183,3 +184,23 @@ def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tin
     assert "| agrouping | own maps |" in markdown and "| plain | Grad-CAM baseline |" in markdown
     assert "| plain | own maps |" not in markdown
     assert r"\begin{tabular}" in (workdir / "table.tex").read_text()
+
+
+@pytest.mark.parametrize("name", list_methods(ablations=False))
+def test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one(name):
+    from tests.test_conformance import IMAGE, build
+
+    model = build(name).eval()
+    gen = torch.Generator().manual_seed(0)
+    queries, gallery = torch.randn(3, 3, *IMAGE, generator=gen), torch.randn(3, 3, *IMAGE, generator=gen)
+    same = torch.tensor([True, False, True])
+    cam_q, cam_g, out = similarity_gradcam(model, queries, gallery, same)
+    assert cam_q.shape[0] == cam_g.shape[0] == 3 and (cam_q >= 0).all() and (cam_g >= 0).all()
+    with torch.no_grad():
+        maps = model.head.pair_maps(_rows(out, slice(0, 3)), _rows(out, slice(3, None)), same)
+    has_maps = name not in ("plain", "mgrouping", "cgrouping", "ngrouping")
+    assert (maps is not None) == has_maps
+    if maps is not None:
+        for m in maps:
+            assert m.dim() == 3 and m.shape[0] == 3 and torch.isfinite(m).all() and (m >= 0).all()
+            assert (m.flatten(1).sum(1) > 0).all()
