@@ -520,7 +520,7 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
                 out_dir: Path, batch: int = 64, figures: bool = True) -> dict[str, Any]:
     """Everything ``explain`` computes for one rebuilt run; returns the JSON record.
     Maps and part scores cover all ``pairs``; the deletion / insertion curves the first
-    ``curve_pairs`` of them (each costs 2 x 19 forward passes per pixel order)."""
+    ``curve_pairs`` of them (each costs 2 x 21 forward passes per pixel order)."""
     started = time.perf_counter()
     notes = []
     rng = np.random.default_rng(seed)
