@@ -1,4 +1,5 @@
-"""``python -m harness``: run, evaluate, sweep, tune, table, datasets, methods, ui.
+"""``python -m harness``: run, evaluate, sweep, tune, table, explain,
+explain-table, datasets, methods, ui.
 
 Every user error is one line on stderr and exit status 2; nothing is written
 until a command has its result (``--json`` files are written atomically).
@@ -286,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     from .evaluate_cli import add_evaluate_parser
+    from .explain_cli import add_explain_parser
+    from .explain_table import add_explain_table_parser
     from .sweep import add_sweep_parser
     from .tables import add_table_parser
     from .tune import add_tune_parser
@@ -294,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub)
     add_tune_parser(sub)
     add_table_parser(sub)
+    add_explain_parser(sub)
+    add_explain_table_parser(sub)
 
     ds = sub.add_parser("datasets", help="list datasets, whether each is found locally and where")
     ds.add_argument("--data-root", type=Path)

@@ -10,6 +10,8 @@ attention, a gate's masks, a similarity map) can use these.
   that channel is strongest, map overlaid (A-grouping Figs. 3-4); written as a PNG.
 * :func:`part_attention_mass`: the share of each channel's mass on the background
   and on each annotated part (a number for "group 2 looks at the head").
+* :func:`grouped_pair_maps`: one map per image of a (query, gallery) pair from the
+  per-group maps of a head whose similarity is the mean of per-group cosines.
 
 Matplotlib is driven through its Agg canvas directly (no ``pyplot``), so calling
 these never changes the process's global backend or leaks open figures.
@@ -25,7 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["upsample_maps", "minmax_normalize", "attention_figure", "part_attention_mass", "log_explanations"]
+__all__ = ["upsample_maps", "minmax_normalize", "attention_figure", "part_attention_mass", "log_explanations",
+           "grouped_pair_maps"]
 
 RANKINGS = ("max", "mass", "concentration")
 
@@ -45,6 +48,23 @@ def upsample_maps(maps: torch.Tensor, size: Sequence[int], *, normalize: bool = 
     out = F.interpolate(maps.detach().float(), size=tuple(int(s) for s in size), mode="bilinear",
                         align_corners=False)
     return minmax_normalize(out) if normalize else out
+
+
+def grouped_pair_maps(query_maps: torch.Tensor, gallery_maps: torch.Tensor, query_groups: torch.Tensor,
+                      gallery_groups: torch.Tensor, same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair maps of a grouped head (A-grouping, G-grouping, DIABLO): the cosine of two
+    embeddings is the mean of their P per-group cosines c_p (each group unit-norm), so each
+    image's map is its P group maps (P x B x K x h x w -> B x h x w) weighted by the group's
+    share of the pair's similarity, 1 + c_p, for a same-class pair, or of its distance,
+    ``||g_p - g'_p||^2 / 2 = 1 - c_p``, for a pair of two classes (both non-negative).
+
+    ``*_maps``: B x P x h x w non-negative (attention, gates); ``*_groups``: B x P x d unit
+    vectors; ``same``: B bools. A harness choice: the papers draw the group maps one by one."""
+    cos = (query_groups.float() * gallery_groups.float()).sum(-1)                 # B x P
+    sign = torch.where(torch.as_tensor(same, device=cos.device)[:, None], 1.0, -1.0)
+    weight = (1 + sign * cos).clamp_min(0)[..., None, None]
+    return ((weight * query_maps.float().clamp_min(0)).sum(1),
+            (weight * gallery_maps.float().clamp_min(0)).sum(1))
 
 
 def _numpy(x) -> np.ndarray:

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.explain import upsample_maps
+from harness.explain import grouped_pair_maps, upsample_maps
 
 from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
@@ -325,6 +325,17 @@ class GroupingHead(Method):
         if maps is None:
             return None
         return upsample_maps(maps, images.shape[-2:])
+
+    def pair_maps(self, query, gallery, same):
+        """Eq. 9's raw maps (attention, or G-grouping's gates) of each image, weighted by each
+        group's share of the pair's (dis)similarity (:func:`~harness.explain.grouped_pair_maps`);
+        None for the M-, C- and N-grouping heads, which have no spatial maps."""
+        def maps(out):
+            return out.attention if out.attention is not None else out.extras.get("gate_maps")
+
+        if maps(query) is None or maps(gallery) is None:
+            return None
+        return grouped_pair_maps(maps(query), maps(gallery), query.groups, gallery.groups, same)
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):

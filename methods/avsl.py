@@ -427,6 +427,37 @@ class AVSLHead(Method):
                                       path.with_name(f"{path.stem}_fig7.png")),
                 data]
 
+    @torch.no_grad()
+    def pair_maps(self, query, gallery, same):
+        """Eq. 11 drawn on the images: every node's weight lambda_i^l (P pairs at once) on its
+        normalised CAM (the one of Eq. 5: min-shifted, L1-normalised), summed over the nodes
+        and the levels (each level's map resized to the finest level's grid).
+
+        A pair of two classes is explained by the nodes' contributions to the distance,
+        lambda_i^l delta_i^l (Eq. 11, summing to d^); a same-class pair by lambda_i^l
+        relu(e_i e'_i), the node's term of the cosine (for unit vectors d^l = 2 - 2 sum_i
+        e_i e'_i): a harness choice, the paper attributes the distance only."""
+        def fields(out):
+            return _stacked(out.levels).float(), out.extras["certainty"].float()
+
+        (xl, xc), (yl, yc) = fields(query), fields(gallery)
+        lam, contributions = attribution(xl, yl, xc, yc, self.edge_matrices(), list(self.alphas),
+                                         list(self.betas), gain=self.reliability_gain, rectify=self.rectify)
+        same = torch.as_tensor(same, device=lam.device)[:, None, None]
+        weights = torch.where(same, lam * (xl * yl).clamp_min(0), contributions).clamp_min(0)  # P x L x r
+        size = tuple(query.cams[0].shape[-2:])
+
+        def draw(cams):
+            total = 0
+            for level, cam in enumerate(cams):
+                u = cam.float().flatten(2)
+                u = F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)          # P x r x hw
+                m = torch.einsum("pr,prk->pk", weights[:, level], u).view(-1, 1, *cam.shape[-2:])
+                total = total + F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
+            return total
+
+        return draw(query.cams), draw(gallery.cams)
+
     def explain(self, images, output):
         """Per level (K = L maps), the mean of the nodes' normalised CAMs at image size, in [0, 1]."""
         if not output.cams:

@@ -25,6 +25,8 @@ hook                        carries
 ``explain``                 explanation maps (B x K x H x W) for images
 ``pair_figure``             a figure explaining one (query, gallery) similarity
 ``triplet_figure``          a figure explaining an (anchor, positive, negative) triplet
+``pair_maps``               maps explaining P (query, gallery) pairs, as data (scored by
+                            ``python -m harness explain``)
 ``optimizer_groups``        per-part learning rates / weight decay of the head
 ``search_space``            the method's Optuna search space
 ==========================  ==============================================================
@@ -239,6 +241,17 @@ class Method(nn.Module):
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""
+        return None
+
+    def pair_maps(self, query: HeadOutput, gallery: HeadOutput,
+                  same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Maps explaining P (query, gallery) pairs, or None (the method has none).
+
+        ``query`` / ``gallery``: this head's outputs (eval mode) for the P query and the P
+        gallery images, row i = pair i; ``same``: P bools, whether pair i is of one class.
+        As SAM's Siamese weights do (Sec. 3.1.1), a positive pair is explained by what makes
+        it similar and a negative one by what makes it dissimilar. Returns (P x h x w,
+        P x h' x w'), non-negative, at feature resolution (the harness resizes them)."""
         return None
 
     def pair_figure(self, query_image: torch.Tensor, gallery_image: torch.Tensor, query: HeadOutput,

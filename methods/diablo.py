@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.errors import HarnessError
-from harness.explain import upsample_maps
+from harness.explain import grouped_pair_maps, upsample_maps
 
 from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
@@ -226,6 +226,12 @@ class DiabloHead(Method):
         A^(n) (feature-wise), or each entry's share of the feature energy per location
         (dimension-wise, :func:`feature_energy_share`)."""
         return upsample_maps(output.attention, images.shape[-2:])
+
+    def pair_maps(self, query, gallery, same):
+        """The N entries' maps of each image (the ones :meth:`explain` draws), weighted by
+        each branch's share of the pair's (dis)similarity: the embedding's cosine is the mean
+        of the N branch cosines (:func:`~harness.explain.grouped_pair_maps`)."""
+        return grouped_pair_maps(query.attention, gallery.attention, query.groups, gallery.groups, same)
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):

@@ -701,6 +701,23 @@ class DIMLHead(PlainHead):
         hi = maps.amax(dim=(-2, -1), keepdim=True)
         return ((maps - lo) / (hi - lo).clamp_min(1e-12)).clamp(0, 1)
 
+    @torch.no_grad()
+    def pair_maps(self, query, gallery, same):
+        """Fig. 5 as data, for P pairs at once: each cell's part of the transport. With the
+        plan T of Eq. 4 (cost 1 - S), a query cell i carries sum_j T_ij S_ij of the structural
+        similarity (Eq. 5) and sum_j T_ij (1 - S_ij) of the transport cost; a same-class pair
+        is explained by the first, a pair of two classes by the second (a gallery cell: the
+        sums over i). Negative contributions (S < 0) are clipped to 0. Returns two P x G x G
+        maps."""
+        if query.local is None or gallery.local is None:
+            return None
+        plan, s, _, _ = transport_plans(query.local.float(), gallery.local.float(), query.embedding.float(),
+                                        gallery.embedding.float(), plan_grad=False, **self._options())
+        same = torch.as_tensor(same, device=s.device)[:, None, None]
+        parts = (plan * torch.where(same, s, 1 - s)).clamp_min(0)
+        g = self.grid
+        return parts.sum(2).view(-1, g, g), parts.sum(1).view(-1, g, g)
+
     def explain_pair(self, query_out, gallery_out) -> PairExplanation:
         """:func:`explain_pair` with this head's marginals, eps and Sinkhorn settings."""
         return explain_pair(query_out, gallery_out, **self._options())

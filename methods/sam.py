@@ -102,8 +102,8 @@ masked pass updates them too, as a second forward of the same network does.
 Explanation (not a training choice): :meth:`SAMHead.explain` gives, per image, the
 similarity attention of the image with its nearest neighbour in the batch under the
 Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is similar; an
-image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the same for a
-(query, gallery) pair as data, :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive /
+image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the same for
+(query, gallery) pairs as data (what ``harness explain`` scores), :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive /
 negative maps under the triplet weight, both in closed form on the last map; the run logs
 them as figures (:meth:`SAMHead.pair_figure`, :meth:`SAMHead.triplet_figure`).
 """
@@ -501,6 +501,22 @@ class SAMHead(Method):
             m = self.attention(a, e, f, w, create_graph=False)
         return upsample_maps(m.detach()[:, None], images.shape[-2:])
 
+    def pair_maps(self, query, gallery, same):
+        """Eq. 1 for P pairs at once, on the feature map of ``stage``: each image's similarity
+        attention under the Siamese weight of Sec. 3.1.1, w = 1 - |f_q - f_g| for a same-class
+        pair (what makes it similar), |f_q - f_g| for a pair of two classes (what tells it
+        apart). P x h x w each."""
+        maps = [query.extras.get("map"), gallery.extras.get("map")]
+        if maps[0] is None or maps[1] is None:
+            return None
+        grad = nullcontext() if self.closed_form else torch.enable_grad()
+        with torch.inference_mode(False), self._fp32(maps[0].device), grad:
+            leaves = [m.detach().clone().float().requires_grad_(not self.closed_form) for m in maps]
+            (e_q, f_q), (e_g, f_g) = (self.features32(a) for a in leaves)
+            w = pair_weights(f_q.detach(), f_g.detach(), torch.as_tensor(same, device=f_q.device))
+            return tuple(self.attention(a, e, f, w, create_graph=False).detach()
+                         for a, e, f in ((leaves[0], e_q, f_q), (leaves[1], e_g, f_g)))
+
     @torch.no_grad()
     def local_attention(self, outputs: list[HeadOutput], w: torch.Tensor, image_size=(1, 1)) -> list[torch.Tensor]:
         """Eq. 1 in closed form for each image of a tuple under the tuple's weight ``w``,
@@ -523,10 +539,11 @@ class SAMHead(Method):
     def _unit(self, out: HeadOutput) -> torch.Tensor:
         return F.normalize(out.local[0].float().cpu().mean(0) + self.project.bias.detach().float().cpu(), dim=-1)
 
-    def pair_maps(self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The similarity attention of a (query, gallery) pair as data: two h x w maps
-        under the Siamese weight (w = 1 - |f_q - f_g| for ``same``, else |f_q - f_g|)."""
+    def local_pair_maps(self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
+                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One (query, gallery) pair's similarity attention in closed form from ``local``
+        (what the run's figure draws): two h x w maps under the Siamese weight (w = 1 -
+        |f_q - f_g| for ``same``, else |f_q - f_g|)."""
         if query.local is None or gallery.local is None:
             return None
         w = pair_weights(self._unit(query), self._unit(gallery), same)
@@ -544,8 +561,8 @@ class SAMHead(Method):
 
     def pair_figure(self, query_image, gallery_image, query, gallery, path):
         """A (query, gallery) pair in the style of Fig. 4: each image with its similarity
-        attention under the positive-pair weight w = 1 - |f_q - f_g| (:meth:`pair_maps`)."""
-        maps = self.pair_maps(query, gallery, image_size=query_image.shape[-2:])
+        attention under the positive-pair weight w = 1 - |f_q - f_g| (:meth:`local_pair_maps`)."""
+        maps = self.local_pair_maps(query, gallery, image_size=query_image.shape[-2:])
         if maps is None:
             return None
         cosine = float(self._unit(query) @ self._unit(gallery))

@@ -441,5 +441,5 @@ def test_triplet_maps_are_eq_1_under_the_triplet_weight_and_fig_4_is_logged_with
     with np.load(written[1]) as data:
         assert sorted(data.files) == ["anchor", "negative", "positive"]
         np.testing.assert_allclose(data["negative"], maps[2].numpy())
-    q, g = head.pair_maps(out.select(0), out.select(1), image_size=IMAGE)
+    q, g = head.local_pair_maps(out.select(0), out.select(1), image_size=IMAGE)
     assert q.shape == maps[0].shape and not torch.equal(q, maps[0])  # the pair weight is another w
