@@ -529,7 +529,7 @@ class SAMHead(Method):
         bias = self.project.bias.detach().float().cpu()
         maps = []
         for out in outputs:
-            loc = out.local[0].float().cpu()
+            loc = out.local[0].detach().float().cpu()
             e = loc.mean(0) + bias
             f = F.normalize(e, dim=-1)
             g = (w - (w @ f) * f) / e.norm().clamp_min(_EPS)
@@ -537,7 +537,8 @@ class SAMHead(Method):
         return maps
 
     def _unit(self, out: HeadOutput) -> torch.Tensor:
-        return F.normalize(out.local[0].float().cpu().mean(0) + self.project.bias.detach().float().cpu(), dim=-1)
+        return F.normalize(out.local[0].detach().float().cpu().mean(0) + self.project.bias.detach().float().cpu(),
+                           dim=-1)
 
     def local_pair_maps(self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
