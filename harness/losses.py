@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
@@ -27,7 +28,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner", "step_seed",
            "miner_for", "loss_defaults"]
 
 
@@ -304,6 +305,13 @@ def create_miner(name: str, args: dict[str, Any] | None = None):
 _MINE = object()
 
 
+def step_seed(seed: int, epoch: int, step: int, *, draw: int = 0) -> int:
+    """The seed of a training step's ``draw``-th random mining: a function of these
+    numbers alone, the same on every process."""
+    entropy = [seed, epoch, step, 1] + ([draw] if draw else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
 class MetricLoss:
     """The run's metric loss as a plugin receives it: the loss (one instance, or one per
     group / level when the head asks for ``metric_loss_copies`` > 1, each with its own
@@ -314,11 +322,36 @@ class MetricLoss:
     pass reuses the first pass's tuples: ``idx = metric_loss.mine(e, y)``, then
     ``metric_loss(e, y, indices=idx)``). Embeddings are cast to float32 (AMP).
     The instances themselves belong to the trainer (optimised, checkpointed).
+
+    Random miners (distance-weighted sampling) draw from torch's generator seeded by
+    :meth:`set_step` with ``(seed, epoch, step, draw)``, ``draw`` counting the mining calls
+    of the step (one per group or level): their tuples then depend on nothing else that
+    consumes random numbers, so one process and N processes (:mod:`harness.distributed`,
+    which mines the same gathered batch) draw the same tuples, and a resumed run those of
+    an uninterrupted one.
     """
 
     def __init__(self, losses: torch.nn.Module | torch.nn.ModuleList, miner=None):
         self.losses = list(losses) if isinstance(losses, torch.nn.ModuleList) else [losses]
         self.miner = miner
+        self._step: tuple[int, int, int] | None = None
+        self._draws = 0
+
+    def set_step(self, seed: int, epoch: int, step: int) -> None:
+        """Seed the random mining of training step ``(epoch, step)`` of the run ``seed``."""
+        self._step, self._draws = (seed, epoch, step), 0
+
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
+        if self.miner is None:
+            return None
+        if self._step is None:  # outside a training step (tests, tools): the caller's stream
+            return self.miner(embeddings, labels)
+        draw_seed = step_seed(*self._step, draw=self._draws)
+        self._draws += 1
+        devices = [embeddings.device] if embeddings.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(draw_seed)
+            return self.miner(embeddings, labels)
 
     @property
     def copies(self) -> int:
@@ -330,7 +363,7 @@ class MetricLoss:
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
         """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
-        return self.miner(embeddings.float(), labels) if self.miner is not None else None
+        return self._mine(embeddings.float(), labels)
 
     def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0,
                  indices=_MINE) -> torch.Tensor:

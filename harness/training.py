@@ -621,7 +621,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     non-finite loss stops the run and names its first batch."""
     model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
-    torch.manual_seed(seed)  # dropout and random miners (augmentation has per-image seeds)
+    torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
     t.sampler.set_epoch(epoch)
     model.train()
     dtype = amp_dtype(device)
@@ -687,8 +687,7 @@ def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Te
     images = normalize_batch(images.to(device, non_blocking=True), cfg.protocol.image)
     labels = labels.to(device, non_blocking=True)
     images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
-    if gathered:
-        t.metric_loss.set_step(cfg.seed, epoch, step)
+    t.metric_loss.set_step(cfg.seed, epoch, step)  # random mining seeded per step (losses.MetricLoss)
     with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
         out = model(images)
         terms = t.model.head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))

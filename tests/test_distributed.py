@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from harness.data.sampling import ClassBalancedBatchSampler
-from harness.distributed import GatheredMetricLoss, Processes, average_gradients, step_seed
+from harness.distributed import GatheredMetricLoss, Processes, average_gradients
 from harness.errors import HarnessError
 from harness.losses import MetricLoss, create_loss, create_miner
 
@@ -50,10 +50,8 @@ def _problem(loss_name: str, miner_name: str):
 def _single_process_gradients(loss_name: str, miner_name: str):
     model, x, labels, loss_fn, miner = _problem(loss_name, miner_name)
     metric = MetricLoss(loss_fn, miner)
-    emb = nn.functional.normalize(model(x))
-    with torch.random.fork_rng():
-        torch.manual_seed(step_seed(0, 0, 0))  # as the gathered loss seeds random miners
-        loss = loss_fn(emb, labels, metric.mine(emb, labels))
+    metric.set_step(0, 0, 0)  # as one training process seeds its random miner
+    loss = metric(nn.functional.normalize(model(x)), labels)
     loss.backward()
     return [p.grad.clone() for p in (*model.parameters(), *loss_fn.parameters())]
 
@@ -97,6 +95,27 @@ def test_two_processes_give_the_single_process_gradient(tmp_path):
             assert len(g_case) == len(e_case) == 3, case  # weight, bias, the loss's parameter
             for g, e in zip(g_case, e_case, strict=True):
                 torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7, msg=lambda m, c=case: f"{c}: {m}")
+
+
+def test_random_mining_depends_on_the_step_alone():
+    """One process mines what N processes mine on the same global batch only if the draws
+    depend on (seed, epoch, step) and not on what else consumed random numbers; the
+    groups of one step draw apart (a counter per mining call)."""
+    _, x, labels, loss_fn, miner = _problem("margin", "distance_weighted")
+    emb = nn.functional.normalize(torch.randn(16, 6, generator=torch.Generator().manual_seed(3)))
+    metric = MetricLoss(loss_fn, miner)
+
+    def draws(burn: int):
+        torch.manual_seed(burn)
+        torch.rand(burn + 1)  # other consumers of the global stream
+        metric.set_step(7, 1, 4)
+        return [torch.cat(metric.mine(emb, labels)) for _ in range(2)]
+
+    first, second = draws(0), draws(5)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not torch.equal(first[0], first[1])
+    metric.set_step(7, 1, 5)
+    assert not torch.equal(torch.cat(metric.mine(emb, labels)), first[0])
 
 
 def test_shares_of_a_global_batch_are_its_classes_in_rank_order():
