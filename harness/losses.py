@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
 from pytorch_metric_learning.reducers import AvgNonZeroReducer
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
@@ -28,8 +30,9 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner", "step_seed",
-           "miner_for", "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss",
+           "create_loss", "create_miner", "step_seed", "PrecomputedDistance", "distance_replaced", "miner_for",
+           "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -371,3 +374,33 @@ class MetricLoss:
         if indices is _MINE:
             indices = self.mine(embeddings, labels)
         return self.losses[copy](embeddings, labels, indices)
+
+
+class PrecomputedDistance(BaseDistance):
+    """A PML distance that returns a given B x B matrix, so that any pair- or triplet-based
+    PML loss (and its reducer) runs unchanged on a similarity or distance a method computes
+    itself (DIML's combined similarity, AVSL's rectified distance).
+    ``is_inverted=True`` for similarities (higher is closer), False for distances."""
+
+    def __init__(self, matrix: torch.Tensor, *, is_inverted: bool):
+        super().__init__(normalize_embeddings=False, is_inverted=is_inverted)
+        self.matrix = matrix
+
+    def compute_mat(self, query_emb, ref_emb):
+        if self.matrix.shape != (len(query_emb), len(query_emb if ref_emb is None else ref_emb)):
+            raise ValueError(f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch")
+        return self.matrix
+
+    def pairwise_distance(self, query_emb, ref_emb):  # pragma: no cover - losses here use the matrix
+        raise NotImplementedError("PrecomputedDistance only provides the full matrix")
+
+
+@contextmanager
+def distance_replaced(loss: torch.nn.Module, distance: BaseDistance) -> Iterator[torch.nn.Module]:
+    """``loss`` (or a miner) computing its matrix with ``distance`` inside the block."""
+    old = loss.distance
+    loss.distance = distance
+    try:
+        yield loss
+    finally:
+        loss.distance = old
