@@ -29,7 +29,7 @@ from .errors import HarnessError
 from .losses import _MINE, MetricLoss, step_seed
 
 __all__ = ["Processes", "SINGLE_PROCESS", "processes_from_env", "barrier", "shutdown", "GatheredMetricLoss", "average_gradients",
-           "step_seed"]
+           "step_seed", "wrap_model", "check_replicas_agree"]
 
 #: How long a process waits at a collective for the others (process 0 evaluates the
 #: test set meanwhile, which at SOP scale takes minutes).
@@ -164,3 +164,35 @@ def average_gradients(parameters, procs: Processes) -> None:
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``DistributedDataParallel`` around ``model``, as training calls it.
+
+    ``static_graph``: the same parameters take part in every step, and some never do
+    (layers after the last stage a head reads), which DDP then learns in the first step
+    instead of searching the graph each step. It needs to see the model's output tensors:
+    :class:`~methods.base.HeadOutput` is registered as a pytree for that."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True)
+
+
+def check_replicas_agree(model: torch.nn.Module, procs: Processes, where: str) -> None:
+    """Raise when the processes' copies of ``model`` differ (a collective: every process
+    calls it at the same point). Each process sums its parameters in float64; the sums
+    are compared across processes. Cheap (one all-gather of one number), and the failure
+    it catches is silent otherwise: processes that step with unreduced gradients train
+    apart while process 0 alone is evaluated."""
+    if not procs.distributed:
+        return
+    with torch.no_grad():
+        local = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    if next(model.parameters()).device.type == "cuda":
+        local = local.cuda()
+    sums = [torch.empty_like(local) for _ in range(procs.world_size)]
+    dist.all_gather(sums, local)
+    values = [float(v) for v in sums]
+    if any(v != values[0] for v in values[1:]):
+        raise HarnessError(f"the {procs.world_size} processes hold different weights {where} (parameter sums "
+                           f"{', '.join(f'{v:.12g}' for v in values)}): gradients were not reduced across "
+                           f"processes; run stopped")
