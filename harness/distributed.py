@@ -194,5 +194,5 @@ def check_replicas_agree(model: torch.nn.Module, procs: Processes, where: str) -
     values = [float(v) for v in sums]
     if any(v != values[0] for v in values[1:]):
         raise HarnessError(f"the {procs.world_size} processes hold different weights {where} (parameter sums "
-                           f"{', '.join(f'{v:.12g}' for v in values)}): gradients were not reduced across "
-                           f"processes; run stopped")
+                           f"{', '.join(f'{v:.12g}' for v in values)}), so they train apart (gradients not reduced, "
+                           f"or a step that is not the same on every process); run stopped")
