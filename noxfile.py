@@ -79,7 +79,7 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
     caption = data.get("description", grid)
     if smoke:
         caption += (f" -- smoke run (experiment {experiment}, on {', '.join(data['smoke'].get('datasets', []))}): "
-                    "a pipeline check, not comparable with the published columns")
+                    "a pipeline check" + (", not comparable with the published columns" if published else ""))
     for fmt, ext in (("latex", "tex"), ("markdown", "md")):
         args = ["--experiment", experiment, "--format", fmt, "--out", f"results/tables/{data['name']}.{ext}",
                 "--caption", caption]

@@ -22,15 +22,14 @@ import datetime
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from .errors import HarnessError
-from .losses import _MINE, MetricLoss
+from .losses import _MINE, MetricLoss, step_seed
 
 __all__ = ["Processes", "SINGLE_PROCESS", "processes_from_env", "barrier", "shutdown", "GatheredMetricLoss", "average_gradients",
-           "step_seed"]
+           "step_seed", "wrap_model", "check_replicas_agree"]
 
 #: How long a process waits at a collective for the others (process 0 evaluates the
 #: test set meanwhile, which at SOP scale takes minutes).
@@ -123,49 +122,32 @@ def gather_batch(local: torch.Tensor, procs: Processes) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def step_seed(seed: int, epoch: int, step: int) -> int:
-    """The seed of a training step's random mining, the same on every process."""
-    return int(np.random.SeedSequence([seed, epoch, step, 1]).generate_state(1)[0])
-
-
 class GatheredMetricLoss(MetricLoss):
     """:class:`~harness.losses.MetricLoss` over the global batch: embeddings and labels of
     every process gathered in rank order before mining and the loss.
 
-    Miners that draw at random (distance-weighted sampling) draw from a generator seeded
-    by :meth:`set_step` with the same ``(seed, epoch, step)`` on every process, so all
-    processes mine the same tuples and compute the same loss.
+    Random miners draw as in one process (:meth:`MetricLoss.set_step`: seeded by
+    ``(seed, epoch, step, draw)``), so every process mines the tuples a single process
+    would on the same global batch, and all compute the same loss.
     """
 
     def __init__(self, losses, miner, procs: Processes):
         super().__init__(losses, miner)
         self.procs = procs
-        self._step_seed = 0
-
-    def set_step(self, seed: int, epoch: int, step: int) -> None:
-        self._step_seed = step_seed(seed, epoch, step)
 
     def _gather(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         all_labels = [torch.empty_like(labels) for _ in range(self.procs.world_size)]
         dist.all_gather(all_labels, labels.contiguous())
         return gather_batch(embeddings.float(), self.procs), torch.cat(all_labels)
 
-    def _mine_gathered(self, embeddings, labels):
-        if self.miner is None:
-            return None
-        devices = [embeddings.device] if embeddings.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self._step_seed)
-            return self.miner(embeddings, labels)
-
     def mine(self, embeddings, labels):
-        return self._mine_gathered(*self._gather(embeddings, labels))
+        return self._mine(*self._gather(embeddings, labels))
 
     def __call__(self, embeddings, labels, *, copy: int = 0, indices=_MINE):
         if indices is not _MINE:  # tuples mined on a gathered batch elsewhere
             raise HarnessError("a method that mines tuples itself cannot train across processes")
         embeddings, labels = self._gather(embeddings, labels)
-        return self.losses[copy](embeddings, labels, self._mine_gathered(embeddings, labels))
+        return self.losses[copy](embeddings, labels, self._mine(embeddings, labels))
 
 
 def average_gradients(parameters, procs: Processes) -> None:
@@ -182,3 +164,35 @@ def average_gradients(parameters, procs: Processes) -> None:
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``DistributedDataParallel`` around ``model``, as training calls it.
+
+    ``static_graph``: the same parameters take part in every step, and some never do
+    (layers after the last stage a head reads), which DDP then learns in the first step
+    instead of searching the graph each step. It needs to see the model's output tensors:
+    :class:`~methods.base.HeadOutput` is registered as a pytree for that."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True)
+
+
+def check_replicas_agree(model: torch.nn.Module, procs: Processes, where: str) -> None:
+    """Raise when the processes' copies of ``model`` differ (a collective: every process
+    calls it at the same point). Each process sums its parameters in float64; the sums
+    are compared across processes. Cheap (one all-gather of one number), and the failure
+    it catches is silent otherwise: processes that step with unreduced gradients train
+    apart while process 0 alone is evaluated."""
+    if not procs.distributed:
+        return
+    with torch.no_grad():
+        local = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    if next(model.parameters()).device.type == "cuda":
+        local = local.cuda()
+    sums = [torch.empty_like(local) for _ in range(procs.world_size)]
+    dist.all_gather(sums, local)
+    values = [float(v) for v in sums]
+    if any(v != values[0] for v in values[1:]):
+        raise HarnessError(f"the {procs.world_size} processes hold different weights {where} (parameter sums "
+                           f"{', '.join(f'{v:.12g}' for v in values)}), so they train apart (gradients not reduced, "
+                           f"or a step that is not the same on every process); run stopped")

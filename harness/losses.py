@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
 from pytorch_metric_learning.reducers import AvgNonZeroReducer
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
@@ -27,8 +30,9 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .errors import HarnessError
 from .registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss", "create_loss", "create_miner",
-           "miner_for", "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss",
+           "create_loss", "create_miner", "step_seed", "PrecomputedDistance", "distance_replaced", "miner_for",
+           "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -304,6 +308,13 @@ def create_miner(name: str, args: dict[str, Any] | None = None):
 _MINE = object()
 
 
+def step_seed(seed: int, epoch: int, step: int, *, draw: int = 0) -> int:
+    """The seed of a training step's ``draw``-th random mining: a function of these
+    numbers alone, the same on every process."""
+    entropy = [seed, epoch, step, 1] + ([draw] if draw else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
 class MetricLoss:
     """The run's metric loss as a plugin receives it: the loss (one instance, or one per
     group / level when the head asks for ``metric_loss_copies`` > 1, each with its own
@@ -314,11 +325,36 @@ class MetricLoss:
     pass reuses the first pass's tuples: ``idx = metric_loss.mine(e, y)``, then
     ``metric_loss(e, y, indices=idx)``). Embeddings are cast to float32 (AMP).
     The instances themselves belong to the trainer (optimised, checkpointed).
+
+    Random miners (distance-weighted sampling) draw from torch's generator seeded by
+    :meth:`set_step` with ``(seed, epoch, step, draw)``, ``draw`` counting the mining calls
+    of the step (one per group or level): their tuples then depend on nothing else that
+    consumes random numbers, so one process and N processes (:mod:`harness.distributed`,
+    which mines the same gathered batch) draw the same tuples, and a resumed run those of
+    an uninterrupted one.
     """
 
     def __init__(self, losses: torch.nn.Module | torch.nn.ModuleList, miner=None):
         self.losses = list(losses) if isinstance(losses, torch.nn.ModuleList) else [losses]
         self.miner = miner
+        self._step: tuple[int, int, int] | None = None
+        self._draws = 0
+
+    def set_step(self, seed: int, epoch: int, step: int) -> None:
+        """Seed the random mining of training step ``(epoch, step)`` of the run ``seed``."""
+        self._step, self._draws = (seed, epoch, step), 0
+
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
+        if self.miner is None:
+            return None
+        if self._step is None:  # outside a training step (tests, tools): the caller's stream
+            return self.miner(embeddings, labels)
+        draw_seed = step_seed(*self._step, draw=self._draws)
+        self._draws += 1
+        devices = [embeddings.device] if embeddings.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(draw_seed)
+            return self.miner(embeddings, labels)
 
     @property
     def copies(self) -> int:
@@ -330,7 +366,7 @@ class MetricLoss:
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
         """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
-        return self.miner(embeddings.float(), labels) if self.miner is not None else None
+        return self._mine(embeddings.float(), labels)
 
     def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0,
                  indices=_MINE) -> torch.Tensor:
@@ -338,3 +374,33 @@ class MetricLoss:
         if indices is _MINE:
             indices = self.mine(embeddings, labels)
         return self.losses[copy](embeddings, labels, indices)
+
+
+class PrecomputedDistance(BaseDistance):
+    """A PML distance that returns a given B x B matrix, so that any pair- or triplet-based
+    PML loss (and its reducer) runs unchanged on a similarity or distance a method computes
+    itself (DIML's combined similarity, AVSL's rectified distance).
+    ``is_inverted=True`` for similarities (higher is closer), False for distances."""
+
+    def __init__(self, matrix: torch.Tensor, *, is_inverted: bool):
+        super().__init__(normalize_embeddings=False, is_inverted=is_inverted)
+        self.matrix = matrix
+
+    def compute_mat(self, query_emb, ref_emb):
+        if self.matrix.shape != (len(query_emb), len(query_emb if ref_emb is None else ref_emb)):
+            raise ValueError(f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch")
+        return self.matrix
+
+    def pairwise_distance(self, query_emb, ref_emb):  # pragma: no cover - losses here use the matrix
+        raise NotImplementedError("PrecomputedDistance only provides the full matrix")
+
+
+@contextmanager
+def distance_replaced(loss: torch.nn.Module, distance: BaseDistance) -> Iterator[torch.nn.Module]:
+    """``loss`` (or a miner) computing its matrix with ``distance`` inside the block."""
+    old = loss.distance
+    loss.distance = distance
+    try:
+        yield loss
+    finally:
+        loss.distance = old

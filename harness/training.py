@@ -50,7 +50,9 @@ from .distributed import (
     Processes,
     average_gradients,
     barrier,
+    check_replicas_agree,
     processes_from_env,
+    wrap_model,
 )
 from .errors import HarnessError
 from .evaluation import (
@@ -373,11 +375,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     train_model: nn.Module = model
     metric_loss = MetricLoss(loss_fn, miner)
     if procs.distributed:
-        # static_graph: the same parameters take part in every step (layers after the
-        # head's last stage never do), which DDP then learns once instead of searching
-        # the graph each step.
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True)
+        train_model = wrap_model(model, device)
         metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
@@ -466,6 +464,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         for epoch in range(start_epoch, epochs):
             record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, epoch, epochs)}
             t.scheduler.step()
+            check_replicas_agree(t.model, procs, f"after epoch {epoch + 1}")
             due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
             if selection.mode in select_on and due:
                 q, g = select_on[selection.mode]
@@ -563,6 +562,7 @@ def _follow(cfg: RunConfig, t: _Training, device: torch.device, checkpoint: dict
     for epoch in range(start_epoch, epochs):
         _train_epoch(cfg, t, device, epoch, epochs)
         t.scheduler.step()
+        check_replicas_agree(t.model, t.procs, f"after epoch {epoch + 1}")
         barrier(t.procs)
     barrier(t.procs)  # process 0 tests and saves the selected weights
     return {}
@@ -621,7 +621,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     non-finite loss stops the run and names its first batch."""
     model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
-    torch.manual_seed(seed)  # dropout and random miners (augmentation has per-image seeds)
+    torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
     t.sampler.set_epoch(epoch)
     model.train()
     dtype = amp_dtype(device)
@@ -687,8 +687,7 @@ def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Te
     images = normalize_batch(images.to(device, non_blocking=True), cfg.protocol.image)
     labels = labels.to(device, non_blocking=True)
     images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
-    if gathered:
-        t.metric_loss.set_step(cfg.seed, epoch, step)
+    t.metric_loss.set_step(cfg.seed, epoch, step)  # random mining seeded per step (losses.MetricLoss)
     with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
         out = model(images)
         terms = t.model.head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))

@@ -98,9 +98,9 @@ from torch.nn import init
 from harness.atomic import atomic_write_text
 from harness.errors import HarnessError
 from harness.explain import upsample_maps
+from harness.losses import PrecomputedDistance, distance_replaced
 
 from .base import HeadOutput, Method, PaperInfo, register_method
-from .diml import PrecomputedDistance, _distance_replaced
 
 __all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
            "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix",
@@ -523,7 +523,7 @@ class AVSLHead(Method):
                 matrix = d if distance.power == 2 else d.clamp_min(1e-12).sqrt() ** distance.power
             emb = output.embedding.float()
             indices = metric.mine(emb, batch.labels)
-            with _distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)):
+            with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)):
                 return loss(emb, batch.labels, indices)
 
     def optimizer_groups(self, lr, weight_decay):

@@ -116,6 +116,14 @@ class HeadOutput:
         return torch.stack(list(value), 1) if isinstance(value, (list, tuple)) else value
 
 
+# DistributedDataParallel finds the tensors a model returns by flattening its output as a
+# pytree, to hook the start of the backward pass into them. A dataclass it cannot flatten
+# is opaque to it: with parameters that take no part in the loss (the timm classifier the
+# heads never call), gradients were then never reduced across processes, and each process
+# silently stepped with its own share's gradient.
+torch.export.register_dataclass(HeadOutput)
+
+
 @dataclass
 class TrainingBatch:
     """What :meth:`Method.loss_terms` gets besides the head's output.

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,10 +81,11 @@ import torch
 import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
+from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torchvision.ops import roi_align
 
 from harness.errors import HarnessError
+from harness.losses import PrecomputedDistance, distance_replaced
 
 from .base import HeadOutput, PaperInfo, register_method, register_variant
 from .plain import PlainHead
@@ -406,24 +406,6 @@ def pairwise_matching(local: torch.Tensor, embedding: torch.Tensor, *, marginals
 # ---------------------------------------------------------- losses on a DIML matrix
 
 
-class PrecomputedDistance(BaseDistance):
-    """A PML distance that returns a given B x B matrix, so that any pair- or triplet-based
-    PML loss (and its reducer) runs unchanged on DIML's combined similarity or distance.
-    ``is_inverted=True`` for similarities (higher is closer), False for distances."""
-
-    def __init__(self, matrix: torch.Tensor, *, is_inverted: bool):
-        super().__init__(normalize_embeddings=False, is_inverted=is_inverted)
-        self.matrix = matrix
-
-    def compute_mat(self, query_emb, ref_emb):
-        if self.matrix.shape != (len(query_emb), len(query_emb if ref_emb is None else ref_emb)):
-            raise ValueError(f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch")
-        return self.matrix
-
-    def pairwise_distance(self, query_emb, ref_emb):  # pragma: no cover - losses here use the matrix
-        raise NotImplementedError("PrecomputedDistance only provides the full matrix")
-
-
 #: Harness loss names whose PML loss compares the images of a batch pairwise (Eqs. 15-19
 #: apply); proxy losses would need G x G proxies (Eq. 21) and are not supported.
 STRUCTURAL_LOSSES = ("margin", "multi_similarity", "contrastive", "triplet", "binomial_deviance",
@@ -431,16 +413,6 @@ STRUCTURAL_LOSSES = ("margin", "multi_similarity", "contrastive", "triplet", "bi
 _PROXY_LOSSES = tuple(getattr(pml_losses, name) for name in (
     "ProxyAnchorLoss", "ProxyNCALoss", "ArcFaceLoss", "NormalizedSoftmaxLoss", "SoftTripleLoss",
     "LargeMarginSoftmaxLoss", "CosFaceLoss", "SphereFaceLoss", "SubCenterArcFaceLoss") if hasattr(pml_losses, name))
-
-
-@contextmanager
-def _distance_replaced(loss: torch.nn.Module, distance: BaseDistance):
-    old = loss.distance
-    loss.distance = distance
-    try:
-        yield loss
-    finally:
-        loss.distance = old
 
 
 # ---------------------------------------------------------------------------- head
@@ -655,7 +627,7 @@ class DIMLHead(PlainHead):
             if loss.distance.power != 1:
                 matrix = matrix ** loss.distance.power
         indices = self._mine(batch.metric_loss, emb, labels, matrix, inverted=loss.distance.is_inverted)
-        with _distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)):
+        with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)):
             return {"metric": loss(emb, labels, indices)}
 
     @staticmethod
@@ -677,7 +649,7 @@ class DIMLHead(PlainHead):
             raise HarnessError("DIML training mines multi-similarity pairs on the loss's combined matrix; the "
                                "miner and the loss must both use a similarity (or both a distance)")
         # A copy: PML's MultiSimilarityMiner writes its sort sentinels into the matrix it gets.
-        with _distance_replaced(miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)):
+        with distance_replaced(miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)):
             return metric_loss.mine(emb, labels)
 
     def _structural_loss(self, metric_loss) -> torch.nn.Module:

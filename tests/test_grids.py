@@ -21,10 +21,11 @@ def test_diablo_table1_has_the_rows_of_table_1(smoke):
                                                                                      "diablo_n16")}
     assert grid.published_file == "results/published/diablo.csv" and grid.published_tables == ("1",)
     assert grid.published_rows["diablo_n16"] == ("diablo@entries=16",)
-    if smoke:  # one seed, one epoch of two batches: 7 cells
-        assert len(grid.cells) == 7 and grid.experiment == "diablo-table1-smoke"
+    if smoke:  # two seeds (an interval per cell), one epoch of two batches: 14 cells
+        assert len(grid.cells) == 14 and grid.experiment == "diablo-table1-smoke"
         assert {c.protocol.name for c in grid.cells} == {"diablo-smoke"}
-        assert {(c.dataset, c.backbone, c.seed) for c in grid.cells} == {("synthetic", "efficientnet_lite0", 0)}
+        assert {(c.dataset, c.backbone, c.seed) for c in grid.cells} == {("synthetic", "efficientnet_lite0", s)
+                                                                         for s in (0, 1)}
         assert all({"schedule.epochs", "sampling.batches_per_epoch"} <= {d.field for d in c.deviations}
                    for c in grid.cells)
         assert {c.protocol.schedule.epochs for c in grid.cells} == {1}
@@ -57,8 +58,8 @@ def test_published_rows_name_methods_of_the_grid(tmp_path):
 def test_avsl_table1_has_margin_and_proxy_anchor_with_and_without_avsl(smoke):
     grid = load_grid("avsl-table1", smoke=smoke)
     assert _rows(grid) == {(lo, m) for lo in ("margin", "proxy_anchor") for m in ("plain", "avsl")}
-    if smoke:  # 4 rows, one seed, on synthetic
-        assert len(grid.cells) == 4 and {c.dataset for c in grid.cells} == {"synthetic"}
+    if smoke:  # 4 rows, two seeds, on synthetic
+        assert len(grid.cells) == 8 and {c.dataset for c in grid.cells} == {"synthetic"}
     else:  # 4 rows x 3 datasets x 3 seeds under the paper's protocol, with its per-dataset code settings
         assert len(grid.cells) == 36 and not any(c.deviations for c in grid.cells)
         weights = {c.dataset: c.protocol.for_dataset(c.dataset).methods["avsl"]["level_weights"]
@@ -71,7 +72,7 @@ def test_sam_table1_pairs_each_architecture_with_its_loss(smoke):
     grid = load_grid("sam-table1", smoke=smoke)
     assert _rows(grid) == {("contrastive", "plain"), ("contrastive", "sam_siamese"), ("triplet", "plain"),
                            ("triplet", "sam"), ("quadruplet", "plain"), ("quadruplet", "sam_quadruplet")}
-    assert len(grid.cells) == (6 if smoke else 18)
+    assert len(grid.cells) == (12 if smoke else 18)
     if not smoke:  # every loss of Table 1 is sanctioned by the sam protocol: no deviation
         assert not any(c.deviations for c in grid.cells)
 

@@ -101,3 +101,14 @@ def test_diml_tables_compare_the_published_rp_with_the_query_in_r_variant(noxfil
         assert mapped == ["r_precision=r_precision_query_in_r",
                           "mean_average_precision_at_r=mean_average_precision_at_r_query_in_r"]
         assert "r_precision_query_in_r" in _option(call, "--metrics")
+
+
+def test_the_fair_table_smoke_caption_names_no_published_columns(noxfile):
+    """The harness's own table has no published values: its smoke caption says it is a
+    pipeline check without pointing at columns that do not exist."""
+    session = RecordingSession()
+    noxfile._grid_tables(session, "fair-roth2020", smoke=True)
+    for call in session.calls:
+        assert "--published" not in call
+        caption = _option(call, "--caption")
+        assert "a pipeline check" in caption and "published" not in caption
