@@ -13,7 +13,10 @@ flush and ``fsync`` it, ``os.replace`` it over the target, then ``fsync`` the fo
 (where the platform allows) so the rename itself is durable. On any failure,
 including ``KeyboardInterrupt``, the temporary file is removed and the target is left
 as it was. A write the operating system refuses (a full disk, a read-only or missing
-folder) is one :class:`~harness.errors.HarnessError` line naming the file.
+folder) is one :class:`~harness.errors.HarnessError` line naming the file. A writer
+killed outright (SIGKILL) cannot remove its temporary file; the name carries the host
+and pid of its writer, and the next writer of the same target on that host removes it
+once that process is gone.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import socket
 import tempfile
 from collections.abc import Callable
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,7 +74,8 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        _remove_orphans(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
         raise _write_error(path, err) from err
     tmp = Path(tmp_name)
@@ -91,6 +97,36 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
             raise _write_error(path, err) from err
         raise
     _fsync_dir(path.parent)
+
+
+#: Who writes a temporary file, in its name: a process killed mid-write (SIGKILL, power
+#: loss) cannot remove it, and the next writer of the same target on this host removes
+#: it once that process is gone.
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+_OWNER = f"{_HOST}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # another user's process, or no way to tell: keep
+        return True
+    return True
+
+
+def _remove_orphans(path: Path) -> None:
+    """Remove the temporary files of ``path`` left by writers on this host that have died
+    (a reused pid keeps its file: the safe side). Files of other hosts on a shared folder,
+    and of live writers, are left alone."""
+    prefix = f".{path.name}."
+    for tmp in path.parent.glob(f"{glob_escape(prefix)}*.tmp"):
+        owner = tmp.name[len(prefix):-len(".tmp")].rsplit(".", 1)[0]
+        host, _, pid = owner.rpartition("-")
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def _write_error(path: Path, err: OSError) -> HarnessError:

@@ -104,7 +104,12 @@ def environment_tags() -> dict[str, str]:
     commit = git_commit()
     tags = {"git_commit": commit, **source_tags(commit), "platform": platform.platform(),
             "torch_build": torch.__version__, "cuda": str(torch.version.cuda),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            # The intra-op thread count changes how CPU kernels block their sums: the same
+            # run with 1 and 2 threads differs by rounding (1e-6 in the first gradient),
+            # which training can grow into points of P@1 at the smoke scale. A bit-exact
+            # rerun needs the same count (OMP_NUM_THREADS).
+            "torch_threads": str(torch.get_num_threads()), "cpu_count": str(os.cpu_count())}
     tags.update({f"version.{k}": v for k, v in package_versions().items()})
     return tags
 

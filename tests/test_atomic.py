@@ -100,3 +100,29 @@ def test_fault_specs_are_checked(monkeypatch):
         fault_point("train_batch")
     monkeypatch.delenv(ENV)
     fault_point("train_batch")  # unset: nothing happens
+
+
+def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp_path):
+    """A SIGKILL mid-write leaves the writer's temporary file (nothing can remove it then);
+    the next write of the same target on this host removes it once its process is gone,
+    and leaves those of live writers, other hosts and other targets alone."""
+    import subprocess
+    import sys
+
+    from harness import atomic
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "last.pt"
+    orphan = tmp_path / f".last.pt.{atomic._HOST}-{dead.pid}.k3j2h1.tmp"
+    live = tmp_path / f".last.pt.{atomic._HOST}-{os.getppid()}.a1b2c3.tmp"
+    elsewhere = tmp_path / f".last.pt.otherhost-{dead.pid}.x9y8z7.tmp"
+    other_target = tmp_path / f".last.pt.json.{atomic._HOST}-{dead.pid}.q1w2e3.tmp"
+    for path in (orphan, live, elsewhere, other_target):
+        path.write_bytes(b"half a checkpoint")
+    atomic_write_bytes(target, b"whole")
+    assert target.read_bytes() == b"whole"
+    assert not orphan.exists()
+    assert live.exists() and elsewhere.exists() and other_target.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == sorted(
+        p.name for p in (live, elsewhere, other_target))

@@ -44,6 +44,7 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     tags, params = run.data.tags, run.data.params
     assert tags["fingerprint"] == rec["fingerprint"] and tags["seed"] == "0"
     assert tags["git_commit"] and tags["torch_build"] == torch.__version__
+    assert tags["torch_threads"] == str(torch.get_num_threads())  # a bit-exact rerun needs the same count
     assert tags["version.pytorch-metric-learning"] != "not installed"
     assert tags["deviations"] == "none" and tags["test_set_selection"] == "False"
     assert params["protocol.backbone.name"] == "efficientnet_lite0"

@@ -635,7 +635,9 @@ class TableFaults:
         row.recovered = ended_by_fault(proc, action) and restart.rc == 0
         row.identical = row.recovered and out.read_text() == self.reference
         if action == "kill" and leftovers:
-            row.note = "SIGKILL leaves the unique temporary file (never read)"
+            after = [p.name for p in cwd.glob(".t.md.*")]
+            row.note = ("SIGKILL left its temporary file (never read); the restart removed it" if not after
+                        else f"SIGKILL left its temporary file (never read); still there after the restart: {after}")
         return row
 
 
