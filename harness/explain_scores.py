@@ -110,7 +110,7 @@ def random_scores(shape: tuple[int, ...], generator: torch.Generator | None = No
 @torch.inference_mode()
 def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.Tensor, same: torch.Tensor,
                         scores: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
-                        batch: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        batch: int = 256, on_chunk=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Deletion and insertion curves of P pairs' target scores (RISE Sec. 4.1, for a similarity).
 
     ``embed``: images -> unit embeddings (N x D); ``queries``: P x 3 x H x W normalised
@@ -119,7 +119,8 @@ def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.
     P x H x W, the pixel order (most-attributed first). Deletion sets the first k pixels of
     the query to 0 (the normalised input's mean colour), insertion keeps only them. Returns
     (fractions S, deletion P x S, insertion P x S) with values (1 + t) / 2 in [0, 1]; the
-    inner steps of several pairs go through ``embed`` as one batch of about ``batch`` images."""
+    images go through ``embed`` ``batch`` at a time; ``on_chunk(pairs_done)`` is called
+    after every few pairs (a progress bar's ``update``)."""
     n, device = len(queries), queries.device
     sign = torch.where(torch.as_tensor(same, device=device), 1.0, -1.0)
     gallery = gallery_embeddings.float().to(device)
@@ -127,17 +128,31 @@ def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.
     deletion = torch.empty(n, steps, dtype=torch.float64)
     insertion = torch.empty(n, steps, dtype=torch.float64)
     fractions = torch.linspace(0, 1, steps, dtype=torch.float64)
-    per_chunk = max(1, batch // (2 * steps))
+    if n == 0:
+        return fractions, deletion, insertion
+    # The curves' ends are the same two images for every pixel order: deletion at 0 and
+    # insertion at 1 are the intact query, deletion at 1 and insertion at 0 the blank image
+    # (one for all pairs). Only the inner steps go through the model per order.
+    blank = embed(torch.zeros_like(queries[:1])).float()                    # 1 x D
+    inner = steps - 2
+    per_chunk = 6  # pairs whose masks are built at once (memory: 6 x 39 images)
     for start in range(0, n, per_chunk):
         rows = slice(start, min(n, start + per_chunk))
         fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
-        keep = masks.to(device)[:, :, None]                                 # p x S x 1 x H x W
-        q = queries[rows][:, None]
-        images = torch.cat([q * ~keep, q * keep]).flatten(0, 1)            # deletion, then insertion
-        emb = embed(images).float().view(2, -1, steps, gallery.shape[-1])
-        t = (emb * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
-        values = ((1 + t) / 2).double().cpu()
-        deletion[rows], insertion[rows] = values[0], values[1]
+        keep = masks[:, 1:-1].to(device)[:, :, None]                        # p x inner x 1 x H x W
+        q = queries[rows]
+        images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q])
+        emb = torch.cat([embed(images[i:i + batch]).float() for i in range(0, len(images), batch)])
+        p = len(q)
+        intact = emb[2 * p * inner:]                                         # p x D
+        moved = emb[:2 * p * inner].view(2, p, inner, -1)                   # deletion, then insertion
+        t_moved = (moved * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
+        t_intact = (intact * gallery[rows]).sum(-1) * sign[rows]
+        t_blank = (blank * gallery[rows]).sum(-1) * sign[rows]
+        deletion[rows] = ((1 + torch.cat([t_intact[:, None], t_moved[0], t_blank[:, None]], 1)) / 2).double().cpu()
+        insertion[rows] = ((1 + torch.cat([t_blank[:, None], t_moved[1], t_intact[:, None]], 1)) / 2).double().cpu()
+        if on_chunk is not None:
+            on_chunk(p)
     return fractions, deletion, insertion
 
 

@@ -19,6 +19,7 @@ from harness.explain_scores import (
     mean_interval,
     part_shares,
     perturbation_curves,
+    perturbation_masks,
     region_scores,
 )
 from methods import list_methods
@@ -92,6 +93,30 @@ def test_deletion_of_the_only_part_that_matters_beats_the_random_order():
     assert ((auc >= 0) & (auc <= 1)).all()
     assert auc.mean() < rnd_auc.mean() - 0.2
     assert curve_auc(insertion, fr).mean() > curve_auc(rnd_insertion, fr).mean()
+
+
+def test_curves_equal_every_step_computed_one_by_one():
+    """The curves' shared ends (intact and blank image) and chunking change nothing: each
+    value is the target score of the query with the first k pixels removed or kept."""
+    gen = torch.Generator().manual_seed(1)
+    queries = torch.randn(8, 3, 12, 12, generator=gen)
+    gallery = _one_part_model(torch.randn(8, 3, 12, 12, generator=gen))
+    same = torch.tensor([True, False, True, True, False, True, False, False])
+    scores = torch.rand(8, 12, 12, generator=gen)
+    state = gen.get_state()
+    done = []
+    fr, deletion, insertion = perturbation_curves(_one_part_model, queries, gallery, same, scores,
+                                                  generator=gen, batch=7, on_chunk=done.append)
+    assert sum(done) == 8 and len(done) > 1   # masks built in chunks, images embedded 7 at a time
+    gen.set_state(state)
+    _, masks = perturbation_masks(scores, generator=gen)
+    sign = torch.where(same, 1.0, -1.0)
+    for i in range(8):
+        for s in range(len(fr)):
+            keep = masks[i, s]
+            for curve, image in ((deletion, queries[i] * ~keep), (insertion, queries[i] * keep)):
+                t = (_one_part_model(image[None])[0] * gallery[i]).sum() * sign[i]
+                assert curve[i, s].item() == pytest.approx(((1 + t) / 2).item(), abs=1e-6)
 
 
 def test_mean_interval_covers_the_mean_and_ignores_nan():
