@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
     run.add_argument("--data-root", type=Path)
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    run.add_argument("--workers", type=int, help="data-loading processes (default 0 on CPU, 4 on CUDA)")
+    run.add_argument("--workers", type=int, help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", type=Path, help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
