@@ -116,3 +116,16 @@ def test_autocast_is_bf16_where_supported_and_off_on_cpu():
     if torch.cuda.is_available():
         expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         assert amp_dtype(torch.device("cuda")) == expected
+
+
+def test_default_workers_overlap_loading_only_where_a_core_is_free(monkeypatch):
+    """One loader process on CPU with 2+ cores per training process (its batch is prepared
+    during the step), none when torchrun already gives each process under 2 cores, 4 on CUDA."""
+    from harness.training import default_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert default_workers(torch.device("cpu")) == 1
+    assert default_workers(torch.device("cpu"), world_size=2) == 0
+    assert default_workers(torch.device("cuda")) == 4
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_workers(torch.device("cpu")) == 0
