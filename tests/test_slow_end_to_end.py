@@ -52,7 +52,7 @@ def fashion_mnist_scores(tmp_path_factory, data_root, tracking_dir) -> dict[str,
 
 def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_mnist_scores):
     """Training works on real data: on other images of the test classes it ranks them far
-    better (measured, seed 0: MAP@R 46.4 -> 82.0, P@1 88.9 -> 94.7)."""
+    better (measured, seed 0, one epoch: MAP@R 46.4 -> 82.1, P@1 88.9 -> 93.4)."""
     initial, control = fashion_mnist_scores["initial"], fashion_mnist_scores["control"]
     assert control["mean_average_precision_at_r"] - initial["mean_average_precision_at_r"] >= 0.20
     assert control["precision_at_1"] - initial["precision_at_1"] >= 0.02
