@@ -76,7 +76,7 @@ def test_override_is_a_named_deviation_and_changes_the_fingerprint():
     q, deviations = apply_overrides(p, ["schedule.epochs=7", "optimizer.lr_head=2e-4"])
     assert q.schedule.epochs == 7 and q.optimizer.lr_head == 2e-4
     assert {d.field for d in deviations} == {"schedule.epochs", "optimizer.lr_head"}
-    assert str(deviations[0]) == "schedule.epochs: 2 -> 7"
+    assert str(deviations[0]) == "schedule.epochs: 1 -> 7"
     assert fingerprint(p, "split") != fingerprint(q, "split")
 
 
