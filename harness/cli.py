@@ -114,16 +114,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
           f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
               + (f"; deviations: {', '.join(map(str, deviations))}" if deviations else ""), file=sys.stderr)
+    shared = {} if args.init_from else shared_training(methods, protocol)
+    if shared and main_process:
+        print("; ".join(f"{m}: evaluated on {b}'s trained weights (it trains as {b})" for m, b in shared.items()),
+              file=sys.stderr)
     records = []
     for seed in seeds:
         if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
             splits = splits_for(seed)
-        for method in methods:
+        trained: dict[str, str] = {}  # method -> its run id, this seed
+        for method in sorted(methods, key=lambda m: m in shared):  # base methods first
+            base = shared.get(method, "")
             cfg = RunConfig(method=method, dataset=args.dataset, protocol=protocol, loss=loss,
                             loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
                             protocol_path=path, data_root=args.data_root, device=args.device,
                             workers=args.workers, resume=args.resume, experiment=args.experiment or "",
-                            init_from=args.init_from or "", evaluate_only=args.evaluate_only,
+                            init_from=trained[base] if base else args.init_from or "",
+                            evaluate_only=bool(base) or args.evaluate_only,
                             method_options=dict(protocol.methods.get(method, {})),
                             deterministic=args.deterministic,
                             **({"checkpoint_root": args.checkpoint_root} if args.checkpoint_root else {}))
@@ -132,13 +139,39 @@ def cmd_run(args: argparse.Namespace) -> int:
             except BaseException:
                 shutdown()  # a process group left open would hang the other processes' exit
                 raise
+            trained[method] = records[-1].get("mlflow_run_id", "")
     shutdown()
     if not main_process:
         return 0
+    records.sort(key=lambda r: (seeds.index(r["seed"]), methods.index(r["method"])))  # as asked
     print(format_results(records))
     if args.json:
         _write_json_atomic(args.json, records)
     return 0
+
+
+def shared_training(methods: list[str], protocol) -> dict[str, str]:
+    """Methods of this ``run`` that train as another one in it (:meth:`Method.trains_as`,
+    e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
+    and evaluates them on its weights. Only in one process (under torchrun every process
+    trains every run, and only process 0 knows the run ids)."""
+    from methods import METHODS
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return {}
+
+    def resolved(name: str) -> dict:
+        return {**METHODS.get(name).options(), **protocol.methods.get(name, {})}
+
+    shared = {}
+    for method in methods:
+        declared = METHODS.get(method).cls.trains_as(resolved(method))
+        if declared is None:
+            continue
+        base, options = declared
+        if base in methods and base != method and all(resolved(base).get(k) == v for k, v in options.items()):
+            shared[method] = base
+    return {m: b for m, b in shared.items() if b not in shared}  # a base is trained, not shared
 
 
 # ----------------------------------------------------------------------- listings

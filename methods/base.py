@@ -217,6 +217,14 @@ class Method(nn.Module):
         is a mean over the batch's images (DDP's average then makes it the global mean)."""
         return ""
 
+    @classmethod
+    def trains_as(cls, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """The method (registry name, options) whose training is this one's step for step
+        under ``options`` (all of them resolved), or None when it trains its own way.
+        ``run`` then trains that method once and evaluates this one on its weights without
+        training, as a grid's ``[test_time]`` cell does: for test-time-only methods."""
+        return None
+
     def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Named loss terms, summed by the trainer. Default: the metric loss on the embedding."""
         return {"metric": batch.metric_loss(output.embedding, batch.labels)}

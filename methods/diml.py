@@ -595,6 +595,13 @@ class DIMLHead(PlainHead):
                     "pairs between processes' shares would be missing; train it in one process")
         return ""
 
+    @classmethod
+    def trains_as(cls, options):
+        """Without ``train_structural`` DIML is training-free (Sec. 3.4): the head is the
+        plain average-pooling head, and its local embeddings reuse that head's Linear, so
+        its training is ``plain``'s step for step."""
+        return None if options.get("train_structural") else ("plain", {"pool": "avg"})
+
     def loss_terms(self, output, batch):
         """The metric loss; with ``train_structural`` on DIML's pair matrix (App. A.3).
 

@@ -164,3 +164,37 @@ def test_search_space_uses_own_options(name):
     with torch.no_grad():
         out = rebuilt(images())
     assert math.isclose(float(out.embedding.norm(dim=-1).mean()), 1.0, rel_tol=1e-4)
+
+
+def _trains_as(name: str):
+    entry = METHODS.get(name)
+    return entry.cls.trains_as(entry.options())
+
+
+@pytest.mark.parametrize("name", [n for n in list_methods() if _trains_as(n) is not None])
+def test_a_method_that_trains_as_another_trains_step_for_step_like_it(name):
+    """``run`` trains a method that declares ``trains_as`` only once, as that method
+    (training-free DIML as ``plain``): the same weights, loss, gradients and optimizer groups."""
+    base, options = _trains_as(name)
+    model, reference = build(name).train(), build(base, **options).train()
+    weights = reference.state_dict()
+    assert model.state_dict().keys() == weights.keys()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, weights[key], rtol=0, atol=0)
+    labels, x = torch.arange(BATCH) // 2, images()
+    totals = []
+    for m in (model, reference):
+        torch.manual_seed(0)  # the miner's draws
+        terms = m.head.loss_terms(m(x), TrainingBatch(labels, run_loss(m.head, "margin"), x, m))
+        totals.append(sum(terms.values()))
+        totals[-1].backward()
+    torch.testing.assert_close(totals[0], totals[1], rtol=0, atol=0)
+    grads = dict(reference.named_parameters())
+    for key, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[key].grad, rtol=0, atol=0)
+
+    def layout(head):
+        return [(g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]])
+                for g in head.optimizer_groups(1e-3, 1e-4)]
+
+    assert layout(model.head) == layout(reference.head)

@@ -36,7 +36,7 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     assert rec["dataset"] == "synthetic" and rec["loss"] == "margin" and rec["seed"] == 0
     for name in ("precision_at_1", "r_precision", "mean_average_precision_at_r", "recall_at_1", "recall_at_8"):
         assert 0.0 <= rec["metrics"][name] <= 1.0
-    printed = capsys.readouterr().out
+    printed, printed_err = capsys.readouterr()
     assert "MAP@R" in printed and "plain" in printed and rec["fingerprint"] in printed
 
     run = mlflow.MlflowClient().get_run(rec["mlflow_run_id"])
@@ -61,6 +61,16 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     assert {"explanations/triplet.png", "explanations/triplet.npz", "explanations/pair.png"} <= logged["sam"]
     assert {"explanations/pair_fig6.png", "explanations/pair_fig7.png",
             "explanations/pair_avsl_attribution.json"} <= logged["avsl"]
+    # Training-free DIML is evaluated on plain's weights, not trained a second time, and
+    # the records keep the asked (alphabetical) order.
+    assert [r["method"] for r in records] == sorted(r["method"] for r in records)
+    diml = mlflow.MlflowClient().get_run(next(r for r in records if r["method"] == "diml")["mlflow_run_id"])
+    assert diml.data.tags["init_from"] == rec["mlflow_run_id"] and diml.data.tags["evaluate_only"] == "True"
+    assert diml.data.tags["deviations"] == "none"
+    diml_metrics = next(r for r in records if r["method"] == "diml")["metrics"]
+    for name, value in rec["metrics"].items():
+        assert diml_metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
+    assert "diml: evaluated on plain's trained weights" in printed_err
 
 
 def test_same_seed_twice_gives_identical_metrics(workdir, tiny_protocol):
@@ -389,3 +399,19 @@ def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_pr
         assert per_query_values(arrays, metric).mean() == pytest.approx(run.data.metrics[f"test_{metric}"]), metric
     # DIML's variant rides along in the store, not in the run's printed record
     assert "mean_average_precision_at_r_query_in_r" in rec["metrics"]
+
+
+def test_run_shares_training_only_where_a_method_trains_as_another_in_the_same_run(tiny_protocol, monkeypatch):
+    from harness.cli import shared_training
+    from harness.protocol import apply_overrides, load_protocol
+
+    protocol = load_protocol(tiny_protocol)
+    assert shared_training(["plain", "diml", "diml_train", "diml_ss", "sam"], protocol) == {
+        "diml": "plain", "diml_ss": "plain"}  # diml_train trains its own way (App. A.3)
+    assert shared_training(["diml", "sam"], protocol) == {}  # no plain to train
+    max_pool, _ = apply_overrides(protocol, ["methods.plain.pool=max"])
+    assert shared_training(["plain", "diml"], max_pool) == {}  # plain trains another head
+    structural, _ = apply_overrides(protocol, ["methods.diml.train_structural=true"])
+    assert shared_training(["plain", "diml"], structural) == {}
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun: every process trains every run
+    assert shared_training(["plain", "diml"], protocol) == {}
