@@ -571,3 +571,41 @@ def test_search_device_prefers_faiss_gpu_then_torch_cuda():
     assert search_device(False, "cpu") == torch.device("cpu")
     expected = torch.device("cuda") if torch.cuda.is_available() and not gpu_available() else None
     assert search_device(True) == expected
+
+
+class _BatchRecorder(torch.nn.Module):
+    """A tiny embedding model that records the size of every batch it is given."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(3, 8)
+        self.sizes: list[int] = []
+        self.head = argparse.Namespace(embedding_size=8)
+
+    def forward(self, x):
+        from methods import HeadOutput
+
+        self.sizes.append(len(x))
+        return HeadOutput(embedding=torch.nn.functional.normalize(self.linear(x.mean(dim=(2, 3))), dim=-1))
+
+
+def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
+    """On CPU the protocol's evaluation batch (128) is forwarded in chunks of at most
+    CPU_FORWARD_BATCH images: faster there, and the embeddings are the same."""
+    from harness.data.base import ArrayImageSet
+    from harness.data.transforms import build_transform
+    from harness.evaluation.model import CPU_FORWARD_BATCH, embed_images
+    from harness.protocol import load_protocol
+
+    image = load_protocol("smoke").image
+    pixels = np.random.default_rng(0).integers(0, 256, (70, 40, 40, 3), dtype=np.uint8)
+    images = ArrayImageSet(pixels, labels=[0] * 70)
+    cpu, embeddings = torch.device("cpu"), {}
+    for batch in (128, 7):
+        model = _BatchRecorder()
+        embeddings[batch], _ = embed_images(model, images, build_transform(image, train=False), image,
+                                            batch_size=batch, device=cpu)
+        assert sum(model.sizes) == 70
+        assert max(model.sizes) == min(batch, CPU_FORWARD_BATCH)
+    np.testing.assert_allclose(embeddings[128], embeddings[7], rtol=0, atol=1e-6)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..protocol import Protocol
 
 __all__ = ["embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
-           "QUERIES_PER_RERANK_CALL", "QUERIES_PER_RERANK_CALL_CUDA", "PAIRS_PER_CALL"]
+           "CPU_FORWARD_BATCH", "QUERIES_PER_RERANK_CALL", "QUERIES_PER_RERANK_CALL_CUDA", "PAIRS_PER_CALL"]
 
 #: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
 #: the gathered fields: queries x K x field size).
@@ -107,12 +107,23 @@ def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
     return score
 
 
+#: Images per forward pass on CPU, whatever the protocol's evaluation batch: in eval mode an
+#: image's embedding does not depend on its batch, and on CPU time per image grows with the
+#: batch once the activations leave the cache. Measured on 2 cores, smoke protocol, the 1,440
+#: test images: ``plain`` 4.6 s at batch 16-32 and 7.6-8.9 s at 128; DIABLO (N = 2) 7.9-9.5 s
+#: and 10.3-11.9 s; the embeddings were bit-identical. GPUs use the protocol's batch.
+CPU_FORWARD_BATCH = 32
+
+
 @torch.inference_mode()
 def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
                  keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-    """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``."""
+    """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``
+    (``batch_size`` images per forward pass, at most :data:`CPU_FORWARD_BATCH` on CPU)."""
     model.eval()
+    if device.type == "cpu":
+        batch_size = min(batch_size, CPU_FORWARD_BATCH)
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda")
     embs, kept = [], {k: [] for k in keep}
