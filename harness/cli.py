@@ -151,26 +151,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def shared_training(methods: list[str], protocol) -> dict[str, str]:
-    """Methods of this ``run`` that train as another one in it (:meth:`Method.trains_as`,
+    """Methods of this ``run`` that train as another one in it (:func:`methods.training_base`,
     e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
     and evaluates them on its weights. Only in one process (under torchrun every process
     trains every run, and only process 0 knows the run ids)."""
-    from methods import METHODS
+    from methods import training_base
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return {}
-
-    def resolved(name: str) -> dict:
-        return {**METHODS.get(name).options(), **protocol.methods.get(name, {})}
-
-    shared = {}
-    for method in methods:
-        declared = METHODS.get(method).cls.trains_as(resolved(method))
-        if declared is None:
-            continue
-        base, options = declared
-        if base in methods and base != method and all(resolved(base).get(k) == v for k, v in options.items()):
-            shared[method] = base
+    shared = {m: b for m in methods if (b := training_base(m, protocol.methods)) in methods}
     return {m: b for m, b in shared.items() if b not in shared}  # a base is trained, not shared
 
 

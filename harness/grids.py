@@ -247,7 +247,7 @@ def expand(grid: Grid) -> list[Cell]:
     """All cells of the grid, main axes then extras, without duplicates; names are checked
     against the registries (methods, losses, datasets, backbones) before anything runs.
     A test-time-only cell comes after its base cell and carries the base cell's key."""
-    from methods import METHODS
+    from methods import METHODS, training_base
 
     from .backbones import BACKBONES
     from .data import DATASETS
@@ -280,6 +280,12 @@ def expand(grid: Grid) -> list[Cell]:
                             raise HarnessError(
                                 f"grid {grid.name}: test_time.{method} = '{base_method}' must name a trained "
                                 f"method of the same grid (methods there: {', '.join(sub['methods'])})")
+                        if base_method and training_base(method, protocol.methods) != base_method:
+                            raise HarnessError(
+                                f"grid {grid.name}: test_time.{method} = '{base_method}', but with the options of "
+                                f"protocol '{protocol.name}' {method} does not train as {base_method}; its cells "
+                                f"would evaluate weights trained another way (expected a method whose "
+                                f"Method.trains_as names '{base_method}' with the protocol's options for it)")
                         options = dict(protocol.methods.get(method, {}))
                         for seed in sub["seeds"]:
                             base_key = keys[(base_method, seed)] if base_method else ""

@@ -24,7 +24,8 @@ from .base import (
     list_methods,
     register_method,
     register_variant,
+    training_base,
 )
 
 __all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "TrainingBatch", "check_method_options",
-           "create_method", "list_methods", "register_method", "register_variant"]
+           "create_method", "list_methods", "register_method", "register_variant", "training_base"]

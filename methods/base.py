@@ -374,6 +374,21 @@ def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
 
 
 #: Stand-in widths for :func:`check_method_options` (values are checked, nothing is run).
+def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str:
+    """The method whose training is ``name``'s under a protocol's method options
+    (``protocol.methods``): what its :meth:`Method.trains_as` declares, when that method's
+    own resolved options match the declared ones; "" when it trains its own way."""
+    def resolved(method: str) -> dict[str, Any]:
+        return {**METHODS.get(method).options(), **protocol_options.get(method, {})}
+
+    declared = METHODS.get(name).cls.trains_as(resolved(name))
+    if declared is None:
+        return ""
+    base, options = declared
+    same = base != name and all(resolved(base).get(k) == v for k, v in options.items())
+    return base if same else ""
+
+
 _PLACEHOLDER_CHANNELS = {"s8": 8, "s16": 16, "s32": 32}
 
 

@@ -212,6 +212,12 @@ def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
     bad = _grid(tmp_path, methods=("diml",), extra='[test_time]\ndiml = "plain"\n')
     with pytest.raises(HarnessError, match="test_time.diml = 'plain' must name a trained method"):
         load_grid(bad)
+    # A test-time method must train as its base: diml_train trains its own way (App. A.3),
+    # and ngrouping is not plain at all.
+    for method in ("diml_train", "ngrouping"):
+        wrong = _grid(tmp_path, methods=(method, "plain"), extra=f'[test_time]\n{method} = "plain"\n')
+        with pytest.raises(HarnessError, match=f"{method} does not train as plain"):
+            load_grid(wrong)
 
 
 def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypatch):
