@@ -373,7 +373,6 @@ def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
     return model
 
 
-#: Stand-in widths for :func:`check_method_options` (values are checked, nothing is run).
 def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str:
     """The method whose training is ``name``'s under a protocol's method options
     (``protocol.methods``): what its :meth:`Method.trains_as` declares, when that method's
@@ -389,6 +388,7 @@ def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str
     return base if same else ""
 
 
+#: Stand-in widths for :func:`check_method_options` (values are checked, nothing is run).
 _PLACEHOLDER_CHANNELS = {"s8": 8, "s16": 16, "s32": 32}
 
 
