@@ -22,7 +22,7 @@ from .errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed"]
+           "process_is_dead", "mark_dead_runs_killed", "newest_run"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -177,6 +177,19 @@ def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
             client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
     return killed
+
+
+def newest_run(experiment: str, filter_string: str) -> str | None:
+    """The id of the newest run of ``experiment`` matching ``filter_string``, or None."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=filter_string,
+                                             order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
 
 
 def experiment_id(name: str) -> str:

@@ -443,13 +443,20 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
     if checkpoint is not None:
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
+    previous = None  # an evaluate-only run trains nothing and keeps no last.pt: it resumes into its run
+    if cfg.resume and cfg.evaluate_only and procs.is_main:
+        from .tracking import filter_value, newest_run
+
+        previous = newest_run(experiment, f"tags.run_key = {filter_value(ckpt_dir.name)}")
+        if previous:
+            _log(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
 
     t = _build_training(cfg, splits, device, fp, workers=workers, procs=procs)
     epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
     if not procs.is_main:
         return _follow(cfg, t, device, checkpoint, epochs)
     tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
-                      run_id=checkpoint.get("mlflow_run_id") if checkpoint else None)
+                      run_id=checkpoint.get("mlflow_run_id") if checkpoint else previous)
     try:
         start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
         if checkpoint is None or not tracker.resumed:

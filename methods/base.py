@@ -221,8 +221,11 @@ class Method(nn.Module):
     def trains_as(cls, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         """The method (registry name, options) whose training is this one's step for step
         under ``options`` (all of them resolved), or None when it trains its own way.
-        ``run`` then trains that method once and evaluates this one on its weights without
-        training, as a grid's ``[test_time]`` cell does: for test-time-only methods."""
+        ``run`` then trains that method once and evaluates this one on its selected weights
+        without training, as a grid's ``[test_time]`` cell does: for test-time-only methods.
+        The selected epoch is then the base's (chosen by its own validation score), as when
+        a training-free method is applied to a trained baseline; trained alone, this method
+        would select its epoch by its own (e.g. re-ranked) validation score."""
         return None
 
     def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:

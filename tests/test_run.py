@@ -260,6 +260,24 @@ def test_diml_at_test_time_on_a_finished_plain_run(workdir, tiny_protocol):
     assert 0.0 <= metrics["precision_at_1"] <= 1.0
 
 
+def test_resume_evaluates_a_shared_diml_again_into_its_own_run(workdir, tiny_protocol, capsys):
+    """``run --resume`` on finished runs: plain resumes from its last checkpoint, and the
+    evaluate-only diml run (no checkpoint of its own) into the same MLflow run, not a new one."""
+    out = workdir / "out.json"
+    common = ("--methods", "plain,diml", "--protocol", str(tiny_protocol), "--epochs", "1", "--resume",
+              "--experiment", "resume-shared", "--json", str(out))
+    assert run_cli(*common) == 0
+    first = {r["method"]: r for r in _records(out)}
+    assert run_cli(*common) == 0
+    second = {r["method"]: r for r in _records(out)}
+    assert "evaluating diml seed 0 again into its run" in capsys.readouterr().err
+    assert {m: r["mlflow_run_id"] for m, r in first.items()} == {m: r["mlflow_run_id"] for m, r in second.items()}
+    assert first["diml"]["metrics"] == second["diml"]["metrics"]
+    experiment = mlflow.get_experiment_by_name("resume-shared").experiment_id
+    assert len(mlflow.MlflowClient().search_runs([experiment])) == 2
+    assert mlflow.MlflowClient().get_run(second["diml"]["mlflow_run_id"]).info.status == "FINISHED"
+
+
 def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     """On CUDA the GradScaler's scale and growth counter must survive a resume."""
     from harness.protocol import load_protocol
