@@ -170,6 +170,8 @@ class EvaluationSpec:
             "inshop": (1, 10, 20, 30, 40, 50),
         }
     )
+    #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
+    #: model at once (harness.evaluation.model): the embeddings are the same, only faster.
     batch_size: int = 128
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:
