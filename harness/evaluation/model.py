@@ -110,8 +110,9 @@ def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
 #: Images per forward pass on CPU, whatever the protocol's evaluation batch: in eval mode an
 #: image's embedding does not depend on its batch, and on CPU time per image grows with the
 #: batch once the activations leave the cache. Measured on 2 cores, smoke protocol, the 1,440
-#: test images: ``plain`` 4.6 s at batch 16-32 and 7.6-8.9 s at 128; DIABLO (N = 2) 7.9-9.5 s
-#: and 10.3-11.9 s; the embeddings were bit-identical. GPUs use the protocol's batch.
+#: test images, two passes each: ``plain`` 4.6-6.6 s at batch 16-32 and 7.6-9.5 s at 128;
+#: DIABLO (N = 2) 7.1-9.5 s and 10.3-11.9 s; the embeddings were bit-identical. GPUs use
+#: the protocol's batch.
 CPU_FORWARD_BATCH = 32
 
 
