@@ -161,34 +161,33 @@ def process_is_dead(worker: str) -> bool:
     return False
 
 
-def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
-    """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
-    process (tag ``harness_worker``) died on this host; returns their ids."""
+def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
+    """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    client = mlflow.MlflowClient()
+    return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=filter_string, **kwargs)
+
+
+def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
+    process (tag ``harness_worker``) died on this host; returns their ids."""
+    import mlflow
+
     killed = []
-    for run in client.search_runs([exp.experiment_id], filter_string=f"attributes.status = 'RUNNING' and {filter_string}"):
+    for run in _search_runs(experiment, f"attributes.status = 'RUNNING' and {filter_string}"):
         if process_is_dead(run.data.tags.get("harness_worker", "")):
-            client.set_terminated(run.info.run_id, status="KILLED")
+            mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
     return killed
 
 
 def newest_run(experiment: str, filter_string: str) -> str | None:
     """The id of the newest run of ``experiment`` matching ``filter_string``, or None."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri())
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    runs = mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=filter_string,
-                                             order_by=["attributes.start_time DESC"], max_results=1)
+    runs = _search_runs(experiment, filter_string, order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
 
 

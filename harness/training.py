@@ -434,22 +434,20 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     ckpt_path = ckpt_dir / "last.pt"
     checkpoint, ckpt_digest = None, None
     experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
-    if cfg.resume and procs.is_main:  # a run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED
-        from .tracking import filter_value, mark_dead_runs_killed
+    previous = None  # an evaluate-only run trains nothing and keeps no last.pt: it resumes into its run
+    if cfg.resume and procs.is_main:
+        from .tracking import filter_value, mark_dead_runs_killed, newest_run
 
-        for run_id in mark_dead_runs_killed(experiment, f"tags.run_key = {filter_value(ckpt_dir.name)}"):
+        same_key = f"tags.run_key = {filter_value(ckpt_dir.name)}"
+        # A run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED.
+        for run_id in mark_dead_runs_killed(experiment, same_key):
             _log(f"run {run_id} of a process that died was left RUNNING; marked KILLED")
+        if cfg.evaluate_only and (previous := newest_run(experiment, same_key)):
+            _log(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
     if cfg.resume and ckpt_path.is_file():
         checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
     if checkpoint is not None:
         _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
-    previous = None  # an evaluate-only run trains nothing and keeps no last.pt: it resumes into its run
-    if cfg.resume and cfg.evaluate_only and procs.is_main:
-        from .tracking import filter_value, newest_run
-
-        previous = newest_run(experiment, f"tags.run_key = {filter_value(ckpt_dir.name)}")
-        if previous:
-            _log(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
 
     t = _build_training(cfg, splits, device, fp, workers=workers, procs=procs)
     epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs

@@ -64,12 +64,12 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     # Training-free DIML is evaluated on plain's weights, not trained a second time, and
     # the records keep the asked (alphabetical) order.
     assert [r["method"] for r in records] == sorted(r["method"] for r in records)
-    diml = mlflow.MlflowClient().get_run(next(r for r in records if r["method"] == "diml")["mlflow_run_id"])
+    diml_record = next(r for r in records if r["method"] == "diml")
+    diml = mlflow.MlflowClient().get_run(diml_record["mlflow_run_id"])
     assert diml.data.tags["init_from"] == rec["mlflow_run_id"] and diml.data.tags["evaluate_only"] == "True"
     assert diml.data.tags["deviations"] == "none"
-    diml_metrics = next(r for r in records if r["method"] == "diml")["metrics"]
     for name, value in rec["metrics"].items():
-        assert diml_metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
+        assert diml_record["metrics"][f"global_{name}"] == pytest.approx(value, abs=1e-12)
     assert "diml: evaluated on plain's trained weights" in printed_err
 
 
