@@ -11,7 +11,7 @@ Measured, each in a fresh subprocess. Memory is the ranking's own: the peak resi
 (``/proc/self/clear_refs``) once the data are built, so the ~0.8 GiB that importing torch
 and the harness costs both modes is not counted (the process's whole peak is reported too):
 
-(a) the harness: ``harness.evaluation.exhaustive_knn`` over ``AVSLHead.score_pairs``
+(a) the harness: ``harness.components.evaluation.exhaustive_knn`` over ``AVSLHead.score_pairs``
     (``make_pair_scorer``, gallery chunks of ``PAIRS_PER_CALL`` pairs, a running top-k);
 (b) the released tester's approach, reimplemented in our own words: per slice of
     queries, the slice x N x r node tensors of every level at once, the slice x N
@@ -50,9 +50,9 @@ import torch.nn.functional as F  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.evaluation import exhaustive_knn  # noqa: E402
-from harness.evaluation.metrics import relevant_counts, retrieval_metrics  # noqa: E402
-from harness.evaluation.model import make_pair_scorer, pair_chunks  # noqa: E402
+from harness.components.evaluation import exhaustive_knn  # noqa: E402
+from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics  # noqa: E402
+from harness.engine.embedding import make_pair_scorer, pair_chunks  # noqa: E402
 from methods import create_method  # noqa: E402
 
 LEVELS, R = 3, 512

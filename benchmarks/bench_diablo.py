@@ -26,9 +26,9 @@ import torch
 
 
 def build(method: str, backbone: str, size: int, options: dict, device: torch.device):
-    from harness.losses import MetricLoss, create_loss, create_miner
-    from harness.protocol import apply_overrides, load_protocol
-    from harness.training import _optimizer, build_model
+    from harness.components.losses import MetricLoss, create_loss, create_miner
+    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.engine.training import _optimizer, build_model
 
     protocol, _ = apply_overrides(load_protocol("smoke"), {
         "backbone.name": backbone, "backbone.pretrained": False, "image.size": size, "image.resize": size,
@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--option", action="append", default=[], help="DIABLO option, e.g. entries=16")
     args = parser.parse_args()
-    from harness.protocol import _parse_value
-    from harness.training import resolve_device, seed_everything
+    from harness.config.protocol import _parse_value
+    from harness.engine.training import resolve_device, seed_everything
 
     device = resolve_device(args.device)
     options = {k: _parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}

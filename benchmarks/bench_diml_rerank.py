@@ -59,8 +59,8 @@ import torch.nn.functional as F  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.evaluation import knn, rerank_top_k  # noqa: E402
-from harness.evaluation.model import make_reranker  # noqa: E402
+from harness.components.evaluation import knn, rerank_top_k  # noqa: E402
+from harness.engine.embedding import make_reranker  # noqa: E402
 from methods import create_method  # noqa: E402
 from methods.diml import sinkhorn  # noqa: E402
 
@@ -212,7 +212,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from harness.training import resolve_device
+    from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)

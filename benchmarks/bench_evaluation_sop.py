@@ -1,4 +1,4 @@
-"""SOP-scale benchmark of the evaluation suite (``harness.evaluation``) on 2 CPU threads
+"""SOP-scale benchmark of the evaluation suite (``harness.components.evaluation``) on 2 CPU threads
 (``--threads``), or with its kNN on the GPU (``--device cuda``).
 
 Data: 60,502 x 512 float32 L2-normalised embeddings in 11,316 classes with
@@ -125,7 +125,7 @@ def _recall_from_lists(lists: np.ndarray, labels: np.ndarray) -> dict[str, float
 
 
 def child_suite(x: np.ndarray, labels: np.ndarray) -> dict:
-    from harness.evaluation import evaluate_embeddings
+    from harness.components.evaluation import evaluate_embeddings
 
     use_gpu = os.environ.get("BENCH_EVAL_DEVICE") == "cuda"
     if use_gpu:  # CUDA initialised before the clock starts, as in a run that has just embedded
@@ -221,7 +221,7 @@ def summarise(kernels: dict, suite: dict, pml: dict | None) -> dict:
     ratio = suite["suite_s"] / kernel_s
     rows = [("(a) faiss kNN, k=1000, chunked", kernels["knn_s"], kernels["peak_rss_mb"]),
             ("(a) faiss k-means, 20 it + assign", kernels["kmeans_s"], None),
-            ("(b) full suite (harness.evaluation)", suite["suite_s"], suite["peak_rss_mb"])]
+            ("(b) full suite (harness.components.evaluation)", suite["suite_s"], suite["peak_rss_mb"])]
     if pml:
         rows.append(("(c) PML AccuracyCalculator (4 metrics)", pml["pml_s"], pml["peak_rss_mb"]))
     print(f"\n{'step':<42}{'seconds':>9}{'peak RSS MB':>13}")

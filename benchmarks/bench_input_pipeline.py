@@ -93,8 +93,8 @@ def write_cub_tree(root: Path, per_class: int, seed: int = 0) -> Path:
 
 
 def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
-    from harness.accel import amp_dtype
-    from harness.backbones import create_backbone
+    from harness.base.device import amp_dtype
+    from harness.components.backbones import create_backbone
 
     b = protocol.backbone
     backbone = create_backbone(b.name, pretrained=False, freeze_bn=b.freeze_bn).to(device).train()
@@ -126,9 +126,9 @@ def loader_rate(protocol, dataset: str, data_root: Path | None, batches: int, wo
     """The training loader alone: images/s over ``batches`` batches after the first."""
     from torch.utils.data import DataLoader
 
-    from harness.data.sampling import ClassBalancedBatchSampler, TransformedImages
-    from harness.data.transforms import build_transform
-    from harness.training import _adapted_sampling, prepare_splits
+    from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
+    from harness.components.data.transforms import build_transform
+    from harness.engine.training import _adapted_sampling, prepare_splits
 
     splits = prepare_splits(protocol, dataset, data_root, seed=0)
     classes, per_class, _ = _adapted_sampling(protocol, len(np.unique(splits.train.labels)))
@@ -150,7 +150,7 @@ def harness_rate(protocol_name: str, dataset: str, data_root: Path | None, batch
                  workers: int | None, workdir: Path) -> dict:
     import mlflow
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     out = workdir / f"{dataset}.json"
@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from harness.protocol import load_protocol
-    from harness.training import resolve_device
+    from harness.config.protocol import load_protocol
+    from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)
     protocol_name = args.protocol or ("roth2020" if device.type == "cuda" else "smoke")

@@ -24,7 +24,7 @@ import torch
 
 
 def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
-    from harness.backbones import create_backbone
+    from harness.components.backbones import create_backbone
 
     b = protocol.backbone
     backbone = create_backbone(b.name, pretrained=b.pretrained, freeze_bn=b.freeze_bn).to(device).train()
@@ -44,7 +44,7 @@ def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
 def harness_rate(method: str, batches: int, device: str, workers: int | None) -> float:
     import mlflow
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
@@ -68,8 +68,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--workers", type=int, help="data-loading processes (default: the run's default)")
     args = parser.parse_args()
-    from harness.protocol import load_protocol
-    from harness.training import resolve_device
+    from harness.config.protocol import load_protocol
+    from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)
     protocol = load_protocol("smoke")

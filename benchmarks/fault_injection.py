@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.atomic import atomic_write_text  # noqa: E402
+from harness.base.atomic import atomic_write_text  # noqa: E402
 from tests.faults.injection import Lab, Row, format_table, scenarios  # noqa: E402
 
 

@@ -5,7 +5,7 @@
 ['agrouping', 'cgrouping', 'ggrouping', 'mgrouping', 'ngrouping']
 """
 
-from . import (
+from methods import (
     agrouping,  # noqa: F401  (registers)
     avsl,  # noqa: F401  (registers)
     diablo,  # noqa: F401  (registers)
@@ -13,7 +13,7 @@ from . import (
     plain,  # noqa: F401  (registers)
     sam,  # noqa: F401  (registers)
 )
-from .base import (
+from methods.base import (
     METHODS,
     HeadOutput,
     Method,

@@ -66,9 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.explain import grouped_pair_maps, upsample_maps
-
-from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
+from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
 __all__ = ["GroupingHead", "SingleEmbeddingHead", "AttentiveGrouping", "MultiLinearGrouping",
            "GateGrouping", "ChannelGrouping", "GROUPINGS", "diversity_loss", "PAPER"]
@@ -328,7 +327,7 @@ class GroupingHead(Method):
 
     def pair_maps(self, query, gallery, same):
         """Eq. 9's raw maps (attention, or G-grouping's gates) of each image, weighted by each
-        group's share of the pair's (dis)similarity (:func:`~harness.explain.grouped_pair_maps`);
+        group's share of the pair's (dis)similarity (:func:`~harness.components.explanation.maps.grouped_pair_maps`);
         None for the M-, C- and N-grouping heads, which have no spatial maps."""
         def maps(out):
             return out.attention if out.attention is not None else out.extras.get("gate_maps")

@@ -78,7 +78,7 @@ Where the paper and the released code differ or are silent (each choice is an op
   StepLR) belongs to a protocol, not to the head; ``inference_lr_scale`` offers the
   per-part rate of alpha, beta (code: collector 1.1e-4 vs embedder 5.5e-4 on CUB, 0.2).
 * The released tester builds the whole N x N distance with N x N x r intermediates per
-  slice; here gallery chunks are scored with a running top-k (harness.evaluation).
+  slice; here gallery chunks are scored with a running top-k (harness.components.evaluation).
 """
 
 from __future__ import annotations
@@ -95,12 +95,11 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torch import nn
 from torch.nn import init
 
-from harness.atomic import atomic_write_text
-from harness.errors import HarnessError
-from harness.explain import upsample_maps
-from harness.losses import PrecomputedDistance, distance_replaced
-
-from .base import HeadOutput, Method, PaperInfo, register_method
+from harness.base.atomic import atomic_write_text
+from harness.base.errors import HarnessError
+from harness.components.explanation.maps import upsample_maps
+from harness.components.losses import PrecomputedDistance, distance_replaced
+from methods.base import HeadOutput, Method, PaperInfo, register_method
 
 __all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
            "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix",

@@ -10,13 +10,13 @@ hook                        carries
 ``embed``                   maps of the declared ``stages`` -> :class:`HeadOutput`
                             (embedding + structured outputs: groups, a grid of local
                             embeddings, levels with CAMs, attention)
-``setup``                   called once with the :class:`~harness.backbones.Backbone` at
+``setup``                   called once with the :class:`~harness.components.backbones.Backbone` at
                             build time: declare other ``stages``, keep pretrained copies
                             of backbone segments (``self.pretrained``, trained at the
                             backbone's learning rate), run the backbone's own later
                             segments (``self.backbone.run``)
 ``loss_terms``              named loss terms for a :class:`TrainingBatch` (its
-                            :class:`~harness.losses.MetricLoss` per group / level, extra
+                            :class:`~harness.components.losses.MetricLoss` per group / level, extra
                             terms; ``batch.model`` / ``batch.images`` for a second pass)
 ``rerank_similarity``       scores (query, candidate) pairs at evaluation (DIML, AVSL);
                             ``rerank_by_ids`` feeds it from stored fields
@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.registry import Registry
+from harness.base.errors import HarnessError
+from harness.base.registry import Registry
 
 if TYPE_CHECKING:
-    from harness.backbones import Backbone
-    from harness.losses import MetricLoss
+    from harness.components.backbones import Backbone
+    from harness.components.losses import MetricLoss
 
 __all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "TrainingBatch", "METHODS",
            "register_method", "register_variant", "create_method", "check_method_options",
@@ -129,7 +129,7 @@ class TrainingBatch:
     """What :meth:`Method.loss_terms` gets besides the head's output.
 
     * ``labels``: B class ids (0..C-1).
-    * ``metric_loss``: the run's :class:`~harness.losses.MetricLoss` (loss instances + miner).
+    * ``metric_loss``: the run's :class:`~harness.components.losses.MetricLoss` (loss instances + miner).
     * ``images``: the normalised input batch, and ``model``: the whole embedding model
       (backbone + this head), for methods that run a second pass (SAM's masked images).
     """
@@ -357,7 +357,7 @@ def list_methods(pattern: str = "*", *, ablations: bool = True) -> list[str]:
 def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
                   **options) -> Method:
     """Build a registered method; an unknown option or a bad value is a
-    :class:`~harness.errors.HarnessError` naming the method and the option.
+    :class:`~harness.base.errors.HarnessError` naming the method and the option.
 
     Options that are None are dropped, so unset command-line flags never override
     a variant's preset (timm's ``create_model`` convention).

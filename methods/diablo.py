@@ -65,10 +65,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.explain import grouped_pair_maps, upsample_maps
-
-from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.base.errors import HarnessError
+from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
+from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
 __all__ = ["DiabloHead", "PAPER", "SELECTIONS", "PLACEMENTS", "feature_wise_attention",
            "dimension_wise_attention", "merge", "feature_energy_share"]
@@ -230,7 +229,7 @@ class DiabloHead(Method):
     def pair_maps(self, query, gallery, same):
         """The N entries' maps of each image (the ones :meth:`explain` draws), weighted by
         each branch's share of the pair's (dis)similarity: the embedding's cosine is the mean
-        of the N branch cosines (:func:`~harness.explain.grouped_pair_maps`)."""
+        of the N branch cosines (:func:`~harness.components.explanation.maps.grouped_pair_maps`)."""
         return grouped_pair_maps(query.attention, gallery.attention, query.groups, gallery.groups, same)
 
     @classmethod

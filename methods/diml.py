@@ -84,11 +84,10 @@ from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torchvision.ops import roi_align
 
-from harness.errors import HarnessError
-from harness.losses import PrecomputedDistance, distance_replaced
-
-from .base import HeadOutput, PaperInfo, register_method, register_variant
-from .plain import PlainHead
+from harness.base.errors import HarnessError
+from harness.components.losses import PrecomputedDistance, distance_replaced
+from methods.base import HeadOutput, PaperInfo, register_method, register_variant
+from methods.plain import PlainHead
 
 __all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "sinkhorn", "local_similarity", "uniform_marginals",
            "cross_correlation_marginals", "transport_plans", "structural_similarity",

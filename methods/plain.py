@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import HeadOutput, Method, register_method
+from methods.base import HeadOutput, Method, register_method
 
 POOLS = ("avg", "max", "avg+max")
 

@@ -120,11 +120,10 @@ import torch.nn.functional as F
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
-from harness.atomic import atomic_write
-from harness.errors import HarnessError
-from harness.explain import upsample_maps
-
-from .base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.base.atomic import atomic_write
+from harness.base.errors import HarnessError
+from harness.components.explanation.maps import upsample_maps
+from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
 __all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_weights",
            "quadruplet_weights", "tuple_weights", "eq1_attention", "closed_form_attention",

@@ -11,9 +11,9 @@ import pytest
 import torch
 from pytorch_metric_learning import losses as pml_losses
 
-from harness.errors import HarnessError
-from harness.explain import attention_figure, part_attention_mass, upsample_maps
-from harness.losses import BinomialDevianceLoss, MetricLoss
+from harness.base.errors import HarnessError
+from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
+from harness.components.losses import BinomialDevianceLoss, MetricLoss
 from methods import METHODS, TrainingBatch, create_method
 from methods.agrouping import GroupingHead, diversity_loss
 
@@ -352,7 +352,7 @@ def test_each_group_has_its_own_loss_instance_when_the_trainer_holds_one_per_gro
 
 def test_runs_hold_a_loss_per_group_sized_for_the_groups(workdir, tiny_protocol):
     """Proxies live in the group's space (d = D / P), one set per group; a run trains."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     out = workdir / "out.json"
     assert main(["run", "--methods", "agrouping", "--protocol", str(tiny_protocol), "--loss", "proxy_anchor",

@@ -1,4 +1,4 @@
-"""harness.atomic: a writer failing mid-way leaves neither the target nor a temporary
+"""harness.base.atomic: a writer failing mid-way leaves neither the target nor a temporary
 file; two writers of one file do not collide; data and rename are fsynced."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from harness.atomic import atomic_save_torch, atomic_write, atomic_write_bytes, sha256_file
+from harness.base.atomic import atomic_save_torch, atomic_write, atomic_write_bytes, sha256_file
 
 
 def test_a_writer_failing_midway_leaves_neither_the_target_nor_a_temporary_file(tmp_path):
@@ -19,7 +19,7 @@ def test_a_writer_failing_midway_leaves_neither_the_target_nor_a_temporary_file(
         fh.write(b"{\"half\": ")
         raise OSError("disk full")
 
-    from harness.errors import HarnessError
+    from harness.base.errors import HarnessError
 
     with pytest.raises(HarnessError, match=r"cannot write .*result.json: disk full"):  # one line, naming it
         atomic_write(target, half_then_fail)
@@ -73,12 +73,12 @@ def test_atomic_writes_are_fsynced_and_keep_the_usual_permissions(tmp_path, monk
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_file(tmp_path, monkeypatch):
-    """``DML_HARNESS_FAULT=write:NAME:N:enospc`` (test-only, harness.faults) fails the N-th
+    """``DML_HARNESS_FAULT=write:NAME:N:enospc`` (test-only, harness.base.faults) fails the N-th
     write of NAME as a full disk would: one HarnessError naming the file, the previous
     version intact, no temporary file left."""
-    from harness.atomic import atomic_write_text
-    from harness.errors import HarnessError
-    from harness.faults import ENV
+    from harness.base.atomic import atomic_write_text
+    from harness.base.errors import HarnessError
+    from harness.base.faults import ENV
 
     target = tmp_path / "table.md"
     atomic_write_text(target, "old\n")
@@ -93,7 +93,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_file(tmp_pat
 
 
 def test_fault_specs_are_checked(monkeypatch):
-    from harness.faults import ENV, fault_point
+    from harness.base.faults import ENV, fault_point
 
     monkeypatch.setenv(ENV, "train_batch:x:kill")
     with pytest.raises(ValueError, match="expected POINT:N:ACTION"):
@@ -109,7 +109,7 @@ def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp
     import subprocess
     import sys
 
-    from harness import atomic
+    from harness.base import atomic
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.evaluation import evaluate_embeddings, exhaustive_knn
-from harness.evaluation.metrics import relevant_counts, retrieval_metrics
-from harness.evaluation.model import make_pair_scorer, make_reranker
-from harness.losses import MetricLoss, create_loss
+from harness.components.evaluation import evaluate_embeddings, exhaustive_knn
+from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics
+from harness.components.losses import MetricLoss, create_loss
+from harness.engine.embedding import make_pair_scorer, make_reranker
 from methods import TrainingBatch
 from methods.avsl import (
     attribution,

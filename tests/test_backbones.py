@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.backbones import BACKBONES, create_backbone, efficientnet_lite0_state_dict
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
+from harness.components.backbones import BACKBONES, create_backbone, efficientnet_lite0_state_dict
 
 STRIDES = {"s8": 8, "s16": 16, "s32": 32}
 
@@ -39,7 +39,7 @@ def test_efficientnet_lite0_real_weights_load_strict():
     assert not torch.allclose(stem, timm.create_model("tf_efficientnet_lite0").conv_stem.weight)
     assert not torch.allclose(state["bn1.running_var"], torch.ones(32))  # real BN statistics
     model.eval()
-    from harness.data.synthetic import make_classes, render
+    from harness.components.data.synthetic import make_classes, render
 
     image, _ = render(make_classes(np.random.default_rng(0), 1)[0], np.random.default_rng(0), 224)
     x = (torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255 - 0.5) / 0.5

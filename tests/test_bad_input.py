@@ -6,7 +6,7 @@ import mlflow
 import pytest
 import torch
 
-from harness.cli import main
+from harness.cli.main import main
 from methods import METHODS, HeadOutput
 from methods.base import MethodEntry
 from methods.plain import PlainHead
@@ -83,7 +83,7 @@ def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protoc
 
 
 def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys, tiny_protocol, monkeypatch):
-    import harness.training as training
+    import harness.engine.training as training
 
     def no_scores(*args, metrics=None, **kwargs):
         return {name: float("nan") for name in metrics or ("mean_average_precision_at_r",)}
@@ -107,7 +107,7 @@ def test_a_misspelt_name_in_a_protocol_section_is_an_error(workdir, capsys, tmp_
 def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsys, monkeypatch):
     """A value the method's constructor refuses (groups not dividing the embedding size) is
     one ``error:`` line, raised before any dataset is read."""
-    import harness.training as training
+    import harness.engine.training as training
 
     monkeypatch.setattr(training, "prepare_splits", lambda *a, **k: pytest.fail("dataset loaded"))
     _fails(capsys, ["run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3",

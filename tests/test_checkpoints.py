@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
+from harness.cli.main import main
 
 
 def run_cli(*args: str) -> int:
@@ -32,7 +32,7 @@ def _checkpoint(epoch: int) -> dict:
 
 
 def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
-    from harness.training import _load_checkpoint, _save_checkpoint, _sidecar
+    from harness.engine.training import _load_checkpoint, _save_checkpoint, _sidecar
 
     path = tmp_path / "last.pt"
     digest = _save_checkpoint(_checkpoint(1), path, None)
@@ -57,7 +57,7 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
 def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
     """Same length, one byte flipped anywhere (a bad sector, a copy gone wrong): the sha256
     sidecar refuses it, where torch.load alone may read garbage tensors without complaint."""
-    from harness.training import _load_checkpoint, _save_checkpoint
+    from harness.engine.training import _load_checkpoint, _save_checkpoint
 
     path = tmp_path / "last.pt"
     _save_checkpoint(_checkpoint(1), path, None)
@@ -76,7 +76,7 @@ def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
 
 
 def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(tmp_path, monkeypatch):
-    from harness.training import _load_checkpoint, _save_checkpoint
+    from harness.engine.training import _load_checkpoint, _save_checkpoint
 
     path = tmp_path / "last.pt"
     first = _save_checkpoint(_checkpoint(1), path, None)
@@ -98,7 +98,7 @@ def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_val
 
 def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterrupted_metrics(
         workdir, tiny_protocol, capsys):
-    from harness.training import _load_checkpoint
+    from harness.engine.training import _load_checkpoint
 
     common = ("--methods", "plain", "--protocol", str(tiny_protocol))
     reference, resumed = workdir / "ref.json", workdir / "resumed.json"

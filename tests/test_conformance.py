@@ -2,7 +2,7 @@
 
 Every plugin must build from its defaults on a backbone (``setup``), embed the maps
 of the points it declares, train one step with the harness's real
-:class:`~harness.losses.MetricLoss` (per-copy instances, a miner, a loss sized by
+:class:`~harness.components.losses.MetricLoss` (per-copy instances, a miner, a loss sized by
 ``metric_loss_dim``), put every trainable parameter in exactly one optimizer group
 (its pretrained copies in the backbone's), round-trip its state dict, re-rank through
 the engine's one adapter when it declares ``rerank_fields``, explain (or decline to),
@@ -19,11 +19,11 @@ import pytest
 import torch
 from torch import nn
 
-from harness.backbones import Backbone, BackboneSpec
-from harness.errors import HarnessError
-from harness.evaluation.model import make_reranker
-from harness.losses import MetricLoss, create_loss, create_miner
-from harness.training import EmbeddingModel
+from harness.base.errors import HarnessError
+from harness.components.backbones import Backbone, BackboneSpec
+from harness.components.losses import MetricLoss, create_loss, create_miner
+from harness.engine.embedding import make_reranker
+from harness.engine.training import EmbeddingModel
 from methods import (
     METHODS,
     HeadOutput,

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.backbones import create_backbone
-from harness.errors import HarnessError
-from harness.protocol import apply_overrides, load_protocol
-from harness.training import EmbeddingModel, _optimizer
+from harness.base.errors import HarnessError
+from harness.components.backbones import create_backbone
+from harness.config.protocol import apply_overrides, load_protocol
+from harness.engine.training import EmbeddingModel, _optimizer
 from methods import METHODS, create_method
 from methods.diablo import (
     DiabloHead,
@@ -170,7 +170,7 @@ def test_every_combination_embeds_and_trains(selection, placement, entries):
 
 
 def test_renormalize_false_hands_the_loss_the_raw_concatenation():
-    from harness.losses import MetricLoss
+    from harness.components.losses import MetricLoss
     from methods import TrainingBatch
 
     seen = []

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from harness.data.transforms import MultiScaleCrop, build_transform
-from harness.errors import HarnessError
-from harness.protocol import ImageSpec, apply_overrides, fingerprint, load_protocol
-from harness.training import prepare_splits
+from harness.base.errors import HarnessError
+from harness.components.data.transforms import MultiScaleCrop, build_transform
+from harness.config.protocol import ImageSpec, apply_overrides, fingerprint, load_protocol
+from harness.engine.training import prepare_splits
 
 from .fixtures import make_cub
 
@@ -153,8 +153,9 @@ def test_run_seeded_carves_are_random_class_disjoint_halves_one_per_seed(tmp_pat
 def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(tmp_path, monkeypatch):
     """The sweep caches splits per (split, seed) and ``run`` re-carves per seed: each run
     trains on its own seed's split (stubs stand in for the dataset and the training)."""
-    from harness import cli, sweep, training
-    from harness.grids import load_grid
+    from harness.cli import main as cli
+    from harness.config.grids import load_grid
+    from harness.engine import sweep, training
 
     class FakeSplits:
         train = val = test = ()

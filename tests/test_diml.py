@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 
-from harness.errors import HarnessError
-from harness.evaluation import evaluate_embeddings, rerank_top_k
-from harness.evaluation.model import make_reranker
-from harness.losses import MetricLoss
+from harness.base.errors import HarnessError
+from harness.components.evaluation import evaluate_embeddings, rerank_top_k
+from harness.components.losses import MetricLoss
+from harness.engine.embedding import make_reranker
 from methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
 from methods.diml import (
     PAPER,

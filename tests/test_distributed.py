@@ -21,16 +21,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from harness.data.sampling import ClassBalancedBatchSampler
-from harness.distributed import (
+from harness.base.errors import HarnessError
+from harness.components.data.sampling import ClassBalancedBatchSampler
+from harness.components.losses import MetricLoss, create_loss, create_miner
+from harness.engine.distributed import (
     GatheredMetricLoss,
     Processes,
     average_gradients,
     check_replicas_agree,
     wrap_model,
 )
-from harness.errors import HarnessError
-from harness.losses import MetricLoss, create_loss, create_miner
 from methods.base import HeadOutput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_torchrun_trains_one_tracked_run_with_world_size_two(workdir, tiny_proto
     experiment = mlflow.get_experiment(run.info.experiment_id)
     assert len(mlflow.search_runs([experiment.experiment_id], filter_string=f"tags.fingerprint = '{two[0]['fingerprint']}'")) == 1
 
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["run", *common, "--json", str(workdir / "one.json")]) == 0
     one = json.loads((workdir / "one.json").read_text())[0]

@@ -39,9 +39,9 @@ import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 from pytorch_metric_learning.utils.inference import FaissKMeans, FaissKNN
 
-from harness.errors import HarnessError
-from harness.evaluate_cli import add_evaluate_parser
-from harness.evaluation import (
+from harness.base.errors import HarnessError
+from harness.cli.evaluate import add_evaluate_parser
+from harness.components.evaluation import (
     chunk_bounds,
     evaluate_embeddings,
     gpu_available,
@@ -412,7 +412,7 @@ def test_all_lone_gives_nan_not_a_crash():
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """The evaluate command under a parser like harness.cli's (HarnessError -> 'error: ...', exit 2)."""
+    """The evaluate command under a parser like harness.cli.main's (HarnessError -> 'error: ...', exit 2)."""
     parser = argparse.ArgumentParser(prog="python -m harness")
     add_evaluate_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
@@ -507,13 +507,13 @@ def test_cli_rejects_each_bad_file_with_one_line(saved, capsys):
 
 
 def _evaluate_is_wired() -> bool:
-    from harness.cli import build_parser
+    from harness.cli.main import build_parser
 
     actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return any("evaluate" in a.choices for a in actions)
 
 
-@pytest.mark.skipif(not _evaluate_is_wired(), reason="harness.cli does not wire `evaluate` yet")
+@pytest.mark.skipif(not _evaluate_is_wired(), reason="harness.cli.main does not wire `evaluate` yet")
 def test_python_m_harness_evaluate(saved):
     tmp, x, y = saved
     base = [sys.executable, "-m", "harness", "evaluate", "--labels", str(tmp / "lab.npy")]
@@ -565,7 +565,7 @@ def test_torch_search_is_the_same_exact_top_k(dim_copies, n, k):
 
 
 def test_search_device_prefers_faiss_gpu_then_torch_cuda():
-    from harness.evaluation.knn import gpu_available, search_device
+    from harness.components.evaluation.knn import gpu_available, search_device
 
     assert search_device(False) is None
     assert search_device(False, "cpu") == torch.device("cpu")
@@ -593,10 +593,10 @@ class _BatchRecorder(torch.nn.Module):
 def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
     """On CPU the protocol's evaluation batch (128) is forwarded in chunks of at most
     CPU_FORWARD_BATCH images: faster there, and the embeddings are the same."""
-    from harness.data.base import ArrayImageSet
-    from harness.data.transforms import build_transform
-    from harness.evaluation.model import CPU_FORWARD_BATCH, embed_images
-    from harness.protocol import load_protocol
+    from harness.components.data.base import ArrayImageSet
+    from harness.components.data.transforms import build_transform
+    from harness.config.protocol import load_protocol
+    from harness.engine.embedding import CPU_FORWARD_BATCH, embed_images
 
     image = load_protocol("smoke").image
     pixels = np.random.default_rng(0).integers(0, 256, (70, 40, 40, 3), dtype=np.uint8)

@@ -1,4 +1,4 @@
-"""Explanation scores (harness.explain_scores), the explain command and its table:
+"""Explanation scores (harness.components.explanation.scores), the explain command and its table:
 planted maps against ground truth, deletion against a random order on a model whose
 similarity depends on one part only, error lines, and one end-to-end explain."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.cli import main
-from harness.explain_cli import _rows, near_miss_class_pairs, similarity_gradcam
-from harness.explain_scores import (
+from harness.cli.explain import _rows, near_miss_class_pairs, similarity_gradcam
+from harness.cli.main import main
+from harness.components.explanation.scores import (
     curve_auc,
     mean_interval,
     part_shares,
@@ -166,7 +166,7 @@ def _check_scores(scores: dict) -> None:
 
 
 def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tiny_protocol, capsys):
-    from harness.explain_cli import explain_run, load_run
+    from harness.cli.explain import explain_run, load_run
 
     run_id = _train(tiny_protocol, workdir, "agrouping")
     out = workdir / "explain.json"

@@ -16,8 +16,8 @@ import mlflow
 import pytest
 from mlflow.exceptions import MlflowException
 
-from harness.cli import main
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
+from harness.cli.main import main
 
 
 def run_cli(*args: str) -> int:
@@ -83,8 +83,8 @@ def test_init_from_after_the_store_and_checkpoints_moved(workdir, tiny_protocol,
 
 def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir, tiny_protocol, monkeypatch,
                                                                          capsys):
-    import harness.training as training
-    from harness.tracking import Tracker
+    import harness.engine.training as training
+    from harness.store.tracking import Tracker
 
     def original(*args, **kwargs):
         raise HarnessError("the original failure")
@@ -106,7 +106,7 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir
 
 
 def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol, monkeypatch):
-    import harness.training as training
+    import harness.engine.training as training
 
     def scores(*args, metrics=None, **kwargs):
         return {"precision_at_1": math.nan, "r_precision": 0.25, "recall_at_1": math.inf}

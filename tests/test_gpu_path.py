@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from harness.accel import amp_dtype, amp_name
-from harness.cli import main
-from harness.data.sampling import ClassBalancedBatchSampler, TransformedImages
-from harness.data.transforms import build_transform
-from harness.protocol import load_protocol
+from harness.base.device import amp_dtype, amp_name
+from harness.cli.main import main
+from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
+from harness.components.data.transforms import build_transform
+from harness.config.protocol import load_protocol
 from methods import METHODS, HeadOutput
 from methods.base import MethodEntry
 from methods.plain import PlainHead
@@ -121,7 +121,7 @@ def test_autocast_is_bf16_where_supported_and_off_on_cpu():
 def test_default_workers_overlap_loading_only_where_a_core_is_free(monkeypatch):
     """One loader process on CPU with 2+ cores per training process (its batch is prepared
     during the step), none when torchrun already gives each process under 2 cores, 4 on CUDA."""
-    from harness.training import default_workers
+    from harness.engine.training import default_workers
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert default_workers(torch.device("cpu")) == 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.grids import load_grid
+from harness.base.errors import HarnessError
+from harness.config.grids import load_grid
 
 
 def _rows(grid) -> set[tuple[str, str]]:
@@ -81,7 +81,7 @@ def test_sam_table1_pairs_each_architecture_with_its_loss(smoke):
 @pytest.mark.parametrize("name", ["agrouping-table3", "diml-table1", "diablo-table1", "avsl-table1", "sam-table1"])
 def test_every_published_row_a_grid_names_is_in_its_csv(name):
     """A row spec that matches nothing would drop a published column from the table."""
-    from harness.tables import load_published
+    from harness.reports.tables import load_published
 
     grid = load_grid(name)
     frame = load_published(grid.published_file, grid.published_tables, grid.published_rows or None)

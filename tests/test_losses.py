@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.errors import HarnessError
-from harness.losses import (
+from harness.base.errors import HarnessError
+from harness.components.losses import (
     LOSSES,
     MINERS,
     BinomialDevianceLoss,
@@ -113,7 +113,7 @@ def test_miners_compose_with_losses(name):
 
 
 def test_proxy_and_class_losses_take_no_miner_and_multi_similarity_mines_its_own_pairs():
-    from harness.losses import miner_for
+    from harness.components.losses import miner_for
 
     args = {"cutoff": 0.5}
     for loss in ("contrastive", "triplet", "margin", "binomial_deviance"):
@@ -141,7 +141,7 @@ def test_roth_distance_weighted_miner_weights_by_hand():
     """Roth et al. 2020's sampler: per anchor, negatives weighted by q(d)^-1 = d^(2-n)
     (1 - d^2/4)^(-(n-3)/2) with d clamped below at 0.5 (Wu et al. 2017 Sec. 4), normalised;
     same-class items weigh nothing; no upper cutoff."""
-    from harness.losses import RothDistanceWeightedMiner
+    from harness.components.losses import RothDistanceWeightedMiner
 
     g = torch.Generator().manual_seed(3)
     emb = F.normalize(torch.randn(6, 4, generator=g), dim=1)

@@ -29,9 +29,9 @@ def test_every_package_and_data_folder_is_listed():
 
 
 def test_the_data_folders_are_found_from_any_working_directory(tmp_path, monkeypatch):
-    from harness.grids import load_grid
-    from harness.protocol import load_protocol, protocol_dir
-    from harness.tables import load_published, locate_published, published_dir
+    from harness.config.grids import load_grid
+    from harness.config.protocol import load_protocol, protocol_dir
+    from harness.reports.tables import load_published, locate_published, published_dir
 
     monkeypatch.chdir(tmp_path)
     assert protocol_dir() == ROOT / "protocols" and published_dir() == ROOT / "results" / "published"

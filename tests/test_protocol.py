@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.protocol import apply_overrides, fingerprint, list_protocols, load_protocol
+from harness.base.errors import HarnessError
+from harness.config.protocol import apply_overrides, fingerprint, list_protocols, load_protocol
 
 
 @pytest.mark.parametrize("name", ["smoke", "roth2020", "agrouping"])
@@ -141,7 +141,7 @@ def test_dataset_sections_are_part_of_the_protocol_not_deviations():
 
 
 def test_grid_cells_take_the_dataset_section():
-    from harness.grids import load_grid
+    from harness.config.grids import load_grid
 
     cells = load_grid("diml-table1").cells
     assert {c.protocol.schedule.epochs for c in cells if c.dataset == "sop"} == {100}
@@ -162,7 +162,7 @@ def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, mes
 def test_set_accepts_any_declared_method_option_and_records_it():
     """``--set methods.<m>.<opt>=v`` for an option the protocol file does not list: accepted,
     a deviation from the method's default; setting the default changes nothing."""
-    from harness.protocol import apply_overrides, fingerprint, load_protocol
+    from harness.config.protocol import apply_overrides, fingerprint, load_protocol
 
     smoke = load_protocol("smoke")
     assert "agrouping" not in smoke.methods
@@ -191,7 +191,7 @@ def test_agrouping_schedules_are_dgml_masters_per_dataset_configs():
 def test_a_loss_can_have_its_own_miner_in_the_protocol():
     """``[loss.miners.<loss>]``: A-grouping's binomial deviance takes all pairs (DGML-master's
     criterion has no batch miner) while its margin and contrastive losses keep the protocol's."""
-    from harness.losses import miner_for
+    from harness.components.losses import miner_for
 
     p = load_protocol("agrouping")
     assert miner_for("binomial_deviance", p.miner.name, p.miner.args, loss_miners=p.loss.miners) == ("none", {})
@@ -216,7 +216,7 @@ def test_bad_loss_miners_fail_at_load_naming_the_key(tmp_path, section, message)
 def test_roth2020_samples_with_roth_et_als_distance_weighted_miner():
     """Roth et al. 2020's code (and the DIML and DGML copies of it): no upper cutoff, one
     triplet per anchor; not PML's DistanceWeightedMiner."""
-    from harness.losses import RothDistanceWeightedMiner, create_miner
+    from harness.components.losses import RothDistanceWeightedMiner, create_miner
 
     for name in ("roth2020", "agrouping", "agrouping-sec42", "agrouping-googlenet"):
         p = load_protocol(name)

@@ -1,6 +1,6 @@
 """The results table printed by ``run``."""
 
-from harness.reporting import format_results
+from harness.reports.results import format_results
 
 
 def _record(method, metrics, seed=0, selection="validation"):

@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import torch
 
-from harness.cli import main
+from harness.cli.main import main
 
 
 def run_cli(*args: str) -> int:
@@ -103,8 +103,8 @@ def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tin
 
 
 def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol, monkeypatch):
-    from harness.protocol import load_protocol
-    from harness.training import RunConfig, run_key
+    from harness.config.protocol import load_protocol
+    from harness.engine.training import RunConfig, run_key
     from methods.plain import PlainHead
 
     cfg = RunConfig(method="plain", dataset="synthetic", protocol=load_protocol(tiny_protocol),
@@ -280,8 +280,8 @@ def test_resume_evaluates_a_shared_diml_again_into_its_own_run(workdir, tiny_pro
 
 def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     """On CUDA the GradScaler's scale and growth counter must survive a resume."""
-    from harness.protocol import load_protocol
-    from harness.training import RunConfig, _build_training, prepare_splits
+    from harness.config.protocol import load_protocol
+    from harness.engine.training import RunConfig, _build_training, prepare_splits
 
     protocol = load_protocol(tiny_protocol)
     cfg = RunConfig(method="plain", dataset="synthetic", protocol=protocol, loss="margin",
@@ -297,7 +297,7 @@ def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
 
 
 def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_path):
-    from harness.tracking import git_commit
+    from harness.store.tracking import git_commit
 
     git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],  # noqa: E731
                                        cwd=tmp_path, check=True, capture_output=True)
@@ -314,7 +314,7 @@ def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_pat
 
 
 def test_the_uncommitted_patch_turns_the_commit_into_the_code_that_ran(tmp_path):
-    from harness.tracking import uncommitted_changes
+    from harness.store.tracking import uncommitted_changes
 
     repo, clone = tmp_path / "repo", tmp_path / "clone"
     repo.mkdir()
@@ -338,7 +338,7 @@ def test_the_uncommitted_patch_turns_the_commit_into_the_code_that_ran(tmp_path)
 
 
 def test_a_run_that_finishes_after_a_failure_loses_its_failure_tag(workdir):
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     first = Tracker("failure-tag", "r")
     first.set_tags({"failure": "KeyboardInterrupt: "})
@@ -363,7 +363,7 @@ def _console_script() -> list[str]:
 def test_the_console_script_installs_the_sigterm_handler(monkeypatch):
     import importlib
 
-    import harness.cli as cli
+    import harness.cli.main as cli
 
     module, function = _console_script()[1].split("; ")[1].removeprefix("from ").split(" import ")
     entry = getattr(importlib.import_module(module), function)
@@ -403,8 +403,12 @@ def test_sigterm_marks_the_run_killed(workdir, tiny_protocol, entry):
 
 
 def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_protocol):
-    from harness.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, per_query_values
-    from harness.tables import artifact_per_query
+    from harness.components.evaluation import (
+        PER_QUERY_ARTIFACT,
+        evaluation_code_digest,
+        per_query_values,
+    )
+    from harness.reports.tables import artifact_per_query
 
     out = workdir / "out.json"
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(out)) == 0
@@ -420,8 +424,8 @@ def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_pr
 
 
 def test_run_shares_training_only_where_a_method_trains_as_another_in_the_same_run(tiny_protocol, monkeypatch):
-    from harness.cli import shared_training
-    from harness.protocol import apply_overrides, load_protocol
+    from harness.cli.main import shared_training
+    from harness.config.protocol import apply_overrides, load_protocol
 
     protocol = load_protocol(tiny_protocol)
     assert shared_training(["plain", "diml", "diml_train", "diml_ss", "sam"], protocol) == {

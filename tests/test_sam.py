@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from pytorch_metric_learning.miners import DistanceWeightedMiner
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.losses import MetricLoss, create_loss
+from harness.base.errors import HarnessError
+from harness.components.losses import MetricLoss, create_loss
 from methods import METHODS, TrainingBatch, check_method_options, list_methods
 from methods import sam as sam_module
 from methods.sam import (

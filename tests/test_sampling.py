@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.data.sampling import ClassBalancedBatchSampler
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
+from harness.components.data.sampling import ClassBalancedBatchSampler
 
 LABELS = np.repeat(np.arange(10), [5, 3, 2, 8, 4, 1, 6, 2, 3, 7])
 
@@ -36,8 +36,8 @@ def test_too_few_classes_is_an_error():
 
 @pytest.mark.parametrize("num_classes, expected", [(56, (56, 2)), (50, (50, 2)), (5, (5, 22)), (3, (3, 37))])
 def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_protocol_size(num_classes, expected):
-    from harness.protocol import load_protocol
-    from harness.training import _adapted_sampling
+    from harness.config.protocol import load_protocol
+    from harness.engine.training import _adapted_sampling
 
     protocol = load_protocol("roth2020")  # 56 x 2 = 112
     classes, per_class, note = _adapted_sampling(protocol, num_classes)

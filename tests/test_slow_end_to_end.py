@@ -11,8 +11,8 @@ import json
 import mlflow
 import pytest
 
-from harness.cli import main
-from harness.data.fashion_mnist import DEBIAN_PATH
+from harness.cli.main import main
+from harness.components.data.fashion_mnist import DEBIAN_PATH
 
 pytestmark = pytest.mark.slow
 

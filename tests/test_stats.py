@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from harness.evaluation import (
+from harness.components.evaluation import (
     PAPER_VARIANTS,
     evaluate_embeddings,
     load_per_query,
@@ -16,8 +16,13 @@ from harness.evaluation import (
     save_per_query,
     with_paper_variants,
 )
-from harness.evaluation.metrics import retrieval_metrics
-from harness.stats import paired_bootstrap, paired_t_test, pool_query_differences, t_interval
+from harness.components.evaluation.metrics import retrieval_metrics
+from harness.reports.stats import (
+    paired_bootstrap,
+    paired_t_test,
+    pool_query_differences,
+    t_interval,
+)
 
 # ------------------------------------------------------------------ DIML's query in R
 

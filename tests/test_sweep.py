@@ -18,9 +18,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from harness.errors import HarnessError
-from harness.grids import load_grid
-from harness.sweep import CELL_ATTR, add_sweep_parser
+from harness.base.errors import HarnessError
+from harness.config.grids import load_grid
+from harness.engine.sweep import CELL_ATTR, add_sweep_parser
 
 TINY_GRID = Path(__file__).parent / "grids" / "tiny.toml"
 TINY_PROTOCOL = Path(__file__).parent / "protocols" / "tiny.toml"
@@ -117,7 +117,7 @@ def test_local_workers_pop_trials_under_one_file_lock(tmp_path):
     named by the storage URL the sweep was given (not read back from Optuna's objects)."""
     import filelock
 
-    from harness.sweep import _pop_lock
+    from harness.engine.sweep import _pop_lock
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     with _pop_lock(url):
@@ -155,7 +155,7 @@ def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(wor
                                                                            same_code):
     """A worker killed after its run finished but before tagging it: the next start adopts
     the run, unless the method has a newer revision since."""
-    from harness.cli import main
+    from harness.cli.main import main
     from methods.plain import PlainHead
 
     grid_path = _grid(workdir, methods=("plain",))
@@ -173,7 +173,7 @@ def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(wor
 def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkeypatch, capsys):
     import optuna
 
-    from harness import training
+    from harness.engine import training
 
     grid_path = _grid(workdir, methods=("ngrouping",))
     grid = load_grid(grid_path)
@@ -248,7 +248,7 @@ def test_diml_table1_grid():
 
 
 def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys):
-    from harness.tables import load_runs, summarize
+    from harness.reports.tables import load_runs, summarize
 
     grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
     grid = load_grid(grid_path)
@@ -287,7 +287,7 @@ def test_worker_processes_queue_test_time_cells_when_their_base_finishes(workdir
 def test_a_worker_losing_the_race_to_create_the_experiment_joins_it(workdir, monkeypatch):
     """Two workers look the experiment up, find none, and both create it: the store's
     unique name fails the second, which must then use the first one's experiment."""
-    from harness.tracking import experiment_id
+    from harness.store.tracking import experiment_id
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     name = f"race-{uuid.uuid4().hex[:6]}"
@@ -304,7 +304,7 @@ def test_a_worker_losing_the_race_to_create_the_experiment_joins_it(workdir, mon
 
 
 def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, monkeypatch, capsys):
-    from harness import training
+    from harness.engine import training
 
     grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
     real = training.run_training
@@ -392,7 +392,7 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
     # more than 4 s, another worker failed its trial as stale and ran the cell again.
     common = ["--grid", str(grid_path), "--storage", postgres, "--heartbeat", "1", "--grace", "15"]
     # Queue the cells (no worker in this process: zero cells are run by it) ...
-    from harness.sweep import enqueue_cells, open_study, storage_url
+    from harness.engine.sweep import enqueue_cells, open_study, storage_url
 
     study = open_study(grid, postgres, heartbeat=1, grace=15)
     assert enqueue_cells(grid, study)["queued"] == 4

@@ -1,4 +1,4 @@
-"""``harness.tables``: layout, bold best, published values and differences, the
+"""``harness.reports.tables``: layout, bold best, published values and differences, the
 deviation mark, refusing mixed protocol fingerprints, and the ``table`` command over
 runs written straight into a temporary MLflow store (no training)."""
 
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from harness.errors import HarnessError
-from harness.tables import (
+from harness.base.errors import HarnessError
+from harness.reports.tables import (
     CELL_COLUMNS,
     add_table_parser,
     attach_published,
@@ -205,7 +205,7 @@ def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str
 
 @pytest.fixture
 def experiment(workdir) -> str:
-    from harness.tracking import tracking_uri
+    from harness.store.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     return f"tables-{uuid.uuid4().hex[:8]}"
@@ -235,7 +235,7 @@ def test_table_command_reads_finished_runs_and_writes_atomically(experiment, wor
 
 
 def test_runs_of_an_older_method_revision_are_superseded(experiment, workdir, capsys):
-    from harness.tables import load_runs
+    from harness.reports.tables import load_runs
 
     client = mlflow.MlflowClient()
     exp_id = client.create_experiment(experiment)
@@ -291,7 +291,7 @@ def test_a_mislabelled_published_column_is_never_compared(experiment, capsys):
     """A-grouping Table 2 heads its ResNet-50 SOP column R@2 but prints R@10 values there
     (Ours-R 91.8 against Table 4's R@2 83.11): the rows stay in the CSV, flagged, and the
     table leaves them out with a footnote and one line on stderr."""
-    from harness.tables import build_table
+    from harness.reports.tables import build_table
 
     pub = load_published(PUBLISHED, ["2"])
     assert not ((pub.dataset == "sop") & (pub.metric == "recall_at_2") & (pub.backbone == "resnet50")).any()
@@ -309,7 +309,7 @@ def test_a_mislabelled_published_column_is_never_compared(experiment, capsys):
 def test_diml_k_sweep_rows_carry_their_note_into_the_table(experiment):
     """DIML Table 3's test-only rows and Tables 5-6 come from the released code's K-sweep
     evaluation: compared, with the note as a footnote."""
-    from harness.tables import build_table
+    from harness.reports.tables import build_table
 
     diml = PUBLISHED.with_name("diml.csv")
     rows = {"plain": ["plain@diml_stage=none"], "diml": ["diml@diml_stage=test"]}
@@ -332,7 +332,7 @@ def _planted() -> pd.DataFrame:
 
 
 def test_planted_runs_give_scipys_interval_and_paired_p_value():
-    from harness.tables import paired_tests
+    from harness.reports.tables import paired_tests
 
     runs = _planted()
     cells = summarize(runs, ["recall_at_1"]).set_index("method")
@@ -389,7 +389,7 @@ def test_rows_computed_by_different_evaluation_code_are_flagged():
 def test_published_metric_sits_beside_the_papers_variant():
     """DIML's published RP is compared with the query-in-R variant, labelled; the harness's
     own RP column has no published value beside it."""
-    from harness.tables import variant_notes
+    from harness.reports.tables import variant_notes
 
     pub = load_published(PUBLISHED.with_name("diml.csv"), ["1"])
     pub = pub[pub.dataset == "cub200"].assign(metric=pub["metric"].replace({"r_precision": "r_precision_query_in_r"}))
@@ -417,7 +417,7 @@ def _option_run(client, exp_id, *, seed, entries, r1, tuned=False, init_from="no
 
 
 def test_runs_differing_only_in_a_method_option_are_two_rows(experiment, workdir, capsys):
-    from harness.tables import load_runs
+    from harness.reports.tables import load_runs
 
     client = mlflow.MlflowClient()
     exp_id = client.create_experiment(experiment)
@@ -437,8 +437,8 @@ def test_runs_differing_only_in_a_method_option_are_two_rows(experiment, workdir
 
 
 def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir, tmp_path):
-    from harness.evaluation import PER_QUERY_ARTIFACT, save_per_query
-    from harness.tables import artifact_per_query, build_table
+    from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
+    from harness.reports.tables import artifact_per_query, build_table
 
     client = mlflow.MlflowClient()
     exp_id = client.create_experiment(experiment)

@@ -11,13 +11,13 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, RESOURCE_DOES_NOT_EXIST
 
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
 
 # ------------------------------------------------------------------- tracking errors
 
 
 def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     first = Tracker("reopen", "r")
     first.finish("KILLED")
@@ -47,8 +47,8 @@ def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
 
 
 def test_search_values_with_quotes_are_quoted_for_mlflow(workdir):
-    from harness.sweep import _runs_of_cell
-    from harness.tracking import filter_value
+    from harness.engine.sweep import _runs_of_cell
+    from harness.store.tracking import filter_value
 
     client = mlflow.MlflowClient()
     experiment = client.create_experiment(f"quotes-{os.getpid()}-{id(client)}")

@@ -12,9 +12,9 @@ import mlflow
 import optuna
 import pytest
 
-from harness.errors import HarnessError
-from harness.protocol import load_protocol
-from harness.tune import add_tune_parser, study_name, suggest
+from harness.base.errors import HarnessError
+from harness.config.protocol import load_protocol
+from harness.engine.tune import add_tune_parser, study_name, suggest
 
 
 def _tune(*argv: str) -> int:
@@ -50,7 +50,7 @@ def test_tuning_refuses_test_set_selection(workdir, tiny_protocol):
 
 def _fake_training(calls: list):
     """Stands in for ``run_training``: an MLflow run with a validation history, no training."""
-    from harness.tracking import Tracker
+    from harness.store.tracking import Tracker
 
     def run(cfg, splits=None):
         calls.append(cfg)
@@ -73,7 +73,7 @@ def _fake_training(calls: list):
 
 
 def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch, capsys):
-    from harness import training
+    from harness.engine import training
 
     calls: list = []
     monkeypatch.setattr(training, "run_training", _fake_training(calls))
@@ -146,11 +146,11 @@ def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(workdir, 
 
 
 def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeypatch, capsys):
-    from harness import training
+    from harness.engine import training
 
     calls: list = []
     monkeypatch.setattr(training, "run_training", _fake_training(calls))
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["tune", "--method", "plain", "--protocol", str(tiny_protocol), "--storage",
                  f"sqlite:///{workdir / 'optuna.db'}", "--trials", "1", "--seeds", "0,x"]) == 2
@@ -163,7 +163,7 @@ def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(wor
                                                                               monkeypatch):
     """The study name holds the protocol's name; tune finds its finished reproductions with
     an MLflow filter on it, which interpolating the name between quotes broke."""
-    from harness import training
+    from harness.engine import training
 
     quoted = workdir / "o'brien.toml"
     quoted.write_text(tiny_protocol.read_text())
@@ -181,7 +181,7 @@ def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(wor
 def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(workdir, tiny_protocol, monkeypatch):
     """A trial interrupted (SIGTERM) is run again with its parameters and the next trials
     get the suggestions of an uninterrupted study: the sampler is seeded per trial."""
-    from harness import training
+    from harness.engine import training
 
     def study_params(storage: str, interrupt_at: int | None) -> list[float]:
         calls: list = []

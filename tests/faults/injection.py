@@ -5,7 +5,7 @@ Each scenario runs the real command line (``python -m harness ...``) in subproce
 folder of its own (its checkpoints, artifacts, tables), against a tracking store shared by
 the scenarios of one command (one experiment each; a new store costs seconds of
 migrations). A fault is either a signal sent from outside at a seeded random moment, or
-the test-only hook of :mod:`harness.faults` (``DML_HARNESS_FAULT=POINT:N:ACTION``), which
+the test-only hook of :mod:`harness.base.faults` (``DML_HARNESS_FAULT=POINT:N:ACTION``), which
 lands a kill exactly at a named point (a checkpoint write, an evaluation). Then the
 normal restart runs (``run --resume``, the sweep again, tune again, the table again) and
 the scenario's row records:
@@ -137,7 +137,7 @@ class Lab:
 class Zygote:
     """A process that imports the harness once (torch, MLflow, Optuna: ~2/3 of a tiny run's
     CPU time on the development machine) and forks one child per command line; each child
-    runs ``harness.cli.run_main`` (the entry point of ``python -m harness``) with its own
+    runs ``harness.cli.main.run_main`` (the entry point of ``python -m harness``) with its own
     environment, folder and signal handlers, so faults hit the real command. The zygote
     opens no store and starts no thread, so a fork inherits no connection or lock. Sweep
     workers are real ``python -m harness`` subprocesses of the forked ``sweep``."""
@@ -181,11 +181,11 @@ def zygote_main() -> None:
     import mlflow  # noqa: F401
     import optuna  # noqa: F401
 
-    import harness.cli  # noqa: F401  (the imports a child would otherwise pay for)
-    import harness.sweep  # noqa: F401
-    import harness.tables  # noqa: F401
-    import harness.training  # noqa: F401
-    import harness.tune  # noqa: F401
+    import harness.cli.main  # noqa: F401  (the imports a child would otherwise pay for)
+    import harness.engine.sweep  # noqa: F401
+    import harness.engine.training  # noqa: F401
+    import harness.engine.tune  # noqa: F401
+    import harness.reports.tables  # noqa: F401
     import methods  # noqa: F401
 
     print("ready", flush=True)
@@ -212,7 +212,7 @@ def _child(request: dict) -> None:
         os.chdir(request["cwd"])
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = ["harness", *request["argv"]]
-        from harness.cli import run_main
+        from harness.cli.main import run_main
 
         rc = run_main(request["argv"])
     except SystemExit as exit_:
@@ -341,7 +341,7 @@ class RunFaults:
         return row
 
     def hook(self, point: str, n: int, action: str) -> Row:
-        """Fail at the ``n``-th arrival at ``point`` (``harness.faults``)."""
+        """Fail at the ``n``-th arrival at ``point`` (``harness.base.faults``)."""
         name = f"run-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         spec = f"{point}:{n}:{action}"

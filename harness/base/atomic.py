@@ -1,0 +1,209 @@
+"""Atomic file writes: a reader (or a crash) sees the old file or the new one, never a part.
+
+One helper for every file the harness writes whole (checkpoints, selected weights,
+``--json`` records, tables), because the hand-rolled variants it replaces each had a
+flaw: a fixed temporary name (``last.tmp``, ``.out.json.tmp``) that two concurrent
+writers of the same target share and corrupt, a temporary file left behind when the
+writer failed, and no ``fsync`` (after a power loss the rename can survive while the
+data does not, leaving an empty or short file under the final name).
+
+The recipe: write to a unique temporary file in the target's folder
+(:func:`tempfile.mkstemp`, so the rename stays on one file system and is atomic),
+flush and ``fsync`` it, ``os.replace`` it over the target, then ``fsync`` the folder
+(where the platform allows) so the rename itself is durable. On any failure,
+including ``KeyboardInterrupt``, the temporary file is removed and the target is left
+as it was. A write the operating system refuses (a full disk, a read-only or missing
+folder) is one :class:`~harness.base.errors.HarnessError` line naming the file. A writer
+killed outright (SIGKILL) cannot remove its temporary file; the name carries the host
+and pid of its writer, and the next writer of the same target on that host removes it
+once that process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from glob import escape as glob_escape
+from pathlib import Path
+from typing import IO, Any
+
+from harness.base.errors import HarnessError
+from harness.base.faults import fault_point
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_torch",
+           "finite_json", "sha256_file", "publish_folder"]
+
+
+def _umask() -> int:
+    # mkstemp creates 0600 files; a written result should get the permissions any other
+    # new file gets (0666 minus the umask). Reading the umask means setting it: done once.
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable; not possible everywhere (Windows, some file
+    systems refuse ``fsync`` on a directory), where it is skipped."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary: bool = True,
+                 before_replace: Callable[[Path], Any] | None = None) -> None:
+    """Write ``path`` atomically: ``write_fn(fh)`` fills a temporary file beside it.
+
+    ``binary``: the file handle is opened ``"wb"`` (else ``"w"``, UTF-8).
+    ``before_replace(tmp_path)``: called once the data is on disk, just before the
+    rename (e.g. to record the file's checksum where a reader will look for it first).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from err
+    tmp = Path(tmp_name)
+    try:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
+            write_fn(fh)
+            fh.flush()
+            fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
+            if hasattr(os, "fchmod"):  # not on Windows
+                os.fchmod(fh.fileno(), _FILE_MODE)
+            os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from err
+        raise
+    _fsync_dir(path.parent)
+
+
+#: Who writes a temporary file, in its name: a process killed mid-write (SIGKILL, power
+#: loss) cannot remove it, and the next writer of the same target on this host removes
+#: it once that process is gone.
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+_OWNER = f"{_HOST}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # another user's process, or no way to tell: keep
+        return True
+    return True
+
+
+def _remove_orphans(path: Path) -> None:
+    """Remove the temporary files of ``path`` left by writers on this host that have died
+    (a reused pid keeps its file: the safe side). Files of other hosts on a shared folder,
+    and of live writers, are left alone."""
+    prefix = f".{path.name}."
+    for tmp in path.parent.glob(f"{glob_escape(prefix)}*.tmp"):
+        owner = tmp.name[len(prefix):-len(".tmp")].rsplit(".", 1)[0]
+        host, _, pid = owner.rpartition("-")
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _write_error(path: Path, err: OSError) -> HarnessError:
+    reason = err.strerror or str(err) or type(err).__name__
+    return HarnessError(f"cannot write {path}: {reason}; the previous file (if any) is unchanged")
+
+
+def publish_folder(tmp: Path, target: Path) -> None:
+    """Make folder ``tmp`` (filled by the caller, in ``target``'s parent) appear as ``target``
+    in one rename, after every file and folder in it is fsynced; used for generated datasets,
+    whose marker file (a manifest) must never be visible before the files it lists.
+    Raises ``OSError`` if ``target`` exists (another process published first)."""
+    for folder, _, files in os.walk(tmp):
+        for name in files:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
+    os.rename(tmp, target)
+    _fsync_dir(Path(target).parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write(path, lambda fh: fh.write(text), binary=False)
+
+
+def finite_json(data: Any) -> Any:
+    """``data`` with every NaN or infinite float replaced by None: ``json.dumps`` would write
+    the tokens ``NaN`` / ``Infinity``, which are not JSON. numpy / torch scalars become floats."""
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(v) for v in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if hasattr(data, "item") and getattr(data, "ndim", None) == 0:
+        return finite_json(data.item())
+    return data
+
+
+def atomic_write_json(path: Path | str, data: Any) -> None:
+    """The one JSON writer: ``data`` through :func:`finite_json`, indented, written
+    atomically. ``allow_nan=False``: a non-finite value that slipped through is an error,
+    never invalid JSON."""
+    atomic_write_text(path, json.dumps(finite_json(data), indent=2, allow_nan=False) + "\n")
+
+
+def sha256_file(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_save_torch(obj: Any, path: Path | str, *,
+                      before_replace: Callable[[Path, str], Any] | None = None) -> str:
+    """``torch.save(obj)`` to ``path`` atomically; returns the sha256 of the written file.
+
+    ``before_replace(tmp_path, sha256)``: as in :func:`atomic_write`, with the digest
+    (checkpoints record it in their sidecar before the new file takes the name)."""
+    import torch
+
+    digest: list[str] = []
+
+    def check(tmp: Path) -> None:
+        digest.append(sha256_file(tmp))
+        if before_replace is not None:
+            before_replace(tmp, digest[0])
+
+    atomic_write(path, lambda fh: torch.save(obj, fh), before_replace=check)
+    return digest[0]

@@ -1,0 +1,197 @@
+"""``python -m harness evaluate``: score saved embeddings with the project's evaluation suite.
+
+Same code path and metric names as ``run`` (:func:`harness.components.evaluation.evaluate_embeddings`).
+Every input problem is one :class:`~harness.base.errors.HarnessError` line (the CLI
+prints ``error: ...`` and exits 2), raised before any work starts; the
+``--json`` file is written atomically, only once the metrics exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from harness.base.atomic import atomic_write_json
+from harness.base.errors import HarnessError
+
+__all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
+
+_DESCRIPTION = """\
+Score embeddings saved as .npy files. Embeddings are L2-normalised by this
+command before any metric (cosine similarity, exact kNN with faiss in chunks).
+With only --embeddings/--labels the set is searched against itself (each
+query without itself; queries alone in their class are excluded and counted).
+With --query-embeddings/--query-labels the query set is searched against the
+--embeddings/--labels gallery (In-Shop style). Metrics: precision_at_1,
+recall_at_k (one recall_at_K per --recall-k value, or name recall_at_5 etc.),
+r_precision, mean_average_precision_at_r, map_at_c (Roth et al. 2020 mAP@C),
+nmi, ami, f1 (clustering metrics of one faiss k-means run on the query set)."""
+
+
+def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``evaluate`` sub-command to an ``argparse`` sub-parser collection."""
+    from harness.components.evaluation import DEFAULT_METRICS
+
+    p = subparsers.add_parser("evaluate", help="score saved embeddings (.npy) with the evaluation suite",
+                              description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--embeddings", type=Path, required=True,
+                   help="N x D .npy (float); the searched set, or the gallery with --query-*; "
+                        "L2-normalised by the command")
+    p.add_argument("--labels", type=Path, required=True, help="(N,) .npy of class labels for --embeddings")
+    p.add_argument("--query-embeddings", type=Path, help="Q x D .npy of queries searched against --embeddings "
+                   "(L2-normalised by the command)")
+    p.add_argument("--query-labels", type=Path, help="(Q,) .npy of class labels for --query-embeddings")
+    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
+                   help=f"comma-separated metric names (default: {','.join(DEFAULT_METRICS)}; "
+                        "ami is slow with thousands of classes)")
+    p.add_argument("--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)")
+    p.add_argument("--json", type=Path, help="also write the result to this JSON file (atomically)")
+    p.add_argument("--chunk-size", type=int, default=4096, help="queries per faiss search (bounds memory)")
+    p.add_argument("--seed", type=int, default=0, help="k-means seed for nmi/ami/f1 (default 0)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="faiss on a GPU (cuda), the CPU, or a GPU when available (auto)")
+    p.set_defaults(func=cmd_evaluate)
+    return p
+
+
+# ------------------------------------------------------------------------- inputs
+
+
+def _load_npy(path: Path, flag: str) -> np.ndarray:
+    if path.suffix.lower() != ".npy":
+        raise HarnessError(f"{flag} {path}: expected a .npy file (numpy.save), got '{path.suffix or 'no suffix'}'")
+    if not path.exists():
+        raise HarnessError(f"{flag} {path}: no such file")
+    if not path.is_file():
+        raise HarnessError(f"{flag} {path}: not a file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise HarnessError(f"{flag} {path}: not a readable .npy array ({reason})") from None
+
+
+def load_embeddings(path: Path, flag: str) -> np.ndarray:
+    """N x D float32 embeddings from ``path``: numeric, 2-D, non-empty, finite, no all-zero row."""
+    x = _load_npy(path, flag)
+    if x.dtype.kind not in "fiu":
+        raise HarnessError(f"{flag} {path}: expected numbers, got dtype {x.dtype}")
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise HarnessError(f"{flag} {path}: expected a non-empty N x D array, got shape {x.shape}")
+    x = x.astype(np.float32, copy=False)
+    finite = np.isfinite(x).all(1)
+    if not finite.all():
+        raise HarnessError(f"{flag} {path}: row {int(np.argmin(finite))} contains NaN or infinite values "
+                           f"({int((~finite).sum())} rows in all)")
+    zero = ~x.any(1)
+    if zero.any():
+        raise HarnessError(f"{flag} {path}: row {int(np.argmax(zero))} is all zeros and cannot be L2-normalised")
+    return x
+
+
+def load_labels(path: Path, flag: str, num_rows: int, embeddings_flag: str) -> np.ndarray:
+    """(N,) labels from ``path``: integers, strings, or integral floats; one per embedding row."""
+    y = _load_npy(path, flag)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise HarnessError(f"{flag} {path}: expected a 1-D array of labels, got shape {y.shape}")
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all() or not (y == np.round(y)).all():
+            raise HarnessError(f"{flag} {path}: float labels must be whole numbers (no NaN)")
+        y = y.astype(np.int64)
+    elif y.dtype.kind not in "iubUS":
+        raise HarnessError(f"{flag} {path}: expected integer or string labels, got dtype {y.dtype}")
+    if len(y) != num_rows:
+        raise HarnessError(f"{flag} {path} has {len(y)} labels but {embeddings_flag} has {num_rows} rows")
+    return y
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise HarnessError(f"{flag} expects comma-separated integers like 1,2,4,8; got '{text}'") from None
+    if not values or min(values) < 1:
+        raise HarnessError(f"{flag} expects positive integers like 1,2,4,8; got '{text}'")
+    return values
+
+
+def _check_json_target(path: Path | None) -> None:
+    if path is not None and path.is_dir():
+        raise HarnessError(f"--json {path} is a folder; give a file name")
+
+
+# ------------------------------------------------------------------------- output
+
+
+def _jsonable(value: float) -> float | None:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _use_gpu(device: str) -> bool:
+    from harness.components.evaluation import gpu_available
+
+    if device == "cuda" and not gpu_available():
+        raise HarnessError("--device cuda: this faiss build has no GPU support or sees no CUDA device")
+    return device == "cuda" or (device == "auto" and gpu_available())
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Validate every input, evaluate, print a table, write ``--json``; 0 on success."""
+    from harness.components.evaluation import evaluate_embeddings, parse_metrics
+
+    if (args.query_embeddings is None) != (args.query_labels is None):
+        raise HarnessError("give both --query-embeddings and --query-labels, or neither")
+    if args.chunk_size < 1:
+        raise HarnessError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    recall_k = _int_list(args.recall_k, "--recall-k")
+    metrics = [m for m in args.metrics.replace(" ", ",").split(",") if m.strip()]
+    if not metrics:
+        raise HarnessError("--metrics is empty")
+    parse_metrics(metrics, recall_k)
+    _check_json_target(args.json)
+    use_gpu = _use_gpu(args.device)
+
+    gallery = load_embeddings(args.embeddings, "--embeddings")
+    gallery_labels = load_labels(args.labels, "--labels", len(gallery), "--embeddings")
+    if args.query_embeddings is None:
+        query, query_labels, gallery, gallery_labels = gallery, gallery_labels, None, None
+    else:
+        query = load_embeddings(args.query_embeddings, "--query-embeddings")
+        query_labels = load_labels(args.query_labels, "--query-labels", len(query), "--query-embeddings")
+        if query.shape[1] != gallery.shape[1]:
+            raise HarnessError(f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
+                               f"{gallery.shape[1]}")
+
+    result = evaluate_embeddings(query, query_labels, gallery, gallery_labels, recall_k=recall_k,
+                                 metrics=metrics, chunk_size=args.chunk_size, use_gpu=use_gpu,
+                                 kmeans_seed=args.seed)
+    mode = "self" if gallery is None else "query-gallery"
+    print(_format(result, len(query), None if gallery is None else len(gallery)))
+    if args.json:
+        record = {
+            "mode": mode,
+            "embeddings": str(args.embeddings), "labels": str(args.labels),
+            "query_embeddings": None if args.query_embeddings is None else str(args.query_embeddings),
+            "query_labels": None if args.query_labels is None else str(args.query_labels),
+            "normalized": True, "recall_k": recall_k, "kmeans_seed": args.seed,
+            "num_queries": result["num_queries"], "num_lone_queries": result["num_lone_queries"],
+            "metrics": {k: _jsonable(v) for k, v in result.items() if not k.startswith("num_")},
+        }
+        atomic_write_json(args.json, record)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _format(result: dict[str, float], num_query: int, num_gallery: int | None) -> str:
+    where = "against themselves" if num_gallery is None else f"against a gallery of {num_gallery}"
+    lines = [f"{num_query} queries searched {where}: {result['num_queries']} scored, "
+             f"{result['num_lone_queries']} lone (no other member of their class) excluded"]
+    width = max((len(k) for k in result), default=0)
+    lines += [f"  {k:<{width}}  {v:.4f}" for k, v in result.items() if not k.startswith("num_")]
+    return "\n".join(lines)

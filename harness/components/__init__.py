@@ -1,0 +1,5 @@
+"""Building blocks a method or the engine assembles: datasets and sampling, backbones,
+metric losses, retrieval metrics, explanation maps.
+
+Imports only :mod:`harness.base`.
+"""

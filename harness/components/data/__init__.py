@@ -1,0 +1,26 @@
+"""Datasets: registry, official-layout loaders, the embedded synthetic set, sampling, transforms."""
+
+from harness.components.data import benchmarks, fashion_mnist, synthetic  # noqa: F401  (fill the registry)
+from harness.components.data.base import (
+    DATASETS,
+    ArrayImageSet,
+    DatasetSplits,
+    FileImageSet,
+    ImageSet,
+    cap_per_class,
+    carve_validation,
+    default_data_root,
+    seen_class_control,
+)
+
+__all__ = [
+    "DATASETS",
+    "ArrayImageSet",
+    "DatasetSplits",
+    "FileImageSet",
+    "ImageSet",
+    "carve_validation",
+    "cap_per_class",
+    "seen_class_control",
+    "default_data_root",
+]

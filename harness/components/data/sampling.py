@@ -1,0 +1,113 @@
+"""Batch sampling: ``classes_per_batch`` classes x ``samples_per_class`` images, seeded per epoch.
+
+Each image of a training batch can carry its own augmentation seed (``sample_seeds``),
+derived from ``(seed, epoch, batch, position in the global batch)``: its crop and flip
+then depend neither on the number of loader workers, nor on whether they persist across
+epochs, nor on how many processes share the batch, and a run resumed at an epoch
+boundary draws exactly the augmentations of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from harness.base.errors import HarnessError
+
+__all__ = ["ClassBalancedBatchSampler", "TransformedImages"]
+
+
+class ClassBalancedBatchSampler(Sampler[list[int]]):
+    """Each batch draws ``classes_per_batch`` distinct classes, then ``samples_per_class``
+    images of each (without replacement when the class has enough, as in the seeds'
+    ``class_random_sampler``). The order depends only on ``(seed, epoch)``, so a run
+    resumed at an epoch boundary sees exactly the batches of an uninterrupted one.
+
+    Across ``world_size`` processes (``torchrun``), every process draws the same global
+    batch (same seed) and yields its share: the ``classes_per_batch / world_size``
+    classes at positions ``rank * k ... (rank + 1) * k - 1``, so the shares gathered in
+    rank order are the single-process batch. ``sample_seeds=True`` yields
+    ``(index, augmentation seed)`` pairs instead of indices (:class:`TransformedImages`
+    seeds the image's transform with it).
+    """
+
+    def __init__(self, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int,
+                 batches_per_epoch: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 sample_seeds: bool = False):
+        self.labels = np.asarray(labels)
+        self.classes = np.unique(self.labels)
+        if self.classes.size < classes_per_batch:
+            raise HarnessError(
+                f"sampling.classes_per_batch={classes_per_batch} but the training split has only "
+                f"{self.classes.size} classes"
+            )
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise HarnessError(f"rank {rank} of world size {world_size}: need 0 <= rank < world_size")
+        if classes_per_batch % world_size:
+            raise HarnessError(
+                f"sampling.classes_per_batch={classes_per_batch} does not split across {world_size} "
+                f"processes: each process takes the same number of classes of a global batch, so "
+                f"classes_per_batch must be a multiple of the number of processes")
+        self.by_class = {c: np.flatnonzero(self.labels == c) for c in self.classes}
+        self.classes_per_batch = classes_per_batch
+        self.samples_per_class = samples_per_class
+        batch = classes_per_batch * samples_per_class
+        self.num_batches = batches_per_epoch or max(1, len(self.labels) // batch)
+        self.seed = seed
+        self.epoch = 0
+        self.rank, self.world_size, self.sample_seeds = rank, world_size, sample_seeds
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[list[int]] | Iterator[list[tuple[int, int]]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        share = self.classes_per_batch // self.world_size * self.samples_per_class
+        start = self.rank * share
+        for number in range(self.num_batches):
+            batch = []
+            for c in rng.choice(self.classes, size=self.classes_per_batch, replace=False):
+                pool = self.by_class[c]
+                replace = pool.size < self.samples_per_class
+                batch.extend(rng.choice(pool, size=self.samples_per_class, replace=replace).tolist())
+            if self.sample_seeds:
+                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))
+                batch = list(zip(batch, seeds.tolist(), strict=True))
+            yield batch[start:start + share]
+
+
+class TransformedImages(Dataset):
+    """``(image tensor, label, index)`` from an :class:`ImageSet` and a transform.
+
+    An item asked for as ``(index, seed)`` is transformed under torch's CPU generator
+    seeded with ``seed`` (the generator's state is restored afterwards, so the caller's
+    random stream is untouched)."""
+
+    def __init__(self, images, transform, label_map: dict[int, int] | None = None):
+        self.images = images
+        self.transform = transform
+        self.label_map = label_map
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, item: int | tuple[int, int]):
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        label = int(self.images.labels[index])
+        if self.label_map is not None:
+            label = self.label_map[label]
+        image = self.images.read(index)
+        if seed is None:
+            return self.transform(image), torch.tensor(label), index
+        state = torch.get_rng_state()
+        try:
+            torch.default_generator.manual_seed(seed)  # the CPU generator only (no CUDA seeding)
+            return self.transform(image), torch.tensor(label), index
+        finally:
+            torch.set_rng_state(state)

@@ -1,0 +1,180 @@
+"""Scores of explanation maps against ground truth and against the model itself.
+
+Pure functions over tensors, used by ``python -m harness explain`` (:mod:`harness.cli.explain`)
+and tested on planted maps (``tests/test_explain.py``).
+
+Ground truth (the ``synthetic`` dataset's part label maps: 0 background, 1..4 parts):
+
+* :func:`part_shares`: the share of a map's mass on the background and on each part
+  (purity = 1 - background share: the share inside the object);
+* :func:`region_scores`: for one region per image (a near-miss pair's differing part),
+  the share of the map's mass on it, its area share (what a uniform map scores: chance),
+  and the pointing game (Zhang et al., "Top-down neural attention by excitation
+  backprop", ECCV 2016: a hit when the map's maximum lies on the region).
+
+Faithfulness (any dataset): :func:`perturbation_masks` and :func:`curve_auc` build the
+deletion and insertion curves of Petsiuk et al. ("RISE", BMVC 2018, Sec. 4.1) for a
+similarity instead of a class probability: pixels are removed (or revealed) most-attributed
+first, in steps of ``step`` of the image, and the area under the curve of the pair's
+score, mapped to [0, 1], summarises it (deletion: lower is better; insertion: higher).
+A random pixel order (:func:`random_scores`) is the reference every map must beat.
+
+:func:`mean_interval` gives the mean and 95% t-interval of a per-pair score.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["part_shares", "region_scores", "pixel_order_masks", "perturbation_masks", "random_scores",
+           "perturbation_curves", "curve_auc", "mean_interval", "STEP"]
+
+#: Fraction of the image removed or revealed per step of the deletion / insertion curves.
+STEP = 0.05
+
+
+def _check_maps(maps: torch.Tensor, labels: torch.Tensor) -> None:
+    if maps.dim() != 3 or labels.shape != maps.shape:
+        raise ValueError(f"maps and labels must both be N x H x W, got {tuple(maps.shape)} and {tuple(labels.shape)}")
+    if (maps < 0).any():
+        raise ValueError("maps must be non-negative")
+
+
+def part_shares(maps: torch.Tensor, labels: torch.Tensor, num_parts: int) -> torch.Tensor:
+    """Share of each map's mass on the background (column 0) and on parts 1..``num_parts``:
+    N x (parts + 1), rows summing to one (a map with no mass: NaN). ``maps``: N x H x W,
+    non-negative; ``labels``: N x H x W integers at the same resolution."""
+    _check_maps(maps, labels)
+    maps = maps.double()
+    onehot = torch.nn.functional.one_hot(labels.long(), num_parts + 1).double()   # N x H x W x (K + 1)
+    mass = torch.einsum("nhw,nhwk->nk", maps, onehot)
+    total = maps.sum((1, 2))[:, None]
+    return torch.where(total > 0, mass / total.clamp_min(1e-300), torch.full_like(mass, math.nan))
+
+
+def region_scores(maps: torch.Tensor, labels: torch.Tensor, region: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per image (N), for the region ``labels == region[i]`` (e.g. a near-miss pair's
+    differing part): ``share`` of the map's mass on it, ``chance`` = its share of the
+    image's area (what a uniform map scores), and ``pointing`` = 1.0 when the map's
+    maximum lies on it (ties: every maximal pixel must lie on it, so a flat map only
+    scores a hit when the region is the whole image), else 0.0. A map without mass scores
+    share NaN."""
+    _check_maps(maps, labels)
+    inside = labels.long() == region.long().view(-1, 1, 1)
+    maps = maps.double()
+    total = maps.sum((1, 2))
+    share = torch.where(total > 0, (maps * inside).sum((1, 2)) / total.clamp_min(1e-300),
+                        torch.full_like(total, math.nan))
+    chance = inside.double().mean((1, 2))
+    peak = maps == maps.amax((1, 2), keepdim=True)
+    pointing = (peak & ~inside).flatten(1).any(1).logical_not().double()
+    return {"share": share, "chance": chance, "pointing": pointing}
+
+
+def pixel_order_masks(scores: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
+    """N x H x W pixel scores -> N x S x H x W booleans: step s marks the
+    ``round(fractions[s] * H * W)`` highest-scoring pixels of each image. Ties are broken
+    by the scores' order as given (add a small random jitter beforehand to break them at
+    random)."""
+    n, h, w = scores.shape
+    flat = scores.reshape(n, -1)
+    rank = torch.empty_like(flat, dtype=torch.long)
+    order = flat.argsort(dim=1, descending=True, stable=True)
+    rank.scatter_(1, order, torch.arange(h * w, device=scores.device).expand(n, -1))
+    counts = torch.round(fractions.double() * h * w).long().to(scores.device)
+    return (rank[:, None, :] < counts[None, :, None]).view(n, len(fractions), h, w)
+
+
+def perturbation_masks(maps: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
+                       jitter: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """The steps of the deletion / insertion curves of N maps: (fractions S, masks N x S x H x W),
+    fractions 0, step, ..., 1; mask s covers the most-attributed ``fractions[s]`` of the pixels.
+    Ties (flat regions, the zeros of a ReLU) are broken at random by a jitter of ``jitter``
+    times the map's range drawn from ``generator``."""
+    steps = int(round(1 / step))
+    fractions = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
+    maps = maps.double()
+    span = (maps.amax((1, 2), keepdim=True) - maps.amin((1, 2), keepdim=True)).clamp_min(1e-12)
+    noise = torch.rand(maps.shape, generator=generator, dtype=torch.float64).to(maps.device)
+    return fractions, pixel_order_masks(maps + jitter * span * noise, fractions)
+
+
+def random_scores(shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
+    """A random pixel order as a map (N x H x W uniform scores): the reference curves."""
+    return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
+@torch.inference_mode()
+def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.Tensor, same: torch.Tensor,
+                        scores: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
+                        batch: int = 256, on_chunk=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deletion and insertion curves of P pairs' target scores (RISE Sec. 4.1, for a similarity).
+
+    ``embed``: images -> unit embeddings (N x D); ``queries``: P x 3 x H x W normalised
+    images, perturbed; ``gallery_embeddings``: P x D, the partners, intact; ``same``: P
+    bools, the target being t = cos for a same-class pair and -cos otherwise; ``scores``:
+    P x H x W, the pixel order (most-attributed first). Deletion sets the first k pixels of
+    the query to 0 (the normalised input's mean colour), insertion keeps only them. Returns
+    (fractions S, deletion P x S, insertion P x S) with values (1 + t) / 2 in [0, 1]; the
+    images go through ``embed`` ``batch`` at a time; ``on_chunk(pairs_done)`` is called
+    after every few pairs (a progress bar's ``update``)."""
+    n, device = len(queries), queries.device
+    sign = torch.where(torch.as_tensor(same, device=device), 1.0, -1.0)
+    gallery = gallery_embeddings.float().to(device)
+    steps = int(round(1 / step)) + 1
+    deletion = torch.empty(n, steps, dtype=torch.float64)
+    insertion = torch.empty(n, steps, dtype=torch.float64)
+    fractions = torch.linspace(0, 1, steps, dtype=torch.float64)
+    if n == 0:
+        return fractions, deletion, insertion
+    # The curves' ends are the same two images for every pixel order: deletion at 0 and
+    # insertion at 1 are the intact query, deletion at 1 and insertion at 0 the blank image
+    # (one for all pairs). Only the inner steps go through the model per order.
+    blank = embed(torch.zeros_like(queries[:1])).float()                    # 1 x D
+    inner = steps - 2
+    per_chunk = 6  # pairs whose masks are built at once (memory: 6 x 39 images)
+    for start in range(0, n, per_chunk):
+        rows = slice(start, min(n, start + per_chunk))
+        fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
+        keep = masks[:, 1:-1].to(device)[:, :, None]                        # p x inner x 1 x H x W
+        q = queries[rows]
+        images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q])
+        emb = torch.cat([embed(images[i:i + batch]).float() for i in range(0, len(images), batch)])
+        p = len(q)
+        intact = emb[2 * p * inner:]                                         # p x D
+        moved = emb[:2 * p * inner].view(2, p, inner, -1)                   # deletion, then insertion
+        t_moved = (moved * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
+        t_intact = (intact * gallery[rows]).sum(-1) * sign[rows]
+        t_blank = (blank * gallery[rows]).sum(-1) * sign[rows]
+        deletion[rows] = ((1 + torch.cat([t_intact[:, None], t_moved[0], t_blank[:, None]], 1)) / 2).double().cpu()
+        insertion[rows] = ((1 + torch.cat([t_blank[:, None], t_moved[1], t_intact[:, None]], 1)) / 2).double().cpu()
+        if on_chunk is not None:
+            on_chunk(p)
+    return fractions, deletion, insertion
+
+
+def curve_auc(values: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
+    """Area under curves (... x S) over ``fractions`` (S, from 0 to 1) by the trapezoidal
+    rule. Values in [0, 1] give an area in [0, 1]."""
+    return torch.trapezoid(values.double(), fractions.double().to(values.device), dim=-1)
+
+
+def mean_interval(values, confidence: float = 0.95, bounds: tuple[float, float] = (0.0, 1.0)
+                  ) -> tuple[float, float, float]:
+    """Mean and two-sided ``confidence`` t-interval of the finite ``values`` (NaN when none;
+    the interval collapses to the mean for a single value), clipped to ``bounds`` (every
+    score here lies in [0, 1]; a t-interval over few pairs can reach past it)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=np.float64).ravel()
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if x.size == 1:
+        return mean, mean, mean
+    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return mean, max(bounds[0], mean - half), min(bounds[1], mean + half)

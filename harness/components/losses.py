@@ -1,0 +1,406 @@
+"""Metric losses and miners by name, through pytorch-metric-learning (PML).
+
+PML is reused wherever it has the loss; only the binomial deviance loss (used by
+three of the seeds) and the quadruplet loss (SAM's Table 1; PML has none) are written
+here, against PML's ``BaseMetricLossFunction`` interface so that miners, reducers and
+distances compose with them as usual.
+Every entry carries its default hyperparameters as data; a protocol's
+``[loss.args.<name>]`` table overrides them, and an unknown argument is an error.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
+from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
+from pytorch_metric_learning.reducers import AvgNonZeroReducer
+from pytorch_metric_learning.utils import common_functions as c_f
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from harness.base.errors import HarnessError
+from harness.base.registry import Registry
+
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss",
+           "create_loss", "create_miner", "step_seed", "PrecomputedDistance", "distance_replaced", "miner_for",
+           "loss_defaults"]
+
+
+class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
+    """Binomial deviance (Yi et al. 2014), as in A-grouping Table 1 and the DGML code.
+
+    With cosine similarity ``s`` of a pair::
+
+        positive pair: softplus(-alpha * pos_scale * (s - margin))
+        negative pair: softplus( alpha * neg_scale * (s - margin))
+
+    averaged over positive pairs plus averaged over negative pairs. Defaults are
+    Table 1's: m = 0.5, alpha = 2, beta1 = 25 (negatives), beta0 = 1 (positives).
+    The printed formula in Table 1 is garbled; the weights' placement follows the
+    released DGML code (``cons = -1 * pos + 25 * neg``). Unlike that code, the
+    trivial self-pairs (s = 1, no gradient) are not counted among the positives.
+    """
+
+    def __init__(self, *, alpha: float = 2.0, margin: float = 0.5, pos_scale: float = 1.0,
+                 neg_scale: float = 25.0, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha, self.margin = alpha, margin
+        self.pos_scale, self.neg_scale = pos_scale, neg_scale
+        self.add_to_recordable_attributes(list_of_names=["alpha", "margin", "pos_scale", "neg_scale"],
+                                          is_stat=False)
+
+    def get_default_distance(self):
+        return CosineSimilarity()
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        sim = self.distance(embeddings, ref_emb)
+        if not self.distance.is_inverted:
+            raise HarnessError("binomial deviance needs a similarity (inverted) distance")
+        zero = embeddings.sum() * 0  # keeps the graph when a batch has no pairs
+        pos = F.softplus(-self.alpha * self.pos_scale * (sim[a1, p] - self.margin))
+        neg = F.softplus(self.alpha * self.neg_scale * (sim[a2, n] - self.margin))
+        loss = (pos.mean() if pos.numel() else zero) + (neg.mean() if neg.numel() else zero)
+        return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
+
+
+class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
+    """Quadruplet loss (Chen et al. 2017, "Beyond triplet loss"), for SAM's quadruplet
+    architecture (Table 1: Law et al. 2013's quadruplets (a, p, n1, n2), n1 and n2
+    negatives of a; the SAM paper prints no formula). With d the distance::
+
+        triplet term:     relu(d(a, p) - d(a, n1) + margin)
+        quadruplet term:  relu(d(a, p) - d(n1, n2) + margin2)
+
+    over the triplets (a, p, n1) (mined, or all of the batch's) and, for each, every n2 of
+    a class other than a's and n1's (Chen et al.'s constraint); each term averaged over its
+    non-zero entries (as PML's triplet loss), then summed. Chen et al. set the second
+    margin to half the first (adaptive margins); fixed here at 0.2 and 0.1, the triplet
+    loss's margin and its half (an assumption). Euclidean distance on the unit embeddings.
+    """
+
+    def __init__(self, *, margin: float = 0.2, margin2: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.margin, self.margin2 = margin, margin2
+        self.add_to_recordable_attributes(list_of_names=["margin", "margin2"], is_stat=False)
+
+    def get_default_reducer(self):
+        return AvgNonZeroReducer()
+
+    def _sub_loss_names(self):
+        return ["triplet_loss", "quadruplet_loss"]
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        a, p, n = lmu.convert_to_triplets(indices_tuple, labels, ref_labels, t_per_anchor="all")
+        if len(a) == 0:
+            return self.zero_losses()
+        mat = self.distance(embeddings, ref_emb)
+        ref_mat = mat if ref_emb is embeddings else self.distance(ref_emb, ref_emb)
+        ap = mat[a, p]
+        first = F.relu(self.distance.margin(ap, mat[a, n]) + self.margin)
+        # n2: every reference item whose class is neither the anchor's nor n1's.
+        valid = (ref_labels[None, :] != labels[a][:, None]) & (ref_labels[None, :] != ref_labels[n][:, None])
+        t, n2 = torch.where(valid)
+        second = F.relu(self.distance.margin(ap[t], ref_mat[n[t], n2]) + self.margin2)
+        return {"triplet_loss": {"losses": first, "indices": (a, p, n), "reduction_type": "triplet"},
+                "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"}}
+
+
+def inverse_sphere_log_weights(distances: torch.Tensor, dim: int) -> torch.Tensor:
+    """log q(d)^-1 for distances d of unit vectors in R^dim (Wu et al. 2017, "Sampling
+    matters", Sec. 4: q(d) ~ d^(n-2) [1 - d^2/4]^((n-3)/2)), up to a constant."""
+    return (2.0 - dim) * torch.log(distances) - ((dim - 3) / 2) * torch.log(1.0 - 0.25 * distances ** 2)
+
+
+class RothDistanceWeightedMiner(pml_miners.BaseMiner):
+    """Distance-weighted sampling as Roth et al. 2020's code runs it (the ``distance``
+    batch miner of Revisiting_Deep_Metric_Learning_PyTorch; read here in the copies the
+    DIML and DGML seeds ship, ``batchminer/distance.py`` of wl-zhao/DIML and
+    XinyiXuXD/DGML-master, identical in what follows).
+
+    Per anchor: distances clamped below at ``cutoff`` (0.5), negatives drawn with weight
+    q(d)^-1 (:func:`inverse_sphere_log_weights`, Wu et al. 2017 Sec. 4), one triplet per
+    anchor with one positive drawn uniformly among the anchor's other same-class items.
+    Two differences from PML's ``DistanceWeightedMiner`` (Wu et al.'s own recipe):
+
+    * no upper cutoff: PML zeroes negatives at distance >= ``nonzero_loss_cutoff`` (1.4);
+      the code has that line commented out ("Cutting of values with high distances made
+      the results slightly worse");
+    * one triplet per anchor, where PML draws as many as the anchor's class has items in
+      the batch (``get_random_triplet_indices``: two per anchor at 2 per class).
+
+    Where the code would fail, here: non-finite weights (d = 2 exactly) are dropped, as
+    PML drops them (the code's ``np.random.choice`` raises on NaN), and the log weights
+    are shifted by each anchor's maximum over its negatives (the code's maximum also
+    counts the zeros it writes at same-class entries; after normalisation both give the
+    same distribution unless the code's underflows). Draws use torch's generator (seeded
+    per epoch by the trainer), not NumPy's.
+    """
+
+    def __init__(self, cutoff: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        c_f.assert_distance_type(self, LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.cutoff = float(cutoff)
+        self.add_to_recordable_attributes(list_of_names=["cutoff"], is_stat=False)
+
+    def negative_weights(self, embeddings, labels, ref_emb, ref_labels) -> torch.Tensor:
+        """B x B' sampling probabilities of each anchor's negatives (rows sum to 1, or 0
+        for an anchor without a negative)."""
+        distances = self.distance(embeddings, ref_emb).clamp(min=self.cutoff)
+        log_w = inverse_sphere_log_weights(distances, embeddings.size(1))
+        negative = (labels[:, None] != ref_labels[None, :]) & torch.isfinite(log_w)
+        log_w = log_w.masked_fill(~negative, -math.inf)
+        shift = log_w.max(dim=1, keepdim=True).values.nan_to_num(0.0, neginf=0.0)
+        weights = torch.exp(log_w - shift)
+        return weights / weights.sum(dim=1, keepdim=True).clamp(min=torch.finfo(weights.dtype).tiny)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        weights = self.negative_weights(embeddings, labels, ref_emb, ref_labels)
+        positive = labels[:, None] == ref_labels[None, :]
+        if ref_emb is embeddings:
+            positive.fill_diagonal_(False)
+        usable = (weights.sum(dim=1) > 0) & positive.any(dim=1)
+        anchors = torch.where(usable)[0]
+        if len(anchors) == 0:
+            empty = torch.tensor([], dtype=torch.long, device=labels.device)
+            return empty, empty.clone(), empty.clone()
+        positives = torch.multinomial(positive[anchors].to(weights.dtype), 1).squeeze(1)
+        negatives = torch.multinomial(weights[anchors], 1).squeeze(1)
+        return anchors, positives, negatives
+
+    def get_default_distance(self):
+        return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+
+@dataclass(frozen=True)
+class LossEntry:
+    cls: type
+    defaults: dict[str, Any] = field(default_factory=dict)
+    #: Whether the loss holds parameters sized by the classes (proxies, per-class beta).
+    needs_classes: bool = False
+    description: str = ""
+    #: The miner this loss always uses instead of the protocol's (see :func:`miner_for`);
+    #: None: the protocol's.
+    miner: str | None = None
+
+
+LOSSES: Registry[LossEntry] = Registry("loss")
+MINERS: Registry[LossEntry] = Registry("miner")
+
+
+def _loss(name, cls, description, needs_classes=False, miner=None, **defaults):
+    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description, miner))
+
+
+_loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
+      pos_margin=0.0, neg_margin=1.0)
+_loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
+_loss("quadruplet", QuadrupletLoss, "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
+      margin=0.2, margin2=0.1)
+_loss("margin", pml_losses.MarginLoss,
+      "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
+      needs_classes=True, margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
+_loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
+      alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
+_loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
+      alpha=2.0, beta=50.0, base=0.5)
+_loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True, miner="none",
+      margin=0.1, alpha=32.0)
+_loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True, miner="none",
+      softmax_scale=1.0)
+_loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True, miner="none",
+      margin=28.6, scale=64.0)
+_loss("normalized_softmax", pml_losses.NormalizedSoftmaxLoss, "Zhai & Wu 2019", needs_classes=True, miner="none",
+      temperature=0.05)
+_loss("circle", pml_losses.CircleLoss, "Sun et al. 2020", m=0.4, gamma=80.0)
+_loss("lifted_structure", pml_losses.LiftedStructureLoss, "Oh Song et al. 2016",
+      neg_margin=1.0, pos_margin=0.0)
+_loss("ntxent", pml_losses.NTXentLoss, "Chen et al. 2020 (InfoNCE)", temperature=0.07)
+_loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classes=True, miner="none",
+      centers_per_class=10, la=20.0, gamma=0.1, margin=0.01)
+
+MINERS.register("distance_weighted")(LossEntry(pml_miners.DistanceWeightedMiner,
+                                              {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
+                                              description="Wu et al. 2017 (PML: upper cutoff 1.4, "
+                                                          "a class's size in triplets per anchor)"))
+MINERS.register("distance_weighted_roth")(LossEntry(RothDistanceWeightedMiner, {"cutoff": 0.5},
+                                                   description="Roth et al. 2020's code: no upper cutoff, "
+                                                               "one triplet per anchor"))
+MINERS.register("multi_similarity")(LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1},
+                                             description="Wang et al. 2019"))
+MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
+                                           {"margin": 0.2, "type_of_triplets": "semihard"},
+                                           description="semihard triplets"))
+MINERS.register("batch_hard")(LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017"))
+MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
+                                        {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
+
+
+def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None, *,
+              loss_miners: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
+    """The miner (name, args) a run of ``loss`` uses under a protocol whose miner is
+    ``protocol_miner`` and whose per-loss miners (``[loss.miners.<loss>]``) are ``loss_miners``.
+
+    The miner belongs to the loss setting. A protocol fixes one miner for the tuple losses
+    (Roth et al. 2020: distance-weighted sampling), and may give one loss another, as the
+    setting it transcribes does (A-grouping: DGML's binomial deviance, ``criteria/
+    binomial_deviance.py``, takes every pair of the batch, ``REQUIRES_BATCHMINER = False``,
+    while its margin and contrastive losses use the distance sampler); that entry wins.
+    Otherwise losses over proxies or classes take none: PML would only re-weight their
+    samples by the miner's tuples, and Roth et al.'s code (which the DIML seed trains
+    with) gives them no batch miner. Multi-similarity brings its own pair mining (Wang
+    et al. 2019, Sec. 3.3; PML splits it into ``MultiSimilarityMiner``, epsilon 0.1),
+    which Roth et al.'s criterion also runs inside the loss.
+    """
+    chosen = (loss_miners or {}).get(loss)
+    if chosen is not None:
+        return chosen["name"], dict(chosen.get("args", {}))
+    own = LOSSES.get(loss).miner
+    if own is None or own == protocol_miner:
+        return protocol_miner, dict(protocol_args or {})
+    return own, {}
+
+
+def loss_defaults(name: str) -> dict[str, Any]:
+    return dict(LOSSES.get(name).defaults)
+
+
+def _instantiate(kind: str, name: str, entry: LossEntry, args: dict[str, Any], runtime: dict[str, Any]):
+    accepted = set(inspect.signature(entry.cls.__init__).parameters)
+    # PML bases take **kwargs (distance, reducer, ...): check against the whole MRO.
+    for base in entry.cls.__mro__[1:]:
+        if "__init__" in vars(base):
+            accepted |= set(inspect.signature(base.__init__).parameters)
+    unknown = sorted(set(args) - accepted - {"self", "args", "kwargs"})
+    if unknown:
+        raise HarnessError(f"unknown argument '{unknown[0]}' for {kind} '{name}'")
+    return entry.cls(**{**entry.defaults, **args, **runtime})
+
+
+def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: int,
+                embedding_size: int) -> torch.nn.Module:
+    """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``."""
+    entry = LOSSES.get(name)
+    runtime: dict[str, Any] = {}
+    if entry.needs_classes:
+        runtime["num_classes"] = num_classes
+        if "embedding_size" in inspect.signature(entry.cls.__init__).parameters:
+            runtime["embedding_size"] = embedding_size
+    return _instantiate("loss", name, entry, dict(args or {}), runtime)
+
+
+def create_miner(name: str, args: dict[str, Any] | None = None):
+    """A PML miner, or ``None`` for ``"none"``."""
+    if name in ("", "none"):
+        return None
+    return _instantiate("miner", name, MINERS.get(name), dict(args or {}), {})
+
+
+_MINE = object()
+
+
+def step_seed(seed: int, epoch: int, step: int, *, draw: int = 0) -> int:
+    """The seed of a training step's ``draw``-th random mining: a function of these
+    numbers alone, the same on every process."""
+    entropy = [seed, epoch, step, 1] + ([draw] if draw else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+class MetricLoss:
+    """The run's metric loss as a plugin receives it: the loss (one instance, or one per
+    group / level when the head asks for ``metric_loss_copies`` > 1, each with its own
+    learnable parameters such as margin betas or proxies) and the protocol's miner.
+
+    ``metric_loss(embeddings, labels)`` mines and applies instance 0; ``copy=p`` picks
+    instance p; ``indices=`` applies the loss to tuples mined elsewhere (SAM's masked
+    pass reuses the first pass's tuples: ``idx = metric_loss.mine(e, y)``, then
+    ``metric_loss(e, y, indices=idx)``). Embeddings are cast to float32 (AMP).
+    The instances themselves belong to the trainer (optimised, checkpointed).
+
+    Random miners (distance-weighted sampling) draw from torch's generator seeded by
+    :meth:`set_step` with ``(seed, epoch, step, draw)``, ``draw`` counting the mining calls
+    of the step (one per group or level): their tuples then depend on nothing else that
+    consumes random numbers, so one process and N processes (:mod:`harness.engine.distributed`,
+    which mines the same gathered batch) draw the same tuples, and a resumed run those of
+    an uninterrupted one.
+    """
+
+    def __init__(self, losses: torch.nn.Module | torch.nn.ModuleList, miner=None):
+        self.losses = list(losses) if isinstance(losses, torch.nn.ModuleList) else [losses]
+        self.miner = miner
+        self._step: tuple[int, int, int] | None = None
+        self._draws = 0
+
+    def set_step(self, seed: int, epoch: int, step: int) -> None:
+        """Seed the random mining of training step ``(epoch, step)`` of the run ``seed``."""
+        self._step, self._draws = (seed, epoch, step), 0
+
+    def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
+        if self.miner is None:
+            return None
+        if self._step is None:  # outside a training step (tests, tools): the caller's stream
+            return self.miner(embeddings, labels)
+        draw_seed = step_seed(*self._step, draw=self._draws)
+        self._draws += 1
+        devices = [embeddings.device] if embeddings.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(draw_seed)
+            return self.miner(embeddings, labels)
+
+    @property
+    def copies(self) -> int:
+        return len(self.losses)
+
+    def module(self, copy: int = 0) -> torch.nn.Module:
+        """Loss instance ``copy`` (a PML loss: ``.distance``, learnable parameters)."""
+        return self.losses[copy]
+
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
+        """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
+        return self._mine(embeddings.float(), labels)
+
+    def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0,
+                 indices=_MINE) -> torch.Tensor:
+        embeddings = embeddings.float()
+        if indices is _MINE:
+            indices = self.mine(embeddings, labels)
+        return self.losses[copy](embeddings, labels, indices)
+
+
+class PrecomputedDistance(BaseDistance):
+    """A PML distance that returns a given B x B matrix, so that any pair- or triplet-based
+    PML loss (and its reducer) runs unchanged on a similarity or distance a method computes
+    itself (DIML's combined similarity, AVSL's rectified distance).
+    ``is_inverted=True`` for similarities (higher is closer), False for distances."""
+
+    def __init__(self, matrix: torch.Tensor, *, is_inverted: bool):
+        super().__init__(normalize_embeddings=False, is_inverted=is_inverted)
+        self.matrix = matrix
+
+    def compute_mat(self, query_emb, ref_emb):
+        if self.matrix.shape != (len(query_emb), len(query_emb if ref_emb is None else ref_emb)):
+            raise ValueError(f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch")
+        return self.matrix
+
+    def pairwise_distance(self, query_emb, ref_emb):  # pragma: no cover - losses here use the matrix
+        raise NotImplementedError("PrecomputedDistance only provides the full matrix")
+
+
+@contextmanager
+def distance_replaced(loss: torch.nn.Module, distance: BaseDistance) -> Iterator[torch.nn.Module]:
+    """``loss`` (or a miner) computing its matrix with ``distance`` inside the block."""
+    old = loss.distance
+    loss.distance = distance
+    try:
+        yield loss
+    finally:
+        loss.distance = old

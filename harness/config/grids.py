@@ -1,0 +1,305 @@
+"""Experiment grids as data: ``protocols/grids/<name>.toml`` parsed, validated and
+expanded into cells (one run each).
+
+A grid names a protocol and the axes ``methods x losses x backbones x datasets x
+seeds``; ``[[extra]]`` tables add sub-grids that override some axes (e.g. the SOP
+row of a paper's table), ``[backbone.<name>] set = {...}`` holds the settings a paper
+prescribes for one backbone (the grid's protocol *variant*: fingerprinted, not a
+deviation), top-level ``set`` and ``[smoke] set`` are protocol overrides recorded as
+deviations. ``[smoke]`` replaces any top-level key for the tiny version (``--smoke``).
+``[test_time] method = "base"`` makes ``method`` a test-time-only method (DIML): its
+cell trains nothing and evaluates the selected weights of the ``base`` cell with the
+same backbone, loss, dataset and seed, under the same protocol (so both land in one
+comparison). ``metrics`` names the table's metric columns. ``[published] rows`` maps a
+reproduced method to the published rows it sits beside, as ``"method@setting"`` (the
+CSV's ``method`` and ``setting`` columns; DIABLO Table 1 prints binomial + DIABLO with
+N = 8 and N = 16): ``diablo_n16 = ["diablo@entries=16"]``; with it, published rows
+no entry names are left out of the tables. ``[published] metrics`` maps a published
+metric to the reproduced variant that the paper's definition matches (DIML:
+``r_precision = "r_precision_query_in_r"``). ``baseline`` names the method every other
+row of a block is tested against in the tables (default ``plain``). Unknown keys are
+errors naming the key.
+
+Each :class:`Cell` has a ``key``: a hash of everything that determines its result
+(resolved protocol, dataset, loss and its arguments, method and options, seed,
+deviations), computed without loading data, so a sweep can find finished cells in
+the tracking store.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.base.errors import HarnessError, unknown_name
+from harness.config.protocol import (
+    Deviation,
+    Protocol,
+    apply_overrides,
+    load_protocol,
+    protocol_dir,
+)
+
+__all__ = ["Grid", "Cell", "load_grid", "list_grids", "grid_dir", "expand"]
+
+AXES = ("methods", "losses", "backbones", "datasets", "seeds")
+TOP_KEYS = {"name", "description", "protocol", "experiment", "set", "published", "backbone", "extra",
+            "smoke", "test_time", "metrics", "baseline", *AXES}
+SMOKE_KEYS = {"protocol", "experiment", "set", *AXES}
+EXTRA_KEYS = set(AXES)
+PUBLISHED_KEYS = {"file", "tables", "rows", "metrics"}
+VARIANT_KEYS = {"set"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid: (backbone, loss, method, dataset, seed) under a resolved protocol."""
+
+    grid: str
+    backbone: str
+    loss: str
+    method: str
+    dataset: str
+    seed: int
+    protocol: Protocol
+    protocol_path: Path | None
+    loss_args: dict[str, Any]
+    method_options: dict[str, Any]
+    #: Settings of the grid's variant for this backbone (not deviations).
+    variant: dict[str, Any]
+    deviations: tuple[Deviation, ...]
+    key: str
+    #: Key of the cell whose selected weights this test-time-only cell evaluates ("" if it trains).
+    base_key: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.backbone}/{self.loss}/{self.method}/{self.dataset}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    path: Path
+    description: str
+    protocol: str
+    experiment: str
+    axes: dict[str, list]
+    extras: tuple[dict[str, list], ...]
+    #: Protocol overrides recorded as deviations (top-level or ``[smoke] set``).
+    overrides: dict[str, Any]
+    #: ``{backbone: {dotted key: value}}`` prescribed by the paper (not deviations).
+    variants: dict[str, dict[str, Any]]
+    published_file: str = ""
+    published_tables: tuple[str, ...] = ()
+    #: ``{reproduced method: ("method@setting", ...)}``: the published rows beside each
+    #: method (empty: every published row, by its own method name).
+    published_rows: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    smoke: bool = False
+    #: ``{method: base method}``: methods applied at test time to the base method's weights.
+    test_time: dict[str, str] = field(default_factory=dict)
+    #: Metric columns of the grid's tables (empty: the published table's, else the default).
+    metrics: tuple[str, ...] = ()
+    #: The method of each block's reference row in the tables' paired tests.
+    baseline: str = "plain"
+    #: ``{published metric: reproduced metric}`` where the paper defines a metric differently.
+    published_metrics: dict[str, str] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list, compare=False, repr=False)
+
+
+def grid_dir() -> Path:
+    return protocol_dir() / "grids"
+
+
+def list_grids() -> list[str]:
+    return sorted(p.stem for p in grid_dir().glob("*.toml"))
+
+
+def _reject_unknown(data: dict, allowed: set[str], where: str) -> None:
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise HarnessError(f"unknown grid key '{where}{key}'{hint}")
+
+
+def _axis(value: Any, key: str, kind: type) -> list:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise HarnessError(f"grid key '{key}' must be a non-empty list of {kind.__name__}, got {value!r}")
+    return list(value)
+
+
+def _overrides(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise HarnessError(f"grid key '{key}' must be a table of protocol.key = value, got {value!r}")
+    return dict(value)
+
+
+def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
+    """Parse and validate a grid (a name under ``protocols/grids`` or a ``.toml`` path),
+    then expand it into cells (``grid.cells``)."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = grid_dir() / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise unknown_name("grid", str(name_or_path), list_grids())
+    if not path.is_file():
+        raise HarnessError(f"grid file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise HarnessError(f"malformed grid file {path}: {err}") from None
+    _reject_unknown(data, TOP_KEYS, "")
+    for key in ("protocol", *AXES):
+        if key not in data:
+            raise HarnessError(f"grid {path} lacks the key '{key}'")
+    smoke_data = data.get("smoke", {})
+    if not isinstance(smoke_data, dict):
+        raise HarnessError("grid key 'smoke' must be a table")
+    _reject_unknown(smoke_data, SMOKE_KEYS, "smoke.")
+    if smoke and not smoke_data:
+        raise HarnessError(f"grid {path.stem} has no [smoke] table; --smoke needs one")
+    top = {**data, **smoke_data} if smoke else data
+    if smoke and "set" in smoke_data:
+        # smoke's overrides come on top of the grid's own.
+        top["set"] = {**_overrides(data.get("set", {}), "set"), **_overrides(smoke_data["set"], "smoke.set")}
+
+    axes = {a: _axis(top[a], a, int if a == "seeds" else str) for a in AXES}
+    extras = []
+    for i, extra in enumerate(data.get("extra", [])):
+        if not isinstance(extra, dict):
+            raise HarnessError(f"grid key 'extra[{i}]' must be a table")
+        _reject_unknown(extra, EXTRA_KEYS, f"extra[{i}].")
+        sub = {a: _axis(v, f"extra[{i}].{a}", int if a == "seeds" else str) for a, v in extra.items()}
+        if smoke:  # the smoke version replaces these axes everywhere
+            sub.update({a: axes[a] for a in AXES if a in smoke_data})
+        extras.append(sub)
+    published = data.get("published", {})
+    _reject_unknown(published, PUBLISHED_KEYS, "published.")
+    published_rows = _published_rows(published.get("rows", {}),
+                                     {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])})
+    variants = {}
+    for backbone, spec in data.get("backbone", {}).items():
+        if not isinstance(spec, dict):
+            raise HarnessError(f"grid key 'backbone.{backbone}' must be a table")
+        _reject_unknown(spec, VARIANT_KEYS, f"backbone.{backbone}.")
+        variants[backbone] = _overrides(spec.get("set", {}), f"backbone.{backbone}.set")
+    test_time = data.get("test_time", {})
+    if not isinstance(test_time, dict) or not all(isinstance(v, str) for v in test_time.values()):
+        raise HarnessError(f"grid key 'test_time' must be a table of method = \"base method\", got {test_time!r}")
+    metrics = _axis(data["metrics"], "metrics", str) if "metrics" in data else []
+    baseline = data.get("baseline", "plain")
+    all_methods = {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])}
+    if "baseline" in data and (not isinstance(baseline, str) or baseline not in all_methods):
+        raise HarnessError(f"grid key 'baseline' must name a method of the grid (methods: "
+                           f"{', '.join(sorted(all_methods))}), got {baseline!r}")
+    published_metrics = published.get("metrics", {})
+    if not isinstance(published_metrics, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in published_metrics.items()):
+        raise HarnessError(f"grid key 'published.metrics' must be a table of published metric = "
+                           f"\"reproduced metric\", got {published_metrics!r}")
+    protocol = str(top["protocol"])
+    if protocol.endswith(".toml") and not Path(protocol).is_absolute():
+        protocol = str((path.parent / protocol).resolve())
+    grid = Grid(name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""), path=path,
+                description=str(data.get("description", "")), protocol=protocol,
+                experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
+                axes=axes, extras=tuple(extras), overrides=_overrides(top.get("set", {}), "set"),
+                variants=variants, published_file=str(published.get("file", "")),
+                published_tables=tuple(str(t) for t in published.get("tables", ())),
+                published_rows=published_rows, smoke=smoke,
+                test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
+                published_metrics=dict(published_metrics))
+    grid.cells.extend(expand(grid))
+    return grid
+
+
+def _published_rows(rows: Any, methods: set[str]) -> dict[str, tuple[str, ...]]:
+    """``[published] rows``: a table of reproduced method = ["method@setting", ...], each
+    key a method of the grid (a misspelt one would silently drop its published values)."""
+    if not isinstance(rows, dict):
+        raise HarnessError(f"grid key 'published.rows' must be a table of method = [\"method@setting\", ...], "
+                           f"got {rows!r}")
+    out = {}
+    for method, specs in rows.items():
+        if method not in methods:
+            raise HarnessError(f"grid key 'published.rows.{method}': '{method}' is not a method of the grid "
+                               f"(methods: {', '.join(sorted(methods))})")
+        out[method] = tuple(_axis(specs, f"published.rows.{method}", str))
+    return out
+
+
+def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, method: str,
+              options: dict, seed: int, deviations: tuple[Deviation, ...], base_key: str = "") -> str:
+    fields = {"protocol": protocol.to_dict(), "dataset": dataset, "loss": loss, "loss_args": loss_args,
+              "method": method, "options": options, "seed": seed, "deviations": [str(d) for d in deviations]}
+    if base_key:  # only then, so that the keys of grids without test-time methods never change
+        fields["base_key"] = base_key
+    from methods import METHODS
+
+    fields.update(METHODS.get(method).key_fields())
+    payload = json.dumps(fields,
+                         sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def expand(grid: Grid) -> list[Cell]:
+    """All cells of the grid, main axes then extras, without duplicates; names are checked
+    against the registries (methods, losses, datasets, backbones) before anything runs.
+    A test-time-only cell comes after its base cell and carries the base cell's key."""
+    from harness.components.backbones import BACKBONES
+    from harness.components.data import DATASETS
+    from harness.components.losses import LOSSES
+    from methods import METHODS, training_base
+
+    base = load_protocol(grid.protocol)
+    path = Path(grid.protocol) if grid.protocol.endswith(".toml") else protocol_dir() / f"{grid.protocol}.toml"
+    cells: dict[str, Cell] = {}
+    for sub in (grid.axes, *({**grid.axes, **e} for e in grid.extras)):
+        for backbone in sub["backbones"]:
+            BACKBONES.get(backbone)
+            variant = {"backbone.name": backbone, **grid.variants.get(backbone, {})}
+            variant_protocol, _ = apply_overrides(base, variant)
+            for loss in sub["losses"]:
+                LOSSES.get(loss)
+                if loss != variant_protocol.loss.name and loss not in variant_protocol.loss.args:
+                    raise HarnessError(f"grid {grid.name}: loss '{loss}' has no arguments in protocol "
+                                       f"'{variant_protocol.name}' ([loss.args.{loss}]); add them there")
+                for dataset in sub["datasets"]:
+                    DATASETS.get(dataset)
+                    # The protocol's settings for this dataset, then the grid's deviations.
+                    protocol, deviations = apply_overrides(variant_protocol.for_dataset(dataset), grid.overrides)
+                    loss_args = protocol.loss_args(loss)
+                    keys: dict[tuple[str, int], str] = {}
+                    # Base methods first, so that every test-time cell finds its base's key.
+                    for method in sorted(sub["methods"], key=lambda m: m in grid.test_time):
+                        METHODS.get(method)
+                        base_method = grid.test_time.get(method, "")
+                        if base_method and (base_method not in sub["methods"] or base_method in grid.test_time):
+                            raise HarnessError(
+                                f"grid {grid.name}: test_time.{method} = '{base_method}' must name a trained "
+                                f"method of the same grid (methods there: {', '.join(sub['methods'])})")
+                        if base_method and training_base(method, protocol.methods) != base_method:
+                            raise HarnessError(
+                                f"grid {grid.name}: test_time.{method} = '{base_method}', but with the options of "
+                                f"protocol '{protocol.name}' {method} does not train as {base_method}; its cells "
+                                f"would evaluate weights trained another way (expected a method whose "
+                                f"Method.trains_as names '{base_method}' with the protocol's options for it)")
+                        options = dict(protocol.methods.get(method, {}))
+                        for seed in sub["seeds"]:
+                            base_key = keys[(base_method, seed)] if base_method else ""
+                            key = _cell_key(protocol, dataset, loss, loss_args, method, options, seed,
+                                            deviations, base_key)
+                            keys[(method, seed)] = key
+                            cells.setdefault(key, Cell(
+                                grid=grid.name, backbone=backbone, loss=loss, method=method,
+                                dataset=dataset, seed=seed, protocol=protocol, protocol_path=path,
+                                loss_args=loss_args, method_options=options, variant=variant,
+                                deviations=deviations, key=key, base_key=base_key))
+    return list(cells.values())

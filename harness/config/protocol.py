@@ -1,0 +1,529 @@
+"""Fair protocols as data: ``protocols/<name>.toml`` parsed into a frozen, validated object.
+
+A protocol fixes everything that must be equal for two numbers to be comparable:
+backbone and weights, image size and transforms, embedding size, batch sampling,
+optimizer, schedule, splits, model selection and metrics. Unknown keys are
+errors naming the key (OML silently drops them; we do not). Command-line
+overrides are allowed, but each one is recorded as a named :class:`Deviation`
+and changes the fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.base.errors import HarnessError, unknown_name
+
+__all__ = [
+    "Protocol",
+    "Deviation",
+    "load_protocol",
+    "list_protocols",
+    "apply_overrides",
+    "protocol_dir",
+    "fingerprint",
+    "flatten_keys",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str = "resnet50"
+    pretrained: bool = True
+    #: Optional path to a state dict (loaded with ``weights_only=True``).
+    weights: str = ""
+    #: Roth et al. 2020: BN running statistics frozen (eval mode), affine still trained.
+    freeze_bn: bool = True
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    size: int = 224
+    #: Eval: Resize(resize) then CenterCrop(size).
+    resize: int = 256
+    train_transform: str = "random_resized_crop_flip"
+    #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
+    crop_scale: tuple[float, ...] = (0.08, 1.0)
+    eval_transform: str = "resize_center_crop"
+    #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
+    #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).
+    #: Empty (and absent from the canonical form) for the other transforms.
+    multiscale_range: tuple[float, ...] = ()
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    size: int = 128
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    classes_per_batch: int = 56
+    samples_per_class: int = 2
+    #: 0: as many batches as the training images fill (N // batch size); classes are drawn
+    #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
+    batches_per_epoch: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.classes_per_batch * self.samples_per_class
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adam"
+    lr_backbone: float = 1e-5
+    lr_head: float = 1e-5
+    #: Learning rate of loss parameters (margin beta, proxies).
+    lr_loss: float = 5e-4
+    weight_decay: float = 4e-4
+    momentum: float = 0.9
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str = "constant"
+    epochs: int = 150
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    #: The default metric loss of this protocol.
+    name: str = "margin"
+    #: Hyperparameters per loss the protocol sanctions: ``{loss_name: {arg: value}}``.
+    #: Choosing a sanctioned loss with ``--loss`` is a run axis, not a deviation.
+    args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The miner of one loss, when the setting the protocol transcribes gives that loss
+    #: another miner than ``[miner]``: ``[loss.miners.binomial_deviance] name = "none"``
+    #: (``{loss_name: {"name": miner, "args": {...}}}``; see :func:`harness.components.losses.miner_for`).
+    #: Empty (and absent from the canonical form) in protocols that do not use it.
+    miners: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MinerSpec:
+    name: str = "none"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    #: Fraction of training classes carved out, class-disjointly, for validation.
+    validation_classes: float = 0.2
+    seed: int = 0
+    #: Carve the validation classes with the run's seed instead of ``seed``: every seed
+    #: trains and selects on its own random class split (DIABLO Sec. 4.2, ten random
+    #: train/val splits). The caps below stay on ``seed``, so the test set is the same for
+    #: every run. False (and absent from the canonical form) keeps one carve for all seeds.
+    validation_by_run_seed: bool = False
+    #: Cap on images per class (0 = all), seeded; used by small CPU protocols.
+    max_train_images_per_class: int = 0
+    max_test_images_per_class: int = 0
+
+
+SELECTION_MODES = ("validation", "last", "test-paper")
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    #: "validation" (fair, default), "last" (final epoch) or "test-paper"
+    #: (mimics the seeds' released code; labelled in every table it reaches).
+    mode: str = "validation"
+    metric: str = "mean_average_precision_at_r"
+    evaluate_every: int = 1
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    #: Names as in ``harness.components.evaluation`` (PML's spelling where it has one).
+    #: Validation during training computes only the retrieval ones.
+    metrics: tuple[str, ...] = (
+        "precision_at_1",
+        "recall_at_k",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "map_at_c",
+        "nmi",
+        "f1",
+    )
+    #: Recall@K values per dataset name; "default" applies to the rest.
+    recall_k: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {
+            "default": (1, 2, 4, 8),
+            "sop": (1, 10, 100, 1000),
+            "inshop": (1, 10, 20, 30, 40, 50),
+        }
+    )
+    #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
+    #: model at once (harness.engine.embedding): the embeddings are the same, only faster.
+    batch_size: int = 128
+
+    def recall_k_for(self, dataset: str) -> tuple[int, ...]:
+        return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    description: str = ""
+    #: Paper or source the protocol transcribes.
+    source: str = ""
+    seeds: tuple[int, ...] = (0,)
+    backbone: BackboneSpec = BackboneSpec()
+    image: ImageSpec = ImageSpec()
+    embedding: EmbeddingSpec = EmbeddingSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    loss: LossSpec = LossSpec()
+    miner: MinerSpec = MinerSpec()
+    splits: SplitSpec = SplitSpec()
+    selection: SelectionSpec = SelectionSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
+    #: Method options fixed by this protocol: ``{method: {option: value}}``.
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Settings for one dataset, part of the protocol (not deviations), as partial protocol
+    #: tables: ``[datasets.sop.schedule] epochs = 100``. :meth:`for_dataset` applies them.
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.selection.mode in SELECTION_MODES, "selection.mode",
+               f"'{self.selection.mode}' is not one of {', '.join(SELECTION_MODES)}")
+        _check(0.0 <= self.splits.validation_classes < 1.0, "splits.validation_classes",
+               "must be in [0, 1)")
+        _check(self.selection.mode != "validation" or self.splits.validation_classes > 0,
+               "splits.validation_classes", "must be > 0 when selection.mode is 'validation'")
+        _check(self.image.size > 0 and self.image.resize >= self.image.size, "image.resize",
+               "must be >= image.size > 0")
+        _check(self.embedding.size > 0, "embedding.size", "must be positive")
+        _check(self.sampling.classes_per_batch >= 2, "sampling.classes_per_batch",
+               "must be >= 2 (negatives are needed)")
+        _check(self.sampling.samples_per_class >= 2, "sampling.samples_per_class",
+               "must be >= 2 (positives are needed)")
+        _check(self.schedule.epochs >= 0, "schedule.epochs", "must be >= 0")
+        _check(len(self.seeds) > 0, "seeds", "must list at least one seed")
+        _check(len(self.image.mean) == 3 and len(self.image.std) == 3, "image.mean",
+               "mean and std need three values")
+        _check(len(self.image.crop_scale) == 2 and 0 < self.image.crop_scale[0] <= self.image.crop_scale[1] <= 1,
+               "image.crop_scale", "must be [low, high] with 0 < low <= high <= 1")
+        multiscale = self.image.multiscale_range
+        _check(self.image.train_transform != "multiscale_crop_flip"
+               or (len(multiscale) == 2 and 0 < multiscale[0] <= multiscale[1]),
+               "image.multiscale_range", "must be [low, high] with 0 < low <= high for multiscale_crop_flip")
+        _check(not self.splits.validation_by_run_seed or self.splits.validation_classes > 0,
+               "splits.validation_by_run_seed", "needs splits.validation_classes > 0 (a carve to seed)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical form (fingerprinted): keys added after fingerprints were in use are
+        absent while at their defaults, so protocols that do not use them keep their
+        fingerprints (and sweep cell keys)."""
+        data = self._full_dict()
+        if not data["datasets"]:
+            del data["datasets"]
+        for section, key in _OPTIONAL_KEYS:
+            if data[section][key] == _jsonable(getattr(getattr(Protocol, section), key)):
+                del data[section][key]
+        return data
+
+    def _full_dict(self) -> dict[str, Any]:
+        """Every field (what overrides address)."""
+        return _jsonable(dataclasses.asdict(self))
+
+    def for_dataset(self, dataset: str) -> Protocol:
+        """The protocol as it runs on ``dataset``: that dataset's settings applied, and
+        the per-dataset sections consumed (so applying it again changes nothing, and
+        command-line overrides made afterwards stay in force)."""
+        if not self.datasets:
+            return self
+        settings = flatten_keys(self.datasets.get(dataset, {}))
+        base = dataclasses.replace(self, datasets={})
+        try:
+            resolved, _ = apply_overrides(base, settings)
+        except HarnessError as err:
+            raise HarnessError(f"protocol '{self.name}', section datasets.{dataset}: {err}") from None
+        return resolved
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def loss_args(self, loss_name: str) -> dict[str, Any]:
+        return dict(self.loss.args.get(loss_name, {}))
+
+
+#: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
+_OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"), ("loss", "miners"))
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A protocol field changed on the command line: named, recorded, fingerprinted."""
+
+    field: str
+    protocol_value: Any
+    value: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.protocol_value!r} -> {self.value!r}"
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise HarnessError(f"protocol key '{key}' {message}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"schedule": {"epochs": 100}}`` -> ``{"schedule.epochs": 100}`` (dicts that are
+    protocol values, such as ``loss.args``, are reached key by key)."""
+    out = {}
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten_keys(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
+        return _build(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise HarnessError(f"protocol key '{key}' must be a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
+        return {k: _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+        raise HarnessError(
+            f"protocol key '{key}' must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise HarnessError(f"unknown protocol key '{dotted}'{hint}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def protocol_dir() -> Path:
+    """The shipped protocols: ``protocols/`` of the source checkout (the source of truth),
+    else the copy a wheel installs as package data (``harness/_protocols``, mapped from
+    ``protocols/`` in pyproject.toml), else ``protocols/`` in the working directory."""
+    package = Path(__file__).resolve().parents[1]  # harness/
+    for folder in (package.parent / "protocols", package / "_protocols"):
+        if (folder / "smoke.toml").is_file():  # not just any folder named protocols
+            return folder
+    return Path.cwd() / "protocols"
+
+
+def list_protocols() -> list[str]:
+    return sorted(p.stem for p in protocol_dir().glob("*.toml"))
+
+
+def load_protocol(name_or_path: str | Path) -> Protocol:
+    """Load a shipped protocol by name, or any ``.toml`` file by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = protocol_dir() / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise unknown_name("protocol", str(name_or_path), list_protocols())
+    if not path.is_file():
+        raise HarnessError(f"protocol file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise HarnessError(f"malformed protocol file {path}: {err}") from None
+    data.setdefault("name", path.stem)
+    protocol = _build(Protocol, data)
+    for dataset, section in protocol.datasets.items():
+        if not isinstance(section, dict) or {"name", "datasets"} & set(section):
+            raise HarnessError(f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
+                               f"(not name or datasets), got {section!r}")
+        protocol.for_dataset(dataset)  # unknown keys and bad values fail here, not mid-run
+    _check_registered_names(protocol)
+    return protocol
+
+
+def _check_registered_names(protocol: Protocol) -> None:
+    """Sections keyed by a method, loss or dataset name must name a registered one: a
+    misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
+    from harness.components.data import DATASETS
+    from harness.components.losses import LOSSES
+    from methods import METHODS
+
+    keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
+             ("datasets", protocol.datasets, DATASETS),
+             ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
+              DATASETS)]
+    for key, section, registry in keyed:
+        for name in section:
+            if name not in registry:
+                raise HarnessError(f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}")
+    _check_loss_miners(protocol)
+
+
+def _check_loss_miners(protocol: Protocol) -> None:
+    """``[loss.miners.<loss>]``: a registered loss, a ``name`` that is a registered miner
+    (or ``"none"``: every pair or triplet of the batch), optional ``args``, nothing else."""
+    from harness.components.losses import LOSSES, MINERS
+
+    for loss, spec in protocol.loss.miners.items():
+        key = f"loss.miners.{loss}"
+        if loss not in LOSSES:
+            raise HarnessError(f"protocol key '{key}': {unknown_name(LOSSES.kind, loss, LOSSES.list())}")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise HarnessError(f"protocol key '{key}' must be a table with a miner 'name', got {spec!r}")
+        extra = sorted(set(spec) - {"name", "args"})
+        if extra:
+            raise HarnessError(f"unknown protocol key '{key}.{extra[0]}' (expected name and args)")
+        if spec["name"] != "none" and spec["name"] not in MINERS:
+            raise HarnessError(f"protocol key '{key}.name': "
+                               f"{unknown_name(MINERS.kind, spec['name'], ['none', *MINERS.list()])}")
+        if not isinstance(spec.get("args", {}), dict):
+            raise HarnessError(f"protocol key '{key}.args' must be a table, got {spec['args']!r}")
+
+
+# ------------------------------------------------------------------------- overrides
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override value with TOML's own rules (``3``, ``1e-5``, ``[1, 2]``, ``"adam"``)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string
+
+
+#: The field's benchmark datasets: ``roth2020`` is their default protocol.
+BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+
+
+def default_protocol(dataset: str) -> str:
+    """``smoke`` on the small CPU datasets, the field's standard (``roth2020``) on benchmarks."""
+    return "roth2020" if dataset in BENCHMARKS else "smoke"
+
+
+def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bool:
+    """``methods.<method>.<option>`` may set any option the method declares, whether or
+    not the protocol file lists it (its current value: the method's default). True when
+    the option was added here."""
+    from methods import METHODS
+
+    options = METHODS.get(method).options()
+    if option not in options:
+        raise HarnessError(f"unknown option '{option}' for method '{method}' in --set methods.{method}.{option}; "
+                           f"valid: {', '.join(sorted(options)) or 'none'}")
+    section = data.setdefault("methods", {}).setdefault(method, {})
+    if option in section:
+        return False
+    section[option] = _jsonable(options[option])
+    return True
+
+
+def apply_overrides(
+    protocol: Protocol, overrides: dict[str, Any] | list[str]
+) -> tuple[Protocol, tuple[Deviation, ...]]:
+    """Return the protocol with ``{"schedule.epochs": 3}`` (or ``["schedule.epochs=3"]``) applied.
+
+    Each changed field becomes a :class:`Deviation`; values equal to the
+    protocol's are not deviations.
+    """
+    if isinstance(overrides, list):
+        parsed = {}
+        for item in overrides:
+            if "=" not in item:
+                raise HarnessError(f"override '{item}' must look like key.path=value")
+            key, text = item.split("=", 1)
+            parsed[key.strip()] = _parse_value(text.strip())
+        overrides = parsed
+    data = protocol._full_dict()
+    deviations = []
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        declared = parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:])
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise HarnessError(f"unknown protocol key '{dotted}'")
+            node = node[part]
+        if parts[-1] not in node:
+            raise HarnessError(f"unknown protocol key '{dotted}'")
+        old = node[parts[-1]]
+        node[parts[-1]] = value
+        if _jsonable(value) != old:
+            deviations.append(Deviation(dotted, old, value))
+        elif declared:  # set to the method's default: the protocol (and its fingerprint) is unchanged
+            del node[parts[-1]]
+            if not node:
+                del data["methods"][parts[1]]
+    return _build(Protocol, data), tuple(deviations)
+
+
+def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None,
+                world_size: int = 1) -> str:
+    """Hash of the canonical protocol, the resolved loss and the dataset split (16 hex chars).
+
+    ``world_size``: processes that trained the run together (``torchrun``). The global
+    batch is the protocol's either way, but the arithmetic differs (gathered embeddings,
+    averaged gradients), so runs with other world sizes are not put side by side in one
+    table. Absent from the payload at 1, so single-process fingerprints are unchanged."""
+    payload = json.dumps(
+        {"protocol": protocol.to_dict(), "split": split_digest, "loss": loss,
+         "loss_args": _jsonable(loss_args or {}),
+         **({"world_size": int(world_size)} if world_size != 1 else {})},
+        sort_keys=True, separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

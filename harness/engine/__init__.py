@@ -1,0 +1,1 @@
+"""Training, evaluation of a model, distributed runs, grid sweeps and Optuna tuning."""

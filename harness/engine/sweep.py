@@ -1,0 +1,494 @@
+"""``python -m harness sweep --grid NAME``: run every cell of a grid exactly once,
+restartable, across local worker processes or machines.
+
+Coordination uses an Optuna RDB storage as the shared queue (SQLite under
+``results/`` by default; a PostgreSQL URL shares it across machines):
+
+* one study per grid (``sweep:<grid>``); each cell that has no FINISHED MLflow run
+  (tag ``cell_key``) and no queued or running trial is enqueued as a fixed trial
+  (``study.enqueue_trial``, the cell key in its user attributes);
+* workers pop trials with ``study.ask()``, run the cell through
+  :func:`harness.engine.training.run_training` (``resume=True``: a retried cell continues
+  from its last checkpoint) and ``study.tell()`` the selection metric;
+* workers send Optuna heartbeats; a worker killed mid-cell leaves a RUNNING trial
+  whose heartbeat goes stale, Optuna fails it and
+  ``RetryHeartbeatStaleTrialCallback`` (``RetryFailedTrialCallback`` before Optuna 4.9)
+  re-queues it, so another worker
+  (or the next start) runs the cell;
+* a cell that raises is reported, its trial failed, and it is queued again on the
+  next start;
+* a test-time-only cell (grid ``[test_time]``, e.g. DIML on a trained ``plain``) is
+  queued once its base cell has a FINISHED run: by the start that finds it so, or by
+  any worker (on any machine) that finds the queue empty; a cell whose base failed
+  waits, and the final report says so.
+
+The tracking store is the record of what is done: a restarted sweep skips every
+cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from harness.base.errors import HarnessError
+from harness.config.grids import Cell, Grid, load_grid
+
+__all__ = ["add_sweep_parser", "cmd_sweep", "open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
+           "enqueue_ready_dependents", "worker_loop", "DEFAULT_STORAGE"]
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+CELL_ATTR = "cell_key"
+
+
+def _log(msg: str) -> None:
+    print(f"[sweep {socket.gethostname()}:{os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def storage_url(url: str | None) -> str:
+    url = url or os.environ.get("DML_HARNESS_OPTUNA_STORAGE") or DEFAULT_STORAGE
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith(("postgresql://", "postgres://")):
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; use psycopg2 when that is
+        # the driver installed.
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
+            url = "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def open_storage(storage: str | None, *, heartbeat: int | None = 30, grace: int | None = 90,
+                 retry_stale: bool = True):
+    """An Optuna RDB storage (SQLite by default) with worker heartbeats; stale trials are
+    failed and, with ``retry_stale``, queued again."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats and fail_stale_trials are "experimental" in Optuna since 2.8; ask() warns
+    # that heartbeats are meant for optimize() (we send them ourselves, see _Heartbeat).
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    try:  # Optuna >= 4.9 renamed the callback and its argument
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+        retry = {"heartbeat_stale_trial_callback": Retry(max_retry=None)}
+    except ImportError:
+        from optuna.storages import RetryFailedTrialCallback as Retry
+
+        retry = {"failed_trial_callback": Retry(max_retry=None)}
+    url = storage_url(storage)
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=grace,
+                          **(retry if retry_stale else {}))
+    except Exception as err:  # unreachable server, missing driver, bad URL
+        raise HarnessError(f"cannot open the Optuna storage {url}: {type(err).__name__}: "
+                           f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from None
+
+
+def open_study(grid: Grid, storage: str | None, *, heartbeat: int = 30, grace: int = 90):
+    """The grid's study (``sweep:<grid>``) on an RDB storage with heartbeats and retry of stale trials."""
+    import optuna
+
+    return optuna.create_study(study_name=f"sweep:{grid.name}", storage=open_storage(
+        storage, heartbeat=heartbeat, grace=grace), direction="maximize", load_if_exists=True)
+
+
+def finished_cells(grid: Grid) -> dict[str, str]:
+    """``{cell_key: run_id}`` of FINISHED runs of the grid in the tracking store."""
+    import mlflow
+
+    from harness.store.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    exp = mlflow.get_experiment_by_name(grid.experiment)
+    if exp is None:
+        return {}
+    client = mlflow.MlflowClient()
+    out, token = {}, None
+    while True:
+        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            key = run.data.tags.get(CELL_ATTR)
+            if key:
+                out.setdefault(key, run.info.run_id)
+        token = page.token
+        if not token:
+            return out
+
+
+def _trials_by_state(study) -> dict[str, list]:
+    from optuna.trial import TrialState
+
+    by = {s.name: [] for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        if CELL_ATTR in t.user_attrs:
+            by[t.state.name].append(t)
+    return by
+
+
+def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
+    """Queue every cell without a FINISHED run and without a queued or running trial
+    whose base cell (if it has one) is finished.
+
+    Returns counts, the cells that failed on an earlier start (now retried) and the
+    cells still waiting for their base cell."""
+    from optuna.storages import fail_stale_trials
+
+    fail_stale_trials(study)
+    done = finished_cells(grid)
+    by = _trials_by_state(study)
+    pending = {t.user_attrs[CELL_ATTR] for t in by["WAITING"] + by["RUNNING"]}
+    failed_before = {t.user_attrs[CELL_ATTR] for t in by["FAIL"]}
+    queued, retried, waiting = [], [], []
+    for cell in grid.cells:
+        if cell.key in done or cell.key in pending:
+            continue
+        if cell.base_key and cell.base_key not in done:
+            waiting.append(cell)
+            continue
+        study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key, "cell": cell.label})
+        queued.append(cell)
+        if cell.key in failed_before:
+            retried.append(cell)
+    return {"total": len(grid.cells), "finished": sum(c.key in done for c in grid.cells),
+            "queued": len(queued), "pending": len(pending), "retried": retried, "waiting": waiting}
+
+
+def enqueue_ready_dependents(grid: Grid, study) -> int:
+    """Queue the test-time cells whose base cell has finished and that have no trial in
+    this study yet (one that failed waits for the next start, as any failed cell)."""
+    waiting = [c for c in grid.cells if c.base_key]
+    if not waiting:
+        return 0
+    done = finished_cells(grid)
+    tried = {t.user_attrs[CELL_ATTR] for ts in _trials_by_state(study).values() for t in ts}
+    ready = [c for c in waiting if c.base_key in done and c.key not in done and c.key not in tried]
+    for cell in ready:
+        study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key, "cell": cell.label})
+    return len(ready)
+
+
+def _pop_lock(url: str | None):
+    """Serialise popping a queued trial among the processes of one machine on SQLite.
+
+    Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
+    workers that ask at the same moment can both get the same trial and run the cell
+    twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
+    exclusive lock on a file beside the database does the same for local workers.
+
+    ``url``: the storage URL the study was opened with (:func:`storage_url`), passed in
+    rather than read back from Optuna's storage objects (private, and wrapped in a cache).
+    The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
+    Windows), released when the block ends or the process dies."""
+    if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    return FileLock(url.removeprefix("sqlite:///") + ".pop.lock")
+
+
+class _Heartbeat:
+    """Record an Optuna heartbeat for one trial every ``interval`` seconds in a thread."""
+
+    def __init__(self, storage, trial_id: int):
+        self.storage, self.trial_id = storage, trial_id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        interval = self.storage.get_heartbeat_interval() or 30
+        while True:
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception as err:  # a transient database error must not kill the run
+                _log(f"heartbeat failed: {err}")
+            if self.stop.wait(interval):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
+    """Runs of the grid's experiment that ran this cell (same protocol fingerprint, which
+    covers protocol, deviations, split, loss and its arguments; same method and seed)."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(grid.experiment)
+    if exp is None:
+        return []
+    from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
+
+    return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
+        f"attributes.status = {q(status)} and tags.fingerprint = {q(fp)} and tags.method = {q(cell.method)} "
+        f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"))
+
+
+def _tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for k, v in {CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
+                 "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
+                 "optuna_study": study_name, "optuna_trial": trial_number}.items():
+        client.set_tag(run_id, k, str(v))
+
+
+def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
+    import mlflow
+
+    from harness.config.protocol import fingerprint
+    from harness.engine import training
+    from harness.store.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    protocol = cell.protocol
+    # A protocol that carves validation by the run's seed has one split per seed.
+    split_key = (cell.dataset, repr(protocol.splits), protocol.selection.mode, str(settings.get("data_root")),
+                 cell.seed if protocol.splits.validation_by_run_seed else None)
+    if split_key not in splits_cache:
+        splits_cache[split_key] = training.prepare_splits(protocol, cell.dataset, settings.get("data_root"),
+                                                          seed=cell.seed)
+    splits = splits_cache[split_key]
+    fp = fingerprint(protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
+    # A worker killed after its run finished but before tagging it: adopt that run, if the
+    # same code (method revision) ran it from the same weights.
+    from methods import METHODS
+
+    revision = str(METHODS.get(cell.method).cls.revision)
+    init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
+    for run in _runs_of_cell(grid, cell, fp, "FINISHED"):
+        tags = run.data.tags
+        if (CELL_ATTR not in tags and tags.get("method_revision", "1") == revision
+                and tags.get("init_from", "none") == (init_from or "none")):
+            _tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
+            _log(f"{cell.label}: adopted finished untagged run {run.info.run_id}")
+            return {"mlflow_run_id": run.info.run_id, "metrics": {
+                k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}}
+    # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
+    # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
+    for run in _runs_of_cell(grid, cell, fp, "RUNNING"):
+        mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+        _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
+    if cell.base_key and not init_from:
+        raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
+    root = settings.get("checkpoint_root")
+    cfg = training.RunConfig(method=cell.method, dataset=cell.dataset, protocol=protocol, loss=cell.loss,
+                             loss_args=dict(cell.loss_args), seed=cell.seed, deviations=cell.deviations,
+                             protocol_path=cell.protocol_path, method_options=dict(cell.method_options),
+                             data_root=settings.get("data_root"), device=settings.get("device", "auto"),
+                             workers=settings.get("loader_workers"), resume=True,
+                             init_from=init_from, evaluate_only=bool(cell.base_key),
+                             experiment=grid.experiment,
+                             **({"checkpoint_root": Path(root)} if root else {}),
+                             # Tagged from the start; the full set again below (and on adoption).
+                             tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label})
+    record = training.run_training(cfg, splits)
+    _tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
+    return record
+
+
+def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0) -> dict[str, list]:
+    """Pop and run queued cells until none is queued or running anywhere.
+
+    ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
+    Returns ``{"done": [...], "failed": [(label, error)], "skipped": [...]}`` for this worker."""
+    from optuna.storages import fail_stale_trials
+    from optuna.trial import TrialState
+
+    # Import the training stack (torch, timm, MLflow: seconds of work, much of it holding
+    # the GIL) before holding a trial: imported inside the first cell, it starved that
+    # trial's heartbeat thread past a short grace period, and another worker failed the
+    # live trial as stale and ran its cell a second time.
+    from harness.engine import training  # noqa: F401
+
+    settings = settings or {}
+    cells = {c.key: c for c in grid.cells}
+    storage = study._storage
+    report: dict[str, list] = {"done": [], "failed": [], "skipped": []}
+    splits_cache: dict = {}
+    while True:
+        fail_stale_trials(study)
+        by = _trials_by_state(study)
+        if not by["WAITING"]:
+            if not by["RUNNING"]:
+                if enqueue_ready_dependents(grid, study):
+                    continue
+                return report
+            time.sleep(poll)  # another worker may die: its cell would come back here
+            continue
+        with _pop_lock(settings.get("storage")):
+            trial = study.ask()
+        key = trial.user_attrs.get(CELL_ATTR)
+        if key is None:  # another worker took the last queued cell first
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        with _Heartbeat(storage, trial._trial_id):
+            cell = cells.get(key)
+            if cell is None:
+                trial.set_user_attr("error", "cell not in the grid any more")
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            twins = [t for t in _trials_by_state(study)["RUNNING"]
+                     if t.user_attrs.get(CELL_ATTR) == key and t.number < trial.number]
+            if twins or key in finished_cells(grid):
+                report["skipped"].append(cell.label)
+                trial.set_user_attr("skipped", "already finished or running elsewhere")
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            _log(f"trial {trial.number}: {cell.label} (cell {key})")
+            try:
+                record = _run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
+            except KeyboardInterrupt:
+                _settle(study, trial, state=TrialState.FAIL, error="interrupted")
+                raise
+            except Exception as err:
+                text = f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
+                _log(f"FAILED {cell.label}: {text}")
+                _settle(study, trial, state=TrialState.FAIL, error=text)
+                report["failed"].append((cell.label, text))
+                continue
+            metric = cell.protocol.selection.metric
+            _settle(study, trial, value=float(record["metrics"].get(metric, 0.0)),
+                    run_id=record["mlflow_run_id"])
+            report["done"].append(cell.label)
+
+
+def _settle(study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = "") -> None:
+    """Tell the study how ``trial`` ended, unless it was already ended under this worker:
+    a heartbeat late past the grace period (an overloaded machine) makes another worker
+    fail the live trial as stale and queue it again. Telling then raised, which killed
+    this worker and left the queue with fewer workers than cells waiting (the flaky
+    "3 of 4 cells finished"). The run this worker finished stays the cell's; the queued
+    retry finds it FINISHED and skips the cell."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        if study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+            raise UpdateFinishedTrialError
+        if error:
+            trial.set_user_attr("error", error)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        if value is None:
+            study.tell(trial, state=state, skip_if_finished=True)
+        else:
+            study.tell(trial, value, skip_if_finished=True)
+    except UpdateFinishedTrialError:
+        _log(f"trial {trial.number} was failed as stale by another worker while it ran here (heartbeat "
+             f"late by more than the grace period); its retry skips the cell once this run is FINISHED")
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers,
+            "storage": storage_url(args.storage), "checkpoint_root": args.checkpoint_root}
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "harness", "sweep", "--grid", str(args.grid), "--worker-only",
+           "--storage", storage_url(args.storage), "--device", args.device,
+           "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.data_root:
+        cmd += ["--data-root", str(args.data_root)]
+    if args.loader_workers is not None:
+        cmd += ["--loader-workers", str(args.loader_workers)]
+    if args.checkpoint_root:
+        cmd += ["--checkpoint-root", str(args.checkpoint_root)]
+    return cmd
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    grid = load_grid(args.grid, smoke=args.smoke)
+    if args.data_root is not None and not Path(args.data_root).is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
+    if args.worker_only:
+        report = worker_loop(grid, study, settings=_settings(args))
+        return 1 if report["failed"] else 0
+
+    counts = enqueue_cells(grid, study)
+    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
+         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
+         f"{len(counts['waiting'])} waiting for their base cell; "
+         f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
+    for cell in counts["retried"]:
+        _log(f"retrying {cell.label} (failed on an earlier start)")
+    if args.workers < 1:
+        raise HarnessError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers == 1:
+        worker_loop(grid, study, settings=_settings(args))
+    else:
+        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+        try:
+            for p in procs:
+                p.wait()
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            raise
+    return _final_report(grid, study)
+
+
+def _final_report(grid: Grid, study) -> int:
+    done = finished_cells(grid)
+    missing = [c for c in grid.cells if c.key not in done]
+    labels = {c.key: c.label for c in grid.cells}
+    failed = {t.user_attrs[CELL_ATTR]: t.user_attrs.get("error", "") for t in _trials_by_state(study)["FAIL"]}
+    print(f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
+          f"(MLflow experiment '{grid.experiment}')")
+    for cell in missing:
+        reason = failed.get(cell.key, "not run")
+        if cell.base_key and cell.base_key not in done:
+            reason = f"waiting for its base cell {labels.get(cell.base_key, cell.base_key)}"
+        print(f"  not finished: {cell.label}: {reason or 'failed'} (queued again on the next start)")
+    return 1 if missing else 0
+
+
+def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sweep", help="run every cell of a grid once (restartable, multi-worker)")
+    _add_arguments(p)
+    p.set_defaults(func=cmd_sweep)
+    return p
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in this process)")
+    p.add_argument("--storage", help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
+                   "postgresql://user@host/db across machines)")
+    p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
+    p.add_argument("--data-root", type=Path)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--loader-workers", type=int, help="data-loading processes per run")
+    p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
+                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
+    p.add_argument("--heartbeat", type=int, default=30, help="seconds between worker heartbeats")
+    p.add_argument("--grace", type=int, default=90,
+                   help="seconds without a heartbeat after which a running cell is retried")
+    p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)

@@ -1,0 +1,732 @@
+"""Training of one run: (method, dataset, protocol, loss, seed), then its test.
+
+This module trains; it asks :mod:`harness.engine.embedding` to evaluate,
+:mod:`harness.components.explanation.maps` to log explanations and :mod:`harness.store.tracking` for the
+store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU,
+everywhere with ``--deterministic``), AMP (bf16 where supported, else fp16 with a loss
+scaler) and channels-last on CUDA, a checkpoint after every epoch (written atomically),
+and ``resume`` that continues from the last checkpoint to exactly the result of an
+uninterrupted run: every source of randomness is re-derived from ``(seed, epoch)``
+at the start of each epoch (each image's augmentation from ``(seed, epoch, batch,
+position)``), so nothing but tensors has to be saved, and the loader's workers can
+persist across epochs.
+
+Under ``torchrun`` one run trains across processes (:mod:`harness.engine.distributed`):
+each takes a share of every global batch, the metric loss sees the gathered batch,
+DDP averages gradients, and process 0 alone evaluates, tracks and checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from harness.base.atomic import atomic_save_torch, atomic_write_text
+from harness.base.device import amp_dtype, amp_name, configure_determinism
+from harness.base.errors import HarnessError
+from harness.base.faults import fault_point
+from harness.components.backbones import Backbone, create_backbone
+from harness.components.data import (
+    DATASETS,
+    DatasetSplits,
+    cap_per_class,
+    carve_validation,
+    seen_class_control,
+)
+from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
+from harness.components.data.transforms import build_transform, normalize_batch
+from harness.components.evaluation import (
+    PER_QUERY_ARTIFACT,
+    evaluation_code_digest,
+    save_per_query,
+    with_paper_variants,
+)
+from harness.components.losses import MetricLoss, create_loss, create_miner, miner_for
+from harness.config.protocol import Deviation, Protocol, fingerprint
+from harness.engine.distributed import (
+    SINGLE_PROCESS,
+    GatheredMetricLoss,
+    Processes,
+    average_gradients,
+    barrier,
+    check_replicas_agree,
+    processes_from_env,
+    wrap_model,
+)
+from harness.engine.embedding import evaluate_split
+from harness.reports.explanations import log_explanations
+from harness.store.tracking import load_finished_weights
+from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
+
+__all__ = ["RunConfig", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
+           "seed_everything", "resolve_device"]
+
+
+@dataclass
+class RunConfig:
+    method: str
+    dataset: str
+    protocol: Protocol
+    loss: str
+    loss_args: dict[str, Any]
+    seed: int
+    deviations: tuple[Deviation, ...] = ()
+    protocol_path: Path | None = None
+    method_options: dict[str, Any] = field(default_factory=dict)
+    data_root: Path | None = None
+    device: str = "auto"
+    workers: int | None = None
+    resume: bool = False
+    #: A finished run (MLflow run id) whose selected weights initialise this one,
+    #: e.g. DIML applied at test time to a trained ``plain`` model.
+    init_from: str = ""
+    #: Train no epoch: evaluate the ``init_from`` weights, which were trained under this
+    #: same protocol (a test-time-only method such as DIML on a trained baseline). Unlike
+    #: ``--epochs 0`` this is not a deviation: the protocol's training happened in the base run.
+    evaluate_only: bool = False
+    experiment: str = ""
+    #: Where checkpoints and selected weights live (``--checkpoint-root``, else
+    #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
+    #: weights relative to it too, so a moved root still serves ``--init-from``.
+    checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
+    #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
+    tags: dict[str, str] = field(default_factory=dict)
+    #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
+    epoch_callback: Any = None
+    #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
+    deterministic: bool = False
+
+
+class EmbeddingModel(nn.Module):
+    """Backbone (images -> feature maps) followed by a method head (maps -> HeadOutput)."""
+
+    def __init__(self, backbone: Backbone, head: Method):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, images: torch.Tensor) -> HeadOutput:
+        return self.head(self.backbone(images))
+
+
+# ----------------------------------------------------------------------- utilities
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise HarnessError(f"unknown device '{name}'; valid: auto, cpu, cuda")
+    return torch.device(name)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def default_checkpoint_root() -> Path:
+    """``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints`` (relative to the working directory)."""
+    return Path(os.environ.get("DML_HARNESS_CHECKPOINTS") or "results/checkpoints")
+
+
+# Checkpoints are checked before a resume trusts them: a file cut short (disk full, a
+# copy interrupted, a crash on a file system that reorders writes) must restart the run,
+# never continue it from garbage. Beside ``last.pt``, ``last.pt.sha256.json`` lists the
+# sha256 digests a resume accepts.
+
+#: What a resumable checkpoint holds at least.
+_CHECKPOINT_KEYS = ("epoch", "model", "loss", "optimizer", "scheduler", "history", "best")
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256.json")
+
+
+def _save_checkpoint(obj: dict[str, Any], path: Path, current_digest: str | None) -> str:
+    """Save ``obj`` to ``path`` atomically; returns its sha256.
+
+    The sidecar is rewritten (atomically) just before the new file takes the name and
+    lists both the new digest and ``current_digest`` (that of the file still under the
+    name), so whenever a crash lands, the file under the name is one the sidecar accepts.
+    """
+    def record(_tmp: Path, digest: str) -> None:
+        accepted = [digest] + ([current_digest] if current_digest and current_digest != digest else [])
+        atomic_write_text(_sidecar(path), json.dumps({"file": path.name, "sha256": accepted}))
+
+    return atomic_save_torch(obj, path, before_replace=record)
+
+
+def _load_checkpoint(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(checkpoint, sha256)`` of a resumable ``path``, or ``(None, None)`` after one line
+    saying why it is refused (the run then starts from scratch).
+
+    Refused: a digest the sidecar does not list (a sidecar that cannot be read counts as
+    such), a file ``torch.load`` cannot read, one without the keys a resume needs. A
+    checkpoint without a sidecar (written before the harness kept one) is only loaded and
+    checked for its keys."""
+    try:
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        sidecar = _sidecar(path)
+        if sidecar.exists():
+            try:
+                accepted = json.loads(sidecar.read_text(encoding="utf-8"))["sha256"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"its checksum file {sidecar.name} is unreadable") from None
+            if digest not in accepted:
+                raise ValueError(f"{len(data)} bytes with sha256 {digest[:12]}..., not a digest "
+                                 f"recorded in {sidecar.name}")
+        checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if not isinstance(checkpoint, dict) or not set(_CHECKPOINT_KEYS) <= set(checkpoint):
+            raise ValueError("not a training checkpoint (keys missing)")
+    except Exception as err:
+        text = str(err).strip()
+        reason = f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+        _log(f"checkpoint {path} is unreadable ({reason}); starting from scratch")
+        return None, None
+    return checkpoint, digest
+
+
+# ------------------------------------------------------------------------ building
+
+
+def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
+                   control: bool = False, seed: int | None = None) -> DatasetSplits:
+    """Load the dataset, cap images per class (small protocols) and carve validation classes.
+
+    ``control`` swaps the training images for other images of the test classes
+    (:func:`~harness.components.data.seen_class_control`, a diagnostic recorded as a deviation).
+    ``seed``: the run's seed, which carves the validation classes when the protocol sets
+    ``splits.validation_by_run_seed`` (then it is required; else it is not used).
+    """
+    protocol = protocol.for_dataset(dataset)
+    s = protocol.splits
+    if s.validation_by_run_seed and seed is None:
+        raise HarnessError(f"protocol '{protocol.name}' carves its validation classes with the run's seed "
+                           f"(splits.validation_by_run_seed): its splits need the seed of the run")
+    splits = DATASETS.get(dataset).load(data_root)
+    test_pool = splits.test
+    splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
+    splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
+    if protocol.selection.mode == "validation":
+        splits = carve_validation(splits, s.validation_classes, seed if s.validation_by_run_seed else s.seed)
+    if control:
+        splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
+    return splits
+
+
+def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
+    """The protocol's backbone, the method's head on it (``setup``), and the backbone told
+    to stop at the last point the head reads."""
+    b = protocol.backbone
+    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights, freeze_bn=b.freeze_bn)
+    head = create_method(method, channels=dict(backbone.channels), embedding_size=protocol.embedding.size,
+                         **options)
+    head.setup(backbone)
+    backbone.set_outputs(head.stages)
+    return EmbeddingModel(backbone, head)
+
+
+def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
+    o = protocol.optimizer
+    # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
+    # the backbone they came from.
+    pretrained = [p for p in (*model.backbone.parameters(), *model.head.pretrained.parameters()) if p.requires_grad]
+    groups = [{"params": pretrained, "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
+    groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
+    loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
+    if loss_params:
+        groups.append({"params": loss_params, "lr": o.lr_loss, "weight_decay": 0.0, "name": "loss"})
+    # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
+    if o.name == "adam":
+        return torch.optim.Adam(groups, fused=True)
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, fused=True)
+    if o.name == "rmsprop":
+        return torch.optim.RMSprop(groups, momentum=o.momentum)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, momentum=o.momentum)
+    raise HarnessError(f"unknown optimizer '{o.name}'; valid: adam, adamw, rmsprop, sgd")
+
+
+def _scheduler(protocol: Protocol, optimizer):
+    s = protocol.schedule
+    if s.name == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if s.name == "multistep":
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, list(s.milestones), gamma=s.gamma)
+    if s.name == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, s.epochs))
+    raise HarnessError(f"unknown schedule '{s.name}'; valid: constant, multistep, cosine")
+
+
+# ------------------------------------------------------------------------- the run
+
+
+def run_key(cfg: RunConfig, fp: str) -> str:
+    payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
+                          "seed": cfg.seed, "init_from": cfg.init_from,
+                          **({"evaluate_only": True} if cfg.evaluate_only else {}),
+                          **METHODS.get(cfg.method).key_fields()},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _adapted_sampling(protocol: Protocol, num_classes: int) -> tuple[int, int, str]:
+    """When a split has fewer classes than a batch asks for, every batch takes all of them,
+    with more images each: as many as keep the batch within the protocol's size, and at
+    least the protocol's samples per class."""
+    s = protocol.sampling
+    if num_classes >= s.classes_per_batch:
+        return s.classes_per_batch, s.samples_per_class, ""
+    per_class = max(s.samples_per_class, s.batch_size // num_classes)
+    note = (f"{num_classes} classes x {per_class} per batch (protocol asks "
+            f"{s.classes_per_batch} x {s.samples_per_class}; the split has {num_classes} classes)")
+    return num_classes, per_class, note
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Training:
+    """Everything one run trains with (built once, restored from a checkpoint on resume)."""
+
+    model: EmbeddingModel
+    loss_fn: nn.Module
+    miner: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    sampler: ClassBalancedBatchSampler
+    train_data: TransformedImages
+    sampling_note: str
+    #: Built once: with workers, they persist across epochs (each image's augmentation
+    #: seed comes with its index from the sampler, so persistence changes no crop).
+    loader: DataLoader
+    #: The module the training step calls: ``model``, or DDP around it across processes.
+    train_model: nn.Module
+    metric_loss: MetricLoss
+    procs: Processes = SINGLE_PROCESS
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}  # AMP's loss scale: a resume continues it
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.loss_fn.load_state_dict(checkpoint["loss"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        if checkpoint.get("scaler"):  # absent in older checkpoints; empty when AMP is off
+            self.scaler.load_state_dict(checkpoint["scaler"])
+
+
+def default_workers(device: torch.device, world_size: int = 1) -> int:
+    """Data-loading processes when ``--workers`` is not given: 4 on CUDA; on CPU one, so that
+    decoding and augmenting the next batch overlaps the step (measured on 2 cores, smoke
+    protocol, ``plain``, 1 epoch: 5-6% less wall time, identical loss and metrics, since every
+    sample's augmentation is seeded by its position), and none when the processes already
+    have fewer than two cores each (torchrun on a small machine)."""
+    if device.type == "cuda":
+        return 4
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores // max(1, world_size) >= 2 else 0
+
+
+def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device, fp: str = "", *,
+                    workers: int = 0, procs: Processes = SINGLE_PROCESS) -> _Training:
+    protocol = cfg.protocol
+    seed_everything(cfg.seed)
+    model = build_model(protocol, cfg.method, cfg.method_options)
+    if cfg.init_from:
+        load_finished_weights(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "",
+                              checkpoint_root=cfg.checkpoint_root)
+    # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
+    # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
+    model = model.to(device, memory_format=torch.channels_last)
+    label_ids = np.unique(splits.train.labels)
+    copies = model.head.metric_loss_copies
+    losses = [create_loss(cfg.loss, cfg.loss_args, num_classes=len(label_ids),
+                          embedding_size=model.head.metric_loss_dim) for _ in range(copies)]
+    # One instance keeps its state-dict keys; several (one per group) are a ModuleList.
+    loss_fn = (losses[0] if copies == 1 else nn.ModuleList(losses)).to(device)
+    optimizer = _optimizer(protocol, model, loss_fn)
+    classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
+    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
+                                        samples_per_class=per_class,
+                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed,
+                                        rank=procs.rank, world_size=procs.world_size, sample_seeds=True)
+    # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
+    label_map = {int(c): i for i, c in enumerate(label_ids)}
+    train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+    loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
+                        pin_memory=device.type == "cuda")
+    miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
+                                    loss_miners=protocol.loss.miners))
+    train_model: nn.Module = model
+    metric_loss = MetricLoss(loss_fn, miner)
+    if procs.distributed:
+        train_model = wrap_model(model, device)
+        metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
+    # A loss scaler only for float16 autocast (bfloat16 has float32's range).
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
+    return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
+                     sampler, train_data, note, loader, train_model, metric_loss, procs)
+
+
+def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
+    """Per-epoch selection needs the retrieval metrics only (no k-means every epoch)."""
+    from harness.components.evaluation import RETRIEVAL_METRICS
+
+    wanted = [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"]
+    return tuple(dict.fromkeys([*wanted, protocol.selection.metric]))
+
+
+def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[str, Any]:
+    """Train and test one run; returns the record written by ``run --json``.
+
+    Model selection follows ``protocol.selection``: the epoch with the best
+    validation metric ("validation"), the best test metric ("test-paper", the
+    seeds' released-code behaviour, labelled everywhere) or the last epoch.
+    """
+    from harness.store.tracking import Tracker, tracking_uri
+
+    # Callers resolve the protocol for the dataset before applying overrides; this is a
+    # no-op then, and resolves a protocol that still has per-dataset sections.
+    cfg = replace(cfg, protocol=cfg.protocol.for_dataset(cfg.dataset))
+    protocol = cfg.protocol
+    if cfg.evaluate_only and not cfg.init_from:
+        raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
+    device = resolve_device(cfg.device)
+    configure_determinism(cfg.deterministic, device)
+    procs, device = processes_from_env(device)
+    if procs.distributed:
+        _check_distributable(cfg, procs)
+    workers = cfg.workers if cfg.workers is not None else default_workers(device, procs.world_size)
+    if device.type == "cpu":
+        # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
+        torch.set_flush_denormal(True)
+    splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
+    fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args,
+                     world_size=procs.world_size)
+    ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
+    ckpt_path = ckpt_dir / "last.pt"
+    checkpoint, ckpt_digest = None, None
+    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
+    previous = None  # an evaluate-only run trains nothing and keeps no last.pt: it resumes into its run
+    if cfg.resume and procs.is_main:
+        from harness.store.tracking import filter_value, mark_dead_runs_killed, newest_run
+
+        same_key = f"tags.run_key = {filter_value(ckpt_dir.name)}"
+        # A run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED.
+        for run_id in mark_dead_runs_killed(experiment, same_key):
+            _log(f"run {run_id} of a process that died was left RUNNING; marked KILLED")
+        if cfg.evaluate_only and (previous := newest_run(experiment, same_key)):
+            _log(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
+    if cfg.resume and ckpt_path.is_file():
+        checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
+    if checkpoint is not None:
+        _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
+
+    t = _build_training(cfg, splits, device, fp, workers=workers, procs=procs)
+    epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
+    if not procs.is_main:
+        return _follow(cfg, t, device, checkpoint, epochs)
+    tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
+                      run_id=checkpoint.get("mlflow_run_id") if checkpoint else previous)
+    try:
+        start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
+        if checkpoint is None or not tracker.resumed:
+            _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note, procs, device)
+            tracker.set_tags({"run_key": ckpt_dir.name})
+        else:  # the run's git_commit tag is its first segment's; say which code continued it
+            from harness.store.tracking import git_commit
+
+            tracker.set_tags({"git_commit_at_resume": git_commit()})
+        from harness.store.tracking import worker_id
+
+        tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
+        if checkpoint is not None:
+            t.restore(checkpoint)
+            start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
+            if not tracker.resumed:  # the checkpoint's run is not in this store: a new run gets it all
+                _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
+                     f"'{experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")
+                for record in history:
+                    tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
+
+        selection = protocol.selection
+        select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
+        for epoch in range(start_epoch, epochs):
+            record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, epoch, epochs)}
+            t.scheduler.step()
+            check_replicas_agree(t.model, procs, f"after epoch {epoch + 1}")
+            due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
+            if selection.mode in select_on and due:
+                q, g = select_on[selection.mode]
+                scores = evaluate_split(t.model, q, g, protocol, cfg.dataset, device=device, workers=workers,
+                                        metrics=_selection_metrics(protocol))
+                prefix = "val" if selection.mode == "validation" else "test_paper_selection"
+                record.update({f"{prefix}_{k}": v for k, v in scores.items()})
+                if scores[selection.metric] > best["score"]:
+                    best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
+                            "state": {k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}}
+            history.append(record)
+            tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
+            _log(_epoch_line(cfg, record, epochs, selection.metric))
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            ckpt_digest = _save_checkpoint({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
+                                            "mlflow_run_id": tracker.run_id, "fingerprint": fp},
+                                           ckpt_path, ckpt_digest)
+            barrier(procs)  # the other processes wait for this epoch's evaluation and checkpoint
+            if cfg.epoch_callback is not None:
+                cfg.epoch_callback(epoch + 1, record)
+
+        if selection.mode == "last":
+            selected_epoch = epochs
+        else:
+            if best["state"] is None and epochs > start_epoch:
+                raise HarnessError(
+                    f"the selection metric {selection.metric} was NaN at every evaluation "
+                    f"(selection mode '{selection.mode}'), so no epoch could be selected; "
+                    f"does every validation class have at least two images?")
+            selected_epoch = best["epoch"]
+            if best["state"] is not None:
+                t.model.load_state_dict(best["state"])
+        # The papers' metric variants ride along (not protocol settings), and the per-query
+        # values behind every retrieval mean are kept for intervals and paired tests.
+        test = evaluate_split(t.model, splits.test, splits.gallery, protocol, cfg.dataset, device=device,
+                              workers=workers, metrics=with_paper_variants(protocol.evaluation.metrics),
+                              per_query=True)
+        tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
+        tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        per_query = getattr(test, "per_query", None)  # a plain dict of scores carries none
+        if per_query is not None:
+            per_query_path = ckpt_dir / Path(PER_QUERY_ARTIFACT).name
+            save_per_query(per_query_path, per_query)
+            tracker.log_artifact(per_query_path, str(Path(PER_QUERY_ARTIFACT).parent))
+        model_path = ckpt_dir / "model.pt"
+        model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
+                                          "selected_epoch": selected_epoch}, model_path)
+        # The absolute path, and the path under the checkpoint root (which still resolves
+        # when the root moves) with the file's sha256, checked by --init-from.
+        tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve()),
+                          "model_relpath": f"{ckpt_dir.name}/{model_path.name}", "model_sha256": model_sha256})
+        tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
+        log_explanations(t.model, splits, protocol, device, ckpt_dir, tracker)
+        tracker.finish("FINISHED")
+        barrier(procs)
+    except BaseException as err:
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        try:
+            tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
+            tracker.finish(status)
+        except Exception as secondary:  # the store failing too must not hide why the run stopped
+            text = str(secondary).strip().splitlines()[0][:300] if str(secondary).strip() else ""
+            _log(f"could not mark run {tracker.run_id} {status} in the tracking store "
+                 f"({type(secondary).__name__}: {text})")
+        raise
+    return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
+            "protocol": protocol.name, "fingerprint": fp,
+            "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
+            "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
+            "world_size": procs.world_size, "deterministic": cfg.deterministic,
+            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+
+
+def _check_distributable(cfg: RunConfig, procs: Processes) -> None:
+    """One line, before anything is built, for a run that cannot train across processes."""
+    if not cfg.protocol.backbone.freeze_bn:
+        raise HarnessError(f"training across {procs.world_size} processes needs frozen BatchNorm "
+                           f"(backbone.freeze_bn = true): trained BatchNorm would normalise by each "
+                           f"process's share, not by the protocol's batch")
+    entry = METHODS.get(cfg.method)
+    reason = entry.cls.cross_process_refusal({**entry.options(), **cfg.method_options})
+    if reason:
+        raise HarnessError(f"method '{cfg.method}' cannot train across {procs.world_size} processes: {reason}")
+
+
+def _follow(cfg: RunConfig, t: _Training, device: torch.device, checkpoint: dict[str, Any] | None,
+            epochs: int) -> dict[str, Any]:
+    """A process other than 0: train its share of every epoch, then wait while process 0
+    evaluates, tracks and checkpoints (returns no record; process 0 reports the run)."""
+    start_epoch = 0
+    if checkpoint is not None:
+        t.restore(checkpoint)
+        start_epoch = checkpoint["epoch"]
+    for epoch in range(start_epoch, epochs):
+        _train_epoch(cfg, t, device, epoch, epochs)
+        t.scheduler.step()
+        check_replicas_agree(t.model, t.procs, f"after epoch {epoch + 1}")
+        barrier(t.procs)
+    barrier(t.procs)  # process 0 tests and saves the selected weights
+    return {}
+
+
+def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
+                      procs: Processes, device: torch.device) -> None:
+    from harness.store.tracking import environment_tags, flatten, uncommitted_changes
+
+    protocol = cfg.protocol
+    tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
+                        **flatten(cfg.method_options, "method."),
+                        "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
+                        "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
+                        "world_size": procs.world_size, "deterministic": cfg.deterministic})
+    tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
+            "method_revision": METHODS.get(cfg.method).cls.revision,
+            "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
+            "selection": protocol.selection.mode,
+            "test_set_selection": protocol.selection.mode == "test-paper",
+            "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
+            "num_train_images": len(splits.train), "num_test_images": len(splits.test),
+            "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
+            "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
+            "world_size": procs.world_size, "deterministic": cfg.deterministic,
+            "amp": amp_name(device),
+            **environment_tags()}
+    if splits.val is not None:
+        tags["num_val_images"] = len(splits.val)
+    if sampling_note:
+        tags["sampling_adapted"] = sampling_note
+    tags.update(cfg.tags)
+    tracker.set_tags(tags)
+    # The dataset and its split digest as an MLflow dataset input (the UI's Datasets column).
+    tracker.log_dataset(cfg.dataset, splits.digest(), data_root=cfg.data_root,
+                        sizes={"train": len(splits.train), "val": 0 if splits.val is None else len(splits.val),
+                               "test": len(splits.test)})
+    tracker.log_text(json.dumps(protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json")
+    tracker.log_text(json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),
+                     "protocol/deviations.json")
+    if cfg.protocol_path is not None and Path(cfg.protocol_path).is_file():
+        tracker.log_artifact(Path(cfg.protocol_path), "protocol")
+    if tags["git_commit"].endswith("-dirty"):
+        tracker.log_text(uncommitted_changes(), "source/uncommitted.patch")
+
+
+#: Training steps between host synchronisations (progress bar, non-finite loss check):
+#: between them the loop only queues work on the device.
+SYNC_EVERY = 25
+
+
+def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
+                 epochs: int) -> dict[str, float]:
+    """One epoch of the training step, queued without waiting on the device: losses are
+    summed on the device and read every :data:`SYNC_EVERY` steps and at the end, where a
+    non-finite loss stops the run and names its first batch."""
+    model = t.train_model
+    seed = _epoch_seed(cfg.seed, epoch)
+    torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
+    t.sampler.set_epoch(epoch)
+    model.train()
+    dtype = amp_dtype(device)
+    gathered = isinstance(t.metric_loss, GatheredMetricLoss)
+
+    seen, started = 0, time.perf_counter()
+    sums: dict[str, torch.Tensor] = {}  # "" is the total; on the device
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    first_step = 0  # the first step since the last check
+    bar = tqdm(t.loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
+               disable=None, file=sys.stderr)
+
+    def check(step: int) -> None:
+        """Host sync: raise on a non-finite loss in steps ``first_step..step``."""
+        nonlocal first_step
+        if not bool(finite):
+            bad = next(i for i, ok in enumerate(step_ok) if not bool(ok))
+            raise HarnessError(
+                f"loss is {float(step_loss[bad])} at epoch {epoch + 1}, batch {first_step + bad + 1} "
+                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED")
+        first_step = step + 1
+        step_ok.clear()
+        step_loss.clear()
+        bar.set_postfix(loss=f"{float(sums[''] / max(seen, 1)):.4f}",
+                        img_s=f"{seen / (time.perf_counter() - started):.0f}")
+
+    step_ok: list[torch.Tensor] = []
+    step_loss: list[torch.Tensor] = []
+    step = -1
+    for step, (images, labels, _) in enumerate(bar):
+        try:
+            loss, terms = _train_step(cfg, t, model, images, labels, device, dtype, epoch, step, gathered)
+        except Exception:
+            # Weights a non-finite loss has reached can make a later step fail another way
+            # (a miner on NaN distances): the first non-finite batch is the error to report.
+            if step > first_step:
+                check(step - 1)
+            raise
+        fault_point("train_batch")  # test-only hook (harness.base.faults); nothing when unset
+        n = len(images)
+        for name, value in (("", loss), *terms.items()):
+            value = value.detach().float() * n
+            sums[name] = sums[name] + value if name in sums else value
+        ok = torch.isfinite(loss.detach())
+        finite = finite & ok
+        step_ok.append(ok)
+        step_loss.append(loss.detach())
+        seen += n
+        if (step + 1) % SYNC_EVERY == 0:
+            check(step)
+    if step >= first_step:
+        check(step)
+    elapsed = time.perf_counter() - started
+    totals = {k: float(v) / max(seen, 1) for k, v in sums.items()}
+    return {"train_loss": totals.pop("", 0.0), "train_images_per_s": seen / max(elapsed, 1e-9),
+            "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+
+
+def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                device: torch.device, dtype: torch.dtype | None, epoch: int, step: int,
+                gathered: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward, the head's loss terms, backward and the optimizer step of one batch."""
+    images = normalize_batch(images.to(device, non_blocking=True), cfg.protocol.image)
+    labels = labels.to(device, non_blocking=True)
+    images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
+    t.metric_loss.set_step(cfg.seed, epoch, step)  # random mining seeded per step (losses.MetricLoss)
+    with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
+        out = model(images)
+        terms = t.model.head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, t.model))
+        loss = sum(terms.values())
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    if gathered:
+        average_gradients(t.loss_fn.parameters(), t.procs)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    return loss, terms
+
+
+def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:
+    parts = [f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
+             f"loss {record['train_loss']:.4f}", f"{record['train_images_per_s']:.0f} img/s"]
+    for prefix in ("val_", "test_paper_selection_"):
+        if prefix + metric in record:
+            parts.append(f"{prefix.rstrip('_')} {metric} {record[prefix + metric]:.4f}")
+    return "  ".join(parts)

@@ -1,0 +1,63 @@
+"""The results table printed at the end of ``run``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from harness.reports.stats import t_half_width
+
+__all__ = ["format_results", "SHORT_NAMES"]
+
+SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R",
+               "map_at_c": "mAP@C", "nmi": "NMI", "ami": "AMI", "f1": "F1"}
+
+
+def _short(metric: str) -> str:
+    if metric.startswith("global_"):  # the cosine ranking before a method's re-ranking
+        return "cos:" + _short(metric.removeprefix("global_"))
+    if metric.startswith("recall_at_"):
+        return "R@" + metric.removeprefix("recall_at_")
+    return SHORT_NAMES.get(metric, metric)
+
+
+def format_results(records: list[dict]) -> str:
+    """One row per (method, loss): mean and, with several seeds, the half-width of the 95%
+    Student t-interval over seeds (as in the tables), in %. The papers' metric variants
+    (``*_query_in_r``) stay in the tracking store and the tables, out of this summary."""
+    if not records:
+        return "(no runs)"
+    # Union of the records' metrics, in first-seen order (re-ranking methods add cos: columns).
+    metrics = [m for m in dict.fromkeys(m for r in records for m in r["metrics"]) if not m.endswith("_query_in_r")]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["dataset"], r["method"], r["loss"])].append(r)
+    header = ["dataset", "method", "loss", "seeds"] + [_short(m) for m in metrics]
+    rows = []
+    for (dataset, method, loss), runs in groups.items():
+        cells = [dataset, method, loss, str(len(runs))]
+        for m in metrics:
+            values = np.array([r["metrics"].get(m, np.nan) for r in runs]) * 100
+            if np.isnan(values).all():
+                cells.append("-")
+                continue
+            cell = f"{values.mean():.2f}"
+            finite = values[~np.isnan(values)]
+            if len(finite) > 1:
+                cell += f"±{t_half_width(finite):.2f}"
+            cells.append(cell)
+        rows.append(cells)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+    deviations = sorted({d for r in records for d in r.get("deviations", [])})
+    out = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    if any(len(runs) > 1 for runs in groups.values()):
+        out.append("mean ± half-width of the 95% Student t-interval over seeds")
+    out.append(f"protocol {records[0]['protocol']} (fingerprint {records[0]['fingerprint']}), "
+               f"model selection: {records[0]['selection']}"
+               + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else ""))
+    if deviations:
+        out.append("deviations: " + "; ".join(deviations))
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""The tracking store: the one place that talks to MLflow."""

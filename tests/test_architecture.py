@@ -1,0 +1,92 @@
+"""The layout is checked, not only described: the layers contract (pyproject.toml's
+``[tool.importlinter]``), no import circle between any two modules, and no long function
+in the engine."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("harness", "methods")
+#: The engine's functions read like the steps they run; a longer one hides several concerns.
+MAX_ENGINE_FUNCTION_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of the project that ``module`` imports, at any depth of its code (a
+    function-level import is still a dependency)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def test_the_layers_contract_holds():
+    """``lint-imports`` over pyproject.toml's contract: cli > engine > reports > store >
+    config > methods > components > base, each importing only layers below it."""
+    pytest.importorskip("importlinter", reason="import-linter is in the [test] extra")
+    from importlinter.cli import lint_imports
+
+    assert lint_imports(config_filename=str(REPO / "pyproject.toml")) == 0
+
+
+def test_no_module_imports_itself_through_others():
+    modules = _modules()
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    circles = sorted(m for m in graph if m in reachable(m))
+    assert circles == [], f"modules in an import circle: {circles}"
+
+
+def test_every_layer_is_a_folder_and_every_module_sits_in_one():
+    """Nothing of the engine lives beside the layers: ``harness/`` holds only the entry
+    points and the layer folders."""
+    loose = sorted(p.name for p in (REPO / "harness").glob("*.py")
+                   if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == []
+
+
+def test_no_engine_function_is_longer_than_80_lines():
+    long = []
+    for path in sorted((REPO / "harness" / "engine").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_ENGINE_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)")
+    assert long == []
