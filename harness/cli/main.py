@@ -285,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "classes (a deviation; tells broken training from features that do not transfer)")
     run.set_defaults(func=cmd_run)
 
+    from harness.cli.deviations import add_deviations_parser
     from harness.cli.evaluate import add_evaluate_parser
     from harness.cli.explain import add_explain_parser
     from harness.engine.sweep import add_sweep_parser
@@ -293,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.reports.tables import add_table_parser
 
     add_evaluate_parser(sub)
+    add_deviations_parser(sub)
     add_sweep_parser(sub)
     add_tune_parser(sub)
     add_table_parser(sub)

@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.config.deviations import PaperDeviation, applicable
 from harness.config.protocol import (
     Deviation,
     Protocol,
     apply_overrides,
+    flatten_keys,
     load_protocol,
     protocol_dir,
 )
@@ -76,6 +78,10 @@ class Cell:
     key: str
     #: Key of the cell whose selected weights this test-time-only cell evaluates ("" if it trains).
     base_key: str = ""
+    #: Where this cell departs from the paper or the authors' code: its paper protocol's
+    #: declared ``[deviations]``, and for a smoke cell every setting the smoke version
+    #: changes (recorded with the run and printed under its tables; not in the key).
+    paper_deviations: dict[str, PaperDeviation] = field(default_factory=dict, compare=False)
 
     @property
     def label(self) -> str:
@@ -110,6 +116,10 @@ class Grid:
     #: ``{published metric: reproduced metric}`` where the paper defines a metric differently.
     published_metrics: dict[str, str] = field(default_factory=dict)
     cells: list[Cell] = field(default_factory=list, compare=False, repr=False)
+    #: The grid's own protocol (its smoke version may run another): the paper's setting.
+    paper_protocol: str = ""
+    #: The grid's own datasets and backbones, against which a smoke version's are deviations.
+    paper_axes: dict[str, list] = field(default_factory=dict, compare=False, repr=False)
 
 
 def grid_dir() -> Path:
@@ -204,9 +214,12 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
             isinstance(k, str) and isinstance(v, str) for k, v in published_metrics.items()):
         raise HarnessError(f"grid key 'published.metrics' must be a table of published metric = "
                            f"\"reproduced metric\", got {published_metrics!r}")
-    protocol = str(top["protocol"])
-    if protocol.endswith(".toml") and not Path(protocol).is_absolute():
-        protocol = str((path.parent / protocol).resolve())
+    def resolved(protocol: str) -> str:
+        if protocol.endswith(".toml") and not Path(protocol).is_absolute():
+            return str((path.parent / protocol).resolve())
+        return protocol
+
+    protocol = resolved(str(top["protocol"]))
     grid = Grid(name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""), path=path,
                 description=str(data.get("description", "")), protocol=protocol,
                 experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
@@ -215,7 +228,8 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 published_tables=tuple(str(t) for t in published.get("tables", ())),
                 published_rows=published_rows, smoke=smoke,
                 test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
-                published_metrics=dict(published_metrics))
+                published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
+                paper_axes={a: _axis(data[a], a, str) for a in ("datasets", "backbones")})
     grid.cells.extend(expand(grid))
     return grid
 
@@ -247,6 +261,36 @@ def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, meth
     payload = json.dumps(fields,
                          sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+SMOKE_WHY = "the smoke version: a CPU-sized pipeline check, not comparable with the published numbers"
+
+
+def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,
+                    backbone: str) -> dict[str, PaperDeviation]:
+    """A cell's departures from its paper: the paper protocol's declared deviations that
+    concern it, and for a smoke cell each setting, dataset or backbone the smoke version
+    changes against the paper protocol (so that none goes unprinted)."""
+    paper = load_protocol(grid.paper_protocol or grid.protocol)
+    paper_dataset = dataset if dataset in grid.paper_axes.get("datasets", [dataset]) else \
+        grid.paper_axes["datasets"][0]
+    reference = paper.for_dataset(paper_dataset)
+    found = applicable(reference.deviations, method, paper_dataset)
+    if not grid.smoke:
+        return found
+    changed = {}
+    if dataset not in grid.paper_axes.get("datasets", [dataset]):
+        changed["dataset"] = (", ".join(grid.paper_axes["datasets"]), dataset)
+    if backbone not in grid.paper_axes.get("backbones", [backbone]):
+        changed["backbone"] = (", ".join(grid.paper_axes["backbones"]), backbone)
+    ours, theirs = flatten_keys(protocol.to_dict()), flatten_keys(reference.to_dict())
+    for key in sorted(set(ours) | set(theirs)):
+        if key not in ("name", "description", "source", "backbone.name") and ours.get(key) != theirs.get(key):
+            changed[key] = (theirs.get(key, "unset"), ours.get(key, "unset"))
+    for key, (was, now) in changed.items():
+        found["smoke_" + key.replace(".", "_")] = PaperDeviation(
+            paper=f"{key} = {was}", harness=f"{key} = {now}", why=SMOKE_WHY, reference=f"protocol {reference.name}")
+    return found
 
 
 def expand(grid: Grid) -> list[Cell]:
@@ -301,5 +345,6 @@ def expand(grid: Grid) -> list[Cell]:
                                 grid=grid.name, backbone=backbone, loss=loss, method=method,
                                 dataset=dataset, seed=seed, protocol=protocol, protocol_path=path,
                                 loss_args=loss_args, method_options=options, variant=variant,
-                                deviations=deviations, key=key, base_key=base_key))
+                                deviations=deviations, key=key, base_key=base_key,
+                                paper_deviations=cell_deviations(grid, protocol, method, dataset, backbone)))
     return list(cells.values())

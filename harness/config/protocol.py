@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.config.deviations import PaperDeviation, check_names
 
 __all__ = [
     "Protocol",
@@ -201,6 +202,9 @@ class Protocol:
     #: Settings for one dataset, part of the protocol (not deviations), as partial protocol
     #: tables: ``[datasets.sop.schedule] epochs = 100``. :meth:`for_dataset` applies them.
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Where this protocol departs from its paper or the authors' code (documentation:
+    #: recorded and printed with every run, not fingerprinted): ``[deviations.<name>]``.
+    deviations: dict[str, PaperDeviation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.selection.mode in SELECTION_MODES, "selection.mode",
@@ -234,6 +238,7 @@ class Protocol:
         absent while at their defaults, so protocols that do not use them keep their
         fingerprints (and sweep cell keys)."""
         data = self._full_dict()
+        del data["deviations"]  # documentation of the protocol, not a setting
         if not data["datasets"]:
             del data["datasets"]
         for section, key in _OPTIONAL_KEYS:
@@ -404,6 +409,7 @@ def _check_registered_names(protocol: Protocol) -> None:
     from harness.components.losses import LOSSES
     from methods import METHODS
 
+    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
              ("datasets", protocol.datasets, DATASETS),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
@@ -494,6 +500,8 @@ def apply_overrides(
     for dotted, value in overrides.items():
         node = data
         parts = dotted.split(".")
+        if parts[0] == "deviations":
+            raise HarnessError(f"'{dotted}' documents the protocol and is not a setting; edit the protocol file")
         declared = parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:])
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):

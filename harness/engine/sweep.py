@@ -256,6 +256,7 @@ def _tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name
 def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
     import mlflow
 
+    from harness.config.deviations import deviation_tags
     from harness.config.protocol import fingerprint
     from harness.engine import training
     from harness.store.tracking import tracking_uri
@@ -301,7 +302,8 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
                              experiment=grid.experiment,
                              **({"checkpoint_root": Path(root)} if root else {}),
                              # Tagged from the start; the full set again below (and on adoption).
-                             tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label})
+                             tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
+                                   **deviation_tags(cell.paper_deviations, cell.method, cell.dataset)})
     record = training.run_training(cfg, splits)
     _tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record

@@ -57,6 +57,7 @@ from harness.components.evaluation import (
     with_paper_variants,
 )
 from harness.components.losses import MetricLoss, create_loss, create_miner, miner_for
+from harness.config.deviations import applicable, deviation_tags, footnote
 from harness.config.protocol import Deviation, Protocol, fingerprint
 from harness.engine.distributed import (
     SINGLE_PROCESS,
@@ -556,6 +557,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
             "protocol": protocol.name, "fingerprint": fp,
             "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
+            "paper_deviations": [footnote(n, d) for n, d in applicable(protocol.deviations, cfg.method, cfg.dataset).items()],
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
@@ -611,6 +613,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
             "amp": amp_name(device),
+            **deviation_tags(protocol.deviations, cfg.method, cfg.dataset),
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)

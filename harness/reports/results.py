@@ -60,4 +60,8 @@ def format_results(records: list[dict]) -> str:
                + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else ""))
     if deviations:
         out.append("deviations: " + "; ".join(deviations))
+    paper_deviations = sorted({d for r in records for d in r.get("paper_deviations", [])})
+    if paper_deviations:
+        out.append("deviations from the papers or their code:")
+        out += [f"  {line}" for line in paper_deviations]
     return "\n".join(out)

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from harness.base.errors import HarnessError
+from harness.config.deviations import TAG_PREFIX, from_tag, grouped_notes
 from harness.reports.stats import (
     paired_bootstrap,
     paired_t_test,
@@ -160,6 +161,9 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     options = [json.dumps({c.removeprefix("params.method."): row[c] for c in option_columns
                            if isinstance(row[c], str)}, sort_keys=True)
                for _, row in frame[option_columns].iterrows()] if option_columns else ["{}"] * len(frame)
+    deviation_columns = sorted(c for c in frame.columns if c.startswith("tags." + TAG_PREFIX))
+    paper_deviations = [{c.removeprefix("tags." + TAG_PREFIX): row[c] for c in deviation_columns if isinstance(row[c], str)}
+                        for _, row in frame[deviation_columns].iterrows()] if deviation_columns else [{}] * len(frame)
     training_init = (col("tags.init_from", "none") != "none") & (col("tags.evaluate_only", "False") != "True")
     runs = pd.DataFrame({
         "run_id": frame["run_id"],
@@ -181,6 +185,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
         "options": options,
         "tuned": col("tags.tune_role") != "",
         "init_from": training_init,
+        "paper_deviations": paper_deviations,
     })
     for name in frame.columns:
         if name.startswith("metrics.test_"):
@@ -884,7 +889,16 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     caption = caption or (f"Reproduced (experiment {', '.join(experiments)})"
                           + (f" vs published (table {', '.join(tables)})" if tables else ""))
     notes += published_notes(excluded, flagged)
+    notes += paper_deviation_notes(runs)
     return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes)
+
+
+def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
+    """The deviations from a paper or its code that any run of the table records
+    (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
+    settings), one note per reason."""
+    found = {name: from_tag(text) for tags in runs.get("paper_deviations", []) for name, text in tags.items()}
+    return [f"Deviations from the paper or its code. {note}" for note in grouped_notes(found)]
 
 
 def _pairs(items: Sequence[str] | None, flag: str, shape: str) -> list[tuple[str, str]]:

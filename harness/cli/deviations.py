@@ -1,0 +1,67 @@
+"""``python -m harness deviations``: where a grid's or a protocol's runs depart from the
+papers and the authors' released code (the protocols' ``[deviations]`` tables), and the
+settings a grid changes on top of its protocol."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.base.errors import HarnessError
+from harness.config.deviations import PaperDeviation, find_deviation
+from harness.config.grids import list_grids, load_grid
+from harness.config.protocol import apply_overrides, list_protocols, load_protocol
+
+
+def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("deviations", help="list where a grid's or protocol's runs depart from the paper "
+                              "and the authors' code")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--grid", help=f"a grid name or .toml path ({', '.join(list_grids())})")
+    which.add_argument("--protocol", help="a protocol name or .toml path (default: every shipped protocol)")
+    p.add_argument("--smoke", action="store_true", help="with --grid: the grid's smoke version")
+    p.add_argument("--name", help="show one deviation by name")
+    p.set_defaults(func=cmd_deviations)
+    return p
+
+
+def _describe(name: str, deviation: PaperDeviation) -> str:
+    scope = ", ".join(filter(None, [
+        f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
+        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else ""])) or "every run"
+    lines = [f"{name}  ({scope})", f"  paper/code: {deviation.paper}"
+             + (f"  [{deviation.reference}]" if deviation.reference else ""),
+             f"  harness:    {deviation.harness}", f"  why:        {deviation.why}"]
+    return "\n".join(lines)
+
+
+def _grid_sections(args: argparse.Namespace) -> list[tuple[str, dict[str, PaperDeviation], list[str]]]:
+    """The deviations of every cell of the grid (the paper protocol's declared ones, and a
+    smoke version's settings), and the settings the grid itself changes."""
+    grid = load_grid(args.grid, smoke=args.smoke)
+    found = {name: d for cell in grid.cells for name, d in cell.paper_deviations.items()}
+    _, overrides = apply_overrides(load_protocol(grid.protocol), grid.overrides)
+    settings = [f"{d}  (set by grid {grid.name})" for d in overrides]
+    return [(f"grid {grid.name} (protocol {load_protocol(grid.protocol).name})", found, settings)]
+
+
+def cmd_deviations(args: argparse.Namespace) -> int:
+    if args.smoke and not args.grid:
+        raise HarnessError("--smoke goes with --grid")
+    if args.grid:
+        sections = _grid_sections(args)
+    else:
+        names = [args.protocol] if args.protocol else list_protocols()
+        sections = [(f"protocol {load_protocol(n).name}", load_protocol(n).deviations, []) for n in names]
+    if args.name:
+        where = sections[0][0] if len(sections) == 1 else "the shipped protocols"
+        merged = {k: v for _, found, _ in sections for k, v in found.items()}
+        print(_describe(args.name, find_deviation(merged, args.name, where)))
+        return 0
+    for title, found, settings in sections:
+        print(f"{title}: {len(found)} deviation{'s' * (len(found) != 1)} from the paper or its code"
+              + (f", {len(settings)} grid setting{'s' * (len(settings) != 1)}" if settings else ""))
+        for name, deviation in sorted(found.items()):
+            print(_describe(name, deviation))
+        for line in settings:
+            print(f"setting: {line}")
+    return 0

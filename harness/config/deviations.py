@@ -1,0 +1,118 @@
+"""Where a protocol departs from its paper or the authors' released code, as data.
+
+A protocol file declares each departure once, in a ``[deviations.<name>]`` table::
+
+    [deviations.validation_carve]
+    paper = "trains on the whole training split"        # the paper's or the code's value
+    harness = "20% of the training classes held out"    # this protocol's value
+    why = "model selection on a class-disjoint validation split (fair protocol)"
+    reference = "DIABLO Sec. 3.5"                        # optional: section, or file:line
+    methods = ["diablo"]                                 # optional: only these methods' runs
+    datasets = ["sop"]                                   # optional: only these datasets
+
+Every run records the deviations that apply to it as tags (``deviation.<name>``), the run
+summary prints them, and every table that shows the run lists them under it. They are
+documentation of the protocol, not settings: they do not enter its fingerprint.
+
+Two kinds of deviation exist, and both are printed: these (the protocol against the
+paper) and :class:`~harness.config.protocol.Deviation` (a run against its protocol: a
+``--set`` override, a grid's smoke settings).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from harness.base.errors import HarnessError, unknown_name
+
+__all__ = ["PaperDeviation", "TAG_PREFIX", "applicable", "deviation_tags", "find_deviation", "footnote", "from_tag",
+           "grouped_notes"]
+
+#: Tag of a run per applicable deviation: ``deviation.<name>`` = :func:`footnote` text.
+TAG_PREFIX = "deviation."
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class PaperDeviation:
+    """One departure of a protocol from its paper or the authors' code."""
+
+    #: What the paper (or, where it is silent, the released code) does.
+    paper: str = ""
+    #: What this protocol does instead.
+    harness: str = ""
+    #: Why: the fair protocol's rule, a missing detail, a cost.
+    why: str = ""
+    #: Paper section or released-code file and line the ``paper`` value comes from.
+    reference: str = ""
+    #: Methods whose runs it concerns (empty: every method).
+    methods: tuple[str, ...] = ()
+    #: Datasets whose runs it concerns (empty: every dataset).
+    datasets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("paper", "harness", "why"):
+            if not getattr(self, key).strip():
+                raise HarnessError(f"a protocol deviation needs '{key}' (paper, harness and why are required)")
+
+    def applies(self, method: str, dataset: str) -> bool:
+        return (not self.methods or method in self.methods) and (not self.datasets or dataset in self.datasets)
+
+
+def check_names(deviations: dict[str, PaperDeviation], *, methods: Iterable[str], datasets: Iterable[str]) -> None:
+    """Deviation names are identifiers; the methods and datasets they name are registered."""
+    methods, datasets = list(methods), list(datasets)
+    for name, deviation in deviations.items():
+        if not _NAME.match(name):
+            raise HarnessError(f"protocol key 'deviations.{name}': a deviation name is lower-case "
+                               f"letters, digits and underscores, starting with a letter")
+        for method in deviation.methods:
+            if method not in methods:
+                raise HarnessError(f"protocol key 'deviations.{name}.methods': {unknown_name('method', method, methods)}")
+        for dataset in deviation.datasets:
+            if dataset not in datasets:
+                raise HarnessError(f"protocol key 'deviations.{name}.datasets': "
+                                   f"{unknown_name('dataset', dataset, datasets)}")
+
+
+def applicable(deviations: dict[str, PaperDeviation], method: str, dataset: str) -> dict[str, PaperDeviation]:
+    """The deviations that concern a run of ``method`` on ``dataset``, by name."""
+    return {name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset)}
+
+
+def footnote(name: str, deviation: PaperDeviation) -> str:
+    """One line: ``name: paper X (ref); here Y. Why.``"""
+    source = f" ({deviation.reference})" if deviation.reference else ""
+    return f"{name}: paper {deviation.paper}{source}; here {deviation.harness}. {deviation.why}"
+
+
+def deviation_tags(deviations: dict[str, PaperDeviation], method: str, dataset: str) -> dict[str, str]:
+    """MLflow tags of a run: ``deviation.<name>`` -> ``{"paper", "harness", "why",
+    "reference"}`` as JSON (what the tables read back with :func:`from_tag`)."""
+    return {TAG_PREFIX + name: json.dumps({k: getattr(d, k) for k in ("paper", "harness", "why", "reference")})
+            for name, d in applicable(deviations, method, dataset).items()}
+
+
+def from_tag(text: str) -> PaperDeviation:
+    """A ``deviation.<name>`` tag's value back as a :class:`PaperDeviation`."""
+    return PaperDeviation(**json.loads(text))
+
+
+def grouped_notes(deviations: dict[str, PaperDeviation]) -> list[str]:
+    """One sentence per reason: ``why: name (paper P [ref] -> here H); ...``, in name order,
+    so that the smoke version's many settings read as one footnote."""
+    by_why: dict[str, list[str]] = {}
+    for name, d in sorted(deviations.items()):
+        source = f" [{d.reference}]" if d.reference else ""
+        by_why.setdefault(d.why, []).append(f"{name} (paper: {d.paper}{source}; here: {d.harness})")
+    return [f"{why.rstrip('.')}: {'; '.join(items)}." for why, items in by_why.items()]
+
+
+def find_deviation(deviations: dict[str, PaperDeviation], name: str, where: str) -> PaperDeviation:
+    """The deviation called ``name``, or one error line listing the valid names."""
+    if name not in deviations:
+        raise unknown_name(f"deviation of {where}", name, deviations)
+    return deviations[name]

@@ -1,0 +1,108 @@
+"""Deviations from a paper or its code, as data: declared in protocol files, recorded with
+each run (tags, records), printed by the run summary, the tables and ``harness deviations``."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pandas as pd
+import pytest
+
+from harness.base.errors import HarnessError
+from harness.cli.main import main
+from harness.config.deviations import PaperDeviation, deviation_tags, from_tag, grouped_notes
+from harness.config.grids import load_grid
+from harness.config.protocol import fingerprint, load_protocol
+from harness.reports.tables import paper_deviation_notes
+
+DEVIATION = """
+[deviations.validation_carve]
+paper = "trains on the whole training split"
+harness = "a class-disjoint validation carve"
+why = "model selection off the test set"
+reference = "Sec. 3.5"
+methods = ["plain"]
+"""
+
+
+@pytest.fixture
+def protocol_with_deviation(tmp_path, tiny_protocol):
+    path = tmp_path / "tiny-dev.toml"
+    path.write_text(tiny_protocol.read_text() + DEVIATION)
+    return path
+
+
+def test_a_declared_deviation_is_parsed_and_left_out_of_the_fingerprint(protocol_with_deviation, tiny_protocol):
+    protocol = load_protocol(protocol_with_deviation)
+    assert protocol.deviations["validation_carve"] == PaperDeviation(
+        paper="trains on the whole training split", harness="a class-disjoint validation carve",
+        why="model selection off the test set", reference="Sec. 3.5", methods=("plain",))
+    # Documentation, not a setting: the fingerprint is the protocol's without it.
+    plain = load_protocol(tiny_protocol)
+    assert fingerprint(protocol, "d") == fingerprint(plain.__class__(**{**plain.__dict__, "name": protocol.name}), "d")
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[deviations.x]\npaper = "a"\nharness = "b"\n', "needs 'why'"),
+    ('[deviations.x]\npaper = "a"\nharness = "b"\nwhy = "c"\ncolour = "d"\n', "unknown protocol key 'deviations.x.colour'"),
+    ('[deviations.x]\npaper = "a"\nharness = "b"\nwhy = "c"\nmethods = ["plian"]\n', "did you mean 'plain'"),
+    ('[deviations.Bad-Name]\npaper = "a"\nharness = "b"\nwhy = "c"\n', "lower-case letters"),
+])
+def test_a_malformed_deviation_is_one_clear_error(tmp_path, tiny_protocol, table, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(tiny_protocol.read_text() + table)
+    with pytest.raises(HarnessError, match=message):
+        load_protocol(path)
+
+
+def test_an_override_cannot_rewrite_a_deviation(protocol_with_deviation, capsys):
+    code = main(["run", "--protocol", str(protocol_with_deviation), "--methods", "plain",
+                 "--set", "deviations.validation_carve.why=none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "protocol file" in err[0]
+
+
+def test_tags_round_trip_and_notes_group_by_reason():
+    deviations = {"b_two": PaperDeviation(paper="p2", harness="h2", why="same reason"),
+                  "a_one": PaperDeviation(paper="p1", harness="h1", why="same reason", reference="Eq. 3"),
+                  "c_three": PaperDeviation(paper="p3", harness="h3", why="another", methods=("avsl",))}
+    tags = deviation_tags(deviations, "plain", "synthetic")
+    assert sorted(tags) == ["deviation.a_one", "deviation.b_two"]  # c_three concerns avsl only
+    assert from_tag(tags["deviation.a_one"]) == deviations["a_one"]
+    assert grouped_notes(deviations) == [
+        "same reason: a_one (paper: p1 [Eq. 3]; here: h1); b_two (paper: p2; here: h2).",
+        "another: c_three (paper: p3; here: h3)."]
+    runs = pd.DataFrame({"paper_deviations": [{"a_one": tags["deviation.a_one"]}, {}]})
+    assert paper_deviation_notes(runs) == ["Deviations from the paper or its code. same reason: a_one "
+                                           "(paper: p1 [Eq. 3]; here: h1)."]
+
+
+def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviation, capsys):
+    out = workdir / "out.json"
+    assert main(["run", "--methods", "plain", "--protocol", str(protocol_with_deviation), "--json", str(out)]) == 0
+    record = json.loads(out.read_text())[0]
+    assert record["paper_deviations"] == ["validation_carve: paper trains on the whole training split (Sec. 3.5); "
+                                          "here a class-disjoint validation carve. model selection off the test set"]
+    printed = capsys.readouterr().out
+    assert "deviations from the papers or their code:" in printed and "validation_carve" in printed
+    tags = mlflow.MlflowClient().get_run(record["mlflow_run_id"]).data.tags
+    assert from_tag(tags["deviation.validation_carve"]).why == "model selection off the test set"
+
+
+def test_a_smoke_grid_lists_every_setting_it_changes_against_the_paper_protocol():
+    grid = load_grid("agrouping-table3", smoke=True)
+    names = set(grid.cells[0].paper_deviations)
+    assert {"smoke_backbone", "smoke_dataset", "smoke_image_size", "smoke_embedding_size"} <= names
+    full = load_grid("agrouping-table3")
+    assert not any(name.startswith("smoke_") for cell in full.cells for name in cell.paper_deviations)
+
+
+def test_the_deviations_command_lists_and_refuses_unknown_names(capsys):
+    assert main(["deviations", "--grid", "agrouping-table3", "--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "smoke_backbone" in out and "efficientnet_lite0" in out
+    assert main(["deviations", "--grid", "agrouping-table3", "--smoke", "--name", "smoke_bakbone"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "did you mean 'smoke_backbone'" in err[0]
+    assert "valid:" in err[0]
