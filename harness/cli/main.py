@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into a reader that stopped (head, less): not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit-time flush quiet
+        return 0
     except Exception as err:  # errors from DataLoader workers are re-raised as other types
         if "HarnessError" in str(err):
             print(f"error: {_one_line(err)}", file=sys.stderr)
@@ -362,6 +365,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into a reader that stopped (head, less): not an error
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit-time flush quiet
-        return 0
