@@ -55,6 +55,11 @@ Where the paper is silent or disagrees with the released code (DGML-master):
   so a learnable margin beta or proxy is learnt for each group separately. Code followed
   (``loss_per_group=True``: the trainer holds one loss instance per group);
   ``loss_per_group=False`` shares one instance across the groups.
+* Loss arithmetic. The paper prints the losses of Table 1, not how their terms are
+  averaged; the code's criteria average differently from pytorch-metric-learning (margin,
+  contrastive, binomial deviance). The A-grouping protocols follow the code
+  (``reduction = "dgml"``, see :mod:`harness.components.losses`); the fair protocols keep
+  PML's reductions.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ def _fails(capsys, args, match, out_path):
     (["--seeds", "0,x"], "--seeds expects comma-separated integers"),
     (["--set", "optimizer.lr=1"], "unknown protocol key 'optimizer.lr'"),
     (["--dataset", "cub200", "--data-root", "/nonexistent/dir"], "--data-root /nonexistent/dir does not exist"),
+    (["--protocol", "agrouping", "--set", 'loss.args.margin.reduction="mean"'],
+     "loss 'margin': unknown reduction 'mean' valid: dgml, pml"),
 ])
 def test_unknown_names_list_the_valid_ones(workdir, capsys, args, match):
     _fails(capsys, ["run", *args, "--json", str(workdir / "o.json")], match, workdir / "o.json")
@@ -97,6 +99,8 @@ def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys
 @pytest.mark.parametrize("section, match", [
     ("[methods.agroupng]\ngroups = 4\n", "protocol key 'methods.agroupng': unknown method 'agroupng'; did you mean 'agrouping'?"),
     ("[loss.args.margn]\nmargin = 0.1\n", "protocol key 'loss.args.margn': unknown loss 'margn'; did you mean 'margin'?"),
+    ('[loss.args.margin]\nreduction = "dgm"\n', "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? "
+                                                 "valid: dgml, pml"),
 ])
 def test_a_misspelt_name_in_a_protocol_section_is_an_error(workdir, capsys, tmp_path, section, match):
     bad = tmp_path / "bad.toml"

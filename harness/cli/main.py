@@ -37,7 +37,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.components.data import DATASETS
-    from harness.components.losses import LOSSES
+    from harness.components.losses import check_loss_args
     from harness.config.protocol import Deviation, apply_overrides, load_protocol, protocol_dir
     from harness.engine.distributed import shutdown
     from harness.engine.training import RunConfig, prepare_splits, run_training
@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.append(f"schedule.epochs={args.epochs}")
     protocol, deviations = apply_overrides(protocol, overrides)
     loss = args.loss or protocol.loss.name
-    LOSSES.get(loss)
+    check_loss_args(loss, protocol.loss_args(loss))  # a bad --set loss.args value: one line, before any work
     if loss != protocol.loss.name and loss not in protocol.loss.args:
         deviations += (Deviation("loss.name", protocol.loss.name, loss),)
     if args.evaluate_only and not args.init_from:

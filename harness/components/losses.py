@@ -6,13 +6,34 @@ here, against PML's ``BaseMetricLossFunction`` interface so that miners, reducer
 distances compose with them as usual.
 Every entry carries its default hyperparameters as data; a protocol's
 ``[loss.args.<name>]`` table overrides them, and an unknown argument is an error.
+
+``reduction`` is one more argument of every loss: how its per-pair or per-triplet terms
+become one number. ``"pml"`` (the default) is the reduction PML gives the loss: the fair
+protocols' choice. ``"dgml"`` is the arithmetic of the A-grouping authors' released code
+(XinyiXuXD/DGML-master, ``criteria/``), which the A-grouping protocols select:
+
+======================  ==========================================  =====================================
+loss                    ``"dgml"`` (the code)                       ``"pml"`` (the default)
+======================  ==========================================  =====================================
+``margin``              summed hinge terms / triplets with an       / active hinge terms, a triplet's two
+                        active term (``margin.py`` l. 67-75;        counted apart (``DivisorReducer``)
+                        :class:`ActiveTripletReducer`)
+``contrastive``         each hinge term's mean over all sampled     mean over the non-zero terms
+                        pairs, zeros included (``contrastive.py``   (``AvgNonZeroReducer``)
+                        l. 35-40; ``MeanReducer``)
+``binomial_deviance``   the B self-pairs among the positives        distinct pairs only
+                        (``binomial_deviance.py`` l. 15-22, 57;
+                        ``self_pairs=True``)
+======================  ==========================================  =====================================
+
+Each entry's ``reductions`` holds the same as data (:class:`Reduction`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,16 +44,17 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
-from pytorch_metric_learning.reducers import AvgNonZeroReducer
+from pytorch_metric_learning.reducers import AvgNonZeroReducer, DivisorReducer, MeanReducer
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "LOSSES", "MINERS", "MetricLoss",
-           "create_loss", "create_miner", "step_seed", "PrecomputedDistance", "distance_replaced", "miner_for",
-           "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "ActiveTripletReducer",
+           "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss", "create_miner",
+           "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance", "distance_replaced",
+           "miner_for", "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -46,15 +68,25 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
     averaged over positive pairs plus averaged over negative pairs. Defaults are
     Table 1's: m = 0.5, alpha = 2, beta1 = 25 (negatives), beta0 = 1 (positives).
     The printed formula in Table 1 is garbled; the weights' placement follows the
-    released DGML code (``cons = -1 * pos + 25 * neg``). Unlike that code, the
-    trivial self-pairs (s = 1, no gradient) are not counted among the positives.
+    released DGML code (``criteria/binomial_deviance.py`` l. 15-16:
+    ``cons = -1 * pos + 25 * neg``, ``act = 2 * (sim - 0.5) * cons``).
+
+    ``self_pairs``: whether each item's pair with itself (s = 1, no gradient through the
+    normalised embedding) counts among the positives. False by default, the pairs of
+    PML's ``get_all_pairs_indices``, so the positive mean is over distinct pairs. The
+    code counts them (``pair_mask(False, ...)``, l. 57, keeps the diagonal of its label
+    equality mask, l. 28 and 37; ``norm_mask``, l. 19-20, divides by that mask's sum), so
+    its positive pairs weigh n_pos / (n_pos + B) of what they weigh by default:
+    ``self_pairs=True`` reproduces it (``reduction = "dgml"``, see :data:`LOSSES`). The
+    self-pairs need the batch as its own reference set.
     """
 
     def __init__(self, *, alpha: float = 2.0, margin: float = 0.5, pos_scale: float = 1.0,
-                 neg_scale: float = 25.0, **kwargs):
+                 neg_scale: float = 25.0, self_pairs: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.alpha, self.margin = alpha, margin
         self.pos_scale, self.neg_scale = pos_scale, neg_scale
+        self.self_pairs = bool(self_pairs)
         self.add_to_recordable_attributes(list_of_names=["alpha", "margin", "pos_scale", "neg_scale"],
                                           is_stat=False)
 
@@ -63,6 +95,11 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        if self.self_pairs:
+            if ref_emb is not embeddings:
+                raise ValueError("self_pairs needs the batch as its own reference set (no ref_emb)")
+            own = torch.arange(len(embeddings), device=embeddings.device)
+            a1, p = torch.cat([a1, own]), torch.cat([p, own])
         sim = self.distance(embeddings, ref_emb)
         if not self.distance.is_inverted:
             raise HarnessError("binomial deviance needs a similarity (inverted) distance")
@@ -71,6 +108,23 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
         neg = F.softplus(self.alpha * self.neg_scale * (sim[a2, n] - self.margin))
         loss = (pos.mean() if pos.numel() else zero) + (neg.mean() if neg.numel() else zero)
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
+
+
+class ActiveTripletReducer(DivisorReducer):
+    """Each triplet's loss (for PML's ``MarginLoss``: its positive plus its negative hinge
+    term), summed and divided by the number of triplets whose loss is non-zero, i.e. with
+    at least one active hinge term; zero when none is.
+
+    This is the DGML code's margin loss (``criteria/margin.py`` l. 70-75: ``pair_count =
+    sum((pos_loss > 0) + (neg_loss > 0))`` adds boolean tensors, a logical or, so it counts
+    triplets). PML's own reducer for the margin loss (``DivisorReducer``) divides by the
+    number of active hinge terms, the positive and the negative term of a triplet counted
+    apart, which gives 0.5-1x this value. Sub-losses that are not per triplet (the beta
+    regulariser) keep ``DivisorReducer``'s arithmetic.
+    """
+
+    def triplet_reduction(self, losses, loss_indices, embeddings, labels, divisor=1):
+        return self.sum_and_divide(losses, embeddings, torch.sum(losses > 0))
 
 
 class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
@@ -181,6 +235,20 @@ class RothDistanceWeightedMiner(pml_miners.BaseMiner):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
 
+#: The reduction every loss offers: the one pytorch-metric-learning gives it.
+PML_REDUCTION = "pml"
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A loss's arithmetic as some released code has it, where PML's differs: the code it
+    follows, and the constructor arguments that select it, given the loss's resolved
+    arguments (it refuses those the followed code has no counterpart for)."""
+
+    follows: str
+    arguments: Callable[[dict[str, Any]], dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class LossEntry:
     cls: type
@@ -191,26 +259,50 @@ class LossEntry:
     #: The miner this loss always uses instead of the protocol's (see :func:`miner_for`);
     #: None: the protocol's.
     miner: str | None = None
+    #: Reductions besides :data:`PML_REDUCTION`, by the name ``[loss.args.<name>]``'s
+    #: ``reduction`` selects them with.
+    reductions: dict[str, Reduction] = field(default_factory=dict)
 
 
 LOSSES: Registry[LossEntry] = Registry("loss")
 MINERS: Registry[LossEntry] = Registry("miner")
 
 
-def _loss(name, cls, description, needs_classes=False, miner=None, **defaults):
-    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description, miner))
+def _loss(name, cls, description, needs_classes=False, miner=None, reductions=None, **defaults):
+    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description, miner, reductions or {}))
 
+
+def _dgml_margin(args: dict[str, Any]) -> dict[str, Any]:
+    if args.get("nu", 0):
+        raise HarnessError(f"loss 'margin': reduction 'dgml' follows DGML's criteria/margin.py, which has no "
+                           f"beta regulariser: nu must be 0, got {args['nu']}")
+    return {"reducer": ActiveTripletReducer()}
+
+
+# The A-grouping authors' released code (XinyiXuXD/DGML-master, criteria/). Each group's
+# loss is then averaged over the groups (margin.py l. 49, contrastive.py l. 51,
+# binomial_deviance.py l. 63), as the A-grouping head does for any reduction.
+_DGML_MARGIN = Reduction(
+    "criteria/margin.py l. 67-75: the triplets' summed hinge terms divided by the number of triplets "
+    "with an active term (PML: by the number of active terms)", _dgml_margin)
+_DGML_CONTRASTIVE = Reduction(
+    "criteria/contrastive.py l. 35-40: each hinge term averaged over all sampled pairs, zeros included "
+    "(PML: over the non-zero ones)", lambda args: {"reducer": MeanReducer()})
+_DGML_BINOMIAL = Reduction(
+    "criteria/binomial_deviance.py l. 15-22, 57: the B self-pairs counted among the positives "
+    "(here: excluded)", lambda args: {"self_pairs": True})
 
 _loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
-      pos_margin=0.0, neg_margin=1.0)
+      reductions={"dgml": _DGML_CONTRASTIVE}, pos_margin=0.0, neg_margin=1.0)
 _loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
 _loss("quadruplet", QuadrupletLoss, "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
       margin=0.2, margin2=0.1)
 _loss("margin", pml_losses.MarginLoss,
       "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
-      needs_classes=True, margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
+      needs_classes=True, reductions={"dgml": _DGML_MARGIN},
+      margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
 _loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
-      alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
+      reductions={"dgml": _DGML_BINOMIAL}, alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
 _loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
       alpha=2.0, beta=50.0, base=0.5)
 _loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True, miner="none",
@@ -274,7 +366,8 @@ def loss_defaults(name: str) -> dict[str, Any]:
     return dict(LOSSES.get(name).defaults)
 
 
-def _instantiate(kind: str, name: str, entry: LossEntry, args: dict[str, Any], runtime: dict[str, Any]):
+def _known_args(kind: str, name: str, entry: LossEntry, args: dict[str, Any]) -> dict[str, Any]:
+    """The entry's defaults updated by ``args``; an argument its class does not take is an error."""
     accepted = set(inspect.signature(entry.cls.__init__).parameters)
     # PML bases take **kwargs (distance, reducer, ...): check against the whole MRO.
     for base in entry.cls.__mro__[1:]:
@@ -283,26 +376,48 @@ def _instantiate(kind: str, name: str, entry: LossEntry, args: dict[str, Any], r
     unknown = sorted(set(args) - accepted - {"self", "args", "kwargs"})
     if unknown:
         raise HarnessError(f"unknown argument '{unknown[0]}' for {kind} '{name}'")
-    return entry.cls(**{**entry.defaults, **args, **runtime})
+    return {**entry.defaults, **args}
+
+
+def loss_reductions(name: str) -> list[str]:
+    """The ``reduction`` values loss ``name`` accepts (:data:`PML_REDUCTION` first)."""
+    return [PML_REDUCTION, *LOSSES.get(name).reductions]
+
+
+def check_loss_args(name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The constructor arguments of loss ``name`` under a protocol's ``[loss.args.<name>]``
+    table ``args``: the entry's defaults, ``args``, and what its ``reduction`` selects
+    (default :data:`PML_REDUCTION`: nothing). An unknown argument or reduction is a
+    :class:`HarnessError` naming the valid ones."""
+    entry = LOSSES.get(name)
+    args = dict(args or {})
+    reduction = args.pop("reduction", PML_REDUCTION)
+    resolved = _known_args("loss", name, entry, args)
+    if reduction == PML_REDUCTION:
+        return resolved
+    if reduction not in entry.reductions:
+        raise HarnessError(f"loss '{name}': {unknown_name('reduction', str(reduction), loss_reductions(name))}")
+    return {**resolved, **entry.reductions[reduction].arguments(resolved)}
 
 
 def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: int,
                 embedding_size: int) -> torch.nn.Module:
     """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``."""
     entry = LOSSES.get(name)
-    runtime: dict[str, Any] = {}
+    kwargs = check_loss_args(name, args)
     if entry.needs_classes:
-        runtime["num_classes"] = num_classes
+        kwargs["num_classes"] = num_classes
         if "embedding_size" in inspect.signature(entry.cls.__init__).parameters:
-            runtime["embedding_size"] = embedding_size
-    return _instantiate("loss", name, entry, dict(args or {}), runtime)
+            kwargs["embedding_size"] = embedding_size
+    return entry.cls(**kwargs)
 
 
 def create_miner(name: str, args: dict[str, Any] | None = None):
     """A PML miner, or ``None`` for ``"none"``."""
     if name in ("", "none"):
         return None
-    return _instantiate("miner", name, MINERS.get(name), dict(args or {}), {})
+    entry = MINERS.get(name)
+    return entry.cls(**_known_args("miner", name, entry, dict(args or {})))
 
 
 _MINE = object()

@@ -406,7 +406,7 @@ def _check_registered_names(protocol: Protocol) -> None:
     """Sections keyed by a method, loss or dataset name must name a registered one: a
     misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
     from harness.components.data import DATASETS
-    from harness.components.losses import LOSSES
+    from harness.components.losses import LOSSES, check_loss_args
     from methods import METHODS
 
     check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list())
@@ -418,6 +418,8 @@ def _check_registered_names(protocol: Protocol) -> None:
         for name in section:
             if name not in registry:
                 raise HarnessError(f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}")
+    for loss, args in protocol.loss.args.items():  # unknown arguments and reductions fail here, not mid-run
+        check_loss_args(loss, args)
     _check_loss_miners(protocol)
 
 
