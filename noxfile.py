@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, reproduce-agrouping, -diml, -diablo, -avsl, -sam, fair-table, tables.
+"""nox sessions: tests, lint, docs, reproduce-agrouping, -diml, -diablo, -avsl, -sam, fair-table, tables.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -22,6 +22,9 @@ n; each row is tested against the grid's ``baseline`` row of its block (default 
 
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
+
+``nox -s docs`` builds the documentation site (``docs/``, ``mkdocs.yml``) into ``site/``
+and fails on any warning.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "harness", "methods", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python=False)
+def docs(session: nox.Session) -> None:
+    """The documentation site into ``site/`` (``-- --site-dir DIR`` elsewhere); any warning fails it."""
+    session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 def _sweep_args(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -5,7 +5,7 @@ left RUNNING, half-written results read).
 
 The scenarios are the fault suite's (``tests/faults/injection.py``); ``tests/faults/``
 runs a few of them under pytest (slow-marked), this script runs all of them (37 faults)
-and writes the Markdown table the README's "Reliability" section shows. It lives in
+and writes the Markdown table that docs/faults.md shows. It lives in
 ``benchmarks/`` beside the other measurement scripts because it measures (minutes of
 subprocesses, a table as its output) rather than asserts; it exits 1 if any row fails.
 

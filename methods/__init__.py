@@ -1,18 +1,17 @@
 """Method plugins: one module per paper, registered by name.
 
+Every module of this package is imported here (``base`` first), so a new file
+``methods/<name>.py`` whose class carries ``@register_method`` is registered without
+editing anything else.
+
 >>> from methods import create_method, list_methods
 >>> list_methods('*grouping')
 ['agrouping', 'cgrouping', 'ggrouping', 'mgrouping', 'ngrouping']
 """
 
-from methods import (
-    agrouping,  # noqa: F401  (registers)
-    avsl,  # noqa: F401  (registers)
-    diablo,  # noqa: F401  (registers)
-    diml,  # noqa: F401  (registers)
-    plain,  # noqa: F401  (registers)
-    sam,  # noqa: F401  (registers)
-)
+import importlib
+import pkgutil
+
 from methods.base import (
     METHODS,
     HeadOutput,
@@ -26,6 +25,16 @@ from methods.base import (
     register_variant,
     training_base,
 )
+
+
+def _import_plugins() -> None:
+    """Import every module of the package in name order; importing one registers it."""
+    for module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+        if module != "base" and not module.startswith("_"):
+            importlib.import_module(f"{__name__}.{module}")
+
+
+_import_plugins()
 
 __all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "TrainingBatch", "check_method_options",
            "create_method", "list_methods", "register_method", "register_variant", "training_base"]

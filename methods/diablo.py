@@ -51,7 +51,7 @@ Choices where the paper is silent (assumptions, each an option and in the search
   statistics frozen for inputs of F's scale; the N weighted maps of Eq. 3 are each about
   1/N of F. Default True: psi receives N * A^(n) * F, so that a uniform assignment hands
   psi F itself (measured on ``synthetic`` at the smoke protocol, before training: P@1
-  7.3 without, see the README for with); False is Eq. 3 as printed. Retrieval through
+  19.0 with, 7.3 without; docs/performance.md); False is Eq. 3 as printed. Retrieval through
   post-attention is unaffected (the factor would cancel in the L2 normalisation).
 * Dictionary initialisation: standard normal entries (only their direction matters).
 * Per-branch embedding layers initialised like ``nn.Linear``.

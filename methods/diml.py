@@ -441,7 +441,7 @@ class DIMLHead(PlainHead):
     paper = PAPER
     rerank_fields = ("embedding", "local")
     #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
-    #: (Eqs. 18-19), no longer on the global cosine.
+    #: (Eqs. 18-19) rather than on the global cosine.
     revision = 2
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,

@@ -59,7 +59,7 @@ def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_
 
 
 @pytest.mark.xfail(strict=True, reason="trained on 3 clothing classes, the model does not beat ImageNet "
-                   "features on shoes, bags and shirts by 5 points (README: Does training work?)")
+                   "features on shoes, bags and shirts by 5 points (docs/performance.md: the seen-class control)")
 def test_zero_shot_training_beats_the_initial_model_by_five_points(fashion_mnist_scores):
     initial, trained = fashion_mnist_scores["initial"], fashion_mnist_scores["zero-shot"]
     assert trained["precision_at_1"] - initial["precision_at_1"] >= 0.05

@@ -234,9 +234,9 @@ class Protocol:
                "splits.validation_by_run_seed", "needs splits.validation_classes > 0 (a carve to seed)")
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical form (fingerprinted): keys added after fingerprints were in use are
-        absent while at their defaults, so protocols that do not use them keep their
-        fingerprints (and sweep cell keys)."""
+        """The canonical form (fingerprinted): the optional keys (``_OPTIONAL_KEYS``) are
+        absent while at their defaults, so a protocol that does not use them has the
+        fingerprint (and sweep cell keys) it would have without them."""
         data = self._full_dict()
         del data["deviations"]  # documentation of the protocol, not a setting
         if not data["datasets"]:

@@ -19,7 +19,7 @@ the scenario's row records:
 * ``half_read``: a result file present after the fault that is not whole (0 expected).
 
 Used by ``tests/faults/`` (a few scenarios, slow-marked) and by
-``benchmarks/fault_injection.py`` (all of them, the table in the README).
+``benchmarks/fault_injection.py`` (all of them, the table in docs/faults.md).
 """
 
 from __future__ import annotations
