@@ -221,7 +221,7 @@ def sinkhorn_diml_code(log_kernel: torch.Tensor, mu: torch.Tensor, nu: torch.Ten
         f_new = log_mu - torch.logsumexp(log_kernel + g[..., None, :], dim=-1)
         g_new = log_nu - torch.logsumexp(log_kernel + f_new[..., :, None], dim=-2)
         change = (f_new.exp() - f.exp()).abs().flatten(1).mean(1)
-        keep = running[:, None]
+        keep = running[:, None, None]
         f, g = torch.where(keep, f_new, f), torch.where(keep, g_new, g)
         running = running & ~(change < threshold)
         if not bool(running.any()):

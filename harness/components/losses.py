@@ -126,8 +126,8 @@ class ProxyAnchorLoss(pml_losses.ProxyAnchorLoss):
     similarity cos + s with m = (m_p + m_n) / 2 and s = (m_n - m_p) / 2 they are exactly the
     two-margin terms, so PML's masking, miner weights and reduction are kept unchanged."""
 
-    def __init__(self, *, neg_margin: float | None = None, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, num_classes, embedding_size, *, neg_margin: float | None = None, **kwargs):
+        super().__init__(num_classes, embedding_size, **kwargs)
         self.neg_margin = None if neg_margin is None else float(neg_margin)
         self._shift = 0.0  # nonzero only inside compute_loss
 
