@@ -36,8 +36,9 @@ Where the paper and the released code (wl-zhao/DIML) differ or are silent:
   drops below 0.1 (utilities/diml.py lines 7-14), an absolute threshold on a quantity of
   size ~exp(1/eps); on near-parallel embeddings that is after two iterations, and the
   plans can miss the marginals by ~1e-3 in L1, or the rule runs to the 100-iteration cap.
-  ``"diml_code"`` is that rule (:func:`sinkhorn_diml_code`; the ``diml-table1`` grid's
-  value). ``"converged"`` (the head's default) iterates every pair until its own L1
+  ``"diml_code"`` (the head's default, so the ``diml-table1`` grid under ``roth2020``
+  reproduces the code's scores) is that rule (:func:`sinkhorn_diml_code`). ``"converged"``
+  (a named choice) iterates every pair until its own L1
   marginal error is at most ``tol`` (head default 1e-4; :func:`sinkhorn` default 1e-6)
   or ``max_iter`` (the code's cap, 100): the paper's "iteratively projecting onto the
   marginal constraints until convergence" (App. A.1). Either way the pairs of several
@@ -480,13 +481,14 @@ class DIMLHead(PlainHead):
     paper = PAPER
     rerank_fields = ("embedding", "local")
     #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
-    #: (Eqs. 18-19), no longer on the global cosine.
-    revision = 2
+    #: (Eqs. 18-19), no longer on the global cosine. 3: the re-ranking's Sinkhorn stops by
+    #: the released code's rule by default (``sinkhorn_stop``).
+    revision = 3
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
                  marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
                  tol: float = 1e-4, train_structural: bool = False, plan_grad: bool = False,
-                 sinkhorn_stop: str = "converged"):
+                 sinkhorn_stop: str = "diml_code"):
         super().__init__(channels=channels, embedding_size=embedding_size, pool="avg")
         if grid not in GRIDS:
             raise HarnessError(f"DIML grid must be one of {GRIDS} (Table 6), got {grid}")

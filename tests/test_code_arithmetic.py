@@ -244,7 +244,8 @@ def test_diml_code_stopping_rule_gives_the_codes_structural_scores():
     kw = dict(channels=CHANNELS, embedding_size=EMB, add_global=False)
     fields = ({"embedding": q_emb, "local": q_loc}, {"embedding": c_emb, "local": c_loc})
     got = create_method("diml", sinkhorn_stop="diml_code", **kw).rerank_similarity(*fields)
-    converged = create_method("diml", **kw).rerank_similarity(*fields)
+    converged = create_method("diml", sinkhorn_stop="converged", **kw).rerank_similarity(*fields)
+    assert create_method("diml", **kw).sinkhorn_stop == "diml_code"  # the reproduction's default
     code = torch.empty(q, k, dtype=torch.float64)
     for i in range(q):
         sim = torch.einsum("cm,ncs->nsm", q_loc[i].t(), c_loc[i].transpose(1, 2))  # N x cand cell x query cell
