@@ -47,9 +47,10 @@ Where the paper and the released code differ or are silent (each choice is an op
   ``sum_j a_ij z_j`` without bias or max term. CAMs carry no gradient (the code's
   ``detach``; the paper trains nothing through them).
 * Normalised CAM for Eq. 5: min-shifted, L1-normalised over the map, unbiased std (the
-  code). The code subtracts the minimum over the *width only* (``min(dim=-1)``);
-  ``cam_shift="map"`` (default) subtracts the whole map's minimum, ``"width"`` is the
-  code's exact behaviour.
+  code). The code subtracts the minimum over the *width only* (avsl_embedder.py line 127,
+  ``min(dim=-1)`` before ``flatten(2)``): ``cam_shift="width_min"`` (the ``avsl``
+  protocol's value); ``"map"`` (the head's default) subtracts the whole map's minimum,
+  the shift that makes the normalised map a distribution over locations.
 * Eq. 3: the lower level's CAM is average-pooled to the upper level's size (the paper's
   p = min h x min w), each map L2-normalised, the inner products averaged over the batch
   (the code). Eq. 4: the first update overwrites the buffer (the code; a zero buffer
@@ -57,26 +58,43 @@ Where the paper and the released code differ or are silent (each choice is an op
   code). Edge buffers are updated in training mode only and travel in the state dict.
 * Eq. 7-8: the code applies relu to the edges before the top-k (the paper's
   omega~ in [0, 1] needs non-negative edges) and adds 1e-8 to the denominator;
-  followed.
+  followed. Ties at the k-th value: the code keeps every entry within 1e-8 of it
+  (utils.py ``topk_mask`` lines 5-8), more than k where entries tie, e.g. relu's zeros
+  when a node has fewer than k positive edges: ``link_ties="code"`` (the ``avsl``
+  protocol's value); ``"index"`` (the head's default) keeps exactly k, lower index first.
 * Eq. 6 reliability p = sigma(g (alpha eta + beta)), alpha = 1, beta = 0 at init (the
   code). The paper has g = 1 (default); the code multiplies by ``prob_gamma = 10``
   (``reliability_gain=10``).
 * Eq. 10. The paper leaves L^m and L^f as "a loss"; here both are the run's metric loss.
-  The per-level losses are copy l of the run's loss on level l's unit embedding (their
-  own distance: for unit vectors sum_i delta_i^l = d^l is a monotone function of it);
+  The per-level losses are copy l of the run's loss on level l's unit embedding. Their
+  distance: the code hands every loss ``metric_mat`` = sum_i delta_i^l, the *squared*
+  Euclidean distance (avsl_collector.py lines 227-234, index_p = 2), and the final loss
+  d^ itself (line 259). ``distance="squared"`` (the ``avsl`` protocol's value) does so
+  for Euclidean-distance losses (the margin loss: hinges on d^2 against beta, as
+  GeDML's MarginLoss on the code's matrix); ``"euclidean"`` (the head's default) gives
+  them the loss's own Euclidean distance and sqrt(d^) (equal to it when nothing is
+  rectified). Similarity losses see 1 - d^/2 either way (an exact affine map of the
+  code's squared distances, see below);
   the code adds per-level weights (CUB 0.5/1/0.5, Cars and SOP 1/4/4):
   ``level_weights`` (default all 1, the paper's plain sum). The final loss L^f sees d^
   converted to the loss's own distance: a cosine-like similarity 1 - d^/2 for
   similarity losses (ProxyAnchor on cosine with margin 0.1, alpha 32 equals the code's
-  alpha 16, margins 1.8/2.2 on squared distance), sqrt(d^) for Euclidean ones (equal to
-  the Euclidean distance when nothing is rectified). The nodes are detached in d^ there,
+  alpha 16, margins 1.8/2.2 on squared distance; the code's SOP script gives the level
+  losses a negative margin 2.4, i.e. 0.2 here, the loss's ``neg_margin``, and the final
+  loss 2.2, i.e. 0.1: ``final_neg_margin``, examples/samples_avsl.sh line 10), d^ or
+  sqrt(d^) for Euclidean ones (``distance`` above). The nodes are detached in d^ there,
   so L^f trains alpha, beta only (theta_2 in Eq. 10; paper and code agree). Proxy losses:
   the proxies of each level's loss copy are the "images" compared with (the code) and
   their CAM std is the batch mean of the level's (the code). The top level's loss copy
   evaluates L^f (sharing, e.g., the margin loss's beta with level L).
 * The code's training schedule (5-epoch frozen-trunk warm-up, per-part learning rates,
   StepLR) belongs to a protocol, not to the head; ``inference_lr_scale`` offers the
-  per-part rate of alpha, beta (code: collector 1.1e-4 vs embedder 5.5e-4 on CUB, 0.2).
+  per-part rate of alpha, beta: the code's collector / embedder rate ratio is 0.2 on CUB
+  (1.1e-4 / 5.5e-4), 608.7 on Cars (0.09918 / 0.00016294) and 100 on SOP (0.06 / 0.0006)
+  (examples/samples_avsl.sh lines 2, 6, 10); the ``avsl`` protocol sets these per dataset.
+  The head's defaults (1.0, ``distance="euclidean"``, ``link_ties="index"``,
+  ``cam_shift="map"``) are the harness's reading of the paper; the ``avsl`` protocol
+  selects the code's arithmetic.
 * The released tester builds the whole N x N distance with N x N x r intermediates per
   slice; here gallery chunks are scored with a running top-k (harness.components.evaluation).
 """
@@ -85,6 +103,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +134,11 @@ PAPER = PaperInfo(
 )
 
 CAMS = ("decomposed", "linear")
-CAM_SHIFTS = ("map", "width")
+CAM_SHIFTS = ("map", "width_min")
+#: The distance each level's loss and the final loss run on, for Euclidean-distance losses.
+DISTANCES = ("euclidean", "squared")
+#: Which of the edges tied at the k-th largest of a row Eq. 7 keeps.
+LINK_TIES = ("index", "code")
 RANKS = ("exhaustive", "rerank")
 #: Added to the top-k edge sums before normalising (the code's constant).
 EDGE_EPS = 1e-8
@@ -157,12 +180,14 @@ def class_activation_maps(fmap: torch.Tensor, weight: torch.Tensor, bias: torch.
 def cam_certainty(cams: torch.Tensor, *, shift: str = "map") -> torch.Tensor:
     """std(u^_i) of each normalised CAM (Eq. 5's per-image factor), B x r x H x W -> B x r.
 
-    Normalisation (the code): subtract the minimum (``shift="map"``: of the whole map;
-    ``"width"``: the code's minimum over the last axis), divide by the L1 norm, unbiased
-    std over the H W locations."""
+    Normalisation: subtract a minimum, divide by the L1 norm, unbiased std over the H W
+    locations (zbr17/AVSL src/avsl/models/avsl_embedder.py, ``compute_certainty``, lines
+    127-131). ``shift="width_min"`` is the code's line 127, ``item.min(dim=-1)``: each row's
+    minimum over the width, so a row keeps its offset from the others; ``"map"`` (the
+    harness's reading of Eq. 5) subtracts the whole map's minimum."""
     if shift not in CAM_SHIFTS:
-        raise ValueError(f"cam_shift must be one of {CAM_SHIFTS}, got {shift!r}")
-    if shift == "width":
+        raise ValueError(f"cam_shift must be one of {', '.join(CAM_SHIFTS)}; got {shift!r}")
+    if shift == "width_min":
         u = (cams - cams.amin(-1, keepdim=True)).flatten(2)
     else:
         u = cams.flatten(2)
@@ -185,14 +210,24 @@ def edge_estimate(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bip,bjp->ij", hi, lo) / upper.shape[0]
 
 
-def normalized_edges(edges: torch.Tensor, k: int) -> torch.Tensor:
+def normalized_edges(edges: torch.Tensor, k: int, *, ties: str = "index") -> torch.Tensor:
     """Eqs. 7-8: omega~_ij = 1[j in top-k of row i] relu(omega_ij) / sum over that top-k (+1e-8).
 
-    ``edges``: r_l x r_{l-1}, rows the upper level's nodes; ties in the top-k by index."""
+    ``edges``: r_l x r_{l-1}, rows the upper level's nodes. Which entries tie-break the
+    top-k: ``ties="index"`` keeps exactly k per row, the lower index first among equals;
+    ``"code"`` keeps every entry within 1e-8 of the row's k-th largest value, more than k
+    when several tie there (zbr17/AVSL src/avsl/misc/utils.py ``topk_mask``, lines 5-8, called
+    from src/avsl/collectors/avsl_collector.py line 242; the code's link matrix is the
+    transpose of this one and is masked per column)."""
+    if ties not in LINK_TIES:
+        raise ValueError(f"link_ties must be one of {', '.join(LINK_TIES)}; got {ties!r}")
     w = F.relu(edges)
     k = max(1, min(int(k), w.shape[1]))
-    idx = torch.sort(w, dim=1, descending=True, stable=True).indices[:, :k]  # ties: lower index first
-    mask = torch.zeros_like(w).scatter_(1, idx, 1.0)
+    ranked = torch.sort(w, dim=1, descending=True, stable=True)  # ties: lower index first
+    if ties == "code":
+        mask = (w >= ranked.values[:, k - 1:k] - EDGE_EPS).to(w.dtype)
+    else:
+        mask = torch.zeros_like(w).scatter_(1, ranked.indices[:, :k], 1.0)
     w = w * mask
     return w / (w.sum(1, keepdim=True) + EDGE_EPS)
 
@@ -272,6 +307,26 @@ def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
 # ---------------------------------------------------------------------------- head
 
 
+def _is_euclidean(distance) -> bool:
+    return isinstance(distance, LpDistance) and distance.p == 2 and not distance.is_inverted
+
+
+@contextmanager
+def _neg_margin(loss: nn.Module, margin: float | None):
+    """``loss`` with its ``neg_margin`` set to ``margin`` inside the block (None: unchanged)."""
+    if margin is None:
+        yield loss
+        return
+    if not hasattr(loss, "neg_margin"):
+        raise HarnessError(f"AVSL's final_neg_margin needs a loss with a negative margin (proxy_anchor), "
+                           f"got {type(loss).__name__}")
+    old, loss.neg_margin = loss.neg_margin, margin
+    try:
+        yield loss
+    finally:
+        loss.neg_margin = old
+
+
 def _stacked(field) -> torch.Tensor:
     return torch.stack(list(field), 1) if isinstance(field, (list, tuple)) else field
 
@@ -288,17 +343,17 @@ class AVSLHead(Method):
     def __init__(self, *, channels, embedding_size, levels: int = 3, topk: int = 128, momentum: float = 0.5,
                  reliability_gain: float = 1.0, rectify: bool = True, cam: str = "decomposed",
                  cam_shift: str = "map", level_weights: Sequence[float] | None = None, final_weight: float = 1.0,
-                 rank: str = "exhaustive", rerank_k: int = 100, inference_lr_scale: float = 1.0):
+                 rank: str = "exhaustive", rerank_k: int = 100, inference_lr_scale: float = 1.0,
+                 distance: str = "euclidean", link_ties: str = "index", final_neg_margin: float | None = None):
         super().__init__(channels=channels, embedding_size=embedding_size)
         all_stages = ("s8", "s16", "s32")
         if not 1 <= int(levels) <= 3:
             raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
-        if cam not in CAMS:
-            raise ValueError(f"cam must be one of {CAMS}, got {cam!r}")
-        if cam_shift not in CAM_SHIFTS:
-            raise ValueError(f"cam_shift must be one of {CAM_SHIFTS}, got {cam_shift!r}")
-        if rank not in RANKS:
-            raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+        for option, value, valid in (("cam", cam, CAMS), ("cam_shift", cam_shift, CAM_SHIFTS),
+                                     ("rank", rank, RANKS), ("distance", distance, DISTANCES),
+                                     ("link_ties", link_ties, LINK_TIES)):
+            if value not in valid:
+                raise ValueError(f"{option} must be one of {', '.join(valid)}; got {value!r}")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if topk < 1:
@@ -320,6 +375,8 @@ class AVSLHead(Method):
         self.exhaustive_pairs = rank == "exhaustive"
         self.rerank_k = int(rerank_k) if rank == "rerank" else 0
         self.inference_lr_scale = float(inference_lr_scale)
+        self.distance, self.link_ties = distance, link_ties
+        self.final_neg_margin = None if final_neg_margin is None else float(final_neg_margin)
         self.metric_loss_copies = self.num_levels
         self.project = nn.ModuleList()
         for stage in self.stages:
@@ -341,7 +398,7 @@ class AVSLHead(Method):
 
     def edge_matrices(self) -> list[torch.Tensor]:
         """The normalised top-k edges omega~ (Eqs. 7-8) of levels 2..L."""
-        return [normalized_edges(e, self.topk) for e in self.edge_buffers()]
+        return [normalized_edges(e, self.topk, ties=self.link_ties) for e in self.edge_buffers()]
 
     @torch.no_grad()
     def update_edges(self, cams: Sequence[torch.Tensor]) -> None:
@@ -486,11 +543,22 @@ class AVSLHead(Method):
         metric = batch.metric_loss
         terms = {}
         for level, emb in enumerate(output.levels):
-            loss = metric(emb, labels, copy=level if metric.copies > 1 else 0)
+            copy = level if metric.copies > 1 else 0
+            with self._level_distance(metric.module(copy)):
+                loss = metric(emb, labels, copy=copy)
             terms[f"metric_level{level + 1}"] = self.level_weights[level] * loss
         if self.rectify and self.final_weight:
             terms["final"] = self.final_weight * self._final_loss(output, batch)
         return terms
+
+    def _level_distance(self, loss: nn.Module):
+        """A context in which a level's loss runs on its own distance, or, with
+        ``distance="squared"`` and a Euclidean loss, on the squared Euclidean distance of the
+        unit embeddings, sum_i delta_i^l: the code's ``metric_mat`` (avsl_collector.py lines
+        227-234), which its margin loss reads as it is."""
+        if self.distance == "squared" and _is_euclidean(getattr(loss, "distance", None)):
+            return distance_replaced(loss, LpDistance(p=2, power=2, normalize_embeddings=True))
+        return nullcontext(loss)
 
     def _final_loss(self, output, batch) -> torch.Tensor:
         metric = batch.metric_loss
@@ -519,10 +587,12 @@ class AVSLHead(Method):
                 if not isinstance(distance, LpDistance) or distance.p != 2:
                     raise HarnessError(f"AVSL's final loss needs a cosine or Euclidean loss distance, "
                                        f"got {type(distance).__name__}")
-                matrix = d if distance.power == 2 else d.clamp_min(1e-12).sqrt() ** distance.power
+                squared = distance.power == 2 or self.distance == "squared"
+                matrix = d if squared else d.clamp_min(1e-12).sqrt() ** distance.power
             emb = output.embedding.float()
             indices = metric.mine(emb, batch.labels)
-            with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)):
+            with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)), \
+                    _neg_margin(loss, self.final_neg_margin):
                 return loss(emb, batch.labels, indices)
 
     def optimizer_groups(self, lr, weight_decay):

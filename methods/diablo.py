@@ -43,16 +43,22 @@ Choices where the paper is silent (assumptions, each an option and in the search
 
 * ``temperature`` alpha of Eqs. 7 / 11: not given; default 10 (cosines lie in [-1, 1],
   so alpha = 1 would leave every assignment near 1/N).
-* ``renormalize``: the concatenation of N unit vectors has norm sqrt(N). The metric loss
-  sees it divided by sqrt(N) (unit norm, so the protocol's margins mean what they mean
-  for the baseline; default True) or as concatenated (False). Retrieval ranks the
-  same either way.
-* ``rescale`` (pre-attention): psi is the backbone's pretrained later stages, with BatchNorm
-  statistics frozen for inputs of F's scale; the N weighted maps of Eq. 3 are each about
-  1/N of F. Default True: psi receives N * A^(n) * F, so that a uniform assignment hands
-  psi F itself (measured on ``synthetic`` at the smoke protocol, before training: P@1
-  19.0 with, 7.3 without; docs/performance.md); False is Eq. 3 as printed. Retrieval through
-  post-attention is unaffected (the factor would cancel in the L2 normalisation).
+* The metric loss sees the concatenation of the N unit branches divided by sqrt(N) (unit
+  norm). Every loss the harness offers normalises its input (its distance's
+  ``normalize_embeddings``, or cosine logits), so the raw concatenation would give the same
+  numbers: there is no option for it.
+* ``rescale`` (pre-attention), a deviation from Eq. 3 as printed: psi's input is N * A^(n) * F
+  (default True), not A^(n) * F (False, the paper's value). psi is the backbone's pretrained
+  later stages, with BatchNorm statistics frozen for inputs of F's scale; the N weighted maps
+  of Eq. 3 are each about 1/N of F, and the factor N hands psi F itself under a uniform
+  assignment (measured on ``synthetic`` at the smoke protocol, before training: P@1 19.0
+  with, 7.3 without; docs/performance.md). Retrieval through post-attention is unaffected (the
+  factor would cancel in the L2 normalisation).
+
+A deviation of the ``diablo`` protocol, not of the head: the paper trains on the whole
+training split (Sec. 5; the standard class splits) and does not say how Tables 1-2's models
+were selected; the protocol carves 20% of the training classes (class-disjoint, seed 0) as a
+validation set that picks the epoch, so the model trains on 80% of the training classes.
 * Dictionary initialisation: standard normal entries (only their direction matters).
 * Per-branch embedding layers initialised like ``nn.Linear``.
 """
@@ -128,8 +134,8 @@ class DiabloHead(Method):
 
     Options: ``selection`` (``"feature"`` | ``"dimension"``), ``placement`` (``"pre"`` |
     ``"post"``), ``entries`` N (must divide the embedding size), ``temperature`` alpha
-    (Eqs. 7 / 11), ``renormalize`` (what the metric loss sees) and ``rescale`` (psi's
-    input scale in pre-attention; both assumptions, see above). The registered
+    (Eqs. 7 / 11) and ``rescale`` (psi's input scale in pre-attention, a deviation from Eq. 3;
+    see above). The registered
     ``diablo`` is the paper's headline setting: dimension-wise, pre-attention, N = 8.
     """
 
@@ -137,8 +143,7 @@ class DiabloHead(Method):
     paper = PAPER
 
     def __init__(self, *, channels, embedding_size, selection: str = "dimension", placement: str = "pre",
-                 entries: int = 8, temperature: float = 10.0, renormalize: bool = True,
-                 rescale: bool = True):
+                 entries: int = 8, temperature: float = 10.0, rescale: bool = True):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if selection not in SELECTIONS:
             raise HarnessError(f"DIABLO selection must be one of {SELECTIONS}, got {selection!r}")
@@ -150,7 +155,7 @@ class DiabloHead(Method):
         if not temperature > 0:
             raise HarnessError(f"DIABLO temperature (alpha) must be > 0, got {temperature}")
         self.selection, self.placement, self.entries = selection, placement, entries
-        self.temperature, self.renormalize, self.rescale = float(temperature), renormalize, rescale
+        self.temperature, self.rescale = float(temperature), rescale
         self.branch_dim = embedding_size // entries
         self.metric_loss_dim = embedding_size
 
@@ -213,10 +218,8 @@ class DiabloHead(Method):
                           attention=maps)
 
     def loss_terms(self, output, batch):
-        """One metric loss on the concatenation of the N branches (Sec. 3.1), unit norm when
-        ``renormalize`` (the default), else of norm sqrt(N) as concatenated."""
-        vectors = output.embedding if self.renormalize else output.groups.flatten(1)
-        return {"metric": batch.metric_loss(vectors, batch.labels)}
+        """One metric loss on the concatenation of the N branches (Sec. 3.1), at unit norm."""
+        return {"metric": batch.metric_loss(output.embedding, batch.labels)}
 
     # ---------------------------------------------------------------------- explanation
 
@@ -235,11 +238,10 @@ class DiabloHead(Method):
     @classmethod
     def search_space(cls, trial, *, embedding_size):
         """alpha log-uniform in [1, 50]; N in {2, 4, 8, 16} dividing the embedding size;
-        the loss on the unit-norm or the raw concatenation; psi's input rescaled or not."""
+        psi's input rescaled or not."""
         entries = [n for n in (2, 4, 8, 16) if embedding_size % n == 0]
         return {"temperature": trial.suggest_float("temperature", 1.0, 50.0, log=True),
                 "entries": trial.suggest_categorical("entries", entries),
-                "renormalize": trial.suggest_categorical("renormalize", [True, False]),
                 "rescale": trial.suggest_categorical("rescale", [True, False])}
 
 

@@ -31,15 +31,19 @@ marginals) and ``diml_train`` (DIML also inside the training loss).
 
 Where the paper and the released code (wl-zhao/DIML) differ or are silent:
 
-* Sinkhorn's stopping rule. The code stops a query's batch of 100 problems when the
-  mean absolute change of the row scaling vector drops below 0.1, an absolute threshold
-  on a quantity of size ~exp(1/eps), checked with one ``.item()`` per iteration; the
-  resulting plans can miss the marginals by ~1e-3 in L1, or run to the 100-iteration
-  cap. Here every pair is iterated until its own L1 marginal error is at most ``tol``
-  (head default 1e-4; :func:`sinkhorn` default 1e-6) or ``max_iter`` (the code's cap,
-  100) is reached: the paper's "iteratively projecting onto the marginal constraints
-  until convergence" (App. A.1). The pairs of all queries are solved together, not one
-  query at a time.
+* Sinkhorn's stopping rule in the re-ranking (``sinkhorn_stop``). The code stops a
+  query's batch of 100 problems when the mean absolute change of the row scaling vector
+  drops below 0.1 (utilities/diml.py lines 7-14), an absolute threshold on a quantity of
+  size ~exp(1/eps); on near-parallel embeddings that is after two iterations, and the
+  plans can miss the marginals by ~1e-3 in L1, or the rule runs to the 100-iteration cap.
+  ``"diml_code"`` (the head's default, so the ``diml-table1`` grid under ``roth2020``
+  reproduces the code's scores) is that rule (:func:`sinkhorn_diml_code`). ``"converged"``
+  (a named choice) iterates every pair until its own L1
+  marginal error is at most ``tol`` (head default 1e-4; :func:`sinkhorn` default 1e-6)
+  or ``max_iter`` (the code's cap, 100): the paper's "iteratively projecting onto the
+  marginal constraints until convergence" (App. A.1). Either way the pairs of several
+  queries are solved together, not one query at a time. Training
+  (``train_structural``) and the explanation figures always use ``"converged"``.
 * Zero marginals. Eq. 9 and the code divide relu(alpha) by its sum (the code adds 1e-5
   to the denominator only), so the two marginals sum to slightly different values
   below 1 and an image with no positively correlated location gives a NaN plan. Here
@@ -89,7 +93,8 @@ from harness.components.losses import PrecomputedDistance, distance_replaced
 from methods.base import HeadOutput, PaperInfo, register_method, register_variant
 from methods.plain import PlainHead
 
-__all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "sinkhorn", "local_similarity", "uniform_marginals",
+__all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "SINKHORN_STOPS", "sinkhorn", "sinkhorn_diml_code",
+           "local_similarity", "uniform_marginals",
            "cross_correlation_marginals", "transport_plans", "structural_similarity",
            "structural_distance", "pairwise_matching", "PrecomputedDistance", "PairExplanation",
            "explain_pair", "pair_figure"]
@@ -109,6 +114,11 @@ PAPER = PaperInfo(
 MARGINALS = ("cross_correlation", "uniform")
 #: Grid sizes of the paper's Table 6 / Fig. 4.
 GRIDS = (1, 2, 4, 7)
+#: Sinkhorn's stopping rules in the re-ranking: each pair to its own L1 marginal tolerance,
+#: or the released code's rule for a query's group of candidates (:func:`sinkhorn_diml_code`).
+SINKHORN_STOPS = ("converged", "diml_code")
+#: The released code's threshold on the mean change of the row scalings (utilities/diml.py line 7).
+DIML_CODE_THRESHOLD = 0.1
 #: Mass added to every cross-correlation weight before normalising (the code's constant).
 CC_DELTA = 1e-5
 #: Pairs iterated together by the Sinkhorn solver (a cache-sized working set; ``_sinkhorn_stream``).
@@ -189,6 +199,35 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
         inverse[order] = torch.arange(order.numel(), device=order.device)
         plans = torch.cat([p[1] for p in parts])[inverse]
     return (plans, iterations) if return_iterations else plans
+
+
+def sinkhorn_diml_code(log_kernel: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *,
+                       max_iter: int = 100, threshold: float = DIML_CODE_THRESHOLD) -> torch.Tensor:
+    """Sinkhorn with the released code's stopping rule (wl-zhao/DIML utilities/diml.py,
+    ``Sinkhorn``, lines 4-16), for Q groups of K problems solved together.
+
+    ``log_kernel``: Q x K x n x m (= -C / eps), ``mu``: Q x K x n, ``nu``: Q x K x m; a
+    group is one query's K candidates, the batch the code's evaluation hands ``Sinkhorn``
+    (evaluation/eval_diml.py line 78). From r = c = 1, each iteration sets r = mu / (K c),
+    then c = nu / (K^T r); a group stops after the first iteration whose mean |r - r_prev|
+    over its K x n row scalings is below ``threshold`` (0.1), or after ``max_iter``. The
+    plans are diag(r) K diag(c) (Q x K x n x m): columns exact, rows as the rule left them.
+    Computed in the log domain (log r, log c), so a kernel entry or a sum that underflows
+    in the code's float32 stays finite here; the rule compares the scalings themselves."""
+    f = torch.zeros_like(mu)
+    g = torch.zeros_like(nu)
+    running = torch.ones(mu.shape[0], dtype=torch.bool, device=mu.device)
+    log_mu, log_nu = mu.log(), nu.log()
+    for _ in range(max_iter):
+        f_new = log_mu - torch.logsumexp(log_kernel + g[..., None, :], dim=-1)
+        g_new = log_nu - torch.logsumexp(log_kernel + f_new[..., :, None], dim=-2)
+        change = (f_new.exp() - f.exp()).abs().flatten(1).mean(1)
+        keep = running[:, None, None]
+        f, g = torch.where(keep, f_new, f), torch.where(keep, g_new, g)
+        running = running & ~(change < threshold)
+        if not bool(running.any()):
+            break
+    return torch.exp(log_kernel + f[..., :, None] + g[..., None, :])
 
 
 def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
@@ -435,18 +474,21 @@ class DIMLHead(PlainHead):
     Table 3: the metric loss sees the average of the global and the structural
     similarity or distance; default False, the paper's training-free use) and
     ``plan_grad`` (back-propagate through the Sinkhorn iterations in that mode; False
-    as in the code).
+    as in the code) and ``sinkhorn_stop`` (the re-ranking's stopping rule, ``"converged"``
+    or the released code's ``"diml_code"``; see the module docstring).
     """
 
     paper = PAPER
     rerank_fields = ("embedding", "local")
     #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
-    #: (Eqs. 18-19) rather than on the global cosine.
-    revision = 2
+    #: (Eqs. 18-19) rather than on the global cosine. 3: the re-ranking's Sinkhorn stops by
+    #: the released code's rule by default (``sinkhorn_stop``).
+    revision = 3
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
                  marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
-                 tol: float = 1e-4, train_structural: bool = False, plan_grad: bool = False):
+                 tol: float = 1e-4, train_structural: bool = False, plan_grad: bool = False,
+                 sinkhorn_stop: str = "diml_code"):
         super().__init__(channels=channels, embedding_size=embedding_size, pool="avg")
         if grid not in GRIDS:
             raise HarnessError(f"DIML grid must be one of {GRIDS} (Table 6), got {grid}")
@@ -456,6 +498,9 @@ class DIMLHead(PlainHead):
             raise HarnessError(f"DIML rerank_k must be >= 0, got {rerank_k}")
         if not eps > 0 or max_iter < 1 or not tol >= 0:
             raise HarnessError(f"DIML needs eps > 0, max_iter >= 1 and tol >= 0 (got {eps}, {max_iter}, {tol})")
+        if sinkhorn_stop not in SINKHORN_STOPS:
+            raise ValueError(f"sinkhorn_stop must be one of {', '.join(SINKHORN_STOPS)}; got {sinkhorn_stop!r}")
+        self.sinkhorn_stop = sinkhorn_stop
         self.grid, self.rerank_k, self.eps, self.marginals = grid, rerank_k, eps, marginals
         self.add_global, self.max_iter, self.tol = add_global, max_iter, tol
         self.train_structural, self.plan_grad = train_structural, plan_grad
@@ -560,8 +605,16 @@ class DIMLHead(PlainHead):
             weighted = torch.bmm(kernel * lk, v[:, :, None]).squeeze(-1)
             structural[ids] = (u * (rows + self.eps * weighted)).sum(-1)
 
-        if nq and k:
-            window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
+        window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
+        if nq and k and self.sinkhorn_stop == "diml_code":
+            while (got := source(window)) is not None:  # a few queries' groups at a time
+                lk, mu, nu = got
+                ids = torch.arange(start * k - len(lk), start * k, device=lk.device)
+                shape = (-1, k) + lk.shape[1:]
+                plan = sinkhorn_diml_code(lk.view(shape), mu.view(-1, k, mu.shape[-1]), nu.view(-1, k, nu.shape[-1]),
+                                          max_iter=self.max_iter).flatten(0, 1)
+                structural[ids] = (plan * (1 + self.eps * lk)).sum((-2, -1))  # Eq. 5, S = 1 + eps lk
+        elif nq and k:
             _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol, window=window)
         score = structural.view(nq, k)
         return score + cosine if self.add_global else score

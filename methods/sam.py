@@ -94,6 +94,11 @@ Choices where the paper is silent (assumptions; each is an option and in the sea
   per step in all).
 * L_sm's reduction over tuples (not said): the mean, so gamma does not depend on the batch.
 
+A deviation of the ``sam`` protocol, not of the head: the paper trains on the whole training
+split (Sec. 4.1, the splits of Wang et al. 2019) and says nothing of model selection; the
+protocol carves 20% of the training classes (class-disjoint, seed 0) as a validation set
+that picks the epoch, so the model trains on 80% of the training classes.
+
 Both passes run the model in training mode: with the protocols' frozen BatchNorm the
 masked images leave the running statistics alone and images do not interact (which
 Eq. 1 by autograd on an earlier stage also assumes); with ``freeze_bn = false`` the

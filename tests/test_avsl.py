@@ -59,7 +59,7 @@ def test_cams_are_eq_2_and_decompose_the_embedding():
     torch.testing.assert_close(cams.mean((2, 3)), emb, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shift", ["map", "width"])
+@pytest.mark.parametrize("shift", ["map", "width_min"])
 def test_cam_certainty_is_the_std_of_the_normalised_map(shift):
     cams = torch.randn(2, 3, 4, 5, generator=gen(5))
     got = cam_certainty(cams, shift=shift)

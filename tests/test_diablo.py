@@ -169,19 +169,6 @@ def test_every_combination_embeds_and_trains(selection, placement, entries):
     assert model.head.dictionary.grad is not None and model.head.dictionary.grad.abs().sum() > 0
 
 
-def test_renormalize_false_hands_the_loss_the_raw_concatenation():
-    from harness.components.losses import MetricLoss
-    from methods import TrainingBatch
-
-    seen = []
-    model = build("diablo", renormalize=False, entries=4)
-    loss = torch.nn.Module()
-    loss.forward = lambda e, y, idx: seen.append(e) or e.sum()
-    out = model(images())
-    model.head.loss_terms(out, TrainingBatch(torch.arange(8) // 2, MetricLoss(loss)))
-    torch.testing.assert_close(seen[0].norm(dim=-1), torch.full((8,), 2.0))
-
-
 # ---------------------------------------------------------------- phi: a pretrained copy
 
 

@@ -261,7 +261,7 @@ def loop_reference(head, query, candidates):
 
 @pytest.mark.parametrize("marginals", ["cross_correlation", "uniform"])
 def test_batched_rerank_equals_a_per_pair_loop(marginals):
-    head = make(marginals=marginals, tol=1e-11, max_iter=5000)
+    head = make(marginals=marginals, tol=1e-11, max_iter=5000, sinkhorn_stop="converged")
     out, _ = embedded(head, dtype=torch.float64)
     g = gen(12)
     qi = torch.arange(7)
@@ -514,7 +514,7 @@ def test_training_mode_trains_with_the_runs_loss():
 
 
 def test_part_wise_contributions_sum_to_the_structural_similarity(tmp_path):
-    head = make(tol=1e-9, max_iter=2000)
+    head = make(tol=1e-9, max_iter=2000, sinkhorn_stop="converged")
     out, _ = embedded(head, num=4)
     exp = head.explain_pair(HeadOutput(embedding=out.embedding[:1], local=out.local[:1]),
                             {"embedding": out.embedding[1], "local": out.local[1]})

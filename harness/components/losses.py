@@ -51,10 +51,10 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "RothDistanceWeightedMiner", "ActiveTripletReducer",
-           "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss", "create_miner",
-           "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance", "distance_replaced",
-           "miner_for", "loss_defaults"]
+__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
+           "ActiveTripletReducer", "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss",
+           "create_miner", "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance",
+           "distance_replaced", "miner_for", "loss_defaults"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -167,6 +167,39 @@ class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
         second = F.relu(self.distance.margin(ap[t], ref_mat[n[t], n2]) + self.margin2)
         return {"triplet_loss": {"losses": first, "indices": (a, p, n), "reduction_type": "triplet"},
                 "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"}}
+
+
+class ProxyAnchorLoss(pml_losses.ProxyAnchorLoss):
+    """PML's ProxyAnchorLoss (Kim et al. 2020, Eq. 4) with an optional negative margin of its
+    own: positive terms alpha (m_p - cos), negative terms alpha (cos + m_n), m_p = ``margin``,
+    m_n = ``neg_margin`` (None: ``margin``, PML's loss exactly).
+
+    AVSL's released SOP script (zbr17/AVSL examples/samples_avsl.sh, line 10: ``--pa_pos_margin
+    1.8 --pa_neg_margin 2.4 --pa_alpha 16`` on squared distances of unit vectors, d^2 = 2 - 2 cos)
+    is m_p = 0.1, m_n = 0.2, alpha = 32 here. PML's terms use one margin m; on the shifted
+    similarity cos + s with m = (m_p + m_n) / 2 and s = (m_n - m_p) / 2 they are exactly the
+    two-margin terms, so PML's masking, miner weights and reduction are kept unchanged."""
+
+    def __init__(self, num_classes, embedding_size, *, neg_margin: float | None = None, **kwargs):
+        super().__init__(num_classes, embedding_size, **kwargs)
+        self.neg_margin = None if neg_margin is None else float(neg_margin)
+        self._shift = 0.0  # nonzero only inside compute_loss
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if self.neg_margin is None or self.neg_margin == self.margin:
+            return super().compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if not self.distance.is_inverted:
+            raise HarnessError("proxy_anchor's neg_margin needs a similarity (cosine) distance")
+        pos_margin = self.margin
+        self.margin = (pos_margin + self.neg_margin) / 2
+        self._shift = (self.neg_margin - pos_margin) / 2
+        try:
+            return super().compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        finally:
+            self.margin, self._shift = pos_margin, 0.0
+
+    def get_logits(self, embeddings):
+        return super().get_logits(embeddings) + self._shift
 
 
 def inverse_sphere_log_weights(distances: torch.Tensor, dim: int) -> torch.Tensor:
@@ -305,8 +338,8 @@ _loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Tab
       reductions={"dgml": _DGML_BINOMIAL}, alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
 _loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
       alpha=2.0, beta=50.0, base=0.5)
-_loss("proxy_anchor", pml_losses.ProxyAnchorLoss, "Kim et al. 2020", needs_classes=True, miner="none",
-      margin=0.1, alpha=32.0)
+_loss("proxy_anchor", ProxyAnchorLoss, "Kim et al. 2020 (neg_margin: a negative margin of its own)",
+      needs_classes=True, miner="none", margin=0.1, alpha=32.0)
 _loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True, miner="none",
       softmax_scale=1.0)
 _loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True, miner="none",
