@@ -47,15 +47,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness.store.tracking import tracking_uri
+    from harness.store.tracking import tracking_uri, ui_server_command
 
-    uri = tracking_uri()
-    print(f"MLflow UI on http://{args.host}:{args.port} over {uri}", file=sys.stderr)
-    artifacts = (Path("results") / "mlartifacts").resolve()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-           "--default-artifact-root", artifacts.as_uri(), "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} over {tracking_uri()}", file=sys.stderr)
     sys.stderr.flush()
-    return serve_process_group(cmd)
+    return serve_process_group(ui_server_command(args.host, args.port))
 
 
 def add_listing_parsers(subparsers) -> None:

@@ -35,17 +35,10 @@ class ExplainRow:
 
 def explain_rows(experiments: list[str]) -> list[ExplainRow]:
     """Rows of the newest explained FINISHED run of each method in ``experiments``."""
-    import mlflow
+    from harness.store.queries import newest_finished_runs
 
-    from harness.store.tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri())
-    found = [e for e in experiments if mlflow.get_experiment_by_name(e) is not None]
-    missing = sorted(set(experiments) - set(found))
-    if missing:
-        raise HarnessError(f"no experiment {', '.join(map(repr, missing))} in the tracking store {tracking_uri()}")
-    runs = mlflow.search_runs(experiment_names=found, filter_string="attributes.status = 'FINISHED'",
-                              output_format="list", order_by=["attributes.start_time DESC"])
+    found = list(experiments)
+    runs = newest_finished_runs(found)
     newest = {}
     for run in runs:
         metrics = run.data.metrics

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -130,22 +129,9 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     ``test_<metric>`` (fractions). ``setting`` labels what tells apart runs of one method
     (see :func:`label_settings`).
     """
-    import mlflow
+    from harness.store.queries import finished_runs_frame
 
-    from harness.store.tracking import tracking_uri
-
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    ids = {}
-    for name in experiments:
-        exp = mlflow.get_experiment_by_name(name)
-        if exp is None:
-            known = sorted(e.name for e in mlflow.search_experiments())
-            raise HarnessError(f"no MLflow experiment '{name}' in {uri}; experiments there: "
-                               f"{', '.join(known) or 'none'}")
-        ids[exp.experiment_id] = name
-    frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
-                               output_format="pandas")
+    frame, ids = finished_runs_frame(experiments)
     columns = ["run_id", "experiment", "backbone", "loss", "method", "setting", "dataset", "seed", "fingerprint",
                "deviations", "test_set_selection", "method_revision", "selection", "validation_classes",
                "selection_metric", "evaluation_code", "options", "tuned", "init_from"]
@@ -285,20 +271,10 @@ PerQueryLoader = Callable[[str], "dict[str, np.ndarray] | None"]
 
 def artifact_per_query(run_id: str) -> dict[str, np.ndarray] | None:
     """The run's ``evaluation/per_query_test.npz`` artifact, or None when it has none."""
-    import tempfile
-
-    import mlflow
-
     from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query
+    from harness.store.queries import read_artifact
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
-    client = mlflow.MlflowClient()
-    folder = PER_QUERY_ARTIFACT.rsplit("/", 1)[0]
-    if not any(a.path == PER_QUERY_ARTIFACT for a in client.list_artifacts(run_id, folder)):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, PER_QUERY_ARTIFACT, tmp)
-        return load_per_query(path)
+    return read_artifact(run_id, PER_QUERY_ARTIFACT, load_per_query)
 
 
 def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = "plain",
