@@ -157,9 +157,8 @@ def tables(session: nox.Session) -> None:
         data = tomllib.loads(path.read_text())
         experiment = (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke") if smoke \
             else data.get("experiment", data["name"])
-        code = ("import mlflow; from harness.store.tracking import tracking_uri; "
-                "mlflow.set_tracking_uri(tracking_uri()); "
-                f"print('found' if mlflow.get_experiment_by_name({experiment!r}) else 'missing')")
+        code = ("from harness.store.queries import experiment_exists; "
+                f"print('found' if experiment_exists({experiment!r}) else 'missing')")
         if "found" not in (session.run("python", "-c", code, silent=True) or ""):
             session.log(f"{path.stem}: no experiment '{experiment}' in the tracking store yet; skipped")
             continue

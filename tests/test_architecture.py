@@ -1,6 +1,6 @@
-"""The layout is checked, not only described: the layers contract (pyproject.toml's
-``[tool.importlinter]``), no import circle between any two modules, and no long function
-in the engine."""
+"""The layout is checked, not only described: the layers contract and the one-store-module
+contract (pyproject.toml's ``[tool.importlinter]``), no import circle between any two
+modules, and no long function in the engine."""
 
 from __future__ import annotations
 
@@ -48,12 +48,29 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def test_the_layers_contract_holds():
-    """``lint-imports`` over pyproject.toml's contract: cli > engine > reports > store >
-    config > methods > components > base, each importing only layers below it."""
+    """``lint-imports`` over pyproject.toml's contracts: cli > engine > reports > store >
+    config > methods > components > base, each importing only layers below it; and no
+    layer but harness.store importing mlflow."""
     pytest.importorskip("importlinter", reason="import-linter is in the [test] extra")
     from importlinter.cli import lint_imports
 
     assert lint_imports(config_filename=str(REPO / "pyproject.toml")) == 0
+
+
+def test_only_the_store_imports_mlflow():
+    """The tracking store has one access module (harness.store): an ``import mlflow`` at
+    any depth of any other module's code is a second one. Checked without import-linter
+    too, so a checkout without the [test] extra still enforces it."""
+    offenders = []
+    for module, path in sorted(_modules().items()):
+        if module == "harness.store" or module.startswith("harness.store."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{module}:{node.lineno} {name}" for name in names
+                          if name == "mlflow" or name.startswith("mlflow.")]
+    assert offenders == []
 
 
 def test_no_module_imports_itself_through_others():

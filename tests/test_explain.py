@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.cli.explain import _rows, near_miss_class_pairs, similarity_gradcam
 from harness.cli.main import main
 from harness.components.explanation.scores import (
     curve_auc,
@@ -22,6 +21,7 @@ from harness.components.explanation.scores import (
     perturbation_masks,
     region_scores,
 )
+from harness.engine.explain import _rows, near_miss_class_pairs, similarity_gradcam
 from methods import list_methods
 
 
@@ -166,7 +166,7 @@ def _check_scores(scores: dict) -> None:
 
 
 def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tiny_protocol, capsys):
-    from harness.cli.explain import explain_run, load_run
+    from harness.engine.explain import explain_run, load_run
 
     run_id = _train(tiny_protocol, workdir, "agrouping")
     out = workdir / "explain.json"

@@ -424,7 +424,7 @@ def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_pr
 
 
 def test_run_shares_training_only_where_a_method_trains_as_another_in_the_same_run(tiny_protocol, monkeypatch):
-    from harness.cli.main import shared_training
+    from harness.cli.run import shared_training
     from harness.config.protocol import apply_overrides, load_protocol
 
     protocol = load_protocol(tiny_protocol)

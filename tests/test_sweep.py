@@ -19,8 +19,9 @@ import mlflow
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.cli.sweep import add_sweep_parser
 from harness.config.grids import load_grid
-from harness.engine.sweep import CELL_ATTR, add_sweep_parser
+from harness.engine.sweep import CELL_ATTR
 
 TINY_GRID = Path(__file__).parent / "grids" / "tiny.toml"
 TINY_PROTOCOL = Path(__file__).parent / "protocols" / "tiny.toml"

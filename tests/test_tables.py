@@ -16,9 +16,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from harness.base.errors import HarnessError
+from harness.cli.table import add_table_parser
 from harness.reports.tables import (
     CELL_COLUMNS,
-    add_table_parser,
     attach_published,
     load_published,
     render_latex,

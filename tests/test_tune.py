@@ -13,8 +13,9 @@ import optuna
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.cli.tune import add_tune_parser
 from harness.config.protocol import load_protocol
-from harness.engine.tune import add_tune_parser, study_name, suggest
+from harness.engine.tune import study_name, suggest
 
 
 def _tune(*argv: str) -> int:

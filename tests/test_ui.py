@@ -85,7 +85,7 @@ STAND_IN = textwrap.dedent("""
 def test_sigterm_stops_the_server_and_its_workers(tmp_path):
     """``ui`` runs the server in its own process group and, on SIGTERM, stops the group."""
     supervisor = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfrom harness.cli.main import serve_process_group\n"
+        [sys.executable, "-c", "import sys\nfrom harness.cli.processes import serve_process_group\n"
          "try:\n    sys.exit(serve_process_group([sys.executable, '-c', sys.argv[1], sys.argv[2]], grace=5))\n"
          "except KeyboardInterrupt:\n    sys.exit(130)", STAND_IN, str(tmp_path)],
         stderr=subprocess.PIPE, text=True)

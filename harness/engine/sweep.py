@@ -28,11 +28,9 @@ cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for i
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
-from harness.config.grids import Cell, Grid, load_grid
+from harness.config.grids import Cell, Grid
+from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
-__all__ = ["add_sweep_parser", "cmd_sweep", "open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
-           "enqueue_ready_dependents", "worker_loop", "DEFAULT_STORAGE"]
+__all__ = ["open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
+           "enqueue_ready_dependents", "queue_grid", "worker_loop", "unfinished_cells", "DEFAULT_STORAGE"]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
@@ -108,26 +107,12 @@ def open_study(grid: Grid, storage: str | None, *, heartbeat: int = 30, grace: i
 
 def finished_cells(grid: Grid) -> dict[str, str]:
     """``{cell_key: run_id}`` of FINISHED runs of the grid in the tracking store."""
-    import mlflow
-
-    from harness.store.tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri())
-    exp = mlflow.get_experiment_by_name(grid.experiment)
-    if exp is None:
-        return {}
-    client = mlflow.MlflowClient()
-    out, token = {}, None
-    while True:
-        page = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'",
-                                  max_results=1000, page_token=token)
-        for run in page:
-            key = run.data.tags.get(CELL_ATTR)
-            if key:
-                out.setdefault(key, run.info.run_id)
-        token = page.token
-        if not token:
-            return out
+    out: dict[str, str] = {}
+    for run in all_runs(grid.experiment, "attributes.status = 'FINISHED'"):
+        key = run.data.tags.get(CELL_ATTR)
+        if key:
+            out.setdefault(key, run.info.run_id)
+    return out
 
 
 def _trials_by_state(study) -> dict[str, list]:
@@ -166,6 +151,19 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
             retried.append(cell)
     return {"total": len(grid.cells), "finished": sum(c.key in done for c in grid.cells),
             "queued": len(queued), "pending": len(pending), "retried": retried, "waiting": waiting}
+
+
+def queue_grid(grid: Grid, study, storage: str) -> dict[str, Any]:
+    """:func:`enqueue_cells`, saying what it found: how many cells are finished, queued,
+    pending or waiting, and which failed cells are retried (``storage``: the study's URL)."""
+    counts = enqueue_cells(grid, study)
+    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
+         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
+         f"{len(counts['waiting'])} waiting for their base cell; "
+         f"experiment '{grid.experiment}', storage {storage}")
+    for cell in counts["retried"]:
+        _log(f"retrying {cell.label} (failed on an earlier start)")
+    return counts
 
 
 def enqueue_ready_dependents(grid: Grid, study) -> int:
@@ -231,37 +229,24 @@ class _Heartbeat:
 def _runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
     """Runs of the grid's experiment that ran this cell (same protocol fingerprint, which
     covers protocol, deviations, split, loss and its arguments; same method and seed)."""
-    import mlflow
-
-    exp = mlflow.get_experiment_by_name(grid.experiment)
-    if exp is None:
-        return []
     from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
 
-    return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
+    return search_runs(grid.experiment, (
         f"attributes.status = {q(status)} and tags.fingerprint = {q(fp)} and tags.method = {q(cell.method)} "
         f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"))
 
 
 def _tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient()
-    for k, v in {CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
-                 "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
-                 "optuna_study": study_name, "optuna_trial": trial_number}.items():
-        client.set_tag(run_id, k, str(v))
+    set_run_tags(run_id, {CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
+                          "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
+                          "optuna_study": study_name, "optuna_trial": trial_number})
 
 
 def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
-    import mlflow
-
     from harness.config.deviations import deviation_tags
     from harness.config.protocol import fingerprint
     from harness.engine import training
-    from harness.store.tracking import tracking_uri
 
-    mlflow.set_tracking_uri(tracking_uri())
     protocol = cell.protocol
     # A protocol that carves validation by the run's seed has one split per seed.
     split_key = (cell.dataset, repr(protocol.splits), protocol.selection.mode, str(settings.get("data_root")),
@@ -288,22 +273,21 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
     # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
     # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
     for run in _runs_of_cell(grid, cell, fp, "RUNNING"):
-        mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+        terminate_run(run.info.run_id, "KILLED")
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
     if cell.base_key and not init_from:
         raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
-    root = settings.get("checkpoint_root")
-    cfg = training.RunConfig(method=cell.method, dataset=cell.dataset, protocol=protocol, loss=cell.loss,
-                             loss_args=dict(cell.loss_args), seed=cell.seed, deviations=cell.deviations,
-                             protocol_path=cell.protocol_path, method_options=dict(cell.method_options),
-                             data_root=settings.get("data_root"), device=settings.get("device", "auto"),
-                             workers=settings.get("loader_workers"), resume=True,
-                             init_from=init_from, evaluate_only=bool(cell.base_key),
-                             experiment=grid.experiment,
-                             **({"checkpoint_root": Path(root)} if root else {}),
-                             # Tagged from the start; the full set again below (and on adoption).
-                             tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
-                                   **deviation_tags(cell.paper_deviations, cell.method, cell.dataset)})
+    run_settings = training.RunSettings(data_root=settings.get("data_root"), device=settings.get("device", "auto"),
+                                        workers=settings.get("loader_workers"),
+                                        checkpoint_root=settings.get("checkpoint_root"))
+    cfg = training.RunConfig.build(protocol, method=cell.method, dataset=cell.dataset, loss=cell.loss,
+                                   seed=cell.seed, deviations=cell.deviations, settings=run_settings,
+                                   method_options=cell.method_options, protocol_path=cell.protocol_path,
+                                   resume=True, init_from=init_from, evaluate_only=bool(cell.base_key),
+                                   experiment=grid.experiment,
+                                   # Tagged from the start; the full set again below (and on adoption).
+                                   tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
+                                         **deviation_tags(cell.paper_deviations, cell.method, cell.dataset)})
     record = training.run_training(cfg, splits)
     _tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
@@ -402,95 +386,18 @@ def _settle(study, trial, *, state=None, value: float | None = None, error: str 
              f"late by more than the grace period); its retry skips the cell once this run is FINISHED")
 
 
-# ---------------------------------------------------------------------------- CLI
-
-
-def _settings(args: argparse.Namespace) -> dict:
-    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers,
-            "storage": storage_url(args.storage), "checkpoint_root": args.checkpoint_root}
-
-
-def _worker_command(args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "harness", "sweep", "--grid", str(args.grid), "--worker-only",
-           "--storage", storage_url(args.storage), "--device", args.device,
-           "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
-    if args.smoke:
-        cmd.append("--smoke")
-    if args.data_root:
-        cmd += ["--data-root", str(args.data_root)]
-    if args.loader_workers is not None:
-        cmd += ["--loader-workers", str(args.loader_workers)]
-    if args.checkpoint_root:
-        cmd += ["--checkpoint-root", str(args.checkpoint_root)]
-    return cmd
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    grid = load_grid(args.grid, smoke=args.smoke)
-    if args.data_root is not None and not Path(args.data_root).is_dir():
-        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
-    study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
-    if args.worker_only:
-        report = worker_loop(grid, study, settings=_settings(args))
-        return 1 if report["failed"] else 0
-
-    counts = enqueue_cells(grid, study)
-    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
-         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
-         f"{len(counts['waiting'])} waiting for their base cell; "
-         f"experiment '{grid.experiment}', storage {storage_url(args.storage)}")
-    for cell in counts["retried"]:
-        _log(f"retrying {cell.label} (failed on an earlier start)")
-    if args.workers < 1:
-        raise HarnessError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers == 1:
-        worker_loop(grid, study, settings=_settings(args))
-    else:
-        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
-        try:
-            for p in procs:
-                p.wait()
-        except KeyboardInterrupt:
-            for p in procs:
-                p.terminate()
-            raise
-    return _final_report(grid, study)
-
-
-def _final_report(grid: Grid, study) -> int:
+def unfinished_cells(grid: Grid, study) -> list[tuple[Cell, str]]:
+    """The grid's cells without a FINISHED run, each with why: its trial's error, "not
+    run", or the base cell it waits for."""
     done = finished_cells(grid)
-    missing = [c for c in grid.cells if c.key not in done]
     labels = {c.key: c.label for c in grid.cells}
     failed = {t.user_attrs[CELL_ATTR]: t.user_attrs.get("error", "") for t in _trials_by_state(study)["FAIL"]}
-    print(f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
-          f"(MLflow experiment '{grid.experiment}')")
-    for cell in missing:
+    out = []
+    for cell in grid.cells:
+        if cell.key in done:
+            continue
         reason = failed.get(cell.key, "not run")
         if cell.base_key and cell.base_key not in done:
             reason = f"waiting for its base cell {labels.get(cell.base_key, cell.base_key)}"
-        print(f"  not finished: {cell.label}: {reason or 'failed'} (queued again on the next start)")
-    return 1 if missing else 0
-
-
-def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sweep", help="run every cell of a grid once (restartable, multi-worker)")
-    _add_arguments(p)
-    p.set_defaults(func=cmd_sweep)
-    return p
-
-
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in this process)")
-    p.add_argument("--storage", help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
-                   "postgresql://user@host/db across machines)")
-    p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
-    p.add_argument("--data-root", type=Path)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--loader-workers", type=int, help="data-loading processes per run")
-    p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
-                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
-    p.add_argument("--heartbeat", type=int, default=30, help="seconds between worker heartbeats")
-    p.add_argument("--grace", type=int, default=90,
-                   help="seconds without a heartbeat after which a running cell is retried")
-    p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
+        out.append((cell, reason or "failed"))
+    return out

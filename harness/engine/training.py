@@ -74,7 +74,7 @@ from harness.reports.explanations import log_explanations
 from harness.store.tracking import load_finished_weights
 from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
-__all__ = ["RunConfig", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
+__all__ = ["RunConfig", "RunSettings", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
            "seed_everything", "resolve_device"]
 
 
@@ -110,6 +110,36 @@ class RunConfig:
     #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
     epoch_callback: Any = None
     #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
+    deterministic: bool = False
+
+    @classmethod
+    def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
+              deviations: tuple[Deviation, ...] = (), settings: RunSettings | None = None,
+              method_options: dict[str, Any] | None = None, **run: Any) -> RunConfig:
+        """The one way ``run``, ``sweep`` and ``tune`` make a run: the loss's arguments
+        come from the protocol (``[loss.args.<loss>]``), the method's options from the
+        protocol unless given, the machine-side choices from ``settings``. ``run``: the
+        remaining fields (``experiment``, ``resume``, ``init_from``, ``evaluate_only``,
+        ``tags``, ``protocol_path``)."""
+        settings = settings or RunSettings()
+        options = protocol.methods.get(method, {}) if method_options is None else method_options
+        return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
+                   loss_args=protocol.loss_args(loss), seed=seed, deviations=tuple(deviations),
+                   method_options=dict(options), data_root=settings.data_root, device=settings.device,
+                   workers=settings.workers, deterministic=settings.deterministic,
+                   **({"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
+                   **run)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where and how a run executes, none of which changes its result (``--data-root``,
+    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``)."""
+
+    data_root: Path | None = None
+    device: str = "auto"
+    workers: int | None = None
+    checkpoint_root: Path | None = None
     deterministic: bool = False
 
 
@@ -409,15 +439,85 @@ def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*wanted, protocol.selection.metric]))
 
 
+@dataclass
+class _RunPlan:
+    """What one run works from, fixed before it starts: the resolved configuration, the
+    device and processes, the splits and their fingerprint, where it checkpoints, and
+    the checkpoint (or earlier run) it continues."""
+
+    cfg: RunConfig
+    device: torch.device
+    procs: Processes
+    workers: int
+    splits: DatasetSplits
+    fp: str
+    ckpt_dir: Path
+    experiment: str
+    epochs: int
+    checkpoint: dict[str, Any] | None = None
+    ckpt_digest: str | None = None
+    #: An evaluate-only run trains nothing and keeps no last.pt: it resumes into its run.
+    previous: str | None = None
+
+    @property
+    def ckpt_path(self) -> Path:
+        return self.ckpt_dir / "last.pt"
+
+
+@dataclass
+class _Progress:
+    """Where the epochs stand: the next epoch, the per-epoch records, the best epoch so
+    far (its score and weights) and the digest of the checkpoint on disk."""
+
+    start_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] = field(default_factory=lambda: {"epoch": 0, "score": -math.inf, "state": None})
+    ckpt_digest: str | None = None
+
+
 def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[str, Any]:
     """Train and test one run; returns the record written by ``run --json``.
 
     Model selection follows ``protocol.selection``: the epoch with the best
     validation metric ("validation"), the best test metric ("test-paper", the
     seeds' released-code behaviour, labelled everywhere) or the last epoch.
-    """
-    from harness.store.tracking import Tracker, tracking_uri
 
+    The steps, in order: prepare (device, splits, fingerprint, checkpoint), build (model,
+    loss, optimizer, sampler), resume (the tracked run and the checkpoint's state), train
+    the epochs with per-epoch selection, test the selected weights, record.
+    """
+    plan = _prepare(cfg, splits)
+    cfg = plan.cfg
+    t = _build_training(cfg, plan.splits, plan.device, plan.fp, workers=plan.workers, procs=plan.procs)
+    if not plan.procs.is_main:
+        return _follow(cfg, t, plan.device, plan.checkpoint, plan.epochs)
+    tracker = _open_tracker(plan)
+    try:
+        progress = _resume(plan, t, tracker)
+        for epoch in range(progress.start_epoch, plan.epochs):
+            _train_and_select(plan, t, tracker, progress, epoch)
+        selected_epoch = _load_selected(plan, t, progress)
+        test = _test(plan, t, tracker, selected_epoch)
+        _save_selected(plan, t, tracker, selected_epoch)
+        log_explanations(t.model, plan.splits, cfg.protocol, plan.device, plan.ckpt_dir, tracker)
+        tracker.finish("FINISHED")
+        barrier(plan.procs)
+    except BaseException as err:
+        _mark_stopped(tracker, err)
+        raise
+    return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
+            "protocol": cfg.protocol.name, "fingerprint": plan.fp,
+            "deviations": [str(d) for d in cfg.deviations], "selection": cfg.protocol.selection.mode,
+            "paper_deviations": [footnote(n, d) for n, d in
+                                 applicable(cfg.protocol.deviations, cfg.method, cfg.dataset).items()],
+            "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
+            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic,
+            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+
+
+def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
+    """Resolve the protocol, device and processes; load the splits; fingerprint the run;
+    find the checkpoint (or, evaluate-only, the earlier run) a resume continues."""
     # Callers resolve the protocol for the dataset before applying overrides; this is a
     # no-op then, and resolves a protocol that still has per-dataset sections.
     cfg = replace(cfg, protocol=cfg.protocol.for_dataset(cfg.dataset))
@@ -436,131 +536,149 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
     fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args,
                      world_size=procs.world_size)
-    ckpt_dir = Path(cfg.checkpoint_root) / run_key(cfg, fp)
-    ckpt_path = ckpt_dir / "last.pt"
-    checkpoint, ckpt_digest = None, None
-    experiment = cfg.experiment or f"{cfg.dataset}-{protocol.name}"
-    previous = None  # an evaluate-only run trains nothing and keeps no last.pt: it resumes into its run
+    plan = _RunPlan(cfg, device, procs, workers, splits, fp, Path(cfg.checkpoint_root) / run_key(cfg, fp),
+                    cfg.experiment or f"{cfg.dataset}-{protocol.name}",
+                    0 if cfg.evaluate_only else protocol.schedule.epochs)
     if cfg.resume and procs.is_main:
         from harness.store.tracking import filter_value, mark_dead_runs_killed, newest_run
 
-        same_key = f"tags.run_key = {filter_value(ckpt_dir.name)}"
+        same_key = f"tags.run_key = {filter_value(plan.ckpt_dir.name)}"
         # A run of this key whose process was SIGKILLed stays RUNNING: mark it KILLED.
-        for run_id in mark_dead_runs_killed(experiment, same_key):
+        for run_id in mark_dead_runs_killed(plan.experiment, same_key):
             _log(f"run {run_id} of a process that died was left RUNNING; marked KILLED")
-        if cfg.evaluate_only and (previous := newest_run(experiment, same_key)):
+        if cfg.evaluate_only and (previous := newest_run(plan.experiment, same_key)):
+            plan.previous = previous
             _log(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
-    if cfg.resume and ckpt_path.is_file():
-        checkpoint, ckpt_digest = _load_checkpoint(ckpt_path)  # None (and one line) if unusable
-    if checkpoint is not None:
-        _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {checkpoint['epoch']} from {ckpt_path}")
+    if cfg.resume and plan.ckpt_path.is_file():
+        plan.checkpoint, plan.ckpt_digest = _load_checkpoint(plan.ckpt_path)  # None (and one line) if unusable
+    if plan.checkpoint is not None:
+        _log(f"resuming {cfg.method} seed {cfg.seed} after epoch {plan.checkpoint['epoch']} from {plan.ckpt_path}")
+    return plan
 
-    t = _build_training(cfg, splits, device, fp, workers=workers, procs=procs)
-    epochs = 0 if cfg.evaluate_only else protocol.schedule.epochs
-    if not procs.is_main:
-        return _follow(cfg, t, device, checkpoint, epochs)
-    tracker = Tracker(experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
-                      run_id=checkpoint.get("mlflow_run_id") if checkpoint else previous)
+
+def _open_tracker(plan: _RunPlan):
+    """The run in the tracking store: the checkpoint's (or the earlier evaluate-only run),
+    else a new one."""
+    from harness.store.tracking import Tracker
+
+    cfg = plan.cfg
+    return Tracker(plan.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}",
+                   run_id=plan.checkpoint.get("mlflow_run_id") if plan.checkpoint else plan.previous)
+
+
+def _resume(plan: _RunPlan, t: _Training, tracker) -> _Progress:
+    """Record the run's metadata (a new run) or which code continued it (a resumed one),
+    and restore the checkpoint's state and progress."""
+    from harness.store.tracking import git_commit, tracking_uri, worker_id
+
+    cfg, checkpoint = plan.cfg, plan.checkpoint
+    if checkpoint is None or not tracker.resumed:
+        _log_run_metadata(tracker, cfg, plan.fp, plan.splits, t.sampling_note, plan.procs, plan.device)
+        tracker.set_tags({"run_key": plan.ckpt_dir.name})
+    else:  # the run's git_commit tag is its first segment's; say which code continued it
+        tracker.set_tags({"git_commit_at_resume": git_commit()})
+    tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
+    if checkpoint is None:
+        return _Progress(ckpt_digest=plan.ckpt_digest)
+    t.restore(checkpoint)
+    progress = _Progress(checkpoint["epoch"], checkpoint["history"], checkpoint["best"], plan.ckpt_digest)
+    if not tracker.resumed:  # the checkpoint's run is not in this store: a new run gets it all
+        _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
+             f"'{plan.experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")
+        for record in progress.history:
+            tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
+    return progress
+
+
+def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress, epoch: int) -> None:
+    """One epoch: train, step the schedule, evaluate on the selection split when due (and
+    keep the best weights), log, checkpoint."""
+    cfg, protocol = plan.cfg, plan.cfg.protocol
+    selection = protocol.selection
+    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs)}
+    t.scheduler.step()
+    check_replicas_agree(t.model, plan.procs, f"after epoch {epoch + 1}")
+    select_on = {"validation": (plan.splits.val, None), "test-paper": (plan.splits.test, plan.splits.gallery)}
+    due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == plan.epochs
+    if selection.mode in select_on and due:
+        q, g = select_on[selection.mode]
+        scores = evaluate_split(t.model, q, g, protocol, cfg.dataset, device=plan.device, workers=plan.workers,
+                                metrics=_selection_metrics(protocol))
+        prefix = "val" if selection.mode == "validation" else "test_paper_selection"
+        record.update({f"{prefix}_{k}": v for k, v in scores.items()})
+        if scores[selection.metric] > progress.best["score"]:
+            progress.best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
+                             "state": {k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}}
+    progress.history.append(record)
+    tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
+    _log(_epoch_line(cfg, record, plan.epochs, selection.metric))
+    plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    progress.ckpt_digest = _save_checkpoint(
+        {"epoch": epoch + 1, **t.state(), "history": progress.history, "best": progress.best,
+         "mlflow_run_id": tracker.run_id, "fingerprint": plan.fp}, plan.ckpt_path, progress.ckpt_digest)
+    barrier(plan.procs)  # the other processes wait for this epoch's evaluation and checkpoint
+    if cfg.epoch_callback is not None:
+        cfg.epoch_callback(epoch + 1, record)
+
+
+def _load_selected(plan: _RunPlan, t: _Training, progress: _Progress) -> int:
+    """Load the selected epoch's weights into the model; returns that epoch."""
+    selection = plan.cfg.protocol.selection
+    if selection.mode == "last":
+        return plan.epochs
+    best = progress.best
+    if best["state"] is None and plan.epochs > progress.start_epoch:
+        raise HarnessError(
+            f"the selection metric {selection.metric} was NaN at every evaluation "
+            f"(selection mode '{selection.mode}'), so no epoch could be selected; "
+            f"does every validation class have at least two images?")
+    if best["state"] is not None:
+        t.model.load_state_dict(best["state"])
+    return best["epoch"]
+
+
+def _test(plan: _RunPlan, t: _Training, tracker, selected_epoch: int) -> dict[str, float]:
+    """The selected weights on the test split, logged as ``test_*`` at the selected epoch."""
+    protocol = plan.cfg.protocol
+    # The papers' metric variants ride along (not protocol settings), and the per-query
+    # values behind every retrieval mean are kept for intervals and paired tests.
+    test = evaluate_split(t.model, plan.splits.test, plan.splits.gallery, protocol, plan.cfg.dataset,
+                          device=plan.device, workers=plan.workers,
+                          metrics=with_paper_variants(protocol.evaluation.metrics), per_query=True)
+    tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
+    tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
+    plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    per_query = getattr(test, "per_query", None)  # a plain dict of scores carries none
+    if per_query is not None:
+        per_query_path = plan.ckpt_dir / Path(PER_QUERY_ARTIFACT).name
+        save_per_query(per_query_path, per_query)
+        tracker.log_artifact(per_query_path, str(Path(PER_QUERY_ARTIFACT).parent))
+    return test
+
+
+def _save_selected(plan: _RunPlan, t: _Training, tracker, selected_epoch: int) -> None:
+    """Save the selected weights as ``model.pt`` and record where they are, with their sha256."""
+    model_path = plan.ckpt_dir / "model.pt"
+    model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": plan.cfg.method,
+                                      "fingerprint": plan.fp, "selected_epoch": selected_epoch}, model_path)
+    # The absolute path, and the path under the checkpoint root (which still resolves
+    # when the root moves) with the file's sha256, checked by --init-from.
+    tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve()),
+                      "model_relpath": f"{plan.ckpt_dir.name}/{model_path.name}", "model_sha256": model_sha256})
+    tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
+
+
+def _mark_stopped(tracker, err: BaseException) -> None:
+    """Mark the run KILLED (interrupted) or FAILED with why; a store that fails too is one
+    line, so that the error that stopped the run is the one raised."""
+    status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
     try:
-        start_epoch, history, best = 0, [], {"epoch": 0, "score": -math.inf, "state": None}
-        if checkpoint is None or not tracker.resumed:
-            _log_run_metadata(tracker, cfg, fp, splits, t.sampling_note, procs, device)
-            tracker.set_tags({"run_key": ckpt_dir.name})
-        else:  # the run's git_commit tag is its first segment's; say which code continued it
-            from harness.store.tracking import git_commit
-
-            tracker.set_tags({"git_commit_at_resume": git_commit()})
-        from harness.store.tracking import worker_id
-
-        tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
-        if checkpoint is not None:
-            t.restore(checkpoint)
-            start_epoch, history, best = checkpoint["epoch"], checkpoint["history"], checkpoint["best"]
-            if not tracker.resumed:  # the checkpoint's run is not in this store: a new run gets it all
-                _log(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
-                     f"'{experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")
-                for record in history:
-                    tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
-
-        selection = protocol.selection
-        select_on = {"validation": (splits.val, None), "test-paper": (splits.test, splits.gallery)}
-        for epoch in range(start_epoch, epochs):
-            record = {"epoch": epoch + 1, **_train_epoch(cfg, t, device, epoch, epochs)}
-            t.scheduler.step()
-            check_replicas_agree(t.model, procs, f"after epoch {epoch + 1}")
-            due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == epochs
-            if selection.mode in select_on and due:
-                q, g = select_on[selection.mode]
-                scores = evaluate_split(t.model, q, g, protocol, cfg.dataset, device=device, workers=workers,
-                                        metrics=_selection_metrics(protocol))
-                prefix = "val" if selection.mode == "validation" else "test_paper_selection"
-                record.update({f"{prefix}_{k}": v for k, v in scores.items()})
-                if scores[selection.metric] > best["score"]:
-                    best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
-                            "state": {k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}}
-            history.append(record)
-            tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)
-            _log(_epoch_line(cfg, record, epochs, selection.metric))
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-            ckpt_digest = _save_checkpoint({"epoch": epoch + 1, **t.state(), "history": history, "best": best,
-                                            "mlflow_run_id": tracker.run_id, "fingerprint": fp},
-                                           ckpt_path, ckpt_digest)
-            barrier(procs)  # the other processes wait for this epoch's evaluation and checkpoint
-            if cfg.epoch_callback is not None:
-                cfg.epoch_callback(epoch + 1, record)
-
-        if selection.mode == "last":
-            selected_epoch = epochs
-        else:
-            if best["state"] is None and epochs > start_epoch:
-                raise HarnessError(
-                    f"the selection metric {selection.metric} was NaN at every evaluation "
-                    f"(selection mode '{selection.mode}'), so no epoch could be selected; "
-                    f"does every validation class have at least two images?")
-            selected_epoch = best["epoch"]
-            if best["state"] is not None:
-                t.model.load_state_dict(best["state"])
-        # The papers' metric variants ride along (not protocol settings), and the per-query
-        # values behind every retrieval mean are kept for intervals and paired tests.
-        test = evaluate_split(t.model, splits.test, splits.gallery, protocol, cfg.dataset, device=device,
-                              workers=workers, metrics=with_paper_variants(protocol.evaluation.metrics),
-                              per_query=True)
-        tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
-        tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        per_query = getattr(test, "per_query", None)  # a plain dict of scores carries none
-        if per_query is not None:
-            per_query_path = ckpt_dir / Path(PER_QUERY_ARTIFACT).name
-            save_per_query(per_query_path, per_query)
-            tracker.log_artifact(per_query_path, str(Path(PER_QUERY_ARTIFACT).parent))
-        model_path = ckpt_dir / "model.pt"
-        model_sha256 = atomic_save_torch({"model": t.model.state_dict(), "method": cfg.method, "fingerprint": fp,
-                                          "selected_epoch": selected_epoch}, model_path)
-        # The absolute path, and the path under the checkpoint root (which still resolves
-        # when the root moves) with the file's sha256, checked by --init-from.
-        tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve()),
-                          "model_relpath": f"{ckpt_dir.name}/{model_path.name}", "model_sha256": model_sha256})
-        tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
-        log_explanations(t.model, splits, protocol, device, ckpt_dir, tracker)
-        tracker.finish("FINISHED")
-        barrier(procs)
-    except BaseException as err:
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        try:
-            tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
-            tracker.finish(status)
-        except Exception as secondary:  # the store failing too must not hide why the run stopped
-            text = str(secondary).strip().splitlines()[0][:300] if str(secondary).strip() else ""
-            _log(f"could not mark run {tracker.run_id} {status} in the tracking store "
-                 f"({type(secondary).__name__}: {text})")
-        raise
-    return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
-            "protocol": protocol.name, "fingerprint": fp,
-            "deviations": [str(d) for d in cfg.deviations], "selection": protocol.selection.mode,
-            "paper_deviations": [footnote(n, d) for n, d in applicable(protocol.deviations, cfg.method, cfg.dataset).items()],
-            "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
-            "world_size": procs.world_size, "deterministic": cfg.deterministic,
-            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+        tracker.set_tags({"failure": f"{type(err).__name__}: {err}"[:4000]})
+        tracker.finish(status)
+    except Exception as secondary:  # the store failing too must not hide why the run stopped
+        text = str(secondary).strip().splitlines()[0][:300] if str(secondary).strip() else ""
+        _log(f"could not mark run {tracker.run_id} {status} in the tracking store "
+             f"({type(secondary).__name__}: {text})")
 
 
 def _check_distributable(cfg: RunConfig, procs: Processes) -> None:

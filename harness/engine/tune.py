@@ -12,10 +12,8 @@ setting reproduced over the protocol's seeds and scored on the test split.
 * The study lives in an RDB storage (``results/optuna.db`` by default) under a name
   derived from method, dataset, loss and the protocol's hash; re-running counts the
   COMPLETE (and PRUNED) trials and runs only the remainder.
-* Pruning: the per-epoch validation values are reported to the trial after the run
-  (``trial.report``) so they are in the study. Pruning *during* a run needs a per-epoch
-  hook in ``run_training``; when ``RunConfig`` has an ``epoch_callback`` field it is
-  used and a ``MedianPruner`` stops poor trials early.
+* Pruning: each epoch's validation value is reported to the trial as the run logs it
+  (``RunConfig.epoch_callback``), and a ``MedianPruner`` stops poor trials early.
 * Every trial and reproduction is an MLflow run tagged ``optuna_study``,
   ``optuna_trial`` and ``tune_role`` (``trial`` or ``reproduction``) from its start.
 * Restart after a kill ends where an uninterrupted study ends: a trial whose process died
@@ -27,17 +25,17 @@ setting reproduced over the protocol's seeds and scored on the test split.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
 import hashlib
-import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
 
-__all__ = ["add_tune_parser", "cmd_tune", "DEFAULT_SPACE", "suggest", "study_name"]
+__all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name"]
 
 DEFAULT_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
 TUNABLE_FLOATS = {"optimizer.lr_head", "optimizer.lr_backbone", "optimizer.lr_loss", "optimizer.weight_decay"}
@@ -72,32 +70,6 @@ def suggest(trial, method: str, protocol, space: tuple[str, ...]) -> tuple[dict[
 def study_name(method: str, dataset: str, loss: str, protocol, space: tuple[str, ...]) -> str:
     digest = hashlib.sha256((protocol.canonical_json() + repr(sorted(space))).encode()).hexdigest()[:8]
     return f"tune:{method}:{dataset}:{loss}:{protocol.name}:{digest}"
-
-
-def _validation_history(run_id: str, metric: str) -> list[tuple[int, float]]:
-    import mlflow
-
-    history = mlflow.MlflowClient().get_metric_history(run_id, f"val_{metric}")
-    return sorted((m.step, m.value) for m in history)
-
-
-def _tag(run_id: str, tags: dict[str, Any]) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient()
-    for k, v in tags.items():
-        client.set_tag(run_id, k, str(v))
-
-
-def _config(args, protocol, deviations, loss: str, seed: int, options: dict, experiment: str, path,
-            tags: dict[str, Any]):
-    from harness.engine.training import RunConfig
-
-    return RunConfig(method=args.method, dataset=args.dataset, protocol=protocol, loss=loss,
-                     loss_args=protocol.loss_args(loss), seed=seed, deviations=deviations,
-                     protocol_path=path, method_options=options, data_root=args.data_root,
-                     device=args.device, workers=args.loader_workers, experiment=experiment,
-                     tags={k: str(v) for k, v in tags.items()})
 
 
 def _trial_seed(sampler_seed: int, settled: int) -> int:
@@ -146,10 +118,54 @@ def _requeue_interrupted(study, experiment: str) -> int:
     return queued
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    import mlflow
-    import optuna
+@dataclass(frozen=True)
+class TuneSetup:
+    """One study: what it tunes (method, dataset, loss, protocol and its fixed deviations,
+    the protocol fields searched), where it records (study name, MLflow experiment), the
+    seed of its trials and the run settings every run gets."""
 
+    method: str
+    dataset: str
+    loss: str
+    protocol: Any
+    deviations: tuple
+    space: tuple[str, ...]
+    protocol_path: Path
+    name: str
+    experiment: str
+    seed: int
+    settings: Any
+
+    @property
+    def metric(self) -> str:
+        return self.protocol.selection.metric
+
+    @functools.cached_property
+    def splits(self):
+        """The trials' splits (their seed's carve), loaded once for every trial."""
+        from harness.engine.training import prepare_splits
+
+        return prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+
+    def config(self, protocol, deviations, seed: int, options: dict, tags: dict[str, Any]):
+        """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
+        from harness.engine.training import RunConfig
+
+        return RunConfig.build(protocol, method=self.method, dataset=self.dataset, loss=self.loss, seed=seed,
+                               deviations=deviations, settings=self.settings, method_options=options,
+                               protocol_path=self.protocol_path, experiment=self.experiment,
+                               tags={k: str(v) for k, v in tags.items()})
+
+    def options(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The method's options of a trial: the protocol's, updated by the suggested ones."""
+        return {**self.protocol.methods.get(self.method, {}), **params}
+
+
+def tune_setup(method: str, dataset: str, *, protocol: str | None = None, loss: str | None = None,
+               overrides: list[str] = (), space: str | None = None, seed: int | None = None,
+               experiment: str | None = None, settings=None) -> TuneSetup:
+    """Check the names and resolve everything a study needs; tuning needs validation
+    selection (the test split is never looked at to choose)."""
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES
     from harness.config.protocol import (
@@ -158,167 +174,137 @@ def cmd_tune(args: argparse.Namespace) -> int:
         load_protocol,
         protocol_dir,
     )
-    from harness.engine import training
-    from harness.engine.sweep import open_storage
-    from harness.reports.results import format_results
-    from harness.store.tracking import filter_value as q
-    from harness.store.tracking import tracking_uri, worker_id
+    from harness.engine.training import RunSettings
     from methods import METHODS
 
-    METHODS.get(args.method)
-    DATASETS.get(args.dataset)
-    if args.trials < 0:
-        raise HarnessError(f"--trials must be >= 0, got {args.trials}")
-    protocol_name = args.protocol or default_protocol(args.dataset)
-    base, base_deviations = apply_overrides(load_protocol(protocol_name).for_dataset(args.dataset),
-                                            list(args.set or []))
+    METHODS.get(method)
+    DATASETS.get(dataset)
+    protocol_name = protocol or default_protocol(dataset)
+    base, deviations = apply_overrides(load_protocol(protocol_name).for_dataset(dataset), list(overrides))
     if base.selection.mode != "validation":
         raise HarnessError(f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
                            f"'{base.selection.mode}'): hyperparameters are never chosen on the test set")
-    loss = args.loss or base.loss.name
+    loss = loss or base.loss.name
     LOSSES.get(loss)
     if loss != base.loss.name and loss not in base.loss.args:
         raise HarnessError(f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])")
-    space = tuple(s.strip() for s in (args.space.split(",") if args.space is not None else DEFAULT_SPACE)
-                  if s.strip())
-    metric = base.selection.metric
+    fields = tuple(s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip())
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
-    name = study_name(args.method, args.dataset, loss, base, space)
-    experiment = args.experiment or f"tune-{args.method}-{args.dataset}-{base.name}"
-    seed = args.seed if args.seed is not None else base.seeds[0]
-    try:  # checked before the search starts, not after it
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else None
-    except ValueError:
-        raise HarnessError(f"--seeds expects comma-separated integers like 0,1,2; got '{args.seeds}'") from None
-    mlflow.set_tracking_uri(tracking_uri())
+    return TuneSetup(method, dataset, loss, base, tuple(deviations), fields, path,
+                     study_name(method, dataset, loss, base, fields),
+                     experiment or f"tune-{method}-{dataset}-{base.name}",
+                     seed if seed is not None else base.seeds[0], settings or RunSettings())
 
-    storage = open_storage(args.storage, heartbeat=60, grace=180, retry_stale=False)
+
+def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: int = 0):
+    """Run the study's trials up to ``trials`` in all (a restarted study runs the rest,
+    interrupted trials again first); returns the study."""
+    import optuna
+
+    from harness.engine.sweep import open_storage
+
+    rdb = open_storage(storage, heartbeat=60, grace=180, retry_stale=False)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=args.sampler_seed), pruner=pruner)
-    _requeue_interrupted(study, experiment)
-    splits = training.prepare_splits(base, args.dataset, args.data_root, seed=seed)
-    has_hook = "epoch_callback" in {f.name for f in dataclasses.fields(training.RunConfig)}
-
-    def objective(trial) -> float:
-        trial.set_user_attr("worker", worker_id())
-        options, overrides = suggest(trial, args.method, base, space)
-        protocol, extra = apply_overrides(base, overrides)
-        cfg = _config(args, protocol, base_deviations + extra, loss, seed,
-                      {**base.methods.get(args.method, {}), **options}, experiment, path,
-                      {"optuna_study": name, "optuna_trial": trial.number, "tune_role": "trial"})
-        if has_hook:  # report per epoch while training, so the pruner can stop a run early
-            def on_epoch(epoch: int, record: dict) -> None:
-                value = record.get(f"val_{metric}")
-                if value is not None:
-                    trial.report(float(value), epoch)
-                    if trial.should_prune():
-                        raise optuna.TrialPruned(f"pruned after epoch {epoch}")
-            cfg = dataclasses.replace(cfg, epoch_callback=on_epoch)
-        _log(f"trial {trial.number}: {options or '{}'} {overrides}")
-        try:
-            record = training.run_training(cfg, splits)
-        except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
-            trial.set_user_attr("interrupted", True)
-            raise
-        except HarnessError as err:  # e.g. a diverging setting: its trial fails, the study goes on
-            _log(f"trial {trial.number} failed: {err}")
-            raise
-        run_id = record["mlflow_run_id"]
-        _tag(run_id, {"optuna_study": name, "optuna_trial": trial.number, "tune_role": "trial"})
-        trial.set_user_attr("mlflow_run_id", run_id)
-        history = _validation_history(run_id, metric)
-        if not history:
-            raise HarnessError(f"run {run_id} logged no val_{metric}; cannot score the trial")
-        if not has_hook:
-            for step, value in history:
-                trial.report(value, step)
-        return max(v for _, v in history)
-
+    study = optuna.create_study(study_name=setup.name, storage=rdb, direction="maximize", load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=sampler_seed), pruner=pruner)
+    _requeue_interrupted(study, setup.experiment)
+    splits = setup.splits
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=states))
-    remaining = max(args.trials - done, 0)
-    _log(f"study '{name}' in {storage.url}: "
-         f"{done} trials done, running {remaining} more (target {args.trials})")
+    remaining = max(trials - done, 0)
+    _log(f"study '{setup.name}' in {rdb.url}: {done} trials done, running {remaining} more (target {trials})")
     for _ in range(remaining):
         # One trial at a time, the sampler seeded by the trials settled so far (see above).
-        study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(args.sampler_seed, _settled(study)))
+        study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(sampler_seed, _settled(study)))
         # A diverging setting (non-finite loss: HarnessError) fails its trial, not the study.
         # Optuna's own warning for a failed trial carries a traceback (also for Ctrl-C /
         # SIGTERM); the objective says why in one line instead.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        study.optimize(objective, n_trials=1, catch=(HarnessError,),
-                       callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=states)])
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
-        raise HarnessError(f"study '{name}' has no complete trial; run with --trials >= 1")
-    best = study.best_trial
-    print(f"best trial {best.number}: validation {metric} {best.value:.4f}; params {best.params}")
-    if args.no_reproduce:
-        return 0
+        study.optimize(lambda trial: _objective(setup, splits, trial), n_trials=1, catch=(HarnessError,),
+                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=states)])
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        raise HarnessError(f"study '{setup.name}' has no complete trial; run with --trials >= 1")
+    return study
 
-    # Reproduce the best setting over the protocol's seeds and score on the test split.
-    options = {k: v for k, v in best.params.items() if k not in space}
-    options = {**base.methods.get(args.method, {}), **options}
-    protocol, extra = apply_overrides(base, {k: v for k, v in best.params.items() if k in space})
+
+def _objective(setup: TuneSetup, splits, trial) -> float:
+    """One trial: a run with the suggested setting, scored by its best validation value of
+    the selection metric; each epoch's value goes to the pruner as it is logged."""
+    import optuna
+
+    from harness.config.protocol import apply_overrides
+    from harness.engine import training
+    from harness.store.queries import metric_history, set_run_tags
+    from harness.store.tracking import worker_id
+
+    trial.set_user_attr("worker", worker_id())
+    options, overrides = suggest(trial, setup.method, setup.protocol, setup.space)
+    protocol, extra = apply_overrides(setup.protocol, overrides)
+    tags = {"optuna_study": setup.name, "optuna_trial": trial.number, "tune_role": "trial"}
+    cfg = setup.config(protocol, setup.deviations + extra, setup.seed, setup.options(options), tags)
+
+    def on_epoch(epoch: int, record: dict) -> None:  # so the pruner can stop a run early
+        value = record.get(f"val_{setup.metric}")
+        if value is not None:
+            trial.report(float(value), epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned after epoch {epoch}")
+
+    _log(f"trial {trial.number}: {options or '{}'} {overrides}")
+    try:
+        record = training.run_training(dataclasses.replace(cfg, epoch_callback=on_epoch), splits)
+    except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
+        trial.set_user_attr("interrupted", True)
+        raise
+    except HarnessError as err:  # e.g. a diverging setting: its trial fails, the study goes on
+        _log(f"trial {trial.number} failed: {err}")
+        raise
+    run_id = record["mlflow_run_id"]
+    set_run_tags(run_id, tags)
+    trial.set_user_attr("mlflow_run_id", run_id)
+    history = metric_history(run_id, f"val_{setup.metric}")
+    if not history:
+        raise HarnessError(f"run {run_id} logged no val_{setup.metric}; cannot score the trial")
+    return max(v for _, v in history)
+
+
+def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[dict[str, Any]]:
+    """The best trial's setting trained with each of ``seeds`` (default the protocol's) and
+    scored on the test split; a seed with a finished reproduction is read, not run again."""
+    from harness.config.protocol import apply_overrides
+    from harness.engine import training
+    from harness.store.queries import search_runs, set_run_tags
+    from harness.store.tracking import filter_value as q
+
+    options = setup.options({k: v for k, v in best.params.items() if k not in setup.space})
+    protocol, extra = apply_overrides(setup.protocol, {k: v for k, v in best.params.items() if k in setup.space})
     seeds = seeds if seeds is not None else list(protocol.seeds)
-    exp = mlflow.get_experiment_by_name(experiment)
-    done_runs = {}
-    if exp is not None:
-        for run in mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=(
-                f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' and "
-                f"tags.optuna_study = {q(name)} and tags.optuna_trial = {q(best.number)}")):
-            done_runs.setdefault(int(run.data.tags["seed"]), run)
+    tags = {"optuna_study": setup.name, "optuna_trial": best.number, "tune_role": "reproduction"}
+    done = {}
+    for run in search_runs(setup.experiment, f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' "
+                           f"and tags.optuna_study = {q(setup.name)} and tags.optuna_trial = {q(best.number)}"):
+        done.setdefault(int(run.data.tags["seed"]), run)
+    # A protocol that carves validation by the run's seed needs each seed's own split.
+    splits = None if protocol.splits.validation_by_run_seed else setup.splits
     records = []
-    for s in seeds:
-        if s in done_runs:
-            run = done_runs[s]
-            _log(f"reproduction seed {s} already finished (run {run.info.run_id}); skipped")
-            tags = run.data.tags
-            records.append({"method": args.method, "dataset": args.dataset, "loss": loss, "seed": s,
-                            "protocol": tags.get("protocol", protocol.name),
-                            "fingerprint": tags.get("fingerprint", ""),
-                            "deviations": [d for d in tags.get("deviations", "none").split("; ") if d != "none"],
-                            "selection": tags.get("selection", protocol.selection.mode),
-                            "mlflow_run_id": run.info.run_id,
-                            "metrics": {k.removeprefix("test_"): v for k, v in run.data.metrics.items()
-                                        if k.startswith("test_") and not k.startswith("test_num_")}})
+    for seed in seeds:
+        if seed in done:
+            _log(f"reproduction seed {seed} already finished (run {done[seed].info.run_id}); skipped")
+            records.append(_record_of(done[seed], setup, protocol, seed))
             continue
-        cfg = _config(args, protocol, base_deviations + extra, loss, s, options, experiment, path,
-                      {"optuna_study": name, "optuna_trial": best.number, "tune_role": "reproduction"})
-        # A protocol that carves validation by the run's seed needs each seed's own split.
-        record = training.run_training(cfg, None if base.splits.validation_by_run_seed else splits)
-        _tag(record["mlflow_run_id"], {"optuna_study": name, "optuna_trial": best.number,
-                                       "tune_role": "reproduction"})
+        cfg = setup.config(protocol, setup.deviations + extra, seed, options, tags)
+        record = training.run_training(cfg, splits)
+        set_run_tags(record["mlflow_run_id"], tags)
         records.append(record)
-    print(format_results(records))
-    values = [r["metrics"].get(metric) for r in records if r["metrics"].get(metric) is not None]
-    if values:
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-        print(f"test {metric} of the best setting over seeds {seeds}: {100 * mean:.2f} +- {100 * std:.2f}")
-    return 0
+    return records
 
 
-def add_tune_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("tune", help="Optuna TPE over a method's search space (validation), "
-                              "then the best setting over the protocol's seeds (test)")
-    p.add_argument("--method", required=True)
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--trials", type=int, required=True, help="total trials of the study (resumable)")
-    p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
-    p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
-    p.add_argument("--loss", help="metric loss (default: the protocol's)")
-    p.add_argument("--space", help="comma-separated protocol fields to tune as deviations "
-                   f"(default {','.join(DEFAULT_SPACE)}; '' for none)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)")
-    p.add_argument("--seed", type=int, help="training seed of the trials (default: the protocol's first)")
-    p.add_argument("--seeds", help="seeds of the reproduction (default: the protocol's)")
-    p.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler")
-    p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
-    p.add_argument("--experiment", help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)")
-    p.add_argument("--data-root", type=Path)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--loader-workers", type=int)
-    p.set_defaults(func=cmd_tune)
-    return p
+def _record_of(run, setup: TuneSetup, protocol, seed: int) -> dict[str, Any]:
+    """The ``run --json`` record of a finished reproduction, read back from its run."""
+    tags = run.data.tags
+    return {"method": setup.method, "dataset": setup.dataset, "loss": setup.loss, "seed": seed,
+            "protocol": tags.get("protocol", protocol.name), "fingerprint": tags.get("fingerprint", ""),
+            "deviations": [d for d in tags.get("deviations", "none").split("; ") if d != "none"],
+            "selection": tags.get("selection", protocol.selection.mode), "mlflow_run_id": run.info.run_id,
+            "metrics": {k.removeprefix("test_"): v for k, v in run.data.metrics.items()
+                        if k.startswith("test_") and not k.startswith("test_num_")}}

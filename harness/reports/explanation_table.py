@@ -5,16 +5,12 @@ Markdown and LaTeX; the newest explained run of each method is taken."""
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from harness.base.atomic import atomic_write_text
 from harness.base.errors import HarnessError
 
-__all__ = ["COLUMNS", "ExplainRow", "explain_rows", "markdown_table", "latex_table", "add_explain_table_parser"]
+__all__ = ["COLUMNS", "ExplainRow", "explain_rows", "markdown_table", "latex_table"]
 
 #: (score, column title): lower is better for deletion, higher for the rest but chance.
 COLUMNS = (("pointing_game", "Pointing game"),
@@ -39,17 +35,10 @@ class ExplainRow:
 
 def explain_rows(experiments: list[str]) -> list[ExplainRow]:
     """Rows of the newest explained FINISHED run of each method in ``experiments``."""
-    import mlflow
+    from harness.store.queries import newest_finished_runs
 
-    from harness.store.tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri())
-    found = [e for e in experiments if mlflow.get_experiment_by_name(e) is not None]
-    missing = sorted(set(experiments) - set(found))
-    if missing:
-        raise HarnessError(f"no experiment {', '.join(map(repr, missing))} in the tracking store {tracking_uri()}")
-    runs = mlflow.search_runs(experiment_names=found, filter_string="attributes.status = 'FINISHED'",
-                              output_format="list", order_by=["attributes.start_time DESC"])
+    found = list(experiments)
+    runs = newest_finished_runs(found)
     newest = {}
     for run in runs:
         metrics = run.data.metrics
@@ -102,28 +91,3 @@ def latex_table(rows: list[ExplainRow], caption: str) -> str:
               + " & ".join(_cell(r.scores[k], "$\\pm$") for k, _ in COLUMNS) + r" \\" for r in rows]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
-
-
-def cmd_explain_table(args: argparse.Namespace) -> int:
-    rows = explain_rows(args.experiment)
-    name = args.name or "-".join(args.experiment)
-    stem = args.out or Path("results") / "tables" / f"explain-{name}"
-    caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
-                               f"interval over pairs; chance = the differing part's area share")
-    markdown = markdown_table(rows)
-    atomic_write_text(Path(f"{stem}.md"), markdown)
-    atomic_write_text(Path(f"{stem}.tex"), latex_table(rows, caption))
-    print(markdown, end="")
-    print(f"wrote {stem}.md and {stem}.tex", file=sys.stderr)
-    return 0
-
-
-def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("explain-table", help="table of explanation scores across methods (Markdown and "
-                              "LaTeX) from the explain_* metrics of the runs")
-    p.add_argument("--experiment", action="append", required=True, help="MLflow experiment (repeat for several)")
-    p.add_argument("--out", type=Path, help="output path without suffix (default results/tables/explain-<name>)")
-    p.add_argument("--name", help="name for the default output path (default: the experiments)")
-    p.add_argument("--caption")
-    p.set_defaults(func=cmd_explain_table)
-    return p

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
 
-__all__ = ["log_explanations"]
+__all__ = ["log_explanations", "pairs_figure", "curves_figure"]
 
 
 @torch.inference_mode()
@@ -99,3 +100,59 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     tracker.log_text(table, "explanations/part_mass.txt")
     print(f"{model.head.registry_name if hasattr(model.head, 'registry_name') else ''} attention mass "
          f"per part (test images):\n{table}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------- figures of python -m harness explain
+
+
+def _overlay(ax, picture, heat, title: str = "") -> None:
+    from harness.components.explanation.maps import minmax_normalize
+
+    ax.imshow(picture.permute(1, 2, 0).numpy())
+    ax.imshow(minmax_normalize(heat[None, None])[0, 0].numpy(), cmap="jet", alpha=0.5, vmin=0, vmax=1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=7)
+
+
+def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], rows_note: list[str]) -> Path:
+    """Rows: pairs; columns: query and gallery with each source's map overlaid (the SAM
+    paper's Fig. 4 layout, one pair of columns per source). ``sources``: per source, an
+    object with the ``query`` and ``gallery`` maps of the pairs (``(P, H, W)`` each)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows, cols = len(pictures_q), 2 * len(sources)
+    fig = Figure(figsize=(1.8 * cols, 1.9 * rows), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for r in range(rows):
+        for s, (name, maps) in enumerate(sources.items()):
+            _overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "")
+            _overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "")
+        axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]]) -> Path:
+    """Mean deletion and insertion curves per pixel order (RISE's Fig. 5 layout)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
+        for name, c in curves.items():
+            mean = c[kind].mean(0)
+            ax.plot(c["fractions"], mean, label=f"{name} (AUC {np.trapezoid(mean, c['fractions']):.3f})")
+        ax.set_xlabel(f"fraction of the query's pixels {'removed' if kind == 'deletion' else 'revealed'}")
+        ax.set_ylabel("(1 + target score) / 2")
+        ax.set_title(kind, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path

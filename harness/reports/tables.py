@@ -35,10 +35,8 @@ Layout (A-grouping Table 3): rows are blocks of backbone + loss, one row per met
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -55,7 +53,7 @@ from harness.reports.stats import (
     t_interval,
 )
 
-__all__ = ["add_table_parser", "cmd_table", "load_runs", "summarize", "paired_tests", "load_published",
+__all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
            "build_table", "artifact_per_query", "DEFAULT_METRICS", "CELL_COLUMNS", "TEST_COLUMNS",
            "PUBLISHED_SELECTION", "SIGNIFICANCE"]
@@ -132,22 +130,9 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     ``test_<metric>`` (fractions). ``setting`` labels what tells apart runs of one method
     (see :func:`label_settings`).
     """
-    import mlflow
+    from harness.store.queries import finished_runs_frame
 
-    from harness.store.tracking import tracking_uri
-
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    ids = {}
-    for name in experiments:
-        exp = mlflow.get_experiment_by_name(name)
-        if exp is None:
-            known = sorted(e.name for e in mlflow.search_experiments())
-            raise HarnessError(f"no MLflow experiment '{name}' in {uri}; experiments there: "
-                               f"{', '.join(known) or 'none'}")
-        ids[exp.experiment_id] = name
-    frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
-                               output_format="pandas")
+    frame, ids = finished_runs_frame(experiments)
     columns = ["run_id", "experiment", "backbone", "loss", "method", "setting", "dataset", "seed", "fingerprint",
                "deviations", "test_set_selection", "method_revision", "selection", "validation_classes",
                "selection_metric", "evaluation_code", "options", "tuned", "init_from"]
@@ -291,20 +276,10 @@ PerQueryLoader = Callable[[str], "dict[str, np.ndarray] | None"]
 
 def artifact_per_query(run_id: str) -> dict[str, np.ndarray] | None:
     """The run's ``evaluation/per_query_test.npz`` artifact, or None when it has none."""
-    import tempfile
-
-    import mlflow
-
     from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query
+    from harness.store.queries import read_artifact
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
-    client = mlflow.MlflowClient()
-    folder = PER_QUERY_ARTIFACT.rsplit("/", 1)[0]
-    if not any(a.path == PER_QUERY_ARTIFACT for a in client.list_artifacts(run_id, folder)):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, PER_QUERY_ARTIFACT, tmp)
-        return load_per_query(path)
+    return read_artifact(run_id, PER_QUERY_ARTIFACT, load_per_query)
 
 
 def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = "plain",
@@ -893,24 +868,6 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes)
 
 
-def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
-    """The deviations from a paper or its code that any run of the table records
-    (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
-    settings), one note per reason."""
-    found = {name: from_tag(text) for tags in runs.get("paper_deviations", []) for name, text in tags.items()}
-    return [f"Deviations from the paper or its code. {note}" for note in grouped_notes(found)]
-
-
-def _pairs(items: Sequence[str] | None, flag: str, shape: str) -> list[tuple[str, str]]:
-    out = []
-    for item in items or []:
-        left, sep, right = item.partition("=")
-        if not sep or not left.strip() or not right.strip():
-            raise HarnessError(f"{flag} '{item}' must look like {shape}")
-        out.append((left.strip(), right.strip()))
-    return out
-
-
 def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str]:
     """Footnotes for the published values: those left out of the comparison
     (``column_mislabelled``) and each note a published row is flagged with."""
@@ -918,51 +875,9 @@ def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str
     return lines + [f"Published values marked {note}" for note in flagged]
 
 
-def cmd_table(args: argparse.Namespace) -> int:
-    tables = [t.strip() for t in (args.table or "").split(",") if t.strip()]
-    if tables and not args.published:
-        raise HarnessError("--table needs --published (the CSV the table number refers to)")
-    metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
-    rows: dict[str, list[str]] = {}
-    for reproduced, spec in _pairs(args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"):
-        parse_published_row(spec)
-        rows.setdefault(reproduced, []).append(spec)
-    if rows and not args.published:
-        raise HarnessError("--published-row needs --published (the CSV the rows are in)")
-    metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
-    if metric_map and not args.published:
-        raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
-    text = build_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
-                       metrics=metrics, caption=args.caption or "", published_rows=rows or None,
-                       baseline=args.baseline, published_metrics=metric_map or None)
-    name = args.name or "+".join(args.experiment)
-    out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
-    write_atomic(out, text)
-    print(text)
-    print(f"written to {out}", file=sys.stderr)
-    return 0
-
-
-def add_table_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
-    p.add_argument("--experiment", action="append", required=True,
-                   help="MLflow experiment to read (repeat for several)")
-    p.add_argument("--format", choices=("latex", "markdown"), default="latex")
-    p.add_argument("--out", type=Path, help="output file (default results/tables/<name>.tex|.md)")
-    p.add_argument("--name", help="table name for the default output path (default: the experiment)")
-    p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
-    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
-    p.add_argument("--published-row", action="append", metavar="METHOD=PUBLISHED@SETTING",
-                   help="the published rows beside a reproduced method, by the CSV's method and setting "
-                   "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
-                   "given, rows not named are left out")
-    p.add_argument("--published-metric", action="append", metavar="PUBLISHED=REPRODUCED",
-                   help="compare a published metric with a reproduced variant defined as the paper defines it, "
-                   "e.g. r_precision=r_precision_query_in_r (DIML; repeat)")
-    p.add_argument("--baseline", default="plain",
-                   help="method of the row every other row of a block is tested against (default plain)")
-    p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
-                   f"else {','.join(DEFAULT_METRICS)})")
-    p.add_argument("--caption")
-    p.set_defaults(func=cmd_table)
-    return p
+def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
+    """The deviations from a paper or its code that any run of the table records
+    (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
+    settings), one note per reason."""
+    found = {name: from_tag(text) for tags in runs.get("paper_deviations", []) for name, text in tags.items()}
+    return [f"Deviations from the paper or its code. {note}" for note in grouped_notes(found)]

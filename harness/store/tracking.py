@@ -39,6 +39,14 @@ def tracking_uri() -> str:
     return uri
 
 
+def ui_server_command(host: str, port: int) -> list[str]:
+    """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
+    artifacts under ``results/mlartifacts`` (where :func:`experiment_id` puts them)."""
+    artifacts = (Path("results") / "mlartifacts").resolve()
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(),
+            "--default-artifact-root", artifacts.as_uri(), "--host", host, "--port", str(port)]
+
+
 def _git(root: Path | None, *args: str, check: bool = False) -> str:
     """Output of ``git args`` in the harness's source tree (or ``root``)."""
     return subprocess.run(["git", *args], cwd=root or Path(__file__).resolve().parents[2],

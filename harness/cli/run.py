@@ -1,0 +1,188 @@
+"""``python -m harness run``: train and test methods under a fair protocol, seed by seed;
+the runs themselves are :func:`harness.engine.training.run_training`'s."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.base.atomic import atomic_write_json
+from harness.base.errors import HarnessError
+from harness.config.protocol import default_protocol
+
+__all__ = ["add_run_parser", "cmd_run", "shared_training", "EMBEDDED_DEFAULT"]
+
+#: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
+EMBEDDED_DEFAULT = "synthetic"
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HarnessError(f"{flag} expects comma-separated integers like 0,1,2; got '{text}'") from None
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What ``run`` was asked for, checked: methods, the protocol with its deviations, the
+    loss and the seeds."""
+
+    methods: list[str]
+    protocol: object
+    protocol_path: Path
+    deviations: tuple
+    loss: str
+    seeds: list[int]
+
+
+def _request(args: argparse.Namespace) -> _Request:
+    """Check every name and flag before any work starts (one error line each)."""
+    from harness.components.data import DATASETS
+    from harness.components.losses import LOSSES, check_loss_args
+    from harness.config.protocol import Deviation, apply_overrides, load_protocol, protocol_dir
+    from methods import METHODS, check_method_options, list_methods
+
+    DATASETS.get(args.dataset)
+    methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for name in methods:
+        METHODS.get(name)
+    if args.data_root is not None and not args.data_root.is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    protocol_name = args.protocol or default_protocol(args.dataset)
+    protocol = load_protocol(protocol_name).for_dataset(args.dataset)
+    overrides = list(args.set or [])
+    if args.epochs is not None:
+        if args.epochs < 0:
+            raise HarnessError(f"--epochs must be >= 0, got {args.epochs}")
+        overrides.append(f"schedule.epochs={args.epochs}")
+    protocol, deviations = apply_overrides(protocol, overrides)
+    loss = args.loss or protocol.loss.name
+    LOSSES.get(loss)
+    check_loss_args(loss, protocol.loss_args(loss))  # a bad --set loss.args value: one line, before any work
+    if loss != protocol.loss.name and loss not in protocol.loss.args:
+        deviations += (Deviation("loss.name", protocol.loss.name, loss),)
+    if args.evaluate_only and not args.init_from:
+        raise HarnessError("--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID")
+    if args.evaluate_only and args.epochs is not None:
+        raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
+    if args.init_from and not args.evaluate_only:  # trained from another run's weights
+        deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
+    if args.seen_class_control:
+        deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
+    seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
+    for method in methods:  # a bad option value is one line now, not after the dataset loads
+        check_method_options(method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size,
+                             loss=loss)
+    path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
+    return _Request(methods, protocol, path, tuple(deviations), loss, seeds)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.deterministic:  # before anything touches CUDA (cuBLAS reads its workspace setting once)
+        from harness.base.device import CUBLAS_WORKSPACE
+
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    from harness.engine.distributed import shutdown
+    from harness.engine.training import RunConfig, RunSettings, prepare_splits, run_training
+    from harness.reports.results import format_results
+
+    # Under torchrun only process 0 reports (every process trains the same runs).
+    main_process = os.environ.get("RANK", "0") in ("", "0")
+    req = _request(args)
+    protocol, methods, seeds = req.protocol, req.methods, req.seeds
+    settings = RunSettings(data_root=args.data_root, device=args.device, workers=args.workers,
+                           checkpoint_root=args.checkpoint_root, deterministic=args.deterministic)
+
+    def splits_for(seed: int):
+        return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+
+    splits = splits_for(seeds[0])
+    if main_process:
+        print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
+              f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
+              + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""), file=sys.stderr)
+    shared = {} if args.init_from else shared_training(methods, protocol)
+    if shared and main_process:
+        print("; ".join(f"{m}: evaluated on {b}'s trained weights (it trains as {b})" for m, b in shared.items()),
+              file=sys.stderr)
+    records = []
+    for seed in seeds:
+        if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
+            splits = splits_for(seed)
+        trained: dict[str, str] = {}  # method -> its run id, this seed
+        for method in sorted(methods, key=lambda m: m in shared):  # base methods first
+            base = shared.get(method, "")
+            cfg = RunConfig.build(protocol, method=method, dataset=args.dataset, loss=req.loss, seed=seed,
+                                  deviations=req.deviations, settings=settings, protocol_path=req.protocol_path,
+                                  resume=args.resume, experiment=args.experiment or "",
+                                  init_from=trained[base] if base else args.init_from or "",
+                                  evaluate_only=bool(base) or args.evaluate_only)
+            try:
+                records.append(run_training(cfg, splits))
+            except BaseException:
+                shutdown()  # a process group left open would hang the other processes' exit
+                raise
+            trained[method] = records[-1].get("mlflow_run_id", "")
+    shutdown()
+    if not main_process:
+        return 0
+    records.sort(key=lambda r: (seeds.index(r["seed"]), methods.index(r["method"])))  # as asked
+    print(format_results(records))
+    if args.json:
+        atomic_write_json(args.json, records)
+    return 0
+
+
+def shared_training(methods: list[str], protocol) -> dict[str, str]:
+    """Methods of this ``run`` that train as another one in it (:func:`methods.training_base`,
+    e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
+    and evaluates them on its weights. Only in one process (under torchrun every process
+    trains every run, and only process 0 knows the run ids)."""
+    from methods import training_base
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return {}
+    shared = {m: b for m in methods if (b := training_base(m, protocol.methods)) in methods}
+    return {m: b for m, b in shared.items() if b not in shared}  # a base is trained, not shared
+
+
+def add_run_parser(subparsers) -> argparse.ArgumentParser:
+    run = subparsers.add_parser("run", help="train and evaluate methods under a fair protocol")
+    run.add_argument("--methods", default="all",
+                     help="'all' (every registered method but ablation variants) or a comma-separated list")
+    run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
+    run.add_argument("--protocol", help="protocol name or .toml path (default: smoke on synthetic "
+                     "and fashion-mnist, roth2020 on the four benchmarks)")
+    run.add_argument("--loss", help="metric loss (default: the protocol's)")
+    run.add_argument("--seeds", help="comma-separated seeds (default: the protocol's)")
+    run.add_argument("--epochs", type=int, help="override schedule.epochs (recorded as a deviation); "
+                     "0 evaluates the initial model")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
+    run.add_argument("--data-root", type=Path)
+    run.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    run.add_argument("--workers", type=int, help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
+    run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
+    run.add_argument("--json", type=Path, help="write the result records to this file")
+    run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
+    run.add_argument("--deterministic", action="store_true",
+                     help="deterministic kernels on every device (an op without one is an error), cuDNN "
+                     "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run")
+    run.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
+                     "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
+                     "weights under it even after the folder moved")
+    run.add_argument("--init-from", metavar="RUN_ID",
+                     help="start from the selected weights of a finished run (a deviation, unless "
+                     "--evaluate-only)")
+    run.add_argument("--evaluate-only", action="store_true",
+                     help="train no epoch: evaluate the --init-from run's weights, trained under this "
+                     "same protocol (e.g. --methods diml: DIML at test time on a trained plain run)")
+    run.add_argument("--seen-class-control", action="store_true",
+                     help="diagnostic: train on other images of the test classes, not on the training "
+                     "classes (a deviation; tells broken training from features that do not transfer)")
+    run.set_defaults(func=cmd_run)
+    return run

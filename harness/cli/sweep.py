@@ -1,0 +1,99 @@
+"""``python -m harness sweep --grid NAME``: the sweep's arguments, its local worker
+processes and its final report; the queue and the workers are
+:mod:`harness.engine.sweep`'s."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.base.errors import HarnessError
+from harness.config.grids import Grid, load_grid
+from harness.engine.sweep import (
+    DEFAULT_STORAGE,
+    open_study,
+    queue_grid,
+    storage_url,
+    unfinished_cells,
+    worker_loop,
+)
+
+__all__ = ["add_sweep_parser", "cmd_sweep"]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    grid = load_grid(args.grid, smoke=args.smoke)
+    if args.data_root is not None and not Path(args.data_root).is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
+    if args.worker_only:
+        report = worker_loop(grid, study, settings=_settings(args))
+        return 1 if report["failed"] else 0
+
+    queue_grid(grid, study, storage_url(args.storage))
+    if args.workers < 1:
+        raise HarnessError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers == 1:
+        worker_loop(grid, study, settings=_settings(args))
+    else:
+        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+        try:
+            for p in procs:
+                p.wait()
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            raise
+    return _final_report(grid, study)
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers,
+            "storage": storage_url(args.storage), "checkpoint_root": args.checkpoint_root}
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    """This sweep as a ``--worker-only`` process: it pops cells from the same queue."""
+    cmd = [sys.executable, "-m", "harness", "sweep", "--grid", str(args.grid), "--worker-only",
+           "--storage", storage_url(args.storage), "--device", args.device,
+           "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.data_root:
+        cmd += ["--data-root", str(args.data_root)]
+    if args.loader_workers is not None:
+        cmd += ["--loader-workers", str(args.loader_workers)]
+    if args.checkpoint_root:
+        cmd += ["--checkpoint-root", str(args.checkpoint_root)]
+    return cmd
+
+
+def _final_report(grid: Grid, study) -> int:
+    missing = unfinished_cells(grid, study)
+    print(f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
+          f"(MLflow experiment '{grid.experiment}')")
+    for cell, reason in missing:
+        print(f"  not finished: {cell.label}: {reason} (queued again on the next start)")
+    return 1 if missing else 0
+
+
+def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sweep", help="run every cell of a grid once (restartable, multi-worker)")
+    p.add_argument("--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in this process)")
+    p.add_argument("--storage", help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
+                   "postgresql://user@host/db across machines)")
+    p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
+    p.add_argument("--data-root", type=Path)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--loader-workers", type=int, help="data-loading processes per run")
+    p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
+                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
+    p.add_argument("--heartbeat", type=int, default=30, help="seconds between worker heartbeats")
+    p.add_argument("--grace", type=int, default=90,
+                   help="seconds without a heartbeat after which a running cell is retried")
+    p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_sweep)
+    return p

@@ -1,0 +1,74 @@
+"""``python -m harness table --experiment NAME``: the table's arguments; the table itself
+is :func:`harness.reports.tables.build_table`'s."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.base.errors import HarnessError
+from harness.reports.tables import DEFAULT_METRICS, build_table, parse_published_row, write_atomic
+
+__all__ = ["add_table_parser", "cmd_table"]
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    tables = [t.strip() for t in (args.table or "").split(",") if t.strip()]
+    if tables and not args.published:
+        raise HarnessError("--table needs --published (the CSV the table number refers to)")
+    metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+    rows: dict[str, list[str]] = {}
+    for reproduced, spec in _pairs(args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"):
+        parse_published_row(spec)
+        rows.setdefault(reproduced, []).append(spec)
+    if rows and not args.published:
+        raise HarnessError("--published-row needs --published (the CSV the rows are in)")
+    metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
+    if metric_map and not args.published:
+        raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
+    text = build_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
+                       metrics=metrics, caption=args.caption or "", published_rows=rows or None,
+                       baseline=args.baseline, published_metrics=metric_map or None)
+    name = args.name or "+".join(args.experiment)
+    out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
+    write_atomic(out, text)
+    print(text)
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
+def add_table_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
+    p.add_argument("--experiment", action="append", required=True,
+                   help="MLflow experiment to read (repeat for several)")
+    p.add_argument("--format", choices=("latex", "markdown"), default="latex")
+    p.add_argument("--out", type=Path, help="output file (default results/tables/<name>.tex|.md)")
+    p.add_argument("--name", help="table name for the default output path (default: the experiment)")
+    p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
+    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
+    p.add_argument("--published-row", action="append", metavar="METHOD=PUBLISHED@SETTING",
+                   help="the published rows beside a reproduced method, by the CSV's method and setting "
+                   "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
+                   "given, rows not named are left out")
+    p.add_argument("--published-metric", action="append", metavar="PUBLISHED=REPRODUCED",
+                   help="compare a published metric with a reproduced variant defined as the paper defines it, "
+                   "e.g. r_precision=r_precision_query_in_r (DIML; repeat)")
+    p.add_argument("--baseline", default="plain",
+                   help="method of the row every other row of a block is tested against (default plain)")
+    p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
+                   f"else {','.join(DEFAULT_METRICS)})")
+    p.add_argument("--caption")
+    p.set_defaults(func=cmd_table)
+    return p
+
+
+def _pairs(items: Sequence[str] | None, flag: str, shape: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items or []:
+        left, sep, right = item.partition("=")
+        if not sep or not left.strip() or not right.strip():
+            raise HarnessError(f"{flag} '{item}' must look like {shape}")
+        out.append((left.strip(), right.strip()))
+    return out

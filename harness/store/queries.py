@@ -1,0 +1,151 @@
+"""Every question the rest of the harness asks the tracking store, by name.
+
+Only :mod:`harness.store` imports MLflow (pyproject.toml's import-linter contract checks
+it): the engine, the reports and the command line ask these functions, and read the run
+objects they return (``run.info.run_id``, ``run.data.tags``, ``run.data.metrics``)
+without importing MLflow. Each function points MLflow at the project's store
+(:func:`harness.store.tracking.tracking_uri`) first.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from harness.base.errors import HarnessError
+from harness.store.tracking import _existing_run_experiment, _search_runs, tracking_uri
+
+__all__ = ["client", "search_runs", "all_runs", "find_run", "set_run_tags", "terminate_run",
+           "metric_history", "experiment_exists", "finished_runs_frame", "newest_finished_runs",
+           "read_artifact", "log_to_run"]
+
+T = TypeVar("T")
+
+
+def client():
+    """An ``MlflowClient`` on the project's tracking store."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow.MlflowClient()
+
+
+def search_runs(experiment: str, filter_string: str, **kwargs) -> list:
+    """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist);
+    ``kwargs`` go to MLflow's ``search_runs`` (``order_by``, ``max_results``)."""
+    return _search_runs(experiment, filter_string, **kwargs)
+
+
+def all_runs(experiment: str, filter_string: str) -> list:
+    """Every run of ``experiment`` matching ``filter_string``, page after page (MLflow
+    returns at most 1,000 per call)."""
+    out, token = [], None
+    while True:
+        page = _search_runs(experiment, filter_string, max_results=1000, page_token=token)
+        out += list(page)
+        token = getattr(page, "token", None)  # a plain list when the experiment does not exist
+        if not token:
+            return out
+
+
+def find_run(run_id: str):
+    """Run ``run_id``, or None when the store has no such run (any other failure of the
+    store is one :class:`HarnessError` line)."""
+    c = client()
+    if _existing_run_experiment(c, run_id) is None:
+        return None
+    return c.get_run(run_id)
+
+
+def set_run_tags(run_id: str, tags: dict[str, Any]) -> None:
+    """Set each of ``tags`` (as a string) on run ``run_id``."""
+    c = client()
+    for key, value in tags.items():
+        c.set_tag(run_id, key, str(value))
+
+
+def terminate_run(run_id: str, status: str) -> None:
+    """End run ``run_id`` with ``status`` (``KILLED``, ``FAILED``, ``FINISHED``)."""
+    client().set_terminated(run_id, status=status)
+
+
+def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every logged value of metric ``key`` of run ``run_id``, by step."""
+    return sorted((m.step, m.value) for m in client().get_metric_history(run_id, key))
+
+
+def experiment_exists(name: str) -> bool:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow.get_experiment_by_name(name) is not None
+
+
+def finished_runs_frame(experiments: Sequence[str]):
+    """``(frame, {experiment id: name})``: one row per FINISHED run of ``experiments``
+    (MLflow's ``search_runs`` pandas frame: ``run_id``, ``experiment_id``, ``start_time``,
+    ``tags.*``, ``params.*``, ``metrics.*``). An experiment the store does not have is
+    one error line that lists those it has."""
+    import mlflow
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    ids = {}
+    for name in experiments:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is None:
+            known = sorted(e.name for e in mlflow.search_experiments())
+            raise HarnessError(f"no MLflow experiment '{name}' in {uri}; experiments there: "
+                               f"{', '.join(known) or 'none'}")
+        ids[exp.experiment_id] = name
+    frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
+                               output_format="pandas")
+    return frame, ids
+
+
+def newest_finished_runs(experiments: Sequence[str]) -> list:
+    """The FINISHED runs of ``experiments``, newest first; an experiment the store does
+    not have is one error line."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    missing = sorted(e for e in set(experiments) if mlflow.get_experiment_by_name(e) is None)
+    if missing:
+        raise HarnessError(f"no experiment {', '.join(map(repr, missing))} in the tracking store {tracking_uri()}")
+    return mlflow.search_runs(experiment_names=list(experiments), filter_string="attributes.status = 'FINISHED'",
+                              output_format="list", order_by=["attributes.start_time DESC"])
+
+
+def read_artifact(run_id: str, path: str, reader: Callable[[Path], T]) -> T | None:
+    """``reader`` applied to artifact ``path`` of run ``run_id``, downloaded to a temporary
+    folder; None when the run has no such artifact."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
+    c = client()
+    folder = path.rsplit("/", 1)[0] if "/" in path else ""
+    if not any(a.path == path for a in c.list_artifacts(run_id, folder or None)):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        return reader(Path(c.download_artifacts(run_id, path, tmp)))
+
+
+def log_to_run(run_id: str, *, metrics: dict[str, float], tags: dict[str, str], texts: dict[str, str],
+               artifacts: Sequence[tuple[Path, str]]) -> None:
+    """Add to a run, finished or not: ``metrics`` (step 0), ``tags``, ``texts``
+    (``{artifact path: text}``) and files (``(path, artifact folder)``)."""
+    from mlflow.entities import Metric, RunTag
+
+    c = client()
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    for i in range(0, len(items), 500):
+        c.log_batch(run_id, metrics=items[i:i + 500])
+    if tags:
+        c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    for name, text in texts.items():
+        c.log_text(run_id, text, name)
+    for path, folder in artifacts:
+        c.log_artifact(run_id, str(path), folder)
