@@ -449,22 +449,13 @@ def _summary(per_pair: dict[str, np.ndarray]) -> dict[str, Any]:
 # ------------------------------------------------------------------------ figures
 
 
-def _overlay(ax, picture, heat, title: str = "") -> None:
-    from harness.components.explanation.maps import minmax_normalize
-
-    ax.imshow(picture.permute(1, 2, 0).numpy())
-    ax.imshow(minmax_normalize(heat[None, None])[0, 0].numpy(), cmap="jet", alpha=0.5, vmin=0, vmax=1)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    if title:
-        ax.set_title(title, fontsize=7)
-
-
 def _pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, PairMaps], rows_note: list[str]) -> Path:
     """Rows: pairs; columns: query and gallery with each source's map overlaid (the SAM
     paper's Fig. 4 layout, one pair of columns per source)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from harness.reports.explanations import draw_overlay
 
     rows, cols = len(pictures_q), 2 * len(sources)
     fig = Figure(figsize=(1.8 * cols, 1.9 * rows), dpi=100)
@@ -472,8 +463,10 @@ def _pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, PairMap
     axes = fig.subplots(rows, cols, squeeze=False)
     for r in range(rows):
         for s, (name, maps) in enumerate(sources.items()):
-            _overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "")
-            _overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "")
+            draw_overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "",
+                         fontsize=7, frame=True)
+            draw_overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "",
+                         fontsize=7, frame=True)
         axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
     fig.tight_layout()
     fig.savefig(path, format="png")
@@ -506,6 +499,7 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     3-4 layout, :func:`~harness.components.explanation.maps.attention_figure`) and its pair figure (DIML Fig. 5,
     SAM Fig. 4) for the first pair."""
     from harness.components.explanation.maps import attention_figure
+    from harness.reports.explanations import write_tuple_figures
     from methods import HeadOutput
 
     written = []
@@ -520,15 +514,12 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
     with torch.no_grad():
         oq, og = ctx.model(q), ctx.model(g)
-    # pair_figure gets outputs without extras (as log_explanations passes them)
+    # the pair figure gets outputs without extras (as log_explanations passes them)
     def bare(out):
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
-    figure = ctx.model.head.pair_figure(_pictures(ctx, q)[0], _pictures(ctx, g)[0], bare(oq), bare(og),
-                                        out_dir / "pair.png")
-    if figure is not None:
-        written.append(Path(figure))
-    return written
+    pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
+    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir)
 
 
 # ------------------------------------------------------------------------ the command
