@@ -101,11 +101,9 @@ Where the paper and the released code differ or are silent (each choice is an op
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,11 +112,17 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torch import nn
 from torch.nn import init
 
-from harness.base.atomic import atomic_write_text
 from harness.base.errors import HarnessError
-from harness.components.explanation.maps import upsample_maps
 from harness.components.losses import PrecomputedDistance, distance_replaced
-from methods.base import HeadOutput, Method, PaperInfo, register_method
+from methods.base import (
+    FigureData,
+    FigureSet,
+    HeadOutput,
+    Method,
+    Panel,
+    PaperInfo,
+    register_method,
+)
 
 __all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
            "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix",
@@ -131,6 +135,8 @@ PAPER = PaperInfo(
     venue="CVPR 2022",
     code_url="https://github.com/zbr17/AVSL",
     tables=("1", "2", "3"),
+    published_selection=(
+        "AVSL: no validation split in the paper; the released code (zbr17/AVSL) stops early on the test set"),
 )
 
 CAMS = ("decomposed", "linear")
@@ -336,6 +342,8 @@ def _stacked(field) -> torch.Tensor:
 class AVSLHead(Method):
     """Per level GAP + GMP and a 1x1 conv to r dims; nodes, CAM edges and reliabilities."""
 
+    label = "AVSL"
+    figure_tuples = ("pair",)
     paper = PAPER
     rerank_fields = ("levels", "certainty")
     supported_losses = SUPPORTED_LOSSES
@@ -443,11 +451,6 @@ class AVSLHead(Method):
                                rectify=self.rectify)
         return -d
 
-    def rerank_by_ids(self, query_fields, gallery_fields, query_ids, candidate_ids):
-        query_fields = {k: _stacked(query_fields[k]) for k in self.rerank_fields}
-        gallery_fields = {k: _stacked(gallery_fields[k]) for k in self.rerank_fields}
-        return super().rerank_by_ids(query_fields, gallery_fields, query_ids, candidate_ids)
-
     def attribute_pair(self, query: HeadOutput, gallery: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 11 for one pair (batches of one): lambda (L x r) and contributions (L x r)."""
         record = self.pair_attribution(query, gallery)
@@ -468,20 +471,17 @@ class AVSLHead(Method):
                                lambdas=lam.cpu(), contributions=contrib.cpu(),
                                edges=[e.cpu() for e in args[0]], distance=float(contrib.sum()))
 
-    def pair_figure(self, query_image, gallery_image, query, gallery, path):
-        """Figs. 6 and 7 for one pair, and the pair's attribution as data (JSON): see
-        :func:`reliable_nodes_figure`, :func:`node_expansion_figure`."""
+    def figures(self, kind, images, outputs):
+        """Figs. 6 and 7 for a (query, nearest neighbour) pair (:func:`reliable_nodes_figure`,
+        :func:`node_expansion_figure`), and the pair's attribution as data (JSON)."""
+        query, gallery = outputs
         if not query.levels or not query.cams or "certainty" not in query.extras or self.num_levels < 2:
             return None
         record = self.pair_attribution(query, gallery)
-        path = Path(path)
         cams = ([c[0].float().cpu() for c in query.cams], [c[0].float().cpu() for c in gallery.cams])
-        data = path.with_name(f"{path.stem}_avsl_attribution.json")
-        atomic_write_text(data, json.dumps(record.to_dict(), indent=1))
-        return [reliable_nodes_figure(query_image, gallery_image, cams, record, path.with_name(f"{path.stem}_fig6.png")),
-                node_expansion_figure(query_image, gallery_image, cams, record,
-                                      path.with_name(f"{path.stem}_fig7.png")),
-                data]
+        return FigureSet(figures=(reliable_nodes_figure(*images, cams, record),
+                                  node_expansion_figure(*images, cams, record)),
+                         records={"_avsl_attribution": record.to_dict()})
 
     @torch.no_grad()
     def pair_maps(self, query, gallery, same):
@@ -638,55 +638,24 @@ class PairAttribution:
                         "contributions sum to the rectified distance d^ (Eq. 9)"}
 
 
-def _figure(rows: int, cols: int, width: float = 1.7):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * cols, width * rows + 0.6), dpi=100)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    return fig, axes
-
-
-def _overlay(ax, image: torch.Tensor, cam: torch.Tensor | None, title: str = "") -> None:
-    img = image.detach().float().cpu().permute(1, 2, 0).clamp(0, 1).numpy()
-    ax.imshow(img)
-    if cam is not None:  # min-shifted (the code's CAM normalisation), upsampled, in [0, 1]
-        heat = upsample_maps((cam - cam.min())[None, None].float(), img.shape[:2])[0, 0]
-        ax.imshow(heat.numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
-    if title:
-        ax.set_title(title, fontsize=7)
-    ax.axis("off")
-
-
-def _save(fig, path: Path, title: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.suptitle(title, fontsize=8)
-    fig.savefig(path, format="png")
-    return path
-
-
-def reliable_nodes_figure(query_image, gallery_image, cams, record: PairAttribution, path: Path,
-                          nodes: int = 4) -> Path:
+def reliable_nodes_figure(query_image, gallery_image, cams, record: PairAttribution, nodes: int = 4) -> FigureData:
     """Fig. 6 style: the top level's most reliable nodes (the ``2 * nodes`` highest p^L),
     ranked by their contribution lambda_i delta_i to d^, each with its CAM on the query
     (top row) and the gallery image (bottom row)."""
     top = len(record.lambdas) - 1
     p = record.reliability[-1]
     reliable = torch.argsort(p, descending=True)[: 2 * nodes]
-    ranked = reliable[torch.argsort(record.contributions[top, reliable], descending=True)][:nodes]
-    fig, axes = _figure(2, len(ranked) + 1)
-    _overlay(axes[0, 0], query_image, None, "query")
-    _overlay(axes[1, 0], gallery_image, None, "gallery")
-    for col, i in enumerate(ranked.tolist(), start=1):
-        title = f"node {i}: p {float(p[i]):.2f}, " + "\u03bb\u03b4" + f" {float(record.contributions[top, i]):.3g}"
-        _overlay(axes[0, col], query_image, cams[0][top][i], title)
-        _overlay(axes[1, col], gallery_image, cams[1][top][i])
-    return _save(fig, path, f"AVSL Fig. 6: most reliable top-level nodes by contribution; d^ = {record.distance:.3f}")
+    ranked = reliable[torch.argsort(record.contributions[top, reliable], descending=True)][:nodes].tolist()
+    titles = [f"node {i}: p {float(p[i]):.2f}, " + "\u03bb\u03b4" + f" {float(record.contributions[top, i]):.3g}"
+              for i in ranked]
+    panels = ((Panel(query_image, title="query"),
+               *(Panel(query_image, cams[0][top][i], t) for i, t in zip(ranked, titles, strict=True))),
+              (Panel(gallery_image, title="gallery"), *(Panel(gallery_image, cams[1][top][i]) for i in ranked)))
+    return FigureData(panels, suffix="_fig6",
+                      title=f"AVSL Fig. 6: most reliable top-level nodes by contribution; d^ = {record.distance:.3f}")
 
 
-def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribution, path: Path,
-                          expand: int = 3) -> Path:
+def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribution, expand: int = 3) -> FigureData:
     """Fig. 7 style: the top level's most similar node (smallest delta among the more
     reliable half) and most dissimilar node (largest contribution), and its least reliable
     node expanded into the ``expand`` lower-level nodes it draws on most (largest omega~
@@ -700,11 +669,12 @@ def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribut
     lower = torch.argsort(record.edges[-1][unreliable], descending=True)[:expand].tolist()
     columns = [(top, similar, "most similar"), (top, dissimilar, "most dissimilar"),
                (top, unreliable, "least reliable")] + [(top - 1, j, f"-> level {top} node") for j in lower]
-    fig, axes = _figure(2, len(columns))
     lam = "\u03bb"
-    for col, (level, i, what) in enumerate(columns):
+    titles = []
+    for level, i, what in columns:
         extra = f", p {float(p[i]):.2f}" if level == top else f", w {float(record.edges[-1][unreliable, i]):.2f}"
-        title = f"{what}\nL{level + 1} #{i}: {lam} {float(record.lambdas[level, i]):.2f}{extra}"
-        _overlay(axes[0, col], query_image, cams[0][level][i], title)
-        _overlay(axes[1, col], gallery_image, cams[1][level][i])
-    return _save(fig, path, "AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below")
+        titles.append(f"{what}\nL{level + 1} #{i}: {lam} {float(record.lambdas[level, i]):.2f}{extra}")
+    panels = (tuple(Panel(query_image, cams[0][level][i], t) for (level, i, _), t in zip(columns, titles, strict=True)),
+              tuple(Panel(gallery_image, cams[1][level][i]) for level, i, _ in columns))
+    return FigureData(panels, suffix="_fig7",
+                      title="AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below")

@@ -1,48 +1,54 @@
-"""The plugin interface every paper's method implements.
+"""The plugin interface every paper's method implements: the contract, written once.
 
 A method is a head over backbone feature maps (:class:`Method`). Its public
 ``forward`` checks the inputs and calls the one hook every plugin fills,
-:meth:`Method.embed`. The other hooks are optional and default to "not used":
+:meth:`Method.embed`. Every other hook has a default that means "not used", and
+every attribute the engine reads is declared on :class:`Method` with its default,
+so the engine never asks a head what it has (no ``hasattr``).
 
-==========================  ==============================================================
-hook                        carries
-==========================  ==============================================================
-``embed``                   maps of the declared ``stages`` -> :class:`HeadOutput`
-                            (embedding + structured outputs: groups, a grid of local
-                            embeddings, levels with CAMs, attention)
-``setup``                   called once with the :class:`~harness.components.backbones.Backbone` at
-                            build time: declare other ``stages``, keep pretrained copies
-                            of backbone segments (``self.pretrained``, trained at the
-                            backbone's learning rate), run the backbone's own later
-                            segments (``self.backbone.run``)
-``loss_terms``              named loss terms for a :class:`TrainingBatch` (its
-                            :class:`~harness.components.losses.MetricLoss` per group / level, extra
-                            terms; ``batch.model`` / ``batch.images`` for a second pass)
-``rerank_similarity``       scores (query, candidate) pairs at evaluation (DIML, AVSL);
-                            ``rerank_by_ids`` feeds it from stored fields
-``score_pairs``             scores every (query, gallery) pair of two sets of stored fields
-                            (Q x G), for heads that declare ``exhaustive_pairs`` (AVSL)
-``explain``                 explanation maps (B x K x H x W) for images
-``pair_figure``             a figure explaining one (query, gallery) similarity
-``triplet_figure``          a figure explaining an (anchor, positive, negative) triplet
-``pair_maps``               maps explaining P (query, gallery) pairs, as data (scored by
-                            ``python -m harness explain``)
-``optimizer_groups``        per-part learning rates / weight decay of the head
-``search_space``            the method's Optuna search space
-==========================  ==============================================================
+Hooks the engine calls (B: images, D: embedding size, Q queries, K candidates, G
+gallery items, P pairs):
 
-Everything the harness reads from a head is declared on :class:`Method` with a
-default: ``stages``, ``rerank_fields``, ``rerank_k``, ``exhaustive_pairs``, ``metric_loss_copies``,
-``metric_loss_dim``, ``revision``. Paper metadata lives on the class as data
-(:class:`PaperInfo`); paper defaults are the constructor's keyword defaults; named
-variants are registered with preset options.
+=============================  ===========================================================
+hook                           what the engine does with it
+=============================  ===========================================================
+``embed``                      maps of ``stages`` (B x C_s x H_s x W_s each) ->
+                               :class:`HeadOutput`; ``embedding`` (B x D) is ranked
+``setup``                      called once with the backbone at build time
+``loss_terms``                 named loss terms of a :class:`TrainingBatch`, summed by the
+                               trainer
+``optimizer_groups``           the head's optimizer parameter groups
+``rerank_similarity``          Q x K scores that replace the cosine on each query's top
+                               ``rerank_k`` candidates
+``rerank_by_ids``              the same from stored fields and ids: what the evaluation
+                               calls (default: gathers, then ``rerank_similarity``)
+``score_pairs``                Q x G scores of every pair, for a head that declares
+                               ``exhaustive_pairs`` (default: from ``rerank_similarity``)
+``explain``                    B x K x H x W maps, drawn on test images after training
+``pair_maps``                  P x h x w maps of (query, gallery) pairs, scored by
+                               ``python -m harness explain``
+``figures``                    a paper figure of a tuple of test images (``figure_tuples``),
+                               as data (:class:`FigureSet`); the engine draws and writes it
+``search_space``               the Optuna search space over the method's options
+``cross_process_refusal``      why the method cannot train across processes, or ""
+``trains_as``                  the method whose training is this one's (test-time methods)
+``display_name``               the method's row label in tables, from a run's options
+=============================  ===========================================================
+
+Attributes the engine reads (declared below with their defaults): ``stages``,
+``rerank_fields``, ``rerank_k``, ``exhaustive_pairs``, ``metric_loss_copies``,
+``metric_loss_dim``, ``supported_losses``, ``figure_tuples``, ``label``,
+``revision``. Paper metadata lives on the class as data (:class:`PaperInfo`); paper
+defaults are the constructor's keyword defaults; named variants are registered with
+preset options (and may carry their own ``label``).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -55,6 +61,7 @@ if TYPE_CHECKING:
     from harness.components.losses import MetricLoss
 
 __all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "TrainingBatch", "METHODS",
+           "Panel", "Link", "FigureData", "FigureSet", "FIGURE_TUPLES",
            "register_method", "register_variant", "create_method", "check_method_options",
            "list_methods"]
 
@@ -69,6 +76,9 @@ class PaperInfo:
     code_url: str = ""
     #: Tables of the paper this harness transcribes into ``results/published``.
     tables: tuple[str, ...] = ()
+    #: How the published numbers were selected (validation split or not), for the
+    #: footnote of a table that sets them beside reproduced ones.
+    published_selection: str = ""
 
 
 @dataclass
@@ -124,6 +134,62 @@ class HeadOutput:
 torch.export.register_dataclass(HeadOutput)
 
 
+# ------------------------------------------------------------------------ figures as data
+
+#: The tuples of test images a method may explain in a figure (:meth:`Method.figures`):
+#: ``"pair"``: a query and its nearest neighbour among the other test images;
+#: ``"triplet"``: an anchor, another image of its class and one of another class.
+FIGURE_TUPLES = ("pair", "triplet")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One picture of a figure. ``image``: 3 x H x W in [0, 1]; ``heat``: an h x w map (any
+    range) that the engine resizes to the image (bilinear), min-max scales to [0, 1] and
+    overlays; None draws the image alone."""
+
+    image: torch.Tensor
+    heat: torch.Tensor | None = None
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    """An arrow from a point of one panel to a point of another, with a label at its end
+    (DIML Fig. 5's flows). A point is ``(row, column, x, y)``: the panel, then x and y as
+    fractions of its width and height."""
+
+    start: tuple[int, int, float, float]
+    end: tuple[int, int, float, float]
+    colour: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class FigureData:
+    """A figure as data: ``panels`` (rows of :class:`Panel`), a ``title``, a ``grid`` of
+    G x G cell lines drawn over every panel (0: none) and :class:`Link` arrows. The engine
+    writes it to ``<tuple kind><suffix>.png`` (``pair.png``, ``pair_fig6.png``)."""
+
+    panels: tuple[tuple[Panel, ...], ...]
+    title: str = ""
+    suffix: str = ""
+    grid: int = 0
+    links: tuple[Link, ...] = ()
+
+
+@dataclass(frozen=True)
+class FigureSet:
+    """What :meth:`Method.figures` returns: its figures and the data worth keeping beside
+    them, each written by the engine next to the figures and logged with the run:
+    ``records`` ``{suffix: JSON-able dict}`` -> ``<kind><suffix>.json``; ``arrays``
+    ``{suffix: {name: tensor}}`` -> ``<kind><suffix>.npz``."""
+
+    figures: tuple[FigureData, ...]
+    records: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    arrays: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
+
+
 @dataclass
 class TrainingBatch:
     """What :meth:`Method.loss_terms` gets besides the head's output.
@@ -141,29 +207,39 @@ class TrainingBatch:
 
 
 class Method(nn.Module):
-    """Base class of every plugin head. Subclasses implement :meth:`embed`."""
+    """Base class of every plugin head. Subclasses implement :meth:`embed`; every other
+    hook and attribute below has a default that means "not used"."""
 
     #: Registry name of the configurable class (variants add their own names).
     name: ClassVar[str] = ""
     paper: ClassVar[PaperInfo | None] = None
+    #: Row label in tables, formatted with the run's method options by :meth:`display_name`
+    #: (``"+ DIABLO (N = {entries})"``); "" labels a row by its registry name.
+    label: ClassVar[str] = ""
     #: Backbone points whose maps ``embed`` receives, in chain order (``"s8"``, ``"s16"``,
     #: ``"s32"`` on every backbone); :meth:`setup` may declare others per backbone.
     stages: tuple[str, ...] = ("s32",)
-    #: Head-output fields the evaluation must keep for :meth:`rerank_similarity`.
+    #: Head-output fields (:meth:`HeadOutput.field`) the evaluation keeps for every image,
+    #: for :meth:`rerank_similarity` / :meth:`score_pairs`.
     rerank_fields: ClassVar[tuple[str, ...]] = ()
     #: Candidates per query that :meth:`rerank_similarity` re-scores (0: no re-ranking).
     rerank_k: int = 0
-    #: Score every (query, gallery) pair with :meth:`score_pairs` instead of re-ranking the
-    #: cosine's top ``rerank_k`` (the engine ranks exhaustively, gallery chunk by chunk).
+    #: Rank every query against the whole gallery by :meth:`score_pairs` instead of
+    #: re-ranking the cosine's top ``rerank_k`` (the engine scores gallery chunks and keeps
+    #: a running top-k).
     exhaustive_pairs: bool = False
     #: Independent instances of the metric loss the head needs (one per group, level...).
     metric_loss_copies: int = 1
     #: Registered loss names the head can train with (None: any); checked before a run starts.
     supported_losses: tuple[str, ...] | None = None
+    #: The tuples of test images (:data:`FIGURE_TUPLES`) that :meth:`figures` explains.
+    figure_tuples: ClassVar[tuple[Literal["pair", "triplet"], ...]] = ()
     #: Bump when a change alters what the method computes with the same options. It
     #: enters grid cell keys and checkpoint keys (from 2 on, so that revision-1 keys never
     #: change): finished cells of older code are rerun, not reused, and runs record it.
     revision: ClassVar[int] = 1
+    #: The name the head was built under (:func:`create_method`; "" when built directly).
+    registry_name: str = ""
 
     def __init__(self, *, channels: dict[str, int], embedding_size: int):
         super().__init__()
@@ -180,7 +256,8 @@ class Method(nn.Module):
     # ------------------------------------------------------------------ required hook
 
     def forward(self, maps: list[torch.Tensor]) -> HeadOutput:
-        """``maps``: one B x C_s x H_s x W_s tensor per entry of ``stages``."""
+        """``maps``: one B x C_s x H_s x W_s tensor per entry of ``stages``; checks them and
+        the B x D embedding :meth:`embed` returns."""
         if len(maps) != len(self.stages):
             raise ValueError(f"{type(self).__name__} expects {len(self.stages)} feature maps, got {len(maps)}")
         out = self.embed(maps)
@@ -193,14 +270,21 @@ class Method(nn.Module):
         return out
 
     def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
+        """The head: one B x C_s x H_s x W_s map per entry of ``stages`` -> a
+        :class:`HeadOutput` whose ``embedding`` (B x D, L2-normalised) the engine ranks by
+        cosine and passes to the metric loss by default; the other fields are the head's
+        structured outputs, read by its own hooks."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ optional hooks
+    # ------------------------------------------------------------------ building
 
     def setup(self, backbone: Backbone) -> None:
-        """Called once with the backbone, before training or loading weights. The default
-        keeps a reference (``self.backbone``, not a submodule: its parameters stay the
-        backbone's). Override to declare ``stages`` or add ``self.pretrained`` copies."""
+        """Called once with the :class:`~harness.components.backbones.Backbone` at build
+        time, before training or loading weights. The default keeps a reference
+        (``self.backbone``, not a submodule: its parameters stay the backbone's). Override
+        to declare other ``stages``, keep pretrained copies of backbone segments
+        (``self.pretrained``, trained at the backbone's learning rate) or run the
+        backbone's later segments (``self.backbone.run``)."""
         object.__setattr__(self, "_backbone", backbone)  # not registered: no shared params
 
     @property
@@ -209,12 +293,35 @@ class Method(nn.Module):
             raise HarnessError(f"{type(self).__name__} was not set up with a backbone (call setup first)")
         return self._backbone
 
+    # ------------------------------------------------------------------ training
+
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
+        """Named scalar loss terms of one batch; the trainer sums them, steps, and logs each
+        by name. ``output``: this head's output for the B training images; ``batch``: their
+        labels, the run's metric loss (``metric_loss_copies`` instances sized
+        ``metric_loss_dim``), and the images and model for a second pass. Default: the
+        metric loss on the embedding."""
+        return {"metric": batch.metric_loss(output.embedding, batch.labels)}
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """Trainable parameters of the head proper (not the ``pretrained`` copies): a helper
+        for :meth:`optimizer_groups`."""
+        copied = {id(p) for p in self.pretrained.parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in copied]
+
+    def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """Parameter groups of the head (``{"params", "lr", "weight_decay", "name"}``) at the
+        protocol's head ``lr`` and ``weight_decay``; override for per-part rates. The
+        ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
+        return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
+
     @classmethod
     def cross_process_refusal(cls, options: dict[str, Any]) -> str:
         """Why this method (with ``options``, all of them resolved) cannot train across
-        processes (``torchrun``), or "" when it can. It can when every pair term goes
-        through ``batch.metric_loss`` (gathered over processes) and every other loss term
-        is a mean over the batch's images (DDP's average then makes it the global mean)."""
+        processes (``torchrun``), or "" when it can; the engine refuses such a run with it
+        before anything starts. A method can when every pair term goes through
+        ``batch.metric_loss`` (gathered over processes) and every other loss term is a mean
+        over the batch's images (DDP's average then makes it the global mean)."""
         return ""
 
     @classmethod
@@ -228,21 +335,30 @@ class Method(nn.Module):
         would select its epoch by its own (e.g. re-ranked) validation score."""
         return None
 
-    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
-        """Named loss terms, summed by the trainer. Default: the metric loss on the embedding."""
-        return {"metric": batch.metric_loss(output.embedding, batch.labels)}
+    @classmethod
+    def search_space(cls, trial, *, embedding_size: int) -> dict[str, Any]:
+        """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``;
+        ``harness tune`` builds the method with them (``embedding_size``: the protocol's,
+        for options that must divide it)."""
+        return {}
+
+    # ------------------------------------------------------------------ evaluation
 
     def rerank_similarity(self, query: dict[str, torch.Tensor],
                           candidates: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """Scores for Q x K candidate pairs from the ``rerank_fields`` (query: Q x ...,
-        candidates: Q x K x ...), or None when the method does not re-rank."""
+        """Scores (higher = closer) of Q x K (query, candidate) pairs from the
+        ``rerank_fields`` (query: Q x ..., candidates: Q x K x ...), or None when the method
+        does not re-rank. The evaluation orders each query's top ``rerank_k`` cosine
+        candidates by them (logging the cosine ranking's metrics as ``global_*``)."""
         return None
 
     def rerank_by_ids(self, query_fields: dict[str, torch.Tensor], gallery_fields: dict[str, torch.Tensor],
                       query_ids, candidate_ids) -> torch.Tensor:
-        """:meth:`rerank_similarity` from stored fields (every query's and gallery item's
-        ``rerank_fields``) and ids (Q,) / (Q x K). The default gathers the candidates and
-        calls :meth:`rerank_similarity`; a method may gather lazily to save memory."""
+        """What the evaluation calls to re-rank: :meth:`rerank_similarity` from the stored
+        ``rerank_fields`` of every query and gallery item (N x ... each) and ids, Q
+        ``query_ids`` and Q x K ``candidate_ids``; returns Q x K scores. The default gathers
+        the candidates; override only to gather lazily (DIML: the Q x K x N x D candidate
+        grids are never built)."""
         q_ids = torch.as_tensor(query_ids, dtype=torch.long)
         c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
         return self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
@@ -250,7 +366,8 @@ class Method(nn.Module):
 
     def score_pairs(self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]) -> torch.Tensor:
         """Scores (higher = closer) of every (query, gallery) pair, Q x G, from the
-        ``rerank_fields`` of Q queries and G gallery items. The default expands the gallery
+        ``rerank_fields`` of Q queries and G gallery items; the evaluation calls it chunk by
+        chunk when the head declares ``exhaustive_pairs``. The default expands the gallery
         to Q x G candidates for :meth:`rerank_similarity`; override for a cheaper form."""
         q = len(next(iter(query.values())))
         out = self.rerank_similarity(query, {k: v.unsqueeze(0).expand(q, *v.shape) for k, v in gallery.items()})
@@ -258,13 +375,19 @@ class Method(nn.Module):
             raise HarnessError(f"{type(self).__name__} declares exhaustive_pairs but scores no pairs")
         return out
 
+    # ------------------------------------------------------------------ explanation
+
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
-        """Explanation maps B x K x H x W in [0, 1] at image resolution, or None."""
+        """Explanation maps B x K x H x W in [0, 1] at image resolution for B normalised
+        ``images`` and this head's ``output`` for them, or None (the method has none). After
+        training the engine draws them on test images (one row per map) and, on datasets
+        with part masks, logs each map's share of mass on each part."""
         return None
 
     def pair_maps(self, query: HeadOutput, gallery: HeadOutput,
                   same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Maps explaining P (query, gallery) pairs, or None (the method has none).
+        """Maps explaining P (query, gallery) pairs, or None (the method has none);
+        ``python -m harness explain`` scores them against a Grad-CAM baseline.
 
         ``query`` / ``gallery``: this head's outputs (eval mode) for the P query and the P
         gallery images, row i = pair i; ``same``: P bools, whether pair i is of one class.
@@ -273,35 +396,26 @@ class Method(nn.Module):
         P x h' x w'), non-negative, at feature resolution (the harness resizes them)."""
         return None
 
-    def pair_figure(self, query_image: torch.Tensor, gallery_image: torch.Tensor, query: HeadOutput,
-                    gallery: HeadOutput, path) -> object | None:
-        """Write a figure explaining one (query, gallery) similarity, or None (no such figure).
-        Images: 3 x H x W in [0, 1]; outputs: this head's outputs for a batch of one each
-        (:meth:`HeadOutput.select`). Returns the file written, or a list of files (figures
-        and the pair's explanation as data), each logged with the run."""
+    def figures(self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]) -> FigureSet | None:
+        """A paper figure explaining a tuple of test images, as data, or None. The engine
+        calls it after training for each ``kind`` in ``figure_tuples`` (:data:`FIGURE_TUPLES`:
+        ``"pair"``, a query and its nearest neighbour; ``"triplet"``, anchor, positive and
+        negative), then draws the :class:`FigureSet`, writes its figures and data and logs
+        them with the run. ``images``: the tuple's pictures, 3 x H x W in [0, 1];
+        ``outputs``: this head's outputs for them (eval mode), batches of one
+        (:meth:`HeadOutput.select`)."""
         return None
 
-    def triplet_figure(self, images: list[torch.Tensor], outputs: list[HeadOutput], path) -> list | None:
-        """Write a figure explaining an (anchor, positive, negative) triplet of test images
-        (SAM's Fig. 4), or None. Images: 3 x H x W in [0, 1]; outputs: batches of one.
-        Returns the files written (figures and the maps as data), each logged with the run."""
-        return None
-
-    def head_parameters(self) -> list[nn.Parameter]:
-        """Trainable parameters of the head proper (not the ``pretrained`` copies)."""
-        copied = {id(p) for p in self.pretrained.parameters()}
-        return [p for p in self.parameters() if p.requires_grad and id(p) not in copied]
-
-    def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
-        """Parameter groups of the head (override for per-part learning rates). The
-        ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
-        return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
+    # ------------------------------------------------------------------ reporting
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size: int) -> dict[str, Any]:
-        """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``
-        (``embedding_size``: the protocol's, for options that must divide it)."""
-        return {}
+    def display_name(cls, options: Mapping[str, Any], *, label: str = "") -> str:
+        """The method's row label in tables: ``label`` (a registered variant's own) or the
+        class's :attr:`label`, formatted with a run's resolved method ``options`` (a run
+        records them as ``params.method.<option>``); "" when neither is set (tables then
+        use the registry name). Tables call it through :meth:`MethodEntry.display_name`."""
+        template = label or cls.label
+        return template.format_map(dict(options)) if template else ""
 
 
 # ------------------------------------------------------------------------ registry
@@ -316,6 +430,8 @@ class MethodEntry:
     description: str = ""
     #: Ablation variants (a paper's component study) are left out of ``--methods all``.
     ablation: bool = False
+    #: This variant's row label in tables (:attr:`Method.label` when empty).
+    label: str = ""
 
     def options(self) -> dict[str, Any]:
         """All options with their defaults: the class signature, then the preset."""
@@ -324,6 +440,12 @@ class MethodEntry:
                     if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
                     and k not in ("channels", "embedding_size")}
         return {**defaults, **self.preset}
+
+    def display_name(self, recorded: Mapping[str, Any] | None = None) -> str:
+        """Row label in tables for a run that recorded the method options ``recorded``
+        (the others at their defaults): :meth:`Method.display_name`, else the registry name."""
+        options = {**self.options(), **(recorded or {})}
+        return self.cls.display_name(options, label=self.label) or self.name
 
     def key_fields(self) -> dict[str, int]:
         """What a cell or checkpoint key adds for this method: its revision from 2 on."""
@@ -343,10 +465,11 @@ def register_method(name: str, *, description: str = "", **preset):
 
 
 def register_variant(name: str, cls: type[Method], *, description: str = "", ablation: bool = False,
-                     **preset) -> None:
+                     label: str = "", **preset) -> None:
     """A thin named variant: the same class with preset options (like timm's variants).
-    ``ablation=True`` marks a component-study variant, left out of ``--methods all``."""
-    METHODS.register(name)(MethodEntry(name, cls, preset, description, ablation))
+    ``ablation=True`` marks a component-study variant, left out of ``--methods all``;
+    ``label``: its row label in tables (a :attr:`Method.label` template), when not the class's."""
+    METHODS.register(name)(MethodEntry(name, cls, preset, description, ablation, label))
 
 
 def list_methods(pattern: str = "*", *, ablations: bool = True) -> list[str]:

@@ -84,6 +84,9 @@ PAPER = PaperInfo(
     year=2020,
     venue="Pattern Recognition Letters",
     tables=("1", "2", "3", "4"),
+    published_selection=(
+        "DIABLO: Tables 1-2 name no validation split and no code was released (test-set selection cannot be "
+        "excluded); Tables 3-4 select on a random half of the training classes"),
 )
 
 SELECTIONS = ("feature", "dimension")
@@ -140,6 +143,8 @@ class DiabloHead(Method):
     """
 
     name = "diablo"
+    #: The paper's row label (Table 1: "+ DIABLO" under each loss's baseline), with the run's N.
+    label = "+ DIABLO (N = {entries})"
     paper = PAPER
 
     def __init__(self, *, channels, embedding_size, selection: str = "dimension", placement: str = "pre",
@@ -248,8 +253,11 @@ class DiabloHead(Method):
 register_variant("diablo_n16", DiabloHead, ablation=True, entries=16,
                  description="DIABLO Table 1 (binomial): dimension-wise, pre-attention, N = 16")
 register_variant("diablo_feature_pre", DiabloHead, ablation=True, selection="feature", placement="pre",
+                 label="+ DIABLO (feature-wise, pre-attention, N = {entries})",
                  description="DIABLO Table 3: feature-wise selection, pre-attention, N = 8")
 register_variant("diablo_feature_post", DiabloHead, ablation=True, selection="feature", placement="post",
+                 label="+ DIABLO (feature-wise, post-attention, N = {entries})",
                  description="DIABLO Tables 3-4: feature-wise selection, post-attention, N = 8")
 register_variant("diablo_dimension_post", DiabloHead, ablation=True, placement="post",
+                 label="+ DIABLO (dimension-wise, post-attention, N = {entries})",
                  description="DIABLO Table 3: dimension-wise selection, post-attention, N = 8")

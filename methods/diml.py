@@ -77,7 +77,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,7 +89,16 @@ from torchvision.ops import roi_align
 
 from harness.base.errors import HarnessError
 from harness.components.losses import PrecomputedDistance, distance_replaced
-from methods.base import HeadOutput, PaperInfo, register_method, register_variant
+from methods.base import (
+    FigureData,
+    FigureSet,
+    HeadOutput,
+    Link,
+    Panel,
+    PaperInfo,
+    register_method,
+    register_variant,
+)
 from methods.plain import PlainHead
 
 __all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "SINKHORN_STOPS", "sinkhorn", "sinkhorn_diml_code",
@@ -109,6 +117,9 @@ PAPER = PaperInfo(
     arxiv="2108.05889",
     code_url="https://github.com/wl-zhao/DIML",
     tables=("1", "2", "3", "4", "5", "6"),
+    published_selection=(
+        "DIML: no validation split in the paper; the released code (wl-zhao/DIML) reports the best test-set "
+        "epoch, and evaluates with the query counted in R for RP and MAP@R"),
 )
 
 MARGINALS = ("cross_correlation", "uniform")
@@ -478,6 +489,8 @@ class DIMLHead(PlainHead):
     or the released code's ``"diml_code"``; see the module docstring).
     """
 
+    label = "DIML"
+    figure_tuples = ("pair",)
     paper = PAPER
     rerank_fields = ("embedding", "local")
     #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
@@ -548,10 +561,11 @@ class DIMLHead(PlainHead):
                              f"got {tuple(q_loc.shape)} and {tuple(c_loc.shape)}")
         return self._stream_scores(q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k)
 
-    def pair_figure(self, query_image, gallery_image, query, gallery, path):
-        """Fig. 5 for one pair: marginals, plan and the largest part-wise contributions."""
-        explanation = explain_pair(query, gallery, marginals=self.marginals, eps=self.eps)
-        return pair_figure(query_image, gallery_image, explanation, path)
+    def figures(self, kind, images, outputs):
+        """Fig. 5 for a (query, nearest neighbour) pair: marginals, plan and the largest and
+        smallest part-wise contributions (:func:`pair_figure`)."""
+        explanation = explain_pair(*outputs, marginals=self.marginals, eps=self.eps)
+        return FigureSet(figures=(pair_figure(*images, explanation),))
 
     @torch.no_grad()
     def rerank_by_ids(self, query_fields: Mapping[str, torch.Tensor], gallery_fields: Mapping[str, torch.Tensor],
@@ -760,11 +774,11 @@ class DIMLHead(PlainHead):
                 "marginals": trial.suggest_categorical("marginals", list(MARGINALS))}
 
 
-register_variant("diml_ss", DIMLHead, ablation=True, marginals="uniform", add_global=False,
+register_variant("diml_ss", DIMLHead, ablation=True, marginals="uniform", add_global=False, label="DIML (SS)",
                  description="DIML Table 2 row SS: structural similarity alone, uniform marginals")
-register_variant("diml_ss_mm", DIMLHead, ablation=True, marginals="uniform",
+register_variant("diml_ss_mm", DIMLHead, ablation=True, marginals="uniform", label="DIML (SS+MM)",
                  description="DIML Table 2 row SS+MM: cosine + structural similarity, uniform marginals")
-register_variant("diml_train", DIMLHead, train_structural=True,
+register_variant("diml_train", DIMLHead, train_structural=True, label="DIML (train)",
                  description="DIML Table 3 (train): structural matching also inside the metric loss")
 
 
@@ -843,74 +857,27 @@ def explain_pair(query_out: HeadOutput | Mapping[str, torch.Tensor],
                            global_similarity=float(q_emb @ g_emb))
 
 
-def _image_array(image) -> np.ndarray:
-    """3 x H x W tensor (or H x W x 3 / H x W array) in [0, 1] -> H x W x 3 float array."""
-    arr = image.detach().float().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image, dtype=np.float32)
-    if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[-1] not in (1, 3):
-        arr = arr.transpose(1, 2, 0)
-    if arr.ndim == 2:
-        arr = arr[..., None]
-    if arr.shape[-1] == 1:
-        arr = np.repeat(arr, 3, axis=-1)
-    return np.clip(arr, 0.0, 1.0)
+def pair_figure(query_image, gallery_image, explanation: PairExplanation, *, top: int = 2,
+                bottom: int = 1) -> FigureData:
+    """The paper's Fig. 5 as data (the engine draws it).
 
-
-def pair_figure(query_image, gallery_image, explanation: PairExplanation, path: str | Path, *,
-                top: int = 2, bottom: int = 1, alpha: float = 0.45, cmap: str = "jet",
-                dpi: int = 100) -> Path:
-    """Write a PNG in the style of the paper's Fig. 5.
-
-    The two images side by side, each with its marginal (cross-correlation heat map)
-    overlaid; lines join the grid cells of the ``top`` pairs with the largest
+    The two images side by side, each with its marginal (cross-correlation heat map) over
+    it and the G x G grid; arrows join the grid cells of the ``top`` pairs with the largest
     contribution T_ij S_ij (red) and the ``bottom`` pairs with the smallest (blue), each
     labelled ``G^4 T_ij x S_ij``; the title gives cosine -> structural similarity.
-    Images: 3 x H x W tensors (or H x W x 3 arrays) in [0, 1]. Drawn on an Agg canvas
-    (no pyplot, no global backend change).
+    Images: 3 x H x W in [0, 1].
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import ConnectionPatch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images = [_image_array(query_image), _image_array(gallery_image)]
-    heat = [explanation.query_marginal, explanation.gallery_marginal]
     g = explanation.grid
-    fig = Figure(figsize=(8, 4.4), dpi=dpi)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    for ax, img, marginal, title in zip(axes, images, heat, ("query", "gallery"), strict=True):
-        h, w = img.shape[:2]
-        up = F.interpolate(marginal[None, None].float().cpu(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
-        up = (up - up.min()) / (up.max() - up.min()).clamp_min(1e-12)
-        ax.imshow(img, extent=(0, w, h, 0))
-        ax.imshow(up.numpy(), cmap=cmap, alpha=alpha, extent=(0, w, h, 0), vmin=0, vmax=1)
-        for t in range(1, g):
-            ax.axhline(t * h / g, color="white", lw=0.4, alpha=0.6)
-            ax.axvline(t * w / g, color="white", lw=0.4, alpha=0.6)
-        ax.set_xlim(0, w)
-        ax.set_ylim(h, 0)
-        ax.set_title(title, fontsize=9)
-        ax.axis("off")
 
-    def centre(ax_index: int, cell: int) -> tuple[float, float]:
-        h, w = images[ax_index].shape[:2]
+    def centre(column: int, cell: int) -> tuple[int, int, float, float]:
         r, c = divmod(cell, g)
-        return (c + 0.5) * w / g, (r + 0.5) * h / g
+        return 0, column, (c + 0.5) / g, (r + 0.5) / g
 
     pairs = [(p, "red") for p in explanation.top_pairs(top)] + \
             [(p, "blue") for p in explanation.top_pairs(bottom, largest=False)]
-    for (i, j, t_hat, s_ij, _), colour in pairs:
-        xy_q, xy_g = centre(0, i), centre(1, j)
-        line = ConnectionPatch(xyA=xy_q, coordsA=axes[0].transData, xyB=xy_g, coordsB=axes[1].transData,
-                               color=colour, lw=1.8, arrowstyle="-|>", mutation_scale=12)
-        fig.add_artist(line)
-        for ax, xy in ((axes[0], xy_q), (axes[1], xy_g)):
-            ax.plot(*xy, "o", color=colour, ms=5)
-        axes[1].annotate(f"{t_hat:.2f} x {s_ij:.2f}", xy=xy_g, xytext=(4, -4), textcoords="offset points",
-                         color=colour, fontsize=8, fontweight="bold",
-                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0})
-    fig.suptitle(f"cosine {explanation.global_similarity:.3f} -> structural "
-                 f"{explanation.structural_similarity:.3f}", fontsize=10)
-    fig.savefig(path, format="png")
-    return path
+    links = tuple(Link(centre(0, i), centre(1, j), colour, f"{t_hat:.2f} x {s_ij:.2f}")
+                  for (i, j, t_hat, s_ij, _), colour in pairs)
+    panels = ((Panel(query_image, explanation.query_marginal, "query"),
+               Panel(gallery_image, explanation.gallery_marginal, "gallery")),)
+    return FigureData(panels, title=f"cosine {explanation.global_similarity:.3f} -> structural "
+                                    f"{explanation.structural_similarity:.3f}", grid=g, links=links)

@@ -20,6 +20,8 @@ POOLS = ("avg", "max", "avg+max")
 class PlainHead(Method):
     """Global pooling (average, max or their sum) then a linear embedding, L2-normalised."""
 
+    label = "Baseline"
+
     def __init__(self, *, channels, embedding_size, pool: str = "avg"):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if pool not in POOLS:

@@ -110,30 +110,36 @@ Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is si
 image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the same for
 (query, gallery) pairs as data (what ``harness explain`` scores), :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive /
 negative maps under the triplet weight, both in closed form on the last map; the run logs
-them as figures (:meth:`SAMHead.pair_figure`, :meth:`SAMHead.triplet_figure`).
+them as figures (:meth:`SAMHead.figures`).
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
-from harness.base.atomic import atomic_write
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import upsample_maps
-from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from methods.base import (
+    FigureData,
+    FigureSet,
+    HeadOutput,
+    Method,
+    Panel,
+    PaperInfo,
+    register_method,
+    register_variant,
+)
 
 __all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_weights",
            "quadruplet_weights", "tuple_weights", "eq1_attention", "closed_form_attention",
            "autograd_attention", "soft_mask", "normalize_attention", "similarity_mining_loss",
-           "candidate_tuples", "select_tuples", "attention_row_figure"]
+           "candidate_tuples", "select_tuples", "attention_row"]
 
 # The text transcribed here is titled "Visual Similarity Attention" and set in IJCAI's
 # template (2022); arXiv 1911.07381 is the same work, first posted as "Learning Similarity
@@ -145,6 +151,9 @@ PAPER = PaperInfo(
     venue="IJCAI",
     arxiv="1911.07381",
     tables=("1", "2"),
+    published_selection=(
+        "SAM: the paper names no validation split and no code was released (test-set selection cannot be "
+        "excluded)"),
 )
 
 FORMS = ("triplet", "siamese", "quadruplet")
@@ -353,6 +362,8 @@ class SAMHead(Method):
     (which mined tuples are masked); all but ``form`` are assumptions, see above."""
 
     name = "sam"
+    label = "SAM"
+    figure_tuples = ("pair", "triplet")
     paper = PAPER
 
     def __init__(self, *, channels, embedding_size, form: str = "triplet", stage: str = "s32",
@@ -564,30 +575,27 @@ class SAMHead(Method):
         w = triplet_weights(*(self._unit(o) for o in (anchor, positive, negative)))
         return self.local_attention([anchor, positive, negative], w, image_size)
 
-    def pair_figure(self, query_image, gallery_image, query, gallery, path):
-        """A (query, gallery) pair in the style of Fig. 4: each image with its similarity
-        attention under the positive-pair weight w = 1 - |f_q - f_g| (:meth:`local_pair_maps`)."""
-        maps = self.local_pair_maps(query, gallery, image_size=query_image.shape[-2:])
+    def figures(self, kind, images, outputs):
+        """Fig. 4's layout: each image with its similarity attention (:func:`attention_row`).
+        A ``"pair"`` (query, nearest neighbour) under the positive-pair weight
+        w = 1 - |f_q - f_g| (:meth:`local_pair_maps`); a ``"triplet"`` under the triplet
+        weight (:meth:`triplet_maps`), whose maps are kept as data too (``.npz``)."""
+        size = images[0].shape[-2:]
+        if kind == "pair":
+            maps = self.local_pair_maps(*outputs, image_size=size)
+            if maps is None:
+                return None
+            cosine = float(self._unit(outputs[0]) @ self._unit(outputs[1]))
+            note = "" if self.stage == "s32" else f" (drawn on s32; trained on {self.stage})"
+            title = f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}"
+            return FigureSet(figures=(attention_row(images, maps, ["query", "gallery"], title),))
+        maps = self.triplet_maps(*outputs, image_size=size)
         if maps is None:
             return None
-        cosine = float(self._unit(query) @ self._unit(gallery))
-        note = "" if self.stage == "s32" else f" (drawn on s32; trained on {self.stage})"
-        return attention_row_figure([query_image, gallery_image], list(maps), ["query", "gallery"], path,
-                                    title=f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}")
-
-    def triplet_figure(self, images, outputs, path):
-        """Fig. 4: anchor, positive and negative with their triplet attention maps
-        (:meth:`triplet_maps`), and the maps as data (``.npz`` beside the figure)."""
-        maps = self.triplet_maps(*outputs, image_size=images[0].shape[-2:])
-        if maps is None:
-            return None
-        path = Path(path)
-        data = path.with_suffix(".npz")
-        atomic_write(data, lambda fh: np.savez(fh, anchor=maps[0].numpy(), positive=maps[1].numpy(),
-                                               negative=maps[2].numpy()))
-        figure = attention_row_figure(images, maps, ["anchor", "positive", "negative"], path,
-                                      title="SAM Fig. 4: triplet attention, w = (1 - |f_a - f_p|) * |f_a - f_n|")
-        return [figure, data]
+        names = ["anchor", "positive", "negative"]
+        title = "SAM Fig. 4: triplet attention, w = (1 - |f_a - f_p|) * |f_a - f_n|"
+        return FigureSet(figures=(attention_row(images, maps, names, title),),
+                         arrays={"": dict(zip(names, maps, strict=True))})
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
@@ -602,42 +610,15 @@ class SAMHead(Method):
                 "mining": trial.suggest_categorical("mining", list(MININGS))}
 
 
-def _image_array(image):
-    x = image.detach().float().cpu() if isinstance(image, torch.Tensor) else torch.as_tensor(image).float()
-    if x.dim() == 3 and x.shape[0] in (1, 3):
-        x = x.permute(1, 2, 0)
-    if x.shape[-1] == 1:
-        x = x.expand(*x.shape[:2], 3)
-    return x.clamp(0, 1).numpy()
+def attention_row(images, maps, names, title: str = "") -> FigureData:
+    """Fig. 4's layout as data: images side by side, each with its attention map (h x w)
+    over it, titled by ``names``. Images: 3 x H x W in [0, 1]."""
+    return FigureData((tuple(Panel(image, heat, name) for image, heat, name in zip(images, maps, names, strict=True)),),
+                      title=title)
 
 
-def attention_row_figure(images, maps, names, path: str | Path, *, title: str = "", alpha: float = 0.5,
-                         cmap: str = "jet", dpi: int = 100) -> Path:
-    """Write a PNG in the style of Fig. 4: images side by side, each with its attention map
-    (h x w, upsampled bilinearly, min-max normalised) overlaid. Images: 3 x H x W in
-    [0, 1]. Drawn on an Agg canvas (no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(3 * len(images), 3.4), dpi=dpi)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(images), squeeze=False)[0]
-    for ax, image, heat, name in zip(axes, images, maps, names, strict=True):
-        img = _image_array(image)
-        up = upsample_maps(heat.detach().float().cpu()[None, None], img.shape[:2])[0, 0]
-        ax.imshow(img)
-        ax.imshow(up.numpy(), cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
-        ax.set_title(name, fontsize=9)
-        ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=8)
-    fig.savefig(path, format="png")
-    return path
-
-
-register_variant("sam_siamese", SAMHead, ablation=True, form="siamese",
+register_variant("sam_siamese", SAMHead, ablation=True, form="siamese", label="SAM (Siamese)",
                  description="SAM Table 1: Siamese form (positive pairs masked; L_sm = -||f*1 - f*2||)")
 register_variant("sam_quadruplet", SAMHead, ablation=True, form="quadruplet",
+                 label="SAM (quadruplet)",
                  description="SAM Table 1: quadruplet form (L_sm = Eq. 2 on (a, p, n1) + on (a, p, n2))")

@@ -15,6 +15,7 @@ from harness.components.evaluation import evaluate_embeddings, exhaustive_knn
 from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics
 from harness.components.losses import MetricLoss, create_loss
 from harness.engine.embedding import make_pair_scorer, make_reranker
+from harness.reports.explanations import write_tuple_figures
 from methods import TrainingBatch
 from methods.avsl import (
     attribution,
@@ -329,7 +330,8 @@ def test_pair_figures_6_and_7_and_the_attribution_as_data(tmp_path):
         model.eval()
         out = model(images(1))
     pictures = torch.rand(BATCH, 3, 32, 32)
-    written = model.head.pair_figure(pictures[0], pictures[2], out.select(0), out.select(2), tmp_path / "pair.png")
+    written = write_tuple_figures(model.head, "pair", [pictures[0], pictures[2]], [out.select(0), out.select(2)],
+                                  tmp_path)
     names = sorted(p.name for p in written)
     assert names == ["pair_avsl_attribution.json", "pair_fig6.png", "pair_fig7.png"]
     assert all(p.stat().st_size > 1000 for p in written)
@@ -339,5 +341,5 @@ def test_pair_figures_6_and_7_and_the_attribution_as_data(tmp_path):
     assert record["distance"] == pytest.approx(distance, rel=1e-5)
     assert sum(map(sum, record["contributions"])) == pytest.approx(distance, rel=1e-4)
     assert len(record["reliability"]) == 2 and len(record["lambdas"]) == 3
-    assert build("avsl", levels=1).head.pair_figure(pictures[0], pictures[2], out.select(0), out.select(2),
-                                                    tmp_path / "one.png") is None
+    assert build("avsl", levels=1).head.figures("pair", [pictures[0], pictures[2]],
+                                                [out.select(0), out.select(2)]) is None

@@ -198,3 +198,13 @@ def test_a_method_that_trains_as_another_trains_step_for_step_like_it(name):
                 for g in head.optimizer_groups(1e-3, 1e-4)]
 
     assert layout(model.head) == layout(reference.head)
+
+
+def test_every_method_declares_a_row_label_of_its_own():
+    """Tables label rows only by what plugins declare: every registered method (and variant)
+    has a label under its default options, no two alike, and a label that names an option
+    takes the run's value of it."""
+    labels = {name: METHODS.get(name).display_name() for name in list_methods()}
+    assert all(labels.values()) and len(set(labels.values())) == len(labels)
+    assert METHODS.get("diablo").display_name({"entries": "2"}) == "+ DIABLO (N = 2)"
+    assert labels["diablo"] == "+ DIABLO (N = 8)" and labels["diablo_n16"] == "+ DIABLO (N = 16)"

@@ -17,6 +17,7 @@ from harness.base.errors import HarnessError
 from harness.components.evaluation import evaluate_embeddings, rerank_top_k
 from harness.components.losses import MetricLoss
 from harness.engine.embedding import make_reranker
+from harness.reports.explanations import draw_figure
 from methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
 from methods.diml import (
     PAPER,
@@ -529,7 +530,14 @@ def test_part_wise_contributions_sum_to_the_structural_similarity(tmp_path):
     assert float(score) == pytest.approx(exp.score, abs=1e-5)
     (i, j, t_hat, s_ij, c_ij), = exp.top_pairs(1)
     assert c_ij == pytest.approx(float(exp.contributions.max())) and t_hat == pytest.approx(256 * float(exp.plan[i, j]))
-    path = pair_figure(torch.rand(3, 40, 32), torch.rand(3, 36, 36), exp, tmp_path / "fig" / "pair.png")
+    figure = pair_figure(torch.rand(3, 40, 32), torch.rand(3, 36, 36), exp)
+    assert [p.heat for p in figure.panels[0]] == [exp.query_marginal, exp.gallery_marginal] and figure.grid == 4
+    # the top two flows in red, the smallest in blue, each from its query cell to its gallery cell
+    assert [link.colour for link in figure.links] == ["red", "red", "blue"]
+    assert figure.links[0].start == (0, 0, (i % 4 + 0.5) / 4, (i // 4 + 0.5) / 4)
+    assert figure.links[0].end == (0, 1, (j % 4 + 0.5) / 4, (j // 4 + 0.5) / 4)
+    assert figure.links[0].label == f"{t_hat:.2f} x {s_ij:.2f}"
+    path = draw_figure(figure, tmp_path / "fig" / "pair.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     uniform = explain_pair(HeadOutput(embedding=out.embedding[2:3], local=out.local[2:3]),
                            HeadOutput(embedding=out.embedding[3:4], local=out.local[3:4]), marginals="uniform")

@@ -16,6 +16,7 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.losses import MetricLoss, create_loss
+from harness.reports.explanations import write_tuple_figures
 from methods import METHODS, TrainingBatch, check_method_options, list_methods
 from methods import sam as sam_module
 from methods.sam import (
@@ -408,9 +409,13 @@ def test_pair_figure_is_written_from_local_embeddings(tmp_path):
     with torch.inference_mode():
         out = model(x)
     assert out.local is not None and out.local.shape[:2] == (BATCH, 9)
-    path = model.head.pair_figure(torch.rand(3, *IMAGE), torch.rand(3, *IMAGE), out.select(0), out.select(1),
-                                  tmp_path / "fig" / "pair.png")
-    assert path.is_file() and path.stat().st_size > 1000
+    pictures = [torch.rand(3, *IMAGE), torch.rand(3, *IMAGE)]
+    written = write_tuple_figures(model.head, "pair", pictures, [out.select(0), out.select(1)], tmp_path / "fig")
+    assert [p.name for p in written] == ["pair.png"] and written[0].stat().st_size > 1000
+    (figure,) = model.head.figures("pair", pictures, [out.select(0), out.select(1)]).figures
+    q, g = model.head.local_pair_maps(out.select(0), out.select(1), image_size=IMAGE)
+    assert [p.title for p in figure.panels[0]] == ["query", "gallery"]
+    torch.testing.assert_close(figure.panels[0][1].heat, g, rtol=0, atol=0)
     # local rebuilds the embedding: e = mean_ij W A_ij + b.
     e = out.local.mean(1) + model.head.project.bias
     torch.testing.assert_close(F.normalize(e, dim=-1), out.embedding, rtol=1e-5, atol=1e-5)
@@ -435,8 +440,8 @@ def test_triplet_maps_are_eq_1_under_the_triplet_weight_and_fig_4_is_logged_with
         expected = eq1_attention(a[index:index + 1].detach(), grad[index:index + 1])[0]
         torch.testing.assert_close(maps[k], expected, rtol=1e-4, atol=1e-6)
     pictures = [torch.rand(3, *IMAGE) for _ in range(3)]
-    written = head.triplet_figure(pictures, [out.select(i) for i in (anchor, positive, negative)],
-                                  tmp_path / "triplet.png")
+    written = write_tuple_figures(head, "triplet", pictures, [out.select(i) for i in (anchor, positive, negative)],
+                                  tmp_path)
     assert [p.name for p in written] == ["triplet.png", "triplet.npz"]
     with np.load(written[1]) as data:
         assert sorted(data.files) == ["anchor", "negative", "positive"]

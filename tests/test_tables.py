@@ -463,3 +463,21 @@ def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir
     assert "⇑" in a_row  # the bootstrap over 200 queries sees the better first ranks
     assert "paired bootstrap over test queries (per-query differences averaged over seeds" in text
     assert "(Q=200)" in text
+
+
+def test_row_labels_come_from_the_plugins_with_the_runs_recorded_options():
+    """A DIABLO row is labelled with the N its runs recorded (``params.method.entries``), not
+    the paper's N = 8; runs of one method that recorded different options keep the default."""
+    from harness.reports.tables import method_labels, recorded_options
+
+    runs = _runs([{"method": "plain", "options": "{}", "test_recall_at_1": 0.60},
+                  {"method": "diablo", "options": '{"entries": "2"}', "test_recall_at_1": 0.62},
+                  {"method": "diablo_n16", "options": '{"entries": "4"}', "seed": "0", "test_recall_at_1": 0.6},
+                  {"method": "diablo_n16", "options": '{"entries": "8"}', "seed": "1", "test_recall_at_1": 0.6}])
+    assert recorded_options(runs) == {"plain": {}, "diablo": {"entries": "2"}}
+    labels = method_labels(["plain", "diablo", "diablo_n16", "rml"], recorded_options(runs))
+    assert labels == {"plain": "Baseline", "diablo": "+ DIABLO (N = 2)", "diablo_n16": "+ DIABLO (N = 16)",
+                      "rml": "rml"}
+    text = render_markdown(attach_published(summarize(runs[:2], ["recall_at_1"]), None), metrics=["recall_at_1"],
+                           labels=labels)
+    assert "| + DIABLO (N = 2) | 62.00 (n=1) |" in text and "N = 8" not in text

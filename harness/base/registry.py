@@ -43,6 +43,10 @@ class Registry(Generic[T]):
     def list(self, pattern: str = "*") -> list[str]:
         return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
 
+    def registered(self) -> list[str]:
+        """Every name in the order it was registered (``list`` sorts)."""
+        return list(self._entries)
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 

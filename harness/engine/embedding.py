@@ -157,7 +157,7 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
     transform = build_transform(protocol.image, train=False)
     bs = protocol.evaluation.batch_size
     head = model.head
-    exhaustive = bool(rerank and head.rerank_fields and getattr(head, "exhaustive_pairs", False))
+    exhaustive = bool(rerank and head.rerank_fields and head.exhaustive_pairs)
     rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
     keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
     q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,

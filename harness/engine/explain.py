@@ -64,7 +64,7 @@ from harness.components.explanation.scores import (
     random_scores,
     region_scores,
 )
-from harness.reports.explanations import curves_figure, pairs_figure
+from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 
 __all__ = ["RunContext", "load_run", "similarity_gradcam", "near_miss_class_pairs", "explain_run",
            "record_to_run", "SCORE_KEYS", "CURVE_PAIRS"]
@@ -458,15 +458,12 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
     with torch.no_grad():
         oq, og = ctx.model(q), ctx.model(g)
-    # pair_figure gets outputs without extras (as log_explanations passes them)
+    # the pair figure gets outputs without extras (as log_explanations passes them)
     def bare(out):
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
-    figure = ctx.model.head.pair_figure(_pictures(ctx, q)[0], _pictures(ctx, g)[0], bare(oq), bare(og),
-                                        out_dir / "pair.png")
-    if figure is not None:
-        written.append(Path(figure))
-    return written
+    pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
+    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir)
 
 
 # ------------------------------------------------------------------------ the explanation

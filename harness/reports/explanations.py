@@ -1,12 +1,16 @@
 """The explanation figures and part statistics logged with a trained run.
 
-For heads that explain (:meth:`methods.base.Method.explain` and the figure hooks), the
-engine calls :func:`log_explanations` after the test evaluation; the maps and figures
-come from :mod:`harness.components.explanation.maps`.
+For heads that explain (:meth:`methods.base.Method.explain` and
+:meth:`methods.base.Method.figures`), the engine calls :func:`log_explanations` after
+the test evaluation. Plugins return data; this module draws it: every picture with a
+map over it goes through :func:`draw_overlay`, every figure a plugin describes
+(:class:`methods.base.FigureData`) through :func:`draw_figure`, and
+:func:`write_figure_set` writes a figure set's figures and data files.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,9 +18,122 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.base.atomic import atomic_write, atomic_write_text
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
+from methods.base import FigureData, FigureSet, HeadOutput, Method
 
-__all__ = ["log_explanations", "pairs_figure", "curves_figure"]
+__all__ = ["log_explanations", "draw_overlay", "draw_figure", "write_figure_set", "write_tuple_figures", "pairs_figure",
+           "curves_figure"]
+
+#: Colour map and opacity of every map drawn over a picture.
+HEAT_CMAP, HEAT_ALPHA = "jet", 0.5
+
+
+def picture_array(image) -> np.ndarray:
+    """A picture to draw: 3 x H x W (or 1 x H x W) tensor in [0, 1] -> H x W x 3 array."""
+    x = image.detach().float().cpu() if isinstance(image, torch.Tensor) else torch.as_tensor(image).float()
+    if x.dim() == 3 and x.shape[0] in (1, 3):
+        x = x.permute(1, 2, 0)
+    if x.shape[-1] == 1:
+        x = x.expand(*x.shape[:2], 3)
+    return x.clamp(0, 1).numpy()
+
+
+def draw_overlay(ax, image, heat: torch.Tensor | None = None, title: str = "", *, fontsize: int = 9,
+                 frame: bool = False) -> None:
+    """``image`` (3 x H x W in [0, 1]) on ``ax`` with ``heat`` (h x w, any range) over it:
+    resized to the image bilinearly, min-max scaled to [0, 1]
+    (:func:`~harness.components.explanation.maps.upsample_maps`). ``frame``: keep the axes'
+    frame (for a row label) instead of hiding the axes."""
+    picture = picture_array(image)
+    ax.imshow(picture)
+    if heat is not None:
+        up = upsample_maps(heat.detach().float().cpu()[None, None], picture.shape[:2])[0, 0]
+        ax.imshow(up.numpy(), cmap=HEAT_CMAP, alpha=HEAT_ALPHA, vmin=0.0, vmax=1.0)
+    if title:
+        ax.set_title(title, fontsize=fontsize)
+    if frame:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    else:
+        ax.axis("off")
+
+
+def _panel_point(axes, point: tuple[int, int, float, float]):
+    """A :class:`~methods.base.Link` end: (axes, (x, y) in the panel's pixel coordinates)."""
+    row, col, fx, fy = point
+    ax = axes[row, col]
+    height, width = ax.images[0].get_array().shape[:2]
+    return ax, (fx * width - 0.5, fy * height - 0.5)
+
+
+def draw_figure(figure: FigureData, path: Path) -> Path:
+    """Draw a plugin's :class:`~methods.base.FigureData` to a PNG at ``path``: its panels
+    (:func:`draw_overlay`), the G x G grid over each, its links as arrows labelled at
+    their end, its title. Drawn on an Agg canvas (no pyplot, no global backend change)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import ConnectionPatch
+
+    rows, cols = len(figure.panels), max(len(r) for r in figure.panels)
+    size = 3.0 if cols <= 3 else 1.7  # inches per panel: a pair or triplet large, node rows small
+    fig = Figure(figsize=(size * cols, size * rows + 0.4), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for r, row in enumerate(figure.panels):
+        for c in range(cols):
+            if c >= len(row):
+                axes[r, c].axis("off")
+                continue
+            panel = row[c]
+            draw_overlay(axes[r, c], panel.image, panel.heat, panel.title, fontsize=9 if size >= 3 else 7)
+            if figure.grid > 1:
+                h, w = panel.image.shape[-2:]
+                for t in range(1, figure.grid):
+                    axes[r, c].axhline(t * h / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
+                    axes[r, c].axvline(t * w / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
+    for link in figure.links:
+        (ax_a, xy_a), (ax_b, xy_b) = _panel_point(axes, link.start), _panel_point(axes, link.end)
+        fig.add_artist(ConnectionPatch(xyA=xy_a, coordsA=ax_a.transData, xyB=xy_b, coordsB=ax_b.transData,
+                                       color=link.colour, lw=1.8, arrowstyle="-|>", mutation_scale=12))
+        for ax, xy in ((ax_a, xy_a), (ax_b, xy_b)):
+            ax.plot(*xy, "o", color=link.colour, ms=5)
+        if link.label:
+            ax_b.annotate(link.label, xy=xy_b, xytext=(4, -4), textcoords="offset points", color=link.colour,
+                          fontsize=8, fontweight="bold",
+                          bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0})
+    if figure.title:
+        fig.suptitle(figure.title, fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def write_figure_set(figures: FigureSet, out_dir: Path, stem: str) -> list[Path]:
+    """Write a plugin's :class:`~methods.base.FigureSet` into ``out_dir``: each figure to
+    ``<stem><suffix>.png``, each record to ``<stem><suffix>.json``, each set of arrays to
+    ``<stem><suffix>.npz`` (atomically). Returns the files written, figures first."""
+    written = [draw_figure(f, out_dir / f"{stem}{f.suffix}.png") for f in figures.figures]
+    for suffix, record in figures.records.items():
+        path = out_dir / f"{stem}{suffix}.json"
+        atomic_write_text(path, json.dumps(record, indent=1))
+        written.append(path)
+    for suffix, arrays in figures.arrays.items():
+        path = out_dir / f"{stem}{suffix}.npz"
+        named = {k: v.detach().cpu().numpy() for k, v in arrays.items()}
+        atomic_write(path, lambda fh, named=named: np.savez(fh, **named))
+        written.append(path)
+    return written
+
+
+def write_tuple_figures(head: Method, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput],
+                        out_dir: Path) -> list[Path]:
+    """Ask ``head`` for its ``kind`` figure of a tuple of test images
+    (:meth:`~methods.base.Method.figures`) and write what it returns; [] when it draws none."""
+    if kind not in head.figure_tuples:
+        return []
+    figures = head.figures(kind, images, outputs)
+    return [] if figures is None else write_figure_set(figures, out_dir, kind)
 
 
 @torch.inference_mode()
@@ -43,7 +160,6 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     from torchvision.transforms import functional as TF
 
     from harness.components.data.transforms import build_transform, normalize_batch
-    from methods import Method
 
     model.eval()
     n = min(count, len(splits.test))
@@ -54,22 +170,21 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
     std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
     pictures = (images * std + mean).clamp(0, 1).cpu()
-    if n >= 2:  # the first test image and its nearest neighbour among the others
-        sims = out.embedding[1:] @ out.embedding[0]
-        j = 1 + int(sims.argmax())
-        pair = model.head.pair_figure(pictures[0], pictures[j], out.select(0), out.select(j), out_dir / "pair.png")
-        for written in ([] if pair is None else pair if isinstance(pair, list) else [pair]):
-            tracker.log_artifact(Path(written), "explanations")
+    head = model.head
+    if n >= 2 and "pair" in head.figure_tuples:  # the first test image and its nearest neighbour
+        j = 1 + int((out.embedding[1:] @ out.embedding[0]).argmax())
+        for path in write_tuple_figures(head, "pair", [pictures[0], pictures[j]], [out.select(0), out.select(j)],
+                                        out_dir):
+            tracker.log_artifact(path, "explanations")
     triplet = _a_test_triplet(splits.test.labels)
-    if triplet is not None and type(model.head).triplet_figure is not Method.triplet_figure:
+    if triplet is not None and "triplet" in head.figure_tuples:
         batch = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in triplet]).to(device),
                                 protocol.image)
         outputs = model(batch)
         pictures3 = (batch * std + mean).clamp(0, 1).cpu()
-        written = model.head.triplet_figure(list(pictures3), [outputs.select(i) for i in range(3)],
-                                            out_dir / "triplet.png")
-        for path in written or []:
-            tracker.log_artifact(Path(path), "explanations")
+        for path in write_tuple_figures(head, "triplet", list(pictures3), [outputs.select(i) for i in range(3)],
+                                        out_dir):
+            tracker.log_artifact(path, "explanations")
     maps = model.head.explain(images, out)
     if maps is None:
         return
@@ -98,22 +213,11 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
                       for g in range(shares.shape[0]))
     tracker.log_text(table, "explanations/part_mass.txt")
-    print(f"{model.head.registry_name if hasattr(model.head, 'registry_name') else ''} attention mass "
+    print(f"{model.head.registry_name} attention mass "
          f"per part (test images):\n{table}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------- figures of python -m harness explain
-
-
-def _overlay(ax, picture, heat, title: str = "") -> None:
-    from harness.components.explanation.maps import minmax_normalize
-
-    ax.imshow(picture.permute(1, 2, 0).numpy())
-    ax.imshow(minmax_normalize(heat[None, None])[0, 0].numpy(), cmap="jet", alpha=0.5, vmin=0, vmax=1)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    if title:
-        ax.set_title(title, fontsize=7)
 
 
 def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], rows_note: list[str]) -> Path:
@@ -129,8 +233,10 @@ def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], ro
     axes = fig.subplots(rows, cols, squeeze=False)
     for r in range(rows):
         for s, (name, maps) in enumerate(sources.items()):
-            _overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "")
-            _overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "")
+            draw_overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "",
+                         fontsize=7, frame=True)
+            draw_overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "",
+                         fontsize=7, frame=True)
         axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
     fig.tight_layout()
     fig.savefig(path, format="png")

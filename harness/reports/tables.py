@@ -38,8 +38,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,8 +56,8 @@ from harness.reports.stats import (
 
 __all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
-           "build_table", "artifact_per_query", "DEFAULT_METRICS", "CELL_COLUMNS", "TEST_COLUMNS",
-           "PUBLISHED_SELECTION", "SIGNIFICANCE"]
+           "build_table", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
+           "CELL_COLUMNS", "TEST_COLUMNS", "SIGNIFICANCE"]
 
 #: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
 DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c")
@@ -94,28 +95,41 @@ LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_dev
                "triplet_softhard": "Triplet (softhard)", "triplet_distance": "Triplet (distance)",
                "angular": "Angular", "npair": "N-pair", "generalized_lifted": "Generalized lifted",
                "quadruplet": "Quadruplet", "snr": "SNR", "histogram": "Histogram"}
-#: Row order inside a block: baselines before the methods built on them.
-METHOD_LABELS = {"plain": "Baseline", "diml": "DIML", "ngrouping": "N-grouping", "mgrouping": "M-grouping",
-                 "ggrouping": "G-grouping", "cgrouping": "C-grouping", "agrouping": "A-grouping",
-                 "diablo": "+ DIABLO (N = 8)", "diablo_n16": "+ DIABLO (N = 16)", "avsl": "AVSL", "sam": "SAM",
-                 "diml_train": "DIML (train)"}
-#: How each paper's published numbers were selected, keyed by the published CSV's name
-#: (what the papers and the authors' released code show; /work/shared/DESIGN.md §3-4 for the code).
-PUBLISHED_SELECTION = {
-    "agrouping": "A-grouping: no validation split in the paper; the released code (DGML-master) keeps the "
-                 "checkpoint with the best test-set score",
-    "diml": "DIML: no validation split in the paper; the released code (wl-zhao/DIML) reports the best "
-            "test-set epoch, and evaluates with the query counted in R for RP and MAP@R",
-    "avsl": "AVSL: no validation split in the paper; the released code (zbr17/AVSL) stops early on the test set",
-    "diablo": "DIABLO: Tables 1-2 name no validation split and no code was released (test-set selection "
-              "cannot be excluded); Tables 3-4 select on a random half of the training classes",
-    "sam": "SAM: the paper names no validation split and no code was released (test-set selection "
-           "cannot be excluded)",
-}
-
-
 def _label(table: dict[str, str], name: str) -> str:
     return table.get(name, name)
+
+
+def method_labels(methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+    """Each method's row label, as its plugin declares it (:meth:`methods.MethodEntry.display_name`)
+    from the options its runs recorded (``recorded``: ``{method: {option: value}}``, the
+    rest at their defaults); a name the registry does not know (a published row of
+    another paper) is its own label."""
+    from methods import METHODS
+
+    recorded = recorded or {}
+    return {m: METHODS.get(m).display_name(recorded.get(m)) if m in METHODS else m for m in methods}
+
+
+def recorded_options(runs: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """``{method: options}`` for each method whose runs all recorded the same method options
+    (``params.method.<option>``, in the ``options`` column); a method whose runs differ is
+    left out (its rows are labelled by registry name and setting)."""
+    out = {}
+    if "options" not in runs:
+        return out
+    for method, group in runs.groupby("method", sort=False):
+        distinct = set(group["options"].fillna("{}"))
+        if len(distinct) == 1:
+            out[method] = json.loads(distinct.pop() or "{}")
+    return out
+
+
+def _method_order(baseline: str) -> list[str]:
+    """Row order inside a block: the baseline row, then the methods in the order their
+    plugins register them (each plugin registers its own baselines before its method)."""
+    from methods import METHODS
+
+    return list(dict.fromkeys([baseline, *METHODS.registered()]))
 
 
 # ------------------------------------------------------------------------ loading
@@ -518,14 +532,15 @@ def _order(values: Iterable, known: Sequence = ()) -> list:
     return sorted(seen, key=lambda v: (rank.get(v, len(rank)), seen.index(v)))
 
 
-def _layout(cells: pd.DataFrame, metrics: Sequence[str] | None):
-    """Row blocks, rows (method, setting) and (dataset, metric) columns in first-appearance order."""
+def _layout(cells: pd.DataFrame, metrics: Sequence[str] | None, baseline: str):
+    """Row blocks, rows (method, setting) and (dataset, metric) columns: the known labels'
+    order, then first appearance (methods: :func:`_method_order`)."""
     if cells.empty:
         raise HarnessError("nothing to tabulate: no finished runs and no published values")
     backbones, losses = _order(cells["backbone"], list(BACKBONE_LABELS)), _order(cells["loss"], list(LOSS_LABELS))
     blocks = _order(zip(cells["backbone"], cells["loss"], strict=True),
                     [(b, lo) for b in backbones for lo in losses])
-    methods = _order(cells["method"], list(METHOD_LABELS))
+    methods = _order(cells["method"], _method_order(baseline))
     rows = sorted(dict.fromkeys(zip(cells["method"], cells["setting"], strict=True)),
                   key=lambda r: (methods.index(r[0]), r[1] != "", r[1]))
     datasets = _order(cells["dataset"], list(DATASET_LABELS))
@@ -614,7 +629,7 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, tied: bool = F
 
 
 def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, tests: pd.DataFrame | None,
-               notes: Sequence[str]) -> list[str]:
+               notes: Sequence[str], labels: Mapping[str, str]) -> list[str]:
     pm, pct, lt = ("$\\pm$", "\\%", "$<$") if latex else ("±", "%", "<")
     ttest = "ttest\\_rel" if latex else "ttest_rel"
     published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
@@ -624,7 +639,7 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, test
            f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n {lt} 2 "
            f"have no interval and are neither."]
     if tests is not None and not tests.empty:
-        baseline = _label(METHOD_LABELS, tests["baseline"].iloc[0])
+        baseline = labels[tests["baseline"].iloc[0]]
         boot = tests[tests["boot_queries"] > 0]
         text = (f"{_mark('t_up', latex)}/{_mark('t_down', latex)}: above/below the block's baseline row "
                 f"({baseline}) in a paired t-test over seeds (same seed: same split and initialisation; "
@@ -643,8 +658,8 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, test
     return out
 
 
-def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFrame | None):
-    blocks, rows, datasets, columns = _layout(cells, metrics)
+def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFrame | None, baseline: str):
+    blocks, rows, datasets, columns = _layout(cells, metrics, baseline)
     bold, tied = _best(cells)
     index = {_cell_key(r._asdict()): r for r in cells.itertuples(index=False)}
     test_index = {} if tests is None else {_cell_key(t._asdict()): t for t in tests.itertuples(index=False)}
@@ -665,10 +680,11 @@ def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFram
     return body, datasets, columns
 
 
-def _row_label(method: str, setting: str) -> str:
-    """The paper's label for a method's row; the method's registered name and what tells
-    the row apart when it has a setting (a paper label may name an option, "N = 8")."""
-    return f"{method} [{setting}]" if setting else _label(METHOD_LABELS, method)
+def _row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
+    """The paper's label for a method's row (``labels``, :func:`method_labels`); the method's
+    registered name and what tells the row apart when it has a setting (a paper label may
+    name an option, "N = 8")."""
+    return f"{method} [{setting}]" if setting else labels[method]
 
 
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -685,7 +701,7 @@ def _p(value: float) -> str:
     return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
 
 
-def _test_rows(tests: pd.DataFrame) -> list[list[str]]:
+def _test_rows(tests: pd.DataFrame, labels: Mapping[str, str]) -> list[list[str]]:
     """Plain-text rows of the paired-tests table."""
     rows = []
     for t in tests.itertuples(index=False):
@@ -693,7 +709,7 @@ def _test_rows(tests: pd.DataFrame) -> list[list[str]]:
                 f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})")
         rows.append([f"{_label(BACKBONE_LABELS, t.backbone)} + {_label(LOSS_LABELS, t.loss)}",
                      _label(DATASET_LABELS, t.dataset), _label(METRIC_LABELS, t.metric),
-                     f"{_row_label(t.method, t.setting)} vs {_label(METHOD_LABELS, t.baseline)}", str(t.pairs),
+                     f"{_row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
                      f"{t.difference:+.2f}", _p(t.p_t), boot, _p(t.p_boot)])
     return rows
 
@@ -704,10 +720,14 @@ TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds)"
 
 def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
                  deviations: Sequence[str] = (), tests: pd.DataFrame | None = None,
-                 notes: Sequence[str] = ()) -> str:
+                 notes: Sequence[str] = (), labels: Mapping[str, str] | None = None,
+                 baseline: str = "plain") -> str:
     """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> booktabs LaTeX tables
-    (needs ``\\usepackage{booktabs}``): the comparison, then the paired tests."""
-    body, datasets, columns = _rows(cells, metrics, tests)
+    (needs ``\\usepackage{booktabs}``): the comparison, then the paired tests. ``labels``:
+    row labels by method (:func:`method_labels`; the plugins' defaults where missing);
+    ``baseline``: the method whose row leads each block (the paired tests' baseline)."""
+    labels = _all_labels(cells, tests, labels)
+    body, datasets, columns = _rows(cells, metrics, tests, _baseline(tests, baseline))
     width = 1 + len(columns)
     lines = ["\\begin{table*}[t]", "\\centering", "\\scriptsize"]
     if caption:
@@ -730,9 +750,9 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
         lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
         for (method, setting), row in rows:
             cells_text = [_cell_text(c["row"], c["bold"], latex=True, tied=c["tied"], test=c["test"]) for c in row]
-            lines.append(" & ".join([_latex_escape(_row_label(method, setting)), *cells_text]) + " \\\\")
+            lines.append(" & ".join([_latex_escape(_row_label(method, setting, labels)), *cells_text]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
-    for note in _footnotes(cells, deviations, True, tests, notes):
+    for note in _footnotes(cells, deviations, True, tests, notes, labels):
         lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {note}}}")
     lines.append("\\end{table*}")
     if tests is not None and not tests.empty:
@@ -740,17 +760,20 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
                   f"\\caption{{{_latex_escape('Paired tests against the baseline row' + (f' ({caption})' if caption else ''))}}}",
                   f"\\begin{{tabular}}{{llll{'c' * (len(TEST_HEADER) - 4)}}}", "\\toprule",
                   " & ".join(_latex_escape(h).replace("Δ", "$\\Delta$") for h in TEST_HEADER) + " \\\\", "\\midrule"]
-        lines += [" & ".join(_latex_escape(c) for c in r) + " \\\\" for r in _test_rows(tests)]
+        lines += [" & ".join(_latex_escape(c) for c in r) + " \\\\" for r in _test_rows(tests, labels)]
         lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
                     deviations: Sequence[str] = (), tests: pd.DataFrame | None = None,
-                    notes: Sequence[str] = ()) -> str:
+                    notes: Sequence[str] = (), labels: Mapping[str, str] | None = None,
+                    baseline: str = "plain") -> str:
     """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> GitHub Markdown:
-    the comparison with footnotes, then the paired tests."""
-    body, _, columns = _rows(cells, metrics, tests)
+    the comparison with footnotes, then the paired tests (``labels``, ``baseline``: as
+    :func:`render_latex`)."""
+    labels = _all_labels(cells, tests, labels)
+    body, _, columns = _rows(cells, metrics, tests, _baseline(tests, baseline))
     header = ["Method", *(f"{_label(DATASET_LABELS, d)} {_label(METRIC_LABELS, m)}" for d, m in columns)]
     lines = [f"**{caption}**", ""] if caption else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join([":---", *[":---:"] * len(columns)]) + "|"]
@@ -758,16 +781,27 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
         for (method, setting), row in rows:
-            lines.append("| " + " | ".join([_row_label(method, setting),
+            lines.append("| " + " | ".join([_row_label(method, setting, labels),
                                             *(_cell_text(c["row"], c["bold"], latex=False, tied=c["tied"],
                                                          test=c["test"]) for c in row)]) + " |")
-    for note in _footnotes(cells, deviations, False, tests, notes):  # one paragraph each
+    for note in _footnotes(cells, deviations, False, tests, notes, labels):  # one paragraph each
         lines += ["", note]
     if tests is not None and not tests.empty:
         lines += ["", "**Paired tests against the baseline row**", "",
                   "| " + " | ".join(TEST_HEADER) + " |", "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(tests)]
+        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(tests, labels)]
     return "\n".join(lines) + "\n"
+
+
+def _all_labels(cells: pd.DataFrame, tests: pd.DataFrame | None, given: Mapping[str, str] | None) -> dict[str, str]:
+    """``given`` labels, completed with the plugins' default ones for every other method
+    the cells and tests name."""
+    named = set(cells["method"].dropna()) | (set() if tests is None else set(tests["baseline"]))
+    return {**method_labels(sorted(named - set(given or {}))), **(given or {})}
+
+
+def _baseline(tests: pd.DataFrame | None, default: str) -> str:
+    return str(tests["baseline"].iloc[0]) if tests is not None and not tests.empty else default
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -789,7 +823,8 @@ SELECTION_TEXT = {"validation": "the epoch with the best validation {metric}, on
 
 def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
     """How the reproduced numbers were selected (from the runs' ``selection`` tags) against
-    how the published ones were (:data:`PUBLISHED_SELECTION`)."""
+    how the published ones were: the ``published_selection`` of the paper whose plugin is
+    registered under the published CSV's name (:class:`methods.PaperInfo`)."""
     notes = []
     if not runs.empty:
         parts = []
@@ -802,9 +837,12 @@ def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
             parts.append(SELECTION_TEXT.get(mode, mode).format(metric=metric, fraction=fraction))
         notes.append("Model selection of the reproduced numbers: " + "; ".join(parts) + ".")
     if published is not None:
+        from methods import METHODS
+
         stem = Path(published).stem
-        if stem in PUBLISHED_SELECTION:
-            notes.append(f"Published numbers: {PUBLISHED_SELECTION[stem]}.")
+        paper = METHODS.get(stem).cls.paper if stem in METHODS else None
+        if paper is not None and paper.published_selection:
+            notes.append(f"Published numbers: {paper.published_selection}.")
     return notes
 
 
@@ -865,7 +903,9 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
                           + (f" vs published (table {', '.join(tables)})" if tables else ""))
     notes += published_notes(excluded, flagged)
     notes += paper_deviation_notes(runs)
-    return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes)
+    labels = method_labels(sorted(set(cells["method"].dropna()) | {baseline}), recorded_options(runs))
+    return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
+                  labels=labels, baseline=baseline)
 
 
 def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str]:
