@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.engine.explain import _rows, near_miss_class_pairs, similarity_gradcam
 from harness.cli.main import main
 from harness.components.explanation.scores import (
     curve_auc,
@@ -22,6 +21,7 @@ from harness.components.explanation.scores import (
     perturbation_masks,
     region_scores,
 )
+from harness.engine.explain import _rows, near_miss_class_pairs, similarity_gradcam
 from methods import list_methods
 
 
