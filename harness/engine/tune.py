@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ class TuneSetup:
 
 
 def tune_setup(method: str, dataset: str, *, protocol: str | None = None, loss: str | None = None,
-               overrides: list[str] = (), space: str | None = None, seed: int | None = None,
+               overrides: Sequence[str] = (), space: str | None = None, seed: int | None = None,
                experiment: str | None = None, settings=None) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
