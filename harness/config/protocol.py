@@ -464,6 +464,19 @@ def default_protocol(dataset: str) -> str:
     return "roth2020" if dataset in BENCHMARKS else "smoke"
 
 
+def _declare_loss_reduction(data: dict[str, Any], loss: str) -> bool:
+    """``loss.args.<loss>.reduction`` may be set for any loss the protocol has arguments
+    for, whether or not the file lists it (its current value: ``"pml"``, PML's own
+    reduction). True when it was added here."""
+    from harness.components.losses import PML_REDUCTION
+
+    section = data["loss"]["args"].get(loss)
+    if not isinstance(section, dict) or "reduction" in section:
+        return False
+    section["reduction"] = PML_REDUCTION
+    return True
+
+
 def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bool:
     """``methods.<method>.<option>`` may set any option the method declares, whether or
     not the protocol file lists it (its current value: the method's default). True when
@@ -504,7 +517,9 @@ def apply_overrides(
         parts = dotted.split(".")
         if parts[0] == "deviations":
             raise HarnessError(f"'{dotted}' documents the protocol and is not a setting; edit the protocol file")
-        declared = parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:])
+        declared = ((parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:]))
+                    or (parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction"
+                        and _declare_loss_reduction(data, parts[2])))
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 raise HarnessError(f"unknown protocol key '{dotted}'")
@@ -515,9 +530,9 @@ def apply_overrides(
         node[parts[-1]] = value
         if _jsonable(value) != old:
             deviations.append(Deviation(dotted, old, value))
-        elif declared:  # set to the method's default: the protocol (and its fingerprint) is unchanged
+        elif declared:  # set to the default: the protocol (and its fingerprint) is unchanged
             del node[parts[-1]]
-            if not node:
+            if not node and parts[0] == "methods":
                 del data["methods"][parts[1]]
     return _build(Protocol, data), tuple(deviations)
 
