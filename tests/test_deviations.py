@@ -106,3 +106,25 @@ def test_the_deviations_command_lists_and_refuses_unknown_names(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "did you mean 'smoke_backbone'" in err[0]
     assert "valid:" in err[0]
+
+
+@pytest.mark.parametrize("protocol, method, names", [
+    # DIABLO: psi's input rescaled (Eq. 3 as printed is A . F) and the validation carve.
+    ("diablo", "diablo", {"psi_input_rescaled", "validation_carve"}),
+    ("sam", "sam", {"validation_carve"}),
+    ("agrouping", "agrouping", {"validation_selection", "diversity_average"}),
+    ("avsl", "avsl", {"validation_selection", "warm_up"}),
+    ("roth2020", "diml", {"validation_selection"}),
+])
+def test_the_paper_protocols_name_their_known_deviations(protocol, method, names):
+    from harness.config.deviations import applicable
+
+    found = applicable(load_protocol(protocol).for_dataset("cub200").deviations, method, "cub200")
+    assert names <= set(found)
+
+
+def test_a_post_attention_diablo_run_does_not_carry_the_pre_attention_deviation():
+    from harness.config.deviations import applicable
+
+    found = applicable(load_protocol("diablo").deviations, "diablo_feature_post", "cub200")
+    assert "psi_input_rescaled" not in found and "validation_carve" in found
