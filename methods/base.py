@@ -1,46 +1,37 @@
 """The plugin interface every paper's method implements: the contract, written once.
 
-A method is a head over backbone feature maps (:class:`Method`). Its public
-``forward`` checks the inputs and calls the one hook every plugin fills,
-:meth:`Method.embed`. Every other hook has a default that means "not used", and
-every attribute the engine reads is declared on :class:`Method` with its default,
-so the engine never asks a head what it has (no ``hasattr``).
+A method is a head over backbone feature maps (`Method`). Its public
+`forward` checks the inputs and calls the one hook every plugin fills,
+`Method.embed`. Every other hook has a default that means "not used", and
+every attribute the engine reads is declared on `Method` with its default,
+so the engine never asks a head what it has (no `hasattr`).
 
 Hooks the engine calls (B: images, D: embedding size, Q queries, K candidates, G
 gallery items, P pairs):
 
-=============================  ===========================================================
-hook                           what the engine does with it
-=============================  ===========================================================
-``embed``                      maps of ``stages`` (B x C_s x H_s x W_s each) ->
-                               :class:`HeadOutput`; ``embedding`` (B x D) is ranked
-``setup``                      called once with the backbone at build time
-``loss_terms``                 named loss terms of a :class:`TrainingBatch`, summed by the
-                               trainer
-``optimizer_groups``           the head's optimizer parameter groups
-``rerank_similarity``          Q x K scores that replace the cosine on each query's top
-                               ``rerank_k`` candidates
-``rerank_by_ids``              the same from stored fields and ids: what the evaluation
-                               calls (default: gathers, then ``rerank_similarity``)
-``score_pairs``                Q x G scores of every pair, for a head that declares
-                               ``exhaustive_pairs`` (default: from ``rerank_similarity``)
-``explain``                    B x K x H x W maps, drawn on test images after training
-``pair_maps``                  P x h x w maps of (query, gallery) pairs, scored by
-                               ``python -m harness explain``
-``figures``                    a paper figure of a tuple of test images (``figure_tuples``),
-                               as data (:class:`FigureSet`); the engine draws and writes it
-``search_space``               the Optuna search space over the method's options
-``cross_process_refusal``      why the method cannot train across processes, or ""
-``trains_as``                  the method whose training is this one's (test-time methods)
-``display_name``               the method's row label in tables, from a run's options
-=============================  ===========================================================
+| hook | what the engine does with it |
+|---|---|
+| `embed` | maps of `stages` (B x C_s x H_s x W_s each) -> `HeadOutput`; `embedding` (B x D) is ranked |
+| `setup` | called once with the backbone at build time |
+| `loss_terms` | named loss terms of a `TrainingBatch`, summed by the trainer |
+| `optimizer_groups` | the head's optimizer parameter groups |
+| `rerank_similarity` | Q x K scores that replace the cosine on each query's top `rerank_k` candidates |
+| `rerank_by_ids` | the same from stored fields and ids: what the evaluation calls (default: gathers, then `rerank_similarity`) |
+| `score_pairs` | Q x G scores of every pair, for a head that declares `exhaustive_pairs` (default: from `rerank_similarity`) |
+| `explain` | B x K x H x W maps, drawn on test images after training |
+| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `python -m harness explain` |
+| `figures` | a paper figure of a tuple of test images (`figure_tuples`), as data (`FigureSet`); the engine draws and writes it |
+| `search_space` | the Optuna search space over the method's options |
+| `cross_process_refusal` | why the method cannot train across processes, or "" |
+| `trains_as` | the method whose training is this one's (test-time methods) |
+| `display_name` | the method's row label in tables, from a run's options |
 
-Attributes the engine reads (declared below with their defaults): ``stages``,
-``rerank_fields``, ``rerank_k``, ``exhaustive_pairs``, ``metric_loss_copies``,
-``metric_loss_dim``, ``supported_losses``, ``figure_tuples``, ``label``,
-``revision``. Paper metadata lives on the class as data (:class:`PaperInfo`); paper
+Attributes the engine reads (declared below with their defaults): `stages`,
+`rerank_fields`, `rerank_k`, `exhaustive_pairs`, `metric_loss_copies`,
+`metric_loss_dim`, `supported_losses`, `figure_tuples`, `label`,
+`revision`. Paper metadata lives on the class as data (`PaperInfo`); paper
 defaults are the constructor's keyword defaults; named variants are registered with
-preset options (and may carry their own ``label``).
+preset options (and may carry their own `label`).
 """
 
 from __future__ import annotations
