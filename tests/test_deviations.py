@@ -14,7 +14,7 @@ from harness.cli.main import main
 from harness.config.deviations import PaperDeviation, deviation_tags, from_tag, grouped_notes
 from harness.config.grids import load_grid
 from harness.config.protocol import fingerprint, load_protocol
-from harness.reports.tables import paper_deviation_notes
+from harness.reports.tables import deviations_block, paper_deviation_notes
 
 DEVIATION = """
 [deviations.validation_carve]
@@ -71,16 +71,23 @@ def test_tags_round_trip_and_notes_group_by_reason():
     assert sorted(tags) == ["deviation.a_one", "deviation.b_two"]  # c_three concerns avsl only
     assert from_tag(tags["deviation.a_one"]) == deviations["a_one"]
     assert grouped_notes(deviations) == [
-        "same reason: a_one (paper: p1 [Eq. 3]; here: h1); b_two (paper: p2; here: h2).",
-        "another: c_three (paper: p3; here: h3)."]
+        "Same reason: a_one (paper: p1 [Eq. 3]; here: h1); b_two (paper: p2; here: h2).",
+        "Another: c_three (paper: p3; here: h3)."]
     runs = pd.DataFrame({"paper_deviations": [{"a_one": tags["deviation.a_one"]}, {}]})
-    assert paper_deviation_notes(runs) == ["Deviations from the paper or its code. same reason: a_one "
-                                           "(paper: p1 [Eq. 3]; here: h1)."]
+    notes = paper_deviation_notes(runs)
+    assert notes == ["Same reason: a_one (paper: p1 [Eq. 3]; here: h1)."]
+    # The block every table's text ends with, in both formats.
+    markdown = deviations_block(notes, latex=False)
+    assert markdown.rstrip().endswith("- Same reason: a_one (paper: p1 [Eq. 3]; here: h1).")
+    latex = deviations_block(notes, latex=True)
+    assert latex.rstrip().endswith("\\end{itemize}") and "a\\_one" in latex
+    assert deviations_block([], latex=True) == ""
 
 
 def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviation, capsys):
     out = workdir / "out.json"
-    assert main(["run", "--methods", "plain", "--protocol", str(protocol_with_deviation), "--json", str(out)]) == 0
+    assert main(["run", "--methods", "plain", "--protocol", str(protocol_with_deviation), "--json", str(out),
+                 "--experiment", "deviations-e2e"]) == 0
     record = json.loads(out.read_text())[0]
     assert record["paper_deviations"] == ["validation_carve: paper trains on the whole training split (Sec. 3.5); "
                                           "here a class-disjoint validation carve. model selection off the test set"]
@@ -88,6 +95,12 @@ def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviatio
     assert "deviations from the papers or their code:" in printed and "validation_carve" in printed
     tags = mlflow.MlflowClient().get_run(record["mlflow_run_id"]).data.tags
     assert from_tag(tags["deviation.validation_carve"]).why == "model selection off the test set"
+    # Every table that shows the run ends with it.
+    from harness.reports.tables import build_table
+
+    for fmt, last in (("markdown", "- Model selection off the test set: validation_carve"), ("latex", "\\end{itemize}")):
+        text = build_table(["deviations-e2e"], fmt=fmt, per_query=None).rstrip()
+        assert text.splitlines()[-1].startswith(last), text[-300:]
 
 
 def test_a_smoke_grid_lists_every_setting_it_changes_against_the_paper_protocol():

@@ -108,7 +108,7 @@ def grouped_notes(deviations: dict[str, PaperDeviation]) -> list[str]:
     for name, d in sorted(deviations.items()):
         source = f" [{d.reference}]" if d.reference else ""
         by_why.setdefault(d.why, []).append(f"{name} (paper: {d.paper}{source}; here: {d.harness})")
-    return [f"{why.rstrip('.')}: {'; '.join(items)}." for why, items in by_why.items()]
+    return [f"{why[0].upper()}{why[1:].rstrip('.')}: {'; '.join(items)}." for why, items in by_why.items()]
 
 
 def find_deviation(deviations: dict[str, PaperDeviation], name: str, where: str) -> PaperDeviation:

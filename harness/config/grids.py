@@ -263,7 +263,7 @@ def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, meth
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-SMOKE_WHY = "the smoke version: a CPU-sized pipeline check, not comparable with the published numbers"
+SMOKE_WHY = "The smoke version: a CPU-sized pipeline check, not comparable with the published numbers"
 
 
 def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,

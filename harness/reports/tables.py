@@ -902,10 +902,10 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     caption = caption or (f"Reproduced (experiment {', '.join(experiments)})"
                           + (f" vs published (table {', '.join(tables)})" if tables else ""))
     notes += published_notes(excluded, flagged)
-    notes += paper_deviation_notes(runs)
     labels = method_labels(sorted(set(cells["method"].dropna()) | {baseline}), recorded_options(runs))
-    return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
+    text = render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
                   labels=labels, baseline=baseline)
+    return text + deviations_block(paper_deviation_notes(runs), latex=fmt == "latex")
 
 
 def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str]:
@@ -920,4 +920,16 @@ def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
     (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
     settings), one note per reason."""
     found = {name: from_tag(text) for tags in runs.get("paper_deviations", []) for name, text in tags.items()}
-    return [f"Deviations from the paper or its code. {note}" for note in grouped_notes(found)]
+    return grouped_notes(found)
+
+
+def deviations_block(notes: Sequence[str], *, latex: bool) -> str:
+    """The last block of every table's text: where its runs depart from the paper or the
+    authors' code, one item per reason (empty when none does)."""
+    if not notes:
+        return ""
+    title = "Deviations from the paper or the authors' code"
+    if latex:
+        items = "\n".join(f"  \\item {_latex_escape(n)}" for n in notes)
+        return f"\n% {title} (python -m harness deviations)\n\\paragraph{{{title}.}}\n\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n"
+    return f"\n**{title}**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
