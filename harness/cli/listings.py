@@ -1,5 +1,6 @@
 """``python -m harness datasets``, ``methods`` and ``ui``: what is registered, what is
-found locally, and the MLflow UI over the tracking store."""
+found locally (``datasets fetch`` is :mod:`harness.cli.fetch`), and the MLflow UI over
+the tracking store."""
 
 from __future__ import annotations
 
@@ -8,30 +9,49 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.cli.fetch import add_fetch_parser
 from harness.cli.processes import serve_process_group
 
 __all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui"]
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
+    """Per dataset: found or not, where, verified or not, and its image count."""
     from harness.components.data import DATASETS
-    from harness.components.data.fashion_mnist import fashion_mnist_root
-    from harness.components.data.synthetic import synthetic_root
 
     for name in DATASETS:
         info = DATASETS.get(name)
-        if name == "synthetic":
-            root = synthetic_root(args.data_root)
-            status = "found" if (root / "manifest.json").is_file() else "generated on first use"
-            where = str(root)
-        else:
-            try:
-                where = str(fashion_mnist_root(args.data_root) if name == "fashion-mnist" else info.locate(args.data_root))
-                status = "found"
-            except HarnessError as err:
-                status, where = "missing", str(err).split("expected ", 1)[-1]
-        print(f"{name:14s} {status:24s} {where}\n{'':14s} {info.description}")
+        where, status, images = _dataset_state(name, info, args.data_root)
+        print(f"{name:14s} {status:38s} {images:>9s}  {where}\n{'':14s} {info.description}")
     return 0
+
+
+def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, str]:
+    """(where, status, image count) of one dataset; a tree its loader refuses is 'damaged'."""
+    from harness.components.data.fashion_mnist import fashion_mnist_root
+    from harness.components.data.fetch import SOURCES, fetch_command, fetch_record
+    from harness.components.data.synthetic import synthetic_root
+
+    if name == "synthetic":
+        root = synthetic_root(data_root)
+        if not (root / "manifest.json").is_file():
+            return str(root), "generated on first use", "-"
+    else:
+        try:
+            root = fashion_mnist_root(data_root) if name == "fashion-mnist" else info.locate(data_root)
+        except HarnessError as err:
+            hint = f"; {fetch_command(name, data_root)}" if name in SOURCES else ""
+            return str(err).split("expected ", 1)[-1] + hint, "missing", "-"
+    record = fetch_record(root) if name in SOURCES else None
+    if record is not None:
+        status = "found, verified" if record.get("verified") else "found, fetched (no published checksum)"
+        return str(root), status, f"{record.get('images', 0):,}"
+    try:
+        splits = info.loader(data_root if info.embedded else root)
+    except HarnessError as err:
+        return f"{root} ({err})", "damaged", "-"
+    count = sum(len(s) for s in (splits.train, splits.test, splits.gallery) if s is not None)
+    return str(root), "found" + (", not verified (not fetched)" if name in SOURCES else ""), f"{count:,}"
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -55,9 +75,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def add_listing_parsers(subparsers) -> None:
-    ds = subparsers.add_parser("datasets", help="list datasets, whether each is found locally and where")
+    ds = subparsers.add_parser("datasets", help="list datasets: found or not, where, verified or not, images; "
+                               "'datasets fetch NAME' downloads one")
     ds.add_argument("--data-root", type=Path)
     ds.set_defaults(func=cmd_datasets)
+    add_fetch_parser(ds.add_subparsers(dest="datasets_command", metavar="{fetch}"))
 
     me = subparsers.add_parser("methods", help="list registered method plugins")
     me.set_defaults(func=cmd_methods)

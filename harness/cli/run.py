@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
+from harness.cli.fetch import ensure_dataset
 from harness.config.protocol import default_protocol
 
 __all__ = ["add_run_parser", "cmd_run", "shared_training", "EMBEDDED_DEFAULT"]
@@ -50,7 +51,7 @@ def _request(args: argparse.Namespace) -> _Request:
     methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for name in methods:
         METHODS.get(name)
-    if args.data_root is not None and not args.data_root.is_dir():
+    if args.data_root is not None and not args.data_root.is_dir() and not args.download:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     protocol_name = args.protocol or default_protocol(args.dataset)
     protocol = load_protocol(protocol_name).for_dataset(args.dataset)
@@ -93,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Under torchrun only process 0 reports (every process trains the same runs).
     main_process = os.environ.get("RANK", "0") in ("", "0")
     req = _request(args)
+    ensure_dataset(args.dataset, args.data_root, download=args.download)
     protocol, methods, seeds = req.protocol, req.methods, req.seeds
     settings = RunSettings(data_root=args.data_root, device=args.device, workers=args.workers,
                            checkpoint_root=args.checkpoint_root, deterministic=args.deterministic)
@@ -164,6 +166,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
     run.add_argument("--data-root", type=Path)
+    run.add_argument("--download", action="store_true",
+                     help="fetch a missing benchmark first (python -m harness datasets fetch NAME)")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
     run.add_argument("--workers", type=int, help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
