@@ -39,6 +39,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from harness.reports.stats import (
 
 __all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
-           "build_table", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
+           "build_table", "compose_table", "Table", "missing_results", "has_per_query_values", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
            "CELL_COLUMNS", "TEST_COLUMNS", "SIGNIFICANCE"]
 
 #: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
@@ -71,7 +72,8 @@ CELL_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "m
                 "flagged", "code_flagged", "published"]
 #: Columns of :func:`paired_tests`.
 TEST_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "baseline", "pairs", "difference",
-                "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling"]
+                "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling",
+                "boot_missing"]
 #: Level below which a paired test marks a cell.
 SIGNIFICANCE = 0.05
 
@@ -308,7 +310,10 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
       (retrieval metrics; not NMI / F1): per seed, method minus baseline per query (both
       runs must have scored the same queries), averaged over seeds when every seed scored
       the same queries, else pooled (:func:`harness.reports.stats.pool_query_differences`);
-      ``resamples`` resamples, seed 0.
+      ``resamples`` resamples, seed 0;
+    * ``boot_missing``: the runs (ids, space-separated) whose per-query results ``per_query``
+      did not give, for a metric that has per-query values: that bootstrap is owed, not
+      computed (the table marks the cell and :func:`compose_table` reports the runs).
     """
     from harness.components.evaluation import per_query_values
 
@@ -350,26 +355,44 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
                 record = {"backbone": backbone, "loss": loss, "method": method, "setting": setting,
                           "dataset": dataset, "metric": metric, "baseline": baseline, "pairs": len(both),
                           "difference": diff, "p_t": p_t, "boot_difference": math.nan, "boot_low": math.nan,
-                          "boot_high": math.nan, "p_boot": math.nan, "boot_queries": 0, "boot_pooling": ""}
-                record.update(_bootstrap(row, base, both, metric, arrays, per_query_values, resamples))
+                          "boot_high": math.nan, "p_boot": math.nan, "boot_queries": 0, "boot_pooling": "",
+                          "boot_missing": ""}
+                if per_query is not None:
+                    record.update(_bootstrap(row, base, both, metric, arrays, per_query_values, resamples))
                 out.append(record)
     return pd.DataFrame(out, columns=TEST_COLUMNS)
 
 
+def has_per_query_values(metric: str) -> bool:
+    """Whether stored per-query results give ``metric`` query by query
+    (:func:`harness.components.evaluation.per_query_values`): P@1, Recall@K and the
+    scores kept per query; not the clustering metrics."""
+    from harness.components.evaluation import PER_QUERY_SCORES
+
+    recall_k = metric.startswith("recall_at_") and metric.removeprefix("recall_at_").isdigit()
+    return metric == "precision_at_1" or recall_k or metric in PER_QUERY_SCORES
+
+
 def _bootstrap(row: pd.DataFrame, base: pd.DataFrame, seeds: list, metric: str, arrays, values_of,
                resamples: int) -> dict:
-    """The ``boot_*`` fields of one comparison, or {} when per-query results are missing."""
-    pairs = []
+    """The ``boot_*`` fields of one comparison: {} when the stored arrays cannot give the
+    metric or disagree on the queries; ``boot_missing`` when a run's per-query results are
+    missing."""
+    pairs, missing = [], []
     for seed in seeds:
         ours, theirs = arrays(row.at[seed, "run_id"]), arrays(base.at[seed, "run_id"])
+        missing += [rid for rid, got in ((row.at[seed, "run_id"], ours), (base.at[seed, "run_id"], theirs))
+                    if got is None]
         if ours is None or theirs is None:
-            return {}
+            continue
         a, b = values_of(ours, metric), values_of(theirs, metric)
         labels = ours["label"][ours["num_relevant"] > 0]
         if a is None or b is None or a.shape != b.shape or not np.array_equal(
                 labels, theirs["label"][theirs["num_relevant"] > 0]):
             return {}
         pairs.append((a * 100, b * 100, labels))
+    if missing:
+        return {"boot_missing": " ".join(dict.fromkeys(missing))} if has_per_query_values(metric) else {}
     differences, pooling = pool_query_differences(pairs)
     result = paired_bootstrap(differences, resamples=resamples)
     return {"boot_difference": result.mean, "boot_low": result.low, "boot_high": result.high,
@@ -583,6 +606,7 @@ MARKS = {  # (markdown, LaTeX)
     "flagged": ("†", "$^\\dagger$"), "code": ("§", "$^\\S$"), "tied": ("≈", "$^{\\approx}$"),
     "t_up": ("↑", "$^{\\uparrow}$"), "t_down": ("↓", "$^{\\downarrow}$"),
     "boot_up": ("⇑", "$^{\\Uparrow}$"), "boot_down": ("⇓", "$^{\\Downarrow}$"),
+    "incomplete": ("‡", "$^{\\ddagger}$"),
 }
 
 
@@ -598,6 +622,8 @@ def _test_marks(test: pd.Series | None, latex: bool) -> str:
         marks += _mark("t_up" if test["difference"] > 0 else "t_down", latex)
     if not math.isnan(test["p_boot"]) and test["p_boot"] < SIGNIFICANCE:
         marks += _mark("boot_up" if test["boot_difference"] > 0 else "boot_down", latex)
+    if test.get("boot_missing", ""):
+        marks += _mark("incomplete", latex)
     return marks
 
 
@@ -650,6 +676,11 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, test
                      f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
                      f"percentile interval), p {lt} {SIGNIFICANCE}.")
         out.append(text + " Differences and p-values: the table of paired tests.")
+        if "boot_missing" in tests and (tests["boot_missing"] != "").any():
+            runs = len({r for ids in tests["boot_missing"] for r in ids.split()})
+            out.append(f"{_mark('incomplete', latex)}: paired bootstrap over test queries not computed: the "
+                       f"per-query results of {runs} run(s) are missing (harness table names each run and "
+                       f"what is missing on stderr).")
     out += [_latex_escape(n) if latex else n for n in notes]
     if cells["flagged"].any():
         what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
@@ -872,14 +903,33 @@ def variant_notes(metrics: Sequence[str], metric_map: dict[str, str]) -> list[st
     return [text]
 
 
-def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
-                tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                caption: str = "", published_rows: dict[str, Sequence[str]] | None = None,
-                baseline: str = "plain", published_metrics: dict[str, str] | None = None,
-                per_query: PerQueryLoader | None = artifact_per_query, resamples: int = 10_000) -> str:
-    """Tracking store -> table text (what ``cmd_table`` writes). ``published_metrics``:
+@dataclass(frozen=True)
+class Table:
+    """A rendered table and what it was computed from: ``text`` (LaTeX or Markdown),
+    ``tests`` (:func:`paired_tests`, the rows of the paired-tests table), ``labels`` (row
+    labels by method) and ``problems`` (one line per run whose results a cell needed
+    and did not get: run id and what is missing)."""
+
+    text: str
+    tests: pd.DataFrame
+    labels: dict[str, str]
+    problems: tuple[str, ...] = ()
+
+
+def build_table(experiments: Sequence[str], **options) -> str:
+    """Tracking store -> table text (:func:`compose_table`'s, same options)."""
+    return compose_table(experiments, **options).text
+
+
+def compose_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
+                  tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
+                  caption: str = "", published_rows: dict[str, Sequence[str]] | None = None,
+                  baseline: str = "plain", published_metrics: dict[str, str] | None = None,
+                  per_query: PerQueryLoader | None = artifact_per_query, resamples: int = 10_000) -> Table:
+    """Tracking store -> :class:`Table` (what ``cmd_table`` writes). ``published_metrics``:
     ``{published metric: reproduced metric}`` where a paper defines a metric differently
-    (DIML: ``r_precision`` -> ``r_precision_query_in_r``)."""
+    (DIML: ``r_precision`` -> ``r_precision_query_in_r``). Each run whose per-query results
+    a paired bootstrap needed and did not get is one line on stderr (and in ``problems``)."""
     metric_map = dict(published_metrics or {})
     runs = load_runs(experiments)
     pub = load_published(published, tables, published_rows) if published else None
@@ -892,6 +942,9 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
         pub = pub[pub["metric"].isin(wanted)]
     cells = attach_published(summarize(runs, wanted), pub)
     tests = paired_tests(runs, wanted, baseline=baseline, per_query=per_query, resamples=resamples)
+    problems = missing_results(runs, tests, explain=artifact_problem if per_query is artifact_per_query else None)
+    for line in problems:
+        print(f"tables: {line}", file=sys.stderr)
     deviations = sorted({d for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True)
                          if d != "none"} | ({"test-set model selection"} if runs["test_set_selection"].any() else set()))
     notes = [*selection_notes(runs, published), *variant_notes(wanted, metric_map), *code_notes(runs)]
@@ -904,8 +957,39 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
     notes += published_notes(excluded, flagged)
     notes += paper_deviation_notes(runs)
     labels = method_labels(sorted(set(cells["method"].dropna()) | {baseline}), recorded_options(runs))
-    return render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
+    text = render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
                   labels=labels, baseline=baseline)
+    return Table(text=text, tests=tests, labels=_all_labels(cells, tests, labels), problems=tuple(problems))
+
+
+def artifact_problem(run_id: str) -> str:
+    """What is missing of run ``run_id``'s per-query artifact, and where it was looked for."""
+    from harness.components.evaluation import PER_QUERY_ARTIFACT
+    from harness.store.queries import missing_artifact
+
+    return missing_artifact(run_id, PER_QUERY_ARTIFACT)
+
+
+def missing_results(runs: pd.DataFrame, tests: pd.DataFrame, *, explain: Callable[[str], str] | None = None) -> list[str]:
+    """One line per run whose per-query results a paired bootstrap needed (``boot_missing``):
+    the run id, its method, dataset and seed, what is missing (``explain(run_id)``) and the
+    cells left without the bootstrap."""
+    if tests.empty or "boot_missing" not in tests:
+        return []
+    owed: dict[str, list[str]] = {}
+    for t in tests.itertuples(index=False):
+        for run_id in t.boot_missing.split():
+            owed.setdefault(run_id, []).append(f"{t.method}{f' [{t.setting}]' if t.setting else ''} "
+                                               f"{t.dataset} {_label(METRIC_LABELS, t.metric)}")
+    about = runs.set_index("run_id") if "run_id" in runs else pd.DataFrame()
+    lines = []
+    for run_id, cells in owed.items():
+        who = (f" ({about.at[run_id, 'method']}, {about.at[run_id, 'dataset']}, seed {about.at[run_id, 'seed']})"
+               if run_id in about.index else "")
+        why = (explain(run_id) if explain else "") or "no per-query results"
+        lines.append(f"run {run_id}{who}: {why}; no paired bootstrap for "
+                     f"{'; '.join(dict.fromkeys(cells))} (marked {_mark('incomplete', False)})")
+    return lines
 
 
 def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str]:
