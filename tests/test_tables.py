@@ -481,3 +481,32 @@ def test_row_labels_come_from_the_plugins_with_the_runs_recorded_options():
     text = render_markdown(attach_published(summarize(runs[:2], ["recall_at_1"]), None), metrics=["recall_at_1"],
                            labels=labels)
     assert "| + DIABLO (N = 2) | 62.00 (n=1) |" in text and "N = 8" not in text
+
+
+@pytest.mark.parametrize("grid", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "protocols" / "grids")
+                                        .glob("*.toml")))
+def test_every_grid_tables_map_at_r(grid):
+    """MAP@R (Musgrave et al. 2020) is a column of every shipped grid's table (none of the
+    papers forbids it) and of the default metrics."""
+    from harness.config.grids import load_grid
+    from harness.reports.tables import DEFAULT_METRICS
+
+    loaded = load_grid(Path(__file__).resolve().parents[1] / "protocols" / "grids" / f"{grid}.toml")
+    assert "mean_average_precision_at_r" in loaded.metrics
+    assert "mean_average_precision_at_r" in DEFAULT_METRICS
+
+
+def test_a_published_row_without_map_at_r_shows_a_dash_in_that_column():
+    runs = _runs([{"method": "agrouping", "seed": "0", "test_recall_at_1": 0.70, "test_mean_average_precision_at_r": 0.3},
+                  {"method": "agrouping", "seed": "1", "test_recall_at_1": 0.72, "test_mean_average_precision_at_r": 0.32}])
+    metrics = ["recall_at_1", "mean_average_precision_at_r"]
+    published = load_published(PUBLISHED, ["3"])
+    cells = attach_published(summarize(runs, metrics), published[published["metric"].isin(metrics)])
+    text = render_markdown(cells, metrics=metrics)
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "CUB-200-2011 MAP@R" in header
+    column = header.split(" | ").index("CUB-200-2011 MAP@R")
+    a_row = next(line for line in text.splitlines() if line.startswith("| A-grouping") and "71.00" in line)
+    assert a_row.split(" | ")[column].startswith("31.00")  # reproduced, no published value beside it
+    published_only = next(line for line in text.splitlines() if line.startswith("| N-grouping"))
+    assert published_only.split(" | ")[column] == "–"

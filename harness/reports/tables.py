@@ -60,8 +60,9 @@ __all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "build_table", "compose_table", "Table", "missing_results", "has_per_query_values", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
            "CELL_COLUMNS", "TEST_COLUMNS", "SIGNIFICANCE"]
 
-#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
-DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c")
+#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``), then MAP@R
+#: (Musgrave et al. 2020, Sec. 3.2: R-precision averaged over the first R ranks).
+DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c", "mean_average_precision_at_r")
 #: What a published value is matched on.
 KEYS = ["backbone", "loss", "method", "dataset"]
 #: A table row inside a block: the method and its setting (options / tuned / init).
