@@ -111,19 +111,30 @@ def test_deviation_and_test_selection_are_marked_with_a_footnote():
     assert "schedule.epochs: 150 $\\to$ 1; loss.args: \\{'m': 0.1\\} $\\to$ \\{'m': 1e-3\\}" in latex
 
 
-def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
+def test_latex_is_booktabs_one_table_per_dataset_with_blocks():
     runs = pd.concat([_two_methods(), _two_methods().assign(dataset="cars196"),
                       _two_methods().assign(loss="contrastive", fingerprint="fpD")], ignore_index=True)
     cells = attach_published(summarize(runs, ["recall_at_1", "nmi"]), None)
     tex = render_latex(cells, metrics=["recall_at_1", "nmi"], caption="Table 3")
-    assert "\\toprule" in tex and "\\bottomrule" in tex and tex.count("\\midrule") == 2
-    assert "\\multicolumn{2}{c}{CUB-200-2011} & \\multicolumn{2}{c}{Cars196}" in tex
-    assert "\\cmidrule(lr){2-3} \\cmidrule(lr){4-5}" in tex
-    assert "\\emph{ResNet-50 + Margin}" in tex and "\\emph{ResNet-50 + Contrastive}" in tex
-    assert "66.00$\\pm$12.71$^{\\approx}$$_{n=2}$" in tex
-    # contrastive has no cars196 runs: an empty cell, not a crash
-    contrastive = tex.split("Contrastive}}")[1]
-    assert "--" in contrastive.splitlines()[1]
+    assert tex.startswith("% Table 3\n% Needs in the preamble: \\usepackage{booktabs}\n")
+    cub, cars = tex.split("\\begin{table*}")[1:]
+    assert "\\caption{Table 3 (CUB-200-2011)}" in cub and "\\caption{Table 3 (Cars196)}" in cars
+    assert "\\multicolumn{2}{c}{CUB-200-2011}" in cub and "\\cmidrule(l){3-4}" in cub
+    assert "\\scriptsize" not in tex and tex.count("\\footnotesize") >= 2
+    assert cub.count("\\midrule") == 2 and cars.count("\\midrule") == 1  # contrastive has no Cars196 runs
+    assert "\\emph{ResNet-50 + Margin}" in cub and "\\emph{ResNet-50 + Contrastive}" in cub
+    assert "\\emph{ResNet-50 + Contrastive}" not in cars
+    assert "A-grouping & 2 & 66.00$\\pm$12.71$^{\\approx}$ &" in cub
+    assert "Cells: mean over seeds" in cars and "Cells: mean over seeds" not in cub  # footnotes under the last
+
+
+def test_latex_signs_are_minus_signs_and_published_values_sit_beneath():
+    runs = _two_methods()
+    published = pd.DataFrame([{"backbone": "resnet50", "loss": "margin", "method": "agrouping", "dataset": "cub200",
+                               "metric": "recall_at_1", "value": 70.0, "note": ""}])
+    tex = render_latex(attach_published(summarize(runs, ["recall_at_1"]), published), metrics=["recall_at_1"])
+    assert "\\quad published &  & 70.00 ($-$4.00) \\\\" in tex
+    assert "(-4.00)" not in tex
 
 
 def test_published_rows_without_runs_still_appear():
@@ -510,3 +521,28 @@ def test_a_published_row_without_map_at_r_shows_a_dash_in_that_column():
     assert a_row.split(" | ")[column].startswith("31.00")  # reproduced, no published value beside it
     published_only = next(line for line in text.splitlines() if line.startswith("| N-grouping"))
     assert published_only.split(" | ")[column] == "–"
+
+
+def test_paired_tests_rows_follow_the_main_tables_order():
+    """Runs listed in another order than the table's (a later method first, the second
+    dataset first) give paired-tests rows in the main table's order, in both formats."""
+    from harness.reports.tables import paired_tests
+
+    rows = []
+    for dataset in ("cars196", "cub200"):
+        for method, shift in (("agrouping", 0.05), ("plain", 0.0), ("ngrouping", 0.02)):
+            rows += [{"method": method, "dataset": dataset, "seed": str(s), "run_id": f"{method}-{dataset}-{s}",
+                      "test_recall_at_1": 0.5 + shift + 0.01 * s, "test_nmi": 0.4 + shift} for s in (0, 1)]
+    runs = _runs(rows)
+    cells = attach_published(summarize(runs, ["recall_at_1", "nmi"]), None)
+    tests = paired_tests(runs, ["nmi", "recall_at_1"], baseline="plain")
+    text = render_markdown(cells, metrics=["recall_at_1", "nmi"], tests=tests)
+    main_order = [line.split(" | ")[0].removeprefix("| ") for line in text.split("**Paired tests")[0].splitlines()
+                  if line.startswith("| ") and "-grouping" in line]
+    paired = [line.split(" | ") for line in text.split("**Paired tests")[1].splitlines() if " vs " in line]
+    assert [(p[1], p[2]) for p in paired] == [(d, m) for d in ("CUB-200-2011", "Cars196") for _ in main_order
+                                              for m in ("R@1", "NMI")]
+    assert [p[3].split(" vs ")[0] for p in paired[::2]] == main_order * 2
+    tex = render_latex(cells, metrics=["recall_at_1", "nmi"], tests=tests)
+    latex_paired = [line.split(" vs ")[0] for line in tex.split("Paired tests", 1)[1].splitlines() if " vs " in line]
+    assert latex_paired[::2] == main_order * 2

@@ -658,10 +658,16 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, tied: bool = F
 def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, tests: pd.DataFrame | None,
                notes: Sequence[str], labels: Mapping[str, str]) -> list[str]:
     pm, pct, lt = ("$\\pm$", "\\%", "$<$") if latex else ("±", "%", "<")
+    formula = ("$t_{0.975,\\,n-1}\\,s/\\sqrt{n}$, $s$ the sample standard deviation" if latex
+               else "t(0.975, n-1) s / sqrt(n), s the sample std")
     ttest = "ttest\\_rel" if latex else "ttest_rel"
-    published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
+    published = ""
+    if cells["published"].notna().any():
+        published = ("; a row \\emph{published} beneath a method: the paper's value, reproduced minus published in "
+                     "parentheses" if latex else " / published value (reproduced minus published)")
+    seeds = "$n$: the number of seeds (its column)" if latex else "n: the number of seeds"
     out = [f"Cells: mean over seeds {pm} half-width of the 95{pct} Student t-interval over seeds "
-           f"(t(0.975, n-1) s / sqrt(n), s the sample std), in percent; n: the number of seeds{published}. "
+           f"({formula}), in percent; {seeds}{published}. "
            f"Bold: the best mean of its block and column when its interval lies above every other row's; "
            f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n {lt} 2 "
            f"have no interval and are neither."]
@@ -721,7 +727,11 @@ def _row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
 
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}"}
+                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}",
+                   # characters the notes may hold that pdflatex has no glyph for by default
+                   "–": "--", "—": "---", "×": r"$\times$", "≤": r"$\le$", "≥": r"$\ge$", "±": r"$\pm$",
+                   "→": r"$\to$", "≈": r"$\approx$", "Δ": r"$\Delta$", "λ": r"$\lambda$", "·": r"$\cdot$",
+                   "†": r"$^\dagger$", "‡": r"$^\ddagger$", "’": "'", "“": "``", "”": "''"}
 
 
 def _latex_escape(text: str) -> str:
@@ -731,6 +741,10 @@ def _latex_escape(text: str) -> str:
 
 def _p(value: float) -> str:
     return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
+
+
+def _p_latex(value: float) -> str:
+    return "--" if math.isnan(value) else _p(value).replace("<", "$<$")
 
 
 def _test_rows(tests: pd.DataFrame, labels: Mapping[str, str]) -> list[list[str]]:
@@ -750,51 +764,190 @@ TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds)"
                "Δ over queries [95% CI]", "p (bootstrap)"]
 
 
+#: What a LaTeX table needs in the preamble (written in its comment header).
+LATEX_PACKAGES = ("booktabs",)
+#: ``\textwidth`` of a standard one-column ``article`` (10pt, letter or A4 paper): the
+#: narrowest text block a table must fit; a two-column article's (``table*``) is 469pt.
+TEXT_WIDTH_PT = 345.0
+#: Estimated widths at ``\footnotesize`` (cmr8): a digit is 4.25pt; ``\tabcolsep`` is 6pt.
+_CHAR_PT, _MARK_PT, _COLSEP_PT = 4.3, 4.5, 12.0
+
+
+def _signed(value: float, latex: bool) -> str:
+    """``+1.25`` / ``-1.25``, with LaTeX's plus and minus signs (not a hyphen) in LaTeX."""
+    text = f"{value:+.2f}"
+    return f"${text[0]}${text[1:]}" if latex else text
+
+
+def _latex_header(caption: str) -> list[str]:
+    return [f"% {caption}" if caption else "% Table from the harness's tracking store",
+            "% Needs in the preamble: " + " ".join(f"\\usepackage{{{p}}}" for p in LATEX_PACKAGES),
+            f"% Each tabular fits \\textwidth of a one-column article ({TEXT_WIDTH_PT:.0f}pt) and spans both "
+            f"columns of a two-column one (table*); text at \\footnotesize."]
+
+
+def _latex_reproduced(c: dict) -> str:
+    """A reproduced cell: mean (bold when best beyond the intervals) +- half-width and its marks."""
+    row = c["row"]
+    if row is None or math.isnan(row["mean"]):
+        return "--"
+    text = _fmt(row["mean"])
+    text = f"\\textbf{{{text}}}" if c["bold"] else text
+    if not math.isnan(row["half_width"]):
+        text += f"$\\pm${row['half_width']:.2f}"
+    marks = (_mark("tied", True) if c["tied"] else "") + _test_marks(c["test"], True)
+    marks += (_mark("flagged", True) if bool(row["flagged"]) else "") + (_mark("code", True) if bool(row["code_flagged"]) else "")
+    return text + marks
+
+
+def _latex_published(c: dict) -> str:
+    """A published cell: the value, and reproduced minus published in parentheses."""
+    row = c["row"]
+    if row is None or math.isnan(row["published"]):
+        return "--"
+    if math.isnan(row["mean"]):
+        return f"{row['published']:.2f}"
+    return f"{row['published']:.2f} ({_signed(round(row['mean'], 2) - row['published'], True)})"
+
+
+def _estimated_width(cell: dict) -> float:
+    """The printed width of a cell's widest line, estimated from its characters (a mark is
+    a superscript symbol)."""
+    row = cell["row"]
+    if row is None:
+        return 2 * _CHAR_PT
+    marks = sum(text.count("$^") for text in [_latex_reproduced(cell)])
+    ours = len(f"{row['mean']:.2f}±{row['half_width']:.2f}") if not math.isnan(row["mean"]) else 2
+    theirs = len(f"{row['published']:.2f} (+0.00)") if not math.isnan(row["published"]) else 2
+    return max(ours * _CHAR_PT + marks * _MARK_PT, theirs * _CHAR_PT)
+
+
+def _latex_chunks(body, columns, labels: Mapping[str, str]) -> list[list[int]]:
+    """Column indices of each tabular: one dataset per tabular, its metrics split so that
+    every tabular fits :data:`TEXT_WIDTH_PT` (by :func:`_estimated_width`)."""
+    label_width = max([len(_row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows] + [12])
+    fixed = label_width * _CHAR_PT + 3 * _CHAR_PT + 2 * _COLSEP_PT  # the label and n columns
+    widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [4 * _CHAR_PT]) + _COLSEP_PT
+              for i in range(len(columns))]
+    chunks: list[list[int]] = []
+    for i, (dataset, _) in enumerate(columns):
+        last = chunks[-1] if chunks else None
+        if last and columns[last[0]][0] == dataset and fixed + sum(widths[j] for j in last) + widths[i] <= TEXT_WIDTH_PT:
+            last.append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def _seed_counts(row: list[dict], chunk: list[int]) -> str:
+    counts = sorted({int(row[i]["row"]["n"]) for i in chunk if row[i]["row"] is not None and row[i]["row"]["n"]})
+    return "--" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}--{counts[-1]}"
+
+
+def _latex_tabular(body, columns, chunk: list[int], labels: Mapping[str, str]) -> list[str]:
+    """One dataset's tabular: a row per method (mean +- half-width and marks, n) and, where
+    published values exist, a row of them with the difference beneath it."""
+    dataset = _latex_escape(_label(DATASET_LABELS, columns[chunk[0]][0]))
+    width = 2 + len(chunk)
+    lines = [f"\\begin{{tabular}}{{@{{}}lc{'c' * len(chunk)}@{{}}}}", "\\toprule",
+             f" & & \\multicolumn{{{len(chunk)}}}{{c}}{{{dataset}}} \\\\",
+             f"\\cmidrule(l){{3-{width}}}",
+             " & ".join(["Method", "$n$", *(_latex_escape(_label(METRIC_LABELS, columns[i][1])) for i in chunk)]) + " \\\\"]
+    for (backbone, loss), rows in body:
+        shown = [(key, row) for key, row in rows if any(row[i]["row"] is not None for i in chunk)]
+        if not shown:
+            continue
+        lines.append("\\midrule")
+        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+        lines.append(f"\\multicolumn{{{width}}}{{@{{}}l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
+        for (method, setting), row in shown:
+            label = _latex_escape(_row_label(method, setting, labels))
+            lines.append(" & ".join([label, _seed_counts(row, chunk), *(_latex_reproduced(row[i]) for i in chunk)])
+                         + " \\\\")
+            if any(row[i]["row"] is not None and not math.isnan(row[i]["row"]["published"]) for i in chunk):
+                lines.append(" & ".join(["\\quad published", "", *(_latex_published(row[i]) for i in chunk)])
+                             + " \\\\")
+    return [*lines, "\\bottomrule", "\\end{tabular}"]
+
+
 def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
                  deviations: Sequence[str] = (), tests: pd.DataFrame | None = None,
                  notes: Sequence[str] = (), labels: Mapping[str, str] | None = None,
                  baseline: str = "plain") -> str:
-    """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> booktabs LaTeX tables
-    (needs ``\\usepackage{booktabs}``): the comparison, then the paired tests. ``labels``:
-    row labels by method (:func:`method_labels`; the plugins' defaults where missing);
+    """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> booktabs LaTeX that
+    drops into a paper: a comment header naming the packages it needs
+    (:data:`LATEX_PACKAGES`), then one ``table*`` per dataset (its metrics split further
+    when they would not fit :data:`TEXT_WIDTH_PT`) with the footnotes under the last, then
+    the paired tests (:func:`render_latex_tests`), rows in the same order. ``labels``: row
+    labels by method (:func:`method_labels`; the plugins' defaults where missing);
     ``baseline``: the method whose row leads each block (the paired tests' baseline)."""
     labels = _all_labels(cells, tests, labels)
-    body, datasets, columns = _rows(cells, metrics, tests, _baseline(tests, baseline))
-    width = 1 + len(columns)
-    lines = ["\\begin{table*}[t]", "\\centering", "\\scriptsize"]
-    if caption:
-        lines.append(f"\\caption{{{_latex_escape(caption)}}}")
-    lines += [f"\\begin{{tabular}}{{l{'c' * len(columns)}}}", "\\toprule"]
-    spans, start = [], 2
-    head = ["Method"]
-    for d in datasets:
-        k = sum(1 for c in columns if c[0] == d)
-        if k:
-            head.append(f"\\multicolumn{{{k}}}{{c}}{{{_latex_escape(_label(DATASET_LABELS, d))}}}")
-            spans.append(f"\\cmidrule(lr){{{start}-{start + k - 1}}}")
-            start += k
-    lines.append(" & ".join(head) + " \\\\")
-    lines.append(" ".join(spans))
-    lines.append(" & ".join(["", *(_latex_escape(_label(METRIC_LABELS, m)) for _, m in columns)]) + " \\\\")
-    for (backbone, loss), rows in body:
-        lines.append("\\midrule")
-        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
-        lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
-        for (method, setting), row in rows:
-            cells_text = [_cell_text(c["row"], c["bold"], latex=True, tied=c["tied"], test=c["test"]) for c in row]
-            lines.append(" & ".join([_latex_escape(_row_label(method, setting, labels)), *cells_text]) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    for note in _footnotes(cells, deviations, True, tests, notes, labels):
-        lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {note}}}")
-    lines.append("\\end{table*}")
+    base = _baseline(tests, baseline)
+    body, _, columns = _rows(cells, metrics, tests, base)
+    chunks = _latex_chunks(body, columns, labels)
+    lines = _latex_header(caption)
+    for k, chunk in enumerate(chunks):
+        dataset = columns[chunk[0]][0]
+        same = [c for c in chunks if columns[c[0]][0] == dataset]  # a dataset split into parts
+        part = f" ({_label(DATASET_LABELS, dataset)}{'' if len(same) == 1 else f', part {same.index(chunk) + 1} of {len(same)}'})"
+        lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize",
+                  f"\\caption{{{_latex_escape((caption or 'Reproduced results') + part)}}}",
+                  *_latex_tabular(body, columns, chunk, labels)]
+        if k == len(chunks) - 1:
+            lines += [f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\footnotesize {note}}}"
+                      for note in _footnotes(cells, deviations, True, tests, notes, labels)]
+        lines.append("\\end{table*}")
     if tests is not None and not tests.empty:
-        lines += ["", "\\begin{table*}[t]", "\\centering", "\\scriptsize",
-                  f"\\caption{{{_latex_escape('Paired tests against the baseline row' + (f' ({caption})' if caption else ''))}}}",
-                  f"\\begin{{tabular}}{{llll{'c' * (len(TEST_HEADER) - 4)}}}", "\\toprule",
-                  " & ".join(_latex_escape(h).replace("Δ", "$\\Delta$") for h in TEST_HEADER) + " \\\\", "\\midrule"]
-        lines += [" & ".join(_latex_escape(c) for c in r) + " \\\\" for r in _test_rows(tests, labels)]
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
+        lines += render_latex_tests(ordered_tests(tests, cells, metrics, base), labels, caption)
     return "\n".join(lines) + "\n"
+
+
+def render_latex_tests(tests: pd.DataFrame, labels: Mapping[str, str], caption: str = "") -> list[str]:
+    """The paired tests as one ``table*`` per dataset: a block heading, then per comparison
+    and metric the seeds, the mean paired difference (percent points) and its t-test p, and
+    the bootstrap difference over queries with its 95% interval, query count and p."""
+    lines = []
+    head = ["Comparison", "Metric", "$n$", "$\\Delta$", "$p$", "$\\Delta_q$ [95\\% CI]", "$Q$", "$p_q$"]
+    for dataset, part in tests.groupby("dataset", sort=False):
+        name = _latex_escape(_label(DATASET_LABELS, dataset))
+        title = "Paired tests against the baseline row" + (f" ({caption})" if caption else "")
+        lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize", "\\setlength{\\tabcolsep}{4pt}",
+                  f"\\caption{{{_latex_escape(title)}: {name}}}",
+                  f"\\begin{{tabular}}{{@{{}}ll{'c' * (len(head) - 2)}@{{}}}}", "\\toprule",
+                  " & ".join(head) + " \\\\"]
+        for (backbone, loss), block in part.groupby(["backbone", "loss"], sort=False):
+            lines += ["\\midrule", f"\\multicolumn{{{len(head)}}}{{@{{}}l}}{{\\emph{{"
+                      f"{_latex_escape(_label(BACKBONE_LABELS, backbone) + ' + ' + _label(LOSS_LABELS, loss))}}}}} \\\\"]
+            for t in block.itertuples(index=False):
+                boot = ("--", "--") if t.boot_queries == 0 else (
+                    f"{_signed(t.boot_difference, True)} [{_signed(t.boot_low, True)}, {_signed(t.boot_high, True)}]",
+                    str(t.boot_queries))
+                lines.append(" & ".join([_latex_escape(f"{_row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}"),
+                                         _latex_escape(_label(METRIC_LABELS, t.metric)), str(t.pairs),
+                                         _signed(t.difference, True), _p_latex(t.p_t), boot[0], boot[1], _p_latex(t.p_boot)]) + " \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}",
+                  "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
+                  "mean paired difference over seeds (percent points) and its paired t-test; $\\Delta_q$, $p_q$: the "
+                  "paired bootstrap over $Q$ test queries (10,000 resamples, percentile interval); --: not "
+                  "computed (a clustering metric, or per-query results missing).}", "\\end{table*}"]
+    return lines
+
+
+def ordered_tests(tests: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str] | None,
+                  baseline: str) -> pd.DataFrame:
+    """The paired tests in the main table's order: dataset, block, row, metric."""
+    if tests is None or tests.empty:
+        return tests
+    blocks, rows, datasets, columns = _layout(cells, metrics, baseline)
+    metric_order = list(dict.fromkeys(m for _, m in columns))
+
+    def rank(values: Sequence, value) -> int:
+        return values.index(value) if value in values else len(values)
+
+    keys = [(rank(datasets, t.dataset), rank(blocks, (t.backbone, t.loss)), rank(rows, (t.method, t.setting)),
+             rank(metric_order, t.metric)) for t in tests.itertuples(index=False)]
+    order = sorted(range(len(tests)), key=lambda i: keys[i])
+    return tests.iloc[order].reset_index(drop=True)
 
 
 def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
@@ -821,7 +974,8 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
     if tests is not None and not tests.empty:
         lines += ["", "**Paired tests against the baseline row**", "",
                   "| " + " | ".join(TEST_HEADER) + " |", "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(tests, labels)]
+        ordered = ordered_tests(tests, cells, metrics, _baseline(tests, baseline))
+        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(ordered, labels)]
     return "\n".join(lines) + "\n"
 
 
