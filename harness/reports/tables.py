@@ -769,8 +769,15 @@ LATEX_PACKAGES = ("booktabs",)
 #: ``\textwidth`` of a standard one-column ``article`` (10pt, letter or A4 paper): the
 #: narrowest text block a table must fit; a two-column article's (``table*``) is 469pt.
 TEXT_WIDTH_PT = 345.0
-#: Estimated widths at ``\footnotesize`` (cmr8): a digit is 4.25pt; ``\tabcolsep`` is 6pt.
-_CHAR_PT, _MARK_PT, _COLSEP_PT = 4.3, 4.5, 12.0
+#: Widths at ``\footnotesize`` (cmr8, in pt) of what cells print, for :func:`_text_pt`;
+#: a mark is a superscript symbol; ``\tabcolsep`` is 6pt on each side of a column.
+_GLYPH_PT = {**dict.fromkeys("0123456789", 4.25), ".": 2.4, " ": 2.8, "(": 3.3, ")": 3.3, "±": 6.6, "+": 6.6,
+             "-": 6.6}
+_LETTER_PT, _MARK_PT, _COLSEP_PT = 4.6, 4.5, 12.0
+
+
+def _text_pt(text: str) -> float:
+    return sum(_GLYPH_PT.get(ch, _LETTER_PT) for ch in text)
 
 
 def _signed(value: float, latex: bool) -> str:
@@ -811,23 +818,24 @@ def _latex_published(c: dict) -> str:
 
 
 def _estimated_width(cell: dict) -> float:
-    """The printed width of a cell's widest line, estimated from its characters (a mark is
-    a superscript symbol)."""
+    """The printed width of a cell's widest line (pt), from its characters' widths."""
     row = cell["row"]
     if row is None:
-        return 2 * _CHAR_PT
-    marks = sum(text.count("$^") for text in [_latex_reproduced(cell)])
-    ours = len(f"{row['mean']:.2f}±{row['half_width']:.2f}") if not math.isnan(row["mean"]) else 2
-    theirs = len(f"{row['published']:.2f} (+0.00)") if not math.isnan(row["published"]) else 2
-    return max(ours * _CHAR_PT + marks * _MARK_PT, theirs * _CHAR_PT)
+        return _text_pt("--")
+    marks = _latex_reproduced(cell).count("$^")
+    ours = _text_pt(f"{row['mean']:.2f}±{row['half_width']:.2f}") + marks * _MARK_PT if not math.isnan(row["mean"]) else 0
+    theirs = _text_pt(f"{row['published']:.2f} (+{abs(row['mean'] - row['published']):.2f})") \
+        if not math.isnan(row["published"]) and not math.isnan(row["mean"]) else _text_pt(f"{row['published']:.2f}")
+    return max(ours, theirs)
 
 
 def _latex_chunks(body, columns, labels: Mapping[str, str]) -> list[list[int]]:
     """Column indices of each tabular: one dataset per tabular, its metrics split so that
     every tabular fits :data:`TEXT_WIDTH_PT` (by :func:`_estimated_width`)."""
-    label_width = max([len(_row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows] + [12])
-    fixed = label_width * _CHAR_PT + 3 * _CHAR_PT + 2 * _COLSEP_PT  # the label and n columns
-    widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [4 * _CHAR_PT]) + _COLSEP_PT
+    label = max([_text_pt(_row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows]
+                + [_text_pt("published") + 10.0])  # the published rows' label is indented by \quad
+    fixed = label + _text_pt("2--3") + 2 * _COLSEP_PT  # the label and n columns
+    widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [_text_pt("MAP@R")]) + _COLSEP_PT
               for i in range(len(columns))]
     chunks: list[list[int]] = []
     for i, (dataset, _) in enumerate(columns):
