@@ -1,5 +1,6 @@
 """``python -m harness table --experiment NAME``: the table's arguments; the table itself
-is :func:`harness.reports.tables.build_table`'s."""
+is :func:`harness.reports.tables.compose_table`'s, the forest plot beside it
+:func:`harness.reports.figures.write_forest`'s."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.reports.figures import write_forest
 from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
 
 __all__ = ["add_table_parser", "cmd_table"]
@@ -37,8 +39,10 @@ def cmd_table(args: argparse.Namespace) -> int:
     name = args.name or "+".join(args.experiment)
     out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
     write_atomic(out, table.text)
+    figures = write_forest(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
     print(table.text)
-    print(f"written to {out}", file=sys.stderr)
+    print(f"written to {out}" + (f"; forest plot {', '.join(p.name for p in figures)}" if figures else ""),
+          file=sys.stderr)
     return 0
 
 

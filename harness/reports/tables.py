@@ -57,7 +57,7 @@ from harness.reports.stats import (
 
 __all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
-           "build_table", "compose_table", "Table", "missing_results", "has_per_query_values", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
+           "build_table", "compose_table", "Table", "block_label", "row_label", "ordered_tests", "missing_results", "has_per_query_values", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
            "CELL_COLUMNS", "TEST_COLUMNS", "SIGNIFICANCE"]
 
 #: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``), then MAP@R
@@ -73,7 +73,7 @@ CELL_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "m
                 "flagged", "code_flagged", "published"]
 #: Columns of :func:`paired_tests`.
 TEST_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "baseline", "pairs", "difference",
-                "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling",
+                "low", "high", "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling",
                 "boot_missing"]
 #: Level below which a paired test marks a cell.
 SIGNIFICANCE = 0.05
@@ -306,6 +306,8 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
     (``TEST_COLUMNS``, differences in percent points):
 
     * ``difference``, ``p_t``: paired t-test over the seeds both rows have (pairs = seeds);
+      ``low``, ``high``: the 95% Student t-interval of the mean paired difference (NaN
+      for one pair);
     * ``boot_*``: paired bootstrap over queries from the runs' per-query results, when
       ``per_query`` gives them for every paired run and the metric has per-query values
       (retrieval metrics; not NMI / F1): per seed, method minus baseline per query (both
@@ -353,9 +355,10 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
                 if not both:
                     continue
                 diff, p_t = paired_t_test(row.loc[both, column] * 100, base.loc[both, column] * 100)
+                _, half, _ = t_interval((row.loc[both, column] - base.loc[both, column]) * 100)
                 record = {"backbone": backbone, "loss": loss, "method": method, "setting": setting,
                           "dataset": dataset, "metric": metric, "baseline": baseline, "pairs": len(both),
-                          "difference": diff, "p_t": p_t, "boot_difference": math.nan, "boot_low": math.nan,
+                          "difference": diff, "low": diff - half, "high": diff + half, "p_t": p_t, "boot_difference": math.nan, "boot_low": math.nan,
                           "boot_high": math.nan, "p_boot": math.nan, "boot_queries": 0, "boot_pooling": "",
                           "boot_missing": ""}
                 if per_query is not None:
@@ -718,7 +721,12 @@ def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFram
     return body, datasets, columns
 
 
-def _row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
+def block_label(backbone: str, loss: str) -> str:
+    """A block's heading: ``ResNet-50 + Margin``."""
+    return f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+
+
+def row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
     """The paper's label for a method's row (``labels``, :func:`method_labels`); the method's
     registered name and what tells the row apart when it has a setting (a paper label may
     name an option, "N = 8")."""
@@ -743,6 +751,13 @@ def _p(value: float) -> str:
     return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
 
 
+def _interval(mean: float, low: float, high: float, *, latex: bool) -> str:
+    """``+1.25 [-0.50, +3.00]``; the mean alone when there is no interval."""
+    if math.isnan(low) or math.isnan(high):
+        return _signed(mean, latex)
+    return f"{_signed(mean, latex)} [{_signed(low, latex)}, {_signed(high, latex)}]"
+
+
 def _p_latex(value: float) -> str:
     return "--" if math.isnan(value) else _p(value).replace("<", "$<$")
 
@@ -755,12 +770,12 @@ def _test_rows(tests: pd.DataFrame, labels: Mapping[str, str]) -> list[list[str]
                 f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})")
         rows.append([f"{_label(BACKBONE_LABELS, t.backbone)} + {_label(LOSS_LABELS, t.loss)}",
                      _label(DATASET_LABELS, t.dataset), _label(METRIC_LABELS, t.metric),
-                     f"{_row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
-                     f"{t.difference:+.2f}", _p(t.p_t), boot, _p(t.p_boot)])
+                     f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
+                     _interval(t.difference, t.low, t.high, latex=False), _p(t.p_t), boot, _p(t.p_boot)])
     return rows
 
 
-TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds)", "p (paired t)",
+TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds) [95% CI]", "p (paired t)",
                "Δ over queries [95% CI]", "p (bootstrap)"]
 
 
@@ -832,7 +847,7 @@ def _estimated_width(cell: dict) -> float:
 def _latex_chunks(body, columns, labels: Mapping[str, str]) -> list[list[int]]:
     """Column indices of each tabular: one dataset per tabular, its metrics split so that
     every tabular fits :data:`TEXT_WIDTH_PT` (by :func:`_estimated_width`)."""
-    label = max([_text_pt(_row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows]
+    label = max([_text_pt(row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows]
                 + [_text_pt("published") + 10.0])  # the published rows' label is indented by \quad
     fixed = label + _text_pt("2--3") + 2 * _COLSEP_PT  # the label and n columns
     widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [_text_pt("MAP@R")]) + _COLSEP_PT
@@ -869,7 +884,7 @@ def _latex_tabular(body, columns, chunk: list[int], labels: Mapping[str, str]) -
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append(f"\\multicolumn{{{width}}}{{@{{}}l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
         for (method, setting), row in shown:
-            label = _latex_escape(_row_label(method, setting, labels))
+            label = _latex_escape(row_label(method, setting, labels))
             lines.append(" & ".join([label, _seed_counts(row, chunk), *(_latex_reproduced(row[i]) for i in chunk)])
                          + " \\\\")
             if any(row[i]["row"] is not None and not math.isnan(row[i]["row"]["published"]) for i in chunk):
@@ -911,33 +926,37 @@ def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, c
 
 
 def render_latex_tests(tests: pd.DataFrame, labels: Mapping[str, str], caption: str = "") -> list[str]:
-    """The paired tests as one ``table*`` per dataset: a block heading, then per comparison
-    and metric the seeds, the mean paired difference (percent points) and its t-test p, and
-    the bootstrap difference over queries with its 95% interval, query count and p."""
+    """The paired tests as one ``table*`` per dataset: per block and comparison, for each
+    metric the seeds, the mean paired difference (percent points) with its 95% t-interval
+    and the t-test's p, and the bootstrap difference over queries with its 95% interval and p."""
     lines = []
-    head = ["Comparison", "Metric", "$n$", "$\\Delta$", "$p$", "$\\Delta_q$ [95\\% CI]", "$Q$", "$p_q$"]
+    head = ["Metric", "$n$", "$\\Delta$ [95\\% CI]", "$p$", "$\\Delta_q$ [95\\% CI]", "$p_q$"]
     for dataset, part in tests.groupby("dataset", sort=False):
         name = _latex_escape(_label(DATASET_LABELS, dataset))
         title = "Paired tests against the baseline row" + (f" ({caption})" if caption else "")
+        queries = sorted(set(part.loc[part["boot_queries"] > 0, "boot_queries"]))
         lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize", "\\setlength{\\tabcolsep}{4pt}",
                   f"\\caption{{{_latex_escape(title)}: {name}}}",
-                  f"\\begin{{tabular}}{{@{{}}ll{'c' * (len(head) - 2)}@{{}}}}", "\\toprule",
-                  " & ".join(head) + " \\\\"]
-        for (backbone, loss), block in part.groupby(["backbone", "loss"], sort=False):
-            lines += ["\\midrule", f"\\multicolumn{{{len(head)}}}{{@{{}}l}}{{\\emph{{"
-                      f"{_latex_escape(_label(BACKBONE_LABELS, backbone) + ' + ' + _label(LOSS_LABELS, loss))}}}}} \\\\"]
-            for t in block.itertuples(index=False):
-                boot = ("--", "--") if t.boot_queries == 0 else (
-                    f"{_signed(t.boot_difference, True)} [{_signed(t.boot_low, True)}, {_signed(t.boot_high, True)}]",
-                    str(t.boot_queries))
-                lines.append(" & ".join([_latex_escape(f"{_row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}"),
-                                         _latex_escape(_label(METRIC_LABELS, t.metric)), str(t.pairs),
-                                         _signed(t.difference, True), _p_latex(t.p_t), boot[0], boot[1], _p_latex(t.p_boot)]) + " \\\\")
+                  f"\\begin{{tabular}}{{@{{}}l{'c' * (len(head) - 1)}@{{}}}}", "\\toprule", " & ".join(head) + " \\\\"]
+        for (backbone, loss, method, setting), rows in part.groupby(["backbone", "loss", "method", "setting"],
+                                                                    sort=False):
+            block = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+            versus = f"{row_label(method, setting, labels)} vs {labels[rows['baseline'].iloc[0]]}"
+            lines += ["\\midrule", f"\\multicolumn{{{len(head)}}}{{@{{}}l}}{{\\emph{{{_latex_escape(block)}}}: "
+                                   f"{_latex_escape(versus)}}} \\\\"]
+            for t in rows.itertuples(index=False):
+                boot = "--" if t.boot_queries == 0 else _interval(t.boot_difference, t.boot_low, t.boot_high, latex=True)
+                if t.boot_queries and len(queries) > 1:
+                    boot += f" ($Q$={t.boot_queries})"
+                lines.append(" & ".join([_latex_escape(_label(METRIC_LABELS, t.metric)), str(t.pairs),
+                                         _interval(t.difference, t.low, t.high, latex=True), _p_latex(t.p_t), boot,
+                                         _p_latex(t.p_boot)]) + " \\\\")
+        over = f"$Q$ = {queries[0]} test queries" if len(queries) == 1 else "$Q$ test queries"
         lines += ["\\bottomrule", "\\end{tabular}",
                   "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
-                  "mean paired difference over seeds (percent points) and its paired t-test; $\\Delta_q$, $p_q$: the "
-                  "paired bootstrap over $Q$ test queries (10,000 resamples, percentile interval); --: not "
-                  "computed (a clustering metric, or per-query results missing).}", "\\end{table*}"]
+                  "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
+                  f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over} (10,000 resamples, percentile "
+                  "interval); --: not computed (a clustering metric, or per-query results missing).}", "\\end{table*}"]
     return lines
 
 
@@ -974,7 +993,7 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
         for (method, setting), row in rows:
-            lines.append("| " + " | ".join([_row_label(method, setting, labels),
+            lines.append("| " + " | ".join([row_label(method, setting, labels),
                                             *(_cell_text(c["row"], c["bold"], latex=False, tied=c["tied"],
                                                          test=c["test"]) for c in row)]) + " |")
     for note in _footnotes(cells, deviations, False, tests, notes, labels):  # one paragraph each
@@ -1076,6 +1095,7 @@ class Table:
     text: str
     tests: pd.DataFrame
     labels: dict[str, str]
+    metrics: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
 
 
@@ -1120,9 +1140,11 @@ def compose_table(experiments: Sequence[str], *, fmt: str = "latex", published: 
     notes += published_notes(excluded, flagged)
     notes += paper_deviation_notes(runs)
     labels = method_labels(sorted(set(cells["method"].dropna()) | {baseline}), recorded_options(runs))
+    tests = ordered_tests(tests, cells, wanted, _baseline(tests, baseline))
     text = render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
                   labels=labels, baseline=baseline)
-    return Table(text=text, tests=tests, labels=_all_labels(cells, tests, labels), problems=tuple(problems))
+    return Table(text=text, tests=tests, labels=_all_labels(cells, tests, labels), metrics=tuple(wanted),
+                 problems=tuple(problems))
 
 
 def artifact_problem(run_id: str) -> str:
