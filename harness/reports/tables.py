@@ -669,22 +669,24 @@ def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, test
         published = ("; a row \\emph{published} beneath a method: the paper's value, reproduced minus published in "
                      "parentheses" if latex else " / published value (reproduced minus published)")
     seeds = "$n$: the number of seeds (its column)" if latex else "n: the number of seeds"
+    few = "$n < 2$" if latex else "n < 2"
+    significant = f"$p < {SIGNIFICANCE}$" if latex else f"p < {SIGNIFICANCE}"
     out = [f"Cells: mean over seeds {pm} half-width of the 95{pct} Student t-interval over seeds "
            f"({formula}), in percent; {seeds}{published}. "
            f"Bold: the best mean of its block and column when its interval lies above every other row's; "
-           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n {lt} 2 "
+           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with {few} "
            f"have no interval and are neither."]
     if tests is not None and not tests.empty:
         baseline = labels[tests["baseline"].iloc[0]]
         boot = tests[tests["boot_queries"] > 0]
         text = (f"{_mark('t_up', latex)}/{_mark('t_down', latex)}: above/below the block's baseline row "
                 f"({baseline}) in a paired t-test over seeds (same seed: same split and initialisation; "
-                f"scipy.stats.{ttest}, two-sided), p {lt} {SIGNIFICANCE}.")
+                f"scipy.stats.{ttest}, two-sided), {significant}.")
         if not boot.empty:
             pooling = ", ".join(sorted(set(boot["boot_pooling"])))
             text += (f" {_mark('boot_up', latex)}/{_mark('boot_down', latex)}: the same in a paired bootstrap "
                      f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
-                     f"percentile interval), p {lt} {SIGNIFICANCE}.")
+                     f"percentile interval), {significant}.")
         out.append(text + " Differences and p-values: the table of paired tests.")
         if "boot_missing" in tests and (tests["boot_missing"] != "").any():
             runs = len({r for ids in tests["boot_missing"] for r in ids.split()})
