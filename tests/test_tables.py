@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import uuid
 from pathlib import Path
 
@@ -547,3 +548,17 @@ def test_paired_tests_rows_follow_the_main_tables_order():
     latex_paired = [line.split(" vs ")[0].rsplit(": ", 1)[1] for line in tex.split("Paired tests", 1)[1].splitlines()
                     if " vs " in line]
     assert latex_paired == main_order * 2
+
+
+def test_a_dataset_with_more_metrics_than_fit_is_split_into_even_parts():
+    metrics = ["recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "recall_at_16", "recall_at_32",
+               "mean_average_precision_at_r"]
+    runs = _runs([{"method": m, "seed": str(s), **{f"test_{k}": 0.5 + 0.01 * s + (m == "agrouping") * 0.02
+                                                   for k in metrics}}
+                  for m in ("ngrouping", "agrouping") for s in (0, 1)])
+    tex = render_latex(attach_published(summarize(runs, metrics), None), metrics=metrics, caption="Wide")
+    parts = re.findall(r"\\caption\{Wide \(CUB-200-2011, part (\d) of (\d)\)\}", tex)
+    assert len(parts) >= 2 and {total for _, total in parts} == {str(len(parts))}
+    heads = [line for line in tex.splitlines() if line.startswith("Method & $n$ & ")]
+    sizes = [line.count("&") - 1 for line in heads]
+    assert sum(sizes) == len(metrics) and max(sizes) - min(sizes) <= 1  # every metric once, parts even

@@ -854,13 +854,21 @@ def _latex_chunks(body, columns, labels: Mapping[str, str]) -> list[list[int]]:
     fixed = label + _text_pt("2--3") + 2 * _COLSEP_PT  # the label and n columns
     widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [_text_pt("MAP@R")]) + _COLSEP_PT
               for i in range(len(columns))]
+    def fits(part: list[int]) -> bool:
+        return fixed + sum(widths[j] for j in part) <= TEXT_WIDTH_PT
+
     chunks: list[list[int]] = []
-    for i, (dataset, _) in enumerate(columns):
-        last = chunks[-1] if chunks else None
-        if last and columns[last[0]][0] == dataset and fixed + sum(widths[j] for j in last) + widths[i] <= TEXT_WIDTH_PT:
-            last.append(i)
-        else:
-            chunks.append([i])
+    for dataset in dict.fromkeys(d for d, _ in columns):
+        indices = [i for i, (d, _) in enumerate(columns) if d == dataset]
+        greedy: list[list[int]] = []
+        for i in indices:
+            if greedy and fits([*greedy[-1], i]):
+                greedy[-1].append(i)
+            else:
+                greedy.append([i])
+        # as many parts as filling them in order needs, their sizes evened out where that fits
+        even = [[int(i) for i in part] for part in np.array_split(indices, len(greedy))]
+        chunks += even if all(fits(part) for part in even) else greedy
     return chunks
 
 
