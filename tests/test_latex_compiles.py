@@ -33,16 +33,21 @@ OVERFULL = re.compile(r"Overfull \\hbox \((\d+(?:\.\d+)?)pt too wide\)")
 
 def planted_runs(grid) -> pd.DataFrame:
     """One FINISHED run per cell of ``grid``, in :func:`harness.reports.tables.load_runs`'s
-    columns, with scores spread so that intervals and differences take their widest form."""
+    columns, with scores spread so that intervals and differences take their widest form; the
+    first block's runs carry a deviation and differ in evaluation code (its marks)."""
     rng = np.random.default_rng(0)
     rows = []
+    first_block = (grid.cells[0].backbone, grid.cells[0].loss)
     for cell in grid.cells:
+        odd = (cell.backbone, cell.loss) == first_block  # every mark and footnote shows up
         rows.append({"run_id": uuid.uuid4().hex, "experiment": grid.experiment, "backbone": cell.backbone,
                      "loss": cell.loss, "method": cell.method, "setting": "", "dataset": cell.dataset,
                      "seed": str(cell.seed), "fingerprint": f"{cell.backbone}-{cell.loss}-{cell.dataset}",
-                     "deviations": "none", "test_set_selection": False, "method_revision": 1,
+                     "deviations": "schedule.epochs: 150 -> 1 (× 2, λ ≤ 0.5)" if odd else "none",
+                     "test_set_selection": False, "method_revision": 1,
                      "selection": "validation", "validation_classes": "0.2",
-                     "selection_metric": "mean_average_precision_at_r", "evaluation_code": "code",
+                     "selection_metric": "mean_average_precision_at_r",
+                     "evaluation_code": f"code-{cell.seed}" if odd else "code",
                      "options": json.dumps({}), "tuned": False, "init_from": False, "paper_deviations": {},
                      **{f"test_{m}": rng.uniform(0.05, 0.95) for m in METRICS}})
     return pd.DataFrame(rows)
@@ -69,7 +74,9 @@ def test_every_grid_table_compiles_and_fits_the_text_block(grid_name, tmp_path, 
     table = compose_table([grid.experiment], fmt="latex", published=grid.published_file or None,
                           tables=grid.published_tables, metrics=grid.metrics or None, caption=grid.description,
                           published_rows=dict(grid.published_rows) or None, baseline=grid.baseline,
-                          published_metrics=grid.published_metrics or None, per_query=None)
+                          published_metrics=grid.published_metrics or None,
+                          per_query=lambda run_id: None)  # no per-query results: the ‡ marks and note
+    assert table.problems and "$^{\\ddagger}$" in table.text and "$^\\dagger$" in table.text
     assert "\\scriptsize" not in table.text and "\\tiny" not in table.text
     assert not table.tests.empty  # the paired-tests tables are compiled too
     for options in ("", "twocolumn"):
