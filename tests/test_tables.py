@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import uuid
 from pathlib import Path
 
@@ -111,19 +112,30 @@ def test_deviation_and_test_selection_are_marked_with_a_footnote():
     assert "schedule.epochs: 150 $\\to$ 1; loss.args: \\{'m': 0.1\\} $\\to$ \\{'m': 1e-3\\}" in latex
 
 
-def test_latex_is_booktabs_with_blocks_and_spanning_dataset_headers():
+def test_latex_is_booktabs_one_table_per_dataset_with_blocks():
     runs = pd.concat([_two_methods(), _two_methods().assign(dataset="cars196"),
                       _two_methods().assign(loss="contrastive", fingerprint="fpD")], ignore_index=True)
     cells = attach_published(summarize(runs, ["recall_at_1", "nmi"]), None)
     tex = render_latex(cells, metrics=["recall_at_1", "nmi"], caption="Table 3")
-    assert "\\toprule" in tex and "\\bottomrule" in tex and tex.count("\\midrule") == 2
-    assert "\\multicolumn{2}{c}{CUB-200-2011} & \\multicolumn{2}{c}{Cars196}" in tex
-    assert "\\cmidrule(lr){2-3} \\cmidrule(lr){4-5}" in tex
-    assert "\\emph{ResNet-50 + Margin}" in tex and "\\emph{ResNet-50 + Contrastive}" in tex
-    assert "66.00$\\pm$12.71$^{\\approx}$$_{n=2}$" in tex
-    # contrastive has no cars196 runs: an empty cell, not a crash
-    contrastive = tex.split("Contrastive}}")[1]
-    assert "--" in contrastive.splitlines()[1]
+    assert tex.startswith("% Table 3\n% Needs in the preamble: \\usepackage{booktabs}\n")
+    cub, cars = tex.split("\\begin{table*}")[1:]
+    assert "\\caption{Table 3 (CUB-200-2011)}" in cub and "\\caption{Table 3 (Cars196)}" in cars
+    assert "\\multicolumn{2}{c}{CUB-200-2011}" in cub and "\\cmidrule(l){3-4}" in cub
+    assert "\\scriptsize" not in tex and tex.count("\\footnotesize") >= 2
+    assert cub.count("\\midrule") == 2 and cars.count("\\midrule") == 1  # contrastive has no Cars196 runs
+    assert "\\emph{ResNet-50 + Margin}" in cub and "\\emph{ResNet-50 + Contrastive}" in cub
+    assert "\\emph{ResNet-50 + Contrastive}" not in cars
+    assert "A-grouping & 2 & 66.00$\\pm$12.71$^{\\approx}$ &" in cub
+    assert "Cells: mean over seeds" in cars and "Cells: mean over seeds" not in cub  # footnotes under the last
+
+
+def test_latex_signs_are_minus_signs_and_published_values_sit_beneath():
+    runs = _two_methods()
+    published = pd.DataFrame([{"backbone": "resnet50", "loss": "margin", "method": "agrouping", "dataset": "cub200",
+                               "metric": "recall_at_1", "value": 70.0, "note": ""}])
+    tex = render_latex(attach_published(summarize(runs, ["recall_at_1"]), published), metrics=["recall_at_1"])
+    assert "\\quad published &  & 70.00 ($-$4.00) \\\\" in tex
+    assert "(-4.00)" not in tex
 
 
 def test_published_rows_without_runs_still_appear():
@@ -481,3 +493,72 @@ def test_row_labels_come_from_the_plugins_with_the_runs_recorded_options():
     text = render_markdown(attach_published(summarize(runs[:2], ["recall_at_1"]), None), metrics=["recall_at_1"],
                            labels=labels)
     assert "| + DIABLO (N = 2) | 62.00 (n=1) |" in text and "N = 8" not in text
+
+
+@pytest.mark.parametrize("grid", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "protocols" / "grids")
+                                        .glob("*.toml")))
+def test_every_grid_tables_map_at_r(grid):
+    """MAP@R (Musgrave et al. 2020) is a column of every shipped grid's table (none of the
+    papers forbids it) and of the default metrics."""
+    from harness.config.grids import load_grid
+    from harness.reports.tables import DEFAULT_METRICS
+
+    loaded = load_grid(Path(__file__).resolve().parents[1] / "protocols" / "grids" / f"{grid}.toml")
+    assert "mean_average_precision_at_r" in loaded.metrics
+    assert "mean_average_precision_at_r" in DEFAULT_METRICS
+
+
+def test_a_published_row_without_map_at_r_shows_a_dash_in_that_column():
+    runs = _runs([{"method": "agrouping", "seed": "0", "test_recall_at_1": 0.70, "test_mean_average_precision_at_r": 0.3},
+                  {"method": "agrouping", "seed": "1", "test_recall_at_1": 0.72, "test_mean_average_precision_at_r": 0.32}])
+    metrics = ["recall_at_1", "mean_average_precision_at_r"]
+    published = load_published(PUBLISHED, ["3"])
+    cells = attach_published(summarize(runs, metrics), published[published["metric"].isin(metrics)])
+    text = render_markdown(cells, metrics=metrics)
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "CUB-200-2011 MAP@R" in header
+    column = header.split(" | ").index("CUB-200-2011 MAP@R")
+    a_row = next(line for line in text.splitlines() if line.startswith("| A-grouping") and "71.00" in line)
+    assert a_row.split(" | ")[column].startswith("31.00")  # reproduced, no published value beside it
+    published_only = next(line for line in text.splitlines() if line.startswith("| N-grouping"))
+    assert published_only.split(" | ")[column] == "–"
+
+
+def test_paired_tests_rows_follow_the_main_tables_order():
+    """Runs listed in another order than the table's (a later method first, the second
+    dataset first) give paired-tests rows in the main table's order, in both formats."""
+    from harness.reports.tables import paired_tests
+
+    rows = []
+    for dataset in ("cars196", "cub200"):
+        for method, shift in (("agrouping", 0.05), ("plain", 0.0), ("ngrouping", 0.02)):
+            rows += [{"method": method, "dataset": dataset, "seed": str(s), "run_id": f"{method}-{dataset}-{s}",
+                      "test_recall_at_1": 0.5 + shift + 0.01 * s, "test_nmi": 0.4 + shift} for s in (0, 1)]
+    runs = _runs(rows)
+    cells = attach_published(summarize(runs, ["recall_at_1", "nmi"]), None)
+    tests = paired_tests(runs, ["nmi", "recall_at_1"], baseline="plain")
+    text = render_markdown(cells, metrics=["recall_at_1", "nmi"], tests=tests)
+    main_order = [line.split(" | ")[0].removeprefix("| ") for line in text.split("**Paired tests")[0].splitlines()
+                  if line.startswith("| ") and "-grouping" in line]
+    paired = [line.split(" | ") for line in text.split("**Paired tests")[1].splitlines() if " vs " in line]
+    assert [(p[1], p[2]) for p in paired] == [(d, m) for d in ("CUB-200-2011", "Cars196") for _ in main_order
+                                              for m in ("R@1", "NMI")]
+    assert [p[3].split(" vs ")[0] for p in paired[::2]] == main_order * 2
+    tex = render_latex(cells, metrics=["recall_at_1", "nmi"], tests=tests)
+    latex_paired = [line.split(" vs ")[0].rsplit(": ", 1)[1] for line in tex.split("Paired tests", 1)[1].splitlines()
+                    if " vs " in line]
+    assert latex_paired == main_order * 2
+
+
+def test_a_dataset_with_more_metrics_than_fit_is_split_into_even_parts():
+    metrics = ["recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "recall_at_16", "recall_at_32",
+               "mean_average_precision_at_r"]
+    runs = _runs([{"method": m, "seed": str(s), **{f"test_{k}": 0.5 + 0.01 * s + (m == "agrouping") * 0.02
+                                                   for k in metrics}}
+                  for m in ("ngrouping", "agrouping") for s in (0, 1)])
+    tex = render_latex(attach_published(summarize(runs, metrics), None), metrics=metrics, caption="Wide")
+    parts = re.findall(r"\\caption\{Wide \(CUB-200-2011, part (\d) of (\d)\)\}", tex)
+    assert len(parts) >= 2 and {total for _, total in parts} == {str(len(parts))}
+    heads = [line for line in tex.splitlines() if line.startswith("Method & $n$ & ")]
+    sizes = [line.count("&") - 1 for line in heads]
+    assert sum(sizes) == len(metrics) and max(sizes) - min(sizes) <= 1  # every metric once, parts even

@@ -1,5 +1,6 @@
 """``python -m harness table --experiment NAME``: the table's arguments; the table itself
-is :func:`harness.reports.tables.build_table`'s."""
+is :func:`harness.reports.tables.compose_table`'s, the forest plot beside it
+:func:`harness.reports.figures.write_forest`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.reports.tables import DEFAULT_METRICS, build_table, parse_published_row, write_atomic
+from harness.reports.figures import write_forest
+from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
 
 __all__ = ["add_table_parser", "cmd_table"]
 
@@ -28,14 +30,19 @@ def cmd_table(args: argparse.Namespace) -> int:
     metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
-    text = build_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
-                       metrics=metrics, caption=args.caption or "", published_rows=rows or None,
-                       baseline=args.baseline, published_metrics=metric_map or None)
+    table = compose_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
+                          metrics=metrics, caption=args.caption or "", published_rows=rows or None,
+                          baseline=args.baseline, published_metrics=metric_map or None)
+    if args.strict and table.problems:
+        raise HarnessError(f"--strict: {len(table.problems)} run(s) lack results the table needs "
+                           f"(listed above); nothing written")
     name = args.name or "+".join(args.experiment)
     out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
-    write_atomic(out, text)
-    print(text)
-    print(f"written to {out}", file=sys.stderr)
+    write_atomic(out, table.text)
+    figures = write_forest(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
+    print(table.text)
+    print(f"written to {out}" + (f"; forest plot {', '.join(p.name for p in figures)}" if figures else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -60,6 +67,9 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
                    f"else {','.join(DEFAULT_METRICS)})")
     p.add_argument("--caption")
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 2, nothing written) when a cell cannot be computed as it should, e.g. a "
+                   "run's per-query results are missing; without it such cells are marked and listed on stderr")
     p.set_defaults(func=cmd_table)
     return p
 

@@ -39,6 +39,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,12 @@ from harness.reports.stats import (
 
 __all__ = ["load_runs", "summarize", "paired_tests", "load_published",
            "parse_published_row", "attach_published", "render_latex", "render_markdown", "write_atomic",
-           "build_table", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
+           "build_table", "compose_table", "Table", "block_label", "row_label", "ordered_tests", "missing_results", "has_per_query_values", "artifact_per_query", "method_labels", "recorded_options", "DEFAULT_METRICS",
            "CELL_COLUMNS", "TEST_COLUMNS", "SIGNIFICANCE"]
 
-#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``).
-DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c")
+#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``), then MAP@R
+#: (Musgrave et al. 2020, Sec. 3.2: R-precision averaged over the first R ranks).
+DEFAULT_METRICS = ("recall_at_1", "recall_at_2", "nmi", "f1", "map_at_c", "mean_average_precision_at_r")
 #: What a published value is matched on.
 KEYS = ["backbone", "loss", "method", "dataset"]
 #: A table row inside a block: the method and its setting (options / tuned / init).
@@ -71,7 +73,8 @@ CELL_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "m
                 "flagged", "code_flagged", "published"]
 #: Columns of :func:`paired_tests`.
 TEST_COLUMNS = ["backbone", "loss", "method", "setting", "dataset", "metric", "baseline", "pairs", "difference",
-                "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling"]
+                "low", "high", "p_t", "boot_difference", "boot_low", "boot_high", "p_boot", "boot_queries", "boot_pooling",
+                "boot_missing"]
 #: Level below which a paired test marks a cell.
 SIGNIFICANCE = 0.05
 
@@ -303,12 +306,17 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
     (``TEST_COLUMNS``, differences in percent points):
 
     * ``difference``, ``p_t``: paired t-test over the seeds both rows have (pairs = seeds);
+      ``low``, ``high``: the 95% Student t-interval of the mean paired difference (NaN
+      for one pair);
     * ``boot_*``: paired bootstrap over queries from the runs' per-query results, when
       ``per_query`` gives them for every paired run and the metric has per-query values
       (retrieval metrics; not NMI / F1): per seed, method minus baseline per query (both
       runs must have scored the same queries), averaged over seeds when every seed scored
       the same queries, else pooled (:func:`harness.reports.stats.pool_query_differences`);
-      ``resamples`` resamples, seed 0.
+      ``resamples`` resamples, seed 0;
+    * ``boot_missing``: the runs (ids, space-separated) whose per-query results ``per_query``
+      did not give, for a metric that has per-query values: that bootstrap is owed, not
+      computed (the table marks the cell and :func:`compose_table` reports the runs).
     """
     from harness.components.evaluation import per_query_values
 
@@ -347,29 +355,48 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
                 if not both:
                     continue
                 diff, p_t = paired_t_test(row.loc[both, column] * 100, base.loc[both, column] * 100)
+                _, half, _ = t_interval((row.loc[both, column] - base.loc[both, column]) * 100)
                 record = {"backbone": backbone, "loss": loss, "method": method, "setting": setting,
                           "dataset": dataset, "metric": metric, "baseline": baseline, "pairs": len(both),
-                          "difference": diff, "p_t": p_t, "boot_difference": math.nan, "boot_low": math.nan,
-                          "boot_high": math.nan, "p_boot": math.nan, "boot_queries": 0, "boot_pooling": ""}
-                record.update(_bootstrap(row, base, both, metric, arrays, per_query_values, resamples))
+                          "difference": diff, "low": diff - half, "high": diff + half, "p_t": p_t, "boot_difference": math.nan, "boot_low": math.nan,
+                          "boot_high": math.nan, "p_boot": math.nan, "boot_queries": 0, "boot_pooling": "",
+                          "boot_missing": ""}
+                if per_query is not None:
+                    record.update(_bootstrap(row, base, both, metric, arrays, per_query_values, resamples))
                 out.append(record)
     return pd.DataFrame(out, columns=TEST_COLUMNS)
 
 
+def has_per_query_values(metric: str) -> bool:
+    """Whether stored per-query results give ``metric`` query by query
+    (:func:`harness.components.evaluation.per_query_values`): P@1, Recall@K and the
+    scores kept per query; not the clustering metrics."""
+    from harness.components.evaluation import PER_QUERY_SCORES
+
+    recall_k = metric.startswith("recall_at_") and metric.removeprefix("recall_at_").isdigit()
+    return metric == "precision_at_1" or recall_k or metric in PER_QUERY_SCORES
+
+
 def _bootstrap(row: pd.DataFrame, base: pd.DataFrame, seeds: list, metric: str, arrays, values_of,
                resamples: int) -> dict:
-    """The ``boot_*`` fields of one comparison, or {} when per-query results are missing."""
-    pairs = []
+    """The ``boot_*`` fields of one comparison: {} when the stored arrays cannot give the
+    metric or disagree on the queries; ``boot_missing`` when a run's per-query results are
+    missing."""
+    pairs, missing = [], []
     for seed in seeds:
         ours, theirs = arrays(row.at[seed, "run_id"]), arrays(base.at[seed, "run_id"])
+        missing += [rid for rid, got in ((row.at[seed, "run_id"], ours), (base.at[seed, "run_id"], theirs))
+                    if got is None]
         if ours is None or theirs is None:
-            return {}
+            continue
         a, b = values_of(ours, metric), values_of(theirs, metric)
         labels = ours["label"][ours["num_relevant"] > 0]
         if a is None or b is None or a.shape != b.shape or not np.array_equal(
                 labels, theirs["label"][theirs["num_relevant"] > 0]):
             return {}
         pairs.append((a * 100, b * 100, labels))
+    if missing:
+        return {"boot_missing": " ".join(dict.fromkeys(missing))} if has_per_query_values(metric) else {}
     differences, pooling = pool_query_differences(pairs)
     result = paired_bootstrap(differences, resamples=resamples)
     return {"boot_difference": result.mean, "boot_low": result.low, "boot_high": result.high,
@@ -583,6 +610,7 @@ MARKS = {  # (markdown, LaTeX)
     "flagged": ("†", "$^\\dagger$"), "code": ("§", "$^\\S$"), "tied": ("≈", "$^{\\approx}$"),
     "t_up": ("↑", "$^{\\uparrow}$"), "t_down": ("↓", "$^{\\downarrow}$"),
     "boot_up": ("⇑", "$^{\\Uparrow}$"), "boot_down": ("⇓", "$^{\\Downarrow}$"),
+    "incomplete": ("‡", "$^{\\ddagger}$"),
 }
 
 
@@ -598,6 +626,8 @@ def _test_marks(test: pd.Series | None, latex: bool) -> str:
         marks += _mark("t_up" if test["difference"] > 0 else "t_down", latex)
     if not math.isnan(test["p_boot"]) and test["p_boot"] < SIGNIFICANCE:
         marks += _mark("boot_up" if test["boot_difference"] > 0 else "boot_down", latex)
+    if test.get("boot_missing", ""):
+        marks += _mark("incomplete", latex)
     return marks
 
 
@@ -631,25 +661,38 @@ def _cell_text(row: pd.Series | None, bold: bool, *, latex: bool, tied: bool = F
 def _footnotes(cells: pd.DataFrame, deviations: Sequence[str], latex: bool, tests: pd.DataFrame | None,
                notes: Sequence[str], labels: Mapping[str, str]) -> list[str]:
     pm, pct, lt = ("$\\pm$", "\\%", "$<$") if latex else ("±", "%", "<")
+    formula = ("$t_{0.975,\\,n-1}\\,s/\\sqrt{n}$, $s$ the sample standard deviation" if latex
+               else "t(0.975, n-1) s / sqrt(n), s the sample std")
     ttest = "ttest\\_rel" if latex else "ttest_rel"
-    published = " / published value (reproduced minus published)" if cells["published"].notna().any() else ""
+    published = ""
+    if cells["published"].notna().any():
+        published = ("; a row \\emph{published} beneath a method: the paper's value, reproduced minus published in "
+                     "parentheses" if latex else " / published value (reproduced minus published)")
+    seeds = "$n$: the number of seeds (its column)" if latex else "n: the number of seeds"
+    few = "$n < 2$" if latex else "n < 2"
+    significant = f"$p < {SIGNIFICANCE}$" if latex else f"p < {SIGNIFICANCE}"
     out = [f"Cells: mean over seeds {pm} half-width of the 95{pct} Student t-interval over seeds "
-           f"(t(0.975, n-1) s / sqrt(n), s the sample std), in percent; n: the number of seeds{published}. "
+           f"({formula}), in percent; {seeds}{published}. "
            f"Bold: the best mean of its block and column when its interval lies above every other row's; "
-           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with n {lt} 2 "
+           f"{_mark('tied', latex)}: tied for best (the intervals overlap the best one's). Cells with {few} "
            f"have no interval and are neither."]
     if tests is not None and not tests.empty:
         baseline = labels[tests["baseline"].iloc[0]]
         boot = tests[tests["boot_queries"] > 0]
         text = (f"{_mark('t_up', latex)}/{_mark('t_down', latex)}: above/below the block's baseline row "
                 f"({baseline}) in a paired t-test over seeds (same seed: same split and initialisation; "
-                f"scipy.stats.{ttest}, two-sided), p {lt} {SIGNIFICANCE}.")
+                f"scipy.stats.{ttest}, two-sided), {significant}.")
         if not boot.empty:
             pooling = ", ".join(sorted(set(boot["boot_pooling"])))
             text += (f" {_mark('boot_up', latex)}/{_mark('boot_down', latex)}: the same in a paired bootstrap "
                      f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
-                     f"percentile interval), p {lt} {SIGNIFICANCE}.")
+                     f"percentile interval), {significant}.")
         out.append(text + " Differences and p-values: the table of paired tests.")
+        if "boot_missing" in tests and (tests["boot_missing"] != "").any():
+            runs = len({r for ids in tests["boot_missing"] for r in ids.split()})
+            out.append(f"{_mark('incomplete', latex)}: paired bootstrap over test queries not computed: the "
+                       f"per-query results of {runs} run(s) are missing (harness table names each run and "
+                       f"what is missing on stderr).")
     out += [_latex_escape(n) if latex else n for n in notes]
     if cells["flagged"].any():
         what = "; ".join(deviations) if deviations else "see the runs' deviations tags"
@@ -680,7 +723,12 @@ def _rows(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFram
     return body, datasets, columns
 
 
-def _row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
+def block_label(backbone: str, loss: str) -> str:
+    """A block's heading: ``ResNet-50 + Margin``."""
+    return f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+
+
+def row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
     """The paper's label for a method's row (``labels``, :func:`method_labels`); the method's
     registered name and what tells the row apart when it has a setting (a paper label may
     name an option, "N = 8")."""
@@ -689,7 +737,11 @@ def _row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
 
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}"}
+                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}",
+                   # characters the notes may hold that pdflatex has no glyph for by default
+                   "–": "--", "—": "---", "×": r"$\times$", "≤": r"$\le$", "≥": r"$\ge$", "±": r"$\pm$",
+                   "→": r"$\to$", "≈": r"$\approx$", "Δ": r"$\Delta$", "λ": r"$\lambda$", "·": r"$\cdot$",
+                   "†": r"$^\dagger$", "‡": r"$^\ddagger$", "’": "'", "“": "``", "”": "''"}
 
 
 def _latex_escape(text: str) -> str:
@@ -701,6 +753,17 @@ def _p(value: float) -> str:
     return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
 
 
+def _interval(mean: float, low: float, high: float, *, latex: bool) -> str:
+    """``+1.25 [-0.50, +3.00]``; the mean alone when there is no interval."""
+    if math.isnan(low) or math.isnan(high):
+        return _signed(mean, latex)
+    return f"{_signed(mean, latex)} [{_signed(low, latex)}, {_signed(high, latex)}]"
+
+
+def _p_latex(value: float) -> str:
+    return "--" if math.isnan(value) else _p(value).replace("<", "$<$")
+
+
 def _test_rows(tests: pd.DataFrame, labels: Mapping[str, str]) -> list[list[str]]:
     """Plain-text rows of the paired-tests table."""
     rows = []
@@ -709,60 +772,219 @@ def _test_rows(tests: pd.DataFrame, labels: Mapping[str, str]) -> list[list[str]
                 f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})")
         rows.append([f"{_label(BACKBONE_LABELS, t.backbone)} + {_label(LOSS_LABELS, t.loss)}",
                      _label(DATASET_LABELS, t.dataset), _label(METRIC_LABELS, t.metric),
-                     f"{_row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
-                     f"{t.difference:+.2f}", _p(t.p_t), boot, _p(t.p_boot)])
+                     f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
+                     _interval(t.difference, t.low, t.high, latex=False), _p(t.p_t), boot, _p(t.p_boot)])
     return rows
 
 
-TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds)", "p (paired t)",
+TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds) [95% CI]", "p (paired t)",
                "Δ over queries [95% CI]", "p (bootstrap)"]
+
+
+#: What a LaTeX table needs in the preamble (written in its comment header).
+LATEX_PACKAGES = ("booktabs",)
+#: ``\textwidth`` of a standard one-column ``article`` (10pt, letter or A4 paper): the
+#: narrowest text block a table must fit; a two-column article's (``table*``) is 469pt.
+TEXT_WIDTH_PT = 345.0
+#: Widths at ``\footnotesize`` (cmr8, in pt) of what cells print, for :func:`_text_pt`;
+#: a mark is a superscript symbol; ``\tabcolsep`` is 6pt on each side of a column.
+_GLYPH_PT = {**dict.fromkeys("0123456789", 4.25), ".": 2.4, " ": 2.8, "(": 3.3, ")": 3.3, "±": 6.6, "+": 6.6,
+             "-": 6.6}
+_LETTER_PT, _MARK_PT, _COLSEP_PT = 4.6, 4.5, 12.0
+
+
+def _text_pt(text: str) -> float:
+    return sum(_GLYPH_PT.get(ch, _LETTER_PT) for ch in text)
+
+
+def _signed(value: float, latex: bool) -> str:
+    """``+1.25`` / ``-1.25``, with LaTeX's plus and minus signs (not a hyphen) in LaTeX."""
+    text = f"{value:+.2f}"
+    return f"${text[0]}${text[1:]}" if latex else text
+
+
+def _latex_header(caption: str) -> list[str]:
+    return [f"% {caption}" if caption else "% Table from the harness's tracking store",
+            "% Needs in the preamble: " + " ".join(f"\\usepackage{{{p}}}" for p in LATEX_PACKAGES),
+            f"% Each tabular fits \\textwidth of a one-column article ({TEXT_WIDTH_PT:.0f}pt) and spans both "
+            f"columns of a two-column one (table*); text at \\footnotesize."]
+
+
+def _latex_reproduced(c: dict) -> str:
+    """A reproduced cell: mean (bold when best beyond the intervals) +- half-width and its marks."""
+    row = c["row"]
+    if row is None or math.isnan(row["mean"]):
+        return "--"
+    text = _fmt(row["mean"])
+    text = f"\\textbf{{{text}}}" if c["bold"] else text
+    if not math.isnan(row["half_width"]):
+        text += f"$\\pm${row['half_width']:.2f}"
+    marks = (_mark("tied", True) if c["tied"] else "") + _test_marks(c["test"], True)
+    marks += (_mark("flagged", True) if bool(row["flagged"]) else "") + (_mark("code", True) if bool(row["code_flagged"]) else "")
+    return text + marks
+
+
+def _latex_published(c: dict) -> str:
+    """A published cell: the value, and reproduced minus published in parentheses."""
+    row = c["row"]
+    if row is None or math.isnan(row["published"]):
+        return "--"
+    if math.isnan(row["mean"]):
+        return f"{row['published']:.2f}"
+    return f"{row['published']:.2f} ({_signed(round(row['mean'], 2) - row['published'], True)})"
+
+
+def _estimated_width(cell: dict) -> float:
+    """The printed width of a cell's widest line (pt), from its characters' widths."""
+    row = cell["row"]
+    if row is None:
+        return _text_pt("--")
+    marks = _latex_reproduced(cell).count("$^")
+    ours = _text_pt(f"{row['mean']:.2f}±{row['half_width']:.2f}") + marks * _MARK_PT if not math.isnan(row["mean"]) else 0
+    theirs = _text_pt(f"{row['published']:.2f} (+{abs(row['mean'] - row['published']):.2f})") \
+        if not math.isnan(row["published"]) and not math.isnan(row["mean"]) else _text_pt(f"{row['published']:.2f}")
+    return max(ours, theirs)
+
+
+def _latex_chunks(body, columns, labels: Mapping[str, str]) -> list[list[int]]:
+    """Column indices of each tabular: one dataset per tabular, its metrics split so that
+    every tabular fits :data:`TEXT_WIDTH_PT` (by :func:`_estimated_width`)."""
+    label = max([_text_pt(row_label(m, s, labels)) for _, rows in body for (m, s), _ in rows]
+                + [_text_pt("published") + 10.0])  # the published rows' label is indented by \quad
+    fixed = label + _text_pt("2--3") + 2 * _COLSEP_PT  # the label and n columns
+    widths = [max([_estimated_width(row[i]) for _, rows in body for _, row in rows] + [_text_pt("MAP@R")]) + _COLSEP_PT
+              for i in range(len(columns))]
+    def fits(part: list[int]) -> bool:
+        return fixed + sum(widths[j] for j in part) <= TEXT_WIDTH_PT
+
+    chunks: list[list[int]] = []
+    for dataset in dict.fromkeys(d for d, _ in columns):
+        indices = [i for i, (d, _) in enumerate(columns) if d == dataset]
+        greedy: list[list[int]] = []
+        for i in indices:
+            if greedy and fits([*greedy[-1], i]):
+                greedy[-1].append(i)
+            else:
+                greedy.append([i])
+        # as many parts as filling them in order needs, their sizes evened out where that fits
+        even = [[int(i) for i in part] for part in np.array_split(indices, len(greedy))]
+        chunks += even if all(fits(part) for part in even) else greedy
+    return chunks
+
+
+def _seed_counts(row: list[dict], chunk: list[int]) -> str:
+    counts = sorted({int(row[i]["row"]["n"]) for i in chunk if row[i]["row"] is not None and row[i]["row"]["n"]})
+    return "--" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}--{counts[-1]}"
+
+
+def _latex_tabular(body, columns, chunk: list[int], labels: Mapping[str, str]) -> list[str]:
+    """One dataset's tabular: a row per method (mean +- half-width and marks, n) and, where
+    published values exist, a row of them with the difference beneath it."""
+    dataset = _latex_escape(_label(DATASET_LABELS, columns[chunk[0]][0]))
+    width = 2 + len(chunk)
+    lines = [f"\\begin{{tabular}}{{@{{}}lc{'c' * len(chunk)}@{{}}}}", "\\toprule",
+             f" & & \\multicolumn{{{len(chunk)}}}{{c}}{{{dataset}}} \\\\",
+             f"\\cmidrule(l){{3-{width}}}",
+             " & ".join(["Method", "$n$", *(_latex_escape(_label(METRIC_LABELS, columns[i][1])) for i in chunk)]) + " \\\\"]
+    for (backbone, loss), rows in body:
+        shown = [(key, row) for key, row in rows if any(row[i]["row"] is not None for i in chunk)]
+        if not shown:
+            continue
+        lines.append("\\midrule")
+        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+        lines.append(f"\\multicolumn{{{width}}}{{@{{}}l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
+        for (method, setting), row in shown:
+            label = _latex_escape(row_label(method, setting, labels))
+            lines.append(" & ".join([label, _seed_counts(row, chunk), *(_latex_reproduced(row[i]) for i in chunk)])
+                         + " \\\\")
+            if any(row[i]["row"] is not None and not math.isnan(row[i]["row"]["published"]) for i in chunk):
+                lines.append(" & ".join(["\\quad published", "", *(_latex_published(row[i]) for i in chunk)])
+                             + " \\\\")
+    return [*lines, "\\bottomrule", "\\end{tabular}"]
 
 
 def render_latex(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
                  deviations: Sequence[str] = (), tests: pd.DataFrame | None = None,
                  notes: Sequence[str] = (), labels: Mapping[str, str] | None = None,
                  baseline: str = "plain") -> str:
-    """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> booktabs LaTeX tables
-    (needs ``\\usepackage{booktabs}``): the comparison, then the paired tests. ``labels``:
-    row labels by method (:func:`method_labels`; the plugins' defaults where missing);
+    """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> booktabs LaTeX that
+    drops into a paper: a comment header naming the packages it needs
+    (:data:`LATEX_PACKAGES`), then one ``table*`` per dataset (its metrics split further
+    when they would not fit :data:`TEXT_WIDTH_PT`) with the footnotes under the last, then
+    the paired tests (:func:`render_latex_tests`), rows in the same order. ``labels``: row
+    labels by method (:func:`method_labels`; the plugins' defaults where missing);
     ``baseline``: the method whose row leads each block (the paired tests' baseline)."""
     labels = _all_labels(cells, tests, labels)
-    body, datasets, columns = _rows(cells, metrics, tests, _baseline(tests, baseline))
-    width = 1 + len(columns)
-    lines = ["\\begin{table*}[t]", "\\centering", "\\scriptsize"]
-    if caption:
-        lines.append(f"\\caption{{{_latex_escape(caption)}}}")
-    lines += [f"\\begin{{tabular}}{{l{'c' * len(columns)}}}", "\\toprule"]
-    spans, start = [], 2
-    head = ["Method"]
-    for d in datasets:
-        k = sum(1 for c in columns if c[0] == d)
-        if k:
-            head.append(f"\\multicolumn{{{k}}}{{c}}{{{_latex_escape(_label(DATASET_LABELS, d))}}}")
-            spans.append(f"\\cmidrule(lr){{{start}-{start + k - 1}}}")
-            start += k
-    lines.append(" & ".join(head) + " \\\\")
-    lines.append(" ".join(spans))
-    lines.append(" & ".join(["", *(_latex_escape(_label(METRIC_LABELS, m)) for _, m in columns)]) + " \\\\")
-    for (backbone, loss), rows in body:
-        lines.append("\\midrule")
-        title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
-        lines.append(f"\\multicolumn{{{width}}}{{l}}{{\\emph{{{_latex_escape(title)}}}}} \\\\")
-        for (method, setting), row in rows:
-            cells_text = [_cell_text(c["row"], c["bold"], latex=True, tied=c["tied"], test=c["test"]) for c in row]
-            lines.append(" & ".join([_latex_escape(_row_label(method, setting, labels)), *cells_text]) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    for note in _footnotes(cells, deviations, True, tests, notes, labels):
-        lines.append(f"\\par\\smallskip\\parbox{{\\textwidth}}{{\\footnotesize {note}}}")
-    lines.append("\\end{table*}")
+    base = _baseline(tests, baseline)
+    body, _, columns = _rows(cells, metrics, tests, base)
+    chunks = _latex_chunks(body, columns, labels)
+    lines = _latex_header(caption)
+    for k, chunk in enumerate(chunks):
+        dataset = columns[chunk[0]][0]
+        same = [c for c in chunks if columns[c[0]][0] == dataset]  # a dataset split into parts
+        part = f" ({_label(DATASET_LABELS, dataset)}{'' if len(same) == 1 else f', part {same.index(chunk) + 1} of {len(same)}'})"
+        lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize",
+                  f"\\caption{{{_latex_escape((caption or 'Reproduced results') + part)}}}",
+                  *_latex_tabular(body, columns, chunk, labels)]
+        if k == len(chunks) - 1:
+            lines += [f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\footnotesize {note}}}"
+                      for note in _footnotes(cells, deviations, True, tests, notes, labels)]
+        lines.append("\\end{table*}")
     if tests is not None and not tests.empty:
-        lines += ["", "\\begin{table*}[t]", "\\centering", "\\scriptsize",
-                  f"\\caption{{{_latex_escape('Paired tests against the baseline row' + (f' ({caption})' if caption else ''))}}}",
-                  f"\\begin{{tabular}}{{llll{'c' * (len(TEST_HEADER) - 4)}}}", "\\toprule",
-                  " & ".join(_latex_escape(h).replace("Δ", "$\\Delta$") for h in TEST_HEADER) + " \\\\", "\\midrule"]
-        lines += [" & ".join(_latex_escape(c) for c in r) + " \\\\" for r in _test_rows(tests, labels)]
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table*}"]
+        lines += render_latex_tests(ordered_tests(tests, cells, metrics, base), labels, caption)
     return "\n".join(lines) + "\n"
+
+
+def render_latex_tests(tests: pd.DataFrame, labels: Mapping[str, str], caption: str = "") -> list[str]:
+    """The paired tests as one ``table*`` per dataset: per block and comparison, for each
+    metric the seeds, the mean paired difference (percent points) with its 95% t-interval
+    and the t-test's p, and the bootstrap difference over queries with its 95% interval and p."""
+    lines = []
+    head = ["Metric", "$n$", "$\\Delta$ [95\\% CI]", "$p$", "$\\Delta_q$ [95\\% CI]", "$p_q$"]
+    for dataset, part in tests.groupby("dataset", sort=False):
+        name = _latex_escape(_label(DATASET_LABELS, dataset))
+        title = "Paired tests against the baseline row" + (f" ({caption})" if caption else "")
+        queries = sorted(set(part.loc[part["boot_queries"] > 0, "boot_queries"]))
+        lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize", "\\setlength{\\tabcolsep}{4pt}",
+                  f"\\caption{{{_latex_escape(title)}: {name}}}",
+                  f"\\begin{{tabular}}{{@{{}}l{'c' * (len(head) - 1)}@{{}}}}", "\\toprule", " & ".join(head) + " \\\\"]
+        for (backbone, loss, method, setting), rows in part.groupby(["backbone", "loss", "method", "setting"],
+                                                                    sort=False):
+            block = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
+            versus = f"{row_label(method, setting, labels)} vs {labels[rows['baseline'].iloc[0]]}"
+            lines += ["\\midrule", f"\\multicolumn{{{len(head)}}}{{@{{}}l}}{{\\emph{{{_latex_escape(block)}}}: "
+                                   f"{_latex_escape(versus)}}} \\\\"]
+            for t in rows.itertuples(index=False):
+                boot = "--" if t.boot_queries == 0 else _interval(t.boot_difference, t.boot_low, t.boot_high, latex=True)
+                if t.boot_queries and len(queries) > 1:
+                    boot += f" ($Q$={t.boot_queries})"
+                lines.append(" & ".join([_latex_escape(_label(METRIC_LABELS, t.metric)), str(t.pairs),
+                                         _interval(t.difference, t.low, t.high, latex=True), _p_latex(t.p_t), boot,
+                                         _p_latex(t.p_boot)]) + " \\\\")
+        over = f"$Q$ = {queries[0]} test queries" if len(queries) == 1 else "$Q$ test queries"
+        lines += ["\\bottomrule", "\\end{tabular}",
+                  "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
+                  "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
+                  f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over} (10,000 resamples, percentile "
+                  "interval); --: not computed (a clustering metric, or per-query results missing).}", "\\end{table*}"]
+    return lines
+
+
+def ordered_tests(tests: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str] | None,
+                  baseline: str) -> pd.DataFrame:
+    """The paired tests in the main table's order: dataset, block, row, metric."""
+    if tests is None or tests.empty:
+        return tests
+    blocks, rows, datasets, columns = _layout(cells, metrics, baseline)
+    metric_order = list(dict.fromkeys(m for _, m in columns))
+
+    def rank(values: Sequence, value) -> int:
+        return values.index(value) if value in values else len(values)
+
+    keys = [(rank(datasets, t.dataset), rank(blocks, (t.backbone, t.loss)), rank(rows, (t.method, t.setting)),
+             rank(metric_order, t.metric)) for t in tests.itertuples(index=False)]
+    order = sorted(range(len(tests)), key=lambda i: keys[i])
+    return tests.iloc[order].reset_index(drop=True)
 
 
 def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None, caption: str = "",
@@ -781,7 +1003,7 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
         title = f"{_label(BACKBONE_LABELS, backbone)} + {_label(LOSS_LABELS, loss)}"
         lines.append("| " + " | ".join([f"*{title}*", *[""] * len(columns)]) + " |")
         for (method, setting), row in rows:
-            lines.append("| " + " | ".join([_row_label(method, setting, labels),
+            lines.append("| " + " | ".join([row_label(method, setting, labels),
                                             *(_cell_text(c["row"], c["bold"], latex=False, tied=c["tied"],
                                                          test=c["test"]) for c in row)]) + " |")
     for note in _footnotes(cells, deviations, False, tests, notes, labels):  # one paragraph each
@@ -789,7 +1011,8 @@ def render_markdown(cells: pd.DataFrame, *, metrics: Sequence[str] | None = None
     if tests is not None and not tests.empty:
         lines += ["", "**Paired tests against the baseline row**", "",
                   "| " + " | ".join(TEST_HEADER) + " |", "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(tests, labels)]
+        ordered = ordered_tests(tests, cells, metrics, _baseline(tests, baseline))
+        lines += ["| " + " | ".join(r) + " |" for r in _test_rows(ordered, labels)]
     return "\n".join(lines) + "\n"
 
 
@@ -872,14 +1095,34 @@ def variant_notes(metrics: Sequence[str], metric_map: dict[str, str]) -> list[st
     return [text]
 
 
-def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
-                tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                caption: str = "", published_rows: dict[str, Sequence[str]] | None = None,
-                baseline: str = "plain", published_metrics: dict[str, str] | None = None,
-                per_query: PerQueryLoader | None = artifact_per_query, resamples: int = 10_000) -> str:
-    """Tracking store -> table text (what ``cmd_table`` writes). ``published_metrics``:
+@dataclass(frozen=True)
+class Table:
+    """A rendered table and what it was computed from: ``text`` (LaTeX or Markdown),
+    ``tests`` (:func:`paired_tests`, the rows of the paired-tests table), ``labels`` (row
+    labels by method) and ``problems`` (one line per run whose results a cell needed
+    and did not get: run id and what is missing)."""
+
+    text: str
+    tests: pd.DataFrame
+    labels: dict[str, str]
+    metrics: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def build_table(experiments: Sequence[str], **options) -> str:
+    """Tracking store -> table text (:func:`compose_table`'s, same options)."""
+    return compose_table(experiments, **options).text
+
+
+def compose_table(experiments: Sequence[str], *, fmt: str = "latex", published: Path | None = None,
+                  tables: Sequence[str] = (), metrics: Sequence[str] | None = None,
+                  caption: str = "", published_rows: dict[str, Sequence[str]] | None = None,
+                  baseline: str = "plain", published_metrics: dict[str, str] | None = None,
+                  per_query: PerQueryLoader | None = artifact_per_query, resamples: int = 10_000) -> Table:
+    """Tracking store -> :class:`Table` (what ``cmd_table`` writes). ``published_metrics``:
     ``{published metric: reproduced metric}`` where a paper defines a metric differently
-    (DIML: ``r_precision`` -> ``r_precision_query_in_r``)."""
+    (DIML: ``r_precision`` -> ``r_precision_query_in_r``). Each run whose per-query results
+    a paired bootstrap needed and did not get is one line on stderr (and in ``problems``)."""
     metric_map = dict(published_metrics or {})
     runs = load_runs(experiments)
     pub = load_published(published, tables, published_rows) if published else None
@@ -892,6 +1135,9 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
         pub = pub[pub["metric"].isin(wanted)]
     cells = attach_published(summarize(runs, wanted), pub)
     tests = paired_tests(runs, wanted, baseline=baseline, per_query=per_query, resamples=resamples)
+    problems = missing_results(runs, tests, explain=artifact_problem if per_query is artifact_per_query else None)
+    for line in problems:
+        print(f"tables: {line}", file=sys.stderr)
     deviations = sorted({d for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True)
                          if d != "none"} | ({"test-set model selection"} if runs["test_set_selection"].any() else set()))
     notes = [*selection_notes(runs, published), *variant_notes(wanted, metric_map), *code_notes(runs)]
@@ -903,9 +1149,42 @@ def build_table(experiments: Sequence[str], *, fmt: str = "latex", published: Pa
                           + (f" vs published (table {', '.join(tables)})" if tables else ""))
     notes += published_notes(excluded, flagged)
     labels = method_labels(sorted(set(cells["method"].dropna()) | {baseline}), recorded_options(runs))
+    tests = ordered_tests(tests, cells, wanted, _baseline(tests, baseline))
     text = render(cells, metrics=wanted, caption=caption, deviations=deviations, tests=tests, notes=notes,
                   labels=labels, baseline=baseline)
-    return text + deviations_block(paper_deviation_notes(runs), latex=fmt == "latex")
+    text += deviations_block(paper_deviation_notes(runs), latex=fmt == "latex")
+    return Table(text=text, tests=tests, labels=_all_labels(cells, tests, labels), metrics=tuple(wanted),
+                 problems=tuple(problems))
+
+
+def artifact_problem(run_id: str) -> str:
+    """What is missing of run ``run_id``'s per-query artifact, and where it was looked for."""
+    from harness.components.evaluation import PER_QUERY_ARTIFACT
+    from harness.store.queries import missing_artifact
+
+    return missing_artifact(run_id, PER_QUERY_ARTIFACT)
+
+
+def missing_results(runs: pd.DataFrame, tests: pd.DataFrame, *, explain: Callable[[str], str] | None = None) -> list[str]:
+    """One line per run whose per-query results a paired bootstrap needed (``boot_missing``):
+    the run id, its method, dataset and seed, what is missing (``explain(run_id)``) and the
+    cells left without the bootstrap."""
+    if tests.empty or "boot_missing" not in tests:
+        return []
+    owed: dict[str, list[str]] = {}
+    for t in tests.itertuples(index=False):
+        for run_id in t.boot_missing.split():
+            owed.setdefault(run_id, []).append(f"{t.method}{f' [{t.setting}]' if t.setting else ''} "
+                                               f"{t.dataset} {_label(METRIC_LABELS, t.metric)}")
+    about = runs.set_index("run_id") if "run_id" in runs else pd.DataFrame()
+    lines = []
+    for run_id, cells in owed.items():
+        who = (f" ({about.at[run_id, 'method']}, {about.at[run_id, 'dataset']}, seed {about.at[run_id, 'seed']})"
+               if run_id in about.index else "")
+        why = (explain(run_id) if explain else "") or "no per-query results"
+        lines.append(f"run {run_id}{who}: {why}; no paired bootstrap for "
+                     f"{'; '.join(dict.fromkeys(cells))} (marked {_mark('incomplete', False)})")
+    return lines
 
 
 def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str]:

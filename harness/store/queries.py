@@ -17,11 +17,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.base.errors import HarnessError
-from harness.store.tracking import _existing_run_experiment, _search_runs, tracking_uri
+from harness.store.tracking import (
+    _existing_run_experiment,
+    _search_runs,
+    artifact_root,
+    tracking_uri,
+)
 
 __all__ = ["client", "search_runs", "all_runs", "find_run", "set_run_tags", "terminate_run",
            "metric_history", "experiment_exists", "finished_runs_frame", "newest_finished_runs",
-           "read_artifact", "log_to_run"]
+           "read_artifact", "missing_artifact", "run_artifact_dir", "log_to_run"]
 
 T = TypeVar("T")
 
@@ -120,16 +125,71 @@ def newest_finished_runs(experiments: Sequence[str]) -> list:
                               output_format="list", order_by=["attributes.start_time DESC"])
 
 
+def _recorded_artifact_dir(run) -> Path | None:
+    """The local folder MLflow recorded for the run's artifacts (``file:`` URI or plain
+    path); None for a remote artifact store."""
+    from urllib.parse import unquote, urlparse
+
+    uri = run.info.artifact_uri or ""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(uri) if parsed.scheme == "" and uri else None
+
+
+def run_artifact_dir(run) -> Path | None:
+    """Where the artifacts of ``run`` (a run object) are now, on this machine.
+
+    MLflow records an absolute location per run (``<experiment's root>/<run id>/artifacts``),
+    which a copied or moved store no longer matches. The store's own artifact folder
+    (:func:`harness.store.tracking.artifact_root`, beside the database file) comes first, so a
+    copy reads its own artifacts; the recorded location serves runs of experiments created
+    elsewhere. None for a remote artifact store (MLflow downloads from there). The returned
+    folder may not exist: :func:`missing_artifact` says so."""
+    recorded = _recorded_artifact_dir(run)
+    if recorded is None:
+        return None
+    beside_store = artifact_root() / run.info.run_id / "artifacts"
+    for folder in (beside_store, recorded):
+        if folder.is_dir():
+            return folder
+    # Neither exists: name the folder this store's layout expects when the run was
+    # recorded in that layout (an ``mlartifacts`` root), else the recorded one.
+    return beside_store if recorded.parent.parent.name == artifact_root().name else recorded
+
+
 def read_artifact(run_id: str, path: str, reader: Callable[[Path], T]) -> T | None:
-    """``reader`` applied to artifact ``path`` of run ``run_id``, downloaded to a temporary
-    folder; None when the run has no such artifact."""
+    """``reader`` applied to artifact ``path`` of run ``run_id`` (read in place from a local
+    store, found by :func:`run_artifact_dir`; downloaded to a temporary folder from a remote
+    one); None when the run has no such artifact (:func:`missing_artifact` says why)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
     c = client()
+    local = run_artifact_dir(c.get_run(run_id))
+    if local is not None:
+        file = local / path
+        return reader(file) if file.is_file() else None
     folder = path.rsplit("/", 1)[0] if "/" in path else ""
     if not any(a.path == path for a in c.list_artifacts(run_id, folder or None)):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         return reader(Path(c.download_artifacts(run_id, path, tmp)))
+
+
+def missing_artifact(run_id: str, path: str) -> str:
+    """Why run ``run_id`` has no artifact ``path``, in a few words naming where it was
+    looked for; empty when the artifact is there."""
+    c = client()
+    local = run_artifact_dir(c.get_run(run_id))
+    if local is None:
+        folder = path.rsplit("/", 1)[0] if "/" in path else ""
+        found = any(a.path == path for a in c.list_artifacts(run_id, folder or None))
+        return "" if found else f"no artifact {path} in the run's artifact store"
+    if (local / path).is_file():
+        return ""
+    if not local.is_dir():
+        return (f"artifact {path} missing: the run's artifact folder {local} does not exist (was the store's "
+                f"{artifact_root().name} folder left behind when it was copied?)")
+    return f"artifact {path} missing from {local}"
 
 
 def log_to_run(run_id: str, *, metrics: dict[str, float], tags: dict[str, str], texts: dict[str, str],

@@ -1,7 +1,11 @@
 """MLflow tracking: the store every number is reproduced from.
 
 Default store ``sqlite:///results/mlflow.db`` (relative to the working directory)
-unless ``MLFLOW_TRACKING_URI`` is set; artifacts under ``results/mlartifacts``.
+unless ``MLFLOW_TRACKING_URI`` is set. A SQLite store keeps its artifacts in the folder
+``mlartifacts`` beside the database file (``results/mlartifacts`` for the default store):
+the two are one store, and copying or moving that pair keeps every table
+(:func:`artifact_root`; :func:`harness.store.queries.run_artifact_dir` reads artifacts
+from there, not from the absolute location MLflow recorded).
 Each run records the full protocol, fingerprint, deviations, method options,
 seed, git commit and package versions.
 """
@@ -22,7 +26,7 @@ from harness.base.errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed", "newest_run"]
+           "process_is_dead", "mark_dead_runs_killed", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -30,6 +34,8 @@ PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cp
             "mlflow", "optuna", "dml-harness")
 #: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
 SOURCE_FOLDERS = ("harness", "methods", "protocols")
+#: The artifact folder of a SQLite store, beside its database file.
+ARTIFACT_FOLDER = "mlartifacts"
 
 
 def tracking_uri() -> str:
@@ -39,10 +45,21 @@ def tracking_uri() -> str:
     return uri
 
 
+def artifact_root() -> Path:
+    """The store's artifact folder (absolute): ``mlartifacts`` beside the SQLite database
+    file, so that the store moves as one; for any other store (a server, a database
+    elsewhere) ``results/mlartifacts`` under the working directory."""
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        return (database.parent / ARTIFACT_FOLDER).resolve()
+    return (Path("results") / ARTIFACT_FOLDER).resolve()
+
+
 def ui_server_command(host: str, port: int) -> list[str]:
     """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
-    artifacts under ``results/mlartifacts`` (where :func:`experiment_id` puts them)."""
-    artifacts = (Path("results") / "mlartifacts").resolve()
+    artifacts in :func:`artifact_root` (where :func:`experiment_id` puts them)."""
+    artifacts = artifact_root()
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(),
             "--default-artifact-root", artifacts.as_uri(), "--host", host, "--port", str(port)]
 
@@ -208,7 +225,7 @@ def experiment_id(name: str) -> str:
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    artifacts = (Path("results") / "mlartifacts").resolve()
+    artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
     try:
         return mlflow.create_experiment(name, artifact_location=artifacts.as_uri())
