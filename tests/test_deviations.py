@@ -80,7 +80,7 @@ def test_tags_round_trip_and_notes_group_by_reason():
     markdown = deviations_block(notes, latex=False)
     assert markdown.rstrip().endswith("- Same reason: a_one (paper: p1 [Eq. 3]; here: h1).")
     latex = deviations_block(notes, latex=True)
-    assert latex.rstrip().endswith("\\end{itemize}") and "a\\_one" in latex
+    assert latex.rstrip().endswith("\\end{itemize}\n}") and "a\\_\\allowbreak{}one" in latex
     assert deviations_block([], latex=True) == ""
 
 
@@ -98,7 +98,7 @@ def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviatio
     # Every table that shows the run ends with it.
     from harness.reports.tables import build_table
 
-    for fmt, last in (("markdown", "- Model selection off the test set: validation_carve"), ("latex", "\\end{itemize}")):
+    for fmt, last in (("markdown", "- Model selection off the test set: validation_carve"), ("latex", "}")):
         text = build_table(["deviations-e2e"], fmt=fmt, per_query=None).rstrip()
         assert text.splitlines()[-1].startswith(last), text[-300:]
 

@@ -1209,6 +1209,8 @@ def deviations_block(notes: Sequence[str], *, latex: bool) -> str:
         return ""
     title = "Deviations from the paper or the authors' code"
     if latex:
-        items = "\n".join(f"  \\item {_latex_escape(n)}" for n in notes)
-        return f"\n% {title} (python -m harness deviations)\n\\paragraph{{{title}.}}\n\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n"
+        # Long option names (smoke_methods_agrouping_...) may break after an underscore.
+        items = "\n".join(f"  \\item {_latex_escape(n)}".replace("\\_", "\\_\\allowbreak{}") for n in notes)
+        return (f"\n% {title} (python -m harness deviations)\n{{\\footnotesize\\sloppy\n\\paragraph{{{title}.}}\n"
+                f"\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n}}\n")
     return f"\n**{title}**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
