@@ -141,3 +141,23 @@ def test_a_post_attention_diablo_run_does_not_carry_the_pre_attention_deviation(
 
     found = applicable(load_protocol("diablo").deviations, "diablo_feature_post", "cub200")
     assert "psi_input_rescaled" not in found and "validation_carve" in found
+
+
+def test_a_grid_cell_records_its_own_deviations_not_its_protocols():
+    """A smoke cell runs the smoke protocol, but its deviations are against the paper's
+    protocol (the grid hands them in as tags): the smoke protocol's own declarations, which
+    describe ``run`` on it, are not added on top."""
+    from types import SimpleNamespace
+
+    from harness.config.deviations import deviation_tags
+    from harness.engine.training import paper_deviations
+
+    grid = load_grid("agrouping-table3", smoke=True)
+    cell = next(c for c in grid.cells if c.method == "agrouping")
+    smoke = load_protocol("smoke")
+    handed = SimpleNamespace(tags=deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
+                             protocol=smoke, method=cell.method, dataset=cell.dataset)
+    assert set(paper_deviations(handed)) == set(cell.paper_deviations)
+    assert "grouping_loss_reduction" not in paper_deviations(handed)  # the grid sets "dgml"
+    alone = SimpleNamespace(tags={}, protocol=smoke, method="agrouping", dataset="synthetic")
+    assert {"attention_map_size", "grouping_loss_reduction"} <= set(paper_deviations(alone))

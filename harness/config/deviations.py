@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from harness.base.errors import HarnessError, unknown_name
 
 __all__ = ["PaperDeviation", "TAG_PREFIX", "applicable", "deviation_tags", "find_deviation", "footnote", "from_tag",
-           "grouped_notes"]
+           "grouped_notes", "to_tag"]
 
 #: Tag of a run per applicable deviation: ``deviation.<name>`` = :func:`footnote` text.
 TAG_PREFIX = "deviation."
@@ -92,8 +92,12 @@ def footnote(name: str, deviation: PaperDeviation) -> str:
 def deviation_tags(deviations: dict[str, PaperDeviation], method: str, dataset: str) -> dict[str, str]:
     """MLflow tags of a run: ``deviation.<name>`` -> ``{"paper", "harness", "why",
     "reference"}`` as JSON (what the tables read back with :func:`from_tag`)."""
-    return {TAG_PREFIX + name: json.dumps({k: getattr(d, k) for k in ("paper", "harness", "why", "reference")})
-            for name, d in applicable(deviations, method, dataset).items()}
+    return {TAG_PREFIX + name: to_tag(d) for name, d in applicable(deviations, method, dataset).items()}
+
+
+def to_tag(deviation: PaperDeviation) -> str:
+    """A deviation as the value of its ``deviation.<name>`` tag (read back by :func:`from_tag`)."""
+    return json.dumps({k: getattr(deviation, k) for k in ("paper", "harness", "why", "reference")})
 
 
 def from_tag(text: str) -> PaperDeviation:

@@ -57,7 +57,14 @@ from harness.components.evaluation import (
     with_paper_variants,
 )
 from harness.components.losses import MetricLoss, create_loss, create_miner, miner_for
-from harness.config.deviations import applicable, deviation_tags, footnote
+from harness.config.deviations import (
+    TAG_PREFIX,
+    PaperDeviation,
+    applicable,
+    footnote,
+    from_tag,
+    to_tag,
+)
 from harness.config.protocol import Deviation, Protocol, fingerprint
 from harness.engine.distributed import (
     SINGLE_PROCESS,
@@ -508,8 +515,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
             "protocol": cfg.protocol.name, "fingerprint": plan.fp,
             "deviations": [str(d) for d in cfg.deviations], "selection": cfg.protocol.selection.mode,
-            "paper_deviations": [footnote(n, d) for n, d in
-                                 applicable(cfg.protocol.deviations, cfg.method, cfg.dataset).items()],
+            "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
             "world_size": plan.procs.world_size, "deterministic": cfg.deterministic,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
@@ -710,6 +716,14 @@ def _follow(cfg: RunConfig, t: _Training, device: torch.device, checkpoint: dict
     return {}
 
 
+def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
+    """Where the run departs from its paper or the authors' code: a grid cell's, handed in
+    as ``deviation.<name>`` tags (its paper protocol's, and a smoke version's settings),
+    else those its protocol declares for this method and dataset."""
+    handed = {k.removeprefix(TAG_PREFIX): from_tag(v) for k, v in cfg.tags.items() if k.startswith(TAG_PREFIX)}
+    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset)
+
+
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
                       procs: Processes, device: torch.device) -> None:
     from harness.store.tracking import environment_tags, flatten, uncommitted_changes
@@ -731,7 +745,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
             "amp": amp_name(device),
-            **deviation_tags(protocol.deviations, cfg.method, cfg.dataset),
+            **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
             **environment_tags()}
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
