@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from harness.base.atomic import atomic_save_torch, atomic_write_text
+from harness.base.atomic import atomic_save_torch, atomic_write_json
 from harness.base.device import amp_dtype, amp_name, configure_determinism
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
@@ -212,7 +212,7 @@ def _save_checkpoint(obj: dict[str, Any], path: Path, current_digest: str | None
     """
     def record(_tmp: Path, digest: str) -> None:
         accepted = [digest] + ([current_digest] if current_digest and current_digest != digest else [])
-        atomic_write_text(_sidecar(path), json.dumps({"file": path.name, "sha256": accepted}))
+        atomic_write_json(_sidecar(path), {"file": path.name, "sha256": accepted})
 
     return atomic_save_torch(obj, path, before_replace=record)
 

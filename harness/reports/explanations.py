@@ -10,7 +10,6 @@ map over it goes through :func:`draw_overlay`, every figure a plugin describes
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.base.atomic import atomic_write, atomic_write_text
+from harness.base.atomic import atomic_write, atomic_write_json
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
 from methods.base import FigureData, FigureSet, HeadOutput, Method
 
@@ -116,7 +115,7 @@ def write_figure_set(figures: FigureSet, out_dir: Path, stem: str) -> list[Path]
     written = [draw_figure(f, out_dir / f"{stem}{f.suffix}.png") for f in figures.figures]
     for suffix, record in figures.records.items():
         path = out_dir / f"{stem}{suffix}.json"
-        atomic_write_text(path, json.dumps(record, indent=1))
+        atomic_write_json(path, record)
         written.append(path)
     for suffix, arrays in figures.arrays.items():
         path = out_dir / f"{stem}{suffix}.npz"
