@@ -303,30 +303,27 @@ def similarity_gradcam(model, query_images: torch.Tensor, gallery_images: torch.
 
 def _detached(out):
     """A head output with every tensor (also in lists and ``extras``) detached."""
-    def cut(value):
-        if isinstance(value, torch.Tensor):
-            return value.detach()
-        if isinstance(value, list | tuple):
-            return type(value)(cut(v) for v in value)
-        if isinstance(value, dict):
-            return {k: cut(v) for k, v in value.items()}
-        return value
-
-    return type(out)(**{k: cut(v) for k, v in vars(out).items()})
+    return _map_tensors(out, lambda x: x.detach())
 
 
 def _rows(out, rows: slice):
     """The head output of the images ``rows`` (tensors, lists of tensors, ``extras``)."""
-    def take(value):
+    return _map_tensors(out, lambda x: x[rows])
+
+
+def _map_tensors(out, fn):
+    """``out`` (a head output) with ``fn`` applied to every tensor, also inside lists,
+    tuples and ``extras``."""
+    def apply(value):
         if isinstance(value, torch.Tensor):
-            return value[rows]
+            return fn(value)
         if isinstance(value, list | tuple):
-            return type(value)(take(v) for v in value)
+            return type(value)(apply(v) for v in value)
         if isinstance(value, dict):
-            return {k: take(v) for k, v in value.items()}
+            return {k: apply(v) for k, v in value.items()}
         return value
 
-    return type(out)(**{k: take(v) for k, v in vars(out).items()})
+    return type(out)(**{k: apply(v) for k, v in vars(out).items()})
 
 
 def _to_image(maps: torch.Tensor, size: int) -> torch.Tensor:
