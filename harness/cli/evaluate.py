@@ -17,6 +17,7 @@ import numpy as np
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
+from harness.base.paths import writable_file
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
 
@@ -49,7 +50,7 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"comma-separated metric names (default: {','.join(DEFAULT_METRICS)}; "
                         "ami is slow with thousands of classes)")
     p.add_argument("--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)")
-    p.add_argument("--json", type=Path, help="also write the result to this JSON file (atomically)")
+    p.add_argument("--json", help="also write the result to this JSON file (atomically)")
     p.add_argument("--chunk-size", type=int, default=4096, help="queries per faiss search (bounds memory)")
     p.add_argument("--seed", type=int, default=0, help="k-means seed for nmi/ami/f1 (default 0)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -121,12 +122,20 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _check_json_target(path: Path | None) -> None:
-    if path is not None and path.is_dir():
-        raise HarnessError(f"--json {path} is a folder; give a file name")
-
-
 # ------------------------------------------------------------------------- output
+
+
+def _check_some_query_has_a_positive(query_labels: np.ndarray, gallery_labels: np.ndarray | None) -> None:
+    """Refuse labels under which no query has a positive: every metric would be undefined,
+    and printing zeros would read as a model that retrieves nothing."""
+    if gallery_labels is None:
+        _, counts = np.unique(query_labels, return_counts=True)
+        if not (counts > 1).any():
+            raise HarnessError(f"--labels: all {len(query_labels)} labels are distinct, so no query has another "
+                               f"image of its class and every metric is undefined; a class needs 2 or more images")
+    elif not np.isin(query_labels, gallery_labels).any():
+        raise HarnessError(f"--query-labels: none of the {len(query_labels)} queries has a class in --labels, so "
+                           f"no query has a positive in the gallery and every metric is undefined")
 
 
 def _jsonable(value: float) -> float | None:
@@ -154,7 +163,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not metrics:
         raise HarnessError("--metrics is empty")
     parse_metrics(metrics, recall_k)
-    _check_json_target(args.json)
+    args.json = writable_file(args.json, "--json")
     use_gpu = _use_gpu(args.device)
 
     gallery = load_embeddings(args.embeddings, "--embeddings")
@@ -167,6 +176,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if query.shape[1] != gallery.shape[1]:
             raise HarnessError(f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
                                f"{gallery.shape[1]}")
+    _check_some_query_has_a_positive(query_labels, gallery_labels)
 
     result = evaluate_embeddings(query, query_labels, gallery, gallery_labels, recall_k=recall_k,
                                  metrics=metrics, chunk_size=args.chunk_size, use_gpu=use_gpu,

@@ -11,6 +11,8 @@ from typing import Any
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
+from harness.base.paths import writable_file, writable_folder
+from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
 
 __all__ = ["add_explain_parser", "cmd_explain", "format_record"]
@@ -27,8 +29,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise HarnessError(f"--curve-pairs must be >= 1, got {args.curve_pairs}")
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    # Both checked before the explanations are computed and logged to the run, not after.
+    args.json = writable_file(args.json, "--json")
+    out_dir = writable_folder(args.out or Path("results") / "explain" / args.run, "--out")
+    open_store()
     ctx = load_run(args.run, data_root=args.data_root, checkpoint_root=args.checkpoint_root, device=args.device)
-    out_dir = args.out or Path("results") / "explain" / args.run
     record = explain_run(ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir)
     for note in record["notes"]:
         _note(note)
@@ -61,8 +66,8 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--curve-pairs", type=int, default=CURVE_PAIRS,
                    help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
                    "114 forward passes each)")
-    p.add_argument("--out", type=Path, help="folder for the figures (default results/explain/<run id>)")
-    p.add_argument("--json", type=Path, help="write the scores to this file")
+    p.add_argument("--out", help="folder for the figures (default results/explain/<run id>)")
+    p.add_argument("--json", help="write the scores to this file")
     p.add_argument("--seed", type=int, default=0, help="seed of the pair sampling and the random orders")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--checkpoint-root", type=Path, help="where the run's weights are (default "

@@ -8,15 +8,18 @@ import sys
 from pathlib import Path
 
 from harness.base.atomic import atomic_write_text
+from harness.base.paths import writable_stem
+from harness.cli.store import open_store
 from harness.reports.explanation_table import explain_rows, latex_table, markdown_table
 
 __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 
 
 def cmd_explain_table(args: argparse.Namespace) -> int:
-    rows = explain_rows(args.experiment)
     name = args.name or "-".join(args.experiment)
-    stem = args.out or Path("results") / "tables" / f"explain-{name}"
+    stem = writable_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
+    open_store()
+    rows = explain_rows(args.experiment)
     caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
                                f"interval over pairs; chance = the differing part's area share")
     markdown = markdown_table(rows)
@@ -31,7 +34,7 @@ def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("explain-table", help="table of explanation scores across methods (Markdown and "
                               "LaTeX) from the explain_* metrics of the runs")
     p.add_argument("--experiment", action="append", required=True, help="MLflow experiment (repeat for several)")
-    p.add_argument("--out", type=Path, help="output path without suffix (default results/tables/explain-<name>)")
+    p.add_argument("--out", help="output path without suffix (default results/tables/explain-<name>)")
     p.add_argument("--name", help="name for the default output path (default: the experiments)")
     p.add_argument("--caption")
     p.set_defaults(func=cmd_explain_table)

@@ -1,6 +1,8 @@
 """``python -m harness datasets fetch NAME``: a benchmark downloaded (or read from ``--from``
 files), verified and unpacked into its official layout by
-:func:`harness.components.data.fetch.fetch_dataset`; and ``run --download``'s use of it."""
+:func:`harness.components.data.fetch.fetch_dataset`; and ``run --download``'s use of it.
+``datasets verify NAME``: every image decoded once and the tree stamped as verified
+(:mod:`harness.components.data.verify`), which ``run`` checks before training."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 
-__all__ = ["add_fetch_parser", "cmd_fetch", "ensure_dataset"]
+__all__ = ["add_fetch_parser", "add_verify_parser", "cmd_fetch", "cmd_verify", "ensure_dataset", "check_dataset"]
 
 
 def _show_progress() -> bool:
@@ -32,6 +34,32 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     fetch_dataset(args.name, data_root, local_files=args.local_files or (), url=args.url,
                   sha256=args.sha256 or (), timeout=args.timeout, progress=_show_progress(), say=_say)
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from harness.components.data import DATASETS
+    from harness.components.data.verify import verify_dataset
+
+    if args.threads < 1:
+        raise HarnessError(f"--threads must be >= 1, got {args.threads}")
+    DATASETS.get(args.name)
+    data_root = _existing_data_root(args.verify_data_root or args.data_root)
+    verify_dataset(args.name, data_root, threads=args.threads, progress=_show_progress(), say=_say)
+    return 0
+
+
+def _existing_data_root(data_root: Path | None) -> Path | None:
+    if data_root is not None and not data_root.is_dir():
+        raise HarnessError(f"--data-root {data_root} does not exist or is not a folder")
+    return data_root
+
+
+def check_dataset(name: str, data_root: Path | None) -> None:
+    """Before training: the dataset's index files read and its images checked (their
+    headers, or nothing more when ``datasets verify`` stamped this very tree)."""
+    from harness.components.data.verify import check_images
+
+    check_images(name, data_root, say=_say)
 
 
 def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None:
@@ -70,3 +98,17 @@ def add_fetch_parser(dataset_commands) -> None:
     fetch.add_argument("--timeout", type=float, default=60.0,
                        help="seconds a silent connection is waited for (default 60)")
     fetch.set_defaults(func=cmd_fetch)
+
+
+def add_verify_parser(dataset_commands) -> None:
+    verify = dataset_commands.add_parser(
+        "verify", help="decode every image of a dataset once and stamp the tree as verified",
+        description="Decode every image (in threads), name any that fails, and on success leave a stamp "
+                    "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
+                    "modification times) and otherwise checks each image's header before training.")
+    verify.add_argument("name", help="a dataset name (python -m harness datasets lists them)")
+    verify.add_argument("--data-root", dest="verify_data_root", type=Path, metavar="DIR",
+                        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness")
+    verify.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1),
+                        help="decoding threads (default: the CPU count, at most 8)")
+    verify.set_defaults(func=cmd_verify)

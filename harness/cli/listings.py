@@ -5,12 +5,14 @@ the tracking store."""
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.cli.fetch import add_fetch_parser
+from harness.cli.fetch import add_fetch_parser, add_verify_parser
 from harness.cli.processes import serve_process_group
+from harness.cli.store import open_store
 
 __all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui"]
 
@@ -19,6 +21,8 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     """Per dataset: found or not, where, verified or not, and its image count."""
     from harness.components.data import DATASETS
 
+    if args.data_root is not None and not args.data_root.is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     for name in DATASETS:
         info = DATASETS.get(name)
         where, status, images = _dataset_state(name, info, args.data_root)
@@ -66,9 +70,30 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port outside 1-65535, or one that cannot be bound on ``host`` (in use,
+    privileged), before the server starts: the server would fail after printing its URL."""
+    if not 1 <= port <= 65535:
+        raise HarnessError(f"--port {port} is out of range; give a port from 1 to 65535")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as err:
+        raise HarnessError(f"--host {host} is not an address of this machine ({err.strerror})") from None
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            if sys.platform != "win32":  # as the server will: a port in TIME_WAIT is free, a listened one not
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        raise HarnessError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); "
+                           f"give a free port with --port") from None
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from harness.store.tracking import tracking_uri, ui_server_command
 
+    check_port_free(args.host, args.port)
+    open_store()
     print(f"MLflow UI on http://{args.host}:{args.port} over {tracking_uri()}", file=sys.stderr)
     sys.stderr.flush()
     return serve_process_group(ui_server_command(args.host, args.port))
@@ -76,10 +101,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def add_listing_parsers(subparsers) -> None:
     ds = subparsers.add_parser("datasets", help="list datasets: found or not, where, verified or not, images; "
-                               "'datasets fetch NAME' downloads one")
+                               "'datasets fetch NAME' downloads one, 'datasets verify NAME' decodes every image")
     ds.add_argument("--data-root", type=Path)
     ds.set_defaults(func=cmd_datasets)
-    add_fetch_parser(ds.add_subparsers(dest="datasets_command", metavar="{fetch}"))
+    commands = ds.add_subparsers(dest="datasets_command", metavar="{fetch,verify}")
+    add_fetch_parser(commands)
+    add_verify_parser(commands)
 
     me = subparsers.add_parser("methods", help="list registered method plugins")
     me.set_defaults(func=cmd_methods)

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.fetch import ensure_dataset
+from harness.base.paths import writable_file, writable_folder
+from harness.cli.fetch import check_dataset, ensure_dataset
+from harness.cli.store import open_store
 from harness.config.protocol import default_protocol
 
-__all__ = ["add_run_parser", "cmd_run", "shared_training", "EMBEDDED_DEFAULT"]
+__all__ = ["add_run_parser", "cmd_run", "shared_training", "check_checkpoint_root", "EMBEDDED_DEFAULT"]
 
 #: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
 EMBEDDED_DEFAULT = "synthetic"
@@ -79,7 +81,24 @@ def _request(args: argparse.Namespace) -> _Request:
         check_method_options(method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size,
                              loss=loss)
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
+    _check_outputs(args)
     return _Request(methods, protocol, path, tuple(deviations), loss, seeds)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--json`` and the checkpoint root must be writable before the first epoch, not
+    after the last one."""
+    args.json = writable_file(args.json, "--json")
+    check_checkpoint_root(args.checkpoint_root)
+
+
+def check_checkpoint_root(root: Path | None) -> None:
+    """The folder training writes its checkpoints in (``--checkpoint-root``, else the
+    default) can be created and written: checked before a run starts, for run, sweep, tune."""
+    from harness.engine.training import default_checkpoint_root
+
+    writable_folder(root or default_checkpoint_root(), "--checkpoint-root" if root else
+                    "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -95,6 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     main_process = os.environ.get("RANK", "0") in ("", "0")
     req = _request(args)
     ensure_dataset(args.dataset, args.data_root, download=args.download)
+    if main_process:  # one process reads every image header (torchrun starts several)
+        check_dataset(args.dataset, args.data_root)
+    open_store()
     protocol, methods, seeds = req.protocol, req.methods, req.seeds
     settings = RunSettings(data_root=args.data_root, device=args.device, workers=args.workers,
                            checkpoint_root=args.checkpoint_root, deterministic=args.deterministic)
@@ -171,7 +193,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
     run.add_argument("--workers", type=int, help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
-    run.add_argument("--json", type=Path, help="write the result records to this file")
+    run.add_argument("--json", help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
     run.add_argument("--deterministic", action="store_true",
                      help="deterministic kernels on every device (an op without one is an error), cuDNN "

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.cli.run import check_checkpoint_root
+from harness.cli.store import open_store
 from harness.config.grids import Grid, load_grid
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
@@ -27,6 +29,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, smoke=args.smoke)
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    check_checkpoint_root(args.checkpoint_root)
+    open_store()
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = worker_loop(grid, study, settings=_settings(args))

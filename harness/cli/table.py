@@ -9,7 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, unknown_name
+from harness.base.paths import writable_file
+from harness.cli.store import open_store
 from harness.reports.figures import write_forest
 from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
 
@@ -27,17 +29,20 @@ def cmd_table(args: argparse.Namespace) -> int:
         rows.setdefault(reproduced, []).append(spec)
     if rows and not args.published:
         raise HarnessError("--published-row needs --published (the CSV the rows are in)")
+    _check_baseline(args.baseline)
     metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
+    name = args.name or "+".join(args.experiment)
+    out = writable_file(args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
+                        "--out")
+    open_store()
     table = compose_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
                           metrics=metrics, caption=args.caption or "", published_rows=rows or None,
                           baseline=args.baseline, published_metrics=metric_map or None)
     if args.strict and table.problems:
         raise HarnessError(f"--strict: {len(table.problems)} run(s) lack results the table needs "
                            f"(listed above); nothing written")
-    name = args.name or "+".join(args.experiment)
-    out = args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}"
     write_atomic(out, table.text)
     figures = write_forest(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
     print(table.text)
@@ -51,7 +56,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--experiment", action="append", required=True,
                    help="MLflow experiment to read (repeat for several)")
     p.add_argument("--format", choices=("latex", "markdown"), default="latex")
-    p.add_argument("--out", type=Path, help="output file (default results/tables/<name>.tex|.md)")
+    p.add_argument("--out", help="output file (default results/tables/<name>.tex|.md)")
     p.add_argument("--name", help="table name for the default output path (default: the experiment)")
     p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
     p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
@@ -72,6 +77,14 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
                    "run's per-query results are missing; without it such cells are marked and listed on stderr")
     p.set_defaults(func=cmd_table)
     return p
+
+
+def _check_baseline(name: str) -> None:
+    """The baseline must be a registered method (a misspelt one would compare nothing)."""
+    from methods import METHODS
+
+    if name not in METHODS:
+        raise unknown_name("--baseline method", name, METHODS)
 
 
 def _pairs(items: Sequence[str] | None, flag: str, shape: str) -> list[tuple[str, str]]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.engine.tune import DEFAULT_SPACE, reproduce, search, tune_setup
+from harness.cli.fetch import check_dataset
+from harness.cli.run import check_checkpoint_root
+from harness.cli.store import open_store
+from harness.engine.tune import DEFAULT_SPACE, failed_trials, reproduce, search, tune_setup, where_failures_are
 from harness.reports.results import format_results
 
 __all__ = ["add_tune_parser", "cmd_tune"]
@@ -28,11 +32,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else None
     except ValueError:
         raise HarnessError(f"--seeds expects comma-separated integers like 0,1,2; got '{args.seeds}'") from None
+    check_checkpoint_root(None)
+    check_dataset(setup.dataset, args.data_root)
+    open_store()
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)
     best = study.best_trial
     print(f"best trial {best.number}: validation {setup.metric} {best.value:.4f}; params {best.params}")
-    if args.no_reproduce:
+    if not args.no_reproduce:
+        _report_reproduction(setup, best, seeds)
+    return _failures_status(setup, study)
+
+
+def _failures_status(setup, study) -> int:
+    """0, or 1 with one line when some trials failed: the best setting stands among the
+    trials that ran, but a search that lost trials is not the search that was asked for.
+    (When every trial fails, :func:`search` raises: exit 2, nothing to report.)"""
+    failed = failed_trials(study)
+    if not failed:
         return 0
+    print(f"{len(failed)} of {len(study.trials)} trial(s) failed (numbers "
+          f"{', '.join(str(t.number) for t in failed[:10])}{', ...' if len(failed) > 10 else ''}); "
+          f"{where_failures_are(setup)}", file=sys.stderr)
+    return 1
+
+
+def _report_reproduction(setup, best, seeds: list[int] | None) -> None:
+    """Train the best setting with each seed and print the test results and their mean."""
     records = reproduce(setup, best, seeds)
     print(format_results(records))
     values = [r["metrics"].get(setup.metric) for r in records if r["metrics"].get(setup.metric) is not None]
@@ -41,7 +66,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
         used = seeds if seeds is not None else list(setup.protocol.seeds)
         print(f"test {setup.metric} of the best setting over seeds {used}: {100 * mean:.2f} +- {100 * std:.2f}")
-    return 0
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:

@@ -36,7 +36,8 @@ from typing import Any
 
 from harness.base.errors import HarnessError
 
-__all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name"]
+__all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name",
+           "failed_trials", "where_failures_are"]
 
 DEFAULT_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
 TUNABLE_FLOATS = {"optimizer.lr_head", "optimizer.lr_backbone", "optimizer.lr_loss", "optimizer.weight_decay"}
@@ -224,8 +225,27 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
         study.optimize(lambda trial: _objective(setup, splits, trial), n_trials=1, catch=(HarnessError,),
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=states)])
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        failed = failed_trials(study)
+        if failed:
+            raise HarnessError(f"all {len(failed)} trial(s) of study '{setup.name}' failed; "
+                               f"{where_failures_are(setup)}")
         raise HarnessError(f"study '{setup.name}' has no complete trial; run with --trials >= 1")
     return study
+
+
+def failed_trials(study) -> list:
+    """The study's trials that failed for good: not those a killed or interrupted process
+    left (queued again with their parameters on the next start)."""
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            if not t.user_attrs.get("interrupted")]
+
+
+def where_failures_are(setup: TuneSetup) -> str:
+    """Where a failed trial's reason is recorded (besides its line on stderr)."""
+    return (f"each trial's reason is its MLflow run's 'failure' tag in experiment '{setup.experiment}' "
+            f"(status FAILED, tag optuna_study = {setup.name})")
 
 
 def _objective(setup: TuneSetup, splits, trial) -> float:

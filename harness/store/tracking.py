@@ -26,7 +26,7 @@ from harness.base.errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
+           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -39,19 +39,38 @@ ARTIFACT_FOLDER = "mlartifacts"
 
 
 def tracking_uri() -> str:
+    """The store's URI; a SQLite store's folder is created (a relative path's only: an
+    absolute one names a store that should exist). A database path that is a folder, or
+    under a file, is one error line naming ``MLFLOW_TRACKING_URI``."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    database = _sqlite_database(uri)
+    if database is not None:
+        if database.is_dir():
+            raise HarnessError(f"the tracking store {uri} is a folder, not a database file (MLFLOW_TRACKING_URI)")
+        try:
+            if not uri.startswith("sqlite:////"):
+                database.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise HarnessError(f"cannot create the folder of the tracking store {uri}: {err.strerror or err} "
+                               f"(MLFLOW_TRACKING_URI)") from None
+        if database.parent.exists() and not database.parent.is_dir():
+            raise HarnessError(f"the tracking store {uri} is under {database.parent}, a file (MLFLOW_TRACKING_URI)")
     return uri
+
+
+def _sqlite_database(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
 def artifact_root() -> Path:
     """The store's artifact folder (absolute): ``mlartifacts`` beside the SQLite database
     file, so that the store moves as one; for any other store (a server, a database
     elsewhere) ``results/mlartifacts`` under the working directory."""
-    uri = tracking_uri()
-    if uri.startswith("sqlite:///"):
-        database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database = _sqlite_database(tracking_uri())
+    if database is not None:
         return (database.parent / ARTIFACT_FOLDER).resolve()
     return (Path("results") / ARTIFACT_FOLDER).resolve()
 
@@ -208,6 +227,43 @@ def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
             mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
     return killed
+
+
+def _ended_without_finishing(worker: str) -> str:
+    host, _, pid = worker.rpartition(":")
+    return f"process {pid} on {host} ended without finishing the run (killed, out of memory or power lost)"
+
+
+def fail_dead_runs() -> list[str]:
+    """Mark FAILED every RUNNING run (any experiment) whose process died on this host, with
+    a ``failure`` tag saying so; returns their ids. Every command that opens the tracking
+    store calls this first, so a run killed outright (SIGKILL, the out-of-memory killer, a
+    power loss) does not stay RUNNING. ``run --resume`` continues such a run from its last
+    checkpoint, in the same MLflow run.
+
+    A run owned by a process of another host cannot be checked by its pid and is left as
+    it is (a sweep's own heartbeats fail those cells); so is a run without the
+    ``harness_worker`` tag. A store that does not exist yet holds no run and is not created."""
+    import mlflow
+    from mlflow.entities import ViewType
+
+    uri = tracking_uri()
+    database = _sqlite_database(uri)
+    if database is not None and not database.is_file():
+        return []
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient()
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not experiments:
+        return []
+    failed = []
+    for run in client.search_runs(experiments, filter_string="attributes.status = 'RUNNING'", max_results=50000):
+        worker = run.data.tags.get("harness_worker", "")
+        if process_is_dead(worker):
+            client.set_tag(run.info.run_id, "failure", _ended_without_finishing(worker))
+            client.set_terminated(run.info.run_id, status="FAILED")
+            failed.append(run.info.run_id)
+    return failed
 
 
 def newest_run(experiment: str, filter_string: str) -> str | None:

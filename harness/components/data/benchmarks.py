@@ -42,9 +42,24 @@ from harness.components.data.base import (
 )
 
 
+def _index_file(path: Path) -> Path:
+    """An index file of the release that must be there: its absence is one error line."""
+    if not path.is_file():
+        raise HarnessError(f"dataset incomplete: expected the index file {path}")
+    return path
+
+
+def _labels(values: list[str], path: Path) -> np.ndarray:
+    """Class ids read from ``path`` as integers; one that is not is an error naming the file."""
+    try:
+        return np.array([int(v) for v in values], dtype=np.int64)
+    except ValueError as err:
+        raise HarnessError(f"malformed class id in {path}: {err}") from None
+
+
 def _read_rows(path: Path, *, skip: int = 0, min_fields: int = 2) -> list[list[str]]:
     rows = []
-    with open(path, encoding="utf-8") as fh:
+    with open(_index_file(path), encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if lineno <= skip or not line.strip():
                 continue
@@ -71,7 +86,9 @@ def _split_by_class(root: Path, paths: list[str], labels: np.ndarray, last_train
 )
 def load_cub200(root: Path) -> DatasetSplits:
     images = {r[0]: r[1] for r in _read_rows(root / "images.txt")}
-    labels_by_id = {r[0]: int(r[1]) for r in _read_rows(root / "image_class_labels.txt")}
+    label_rows = _read_rows(root / "image_class_labels.txt")
+    labels_by_id = dict(zip([r[0] for r in label_rows],
+                            _labels([r[1] for r in label_rows], root / "image_class_labels.txt").tolist(), strict=True))
     ids = sorted(images, key=int)
     missing = [i for i in ids if i not in labels_by_id]
     if missing:
@@ -107,13 +124,14 @@ def load_cars196(root: Path) -> DatasetSplits:
 
 
 def _read_ebay(path: Path) -> tuple[list[str], np.ndarray]:
-    header = path.open(encoding="utf-8").readline().split()
+    with open(_index_file(path), encoding="utf-8") as fh:
+        header = fh.readline().split()
     if header[:4] != ["image_id", "class_id", "super_class_id", "path"]:
         raise HarnessError(
             f"{path}: expected header 'image_id class_id super_class_id path', got {' '.join(header)!r}"
         )
     rows = _read_rows(path, skip=1, min_fields=4)
-    return [r[3] for r in rows], np.array([int(r[1]) for r in rows], dtype=np.int64)
+    return [r[3] for r in rows], _labels([r[1] for r in rows], path)
 
 
 @register_dataset(
@@ -125,10 +143,7 @@ def _read_ebay(path: Path) -> tuple[list[str], np.ndarray]:
 )
 def load_sop(root: Path) -> DatasetSplits:
     train_paths, train_labels = _read_ebay(root / "Ebay_train.txt")
-    test_file = root / "Ebay_test.txt"
-    if not test_file.is_file():
-        raise HarnessError(f"dataset 'sop' incomplete: expected {test_file}")
-    test_paths, test_labels = _read_ebay(test_file)
+    test_paths, test_labels = _read_ebay(root / "Ebay_test.txt")
     return DatasetSplits(
         "sop",
         train=FileImageSet(root, train_paths, train_labels),
@@ -161,6 +176,6 @@ def load_inshop(root: Path) -> DatasetSplits:
             raise HarnessError(f"malformed line {lineno} in {listing}: {' '.join(row)!r}")
         paths, labels = by_status[row[2]]
         paths.append(row[0])
-        labels.append(int(row[1].removeprefix("id_")))
+        labels.append(int(_labels([row[1].removeprefix("id_")], listing)[0]))
     make = lambda status: FileImageSet(image_root, *by_status[status])  # noqa: E731
     return DatasetSplits("inshop", train=make("train"), test=make("query"), gallery=make("gallery"))
