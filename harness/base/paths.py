@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 
-__all__ = ["writable_file", "writable_folder", "writable_stem"]
+__all__ = ["writable_file", "writable_folder", "writable_stem", "readable_file"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -83,4 +83,22 @@ def writable_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
     if path.exists() and not path.is_dir():
         raise HarnessError(f"{flag} {raw} is a file, not a folder")
     _check_can_create_in(path, raw, flag, "folder")
+    return path
+
+
+def readable_file(text: str | os.PathLike | None, flag: str) -> Path | None:
+    """``text`` as an input file, checked: it exists, is a file (not a folder) and can be
+    opened. None stays None (the flag was not given)."""
+    if text is None:
+        return None
+    path = Path(text)
+    if not path.exists():
+        raise HarnessError(f"{flag} {path} does not exist")
+    if not path.is_file():
+        raise HarnessError(f"{flag} {path} is a folder, not a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise HarnessError(f"{flag} {path} cannot be read ({err.strerror or err})") from None
     return path

@@ -72,6 +72,10 @@ def _request(args: argparse.Namespace) -> _Request:
         raise HarnessError("--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID")
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
+    if args.init_from:  # the store is read now, not after the dataset loads
+        from harness.store.tracking import check_finished_run
+
+        check_finished_run(args.init_from, "--init-from")
     if args.init_from and not args.evaluate_only:  # trained from another run's weights
         deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
     if args.seen_class_control:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError, unknown_name
-from harness.base.paths import writable_file
+from harness.base.paths import readable_file, writable_file
 from harness.cli.store import open_store
 from harness.reports.figures import write_forest
 from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
@@ -30,6 +30,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if rows and not args.published:
         raise HarnessError("--published-row needs --published (the CSV the rows are in)")
     _check_baseline(args.baseline)
+    readable_file(args.published, "--published")
     metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")

@@ -56,7 +56,12 @@ def _log(msg: str) -> None:
 def storage_url(url: str | None) -> str:
     url = url or os.environ.get("DML_HARNESS_OPTUNA_STORAGE") or DEFAULT_STORAGE
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(url.removeprefix("sqlite:///").split("?", 1)[0]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise HarnessError(f"cannot open the Optuna storage {url}: cannot create its folder {folder} "
+                               f"({err.strerror or err})") from None
     if url.startswith(("postgresql://", "postgres://")):
         # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; use psycopg2 when that is
         # the driver installed.

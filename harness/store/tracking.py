@@ -26,7 +26,7 @@ from harness.base.errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
+           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -417,6 +417,20 @@ def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | Non
     raise HarnessError(f"--init-from: run '{run_id}' has no saved model: looked for "
                        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
                        f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)")
+
+
+def check_finished_run(run_id: str, flag: str) -> None:
+    """Refuse ``run_id`` unless it is a FINISHED run of the tracking store (one line naming
+    ``flag``): checked before a run that starts from its weights does any work."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    if _existing_run_experiment(client, run_id) is None:
+        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
+    status = client.get_run(run_id).info.status
+    if status != "FINISHED":
+        raise HarnessError(f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights")
 
 
 def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
