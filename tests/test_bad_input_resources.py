@@ -13,10 +13,17 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import numpy as np
 import pytest
+import torch
+
+from harness.cli.main import main
+from methods import METHODS, HeadOutput
+from methods.base import MethodEntry
+from methods.plain import PlainHead
 
 from .fixtures import make_cars, make_cub, make_inshop, make_sop
 from .refusals import Refusal, assert_refused
@@ -174,14 +181,25 @@ def store_settled(tracking_dir):
     mlflow.set_tracking_uri(tracking_uri())
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+def _case_id(case: Refusal) -> str:
+    return " ".join(case.argv).replace(TINY, "tiny.toml").replace(GRID, "tiny-grid.toml")[:100]
+
+
+def _restore_writable(where: Path) -> None:
+    """Let pytest remove the unwritable folder of a case (not needed for the symlink)."""
+    folder = where / "ro"
+    if folder.is_dir() and not folder.is_symlink():
+        folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_refused(case, workdir, data_root, capsys, store_settled):
     if case.prepare is not None:
         case.prepare(workdir)
     try:
         assert_refused(list(case.argv), case.match, capsys, [workdir, data_root])
     finally:
-        (workdir / "ro").exists() and not (workdir / "ro").is_symlink() and (workdir / "ro").chmod(0o700)
+        _restore_writable(workdir)
 
 
 ENV_CASES = [
@@ -211,7 +229,7 @@ def test_refused_settings(env, argv, match, workdir, data_root, capsys, monkeypa
     try:
         assert_refused(list(argv), match, capsys, [workdir, data_root])
     finally:
-        (workdir / "ro").is_symlink() or (workdir / "ro").chmod(0o700)
+        _restore_writable(workdir)
 
 
 def test_a_port_in_use_is_refused_with_a_hint(workdir, data_root, capsys, store_settled):
@@ -222,3 +240,47 @@ def test_a_port_in_use_is_refused_with_a_hint(workdir, data_root, capsys, store_
         line = assert_refused(["ui", "--port", str(port)], f"--port {port}: cannot listen on 127.0.0.1:{port}",
                               capsys, [workdir])
     assert "--port" in line.split(";")[-1]
+
+
+class FailingHead(PlainHead):
+    """A plain head whose loss is NaN: every trial of a study over it fails (test only)."""
+
+    def loss_terms(self, output: HeadOutput, batch):
+        return {"metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))}
+
+
+@pytest.mark.slow  # about a minute: two stores created, the synthetic set loaded, one trial
+def test_tune_whose_trials_all_fail_is_an_error_saying_where_to_look(workdir, capsys, monkeypatch, store_settled):
+    monkeypatch.setitem(METHODS._entries, "failing-test", MethodEntry("failing-test", FailingHead, {}))
+    experiment = "tune-all-fail"
+    code = main(["tune", "--method", "failing-test", "--trials", "1", "--protocol", TINY, "--space", "",
+                 "--storage", f"sqlite:///{workdir / 'optuna.db'}", "--experiment", experiment, "--no-reproduce"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2
+    assert last.startswith("error: all 1 trial(s) of study ") and f"experiment '{experiment}'" in last
+
+
+def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
+    """A search that lost trials reports its best setting, then exit status 1 and one line
+    counting the failed trials (not the interrupted ones, which run again)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from harness.cli.tune import _failures_status
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    space = {"lr": FloatDistribution(1e-5, 1e-2)}
+    study.add_trial(create_trial(params={"lr": 1e-3}, distributions=space, value=0.5))
+    study.add_trial(create_trial(params={"lr": 1e-2}, distributions=space, state=TrialState.FAIL))
+    study.add_trial(create_trial(params={"lr": 1e-4}, distributions=space, state=TrialState.FAIL,
+                                 user_attrs={"interrupted": True}))
+    setup = SimpleNamespace(name="tune:plain", experiment="tune-plain")
+    assert _failures_status(setup, study) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("1 of 3 trial(s) failed (numbers 1); ") and "experiment 'tune-plain'" in line
+
+    clean = optuna.create_study(direction="maximize")
+    clean.add_trial(create_trial(params={"lr": 1e-3}, distributions=space, value=0.5))
+    assert _failures_status(setup, clean) == 0

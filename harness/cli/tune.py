@@ -12,7 +12,14 @@ from harness.base.errors import HarnessError
 from harness.cli.fetch import check_dataset
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
-from harness.engine.tune import DEFAULT_SPACE, failed_trials, reproduce, search, tune_setup, where_failures_are
+from harness.engine.tune import (
+    DEFAULT_SPACE,
+    failed_trials,
+    reproduce,
+    search,
+    tune_setup,
+    where_failures_are,
+)
 from harness.reports.results import format_results
 
 __all__ = ["add_tune_parser", "cmd_tune"]
