@@ -81,6 +81,15 @@ def sop(damage):
     return prepare
 
 
+def grid_on_cub(damage):
+    """``cub-grid.toml``: the tiny grid on cub200, whose tree under ``cub/`` is damaged."""
+    def prepare(where: Path) -> None:
+        grid = Path(GRID).read_text().replace('"synthetic"', '"cub200"').replace("../protocols/tiny.toml", TINY)
+        (where / "cub-grid.toml").write_text(grid)
+        cub(damage)(where)
+    return prepare
+
+
 def _rewrite(path: Path, old: str, new: str) -> None:
     path.write_text(path.read_text().replace(old, new, 1))
 
@@ -167,6 +176,8 @@ CASES = [
     Refusal(("sweep", "--grid", GRID, "--smoke", "--storage", "sqlite:///afile/o.db"),
             "cannot open the Optuna storage", a_file()),
     Refusal(("sweep", "--grid", "missing-grid.toml"), "missing-grid"),
+    Refusal(("sweep", "--grid", "cub-grid.toml", "--data-root", "cub"), "expected the index file", grid_on_cub(
+        lambda t: (t / "image_class_labels.txt").unlink())),
     Refusal(("datasets", "fetch", "cub200", "--data-root", ".", "--from", "missing.tgz"), "missing.tgz"),
 ]
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.cli.fetch import check_dataset
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.config.grids import Grid, load_grid
@@ -30,6 +31,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
+    if not args.worker_only:  # the workers it starts share the check
+        for dataset in sorted({cell.dataset for cell in grid.cells}):
+            check_dataset(dataset, args.data_root)
     open_store()
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
