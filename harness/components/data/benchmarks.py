@@ -170,12 +170,12 @@ def load_inshop(root: Path) -> DatasetSplits:
     rows = [line.split() for line in lines[2:] if line.strip()]
     # Images live under Img/ in the official release (image_name starts with img/).
     image_root = root / "Img" if (root / "Img").is_dir() else root
-    by_status: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
+    by_status: dict[str, tuple[list[str], list[str]]] = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
     for lineno, row in enumerate(rows, start=3):
         if len(row) < 3 or row[2] not in by_status:
             raise HarnessError(f"malformed line {lineno} in {listing}: {' '.join(row)!r}")
         paths, labels = by_status[row[2]]
         paths.append(row[0])
-        labels.append(int(_labels([row[1].removeprefix("id_")], listing)[0]))
-    make = lambda status: FileImageSet(image_root, *by_status[status])  # noqa: E731
+        labels.append(row[1].removeprefix("id_"))
+    make = lambda status: FileImageSet(image_root, by_status[status][0], _labels(by_status[status][1], listing))  # noqa: E731
     return DatasetSplits("inshop", train=make("train"), test=make("query"), gallery=make("gallery"))
