@@ -32,13 +32,12 @@ def _check_can_create_in(folder: Path, shown: str, flag: str, what: str) -> None
     """Refuse ``shown`` (to be created in ``folder``) when ``folder``'s nearest existing
     ancestor is a file, or a folder that refuses new files."""
     anchor = _nearest_existing(folder)
-    path = shown
     if not anchor.is_dir():
-        raise HarnessError(f"{flag} {path}: {anchor} is a file, not a folder; give a {what} in a folder")
+        raise HarnessError(f"{flag} {shown}: {anchor} is a file, not a folder; give a {what} in a folder")
     try:
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=anchor)
     except OSError as err:
-        raise HarnessError(f"{flag} {path}: cannot write in {anchor} ({err.strerror or err}); "
+        raise HarnessError(f"{flag} {shown}: cannot write in {anchor} ({err.strerror or err}); "
                            f"give a {what} in a writable folder") from None
     os.close(fd)
     os.unlink(probe)
