@@ -26,6 +26,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -601,7 +602,8 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
     keep the best weights), log, checkpoint."""
     cfg, protocol = plan.cfg, plan.cfg.protocol
     selection = protocol.selection
-    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs)}
+    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs,
+                                                 on_flush=lambda flush: _log_flush(tracker, flush))}
     t.scheduler.step()
     check_replicas_agree(t.model, plan.procs, f"after epoch {epoch + 1}")
     select_on = {"validation": (plan.splits.val, None), "test-paper": (plan.splits.test, plan.splits.gallery)}
@@ -766,16 +768,58 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tracker.log_text(uncommitted_changes(), "source/uncommitted.patch")
 
 
-#: Training steps between host synchronisations (progress bar, non-finite loss check):
-#: between them the loop only queues work on the device.
-SYNC_EVERY = 25
+@dataclass(frozen=True)
+class StepFlush:
+    """What the training loop reads from the device at one flush: every
+    ``[training] sync_every`` steps (:class:`~harness.config.protocol.TrainingSpec`) and at
+    the end of an epoch, in one transfer. Between two flushes the loop only queues work.
+
+    ``global_step``: steps trained by the run so far (the last step read, counted from 1);
+    ``step_losses``: the loss of each step since the previous flush, the last one at
+    ``global_step``; ``lr``: the learning rate of the first parameter group (the backbone's;
+    the schedules scale every group alike); ``loss_sums``: the epoch's running sums of each
+    loss term times its batch size (``""``: the total)."""
+
+    epoch: int
+    global_step: int
+    step_losses: tuple[float, ...]
+    lr: float
+    loss_sums: dict[str, float]
+    images: int
 
 
-def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
-                 epochs: int) -> dict[str, float]:
-    """One epoch of the training step, queued without waiting on the device: losses are
-    summed on the device and read every :data:`SYNC_EVERY` steps and at the end, where a
-    non-finite loss stops the run and names its first batch."""
+class _StepTally:
+    """The loop's running values, kept on the device: each step's loss in a window of
+    ``sync_every`` slots, and the epoch's sums of every loss term times its batch size.
+    Writing them queues device work only; :meth:`read` is the one transfer to the host."""
+
+    def __init__(self, sync_every: int, device: torch.device):
+        self.window = torch.zeros(sync_every, device=device)
+        self.filled = 0
+        self.sums: dict[str, torch.Tensor] = {}  # "" is the total
+
+    def add(self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int) -> None:
+        self.window[self.filled] = loss.detach().float()  # an indexed copy: no sync
+        self.filled += 1
+        for name, value in (("", loss), *terms.items()):
+            value = value.detach().float() * batch_size
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+
+    def read(self) -> tuple[list[float], dict[str, float]]:
+        """The window's losses and the sums, in one device-to-host transfer; the window empties."""
+        names = list(self.sums)
+        values = torch.cat([self.window[:self.filled], *(self.sums[n].reshape(1) for n in names)]).tolist()
+        losses, sums = values[:self.filled], dict(zip(names, values[self.filled:], strict=True))
+        self.filled = 0
+        return losses, sums
+
+
+def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int, epochs: int,
+                 on_flush: Callable[[StepFlush], None] | None = None) -> dict[str, float]:
+    """One epoch of the training step, queued without waiting on the device: each step's
+    loss and the epoch's sums stay on the device (:class:`_StepTally`) and are read every
+    ``[training] sync_every`` steps and at the end (:class:`StepFlush`, handed to
+    ``on_flush``), where a non-finite loss stops the run and names its first batch."""
     model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
     torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
@@ -783,30 +827,31 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     model.train()
     dtype = amp_dtype(device)
     gathered = isinstance(t.metric_loss, GatheredMetricLoss)
+    sync_every = cfg.protocol.training.sync_every
+    steps_before = epoch * len(t.sampler)
 
     seen, started = 0, time.perf_counter()
-    sums: dict[str, torch.Tensor] = {}  # "" is the total; on the device
-    finite = torch.ones((), dtype=torch.bool, device=device)
-    first_step = 0  # the first step since the last check
+    tally = _StepTally(sync_every, device)
+    sums: dict[str, float] = {}
     bar = tqdm(t.loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                disable=None, file=sys.stderr)
 
-    def check(step: int) -> None:
-        """Host sync: raise on a non-finite loss in steps ``first_step..step``."""
-        nonlocal first_step
-        if not bool(finite):
-            bad = next(i for i, ok in enumerate(step_ok) if not bool(ok))
+    def flush(step: int) -> None:
+        """The one host sync: read steps ``step - filled + 1 .. step``, raise on a non-finite loss."""
+        nonlocal sums
+        first = step - tally.filled + 1
+        losses, sums = tally.read()
+        bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
+        if bad is not None:
             raise HarnessError(
-                f"loss is {float(step_loss[bad])} at epoch {epoch + 1}, batch {first_step + bad + 1} "
+                f"loss is {losses[bad]} at epoch {epoch + 1}, batch {first + bad + 1} "
                 f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED")
-        first_step = step + 1
-        step_ok.clear()
-        step_loss.clear()
-        bar.set_postfix(loss=f"{float(sums[''] / max(seen, 1)):.4f}",
+        bar.set_postfix(loss=f"{sums.get('', 0.0) / max(seen, 1):.4f}",
                         img_s=f"{seen / (time.perf_counter() - started):.0f}")
+        if on_flush is not None:
+            on_flush(StepFlush(epoch + 1, steps_before + step + 1, tuple(losses),
+                               float(t.optimizer.param_groups[0]["lr"]), dict(sums), seen))
 
-    step_ok: list[torch.Tensor] = []
-    step_loss: list[torch.Tensor] = []
     step = -1
     for step, (images, labels, _) in enumerate(bar):
         try:
@@ -814,27 +859,28 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
         except Exception:
             # Weights a non-finite loss has reached can make a later step fail another way
             # (a miner on NaN distances): the first non-finite batch is the error to report.
-            if step > first_step:
-                check(step - 1)
+            if tally.filled:
+                flush(step - 1)
             raise
         fault_point("train_batch")  # test-only hook (harness.base.faults); nothing when unset
-        n = len(images)
-        for name, value in (("", loss), *terms.items()):
-            value = value.detach().float() * n
-            sums[name] = sums[name] + value if name in sums else value
-        ok = torch.isfinite(loss.detach())
-        finite = finite & ok
-        step_ok.append(ok)
-        step_loss.append(loss.detach())
-        seen += n
-        if (step + 1) % SYNC_EVERY == 0:
-            check(step)
-    if step >= first_step:
-        check(step)
+        tally.add(loss, terms, len(images))
+        seen += len(images)
+        if tally.filled == sync_every:
+            flush(step)
+    if tally.filled:
+        flush(step)
     elapsed = time.perf_counter() - started
-    totals = {k: float(v) / max(seen, 1) for k, v in sums.items()}
+    totals = {k: v / max(seen, 1) for k, v in sums.items()}
     return {"train_loss": totals.pop("", 0.0), "train_images_per_s": seen / max(elapsed, 1e-9),
             "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+
+
+def _log_flush(tracker, flush: StepFlush) -> None:
+    """``train/loss`` at every step of the flush and ``train/lr`` at its last, against the
+    run's global step."""
+    first = flush.global_step - len(flush.step_losses) + 1
+    tracker.log_metric_steps({"train/loss": [(first + i, v) for i, v in enumerate(flush.step_losses)],
+                              "train/lr": [(flush.global_step, flush.lr)]})
 
 
 def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
