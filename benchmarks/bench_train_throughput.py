@@ -18,7 +18,7 @@ is the median over the rounds.
 
 Usage: python benchmarks/bench_train_throughput.py [--protocol smoke] [--method plain]
        [--steps 10] [--rounds 5] [--device auto] [--set KEY=VALUE ...]
-On a GPU: --protocol roth2020 --set backbone.pretrained=false (ResNet-50, 224 px, batch 112).
+On a GPU: --protocol roth2020 --set backbone.pretrained=false --fast (ResNet-50, 224 px, batch 112).
 """
 
 from __future__ import annotations
@@ -102,12 +102,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="protocol override")
+    parser.add_argument("--fast", action="store_true", help="cuDNN autotuning, non-deterministic kernels (run --fast)")
     args = parser.parse_args()
     from harness.base.device import amp_name, configure_determinism
     from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)
-    configure_determinism(False, device)
+    configure_determinism(False, fast=args.fast)
     cfg, t, batches = build(args.protocol, args.set, args.method, args.steps, device)
     protocol = cfg.protocol
     images = len(batches) * protocol.sampling.batch_size
@@ -122,7 +123,7 @@ def main() -> None:
     print(f"device {device} ({torch.get_num_threads()} threads), protocol {protocol.name}: "
           f"{protocol.backbone.name} at {protocol.image.size} px, batch {protocol.sampling.batch_size}, "
           f"autocast {amp_name(device)}, method {args.method}, loss {protocol.loss.name}, "
-          f"sync_every {protocol.training.sync_every}; {args.rounds} rounds of {args.steps} steps")
+          f"sync_every {protocol.training.sync_every}, fast {args.fast}; {args.rounds} rounds of {args.steps} steps")
     print(f"bare loop:      {rate['bare']:9.1f} images/s")
     print(f"harness loop:   {rate['harness']:9.1f} images/s")
     print(f"harness / bare: {rate['harness'] / rate['bare']:9.3f}")

@@ -2,9 +2,10 @@
 
 This module trains; it asks :mod:`harness.engine.embedding` to evaluate,
 :mod:`harness.components.explanation.maps` to log explanations and :mod:`harness.store.tracking` for the
-store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU,
-everywhere with ``--deterministic``), AMP (bf16 where supported, else fp16 with a loss
-scaler) and channels-last on CUDA, a checkpoint after every epoch (written atomically),
+store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic
+kernels where they exist, required with ``--deterministic``, cuDNN autotuning with ``--fast``),
+AMP (bf16 where supported, else fp16 with a loss scaler) and channels-last on CUDA, a step
+loop that reads the device once per ``[training] sync_every`` steps, a checkpoint after every epoch (written atomically),
 and ``resume`` that continues from the last checkpoint to exactly the result of an
 uninterrupted run: every source of randomness is re-derived from ``(seed, epoch)``
 at the start of each epoch (each image's augmentation from ``(seed, epoch, batch,
@@ -119,6 +120,10 @@ class RunConfig:
     epoch_callback: Any = None
     #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
     deterministic: bool = False
+    #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
+    fast: bool = False
+    #: Train through ``torch.compile`` of the model (evaluation runs the model as it is).
+    compile: bool = False
 
     @classmethod
     def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
@@ -134,7 +139,8 @@ class RunConfig:
         return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
                    loss_args=protocol.loss_args(loss), seed=seed, deviations=tuple(deviations),
                    method_options=dict(options), data_root=settings.data_root, device=settings.device,
-                   workers=settings.workers, deterministic=settings.deterministic,
+                   workers=settings.workers, deterministic=settings.deterministic, fast=settings.fast,
+                   compile=settings.compile,
                    **({"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
                    **run)
 
@@ -142,13 +148,16 @@ class RunConfig:
 @dataclass(frozen=True)
 class RunSettings:
     """Where and how a run executes, none of which changes its result (``--data-root``,
-    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``)."""
+    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``, ``--fast``,
+    ``--compile``); the last three are recorded with each run."""
 
     data_root: Path | None = None
     device: str = "auto"
     workers: int | None = None
     checkpoint_root: Path | None = None
     deterministic: bool = False
+    fast: bool = False
+    compile: bool = False
 
 
 class EmbeddingModel(nn.Module):
@@ -424,8 +433,10 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+    # Pinned host memory (asynchronous copies to the GPU), workers kept across epochs, and
+    # four batches prepared ahead per worker, so that a step never waits for its data.
     loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-                        pin_memory=device.type == "cuda")
+                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None)
     miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
                                     loss_miners=protocol.loss.miners))
     train_model: nn.Module = model
@@ -433,6 +444,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     if procs.distributed:
         train_model = wrap_model(model, device)
         metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
+    if cfg.compile:  # the step's forward and backward compiled; the weights are the model's own
+        train_model = torch.compile(train_model)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
     return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
@@ -518,7 +531,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "deviations": [str(d) for d in cfg.deviations], "selection": cfg.protocol.selection.mode,
             "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
-            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic,
+            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic, "fast": cfg.fast,
             "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
 
 
@@ -532,7 +545,7 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
     device = resolve_device(cfg.device)
-    configure_determinism(cfg.deterministic, device)
+    configure_determinism(cfg.deterministic, fast=cfg.fast)
     procs, device = processes_from_env(device)
     if procs.distributed:
         _check_distributable(cfg, procs)
@@ -735,7 +748,8 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
                         **flatten(cfg.method_options, "method."),
                         "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
                         "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
-                        "world_size": procs.world_size, "deterministic": cfg.deterministic})
+                        "world_size": procs.world_size, "deterministic": cfg.deterministic,
+                        "fast": cfg.fast, "compile": cfg.compile})
     tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
             "method_revision": METHODS.get(cfg.method).cls.revision,
             "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
@@ -746,7 +760,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
-            "amp": amp_name(device),
+            "fast": cfg.fast, "compile": cfg.compile, "amp": amp_name(device),
             **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
             **environment_tags()}
     if splits.val is not None:
