@@ -5,12 +5,12 @@ This module trains; it asks :mod:`harness.engine.embedding` to evaluate,
 store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic
 kernels where they exist, required with ``--deterministic``, cuDNN autotuning with ``--fast``),
 AMP (bf16 where supported, else fp16 with a loss scaler) and channels-last on CUDA, a step
-loop that reads the device once per ``[training] sync_every`` steps, a checkpoint after every epoch (written atomically),
-and ``resume`` that continues from the last checkpoint to exactly the result of an
-uninterrupted run: every source of randomness is re-derived from ``(seed, epoch)``
-at the start of each epoch (each image's augmentation from ``(seed, epoch, batch,
-position)``), so nothing but tensors has to be saved, and the loader's workers can
-persist across epochs.
+loop that reads the device once per ``[training] sync_every`` steps, a checkpoint after
+every epoch (written atomically), and ``resume`` that continues from the last checkpoint
+to exactly the result of an uninterrupted run: every source of randomness is re-derived
+from ``(seed, epoch)`` at the start of each epoch (each image's augmentation from ``(seed,
+epoch, batch, position)``), so nothing but tensors has to be saved, and the loader's
+workers can persist across epochs.
 
 Under ``torchrun`` one run trains across processes (:mod:`harness.engine.distributed`):
 each takes a share of every global batch, the metric loss sees the gathered batch,
@@ -532,7 +532,7 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
             "world_size": plan.procs.world_size, "deterministic": cfg.deterministic, "fast": cfg.fast,
-            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+            "compile": cfg.compile, "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
 
 
 def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
@@ -792,7 +792,7 @@ class StepFlush:
     ``step_losses``: the loss of each step since the previous flush, the last one at
     ``global_step``; ``lr``: the learning rate of the first parameter group (the backbone's;
     the schedules scale every group alike); ``loss_sums``: the epoch's running sums of each
-    loss term times its batch size (``""``: the total)."""
+    loss term times its batch size (``""``: the total); ``images``: the epoch's images so far."""
 
     epoch: int
     global_step: int
