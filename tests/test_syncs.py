@@ -21,6 +21,7 @@ import math
 import pytest
 import torch
 
+from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
 from harness.components.losses import MetricLoss
 from harness.config.protocol import load_protocol
@@ -136,3 +137,20 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
     assert [s for s, _ in histories["2"]["train/lr"]] == [2, 3]
     assert [s for s, _ in histories["50"]["train/lr"]] == [3]
     assert all(v == 1e-4 for _, v in histories["2"]["train/lr"])  # the backbone group's lr
+
+
+def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
+    """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
+    step = training._train_step
+
+    def nan_from_third(cfg, t, model, images, labels, device, dtype, epoch, index, gathered):
+        loss, terms = step(cfg, t, model, images, labels, device, dtype, epoch, index, gathered)
+        return (loss * float("nan"), terms) if index == 2 else (loss, terms)
+
+    monkeypatch.setattr(training, "_train_step", nan_from_third)
+    flushes = []
+    cfg = training.RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
+    t = training._build_training(cfg, splits, torch.device("cpu"), workers=0)
+    with pytest.raises(HarnessError, match=r"loss is nan at epoch 1, batch 3 "):
+        training._train_epoch(cfg, t, torch.device("cpu"), 0, 1, on_flush=flushes.append)
+    assert [f.global_step for f in flushes] == [2]
