@@ -1,85 +1,132 @@
-"""Training throughput of the harness vs the bare backbone (issue: harness overhead <= 15%).
+"""Training throughput of the harness's step loop against the bare loop, on one device.
 
-Measures, at the ``smoke`` protocol's batch size and image size, on the same device:
+Both loops train the same model (the protocol's backbone and the method's head, built by
+the harness), with the same metric loss and miner, the same optimizer, the same batches and
+the same precision (the autocast the harness picks for the device):
 
-* bare: the backbone alone, forward + backward of ``maps.sum()`` on a fixed random
-  batch (no data loading, no head, no loss, no optimizer), BN frozen as in the protocol;
-* harness: ``python -m harness run --methods plain`` images/s in its second epoch
-  (steady state: real images decoded and augmented, head, metric loss + miner,
-  optimizer step, progress bar), read back from the MLflow store.
+* bare: ``zero_grad``; forward and the head's ``loss_terms`` under autocast; ``backward``;
+  ``step``: on batches already normalised on the device, nothing else;
+* harness: :func:`harness.engine.training._train_epoch` over the same batches as the
+  loader hands them (uint8, on the host): the copy to the device and normalisation, the
+  per-step mining seed, the loss scaler, the on-device loss tally and its read every
+  ``[training] sync_every`` steps, the progress bar.
 
-Usage: python benchmarks/bench_train_throughput.py [--batches 30] [--method plain]
-Run it on an otherwise idle machine; it prints both rates and their ratio.
+The data loader is left out of both (``bench_input_pipeline.py`` measures it with a JPEG
+tree): the ratio is the cost of the loop itself, the host syncs above all. The two loops
+alternate in rounds of ``--steps`` steps, so background load hits both alike; each rate
+is the median over the rounds.
+
+Usage: python benchmarks/bench_train_throughput.py [--protocol smoke] [--method plain]
+       [--steps 10] [--rounds 5] [--device auto] [--set KEY=VALUE ...]
+On a GPU: --protocol roth2020 --set backbone.pretrained=false --fast (ResNet-50, 224 px, batch 112).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
+import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 
 
-def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
-    from harness.components.backbones import create_backbone
-
-    b = protocol.backbone
-    backbone = create_backbone(b.name, pretrained=b.pretrained, freeze_bn=b.freeze_bn).to(device).train()
-    size = protocol.image.size
-    batch = torch.randn(protocol.sampling.batch_size, 3, size, size, device=device)
-    for _ in range(3):  # warm-up
-        backbone(batch)[-1].sum().backward()
-    start = time.perf_counter()
-    for _ in range(batches):
-        backbone.zero_grad(set_to_none=True)
-        backbone(batch)[-1].sum().backward()
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize()
-    return batches * len(batch) / (time.perf_counter() - start)
+        torch.cuda.synchronize(device)
 
 
-def harness_rate(method: str, batches: int, device: str, workers: int | None) -> float:
-    import mlflow
+def timed(run: Callable[[], None], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - start
 
-    from harness.cli.main import main
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
-    os.chdir(workdir)
-    out = workdir / "out.json"
-    code = main(["run", "--methods", method, "--epochs", "2", "--device", device, "--json", str(out),
-                 "--set", f"sampling.batches_per_epoch={batches}", "--set", "selection.mode=last",
-                 *(["--workers", str(workers)] if workers is not None else [])])
-    assert code == 0
-    import json
+def build(protocol_name: str, overrides: list[str], method: str, steps: int, device: torch.device):
+    """The harness's training objects for ``method`` and ``steps`` batches of the protocol's
+    size (random uint8 images, the sampler's class-balanced labels)."""
+    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.engine import training
 
-    run_id = json.loads(out.read_text())[0]["mlflow_run_id"]
-    history = mlflow.MlflowClient().get_metric_history(run_id, "train_images_per_s")
-    return next(m.value for m in history if m.step == 2)
+    protocol = load_protocol(protocol_name).for_dataset("synthetic")
+    protocol, _ = apply_overrides(protocol, [*overrides, f"sampling.batches_per_epoch={steps}"])
+    splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
+    cfg = training.RunConfig.build(protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    t = training._build_training(cfg, splits, device, workers=0)
+    generator = torch.Generator().manual_seed(0)
+    size, batch = protocol.image.size, protocol.sampling.batch_size
+    labels = (torch.arange(batch) // protocol.sampling.samples_per_class) % len(set(splits.train.labels))
+    batches = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
+                labels, torch.arange(batch)) for _ in range(steps)]
+    t.loader = batches  # the harness loop reads its batches from here
+    return cfg, t, batches
+
+
+def bare_loop(t, batches, protocol, device: torch.device) -> Callable[[], None]:
+    from harness.base.device import amp_dtype
+    from harness.components.data.transforms import normalize_batch
+    from methods import TrainingBatch
+
+    dtype = amp_dtype(device)
+    ready = [(normalize_batch(images.to(device), protocol.image).contiguous(memory_format=torch.channels_last),
+              labels.to(device)) for images, labels, _ in batches]
+    model, head = t.model, t.model.head
+
+    def run() -> None:
+        model.train()
+        for images, labels in ready:
+            t.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
+                out = model(images)
+                loss = sum(head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, model)).values())
+            loss.backward()
+            t.optimizer.step()
+
+    return run
+
+
+def harness_loop(cfg, t, device: torch.device) -> Callable[[], None]:
+    from harness.engine.training import _train_epoch
+
+    epochs = iter(range(10**9))
+    return lambda: _train_epoch(cfg, t, device, next(epochs), 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--protocol", default="smoke")
     parser.add_argument("--method", default="plain")
+    parser.add_argument("--steps", type=int, default=10, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--workers", type=int, help="data-loading processes (default: the run's default)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="protocol override")
+    parser.add_argument("--fast", action="store_true", help="cuDNN autotuning, non-deterministic kernels (run --fast)")
     args = parser.parse_args()
-    from harness.config.protocol import load_protocol
+    from harness.base.device import amp_name, configure_determinism
     from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)
-    protocol = load_protocol("smoke")
-    print(f"device {device}, torch threads {torch.get_num_threads()}, batch {protocol.sampling.batch_size}, "
-          f"image {protocol.image.size} px, backbone {protocol.backbone.name}")
-    bare = bare_backbone_rate(protocol, args.batches, device)
-    print(f"bare backbone forward+backward: {bare:8.1f} images/s")
-    harness = harness_rate(args.method, args.batches, str(device.type), args.workers)
-    print(f"harness training ({args.method}):  {harness:8.1f} images/s")
-    print(f"ratio harness / bare:           {harness / bare:8.3f}  (target >= 0.85)")
+    configure_determinism(False, fast=args.fast)
+    cfg, t, batches = build(args.protocol, args.set, args.method, args.steps, device)
+    protocol = cfg.protocol
+    images = len(batches) * protocol.sampling.batch_size
+    loops = {"bare": bare_loop(t, batches, protocol, device), "harness": harness_loop(cfg, t, device)}
+    for run in loops.values():  # warm-up: allocator, autotuning, first-call costs
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, run in loops.items():
+            seconds[name].append(timed(run, device))
+    rate = {name: images / statistics.median(s) for name, s in seconds.items()}
+    print(f"device {device} ({torch.get_num_threads()} threads), protocol {protocol.name}: "
+          f"{protocol.backbone.name} at {protocol.image.size} px, batch {protocol.sampling.batch_size}, "
+          f"autocast {amp_name(device)}, method {args.method}, loss {protocol.loss.name}, "
+          f"sync_every {protocol.training.sync_every}, fast {args.fast}; {args.rounds} rounds of {args.steps} steps")
+    print(f"bare loop:      {rate['bare']:9.1f} images/s")
+    print(f"harness loop:   {rate['harness']:9.1f} images/s")
+    print(f"harness / bare: {rate['harness'] / rate['bare']:9.3f}")
 
 
 if __name__ == "__main__":

@@ -410,11 +410,13 @@ class AVSLHead(Method):
 
     @torch.no_grad()
     def update_edges(self, cams: Sequence[torch.Tensor]) -> None:
-        """Eq. 4 with the batch estimate of Eq. 3; the first update overwrites (the code)."""
-        first = int(self.edge_updates) == 0
+        """Eq. 4 with the batch estimate of Eq. 3; the first update overwrites (the code).
+        Which of the two is chosen on the device (:func:`torch.where`): reading the update
+        count would make every training step wait for the device."""
+        first = self.edge_updates == 0
         for level, buf in enumerate(self.edge_buffers(), start=1):
             new = edge_estimate(cams[level].float(), cams[level - 1].float())
-            buf.copy_(new if first else self.momentum * buf + (1 - self.momentum) * new)
+            buf.copy_(torch.where(first, new, self.momentum * buf + (1 - self.momentum) * new))
         self.edge_updates += 1
 
     # ---------------------------------------------------------------------- embed

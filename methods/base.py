@@ -306,6 +306,15 @@ class Method(nn.Module):
         ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
         return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
 
+    def step_host_reads(self) -> str:
+        """Why this head's training step reads values from the device, where by its design
+        it must (a selection made on the host, a solver that stops on each problem's
+        convergence), or "" when it never does. The engine's own step reads nothing: with
+        "" the whole step only queues device work, which ``tests/test_syncs.py`` checks for
+        every method that declares nothing. Mining the metric loss's tuples (the protocol's
+        miner) produces data-dependent shapes by nature and is not counted here."""
+        return ""
+
     @classmethod
     def cross_process_refusal(cls, options: dict[str, Any]) -> str:
         """Why this method (with ``options``, all of them resolved) cannot train across

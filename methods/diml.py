@@ -661,6 +661,12 @@ class DIMLHead(PlainHead):
                     "pairs between processes' shares would be missing; train it in one process")
         return ""
 
+    def step_host_reads(self):
+        if self.train_structural:
+            return ("Sinkhorn (App. A.1) runs each pair until its own marginal error is below tol; "
+                    "the convergence test and the stabilisation bounds are read on the host")
+        return ""
+
     @classmethod
     def trains_as(cls, options):
         """Without ``train_structural`` DIML is training-free (Sec. 3.4): the head is the

@@ -467,6 +467,11 @@ class SAMHead(Method):
                 "differentiates the similarity with autograd.grad, which DistributedDataParallel "
                 "does not support; train it in one process")
 
+    def step_host_reads(self):
+        return ("similarity mining selects disjoint tuples greedily on the host (select_tuples: the "
+                "mined candidates and labels, and for quadruplets or hardest-first mining the "
+                "embeddings' distances, are copied to the host)")
+
     def loss_terms(self, output, batch):
         """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of
         (a selection of) the same tuples, through a second pass of ``batch.model``."""

@@ -9,6 +9,7 @@ import json
 
 import mlflow
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -129,3 +130,42 @@ def test_default_workers_overlap_loading_only_where_a_core_is_free(monkeypatch):
     assert default_workers(torch.device("cuda")) == 4
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_workers(torch.device("cpu")) == 0
+
+
+def test_fast_turns_on_autotuning_and_any_kernel_and_excludes_deterministic(workdir, capsys):
+    from harness.base.device import configure_determinism
+
+    try:
+        configure_determinism(False, fast=True)
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+        configure_determinism(False)  # the default: deterministic kernels where they exist
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    finally:
+        configure_determinism(False)
+    assert main(["run", "--methods", "plain", "--fast", "--deterministic"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --deterministic and --fast exclude each other"
+
+
+@pytest.mark.slow
+def test_a_compiled_fast_run_trains_and_says_so(workdir, tiny_protocol):
+    """``--compile`` (torch.compile of the model, inductor on the CPU) trains to the eager
+    run's numbers within float tolerance; ``--fast`` and ``--compile`` are in the run's tags."""
+    from harness.base.device import configure_determinism
+
+    records = {}
+    try:
+        for name, flags in (("eager", []), ("compiled", ["--compile", "--fast"])):
+            out = workdir / f"{name}.json"
+            assert main(["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
+                         "--checkpoint-root", str(workdir / name), "--json", str(out), *flags]) == 0
+            records[name] = json.loads(out.read_text())[0]
+    finally:
+        configure_determinism(False)
+    run = mlflow.MlflowClient().get_run(records["compiled"]["mlflow_run_id"])
+    assert run.data.tags["compile"] == "True" and run.data.tags["fast"] == "True"
+    eager, compiled = records["eager"]["metrics"], records["compiled"]["metrics"]
+    assert eager.keys() == compiled.keys()
+    for key in ("precision_at_1", "mean_average_precision_at_r"):
+        assert compiled[key] == pytest.approx(eager[key], abs=0.05)

@@ -222,3 +222,13 @@ def test_roth2020_samples_with_roth_et_als_distance_weighted_miner():
         p = load_protocol(name)
         assert isinstance(create_miner(p.miner.name, p.miner.args), RothDistanceWeightedMiner), name
     assert load_protocol("roth2020").miner.args == {"cutoff": 0.5}
+
+
+def test_training_section_is_out_of_the_fingerprint_and_checked():
+    base = load_protocol("smoke")
+    assert "training" not in base.to_dict()  # absent at its defaults: shipped canonical forms unchanged
+    changed, _ = apply_overrides(base, {"training.sync_every": 7})
+    assert changed.training.sync_every == 7 and changed.to_dict()["training"] == {"sync_every": 7}
+    assert fingerprint(changed, "split") == fingerprint(base, "split")
+    with pytest.raises(HarnessError, match="training.sync_every"):
+        apply_overrides(base, {"training.sync_every": 0})

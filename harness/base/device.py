@@ -8,7 +8,8 @@ reproducibility switches.
   (https://pytorch.org/docs/stable/notes/randomness.html): deterministic algorithms
   (an error on an op that has none), ``cudnn.deterministic``, no cuDNN autotuning, and
   ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which cuBLAS reads when its first handle is made,
-  so it is set before any CUDA work (the CLI calls this before it builds anything).
+  so it is set before any CUDA work (the CLI calls this before it builds anything); or,
+  with ``fast``, cuDNN autotuning and non-deterministic kernels.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from harness.base.errors import HarnessError
 
 __all__ = ["amp_dtype", "amp_name", "configure_determinism", "CUBLAS_WORKSPACE"]
 
@@ -34,26 +37,29 @@ def amp_name(device: torch.device) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[amp_dtype(device)]
 
 
-def configure_determinism(deterministic: bool, device: torch.device | None = None) -> None:
-    """Reproducibility switches for this process.
+def configure_determinism(deterministic: bool, *, fast: bool = False) -> None:
+    """Reproducibility switches for this process: three levels, each recorded with a run.
 
-    ``deterministic``: every op must have a deterministic implementation (else an error
-    names it), cuDNN picks deterministic kernels and does not autotune, cuBLAS gets a
-    fixed workspace. Without it, CPU still runs deterministic kernels where they exist
-    (a warning elsewhere: the harness's own CPU reruns are bit-identical), and CUDA lets
-    cuDNN autotune convolutions for the fixed input size (fast, not bit-repeatable).
+    * ``deterministic`` (``--deterministic``): every op must have a deterministic
+      implementation (else an error names it), cuDNN picks deterministic kernels and does
+      not autotune, cuBLAS gets a fixed workspace;
+    * the default: deterministic kernels wherever they exist (a warning where an op has
+      none), cuDNN deterministic and not autotuned: the harness's reruns repeat on the CPU
+      and, up to ops without a deterministic kernel, on a GPU;
+    * ``fast`` (``--fast``): cuDNN autotunes convolutions for the fixed input size and
+      any kernel may be used (the fastest, not bit-repeatable).
     """
+    if deterministic and fast:
+        raise HarnessError("--deterministic and --fast exclude each other")
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
         torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    elif device is not None and device.type == "cuda":
+    elif fast:
         torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic = False
-        torch.backends.cudnn.benchmark = True
     else:
         torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = not fast
+    torch.backends.cudnn.benchmark = fast
     # Deterministic mode also fills every new tensor with NaN, a debugging aid that changes
     # no result (kernels overwrite the memory) and cost 15% of CPU training time.
     torch.utils.deterministic.fill_uninitialized_memory = False

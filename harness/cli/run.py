@@ -106,6 +106,8 @@ def check_checkpoint_root(root: Path | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.deterministic and args.fast:
+        raise HarnessError("--deterministic and --fast exclude each other")
     if args.deterministic:  # before anything touches CUDA (cuBLAS reads its workspace setting once)
         from harness.base.device import CUBLAS_WORKSPACE
 
@@ -123,7 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     open_store()
     protocol, methods, seeds = req.protocol, req.methods, req.seeds
     settings = RunSettings(data_root=args.data_root, device=args.device, workers=args.workers,
-                           checkpoint_root=args.checkpoint_root, deterministic=args.deterministic)
+                           checkpoint_root=args.checkpoint_root, deterministic=args.deterministic,
+                           fast=args.fast, compile=args.compile)
 
     def splits_for(seed: int):
         return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
@@ -202,6 +205,11 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--deterministic", action="store_true",
                      help="deterministic kernels on every device (an op without one is an error), cuDNN "
                      "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run")
+    run.add_argument("--fast", action="store_true",
+                     help="cuDNN autotuning and non-deterministic kernels (faster on a GPU, not "
+                     "bit-repeatable); recorded with each run (tag fast)")
+    run.add_argument("--compile", action="store_true",
+                     help="train through torch.compile of the model; recorded with each run (tag compile)")
     run.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
                      "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
                      "weights under it even after the folder moved")

@@ -44,12 +44,13 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity, LpDistance
-from pytorch_metric_learning.reducers import AvgNonZeroReducer, DivisorReducer, MeanReducer
+from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
+from harness.components.reducers import SyncFreeDivisorReducer, use_sync_free_reducers
 
 __all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
            "ActiveTripletReducer", "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss",
@@ -110,7 +111,7 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
 
 
-class ActiveTripletReducer(DivisorReducer):
+class ActiveTripletReducer(SyncFreeDivisorReducer):
     """Each triplet's loss (for PML's ``MarginLoss``: its positive plus its negative hinge
     term), summed and divided by the number of triplets whose loss is non-zero, i.e. with
     at least one active hinge term; zero when none is.
@@ -120,7 +121,8 @@ class ActiveTripletReducer(DivisorReducer):
     triplets). PML's own reducer for the margin loss (``DivisorReducer``) divides by the
     number of active hinge terms, the positive and the negative term of a triplet counted
     apart, which gives 0.5-1x this value. Sub-losses that are not per triplet (the beta
-    regulariser) keep ``DivisorReducer``'s arithmetic.
+    regulariser) keep ``DivisorReducer``'s arithmetic, computed without a host sync
+    (:class:`~harness.components.reducers.SyncFreeDivisorReducer`).
     """
 
     def triplet_reduction(self, losses, loss_indices, embeddings, labels, divisor=1):
@@ -435,14 +437,16 @@ def check_loss_args(name: str, args: dict[str, Any] | None = None) -> dict[str, 
 
 def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: int,
                 embedding_size: int) -> torch.nn.Module:
-    """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``."""
+    """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``, its
+    reducers PML's arithmetic queued on the device without a host sync
+    (:mod:`harness.components.reducers`)."""
     entry = LOSSES.get(name)
     kwargs = check_loss_args(name, args)
     if entry.needs_classes:
         kwargs["num_classes"] = num_classes
         if "embedding_size" in inspect.signature(entry.cls.__init__).parameters:
             kwargs["embedding_size"] = embedding_size
-    return entry.cls(**kwargs)
+    return use_sync_free_reducers(entry.cls(**kwargs))
 
 
 def create_miner(name: str, args: dict[str, Any] | None = None):

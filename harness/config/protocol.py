@@ -104,6 +104,17 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True)
+class TrainingSpec:
+    """How the training loop runs, none of which changes a number it computes (so it is
+    left out of the fingerprint, :func:`fingerprint`)."""
+
+    #: Training steps between two reads of the device (losses, the non-finite check, the
+    #: progress bar, ``train/loss``): in between, the loop only queues work, so a GPU never
+    #: waits for the host. The end of an epoch is always read.
+    sync_every: int = 50
+
+
+@dataclass(frozen=True)
 class LossSpec:
     #: The default metric loss of this protocol.
     name: str = "margin"
@@ -192,6 +203,7 @@ class Protocol:
     sampling: SamplingSpec = SamplingSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ScheduleSpec()
+    training: TrainingSpec = TrainingSpec()
     loss: LossSpec = LossSpec()
     miner: MinerSpec = MinerSpec()
     splits: SplitSpec = SplitSpec()
@@ -221,6 +233,7 @@ class Protocol:
         _check(self.sampling.samples_per_class >= 2, "sampling.samples_per_class",
                "must be >= 2 (positives are needed)")
         _check(self.schedule.epochs >= 0, "schedule.epochs", "must be >= 0")
+        _check(self.training.sync_every >= 1, "training.sync_every", "must be >= 1")
         _check(len(self.seeds) > 0, "seeds", "must list at least one seed")
         _check(len(self.image.mean) == 3 and len(self.image.std) == 3, "image.mean",
                "mean and std need three values")
@@ -244,6 +257,8 @@ class Protocol:
         for section, key in _OPTIONAL_KEYS:
             if data[section][key] == _jsonable(getattr(getattr(Protocol, section), key)):
                 del data[section][key]
+        if data["training"] == _jsonable(dataclasses.asdict(TrainingSpec())):
+            del data["training"]  # absent at its defaults, as the optional keys
         return data
 
     def _full_dict(self) -> dict[str, Any]:
@@ -544,9 +559,14 @@ def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_a
     ``world_size``: processes that trained the run together (``torchrun``). The global
     batch is the protocol's either way, but the arithmetic differs (gathered embeddings,
     averaged gradients), so runs with other world sizes are not put side by side in one
-    table. Absent from the payload at 1, so single-process fingerprints are unchanged."""
+    table. Absent from the payload at 1, so single-process fingerprints are unchanged.
+
+    The ``[training]`` section (:class:`TrainingSpec`) is left out: it says how often the
+    loop reads the device, which changes no number."""
+    canonical = protocol.to_dict()
+    canonical.pop("training", None)
     payload = json.dumps(
-        {"protocol": protocol.to_dict(), "split": split_digest, "loss": loss,
+        {"protocol": canonical, "split": split_digest, "loss": loss,
          "loss_args": _jsonable(loss_args or {}),
          **({"world_size": int(world_size)} if world_size != 1 else {})},
         sort_keys=True, separators=(",", ":"),

@@ -2,14 +2,15 @@
 
 This module trains; it asks :mod:`harness.engine.embedding` to evaluate,
 :mod:`harness.components.explanation.maps` to log explanations and :mod:`harness.store.tracking` for the
-store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic kernels on CPU,
-everywhere with ``--deterministic``), AMP (bf16 where supported, else fp16 with a loss
-scaler) and channels-last on CUDA, a checkpoint after every epoch (written atomically),
-and ``resume`` that continues from the last checkpoint to exactly the result of an
-uninterrupted run: every source of randomness is re-derived from ``(seed, epoch)``
-at the start of each epoch (each image's augmentation from ``(seed, epoch, batch,
-position)``), so nothing but tensors has to be saved, and the loader's workers can
-persist across epochs.
+store (and the weights of finished runs). Seeded everywhere (python, numpy, torch; deterministic
+kernels where they exist, required with ``--deterministic``, cuDNN autotuning with ``--fast``),
+AMP (bf16 where supported, else fp16 with a loss scaler) and channels-last on CUDA, a step
+loop that reads the device once per ``[training] sync_every`` steps, a checkpoint after
+every epoch (written atomically), and ``resume`` that continues from the last checkpoint
+to exactly the result of an uninterrupted run: every source of randomness is re-derived
+from ``(seed, epoch)`` at the start of each epoch (each image's augmentation from ``(seed,
+epoch, batch, position)``), so nothing but tensors has to be saved, and the loader's
+workers can persist across epochs.
 
 Under ``torchrun`` one run trains across processes (:mod:`harness.engine.distributed`):
 each takes a share of every global batch, the metric loss sees the gathered batch,
@@ -26,6 +27,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,10 @@ class RunConfig:
     epoch_callback: Any = None
     #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
     deterministic: bool = False
+    #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
+    fast: bool = False
+    #: Train through ``torch.compile`` of the model (evaluation runs the model as it is).
+    compile: bool = False
 
     @classmethod
     def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
@@ -133,7 +139,8 @@ class RunConfig:
         return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
                    loss_args=protocol.loss_args(loss), seed=seed, deviations=tuple(deviations),
                    method_options=dict(options), data_root=settings.data_root, device=settings.device,
-                   workers=settings.workers, deterministic=settings.deterministic,
+                   workers=settings.workers, deterministic=settings.deterministic, fast=settings.fast,
+                   compile=settings.compile,
                    **({"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
                    **run)
 
@@ -141,13 +148,16 @@ class RunConfig:
 @dataclass(frozen=True)
 class RunSettings:
     """Where and how a run executes, none of which changes its result (``--data-root``,
-    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``)."""
+    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``, ``--fast``,
+    ``--compile``); the last three are recorded with each run."""
 
     data_root: Path | None = None
     device: str = "auto"
     workers: int | None = None
     checkpoint_root: Path | None = None
     deterministic: bool = False
+    fast: bool = False
+    compile: bool = False
 
 
 class EmbeddingModel(nn.Module):
@@ -423,8 +433,10 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+    # Pinned host memory (asynchronous copies to the GPU), workers kept across epochs, and
+    # four batches prepared ahead per worker, so that a step never waits for its data.
     loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-                        pin_memory=device.type == "cuda")
+                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None)
     miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
                                     loss_miners=protocol.loss.miners))
     train_model: nn.Module = model
@@ -432,6 +444,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     if procs.distributed:
         train_model = wrap_model(model, device)
         metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
+    if cfg.compile:  # the step's forward and backward compiled; the weights are the model's own
+        train_model = torch.compile(train_model)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
     return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
@@ -517,8 +531,8 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             "deviations": [str(d) for d in cfg.deviations], "selection": cfg.protocol.selection.mode,
             "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
             "selected_epoch": selected_epoch, "mlflow_run_id": tracker.run_id,
-            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic,
-            "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic, "fast": cfg.fast,
+            "compile": cfg.compile, "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
 
 
 def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
@@ -531,7 +545,7 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
     device = resolve_device(cfg.device)
-    configure_determinism(cfg.deterministic, device)
+    configure_determinism(cfg.deterministic, fast=cfg.fast)
     procs, device = processes_from_env(device)
     if procs.distributed:
         _check_distributable(cfg, procs)
@@ -601,7 +615,8 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
     keep the best weights), log, checkpoint."""
     cfg, protocol = plan.cfg, plan.cfg.protocol
     selection = protocol.selection
-    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs)}
+    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs,
+                                                 on_flush=lambda flush: _log_flush(tracker, flush))}
     t.scheduler.step()
     check_replicas_agree(t.model, plan.procs, f"after epoch {epoch + 1}")
     select_on = {"validation": (plan.splits.val, None), "test-paper": (plan.splits.test, plan.splits.gallery)}
@@ -733,7 +748,8 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
                         **flatten(cfg.method_options, "method."),
                         "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
                         "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
-                        "world_size": procs.world_size, "deterministic": cfg.deterministic})
+                        "world_size": procs.world_size, "deterministic": cfg.deterministic,
+                        "fast": cfg.fast, "compile": cfg.compile})
     tags = {"fingerprint": fp, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
             "method_revision": METHODS.get(cfg.method).cls.revision,
             "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
@@ -744,7 +760,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
-            "amp": amp_name(device),
+            "fast": cfg.fast, "compile": cfg.compile, "amp": amp_name(device),
             **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
             **environment_tags()}
     if splits.val is not None:
@@ -766,16 +782,58 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
         tracker.log_text(uncommitted_changes(), "source/uncommitted.patch")
 
 
-#: Training steps between host synchronisations (progress bar, non-finite loss check):
-#: between them the loop only queues work on the device.
-SYNC_EVERY = 25
+@dataclass(frozen=True)
+class StepFlush:
+    """What the training loop reads from the device at one flush: every
+    ``[training] sync_every`` steps (:class:`~harness.config.protocol.TrainingSpec`) and at
+    the end of an epoch, in one transfer. Between two flushes the loop only queues work.
+
+    ``global_step``: steps trained by the run so far (the last step read, counted from 1);
+    ``step_losses``: the loss of each step since the previous flush, the last one at
+    ``global_step``; ``lr``: the learning rate of the first parameter group (the backbone's;
+    the schedules scale every group alike); ``loss_sums``: the epoch's running sums of each
+    loss term times its batch size (``""``: the total); ``images``: the epoch's images so far."""
+
+    epoch: int
+    global_step: int
+    step_losses: tuple[float, ...]
+    lr: float
+    loss_sums: dict[str, float]
+    images: int
 
 
-def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
-                 epochs: int) -> dict[str, float]:
-    """One epoch of the training step, queued without waiting on the device: losses are
-    summed on the device and read every :data:`SYNC_EVERY` steps and at the end, where a
-    non-finite loss stops the run and names its first batch."""
+class _StepTally:
+    """The loop's running values, kept on the device: each step's loss in a window of
+    ``sync_every`` slots, and the epoch's sums of every loss term times its batch size.
+    Writing them queues device work only; :meth:`read` is the one transfer to the host."""
+
+    def __init__(self, sync_every: int, device: torch.device):
+        self.window = torch.zeros(sync_every, device=device)
+        self.filled = 0
+        self.sums: dict[str, torch.Tensor] = {}  # "" is the total
+
+    def add(self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int) -> None:
+        self.window[self.filled] = loss.detach().float()  # an indexed copy: no sync
+        self.filled += 1
+        for name, value in (("", loss), *terms.items()):
+            value = value.detach().float() * batch_size
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+
+    def read(self) -> tuple[list[float], dict[str, float]]:
+        """The window's losses and the sums, in one device-to-host transfer; the window empties."""
+        names = list(self.sums)
+        values = torch.cat([self.window[:self.filled], *(self.sums[n].reshape(1) for n in names)]).tolist()
+        losses, sums = values[:self.filled], dict(zip(names, values[self.filled:], strict=True))
+        self.filled = 0
+        return losses, sums
+
+
+def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int, epochs: int,
+                 on_flush: Callable[[StepFlush], None] | None = None) -> dict[str, float]:
+    """One epoch of the training step, queued without waiting on the device: each step's
+    loss and the epoch's sums stay on the device (:class:`_StepTally`) and are read every
+    ``[training] sync_every`` steps and at the end (:class:`StepFlush`, handed to
+    ``on_flush``), where a non-finite loss stops the run and names its first batch."""
     model = t.train_model
     seed = _epoch_seed(cfg.seed, epoch)
     torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
@@ -783,30 +841,31 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     model.train()
     dtype = amp_dtype(device)
     gathered = isinstance(t.metric_loss, GatheredMetricLoss)
+    sync_every = cfg.protocol.training.sync_every
+    steps_before = epoch * len(t.sampler)
 
     seen, started = 0, time.perf_counter()
-    sums: dict[str, torch.Tensor] = {}  # "" is the total; on the device
-    finite = torch.ones((), dtype=torch.bool, device=device)
-    first_step = 0  # the first step since the last check
+    tally = _StepTally(sync_every, device)
+    sums: dict[str, float] = {}
     bar = tqdm(t.loader, desc=f"{cfg.method} epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                disable=None, file=sys.stderr)
 
-    def check(step: int) -> None:
-        """Host sync: raise on a non-finite loss in steps ``first_step..step``."""
-        nonlocal first_step
-        if not bool(finite):
-            bad = next(i for i, ok in enumerate(step_ok) if not bool(ok))
+    def flush(step: int) -> None:
+        """The one host sync: read steps ``step - filled + 1 .. step``, raise on a non-finite loss."""
+        nonlocal sums
+        first = step - tally.filled + 1
+        losses, sums = tally.read()
+        bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
+        if bad is not None:
             raise HarnessError(
-                f"loss is {float(step_loss[bad])} at epoch {epoch + 1}, batch {first_step + bad + 1} "
+                f"loss is {losses[bad]} at epoch {epoch + 1}, batch {first + bad + 1} "
                 f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED")
-        first_step = step + 1
-        step_ok.clear()
-        step_loss.clear()
-        bar.set_postfix(loss=f"{float(sums[''] / max(seen, 1)):.4f}",
+        bar.set_postfix(loss=f"{sums.get('', 0.0) / max(seen, 1):.4f}",
                         img_s=f"{seen / (time.perf_counter() - started):.0f}")
+        if on_flush is not None:
+            on_flush(StepFlush(epoch + 1, steps_before + step + 1, tuple(losses),
+                               float(t.optimizer.param_groups[0]["lr"]), dict(sums), seen))
 
-    step_ok: list[torch.Tensor] = []
-    step_loss: list[torch.Tensor] = []
     step = -1
     for step, (images, labels, _) in enumerate(bar):
         try:
@@ -814,27 +873,28 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
         except Exception:
             # Weights a non-finite loss has reached can make a later step fail another way
             # (a miner on NaN distances): the first non-finite batch is the error to report.
-            if step > first_step:
-                check(step - 1)
+            if tally.filled:
+                flush(step - 1)
             raise
         fault_point("train_batch")  # test-only hook (harness.base.faults); nothing when unset
-        n = len(images)
-        for name, value in (("", loss), *terms.items()):
-            value = value.detach().float() * n
-            sums[name] = sums[name] + value if name in sums else value
-        ok = torch.isfinite(loss.detach())
-        finite = finite & ok
-        step_ok.append(ok)
-        step_loss.append(loss.detach())
-        seen += n
-        if (step + 1) % SYNC_EVERY == 0:
-            check(step)
-    if step >= first_step:
-        check(step)
+        tally.add(loss, terms, len(images))
+        seen += len(images)
+        if tally.filled == sync_every:
+            flush(step)
+    if tally.filled:
+        flush(step)
     elapsed = time.perf_counter() - started
-    totals = {k: float(v) / max(seen, 1) for k, v in sums.items()}
+    totals = {k: v / max(seen, 1) for k, v in sums.items()}
     return {"train_loss": totals.pop("", 0.0), "train_images_per_s": seen / max(elapsed, 1e-9),
             "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+
+
+def _log_flush(tracker, flush: StepFlush) -> None:
+    """``train/loss`` at every step of the flush and ``train/lr`` at its last, against the
+    run's global step."""
+    first = flush.global_step - len(flush.step_losses) + 1
+    tracker.log_metric_steps({"train/loss": [(first + i, v) for i, v in enumerate(flush.step_losses)],
+                              "train/lr": [(flush.global_step, flush.lr)]})
 
 
 def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,

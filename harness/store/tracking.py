@@ -344,6 +344,18 @@ class Tracker:
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
+    def log_metric_steps(self, series: dict[str, list[tuple[int, float]]]) -> None:
+        """Several values of each metric, each at its own step, in one request:
+        ``{"train/loss": [(step, value), ...]}``."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(name, float(value), now, step) for name, points in series.items() for step, value in points]
+        for start in range(0, len(items), 1000):  # MLflow takes at most 1000 metrics a request
+            self.client.log_batch(self.run_id, metrics=items[start:start + 1000])
+
     def log_dataset(self, name: str, digest: str, *, data_root: Path | None = None,
                     sizes: dict[str, int] | None = None, context: str = "train/val/test") -> None:
         """The run's dataset as an MLflow dataset input (name, split digest, image counts),

@@ -1,0 +1,156 @@
+"""A training step never waits for the device: proved on the CPU for every method.
+
+On a GPU the host queues a step's kernels and runs ahead unless something reads the
+device: a scalar read (``.item()``, ``float(t)``, ``bool(t)``), a copy to the host, or an
+op whose output shape depends on the data. :class:`~harness.base.syncs.SyncCounter`
+counts them on any device, so K steps of the engine's real epoch loop
+(:func:`~harness.engine.training._train_epoch`) are counted here, in float32 and under
+bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
+
+The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
+flush). Mining (the protocol's miner) has data-dependent shapes by nature and is counted
+apart; a method whose step reads the host by its design says why in
+:meth:`~methods.Method.step_host_reads`, and only those may read more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from harness.base.errors import HarnessError
+from harness.base.syncs import SyncCounter
+from harness.components.losses import MetricLoss
+from harness.config.protocol import load_protocol
+from harness.engine import training
+from methods import list_methods
+
+from .conftest import TINY_PROTOCOL
+
+STEPS, SYNC_EVERY = 4, 2
+#: Methods whose step reads the host by design (each says why in step_host_reads).
+HOST_READING = {"sam", "sam_quadruplet", "sam_siamese", "diml_train"}
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    p = load_protocol(TINY_PROTOCOL)
+    return dataclasses.replace(p, sampling=dataclasses.replace(p.sampling, batches_per_epoch=STEPS),
+                               training=dataclasses.replace(p.training, sync_every=SYNC_EVERY))
+
+
+@pytest.fixture(scope="module")
+def splits(protocol):
+    return training.prepare_splits(protocol, "synthetic", None, seed=0)
+
+
+def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter, list[training.StepFlush], object]:
+    """One epoch of STEPS steps of ``name`` under the counter, its batches read beforehand
+    (the loader decodes and augments on the host, by design)."""
+    device = torch.device("cpu")
+    cfg = training.RunConfig.build(protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    t = training._build_training(cfg, splits, device, workers=0)
+    t.loader = list(t.loader)
+    flushes: list[training.StepFlush] = []
+    mine = MetricLoss._mine
+    with SyncCounter() as counter:
+        def counted_mine(self, embeddings, labels):
+            with counter.section("mining"):
+                return mine(self, embeddings, labels)
+
+        monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
+        training._train_epoch(cfg, t, device, 0, 1, on_flush=flushes.append)
+    return counter, flushes, t.model.head
+
+
+def _cases() -> list[tuple[str, str]]:
+    """Every method in float32 and under bfloat16 autocast, DIABLO's variants but the first
+    in float32 only: they run the same modules wired at other points, and CPU bfloat16
+    (emulated) takes 4-10 s for each."""
+    first_diablo = next(n for n in list_methods() if n.startswith("diablo"))
+    return [(name, precision) for name in list_methods() for precision in ("float32", "bfloat16")
+            if precision == "float32" or not name.startswith("diablo") or name == first_diablo]
+
+
+@pytest.mark.parametrize("name,precision", _cases())
+def test_training_steps_read_the_device_once_per_flush(protocol, splits, name, precision, monkeypatch):
+    if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
+        monkeypatch.setattr(training, "amp_dtype", lambda device: torch.bfloat16)
+    counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
+
+    assert [f.global_step for f in flushes] == [2, 4]
+    assert all(len(f.step_losses) == SYNC_EVERY and all(map(math.isfinite, f.step_losses)) for f in flushes)
+    assert counter.shape_dependent == 0, dict(counter.ops)
+    reason = head.step_host_reads()
+    if name in HOST_READING:
+        assert reason, f"{name} reads the host: step_host_reads must say why"
+    else:
+        assert not reason
+        # One transfer per flush: every scalar read of the step is gone.
+        assert counter.scalar_reads == 0
+        assert counter.device_to_host == len(flushes) == STEPS // SYNC_EVERY
+
+
+def test_the_counter_sees_each_kind_of_wait():
+    x = torch.arange(6.0)
+    with SyncCounter() as counter:
+        float(x.sum())
+        bool(x[0] > 1)
+        x.tolist()
+        x[x > 2]
+        torch.nonzero(x)
+        with counter.section("mining"):
+            x.unique()
+    assert (counter.scalar_reads, counter.device_to_host, counter.shape_dependent) == (2, 1, 2)
+    assert counter.sections["mining"]["shape_dependent"] == 1
+    assert torch.Tensor.tolist is not None and x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # restored
+
+
+def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workdir, tiny_protocol):
+    """``[training] sync_every`` changes when the loop reads the device, not a number: the
+    fingerprint and the epoch metrics are the default run's; ``train/loss`` has every step
+    (one epoch of 3) and ``train/lr`` one value per flush (after steps 2 and 3)."""
+    import json
+
+    import mlflow
+
+    from harness.cli.main import main
+
+    records = {}
+    for every in ("50", "2"):
+        out = workdir / f"{every}.json"
+        assert main(["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1", "--set",
+                     f"training.sync_every={every}", "--checkpoint-root", str(workdir / every),
+                     "--json", str(out)]) == 0
+        records[every] = json.loads(out.read_text())[0]
+    assert records["2"]["fingerprint"] == records["50"]["fingerprint"]
+    assert records["2"]["metrics"] == records["50"]["metrics"]
+    client = mlflow.MlflowClient()
+    histories = {every: {k: sorted((m.step, m.value) for m in client.get_metric_history(r["mlflow_run_id"], k))
+                         for k in ("train/loss", "train/lr", "train_loss")} for every, r in records.items()}
+    assert [s for s, _ in histories["2"]["train/loss"]] == [1, 2, 3]
+    assert histories["2"]["train/loss"] == histories["50"]["train/loss"]
+    assert histories["2"]["train_loss"] == histories["50"]["train_loss"]
+    assert [s for s, _ in histories["2"]["train/lr"]] == [2, 3]
+    assert [s for s, _ in histories["50"]["train/lr"]] == [3]
+    assert all(v == 1e-4 for _, v in histories["2"]["train/lr"])  # the backbone group's lr
+
+
+def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
+    """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
+    step = training._train_step
+
+    def nan_from_third(cfg, t, model, images, labels, device, dtype, epoch, index, gathered):
+        loss, terms = step(cfg, t, model, images, labels, device, dtype, epoch, index, gathered)
+        return (loss * float("nan"), terms) if index == 2 else (loss, terms)
+
+    monkeypatch.setattr(training, "_train_step", nan_from_third)
+    flushes = []
+    cfg = training.RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
+    t = training._build_training(cfg, splits, torch.device("cpu"), workers=0)
+    with pytest.raises(HarnessError, match=r"loss is nan at epoch 1, batch 3 "):
+        training._train_epoch(cfg, t, torch.device("cpu"), 0, 1, on_flush=flushes.append)
+    assert [f.global_step for f in flushes] == [2]
