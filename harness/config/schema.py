@@ -75,7 +75,7 @@ def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False
         count = f"{low} " if low is not None and low == high else ""
         items = describe(node["items"], defs, plural=True) if node.get("items") else "values"
         kind = "non-empty list" if low == 1 and high is None else "list"
-        return f"{kind + 's' if plural else ('an ' if kind[0] == 'n' else 'a ') + kind} of {count}{items}"
+        return f"{kind + 's' if plural else 'a ' + kind} of {count}{items}"
     one, several = _NOUNS.get(kind, ("a value", "values"))
     return (several if plural else one) + bounds
 
