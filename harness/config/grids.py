@@ -49,7 +49,7 @@ from harness.config.protocol import (
 )
 from harness.config.schema import Int, Str, refusal
 
-__all__ = ["Grid", "Cell", "GridFile", "load_grid", "list_grids", "grid_dir", "expand"]
+__all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand"]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 
@@ -186,6 +186,12 @@ class Grid:
     paper_protocol: str = ""
     #: The grid's own datasets and backbones, against which a smoke version's are deviations.
     paper_axes: dict[str, list] = field(default_factory=dict, compare=False, repr=False)
+
+
+def grid_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a grid file (``docs/grid.schema.json``)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **GridFile.model_json_schema(),
+            "title": "dml-harness grid"}
 
 
 def grid_dir() -> Path:

@@ -338,6 +338,25 @@ def _sections_schema() -> dict[str, Any]:
     return _adapter().json_schema()
 
 
+def protocol_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a protocol file (what ``python -m harness schema`` prints and
+    ``docs/protocol.schema.json`` holds): the sections' declared types, every registered
+    method's options under ``[methods.<name>]`` and the declared loss-argument ranges."""
+    from harness.config.options import LossArguments, options_model
+    from methods import METHODS
+
+    schema = json.loads(json.dumps(_sections_schema()))  # a copy: the cached one serves refusals
+    schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dml-harness protocol",
+                   "description": "A fair protocol (protocols/<name>.toml); python -m harness schema prints this."})
+    schema["required"] = []  # name defaults to the file's stem
+    schema["properties"]["methods"] = {
+        "type": "object", "additionalProperties": False, "description": "Method options fixed by the protocol.",
+        "properties": {name: options_model(name).model_json_schema() for name in METHODS.list()}}
+    args = schema["$defs"]["LossSpec"]["properties"]["args"]
+    args["additionalProperties"] = LossArguments.model_json_schema()
+    return schema
+
+
 def _validated(data: dict[str, Any]) -> Protocol:
     """The protocol of the table ``data``, checked against the declared schema: the
     annotations above (types, ranges, finiteness, unknown keys), the cross-key rules, and
