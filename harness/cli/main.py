@@ -21,7 +21,6 @@ import traceback
 from harness.base.errors import HarnessError
 from harness.cli.processes import terminated
 
-
 PROG = "python -m harness"
 
 

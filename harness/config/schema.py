@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, Strict, ValidationError
+from pydantic import ConfigDict, Strict, ValidationError
 
 from harness.base.errors import HarnessError
 
