@@ -148,8 +148,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if (args.query_embeddings is None) != (args.query_labels is None):
         raise HarnessError("give both --query-embeddings and --query-labels, or neither")
-    if args.chunk_size < 1:
-        raise HarnessError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     recall_k = _int_list(args.recall_k, "--recall-k")
     metrics = [m for m in args.metrics.replace(" ", ",").split(",") if m.strip()]
     if not metrics:

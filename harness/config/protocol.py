@@ -36,6 +36,7 @@ __all__ = [
     "fingerprint",
     "flatten_keys",
     "protocol_json_schema",
+    "check_batch_fits",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -336,6 +337,20 @@ def _adapter() -> TypeAdapter[Protocol]:
 @functools.cache
 def _sections_schema() -> dict[str, Any]:
     return _adapter().json_schema()
+
+
+def check_batch_fits(protocol: Protocol, dataset: str, *, images: int, classes: int) -> None:
+    """The rule that needs the dataset's sizes, checked once its training split is known
+    and before a run is tracked: a batch of ``classes_per_batch x samples_per_class``
+    images must fit in the training images. A split with fewer classes than a batch asks
+    for gives every batch all of them, with more images each and the same batch size
+    (:func:`harness.engine.training._adapted_sampling`), so the classes are not refused."""
+    s = protocol.sampling
+    if s.batch_size > images:
+        raise HarnessError(
+            f"protocol key 'sampling.classes_per_batch' = {s.classes_per_batch}: expected classes_per_batch x "
+            f"samples_per_class ({s.classes_per_batch} x {s.samples_per_class} = {s.batch_size}) <= the {images} "
+            f"training images of {dataset} ({classes} classes)")
 
 
 def protocol_json_schema() -> dict[str, Any]:

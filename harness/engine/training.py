@@ -65,7 +65,7 @@ from harness.config.deviations import (
     from_tag,
     to_tag,
 )
-from harness.config.protocol import Deviation, Protocol, fingerprint
+from harness.config.protocol import Deviation, Protocol, check_batch_fits, fingerprint
 from harness.engine.distributed import (
     SINGLE_PROCESS,
     GatheredMetricLoss,
@@ -273,6 +273,7 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
         splits = carve_validation(splits, s.validation_classes, seed if s.validation_by_run_seed else s.seed)
     if control:
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
+    check_batch_fits(protocol, dataset, images=len(splits.train), classes=len(np.unique(splits.train.labels)))
     return splits
 
 
