@@ -37,6 +37,7 @@ __all__ = [
     "flatten_keys",
     "protocol_json_schema",
     "check_batch_fits",
+    "protocol_from_dict",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -370,6 +371,12 @@ def protocol_json_schema() -> dict[str, Any]:
     args = schema["$defs"]["LossSpec"]["properties"]["args"]
     args["additionalProperties"] = LossArguments.model_json_schema()
     return schema
+
+
+def protocol_from_dict(data: dict[str, Any]) -> Protocol:
+    """The protocol a run recorded (its canonical form, :meth:`Protocol.to_dict`), validated
+    as a protocol file is."""
+    return _validated(data)
 
 
 def _validated(data: dict[str, Any]) -> Protocol:
