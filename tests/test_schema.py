@@ -37,3 +37,14 @@ def test_the_protocol_schema_declares_ranges_finiteness_and_method_options():
     assert options["agrouping"]["additionalProperties"] is False
     margin = schema["$defs"]["LossSpec"]["properties"]["args"]["additionalProperties"]["properties"]["margin"]
     assert {"type": "number", "minimum": 0} in margin["anyOf"]
+
+
+@pytest.mark.parametrize("method", METHODS.list())
+def test_every_plugin_declares_option_types_its_defaults_satisfy(method):
+    """The schema of a method's options comes from its constructor: each default (or a
+    variant's preset) must be a value of the declared type."""
+    from harness.config.options import check_option_values, options_model
+
+    entry = METHODS.get(method)
+    check_option_values(method, entry.options())
+    assert set(options_model(method).model_fields) == set(entry.options())
