@@ -80,7 +80,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     from harness.engine.distributed import shutdown
-    from harness.engine.training import RunConfig, RunSettings, prepare_splits, run_training
+    from harness.engine.training import (
+        RunConfig,
+        RunSettings,
+        check_training_split,
+        prepare_splits,
+        run_training,
+    )
     from harness.reports.results import format_results
 
     # Under torchrun only process 0 reports (every process trains the same runs).
@@ -92,7 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                            checkpoint_root=args.checkpoint_root, deterministic=args.deterministic)
 
     def splits_for(seed: int):
-        return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+        splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+        check_training_split(protocol, args.dataset, splits)  # before the summary line: a refusal is one line
+        return splits
 
     splits = splits_for(seeds[0])
     if main_process:
