@@ -287,3 +287,20 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
     _fails(capsys, ["run", "--methods", "diml_train", "--loss", "proxy_anchor",
                     "--json", str(workdir / "o.json")], "method 'diml_train' cannot train with loss 'proxy_anchor'",
            workdir / "o.json")
+
+
+def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(workdir, capsys, monkeypatch):
+    """A bug (not a user's mistake) exits 1 with one line; ``--debug`` raises it with its
+    traceback, before or after the subcommand."""
+    import harness.cli.listings as listings
+
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(listings, "cmd_methods", broken)
+    assert main(["methods"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: internal error: RuntimeError: a bug (run again with --debug for the traceback)\n")
+    for argv in (["--debug", "methods"], ["methods", "--debug"]):
+        with pytest.raises(RuntimeError, match="a bug"):
+            main(argv)
