@@ -2,7 +2,9 @@
 
 A protocol fixes everything that must be equal for two numbers to be comparable:
 backbone and weights, image size and transforms, embedding size, batch sampling,
-optimizer, schedule, splits, model selection and metrics. Unknown keys are
+optimizer, schedule, splits, model selection and metrics. Each section's
+annotations are its schema (types, ranges, finiteness; :mod:`harness.config.schema`),
+validated by pydantic whenever a protocol is read or overridden; unknown keys are
 errors naming the key (OML silently drops them; we do not). Command-line
 overrides are allowed, but each one is recorded as a named :class:`Deviation`
 and changes the fingerprint.
