@@ -176,6 +176,9 @@ REFUSALS = [
     Refusal(("tune", "--method", "plain", "--trials", "1", "--seeds", "1,a"), "tune: argument --seeds: expected comma-separated"),
     Refusal(("tune", "--method", "plain", "--trials", "1", "--loader-workers", "-1"), "tune: argument --loader-workers"),
     Refusal(("tune", "--method", "nope", "--trials", "1"), "unknown method 'nope'"),
+    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--data-root", "{dir}",
+             "--set", "sampling.classes_per_batch=1000"),
+            "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class", _small_synthetic),
     Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--set", "optimizer.lr_head=nan"),
             "protocol key 'optimizer.lr_head' = nan"),
     # evaluate, table, explain, explain-table, deviations, methods, datasets, schema.

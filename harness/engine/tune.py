@@ -153,10 +153,13 @@ class TuneSetup:
 
     @functools.cached_property
     def splits(self):
-        """The trials' splits (their seed's carve), loaded once for every trial."""
-        from harness.engine.training import prepare_splits
+        """The trials' splits (their seed's carve), loaded once for every trial; the
+        protocol's batch is checked against them here, before the study opens."""
+        from harness.engine.training import check_training_split, prepare_splits
 
-        return prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+        splits = prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+        check_training_split(self.protocol, self.dataset, splits)
+        return splits
 
     def config(self, protocol, deviations, seed: int, options: dict, tags: dict[str, Any]):
         """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
@@ -215,12 +218,12 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
 
     from harness.engine.sweep import open_storage
 
+    splits = setup.splits  # a protocol the split refuses is refused before the study is stored
     rdb = open_storage(storage, heartbeat=60, grace=180, retry_stale=False)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
     study = optuna.create_study(study_name=setup.name, storage=rdb, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=sampler_seed), pruner=pruner)
     _requeue_interrupted(study, setup.experiment)
-    splits = setup.splits
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=states))
     remaining = max(trials - done, 0)
