@@ -13,6 +13,7 @@ and changes the fingerprint.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import hashlib
 import json
@@ -529,6 +530,16 @@ def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bo
     return True
 
 
+def _suggestion(path: list[str], key: str, table: dict[str, Any]) -> str:
+    """`` (did you mean 'optimizer.lr_head'?)`` for a misspelt ``key`` of ``table`` (a close
+    spelling, else the keys it begins), or ""."""
+    names = [str(k) for k in table]
+    close = difflib.get_close_matches(key, names, n=1) or [n for n in names if n.startswith(key)]
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(f"'{'.'.join([*path, name])}'" for name in close) + "?)"
+
+
 def apply_overrides(
     protocol: Protocol, overrides: dict[str, Any] | list[str]
 ) -> tuple[Protocol, tuple[Deviation, ...]]:
@@ -555,12 +566,11 @@ def apply_overrides(
         declared = ((parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:]))
                     or (parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction"
                         and _declare_loss_reduction(data, parts[2])))
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise HarnessError(f"unknown protocol key '{dotted}'")
-            node = node[part]
-        if parts[-1] not in node:
-            raise HarnessError(f"unknown protocol key '{dotted}'")
+        for depth, part in enumerate(parts):
+            if part not in node or (depth < len(parts) - 1 and not isinstance(node[part], dict)):
+                raise HarnessError(f"unknown protocol key '{dotted}'{_suggestion(parts[:depth], part, node)}")
+            if depth < len(parts) - 1:
+                node = node[part]
         old = node[parts[-1]]
         node[parts[-1]] = value
         if _jsonable(value) != old:
