@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation, applicable
@@ -47,7 +47,7 @@ from harness.config.protocol import (
     load_protocol,
     protocol_dir,
 )
-from harness.config.schema import Int, Str, refusal
+from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
 
 __all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand"]
 
@@ -59,13 +59,12 @@ _Names = Annotated[list[Str], Field(min_length=1)]
 _Seeds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
 #: ``protocol.key = value`` overrides; their values are the protocol's to check.
 _Overrides = dict[Str, Any]
-_FILE_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _SubGrid(BaseModel):
     """An ``[[extra]]`` table: axes that replace the grid's in a sub-grid."""
 
-    model_config = _FILE_CONFIG
+    model_config = SPEC_CONFIG
     methods: _Names | None = None
     losses: _Names | None = None
     backbones: _Names | None = None
@@ -82,7 +81,7 @@ class _Smoke(_SubGrid):
 
 
 class _Published(BaseModel):
-    model_config = _FILE_CONFIG
+    model_config = SPEC_CONFIG
     file: Str = ""
     #: The paper's table numbers (or names) the published CSV rows come from.
     tables: list[Annotated[Int, Field(ge=1)] | Str] = []
@@ -95,7 +94,7 @@ class _Published(BaseModel):
 class _Variant(BaseModel):
     """``[backbone.<name>]``: the settings a paper prescribes for one backbone."""
 
-    model_config = _FILE_CONFIG
+    model_config = SPEC_CONFIG
     set: _Overrides = {}
 
 
@@ -103,7 +102,7 @@ class GridFile(BaseModel):
     """The schema of a grid file (``protocols/grids/<name>.toml``); what relates its keys
     (a baseline or published row naming a method of the grid) is :func:`load_grid`'s."""
 
-    model_config = _FILE_CONFIG
+    model_config = SPEC_CONFIG
     name: Str | None = None
     description: Str = ""
     protocol: Str
