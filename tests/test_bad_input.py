@@ -149,6 +149,8 @@ REFUSALS = [
             _write("p.toml", "[loss.args.margn]\nmargin = 0.1\n")),
     Refusal(("run", "--protocol", "{dir}/p.toml"), "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml",
             _write("p.toml", '[loss.args.margin]\nreduction = "dgm"\n')),
+    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'loss.miners.margin' must be a table with a miner 'name'",
+            _write("p.toml", "[loss.miners.margin]\n")),
     Refusal(("run", "--protocol", "{dir}/p.toml"), "section datasets.sop: protocol key 'schedule.epochs' = -1",
             _write("p.toml", "[datasets.sop.schedule]\nepochs = -1\n")),
     # sweep: grid files and flags, refused before a trial is queued.
@@ -162,6 +164,8 @@ REFUSALS = [
             _write("g.toml", _grid('methdos = ["plain"]'))),
     Refusal(("sweep", "--grid", "{dir}/g.toml"), "malformed grid file", _write("g.toml", _grid("[smoke"))),
     Refusal(("sweep", "--grid", "{dir}/g.toml"), "grid key 'protocol' is missing", _write("g.toml", 'methods = ["plain"]\n')),
+    Refusal(("sweep", "--grid", "{dir}/g.toml", "--smoke"), "has no [smoke] table; --smoke needs one",
+            _write("g.toml", _grid("[smoke]"))),
     Refusal(("sweep", "--grid", "nope"), "unknown grid 'nope'"),
     Refusal(("sweep", "--grid", "{dir}/none.toml"), "grid file not found"),
     Refusal(("sweep", "--grid", "fair-roth2020", "--loader-workers", "-1"), "sweep: argument --loader-workers: expected an integer >= 0"),
