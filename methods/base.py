@@ -37,6 +37,7 @@ preset options (and may carry their own `label`).
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -440,6 +441,13 @@ class MethodEntry:
                     if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
                     and k not in ("channels", "embedding_size")}
         return {**defaults, **self.preset}
+
+    def option_types(self) -> dict[str, Any]:
+        """The declared type of each option (the constructor's annotation; ``Any`` where it
+        has none): with :meth:`options`, the schema a protocol's ``[methods.<name>]`` table
+        is validated against (``harness.config.options``)."""
+        hints = typing.get_type_hints(self.cls.__init__)
+        return {name: hints.get(name, Any) for name in self.options()}
 
     def display_name(self, recorded: Mapping[str, Any] | None = None) -> str:
         """Row label in tables for a run that recorded the method options ``recorded``

@@ -146,7 +146,8 @@ def test_a_bad_run_id_is_one_error_line(workdir, capsys):
 
 def test_bad_pairs_is_one_error_line(workdir, capsys):
     assert main(["explain", "--run", "x", "--pairs", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --pairs must be >= 1, got 0"
+    assert capsys.readouterr().err.strip() == ("error: explain: argument --pairs: expected an integer >= 1, got '0' "
+                                               "(see python -m harness explain --help)")
 
 
 def _train(tiny_protocol, workdir, method: str) -> str:

@@ -49,7 +49,7 @@ def test_published_rows_name_methods_of_the_grid(tmp_path):
     assert load_grid(_grid(tmp_path, "")).published_rows == {}
     with pytest.raises(HarnessError, match="'published.rows.diablo_n8': 'diablo_n8' is not a method of the grid"):
         load_grid(_grid(tmp_path, '[published.rows]\ndiablo_n8 = ["diablo@entries=8"]\n'))
-    with pytest.raises(HarnessError, match="'published.rows.plain' must be a non-empty list of str"):
+    with pytest.raises(HarnessError, match="grid key 'published.rows.plain' = \"plain@\": expected a non-empty list of strings"):
         load_grid(_grid(tmp_path, '[published.rows]\nplain = "plain@"\n'))
     with pytest.raises(HarnessError, match="unknown grid key 'published.row'"):
         load_grid(_grid(tmp_path, '[published.row]\nplain = ["plain@"]\n'))

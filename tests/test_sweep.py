@@ -69,7 +69,7 @@ def test_unknown_grid_keys_are_errors_naming_the_key(tmp_path):
     with pytest.raises(HarnessError, match="unknown grid 'nope'"):
         load_grid("nope")
     bad = _grid(tmp_path, extra="baseline = 'plan'\n")
-    with pytest.raises(HarnessError, match="grid key 'baseline' must name a method of the grid"):
+    with pytest.raises(HarnessError, match="grid key 'baseline' = \"plan\": expected a method of the grid"):
         load_grid(bad)
 
 

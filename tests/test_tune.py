@@ -156,7 +156,7 @@ def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeyp
     assert main(["tune", "--method", "plain", "--protocol", str(tiny_protocol), "--storage",
                  f"sqlite:///{workdir / 'optuna.db'}", "--trials", "1", "--seeds", "0,x"]) == 2
     err = capsys.readouterr().err
-    assert "error: --seeds expects comma-separated integers like 0,1,2; got '0,x'" in err
+    assert "error: tune: argument --seeds: expected comma-separated integers >= 0 like 0,1,2, got '0,x'" in err
     assert "Traceback" not in err and calls == []
 
 

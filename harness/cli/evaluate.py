@@ -18,6 +18,7 @@ import numpy as np
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file
+from harness.cli.arguments import at_least
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
 
@@ -51,8 +52,8 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
                         "ami is slow with thousands of classes)")
     p.add_argument("--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)")
     p.add_argument("--json", help="also write the result to this JSON file (atomically)")
-    p.add_argument("--chunk-size", type=int, default=4096, help="queries per faiss search (bounds memory)")
-    p.add_argument("--seed", type=int, default=0, help="k-means seed for nmi/ami/f1 (default 0)")
+    p.add_argument("--chunk-size", type=at_least(1), default=4096, help="queries per faiss search (bounds memory)")
+    p.add_argument("--seed", type=at_least(0), default=0, help="k-means seed for nmi/ami/f1 (default 0)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="faiss on a GPU (cuda), the CPU, or a GPU when available (auto)")
     p.set_defaults(func=cmd_evaluate)
@@ -156,8 +157,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if (args.query_embeddings is None) != (args.query_labels is None):
         raise HarnessError("give both --query-embeddings and --query-labels, or neither")
-    if args.chunk_size < 1:
-        raise HarnessError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     recall_k = _int_list(args.recall_k, "--recall-k")
     metrics = [m for m in args.metrics.replace(" ", ",").split(",") if m.strip()]
     if not metrics:

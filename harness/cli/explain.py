@@ -12,6 +12,7 @@ from typing import Any
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file, writable_folder
+from harness.cli.arguments import at_least
 from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
 
@@ -23,10 +24,6 @@ def _note(text: str) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    if args.pairs < 1:
-        raise HarnessError(f"--pairs must be >= 1, got {args.pairs}")
-    if args.curve_pairs < 1:
-        raise HarnessError(f"--curve-pairs must be >= 1, got {args.curve_pairs}")
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     # Both checked before the explanations are computed and logged to the run, not after.
@@ -62,13 +59,13 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("explain", help="explain a finished run's similarities and score the explanations "
                               "(ground-truth parts on synthetic; deletion / insertion everywhere)")
     p.add_argument("--run", required=True, metavar="RUN_ID", help="a FINISHED run in the tracking store")
-    p.add_argument("--pairs", type=int, default=200, help="pairs to explain and score (default 200)")
-    p.add_argument("--curve-pairs", type=int, default=CURVE_PAIRS,
+    p.add_argument("--pairs", type=at_least(1), default=200, help="pairs to explain and score (default 200)")
+    p.add_argument("--curve-pairs", type=at_least(1), default=CURVE_PAIRS,
                    help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
                    "114 forward passes each)")
     p.add_argument("--out", help="folder for the figures (default results/explain/<run id>)")
     p.add_argument("--json", help="write the scores to this file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the pair sampling and the random orders")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the pair sampling and the random orders")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--checkpoint-root", type=Path, help="where the run's weights are (default "
                    "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")

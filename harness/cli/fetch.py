@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.cli.arguments import positive_number
 
 __all__ = ["add_fetch_parser", "add_verify_parser", "cmd_fetch", "cmd_verify", "ensure_dataset", "check_dataset"]
 
@@ -28,8 +29,6 @@ def _say(line: str) -> None:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from harness.components.data.fetch import fetch_dataset
 
-    if args.timeout <= 0:
-        raise HarnessError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     data_root = args.fetch_data_root or args.data_root  # after 'fetch', or before it ('datasets --data-root')
     fetch_dataset(args.name, data_root, local_files=args.local_files or (), url=args.url,
                   sha256=args.sha256 or (), timeout=args.timeout, progress=_show_progress(), say=_say)
@@ -95,7 +94,7 @@ def add_fetch_parser(dataset_commands) -> None:
     fetch.add_argument("--url", help="download from this mirror instead (one-file datasets)")
     fetch.add_argument("--sha256", action="append", metavar="HEX",
                        help="a checksum to hold each file to, besides any published one (repeat per file)")
-    fetch.add_argument("--timeout", type=float, default=60.0,
+    fetch.add_argument("--timeout", type=positive_number, default=60.0,
                        help="seconds a silent connection is waited for (default 60)")
     fetch.set_defaults(func=cmd_fetch)
 

@@ -1,8 +1,10 @@
 """``python -m harness``: run, evaluate, sweep, tune, table, explain,
-explain-table, datasets, methods, ui.
+explain-table, datasets, methods, ui, deviations, schema.
 
-Every user error is one line on stderr and exit status 2; nothing is written
-until a command has its result (``--json`` files are written atomically).
+Every user error is one line on stderr and exit status 2 (argparse's usage errors
+too); nothing is written until a command has its result (``--json`` files are written
+atomically). An unexpected exception is a bug, not a user error: one
+``error: internal error: ...`` line and exit status 1, or its traceback with ``--debug``.
 
 Both entry points, ``python -m harness`` and the ``dml-harness`` console script, call
 :func:`run_main`, which installs the SIGTERM handler before running :func:`main`.
@@ -14,13 +16,30 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 
 from harness.base.errors import HarnessError
 from harness.cli.processes import terminated
 
+PROG = "python -m harness"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as the harness's own: one ``error:`` line (naming the
+    subcommand) and exit status 2, instead of a usage block. Subcommands inherit it."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix(PROG).strip()
+        where = f"{command}: " if command else ""
+        raise HarnessError(f"{where}{message} (see {self.prog} --help)")
+
+
+DEBUG_HELP = "on an internal error, print its traceback (a bug: please report it with it)"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     from harness.cli.deviations import add_deviations_parser
@@ -42,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_table_parser(sub)
     add_listing_parsers(sub)
     add_deviations_parser(sub)
+    from harness.cli.schema import add_schema_parser
+
+    add_schema_parser(sub)
+    for command in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -68,10 +92,13 @@ def run_main(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except HarnessError as err:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped (head, less): not an error
@@ -85,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the tracking store failed ({type(err).__name__}: {_one_line(err)[:300]}); "
                   f"run the command again once it answers (run --resume continues from the last checkpoint)", file=sys.stderr)
             return 2
-        raise
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: internal error: {type(err).__name__}: {_one_line(err)[:300]} "
+              f"(run again with --debug for the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

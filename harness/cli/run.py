@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file, writable_folder
+from harness.cli.arguments import at_least, int_list, name_list
 from harness.cli.fetch import check_dataset, ensure_dataset
 from harness.cli.store import open_store
 from harness.config.protocol import default_protocol
@@ -20,13 +21,6 @@ __all__ = ["add_run_parser", "cmd_run", "shared_training", "check_checkpoint_roo
 
 #: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
 EMBEDDED_DEFAULT = "synthetic"
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise HarnessError(f"{flag} expects comma-separated integers like 0,1,2; got '{text}'") from None
 
 
 @dataclass(frozen=True)
@@ -50,7 +44,7 @@ def _request(args: argparse.Namespace) -> _Request:
     from methods import METHODS, check_method_options, list_methods
 
     DATASETS.get(args.dataset)
-    methods = list_methods(ablations=False) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
     if args.data_root is not None and not args.data_root.is_dir() and not args.download:
@@ -59,8 +53,6 @@ def _request(args: argparse.Namespace) -> _Request:
     protocol = load_protocol(protocol_name).for_dataset(args.dataset)
     overrides = list(args.set or [])
     if args.epochs is not None:
-        if args.epochs < 0:
-            raise HarnessError(f"--epochs must be >= 0, got {args.epochs}")
         overrides.append(f"schedule.epochs={args.epochs}")
     protocol, deviations = apply_overrides(protocol, overrides)
     loss = args.loss or protocol.loss.name
@@ -80,7 +72,7 @@ def _request(args: argparse.Namespace) -> _Request:
         deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
     if args.seen_class_control:
         deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
-    seeds = _int_list(args.seeds, "--seeds") if args.seeds else list(protocol.seeds)
+    seeds = args.seeds or list(protocol.seeds)
     for method in methods:  # a bad option value is one line now, not after the dataset loads
         check_method_options(method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size,
                              loss=loss)
@@ -113,7 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     from harness.engine.distributed import shutdown
-    from harness.engine.training import RunConfig, RunSettings, prepare_splits, run_training
+    from harness.engine.training import (
+        RunConfig,
+        RunSettings,
+        check_training_split,
+        prepare_splits,
+        run_training,
+    )
     from harness.reports.results import format_results
 
     # Under torchrun only process 0 reports (every process trains the same runs).
@@ -129,7 +127,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                            fast=args.fast, compile=args.compile)
 
     def splits_for(seed: int):
-        return prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+        splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
+        check_training_split(protocol, args.dataset, splits)  # before the summary line: a refusal is one line
+        return splits
 
     splits = splits_for(seeds[0])
     if main_process:
@@ -183,14 +183,14 @@ def shared_training(methods: list[str], protocol) -> dict[str, str]:
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run = subparsers.add_parser("run", help="train and evaluate methods under a fair protocol")
-    run.add_argument("--methods", default="all",
+    run.add_argument("--methods", default=["all"], type=name_list,
                      help="'all' (every registered method but ablation variants) or a comma-separated list")
     run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
     run.add_argument("--protocol", help="protocol name or .toml path (default: smoke on synthetic "
                      "and fashion-mnist, roth2020 on the four benchmarks)")
     run.add_argument("--loss", help="metric loss (default: the protocol's)")
-    run.add_argument("--seeds", help="comma-separated seeds (default: the protocol's)")
-    run.add_argument("--epochs", type=int, help="override schedule.epochs (recorded as a deviation); "
+    run.add_argument("--seeds", type=int_list, help="comma-separated seeds (default: the protocol's)")
+    run.add_argument("--epochs", type=at_least(0), help="override schedule.epochs (recorded as a deviation); "
                      "0 evaluates the initial model")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
@@ -198,7 +198,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--download", action="store_true",
                      help="fetch a missing benchmark first (python -m harness datasets fetch NAME)")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    run.add_argument("--workers", type=int, help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
+    run.add_argument("--workers", type=at_least(0), help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
     run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")

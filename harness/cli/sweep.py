@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.cli.arguments import at_least
 from harness.cli.fetch import check_dataset
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
@@ -41,8 +42,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 1 if report["failed"] else 0
 
     queue_grid(grid, study, storage_url(args.storage))
-    if args.workers < 1:
-        raise HarnessError(f"--workers must be >= 1, got {args.workers}")
     if args.workers == 1:
         worker_loop(grid, study, settings=_settings(args))
     else:
@@ -90,17 +89,17 @@ def _final_report(grid: Grid, study) -> int:
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sweep", help="run every cell of a grid once (restartable, multi-worker)")
     p.add_argument("--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: in this process)")
+    p.add_argument("--workers", type=at_least(1), default=1, help="local worker processes (default 1: in this process)")
     p.add_argument("--storage", help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
                    "postgresql://user@host/db across machines)")
     p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--loader-workers", type=int, help="data-loading processes per run")
+    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
     p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
                    "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
-    p.add_argument("--heartbeat", type=int, default=30, help="seconds between worker heartbeats")
-    p.add_argument("--grace", type=int, default=90,
+    p.add_argument("--heartbeat", type=at_least(1), default=30, help="seconds between worker heartbeats")
+    p.add_argument("--grace", type=at_least(1), default=90,
                    help="seconds without a heartbeat after which a running cell is retried")
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_sweep)

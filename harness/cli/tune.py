@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from harness.base.errors import HarnessError
+from harness.cli.arguments import at_least, int_list
 from harness.cli.fetch import check_dataset
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
@@ -26,8 +26,6 @@ __all__ = ["add_tune_parser", "cmd_tune"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    if args.trials < 0:
-        raise HarnessError(f"--trials must be >= 0, got {args.trials}")
     from harness.engine.training import RunSettings  # torch: imported when a command needs it
 
     setup = tune_setup(args.method, args.dataset, protocol=args.protocol, loss=args.loss,
@@ -35,11 +33,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        experiment=args.experiment,
                        settings=RunSettings(data_root=args.data_root, device=args.device,
                                             workers=args.loader_workers))
-    try:  # checked before the search starts, not after it
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else None
-    except ValueError:
-        raise HarnessError(f"--seeds expects comma-separated integers like 0,1,2; got '{args.seeds}'") from None
-    check_checkpoint_root(None)
+    seeds = args.seeds
+    check_checkpoint_root(None)  # checked before the search starts, not after it
     check_dataset(setup.dataset, args.data_root)
     open_store()
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)
@@ -80,20 +75,20 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                               "then the best setting over the protocol's seeds (test)")
     p.add_argument("--method", required=True)
     p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--trials", type=int, required=True, help="total trials of the study (resumable)")
+    p.add_argument("--trials", type=at_least(0), required=True, help="total trials of the study (resumable)")
     p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
     p.add_argument("--space", help="comma-separated protocol fields to tune as deviations "
                    f"(default {','.join(DEFAULT_SPACE)}; '' for none)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)")
-    p.add_argument("--seed", type=int, help="training seed of the trials (default: the protocol's first)")
-    p.add_argument("--seeds", help="seeds of the reproduction (default: the protocol's)")
-    p.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler")
+    p.add_argument("--seed", type=at_least(0), help="training seed of the trials (default: the protocol's first)")
+    p.add_argument("--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)")
+    p.add_argument("--sampler-seed", type=at_least(0), default=0, help="seed of the TPE sampler")
     p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
     p.add_argument("--experiment", help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto")
-    p.add_argument("--loader-workers", type=int)
+    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
     p.set_defaults(func=cmd_tune)
     return p

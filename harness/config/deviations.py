@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.config.schema import SPEC_CONFIG, Str
 
 __all__ = ["PaperDeviation", "TAG_PREFIX", "applicable", "deviation_tags", "find_deviation", "footnote", "from_tag",
            "grouped_notes", "to_tag"]
@@ -40,18 +41,20 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 class PaperDeviation:
     """One departure of a protocol from its paper or the authors' code."""
 
+    __pydantic_config__ = SPEC_CONFIG
+
     #: What the paper (or, where it is silent, the released code) does.
-    paper: str = ""
+    paper: Str = ""
     #: What this protocol does instead.
-    harness: str = ""
+    harness: Str = ""
     #: Why: the fair protocol's rule, a missing detail, a cost.
-    why: str = ""
+    why: Str = ""
     #: Paper section or released-code file and line the ``paper`` value comes from.
-    reference: str = ""
+    reference: Str = ""
     #: Methods whose runs it concerns (empty: every method).
-    methods: tuple[str, ...] = ()
+    methods: tuple[Str, ...] = ()
     #: Datasets whose runs it concerns (empty: every dataset).
-    datasets: tuple[str, ...] = ()
+    datasets: tuple[Str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("paper", "harness", "why"):

@@ -28,13 +28,14 @@ the tracking store.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation, applicable
@@ -46,16 +47,80 @@ from harness.config.protocol import (
     load_protocol,
     protocol_dir,
 )
+from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
 
-__all__ = ["Grid", "Cell", "load_grid", "list_grids", "grid_dir", "expand"]
+__all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand"]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
-TOP_KEYS = {"name", "description", "protocol", "experiment", "set", "published", "backbone", "extra",
-            "smoke", "test_time", "metrics", "baseline", *AXES}
-SMOKE_KEYS = {"protocol", "experiment", "set", *AXES}
-EXTRA_KEYS = set(AXES)
-PUBLISHED_KEYS = {"file", "tables", "rows", "metrics"}
-VARIANT_KEYS = {"set"}
+
+# ----------------------------------------------------------------- the file's schema
+
+_Names = Annotated[list[Str], Field(min_length=1)]
+_Seeds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
+#: ``protocol.key = value`` overrides; their values are the protocol's to check.
+_Overrides = dict[Str, Any]
+
+
+class _SubGrid(BaseModel):
+    """An ``[[extra]]`` table: axes that replace the grid's in a sub-grid."""
+
+    model_config = SPEC_CONFIG
+    methods: _Names | None = None
+    losses: _Names | None = None
+    backbones: _Names | None = None
+    datasets: _Names | None = None
+    seeds: _Seeds | None = None
+
+
+class _Smoke(_SubGrid):
+    """``[smoke]``: the tiny version's replacements of top-level keys."""
+
+    protocol: Str | None = None
+    experiment: Str | None = None
+    set: _Overrides | None = None
+
+
+class _Published(BaseModel):
+    model_config = SPEC_CONFIG
+    file: Str = ""
+    #: The paper's table numbers (or names) the published CSV rows come from.
+    tables: list[Annotated[Int, Field(ge=1)] | Str] = []
+    #: ``reproduced method = ["method@setting", ...]``.
+    rows: dict[Str, _Names] = {}
+    #: ``published metric = "reproduced metric"``.
+    metrics: dict[Str, Str] = {}
+
+
+class _Variant(BaseModel):
+    """``[backbone.<name>]``: the settings a paper prescribes for one backbone."""
+
+    model_config = SPEC_CONFIG
+    set: _Overrides = {}
+
+
+class GridFile(BaseModel):
+    """The schema of a grid file (``protocols/grids/<name>.toml``); what relates its keys
+    (a baseline or published row naming a method of the grid) is :func:`load_grid`'s."""
+
+    model_config = SPEC_CONFIG
+    name: Str | None = None
+    description: Str = ""
+    protocol: Str
+    experiment: Str | None = None
+    methods: _Names
+    losses: _Names
+    backbones: _Names
+    datasets: _Names
+    seeds: _Seeds
+    set: _Overrides = {}
+    published: _Published = _Published()
+    backbone: dict[Str, _Variant] = {}
+    extra: list[_SubGrid] = []
+    smoke: _Smoke | None = None
+    #: ``method = "base method"``: test-time-only methods and the method they evaluate.
+    test_time: dict[Str, Str] = {}
+    metrics: _Names | None = None
+    baseline: Str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,33 +187,18 @@ class Grid:
     paper_axes: dict[str, list] = field(default_factory=dict, compare=False, repr=False)
 
 
+def grid_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a grid file (``docs/grid.schema.json``)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **GridFile.model_json_schema(),
+            "title": "dml-harness grid"}
+
+
 def grid_dir() -> Path:
     return protocol_dir() / "grids"
 
 
 def list_grids() -> list[str]:
     return sorted(p.stem for p in grid_dir().glob("*.toml"))
-
-
-def _reject_unknown(data: dict, allowed: set[str], where: str) -> None:
-    for key in data:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise HarnessError(f"unknown grid key '{where}{key}'{hint}")
-
-
-def _axis(value: Any, key: str, kind: type) -> list:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(v, kind) and not isinstance(v, bool) for v in value):
-        raise HarnessError(f"grid key '{key}' must be a non-empty list of {kind.__name__}, got {value!r}")
-    return list(value)
-
-
-def _overrides(value: Any, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise HarnessError(f"grid key '{key}' must be a table of protocol.key = value, got {value!r}")
-    return dict(value)
 
 
 def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
@@ -165,55 +215,35 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed grid file {path}: {err}") from None
-    _reject_unknown(data, TOP_KEYS, "")
-    for key in ("protocol", *AXES):
-        if key not in data:
-            raise HarnessError(f"grid {path} lacks the key '{key}'")
+    try:
+        GridFile.model_validate(data)
+    except ValidationError as err:
+        raise refusal(err, GridFile.model_json_schema(), what="grid key") from None
     smoke_data = data.get("smoke", {})
-    if not isinstance(smoke_data, dict):
-        raise HarnessError("grid key 'smoke' must be a table")
-    _reject_unknown(smoke_data, SMOKE_KEYS, "smoke.")
     if smoke and not smoke_data:
         raise HarnessError(f"grid {path.stem} has no [smoke] table; --smoke needs one")
     top = {**data, **smoke_data} if smoke else data
-    if smoke and "set" in smoke_data:
-        # smoke's overrides come on top of the grid's own.
-        top["set"] = {**_overrides(data.get("set", {}), "set"), **_overrides(smoke_data["set"], "smoke.set")}
-
-    axes = {a: _axis(top[a], a, int if a == "seeds" else str) for a in AXES}
+    if smoke and "set" in smoke_data:  # smoke's overrides come on top of the grid's own
+        top["set"] = {**data.get("set", {}), **smoke_data["set"]}
+    axes = {a: list(top[a]) for a in AXES}
     extras = []
-    for i, extra in enumerate(data.get("extra", [])):
-        if not isinstance(extra, dict):
-            raise HarnessError(f"grid key 'extra[{i}]' must be a table")
-        _reject_unknown(extra, EXTRA_KEYS, f"extra[{i}].")
-        sub = {a: _axis(v, f"extra[{i}].{a}", int if a == "seeds" else str) for a, v in extra.items()}
+    for extra in data.get("extra", []):
+        sub = {a: list(v) for a, v in extra.items()}
         if smoke:  # the smoke version replaces these axes everywhere
             sub.update({a: axes[a] for a in AXES if a in smoke_data})
         extras.append(sub)
     published = data.get("published", {})
-    _reject_unknown(published, PUBLISHED_KEYS, "published.")
-    published_rows = _published_rows(published.get("rows", {}),
-                                     {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])})
-    variants = {}
-    for backbone, spec in data.get("backbone", {}).items():
-        if not isinstance(spec, dict):
-            raise HarnessError(f"grid key 'backbone.{backbone}' must be a table")
-        _reject_unknown(spec, VARIANT_KEYS, f"backbone.{backbone}.")
-        variants[backbone] = _overrides(spec.get("set", {}), f"backbone.{backbone}.set")
-    test_time = data.get("test_time", {})
-    if not isinstance(test_time, dict) or not all(isinstance(v, str) for v in test_time.values()):
-        raise HarnessError(f"grid key 'test_time' must be a table of method = \"base method\", got {test_time!r}")
-    metrics = _axis(data["metrics"], "metrics", str) if "metrics" in data else []
-    baseline = data.get("baseline", "plain")
     all_methods = {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])}
-    if "baseline" in data and (not isinstance(baseline, str) or baseline not in all_methods):
-        raise HarnessError(f"grid key 'baseline' must name a method of the grid (methods: "
-                           f"{', '.join(sorted(all_methods))}), got {baseline!r}")
+    published_rows = _published_rows(published.get("rows", {}), all_methods)
+    variants = {backbone: dict(spec.get("set", {})) for backbone, spec in data.get("backbone", {}).items()}
+    test_time = data.get("test_time", {})
+    metrics = list(data.get("metrics", []))
+    baseline = data.get("baseline", "plain")
+    if "baseline" in data and baseline not in all_methods:
+        raise HarnessError(f"grid key 'baseline' = \"{baseline}\": expected a method of the grid (methods: "
+                           f"{', '.join(sorted(all_methods))})")
     published_metrics = published.get("metrics", {})
-    if not isinstance(published_metrics, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in published_metrics.items()):
-        raise HarnessError(f"grid key 'published.metrics' must be a table of published metric = "
-                           f"\"reproduced metric\", got {published_metrics!r}")
+
     def resolved(protocol: str) -> str:
         if protocol.endswith(".toml") and not Path(protocol).is_absolute():
             return str((path.parent / protocol).resolve())
@@ -223,30 +253,25 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
     grid = Grid(name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""), path=path,
                 description=str(data.get("description", "")), protocol=protocol,
                 experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
-                axes=axes, extras=tuple(extras), overrides=_overrides(top.get("set", {}), "set"),
+                axes=axes, extras=tuple(extras), overrides=dict(top.get("set", {})),
                 variants=variants, published_file=str(published.get("file", "")),
                 published_tables=tuple(str(t) for t in published.get("tables", ())),
                 published_rows=published_rows, smoke=smoke,
                 test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
                 published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
-                paper_axes={a: _axis(data[a], a, str) for a in ("datasets", "backbones")})
+                paper_axes={a: list(data[a]) for a in ("datasets", "backbones")})
     grid.cells.extend(expand(grid))
     return grid
 
 
-def _published_rows(rows: Any, methods: set[str]) -> dict[str, tuple[str, ...]]:
-    """``[published] rows``: a table of reproduced method = ["method@setting", ...], each
-    key a method of the grid (a misspelt one would silently drop its published values)."""
-    if not isinstance(rows, dict):
-        raise HarnessError(f"grid key 'published.rows' must be a table of method = [\"method@setting\", ...], "
-                           f"got {rows!r}")
-    out = {}
-    for method, specs in rows.items():
+def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, tuple[str, ...]]:
+    """``[published] rows``: each key a method of the grid (a misspelt one would silently
+    drop its published values)."""
+    for method in rows:
         if method not in methods:
             raise HarnessError(f"grid key 'published.rows.{method}': '{method}' is not a method of the grid "
                                f"(methods: {', '.join(sorted(methods))})")
-        out[method] = tuple(_axis(specs, f"published.rows.{method}", str))
-    return out
+    return {method: tuple(specs) for method, specs in rows.items()}
 
 
 def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, method: str,

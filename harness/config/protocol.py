@@ -2,7 +2,9 @@
 
 A protocol fixes everything that must be equal for two numbers to be comparable:
 backbone and weights, image size and transforms, embedding size, batch sampling,
-optimizer, schedule, splits, model selection and metrics. Unknown keys are
+optimizer, schedule, splits, model selection and metrics. Each section's
+annotations are its schema (types, ranges, finiteness; :mod:`harness.config.schema`),
+validated by pydantic whenever a protocol is read or overridden; unknown keys are
 errors naming the key (OML silently drops them; we do not). Command-line
 overrides are allowed, but each one is recorded as a named :class:`Deviation`
 and changes the fingerprint.
@@ -12,17 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation, check_names
+from harness.config.options import check_loss_arg_values, check_option_values
+from harness.config.schema import SPEC_CONFIG, Bool, Float, Int, Str, refusal, shown
 
 __all__ = [
     "Protocol",
@@ -33,51 +38,67 @@ __all__ = [
     "protocol_dir",
     "fingerprint",
     "flatten_keys",
+    "protocol_json_schema",
+    "check_batch_fits",
+    "protocol_from_dict",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+# Every section below is validated by pydantic (``_validated``) against its annotations:
+# the types and ranges declared here are the protocol's schema, and what
+# ``python -m harness schema`` publishes. Rules that relate two keys are ``__post_init__``'s.
+
+Positive = Field(gt=0)
+NonNegative = Field(ge=0)
+
+
 @dataclass(frozen=True)
 class BackboneSpec:
-    name: str = "resnet50"
-    pretrained: bool = True
+    __pydantic_config__ = SPEC_CONFIG
+    name: Str = "resnet50"
+    pretrained: Bool = True
     #: Optional path to a state dict (loaded with ``weights_only=True``).
-    weights: str = ""
+    weights: Str = ""
     #: Roth et al. 2020: BN running statistics frozen (eval mode), affine still trained.
-    freeze_bn: bool = True
+    freeze_bn: Bool = True
 
 
 @dataclass(frozen=True)
 class ImageSpec:
-    size: int = 224
+    __pydantic_config__ = SPEC_CONFIG
+    size: Annotated[Int, Positive] = 224
     #: Eval: Resize(resize) then CenterCrop(size).
-    resize: int = 256
-    train_transform: str = "random_resized_crop_flip"
+    resize: Annotated[Int, Positive] = 256
+    train_transform: Str = "random_resized_crop_flip"
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
-    crop_scale: tuple[float, ...] = (0.08, 1.0)
-    eval_transform: str = "resize_center_crop"
+    crop_scale: Annotated[tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)] = (0.08, 1.0)
+    eval_transform: Str = "resize_center_crop"
     #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
     #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).
     #: Empty (and absent from the canonical form) for the other transforms.
-    multiscale_range: tuple[float, ...] = ()
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
+    multiscale_range: Annotated[tuple[Annotated[Float, Positive], ...], Field(max_length=2)] = ()
+    mean: Annotated[tuple[Float, ...], Field(min_length=3, max_length=3)] = IMAGENET_MEAN
+    std: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=3, max_length=3)] = IMAGENET_STD
 
 
 @dataclass(frozen=True)
 class EmbeddingSpec:
-    size: int = 128
+    __pydantic_config__ = SPEC_CONFIG
+    size: Annotated[Int, Positive] = 128
 
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    classes_per_batch: int = 56
-    samples_per_class: int = 2
+    __pydantic_config__ = SPEC_CONFIG
+    #: At least two classes (negatives) and two images of each (positives) per batch.
+    classes_per_batch: Annotated[Int, Field(ge=2)] = 56
+    samples_per_class: Annotated[Int, Field(ge=2)] = 2
     #: 0: as many batches as the training images fill (N // batch size); classes are drawn
     #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
-    batches_per_epoch: int = 0
+    batches_per_epoch: Annotated[Int, NonNegative] = 0
 
     @property
     def batch_size(self) -> int:
@@ -86,21 +107,24 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    name: str = "adam"
-    lr_backbone: float = 1e-5
-    lr_head: float = 1e-5
+    __pydantic_config__ = SPEC_CONFIG
+    name: Literal["adam", "adamw", "rmsprop", "sgd"] = "adam"
+    #: 0 freezes the backbone (a linear probe); the head must learn.
+    lr_backbone: Annotated[Float, NonNegative] = 1e-5
+    lr_head: Annotated[Float, Positive] = 1e-5
     #: Learning rate of loss parameters (margin beta, proxies).
-    lr_loss: float = 5e-4
-    weight_decay: float = 4e-4
-    momentum: float = 0.9
+    lr_loss: Annotated[Float, NonNegative] = 5e-4
+    weight_decay: Annotated[Float, NonNegative] = 4e-4
+    momentum: Annotated[Float, Field(ge=0, lt=1)] = 0.9
 
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    name: str = "constant"
-    epochs: int = 150
-    milestones: tuple[int, ...] = ()
-    gamma: float = 0.1
+    __pydantic_config__ = SPEC_CONFIG
+    name: Literal["constant", "multistep", "cosine"] = "constant"
+    epochs: Annotated[Int, NonNegative] = 150
+    milestones: tuple[Annotated[Int, Positive], ...] = ()
+    gamma: Annotated[Float, Positive] = 0.1
 
 
 @dataclass(frozen=True)
@@ -108,45 +132,49 @@ class TrainingSpec:
     """How the training loop runs, none of which changes a number it computes (so it is
     left out of the fingerprint, :func:`fingerprint`)."""
 
+    __pydantic_config__ = SPEC_CONFIG
     #: Training steps between two reads of the device (losses, the non-finite check, the
     #: progress bar, ``train/loss``): in between, the loop only queues work, so a GPU never
     #: waits for the host. The end of an epoch is always read.
-    sync_every: int = 50
+    sync_every: Annotated[Int, Positive] = 50
 
 
 @dataclass(frozen=True)
 class LossSpec:
+    __pydantic_config__ = SPEC_CONFIG
     #: The default metric loss of this protocol.
-    name: str = "margin"
+    name: Str = "margin"
     #: Hyperparameters per loss the protocol sanctions: ``{loss_name: {arg: value}}``.
     #: Choosing a sanctioned loss with ``--loss`` is a run axis, not a deviation.
-    args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    args: dict[Str, dict[Str, Any]] = field(default_factory=dict)
     #: The miner of one loss, when the setting the protocol transcribes gives that loss
     #: another miner than ``[miner]``: ``[loss.miners.binomial_deviance] name = "none"``
     #: (``{loss_name: {"name": miner, "args": {...}}}``; see :func:`harness.components.losses.miner_for`).
     #: Empty (and absent from the canonical form) in protocols that do not use it.
-    miners: dict[str, dict[str, Any]] = field(default_factory=dict)
+    miners: dict[Str, dict[Str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class MinerSpec:
-    name: str = "none"
-    args: dict[str, Any] = field(default_factory=dict)
+    __pydantic_config__ = SPEC_CONFIG
+    name: Str = "none"
+    args: dict[Str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class SplitSpec:
+    __pydantic_config__ = SPEC_CONFIG
     #: Fraction of training classes carved out, class-disjointly, for validation.
-    validation_classes: float = 0.2
-    seed: int = 0
+    validation_classes: Annotated[Float, Field(ge=0, lt=1)] = 0.2
+    seed: Annotated[Int, NonNegative] = 0
     #: Carve the validation classes with the run's seed instead of ``seed``: every seed
     #: trains and selects on its own random class split (DIABLO Sec. 4.2, ten random
     #: train/val splits). The caps below stay on ``seed``, so the test set is the same for
     #: every run. False (and absent from the canonical form) keeps one carve for all seeds.
-    validation_by_run_seed: bool = False
+    validation_by_run_seed: Bool = False
     #: Cap on images per class (0 = all), seeded; used by small CPU protocols.
-    max_train_images_per_class: int = 0
-    max_test_images_per_class: int = 0
+    max_train_images_per_class: Annotated[Int, NonNegative] = 0
+    max_test_images_per_class: Annotated[Int, NonNegative] = 0
 
 
 SELECTION_MODES = ("validation", "last", "test-paper")
@@ -154,18 +182,20 @@ SELECTION_MODES = ("validation", "last", "test-paper")
 
 @dataclass(frozen=True)
 class SelectionSpec:
+    __pydantic_config__ = SPEC_CONFIG
     #: "validation" (fair, default), "last" (final epoch) or "test-paper"
     #: (mimics the seeds' released code; labelled in every table it reaches).
-    mode: str = "validation"
-    metric: str = "mean_average_precision_at_r"
-    evaluate_every: int = 1
+    mode: Literal[SELECTION_MODES] = "validation"
+    metric: Str = "mean_average_precision_at_r"
+    evaluate_every: Annotated[Int, Field(ge=1)] = 1
 
 
 @dataclass(frozen=True)
 class EvaluationSpec:
+    __pydantic_config__ = SPEC_CONFIG
     #: Names as in ``harness.components.evaluation`` (PML's spelling where it has one).
     #: Validation during training computes only the retrieval ones.
-    metrics: tuple[str, ...] = (
+    metrics: Annotated[tuple[Str, ...], Field(min_length=1)] = (
         "precision_at_1",
         "recall_at_k",
         "r_precision",
@@ -175,7 +205,7 @@ class EvaluationSpec:
         "f1",
     )
     #: Recall@K values per dataset name; "default" applies to the rest.
-    recall_k: dict[str, tuple[int, ...]] = field(
+    recall_k: dict[Str, Annotated[tuple[Annotated[Int, Positive], ...], Field(min_length=1)]] = field(
         default_factory=lambda: {
             "default": (1, 2, 4, 8),
             "sop": (1, 10, 100, 1000),
@@ -184,7 +214,7 @@ class EvaluationSpec:
     )
     #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
     #: model at once (harness.engine.embedding): the embeddings are the same, only faster.
-    batch_size: int = 128
+    batch_size: Annotated[Int, Positive] = 128
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:
         return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))
@@ -192,11 +222,12 @@ class EvaluationSpec:
 
 @dataclass(frozen=True)
 class Protocol:
-    name: str
-    description: str = ""
+    __pydantic_config__ = SPEC_CONFIG
+    name: Str
+    description: Str = ""
     #: Paper or source the protocol transcribes.
-    source: str = ""
-    seeds: tuple[int, ...] = (0,)
+    source: Str = ""
+    seeds: Annotated[tuple[Annotated[Int, NonNegative], ...], Field(min_length=1)] = (0,)
     backbone: BackboneSpec = BackboneSpec()
     image: ImageSpec = ImageSpec()
     embedding: EmbeddingSpec = EmbeddingSpec()
@@ -210,41 +241,27 @@ class Protocol:
     selection: SelectionSpec = SelectionSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
     #: Method options fixed by this protocol: ``{method: {option: value}}``.
-    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    methods: dict[Str, dict[Str, Any]] = field(default_factory=dict)
     #: Settings for one dataset, part of the protocol (not deviations), as partial protocol
     #: tables: ``[datasets.sop.schedule] epochs = 100``. :meth:`for_dataset` applies them.
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[Str, dict[Str, Any]] = field(default_factory=dict)
     #: Where this protocol departs from its paper or the authors' code (documentation:
     #: recorded and printed with every run, not fingerprinted): ``[deviations.<name>]``.
-    deviations: dict[str, PaperDeviation] = field(default_factory=dict)
+    deviations: dict[Str, PaperDeviation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check(self.selection.mode in SELECTION_MODES, "selection.mode",
-               f"'{self.selection.mode}' is not one of {', '.join(SELECTION_MODES)}")
-        _check(0.0 <= self.splits.validation_classes < 1.0, "splits.validation_classes",
-               "must be in [0, 1)")
-        _check(self.selection.mode != "validation" or self.splits.validation_classes > 0,
-               "splits.validation_classes", "must be > 0 when selection.mode is 'validation'")
-        _check(self.image.size > 0 and self.image.resize >= self.image.size, "image.resize",
-               "must be >= image.size > 0")
-        _check(self.embedding.size > 0, "embedding.size", "must be positive")
-        _check(self.sampling.classes_per_batch >= 2, "sampling.classes_per_batch",
-               "must be >= 2 (negatives are needed)")
-        _check(self.sampling.samples_per_class >= 2, "sampling.samples_per_class",
-               "must be >= 2 (positives are needed)")
-        _check(self.schedule.epochs >= 0, "schedule.epochs", "must be >= 0")
-        _check(self.training.sync_every >= 1, "training.sync_every", "must be >= 1")
-        _check(len(self.seeds) > 0, "seeds", "must list at least one seed")
-        _check(len(self.image.mean) == 3 and len(self.image.std) == 3, "image.mean",
-               "mean and std need three values")
-        _check(len(self.image.crop_scale) == 2 and 0 < self.image.crop_scale[0] <= self.image.crop_scale[1] <= 1,
-               "image.crop_scale", "must be [low, high] with 0 < low <= high <= 1")
-        multiscale = self.image.multiscale_range
-        _check(self.image.train_transform != "multiscale_crop_flip"
-               or (len(multiscale) == 2 and 0 < multiscale[0] <= multiscale[1]),
-               "image.multiscale_range", "must be [low, high] with 0 < low <= high for multiscale_crop_flip")
-        _check(not self.splits.validation_by_run_seed or self.splits.validation_classes > 0,
-               "splits.validation_by_run_seed", "needs splits.validation_classes > 0 (a carve to seed)")
+        """The rules that relate two keys (each key's own type and range is its annotation's)."""
+        image, splits = self.image, self.splits
+        _check(image.resize >= image.size, "image.resize", image.resize, f">= image.size ({image.size})")
+        _check(image.crop_scale[0] <= image.crop_scale[1], "image.crop_scale", list(image.crop_scale),
+               "[low, high] with low <= high")
+        _check(self.selection.mode != "validation" or splits.validation_classes > 0, "splits.validation_classes",
+               splits.validation_classes, "> 0 when selection.mode is \"validation\"")
+        multiscale = image.multiscale_range
+        _check(image.train_transform != "multiscale_crop_flip" or (len(multiscale) == 2 and multiscale[0] <= multiscale[1]),
+               "image.multiscale_range", list(multiscale), "[low, high] with 0 < low <= high for multiscale_crop_flip")
+        _check(not splits.validation_by_run_seed or splits.validation_classes > 0, "splits.validation_by_run_seed",
+               True, "false unless splits.validation_classes > 0 (a carve to seed)")
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form (fingerprinted): the optional keys (``_OPTIONAL_KEYS``) are
@@ -302,9 +319,9 @@ class Deviation:
         return f"{self.field}: {self.protocol_value!r} -> {self.value!r}"
 
 
-def _check(ok: bool, key: str, message: str) -> None:
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
     if not ok:
-        raise HarnessError(f"protocol key '{key}' {message}")
+        raise HarnessError(f"protocol key '{key}' = {shown(value)}: expected {expected}")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -331,51 +348,70 @@ def flatten_keys(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
+@functools.cache
+def _adapter() -> TypeAdapter[Protocol]:
+    return TypeAdapter(Protocol)
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
-        return _build(tp, value, key)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise HarnessError(f"protocol key '{key}' must be a list, got {value!r}")
-        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise HarnessError(f"protocol key '{key}' must be a table, got {value!r}")
-        return {k: _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
-    if origin in (typing.Union, types.UnionType):
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is int and isinstance(value, bool) or not isinstance(value, tp):
+@functools.cache
+def _sections_schema() -> dict[str, Any]:
+    return _adapter().json_schema()
+
+
+def check_batch_fits(protocol: Protocol, dataset: str, *, images: int, classes: int) -> None:
+    """The rule that needs the dataset's sizes, checked once its training split is known
+    and before a run is tracked: a batch of ``classes_per_batch x samples_per_class``
+    images must fit in the training images. A split with fewer classes than a batch asks
+    for gives every batch all of them, with more images each and the same batch size
+    (:func:`harness.engine.training._adapted_sampling`), so the classes are not refused."""
+    s = protocol.sampling
+    if s.batch_size > images:
         raise HarnessError(
-            f"protocol key '{key}' must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
-        )
-    return value
+            f"protocol key 'sampling.classes_per_batch' = {s.classes_per_batch}: expected classes_per_batch x "
+            f"samples_per_class ({s.classes_per_batch} x {s.samples_per_class} = {s.batch_size}) <= the {images} "
+            f"training images of {dataset} ({classes} classes)")
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise HarnessError(f"unknown protocol key '{dotted}'{hint}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
-    return cls(**kwargs)
+def protocol_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a protocol file (what ``python -m harness schema`` prints and
+    ``docs/protocol.schema.json`` holds): the sections' declared types, every registered
+    method's options under ``[methods.<name>]`` and the declared loss-argument ranges."""
+    from harness.config.options import LossArguments, options_model
+    from methods import METHODS
+
+    schema = json.loads(json.dumps(_sections_schema()))  # a copy: the cached one serves refusals
+    schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dml-harness protocol",
+                   "description": "A fair protocol (protocols/<name>.toml); python -m harness schema prints this."})
+    schema["required"] = []  # name defaults to the file's stem
+    schema["properties"]["methods"] = {
+        "type": "object", "additionalProperties": False, "description": "Method options fixed by the protocol.",
+        "properties": {name: options_model(name).model_json_schema() for name in METHODS.list()}}
+    args = schema["$defs"]["LossSpec"]["properties"]["args"]
+    args["additionalProperties"] = LossArguments.model_json_schema()
+    return schema
+
+
+def protocol_from_dict(data: dict[str, Any]) -> Protocol:
+    """The protocol a run recorded (its canonical form, :meth:`Protocol.to_dict`), validated
+    as a protocol file is."""
+    return _validated(data)
+
+
+def _validated(data: dict[str, Any]) -> Protocol:
+    """The protocol of the table ``data``, checked against the declared schema: the
+    annotations above (types, ranges, finiteness, unknown keys), the cross-key rules, and
+    the options of every method it configures (run or not)."""
+    try:
+        protocol = _adapter().validate_python(data)
+    except ValidationError as err:
+        raise refusal(err, _sections_schema(), what="protocol key") from None
+    from methods import METHODS
+
+    for method, options in protocol.methods.items():
+        if method in METHODS:  # an unknown name is refused by name on loading
+            check_option_values(method, options)
+    check_loss_arg_values(protocol.loss.args)
+    return protocol
 
 
 def protocol_dir() -> Path:
@@ -407,7 +443,7 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed protocol file {path}: {err}") from None
     data.setdefault("name", path.stem)
-    protocol = _build(Protocol, data)
+    protocol = _validated(data)
     for dataset, section in protocol.datasets.items():
         if not isinstance(section, dict) or {"name", "datasets"} & set(section):
             raise HarnessError(f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
@@ -509,6 +545,16 @@ def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bo
     return True
 
 
+def _suggestion(path: list[str], key: str, table: dict[str, Any]) -> str:
+    """`` (did you mean 'optimizer.lr_head'?)`` for a misspelt ``key`` of ``table`` (a close
+    spelling, else the keys it begins), or ""."""
+    names = [str(k) for k in table]
+    close = difflib.get_close_matches(key, names, n=1) or [n for n in names if n.startswith(key)]
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(f"'{'.'.join([*path, name])}'" for name in close) + "?)"
+
+
 def apply_overrides(
     protocol: Protocol, overrides: dict[str, Any] | list[str]
 ) -> tuple[Protocol, tuple[Deviation, ...]]:
@@ -535,12 +581,11 @@ def apply_overrides(
         declared = ((parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:]))
                     or (parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction"
                         and _declare_loss_reduction(data, parts[2])))
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise HarnessError(f"unknown protocol key '{dotted}'")
-            node = node[part]
-        if parts[-1] not in node:
-            raise HarnessError(f"unknown protocol key '{dotted}'")
+        for depth, part in enumerate(parts):
+            if part not in node or (depth < len(parts) - 1 and not isinstance(node[part], dict)):
+                raise HarnessError(f"unknown protocol key '{dotted}'{_suggestion(parts[:depth], part, node)}")
+            if depth < len(parts) - 1:
+                node = node[part]
         old = node[parts[-1]]
         node[parts[-1]] = value
         if _jsonable(value) != old:
@@ -549,7 +594,7 @@ def apply_overrides(
             del node[parts[-1]]
             if not node and parts[0] == "methods":
                 del data["methods"][parts[1]]
-    return _build(Protocol, data), tuple(deviations)
+    return _validated(data), tuple(deviations)
 
 
 def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None,

@@ -123,7 +123,7 @@ def _finished_run(run_id: str):
 
 
 def _run_protocol(run_id: str):
-    from harness.config.protocol import Protocol, _build
+    from harness.config.protocol import protocol_from_dict
     from harness.store.queries import read_artifact
 
     try:
@@ -133,7 +133,7 @@ def _run_protocol(run_id: str):
     except Exception as err:
         raise HarnessError(f"explain: run '{run_id}' has no readable protocol/resolved.json artifact "
                            f"({type(err).__name__})") from None
-    return _build(Protocol, data)
+    return protocol_from_dict(data)
 
 
 def load_run(run_id: str, *, data_root: Path | None = None, checkpoint_root: Path | None = None,

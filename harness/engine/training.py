@@ -67,7 +67,7 @@ from harness.config.deviations import (
     from_tag,
     to_tag,
 )
-from harness.config.protocol import Deviation, Protocol, fingerprint
+from harness.config.protocol import Deviation, Protocol, check_batch_fits, fingerprint
 from harness.engine.distributed import (
     SINGLE_PROCESS,
     GatheredMetricLoss,
@@ -83,7 +83,7 @@ from harness.reports.explanations import log_explanations
 from harness.store.tracking import load_finished_weights
 from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
-__all__ = ["RunConfig", "RunSettings", "EmbeddingModel", "prepare_splits", "build_model", "run_training",
+__all__ = ["RunConfig", "RunSettings", "EmbeddingModel", "prepare_splits", "check_training_split", "build_model", "run_training",
            "seed_everything", "resolve_device"]
 
 
@@ -284,6 +284,12 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
     if control:
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
     return splits
+
+
+def check_training_split(protocol: Protocol, dataset: str, splits: DatasetSplits) -> None:
+    """The protocol's rules that need the training split (its batch fits in it), checked
+    before a run is tracked: a batch larger than the split would be drawn all the same."""
+    check_batch_fits(protocol, dataset, images=len(splits.train), classes=len(np.unique(splits.train.labels)))
 
 
 def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
@@ -554,6 +560,7 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
         # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
         torch.set_flush_denormal(True)
     splits = splits or prepare_splits(protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
+    check_training_split(protocol, cfg.dataset, splits)
     fp = fingerprint(protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args,
                      world_size=procs.world_size)
     plan = _RunPlan(cfg, device, procs, workers, splits, fp, Path(cfg.checkpoint_root) / run_key(cfg, fp),

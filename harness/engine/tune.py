@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, unknown_name
 
 __all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name",
            "failed_trials", "where_failures_are"]
@@ -59,14 +59,24 @@ def suggest(trial, method: str, protocol, space: tuple[str, ...]) -> tuple[dict[
     from methods import METHODS
 
     options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
-    overrides = {}
-    for field in space:
-        value = _get(protocol, field)
-        if not isinstance(value, float) or value <= 0:
-            raise HarnessError(f"--space: '{field}' is {value!r}; only positive float fields are tunable "
-                               f"({', '.join(sorted(TUNABLE_FLOATS))})")
-        overrides[field] = trial.suggest_float(field, value / 10, value * 10, log=True)
+    check_space(protocol, space)
+    overrides = {field: trial.suggest_float(field, _get(protocol, field) / 10, _get(protocol, field) * 10, log=True)
+                 for field in space}
     return dict(options), overrides
+
+
+def check_space(protocol, space: tuple[str, ...]) -> None:
+    """Every ``--space`` field is a positive float of the protocol (searched over a decade
+    either side of its value, on a log scale); checked before the study opens."""
+    from harness.config.protocol import flatten_keys
+
+    values = flatten_keys(protocol.to_dict())
+    for field in space:
+        if field not in values:
+            raise HarnessError(f"--space: {unknown_name('protocol field', field, sorted(TUNABLE_FLOATS))}")
+        if not isinstance(values[field], float) or values[field] <= 0:
+            raise HarnessError(f"--space: '{field}' = {values[field]!r}; only positive float fields are tunable "
+                               f"({', '.join(sorted(TUNABLE_FLOATS))})")
 
 
 def study_name(method: str, dataset: str, loss: str, protocol, space: tuple[str, ...]) -> str:
@@ -144,10 +154,13 @@ class TuneSetup:
 
     @functools.cached_property
     def splits(self):
-        """The trials' splits (their seed's carve), loaded once for every trial."""
-        from harness.engine.training import prepare_splits
+        """The trials' splits (their seed's carve), loaded once for every trial; the
+        protocol's batch is checked against them here, before the study opens."""
+        from harness.engine.training import check_training_split, prepare_splits
 
-        return prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+        splits = prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+        check_training_split(self.protocol, self.dataset, splits)
+        return splits
 
     def config(self, protocol, deviations, seed: int, options: dict, tags: dict[str, Any]):
         """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
@@ -191,6 +204,7 @@ def tune_setup(method: str, dataset: str, *, protocol: str | None = None, loss: 
     if loss != base.loss.name and loss not in base.loss.args:
         raise HarnessError(f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])")
     fields = tuple(s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip())
+    check_space(base, fields)
     path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
     return TuneSetup(method, dataset, loss, base, tuple(deviations), fields, path,
                      study_name(method, dataset, loss, base, fields),
@@ -205,12 +219,12 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
 
     from harness.engine.sweep import open_storage
 
+    splits = setup.splits  # a protocol the split refuses is refused before the study is stored
     rdb = open_storage(storage, heartbeat=60, grace=180, retry_stale=False)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
     study = optuna.create_study(study_name=setup.name, storage=rdb, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=sampler_seed), pruner=pruner)
     _requeue_interrupted(study, setup.experiment)
-    splits = setup.splits
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=states))
     remaining = max(trials - done, 0)
