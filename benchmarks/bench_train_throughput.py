@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from harness.base.metric_keys import metric_key
+
 
 def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
     from harness.components.backbones import create_backbone
@@ -57,7 +59,7 @@ def harness_rate(method: str, batches: int, device: str, workers: int | None) ->
     import json
 
     run_id = json.loads(out.read_text())[0]["mlflow_run_id"]
-    history = mlflow.MlflowClient().get_metric_history(run_id, "train_images_per_s")
+    history = mlflow.MlflowClient().get_metric_history(run_id, metric_key("system", "train_images_per_s"))
     return next(m.value for m in history if m.step == 2)
 
 

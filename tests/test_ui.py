@@ -18,6 +18,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from harness.base.metric_keys import metric_key
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -119,7 +121,7 @@ def test_ui_lists_the_runs_through_its_rest_api(workdir):
     run_ids = set()
     for method in ("ngrouping", "agrouping"):  # what a grid's cells leave in the store
         run = client.create_run(experiment, tags={"method": method, "grid": "ui-test"})
-        client.log_metric(run.info.run_id, "test_precision_at_1", 0.5)
+        client.log_metric(run.info.run_id, metric_key("test", "precision_at_1"), 0.5)
         client.set_terminated(run.info.run_id)
         run_ids.add(run.info.run_id)
 

@@ -14,6 +14,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.processes import terminated
@@ -67,8 +68,18 @@ def run_main(argv: list[str] | None = None) -> int:
     return main(argv)
 
 
+def _program() -> str:
+    """How this process was started: the console script, else ``python -m harness``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "dml-harness" if name == "dml-harness" else "python -m harness"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    from harness.store.tracking import record_invocation
+
+    record_invocation(_program(), argv)  # each run records the command that made it
     try:
         return args.func(args)
     except HarnessError as err:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from harness.base.atomic import atomic_write, atomic_write_json
+from harness.base.metric_keys import metric_key
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
 from methods.base import FigureData, FigureSet, HeadOutput, Method
 
@@ -148,9 +149,10 @@ def _a_test_triplet(labels: np.ndarray) -> tuple[int, int, int] | None:
 
 
 def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
-                     count: int = 48) -> None:
-    """For heads that explain: a figure of their maps on test images, and, where the
-    dataset has part masks (``synthetic``), the share of each map's mass on each part.
+                     count: int = 48, *, run_label: str = "") -> None:
+    """For heads that explain: a figure of their maps on test images (titled with
+    ``run_label``, e.g. method, dataset and seed), and, where the dataset has part masks
+    (``synthetic``), the share of each map's mass on each part.
 
     Mass uses the head's raw spatial attention when it has one (``output.attention``,
     upsampled without re-normalisation), else the explanation maps.
@@ -188,7 +190,8 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     if maps is None:
         return
     rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
+    title = f"{run_label or head.registry_name}: maps on the first {n} test images"
+    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title)
     tracker.log_artifact(figure, "explanations")
     masks = splits.extras.get("masks")
     if not masks:
@@ -206,7 +209,7 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
     shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
     names = ["background", *splits.extras["parts"]]
-    tracker.log_metrics({f"explain_group{g + 1}_mass_{names[j]}": float(shares[g, j])
+    tracker.log_metrics({metric_key("explain", f"group{g + 1}_mass_{names[j]}"): float(shares[g, j])
                          for g in range(shares.shape[0]) for j in range(len(names))
                          if np.isfinite(shares[g, j])})
     table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
