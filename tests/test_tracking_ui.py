@@ -26,6 +26,7 @@ from harness.store.tracking import (
     EXPERIMENT_KIND_TAG,
     ML_VIEW_QUERY,
     RUN_NOTE_TAG,
+    RUNS_VIEW,
     load_finished_weights,
     ui_url,
 )
@@ -129,6 +130,14 @@ def test_the_experiment_is_of_the_model_development_kind(store):
     experiment = mlflow.MlflowClient().get_experiment(_run(records, "plain").info.experiment_id)
     key, kind = EXPERIMENT_KIND_TAG
     assert experiment.tags[key] == kind
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{RUNS_VIEW[0]}"])  # the UI's saved-view envelope
+    assert view["name"] == RUNS_VIEW[1] and isinstance(view["createdAt"], int)
+    state = json.loads(view["state"])
+    assert [f"metrics.`{metric_key('test', m)}`" for m in HEADLINE] == [
+        c for c in state["selectedColumns"] if c.startswith("metrics.")]
+    assert state["orderByKey"] == f"metrics.`{metric_key('test', 'precision_at_1')}`" and not state["orderByAsc"]
+    runs_page = ui_url("http://127.0.0.1:5000", experiment.experiment_id)
+    assert runs_page.endswith(f"/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}")
     url = ui_url("http://127.0.0.1:5000", experiment.experiment_id, records["plain"]["mlflow_run_id"])
     assert url == (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/"
                    f"{records['plain']['mlflow_run_id']}?{ML_VIEW_QUERY}")

@@ -70,7 +70,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the MLflow UI; print (and with ``--open`` open) each experiment's runs page in
     the model-training view, the named or most recently active experiment first."""
     from harness.store.queries import experiments_by_activity
-    from harness.store.tracking import tracking_uri, ui_server_command, ui_url
+    from harness.store.tracking import prepare_for_ui, tracking_uri, ui_server_command, ui_url
 
     base = f"http://{args.host}:{args.port}"
     experiments = experiments_by_activity()
@@ -80,6 +80,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
             raise HarnessError(f"no experiment '{args.experiment}' with runs in {tracking_uri()}; it has: "
                                f"{', '.join(name for _, name in experiments) or 'none'}")
         experiments = named + [e for e in experiments if e[1] != args.experiment]
+    for exp_id, _ in experiments:
+        prepare_for_ui(exp_id)  # the runs view the printed pages open
     pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [("experiments", ui_url(base))]
     print(f"MLflow UI over {tracking_uri()}:", file=sys.stderr)
     for name, url in pages:

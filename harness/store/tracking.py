@@ -28,7 +28,7 @@ from harness.base.errors import HarnessError
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
            "process_is_dead", "mark_dead_runs_killed", "newest_run", "artifact_root", "ARTIFACT_FOLDER",
-           "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "ui_url", "harness_version", "record_invocation", "invocation"]
+           "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "RUNS_VIEW", "ui_url", "prepare_for_ui", "harness_version", "record_invocation", "invocation"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -48,6 +48,11 @@ EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 #: The query parameter that opens the MLflow UI's model-training view (runs table, metric
 #: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
 ML_VIEW_QUERY = "workflowType=machine_learning"
+#: The saved view of the runs table that every experiment carries (the UI's Views menu;
+#: ``viewStateShareKey`` in a URL opens it): the headline test metrics as columns, best
+#: P@1 first. MLflow keeps column choices in the browser otherwise, so a new user would
+#: see no metric column at all.
+RUNS_VIEW = ("metric-learning", "Metric learning")
 
 
 def tracking_uri() -> str:
@@ -268,16 +273,15 @@ def experiment_id(name: str) -> str:
     fails ours, and we take theirs."""
     import mlflow
 
-    key, kind = EXPERIMENT_KIND_TAG
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
-        if key not in exp.tags:  # made before the harness tagged its experiments
-            mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, key, kind)
+        prepare_for_ui(exp.experiment_id)
         return exp.experiment_id
     artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
     try:
-        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri(), tags={key: kind})
+        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri(),
+                                        tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]))
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
@@ -285,11 +289,46 @@ def experiment_id(name: str) -> str:
         return exp.experiment_id
 
 
+def prepare_for_ui(experiment: str) -> None:
+    """Give experiment id ``experiment`` the tags the harness's experiments carry (the
+    model-development kind, :data:`RUNS_VIEW`) where it lacks them (made before the
+    harness set them, or by another program)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri())
+    present = client.get_experiment(experiment).tags
+    for key, value in (EXPERIMENT_KIND_TAG, _runs_view_tag()):
+        if key not in present:
+            client.set_experiment_tag(experiment, key, value)
+
+
+def _runs_view_tag() -> tuple[str, str]:
+    """The experiment tag of :data:`RUNS_VIEW`, in the envelope MLflow's UI saves views in
+    (``mlflow.sharedViewState.<key>``: name, times, and the table's state as JSON)."""
+    import time
+
+    from harness.base.metric_keys import HEADLINE, metric_key
+
+    columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
+    columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
+    columns += ["params.`seed`", "tags.`selected_epoch`"]
+    state = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
+             "orderByAsc": False}
+    now = int(time.time() * 1000)
+    key, name = RUNS_VIEW
+    return (f"mlflow.sharedViewState.{key}",
+            json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}))
+
+
 def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
     """The MLflow UI's page, in the model-training view, of the experiments (no
-    ``experiment``), of experiment id ``experiment``'s runs, or of its run ``run_id``."""
-    path = "/experiments" if experiment is None else f"/experiments/{experiment}/runs"
-    return f"{base.rstrip('/')}/#{path}{'/' + run_id if run_id else ''}?{ML_VIEW_QUERY}"
+    ``experiment``), of experiment id ``experiment``'s runs (in :data:`RUNS_VIEW`), or of
+    its run ``run_id``."""
+    if experiment is None:
+        return f"{base.rstrip('/')}/#/experiments?{ML_VIEW_QUERY}"
+    if run_id:
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{ML_VIEW_QUERY}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}"
 
 
 class Tracker:
