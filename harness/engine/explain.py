@@ -452,7 +452,7 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     pictures = _pictures(ctx, images)
     if maps is not None:
         rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-        title = f"{ctx.model.head.registry_name}, run {ctx.run_id[:8]}: maps on {len(images)} query images"
+        title = f"{ctx.method}, run {ctx.run_id[:8]}: maps on {len(images)} query images"
         written.append(attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank, title=title))
     q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
     with torch.no_grad():
@@ -462,7 +462,8 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
     pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
-    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir)
+    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir,
+                                         caption=f"{ctx.method}, run {ctx.run_id[:8]}, the first pair")
 
 
 # ------------------------------------------------------------------------ the explanation
@@ -518,6 +519,7 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
     figures_written = []
     if figures:
         out_dir.mkdir(parents=True, exist_ok=True)
+        caption = f"{ctx.method}, {ctx.dataset}, run {ctx.run_id[:8]}"
         show = min(6, len(chosen.query))
         parts_named = ["", *parts]
         notes_rows = [f"{'same' if chosen.same[i] else 'differ'}"
@@ -525,8 +527,9 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
         figures_written.append(pairs_figure(out_dir / "pairs.png", _pictures(ctx, _images(ctx, chosen.query[:show])),
                                              _pictures(ctx, _images(ctx, chosen.gallery[:show])),
                                              {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
-                                             notes_rows))
-        figures_written.append(curves_figure(out_dir / "curves.png", curves))
+                                             notes_rows, title=f"{caption}: the first {show} pairs"))
+        figures_written.append(curves_figure(out_dir / "curves.png", curves,
+                                             title=f"{caption}: mean over {len(chosen.query)} pairs"))
         figures_written += _method_figures(ctx, chosen, out_dir)
     record = {"run_id": ctx.run_id, "method_name": ctx.method, "dataset": ctx.dataset,
               "protocol": ctx.protocol.name, "fingerprint": ctx.tags.get("fingerprint", ""),
