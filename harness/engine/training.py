@@ -613,7 +613,8 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
     keep the best weights), log, checkpoint."""
     cfg, protocol = plan.cfg, plan.cfg.protocol
     selection = protocol.selection
-    record = {"epoch": epoch + 1, **_epoch_summary(_train_epoch(cfg, t, plan.device, epoch, plan.epochs), plan.device)}
+    summary = _train_epoch(cfg, t, plan.device, epoch, plan.epochs)
+    record = {"epoch": epoch + 1, **_epoch_summary(summary, plan.device)}
     t.scheduler.step()
     check_replicas_agree(t.model, plan.procs, f"after epoch {epoch + 1}")
     select_on = {"validation": (plan.splits.val, None), "test-paper": (plan.splits.test, plan.splits.gallery)}
@@ -910,8 +911,11 @@ def _epoch_summary(summary: dict[str, float], device: torch.device) -> dict[str,
     ``train/epoch_loss*`` (``train/loss`` is the per-step curve), throughput, time and
     peak memory as ``system/*``."""
     system = {"train_images_per_s": "train_images_per_s", "train_seconds": "train_epoch_seconds"}
-    record = {metric_key("system", system[k]) if k in system else metric_key("train", "epoch_" + k.removeprefix("train_")): v
-              for k, v in summary.items()}
+    record = {}
+    for name, value in summary.items():  # train_loss, train_loss_<term>, throughput, seconds
+        key = metric_key("system", system[name]) if name in system else \
+            metric_key("train", "epoch_" + name.removeprefix("train_"))
+        record[key] = value
     # ru_maxrss is in KiB on Linux: the process's peak resident memory so far.
     record[metric_key("system", "max_rss_mb")] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device.type == "cuda":
