@@ -3,7 +3,8 @@ store made by a short ``run --methods plain,diml``, its printed runs page and on
 page opened in headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven
 by selenium with the driver's path given, so nothing is downloaded).
 
-The screenshots go to ``results/ui-screenshots/`` (git-ignored) for a person to look at.
+The screenshots (``runs.png``, ``charts.png``, ``run.png``) go to ``results/ui-screenshots/``
+(git-ignored) for a person to look at.
 """
 
 from __future__ import annotations
@@ -107,20 +108,25 @@ def test_the_runs_page_and_a_run_page_show_what_a_researcher_looks_for(workdir, 
 
         browser.get(runs_page)
         p_at_1 = metric_key("test", HEADLINE[0])
-        text = _page_text(browser, ["plain-margin-seed0", "diml-margin-seed0", p_at_1, "synthetic ("])
+        # The page fills in steps (runs, then their models): wait for every part.
+        text = _page_text(browser, ["plain-margin-seed0", "diml-margin-seed0", p_at_1, "synthetic (",
+                                    "python -m harness run", REGISTERED])  # Source and Models columns
         browser.save_screenshot(str(SCREENSHOTS / "runs.png"))
         assert "Model training" in text and ML_VIEW_QUERY in browser.current_url
         assert all(name in text for name in ("Run Name", "Dataset", "Source", "Models"))
-        assert "python -m harness run" in text  # the Source column
-        assert REGISTERED in text  # the Models column: the registered embedder's versions
         assert f"{records['plain']['metrics']['precision_at_1']:.4g}"[:5] in text  # a P@1 value
+
+        browser.get(f"{runs_page}&compareRunsMode=CHART")  # the charts, one section per metric group
+        text = _page_text(browser, ["plain-margin-seed0", "\ntest\n", "\nval\n"])
+        browser.save_screenshot(str(SCREENSHOTS / "charts.png"))
+        assert {"test", "val", "train"} <= set(text.splitlines())  # the sections' headings
 
         browser.get(runs_page.split("/runs?")[0] + f"/runs/{plain.info.run_id}?{ML_VIEW_QUERY}")
         note_heading = plain.data.tags[RUN_NOTE_TAG].splitlines()[0].replace("*", "")
-        text = _page_text(browser, ["plain-margin-seed0", "Description", note_heading, "embedder"])
+        text = _page_text(browser, ["plain-margin-seed0", "Description", note_heading, "embedder",
+                                    "python -m harness run", p_at_1])
         browser.save_screenshot(str(SCREENSHOTS / "run.png"))
         assert "P@1" in text and "MAP@R" in text
-        assert "python -m harness run" in text and p_at_1 in text
     finally:
         server.terminate()
         server.wait(timeout=60)
