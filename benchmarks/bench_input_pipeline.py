@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.base.metric_keys import metric_key
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -167,7 +169,7 @@ def harness_rate(protocol_name: str, dataset: str, data_root: Path | None, batch
         raise SystemExit(f"harness run on {dataset} failed (exit {code})")
     run_id = json.loads(out.read_text())[0]["mlflow_run_id"]
     client = mlflow.MlflowClient()
-    rates = [m.value for m in sorted(client.get_metric_history(run_id, "train_images_per_s"), key=lambda m: m.step)]
+    rates = [m.value for m in sorted(client.get_metric_history(run_id, metric_key("system", "train_images_per_s")), key=lambda m: m.step)]
     return {"per_epoch": rates, "steady": rates[-1], "amp": client.get_run(run_id).data.tags.get("amp")}
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.base.metric_keys import metric_key
 from harness.cli.main import main
 from harness.components.explanation.scores import (
     curve_auc,
@@ -180,8 +181,9 @@ def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tin
     assert record["method"]["chance_part_share"] == record["baseline"]["chance_part_share"]
     assert (workdir / "fig" / "pairs.png").is_file() and (workdir / "fig" / "curves.png").is_file()
     run = mlflow.MlflowClient().get_run(run_id)
-    assert run.data.metrics["explain_method_pointing_game"] == pytest.approx(record["method"]["pointing_game"])
-    assert run.data.metrics["explain_baseline_deletion_auc_lo"] <= run.data.metrics["explain_baseline_deletion_auc"]
+    assert run.data.metrics[metric_key("explain", "method_pointing_game")] == pytest.approx(record["method"]["pointing_game"])
+    assert run.data.metrics[metric_key("explain", "baseline_deletion_auc_lo")] <= \
+        run.data.metrics[metric_key("explain", "baseline_deletion_auc")]
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "explain")}
     assert {"explain/pairs.png", "explain/curves.png", "explain/scores.json"} <= logged
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
+from harness.base.metric_keys import metric_key
 from harness.cli.main import main
 from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
 
@@ -23,8 +24,8 @@ def _run(client, exp_id, *, method, dataset, seed, r1, per_query, folder):
                  "deviations": "none", "test_set_selection": "False", "evaluation_code": "code1",
                  "selection": "validation"}.items():
         client.set_tag(rid, k, str(v))
-    client.log_metric(rid, "test_recall_at_1", r1)
-    client.log_metric(rid, "test_nmi", 0.5 + r1 / 10)
+    client.log_metric(rid, metric_key("test", "recall_at_1"), r1)
+    client.log_metric(rid, metric_key("test", "nmi"), 0.5 + r1 / 10)
     path = folder / rid / "per_query_test.npz"
     save_per_query(path, per_query)
     client.log_artifact(rid, str(path), PER_QUERY_ARTIFACT.rsplit("/", 1)[0])

@@ -15,6 +15,7 @@ import mlflow
 import pytest
 import torch
 
+from harness.base.metric_keys import metric_key
 from harness.cli.main import main
 
 
@@ -49,9 +50,9 @@ def test_run_writes_records_and_a_finished_mlflow_run(workdir, tiny_protocol, ca
     assert tags["deviations"] == "none" and tags["test_set_selection"] == "False"
     assert params["protocol.backbone.name"] == "efficientnet_lite0"
     assert params["protocol.sampling.classes_per_batch"] == "8"
-    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, metric_key("val", "mean_average_precision_at_r"))
     assert [m.step for m in history] == [1, 2]  # one validation per epoch
-    assert run.data.metrics["test_precision_at_1"] == pytest.approx(rec["metrics"]["precision_at_1"])
+    assert run.data.metrics[metric_key("test", "precision_at_1")] == pytest.approx(rec["metrics"]["precision_at_1"])
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "protocol")}
     assert {"protocol/tiny.toml", "protocol/resolved.json", "protocol/deviations.json"} <= artifacts
     # Explanations logged with the run: SAM's Fig. 4 (a test triplet, maps as data) and pair
@@ -148,7 +149,7 @@ def test_resume_into_a_store_without_the_checkpoints_run_records_everything(work
     assert run.data.tags["method"] == "plain" and run.data.tags["fingerprint"] == record["fingerprint"]
     assert run.data.params["protocol.backbone.name"] == "efficientnet_lite0"
     assert run.data.tags["miner"] == "distance_weighted"  # the tiny protocol's, for the margin loss
-    history = client.get_metric_history(run.info.run_id, "val_mean_average_precision_at_r")
+    history = client.get_metric_history(run.info.run_id, metric_key("val", "mean_average_precision_at_r"))
     assert [m.step for m in history] == [1, 2]
 
 
@@ -418,7 +419,7 @@ def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_pr
     assert PER_QUERY_ARTIFACT in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "evaluation")}
     arrays = artifact_per_query(run.info.run_id)
     for metric in ("precision_at_1", "r_precision", "mean_average_precision_at_r", "r_precision_query_in_r"):
-        assert per_query_values(arrays, metric).mean() == pytest.approx(run.data.metrics[f"test_{metric}"]), metric
+        assert per_query_values(arrays, metric).mean() == pytest.approx(run.data.metrics[metric_key("test", metric)]), metric
     # DIML's variant rides along in the store, not in the run's printed record
     assert "mean_average_precision_at_r_query_in_r" in rec["metrics"]
 

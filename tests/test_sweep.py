@@ -19,6 +19,7 @@ import mlflow
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import metric_key
 from harness.cli.sweep import add_sweep_parser
 from harness.config.grids import load_grid
 from harness.engine.sweep import CELL_ATTR
@@ -260,9 +261,10 @@ def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys)
     assert diml.data.tags["init_from"] == plain.info.run_id
     assert diml.data.tags["evaluate_only"] == "True" and diml.data.tags["deviations"] == "none"
     assert diml.data.tags["fingerprint"] == plain.data.tags["fingerprint"]
-    assert not any(k.startswith("val_") for k in diml.data.metrics)  # no training epoch
+    assert not any(k.startswith("val/") for k in diml.data.metrics)  # no training epoch
     # DIML re-ranks the same trained embedding: its cosine numbers are the baseline's.
-    assert diml.data.metrics["test_global_precision_at_1"] == pytest.approx(plain.data.metrics["test_precision_at_1"])
+    assert diml.data.metrics[metric_key("test", "global_precision_at_1")] == pytest.approx(
+        plain.data.metrics[metric_key("test", "precision_at_1")])
     assert "2/2 cells finished" in capsys.readouterr().out
     cells = summarize(load_runs([grid.experiment]), ["precision_at_1"])
     assert set(cells["method"]) == {"plain", "diml"}  # one block, one fingerprint: comparable

@@ -130,10 +130,10 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
     assert records["2"]["metrics"] == records["50"]["metrics"]
     client = mlflow.MlflowClient()
     histories = {every: {k: sorted((m.step, m.value) for m in client.get_metric_history(r["mlflow_run_id"], k))
-                         for k in ("train/loss", "train/lr", "train_loss")} for every, r in records.items()}
+                         for k in ("train/loss", "train/lr", "train/epoch_loss")} for every, r in records.items()}
     assert [s for s, _ in histories["2"]["train/loss"]] == [1, 2, 3]
     assert histories["2"]["train/loss"] == histories["50"]["train/loss"]
-    assert histories["2"]["train_loss"] == histories["50"]["train_loss"]
+    assert histories["2"]["train/epoch_loss"] == histories["50"]["train/epoch_loss"]
     assert [s for s, _ in histories["2"]["train/lr"]] == [2, 3]
     assert [s for s, _ in histories["50"]["train/lr"]] == [3]
     assert all(v == 1e-4 for _, v in histories["2"]["train/lr"])  # the backbone group's lr

@@ -17,6 +17,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import metric_key
 from harness.cli.table import add_table_parser
 from harness.reports.tables import (
     CELL_COLUMNS,
@@ -209,8 +210,8 @@ def _fake_run(client, exp_id: str, *, method: str, seed: int, r1: float, fp: str
                  "deviations": deviations, "test_set_selection": "False", "method_revision": revision,
                  "evaluation_code": "code1", "selection": "validation"}.items():
         client.set_tag(rid, k, str(v))
-    client.log_metric(rid, "test_recall_at_1", r1)
-    client.log_metric(rid, "test_nmi", 0.5)
+    client.log_metric(rid, metric_key("test", "recall_at_1"), r1)
+    client.log_metric(rid, metric_key("test", "nmi"), 0.5)
     client.set_terminated(rid, status=status)
     return rid
 

@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import metric_key
 from harness.cli.tune import add_tune_parser
 from harness.config.protocol import load_protocol
 from harness.engine.tune import study_name, suggest
@@ -61,10 +62,10 @@ def _fake_training(calls: list):
                           "fingerprint": "fake", "selection": "validation",
                           "deviations": "; ".join(map(str, cfg.deviations)) or "none"})
         for epoch, value in ((1, lr * 10), (2, lr * 20)):
-            tracker.log_metrics({"val_mean_average_precision_at_r": value}, step=epoch)
+            tracker.log_metrics({metric_key("val", "mean_average_precision_at_r"): value}, step=epoch)
             if cfg.epoch_callback is not None:  # as run_training does after each epoch
-                cfg.epoch_callback(epoch, {"val_mean_average_precision_at_r": value})
-        tracker.log_metrics({"test_mean_average_precision_at_r": lr}, step=2)
+                cfg.epoch_callback(epoch, {metric_key("val", "mean_average_precision_at_r"): value})
+        tracker.log_metrics({metric_key("test", "mean_average_precision_at_r"): lr}, step=2)
         tracker.finish()
         return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
                 "protocol": cfg.protocol.name, "fingerprint": "fake", "deviations": [], "selection": "validation",
@@ -132,7 +133,7 @@ def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(workdir, 
     repro = [r for r in runs if r.data.tags["tune_role"] == "reproduction"]
     assert len(runs) == 3 and len(repro) == 1
     assert repro[0].data.tags["optuna_trial"] == str(study.best_trial.number)
-    assert "test_mean_average_precision_at_r" in repro[0].data.metrics
+    assert metric_key("test", "mean_average_precision_at_r") in repro[0].data.metrics
     out = capsys.readouterr().out
     assert f"best trial {study.best_trial.number}" in out and "over seeds [0]" in out
 

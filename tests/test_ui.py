@@ -18,6 +18,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from harness.base.metric_keys import metric_key
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -119,7 +121,7 @@ def test_ui_lists_the_runs_through_its_rest_api(workdir):
     run_ids = set()
     for method in ("ngrouping", "agrouping"):  # what a grid's cells leave in the store
         run = client.create_run(experiment, tags={"method": method, "grid": "ui-test"})
-        client.log_metric(run.info.run_id, "test_precision_at_1", 0.5)
+        client.log_metric(run.info.run_id, metric_key("test", "precision_at_1"), 0.5)
         client.set_terminated(run.info.run_id)
         run_ids.add(run.info.run_id)
 
@@ -145,3 +147,46 @@ def test_ui_lists_the_runs_through_its_rest_api(workdir):
         server.wait(timeout=30)
     assert server.returncode == 130
     assert _wait_gone(started) == set(), "the MLflow server or a worker outlived SIGTERM"
+
+
+def test_an_unknown_experiment_is_one_error_line(workdir, capsys):
+    from harness.cli.main import main
+
+    assert main(["ui", "--experiment", f"no-such-{time.time_ns()}"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: no experiment 'no-such-")
+
+
+def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
+    """``ui --open`` opens the page once the server answers, not before (a thread)."""
+    import http.server
+    import threading
+    import webbrowser
+
+    from harness.cli.listings import _open_when_up
+
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", opened.append)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/#/experiments/1/runs?workflowType=machine_learning"
+    _open_when_up(f"http://127.0.0.1:{port}", url, timeout=30)
+    time.sleep(1.5)
+    assert opened == []  # nothing answers yet
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Healthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        deadline = time.time() + 20
+        while not opened and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert opened == [url]

@@ -1,4 +1,5 @@
-"""The bottom layer: user errors, registries, atomic writes, device settings, fault points.
+"""The bottom layer: user errors, registries, atomic writes, device settings, fault points,
+metric names.
 
 Imports nothing else of the harness.
 """

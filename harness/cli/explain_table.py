@@ -32,7 +32,7 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
 
 def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("explain-table", help="table of explanation scores across methods (Markdown and "
-                              "LaTeX) from the explain_* metrics of the runs")
+                              "LaTeX) from the explain/* metrics of the runs")
     p.add_argument("--experiment", action="append", required=True, help="MLflow experiment (repeat for several)")
     p.add_argument("--out", help="output path without suffix (default results/tables/explain-<name>)")
     p.add_argument("--name", help="name for the default output path (default: the experiments)")

@@ -90,13 +90,52 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness.store.tracking import tracking_uri, ui_server_command
+    """Serve the MLflow UI; print (and with ``--open`` open) each experiment's runs page in
+    the model-training view, the named or most recently active experiment first."""
+    from harness.store.queries import experiments_by_activity
+    from harness.store.tracking import prepare_for_ui, tracking_uri, ui_server_command, ui_url
 
     check_port_free(args.host, args.port)
     open_store()
-    print(f"MLflow UI on http://{args.host}:{args.port} over {tracking_uri()}", file=sys.stderr)
+    base = f"http://{args.host}:{args.port}"
+    experiments = experiments_by_activity()
+    if args.experiment is not None:
+        named = [e for e in experiments if e[1] == args.experiment]
+        if not named:
+            raise HarnessError(f"no experiment '{args.experiment}' with runs in {tracking_uri()}; it has: "
+                               f"{', '.join(name for _, name in experiments) or 'none'}")
+        experiments = named + [e for e in experiments if e[1] != args.experiment]
+    for exp_id, _ in experiments:
+        prepare_for_ui(exp_id)  # the runs view the printed pages open
+    pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [("experiments", ui_url(base))]
+    print(f"MLflow UI over {tracking_uri()}:", file=sys.stderr)
+    for name, url in pages:
+        print(f"  {name}: {url}", file=sys.stderr)
     sys.stderr.flush()
+    if args.open:
+        _open_when_up(base, pages[0][1])
     return serve_process_group(ui_server_command(args.host, args.port))
+
+
+def _open_when_up(base: str, url: str, timeout: float = 120.0) -> None:
+    """Open ``url`` in the default browser once the server at ``base`` answers (a thread,
+    so the server starts meanwhile)."""
+    import threading
+    import time
+    import urllib.request
+    import webbrowser
+
+    def wait_and_open() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    webbrowser.open(url)
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    threading.Thread(target=wait_and_open, daemon=True).start()
 
 
 def add_listing_parsers(subparsers) -> None:
@@ -114,4 +153,7 @@ def add_listing_parsers(subparsers) -> None:
     ui = subparsers.add_parser("ui", help="open the MLflow UI over the tracking store (127.0.0.1)")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--experiment", help="the experiment whose runs page is printed (and opened) first "
+                    "(default: the most recently active)")
+    ui.add_argument("--open", action="store_true", help="open the first runs page in the default web browser")
     ui.set_defaults(func=cmd_ui)

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.processes import terminated
@@ -91,10 +92,20 @@ def run_main(argv: list[str] | None = None) -> int:
     return main(argv)
 
 
+def _program() -> str:
+    """How this process was started: the console script, else ``python -m harness``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "dml-harness" if name == "dml-harness" else "python -m harness"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = None
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
+        from harness.store.tracking import record_invocation
+
+        record_invocation(_program(), argv)  # each run records the command that made it
         return args.func(args)
     except HarnessError as err:
         if getattr(args, "debug", False):

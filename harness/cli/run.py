@@ -151,7 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   deviations=req.deviations, settings=settings, protocol_path=req.protocol_path,
                                   resume=args.resume, experiment=args.experiment or "",
                                   init_from=trained[base] if base else args.init_from or "",
-                                  evaluate_only=bool(base) or args.evaluate_only)
+                                  evaluate_only=bool(base) or args.evaluate_only,
+                                  registered_model=args.register or "")
             try:
                 records.append(run_training(cfg, splits))
             except BaseException:
@@ -222,5 +223,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--seen-class-control", action="store_true",
                      help="diagnostic: train on other images of the test classes, not on the training "
                      "classes (a deviation; tells broken training from features that do not transfer)")
+    run.add_argument("--register", metavar="NAME",
+                     help="register each run's trained embedder in MLflow's model registry as a version of NAME")
     run.set_defaults(func=cmd_run)
     return run

@@ -37,7 +37,7 @@ For a finished run of any method, on its test split:
 Written: ``--json`` (scores), figures under ``--out`` (the method's own figures in its
 paper's style where it has them, the pairs with both maps, the curves), and, on the run in
 the tracking store, the figures as artifacts under ``explain/`` and the scores as
-``explain_<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval).
+``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from harness.base.atomic import finite_json
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import metric_key
 from harness.components.explanation.scores import (
     STEP,
     curve_auc,
@@ -451,7 +452,8 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     pictures = _pictures(ctx, images)
     if maps is not None:
         rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-        written.append(attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank))
+        title = f"{ctx.method}, run {ctx.run_id[:8]}: maps on {len(images)} query images"
+        written.append(attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank, title=title))
     q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
     with torch.no_grad():
         oq, og = ctx.model(q), ctx.model(g)
@@ -460,7 +462,8 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
     pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
-    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir)
+    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir,
+                                         caption=f"{ctx.method}, run {ctx.run_id[:8]}, the first pair")
 
 
 # ------------------------------------------------------------------------ the explanation
@@ -516,6 +519,7 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
     figures_written = []
     if figures:
         out_dir.mkdir(parents=True, exist_ok=True)
+        caption = f"{ctx.method}, {ctx.dataset}, run {ctx.run_id[:8]}"
         show = min(6, len(chosen.query))
         parts_named = ["", *parts]
         notes_rows = [f"{'same' if chosen.same[i] else 'differ'}"
@@ -523,8 +527,9 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
         figures_written.append(pairs_figure(out_dir / "pairs.png", _pictures(ctx, _images(ctx, chosen.query[:show])),
                                              _pictures(ctx, _images(ctx, chosen.gallery[:show])),
                                              {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
-                                             notes_rows))
-        figures_written.append(curves_figure(out_dir / "curves.png", curves))
+                                             notes_rows, title=f"{caption}: the first {show} pairs"))
+        figures_written.append(curves_figure(out_dir / "curves.png", curves,
+                                             title=f"{caption}: mean over {len(chosen.query)} pairs"))
         figures_written += _method_figures(ctx, chosen, out_dir)
     record = {"run_id": ctx.run_id, "method_name": ctx.method, "dataset": ctx.dataset,
               "protocol": ctx.protocol.name, "fingerprint": ctx.tags.get("fingerprint", ""),
@@ -540,19 +545,20 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
 
 def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
     """The explanation on its run in the tracking store: the scores as
-    ``explain_<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval), the pair kind,
+    ``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval), the pair kind,
     seed and notes as tags, ``explain/scores.json`` and the figures under ``explain/``."""
     from harness.store.queries import log_to_run
 
-    metrics = {"explain_pairs": float(record["pairs"]), "explain_curve_pairs": float(record["curve_pairs"])}
+    metrics = {metric_key("explain", "pairs"): float(record["pairs"]),
+               metric_key("explain", "curve_pairs"): float(record["curve_pairs"])}
     for source in ("method", "baseline"):
         scores = record.get(source)
         for key, value in (scores or {}).items():
             if key.endswith("_ci95"):
                 base = key.removesuffix("_ci95")
-                metrics[f"explain_{source}_{base}_lo"], metrics[f"explain_{source}_{base}_hi"] = value
+                metrics[metric_key("explain", f"{source}_{base}_lo")], metrics[metric_key("explain", f"{source}_{base}_hi")] = value
             else:
-                metrics[f"explain_{source}_{key}"] = value
+                metrics[metric_key("explain", f"{source}_{key}")] = value
     log_to_run(ctx.run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},
                tags={"explain_pair_kind": record["pair_kind"], "explain_seed": str(record["seed"]),
                      "explain_notes": "; ".join(record["notes"])[:5000] or "none"},

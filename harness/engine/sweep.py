@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import group_metrics
 from harness.config.grids import Cell, Grid
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
@@ -273,8 +274,7 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
                 and tags.get("init_from", "none") == (init_from or "none")):
             _tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
             _log(f"{cell.label}: adopted finished untagged run {run.info.run_id}")
-            return {"mlflow_run_id": run.info.run_id, "metrics": {
-                k.removeprefix("test_"): v for k, v in run.data.metrics.items() if k.startswith("test_")}}
+            return {"mlflow_run_id": run.info.run_id, "metrics": group_metrics(run.data.metrics, "test")}
     # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
     # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
     for run in _runs_of_cell(grid, cell, fp, "RUNNING"):

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from harness.base.atomic import atomic_save_torch, atomic_write_json
 from harness.base.device import amp_dtype, amp_name, configure_determinism
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
+from harness.base.metric_keys import metric_key
 from harness.components.backbones import Backbone, create_backbone
 from harness.components.data import (
     DATASETS,
@@ -79,8 +81,10 @@ from harness.engine.distributed import (
     wrap_model,
 )
 from harness.engine.embedding import evaluate_split
+from harness.engine.export import ImageEmbedder, example_images
 from harness.reports.explanations import log_explanations
-from harness.store.tracking import load_finished_weights
+from harness.reports.results import run_note
+from harness.store.tracking import RUN_NOTE_TAG, load_finished_weights
 from methods import METHODS, HeadOutput, Method, TrainingBatch, create_method
 
 __all__ = ["RunConfig", "RunSettings", "EmbeddingModel", "prepare_splits", "check_training_split", "build_model", "run_training",
@@ -124,6 +128,8 @@ class RunConfig:
     fast: bool = False
     #: Train through ``torch.compile`` of the model (evaluation runs the model as it is).
     compile: bool = False
+    #: Register the run's logged embedder under this name in MLflow's model registry (``--register``).
+    registered_model: str = ""
 
     @classmethod
     def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
@@ -133,7 +139,7 @@ class RunConfig:
         come from the protocol (``[loss.args.<loss>]``), the method's options from the
         protocol unless given, the machine-side choices from ``settings``. ``run``: the
         remaining fields (``experiment``, ``resume``, ``init_from``, ``evaluate_only``,
-        ``tags``, ``protocol_path``)."""
+        ``tags``, ``protocol_path``, ``registered_model``)."""
         settings = settings or RunSettings()
         options = protocol.methods.get(method, {}) if method_options is None else method_options
         return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
@@ -386,6 +392,8 @@ class _Training:
     train_model: nn.Module
     metric_loss: MetricLoss
     procs: Processes = SINGLE_PROCESS
+    #: The selected epoch of the ``init_from`` run whose weights the model starts from.
+    init_selected_epoch: int = 0
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
@@ -418,9 +426,10 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     protocol = cfg.protocol
     seed_everything(cfg.seed)
     model = build_model(protocol, cfg.method, cfg.method_options)
+    init_selected_epoch = 0
     if cfg.init_from:
-        load_finished_weights(model, cfg.init_from, expect_fingerprint=fp if cfg.evaluate_only else "",
-                              checkpoint_root=cfg.checkpoint_root)
+        init_selected_epoch = load_finished_weights(model, cfg.init_from, checkpoint_root=cfg.checkpoint_root,
+                                                    expect_fingerprint=fp if cfg.evaluate_only else "")
     # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
     # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
     model = model.to(device, memory_format=torch.channels_last)
@@ -455,7 +464,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
     return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
-                     sampler, train_data, note, loader, train_model, metric_loss, procs)
+                     sampler, train_data, note, loader, train_model, metric_loss, procs, init_selected_epoch)
 
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
@@ -526,7 +535,10 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
         selected_epoch = _load_selected(plan, t, progress)
         test = _test(plan, t, tracker, selected_epoch)
         _save_selected(plan, t, tracker, selected_epoch)
-        log_explanations(t.model, plan.splits, cfg.protocol, plan.device, plan.ckpt_dir, tracker)
+        _log_embedder(plan, t, tracker, selected_epoch)
+        _describe(plan, tracker, test, selected_epoch)
+        log_explanations(t.model, plan.splits, cfg.protocol, plan.device, plan.ckpt_dir, tracker,
+                         run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}")
         tracker.finish("FINISHED")
         barrier(plan.procs)
     except BaseException as err:
@@ -622,8 +634,9 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
     keep the best weights), log, checkpoint."""
     cfg, protocol = plan.cfg, plan.cfg.protocol
     selection = protocol.selection
-    record = {"epoch": epoch + 1, **_train_epoch(cfg, t, plan.device, epoch, plan.epochs,
-                                                 on_flush=lambda flush: _log_flush(tracker, flush))}
+    summary = _train_epoch(cfg, t, plan.device, epoch, plan.epochs,
+                           on_flush=lambda flush: _log_flush(tracker, flush))
+    record = {"epoch": epoch + 1, **_epoch_summary(summary, plan.device)}
     t.scheduler.step()
     check_replicas_agree(t.model, plan.procs, f"after epoch {epoch + 1}")
     select_on = {"validation": (plan.splits.val, None), "test-paper": (plan.splits.test, plan.splits.gallery)}
@@ -632,8 +645,8 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
         q, g = select_on[selection.mode]
         scores = evaluate_split(t.model, q, g, protocol, cfg.dataset, device=plan.device, workers=plan.workers,
                                 metrics=_selection_metrics(protocol))
-        prefix = "val" if selection.mode == "validation" else "test_paper_selection"
-        record.update({f"{prefix}_{k}": v for k, v in scores.items()})
+        group = "val" if selection.mode == "validation" else "paper_selection"
+        record.update({metric_key(group, k): v for k, v in scores.items()})
         if scores[selection.metric] > progress.best["score"]:
             progress.best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
                              "state": {k: v.detach().cpu().clone() for k, v in t.model.state_dict().items()}}
@@ -650,8 +663,11 @@ def _train_and_select(plan: _RunPlan, t: _Training, tracker, progress: _Progress
 
 
 def _load_selected(plan: _RunPlan, t: _Training, progress: _Progress) -> int:
-    """Load the selected epoch's weights into the model; returns that epoch."""
+    """Load the selected epoch's weights into the model; returns that epoch (for an
+    evaluate-only run, the epoch its base run selected: those are the weights it has)."""
     selection = plan.cfg.protocol.selection
+    if plan.cfg.evaluate_only:
+        return t.init_selected_epoch
     if selection.mode == "last":
         return plan.epochs
     best = progress.best
@@ -666,15 +682,15 @@ def _load_selected(plan: _RunPlan, t: _Training, progress: _Progress) -> int:
 
 
 def _test(plan: _RunPlan, t: _Training, tracker, selected_epoch: int) -> dict[str, float]:
-    """The selected weights on the test split, logged as ``test_*`` at the selected epoch."""
+    """The selected weights on the test split, logged as ``test/*`` at the selected epoch."""
     protocol = plan.cfg.protocol
     # The papers' metric variants ride along (not protocol settings), and the per-query
     # values behind every retrieval mean are kept for intervals and paired tests.
     test = evaluate_split(t.model, plan.splits.test, plan.splits.gallery, protocol, plan.cfg.dataset,
                           device=plan.device, workers=plan.workers,
                           metrics=with_paper_variants(protocol.evaluation.metrics), per_query=True)
-    tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=selected_epoch)
-    tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test_*
+    tracker.log_metrics({metric_key("test", k): v for k, v in test.items()}, step=selected_epoch)
+    tracker.set_tags({"evaluation_code": evaluation_code_digest()})  # the code that computed test/*
     plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
     per_query = getattr(test, "per_query", None)  # a plain dict of scores carries none
     if per_query is not None:
@@ -694,6 +710,37 @@ def _save_selected(plan: _RunPlan, t: _Training, tracker, selected_epoch: int) -
     tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(model_path.resolve()),
                       "model_relpath": f"{plan.ckpt_dir.name}/{model_path.name}", "model_sha256": model_sha256})
     tracker.log_artifact(model_path, "weights")  # listed in the UI as weights/model.pt
+
+
+def _log_embedder(plan: _RunPlan, t: _Training, tracker, selected_epoch: int) -> None:
+    """The selected weights as an MLflow model (``embedder``: images -> embeddings, the
+    UI's Models tab), its signature from a forward pass on two example images; registered
+    under ``--register``'s name when given."""
+    embedder = ImageEmbedder(t.model, plan.cfg.protocol.image).to(plan.device).eval()
+    images = example_images(plan.cfg.protocol.image.size)
+    with torch.inference_mode():
+        embeddings = embedder(torch.from_numpy(images).to(plan.device)).cpu().numpy()
+    # Exported on the CPU, so that the logged model loads on a machine without a GPU.
+    embedder = embedder.cpu()
+    try:
+        uri = tracker.log_pytorch_model(embedder, images, embeddings, step=selected_epoch,
+                                        registered_name=plan.cfg.registered_model,
+                                        tags={"method": plan.cfg.method, "dataset": plan.cfg.dataset,
+                                              "protocol": plan.cfg.protocol.name, "seed": str(plan.cfg.seed)})
+    finally:
+        t.model.to(plan.device)
+    tracker.set_tags({"model_uri": uri})
+
+
+def _describe(plan: _RunPlan, tracker, test: dict[str, float], selected_epoch: int) -> None:
+    """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`)."""
+    cfg = plan.cfg
+    note = run_note(method=cfg.method, dataset=cfg.dataset, protocol=cfg.protocol.name,
+                    selection=cfg.protocol.selection.mode, metrics=dict(test), selected_epoch=selected_epoch,
+                    deviations=[str(d) for d in cfg.deviations],
+                    paper_deviations=[footnote(n, d) for n, d in paper_deviations(cfg).items()],
+                    init_from=cfg.init_from, evaluate_only=cfg.evaluate_only)
+    tracker.set_tags({RUN_NOTE_TAG: note})
 
 
 def _mark_stopped(tracker, err: BaseException) -> None:
@@ -752,7 +799,8 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
 
     protocol = cfg.protocol
     tracker.log_params({**flatten(protocol.to_dict(), "protocol."),
-                        **flatten(cfg.method_options, "method."),
+                        # every option, defaults included, so that any two runs' params compare
+                        **flatten({**METHODS.get(cfg.method).options(), **cfg.method_options}, "method."),
                         "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
                         "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
                         "world_size": procs.world_size, "deterministic": cfg.deterministic,
@@ -900,8 +948,8 @@ def _log_flush(tracker, flush: StepFlush) -> None:
     """``train/loss`` at every step of the flush and ``train/lr`` at its last, against the
     run's global step."""
     first = flush.global_step - len(flush.step_losses) + 1
-    tracker.log_metric_steps({"train/loss": [(first + i, v) for i, v in enumerate(flush.step_losses)],
-                              "train/lr": [(flush.global_step, flush.lr)]})
+    tracker.log_metric_steps({metric_key("train", "loss"): [(first + i, v) for i, v in enumerate(flush.step_losses)],
+                              metric_key("train", "lr"): [(flush.global_step, flush.lr)]})
 
 
 def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
@@ -925,10 +973,28 @@ def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Te
     return loss, terms
 
 
+def _epoch_summary(summary: dict[str, float], device: torch.device) -> dict[str, float]:
+    """An epoch's training summary under its logged keys: the mean loss and its terms as
+    ``train/epoch_loss*`` (``train/loss`` is the per-step curve), throughput, time and
+    peak memory as ``system/*``."""
+    system = {"train_images_per_s": "train_images_per_s", "train_seconds": "train_epoch_seconds"}
+    record = {}
+    for name, value in summary.items():  # train_loss, train_loss_<term>, throughput, seconds
+        key = metric_key("system", system[name]) if name in system else \
+            metric_key("train", "epoch_" + name.removeprefix("train_"))
+        record[key] = value
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory so far.
+    record[metric_key("system", "max_rss_mb")] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device.type == "cuda":
+        record[metric_key("system", "cuda_max_allocated_mb")] = torch.cuda.max_memory_allocated(device) / 2**20
+    return record
+
+
 def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:
     parts = [f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
-             f"loss {record['train_loss']:.4f}", f"{record['train_images_per_s']:.0f} img/s"]
-    for prefix in ("val_", "test_paper_selection_"):
-        if prefix + metric in record:
-            parts.append(f"{prefix.rstrip('_')} {metric} {record[prefix + metric]:.4f}")
+             f"loss {record[metric_key('train', 'epoch_loss')]:.4f}",
+             f"{record[metric_key('system', 'train_images_per_s')]:.0f} img/s"]
+    for group in ("val", "paper_selection"):
+        if metric_key(group, metric) in record:
+            parts.append(f"{group} {metric} {record[metric_key(group, metric)]:.4f}")
     return "  ".join(parts)

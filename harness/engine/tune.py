@@ -7,7 +7,7 @@ setting reproduced over the protocol's seeds and scored on the test split.
   learning rates, log-uniform over [value / 10, value * 10]); protocol fields that
   differ from the protocol are recorded as deviations of the trial's run.
 * Objective: the best validation value of the protocol's selection metric (MAP@R by
-  default) over the epochs, read from the run's ``val_<metric>`` history. Tuning
+  default) over the epochs, read from the run's ``val/<metric>`` history. Tuning
   needs ``selection.mode = "validation"``: the test split is never looked at to choose.
 * The study lives in an RDB storage (``results/optuna.db`` by default) under a name
   derived from method, dataset, loss and the protocol's hash; re-running counts the
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.base.metric_keys import group_metrics, metric_key
 
 __all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name",
            "failed_trials", "where_failures_are"]
@@ -279,7 +280,7 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
     cfg = setup.config(protocol, setup.deviations + extra, setup.seed, setup.options(options), tags)
 
     def on_epoch(epoch: int, record: dict) -> None:  # so the pruner can stop a run early
-        value = record.get(f"val_{setup.metric}")
+        value = record.get(metric_key("val", setup.metric))
         if value is not None:
             trial.report(float(value), epoch)
             if trial.should_prune():
@@ -297,9 +298,9 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
     run_id = record["mlflow_run_id"]
     set_run_tags(run_id, tags)
     trial.set_user_attr("mlflow_run_id", run_id)
-    history = metric_history(run_id, f"val_{setup.metric}")
+    history = metric_history(run_id, metric_key("val", setup.metric))
     if not history:
-        raise HarnessError(f"run {run_id} logged no val_{setup.metric}; cannot score the trial")
+        raise HarnessError(f"run {run_id} logged no {metric_key('val', setup.metric)}; cannot score the trial")
     return max(v for _, v in history)
 
 
@@ -341,5 +342,4 @@ def _record_of(run, setup: TuneSetup, protocol, seed: int) -> dict[str, Any]:
             "protocol": tags.get("protocol", protocol.name), "fingerprint": tags.get("fingerprint", ""),
             "deviations": [d for d in tags.get("deviations", "none").split("; ") if d != "none"],
             "selection": tags.get("selection", protocol.selection.mode), "mlflow_run_id": run.info.run_id,
-            "metrics": {k.removeprefix("test_"): v for k, v in run.data.metrics.items()
-                        if k.startswith("test_") and not k.startswith("test_num_")}}
+            "metrics": {k: v for k, v in group_metrics(run.data.metrics, "test").items() if not k.startswith("num_")}}

@@ -1,6 +1,6 @@
 """``python -m harness explain-table --experiment NAME``: one table of the explanation
 scores of every method (its own maps and the Grad-CAM baseline on its model), from the
-``explain_*`` metrics that ``python -m harness explain`` logs to each run. Written as
+``explain/*`` metrics that ``python -m harness explain`` logs to each run. Written as
 Markdown and LaTeX; the newest explained run of each method is taken."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import group_metrics
 
 __all__ = ["COLUMNS", "ExplainRow", "explain_rows", "markdown_table", "latex_table"]
 
@@ -41,9 +42,9 @@ def explain_rows(experiments: list[str]) -> list[ExplainRow]:
     runs = newest_finished_runs(found)
     newest = {}
     for run in runs:
-        metrics = run.data.metrics
+        metrics = group_metrics(run.data.metrics, "explain")
         method = run.data.tags.get("method", "")
-        if "explain_baseline_deletion_auc" in metrics and method and method not in newest:
+        if "baseline_deletion_auc" in metrics and method and method not in newest:
             newest[method] = run
     if not newest:
         raise HarnessError(f"no run in {', '.join(found)} has explanation scores: run "
@@ -51,14 +52,14 @@ def explain_rows(experiments: list[str]) -> list[ExplainRow]:
     rows = []
     for method in sorted(newest):
         run = newest[method]
-        m = run.data.metrics
+        m = group_metrics(run.data.metrics, "explain")
         for prefix, label in (("method", "own maps"), ("baseline", "Grad-CAM baseline")):
-            if f"explain_{prefix}_deletion_auc" not in m:
+            if f"{prefix}_deletion_auc" not in m:
                 continue
-            scores = {key: (m.get(f"explain_{prefix}_{key}", math.nan), m.get(f"explain_{prefix}_{key}_lo", math.nan),
-                            m.get(f"explain_{prefix}_{key}_hi", math.nan)) for key, _ in COLUMNS}
-            rows.append(ExplainRow(method, label, run.info.run_id, int(m.get("explain_pairs", 0)),
-                                   int(m.get("explain_curve_pairs", 0)), scores))
+            scores = {key: (m.get(f"{prefix}_{key}", math.nan), m.get(f"{prefix}_{key}_lo", math.nan),
+                            m.get(f"{prefix}_{key}_hi", math.nan)) for key, _ in COLUMNS}
+            rows.append(ExplainRow(method, label, run.info.run_id, int(m.get("pairs", 0)),
+                                   int(m.get("curve_pairs", 0)), scores))
     return rows
 
 

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 from harness.base.atomic import atomic_write, atomic_write_json
+from harness.base.metric_keys import metric_key
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
 from methods.base import FigureData, FigureSet, HeadOutput, Method
 
-__all__ = ["log_explanations", "draw_overlay", "draw_figure", "write_figure_set", "write_tuple_figures", "pairs_figure",
+__all__ = ["log_explanations", "draw_overlay", "heat_scale", "draw_figure", "write_figure_set", "write_tuple_figures", "pairs_figure",
            "curves_figure"]
 
 #: Colour map and opacity of every map drawn over a picture.
@@ -66,17 +67,31 @@ def _panel_point(axes, point: tuple[int, int, float, float]):
     return ax, (fx * width - 0.5, fy * height - 0.5)
 
 
-def draw_figure(figure: FigureData, path: Path) -> Path:
+def heat_scale(fig, axes, label: str = "heat (min-max scaled per image)") -> None:
+    """The colour scale of :func:`draw_overlay`'s heat maps beside ``axes``, drawn opaque
+    (the maps themselves are blended over the images)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    scale = fig.colorbar(ScalarMappable(norm=Normalize(0.0, 1.0), cmap=HEAT_CMAP), ax=axes, shrink=0.8,
+                         fraction=0.04)
+    scale.set_label(label, fontsize=8)
+    scale.ax.tick_params(labelsize=7)
+
+
+def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     """Draw a plugin's :class:`~methods.base.FigureData` to a PNG at ``path``: its panels
     (:func:`draw_overlay`), the G x G grid over each, its links as arrows labelled at
-    their end, its title. Drawn on an Agg canvas (no pyplot, no global backend change)."""
+    their end, a colour scale when a panel has a heat map, and its title after
+    ``caption`` (which run and images). Drawn on an Agg canvas (no pyplot, no global
+    backend change)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import ConnectionPatch
 
     rows, cols = len(figure.panels), max(len(r) for r in figure.panels)
     size = 3.0 if cols <= 3 else 1.7  # inches per panel: a pair or triplet large, node rows small
-    fig = Figure(figsize=(size * cols, size * rows + 0.4), dpi=100)
+    fig = Figure(figsize=(size * cols + 0.8, size * rows + 0.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False)
     for r, row in enumerate(figure.panels):
@@ -101,18 +116,22 @@ def draw_figure(figure: FigureData, path: Path) -> Path:
             ax_b.annotate(link.label, xy=xy_b, xytext=(4, -4), textcoords="offset points", color=link.colour,
                           fontsize=8, fontweight="bold",
                           bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0})
-    if figure.title:
-        fig.suptitle(figure.title, fontsize=8)
+    if any(panel.heat is not None for row in figure.panels for panel in row):
+        heat_scale(fig, axes)
+    title = ": ".join(t for t in (caption, figure.title) if t)
+    if title:
+        fig.suptitle(title, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
 
 
-def write_figure_set(figures: FigureSet, out_dir: Path, stem: str) -> list[Path]:
+def write_figure_set(figures: FigureSet, out_dir: Path, stem: str, *, caption: str = "") -> list[Path]:
     """Write a plugin's :class:`~methods.base.FigureSet` into ``out_dir``: each figure to
-    ``<stem><suffix>.png``, each record to ``<stem><suffix>.json``, each set of arrays to
-    ``<stem><suffix>.npz`` (atomically). Returns the files written, figures first."""
-    written = [draw_figure(f, out_dir / f"{stem}{f.suffix}.png") for f in figures.figures]
+    ``<stem><suffix>.png`` (titled after ``caption``), each record to ``<stem><suffix>.json``,
+    each set of arrays to ``<stem><suffix>.npz`` (atomically). Returns the files written,
+    figures first."""
+    written = [draw_figure(f, out_dir / f"{stem}{f.suffix}.png", caption=caption) for f in figures.figures]
     for suffix, record in figures.records.items():
         path = out_dir / f"{stem}{suffix}.json"
         atomic_write_json(path, record)
@@ -126,13 +145,14 @@ def write_figure_set(figures: FigureSet, out_dir: Path, stem: str) -> list[Path]
 
 
 def write_tuple_figures(head: Method, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput],
-                        out_dir: Path) -> list[Path]:
+                        out_dir: Path, *, caption: str = "") -> list[Path]:
     """Ask ``head`` for its ``kind`` figure of a tuple of test images
-    (:meth:`~methods.base.Method.figures`) and write what it returns; [] when it draws none."""
+    (:meth:`~methods.base.Method.figures`) and write what it returns, titled after
+    ``caption``; [] when it draws none."""
     if kind not in head.figure_tuples:
         return []
     figures = head.figures(kind, images, outputs)
-    return [] if figures is None else write_figure_set(figures, out_dir, kind)
+    return [] if figures is None else write_figure_set(figures, out_dir, kind, caption=caption)
 
 
 @torch.inference_mode()
@@ -148,9 +168,10 @@ def _a_test_triplet(labels: np.ndarray) -> tuple[int, int, int] | None:
 
 
 def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
-                     count: int = 48) -> None:
-    """For heads that explain: a figure of their maps on test images, and, where the
-    dataset has part masks (``synthetic``), the share of each map's mass on each part.
+                     count: int = 48, *, run_label: str = "") -> None:
+    """For heads that explain: a figure of their maps on test images (titled with
+    ``run_label``, e.g. method, dataset and seed), and, where the dataset has part masks
+    (``synthetic``), the share of each map's mass on each part.
 
     Mass uses the head's raw spatial attention when it has one (``output.attention``,
     upsampled without re-normalisation), else the explanation maps.
@@ -170,10 +191,11 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
     pictures = (images * std + mean).clamp(0, 1).cpu()
     head = model.head
+    label = run_label or head.registry_name
     if n >= 2 and "pair" in head.figure_tuples:  # the first test image and its nearest neighbour
         j = 1 + int((out.embedding[1:] @ out.embedding[0]).argmax())
         for path in write_tuple_figures(head, "pair", [pictures[0], pictures[j]], [out.select(0), out.select(j)],
-                                        out_dir):
+                                        out_dir, caption=f"{label}, test image 1 and its nearest neighbour"):
             tracker.log_artifact(path, "explanations")
     triplet = _a_test_triplet(splits.test.labels)
     if triplet is not None and "triplet" in head.figure_tuples:
@@ -182,13 +204,14 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
         outputs = model(batch)
         pictures3 = (batch * std + mean).clamp(0, 1).cpu()
         for path in write_tuple_figures(head, "triplet", list(pictures3), [outputs.select(i) for i in range(3)],
-                                        out_dir):
+                                        out_dir, caption=f"{label}, a test triplet"):
             tracker.log_artifact(path, "explanations")
     maps = model.head.explain(images, out)
     if maps is None:
         return
     rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank)
+    title = f"{label}: maps on the first {n} test images"
+    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title)
     tracker.log_artifact(figure, "explanations")
     masks = splits.extras.get("masks")
     if not masks:
@@ -206,7 +229,7 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
     shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
     names = ["background", *splits.extras["parts"]]
-    tracker.log_metrics({f"explain_group{g + 1}_mass_{names[j]}": float(shares[g, j])
+    tracker.log_metrics({metric_key("explain", f"group{g + 1}_mass_{names[j]}"): float(shares[g, j])
                          for g in range(shares.shape[0]) for j in range(len(names))
                          if np.isfinite(shares[g, j])})
     table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
@@ -219,15 +242,17 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
 # ------------------------------------------------- figures of python -m harness explain
 
 
-def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], rows_note: list[str]) -> Path:
+def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], rows_note: list[str], *,
+                 title: str = "") -> Path:
     """Rows: pairs; columns: query and gallery with each source's map overlaid (the SAM
-    paper's Fig. 4 layout, one pair of columns per source). ``sources``: per source, an
-    object with the ``query`` and ``gallery`` maps of the pairs (``(P, H, W)`` each)."""
+    paper's Fig. 4 layout, one pair of columns per source), under ``title``. ``sources``:
+    per source, an object with the ``query`` and ``gallery`` maps of the pairs
+    (``(P, H, W)`` each)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     rows, cols = len(pictures_q), 2 * len(sources)
-    fig = Figure(figsize=(1.8 * cols, 1.9 * rows), dpi=100)
+    fig = Figure(figsize=(1.8 * cols + 0.8, 1.9 * rows), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False)
     for r in range(rows):
@@ -237,13 +262,15 @@ def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], ro
             draw_overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "",
                          fontsize=7, frame=True)
         axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
-    fig.tight_layout()
+    heat_scale(fig, axes)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.savefig(path, format="png")
     return path
 
 
-def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]]) -> Path:
-    """Mean deletion and insertion curves per pixel order (RISE's Fig. 5 layout)."""
+def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]], *, title: str = "") -> Path:
+    """Mean deletion and insertion curves per pixel order (RISE's Fig. 5 layout), under ``title``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -258,6 +285,8 @@ def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]]) -> Path:
         ax.set_ylabel("(1 + target score) / 2")
         ax.set_title(kind, fontsize=9)
         ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path

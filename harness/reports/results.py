@@ -6,9 +6,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from harness.base.metric_keys import HEADLINE
 from harness.reports.stats import t_half_width
 
-__all__ = ["format_results", "SHORT_NAMES"]
+__all__ = ["format_results", "run_note", "SHORT_NAMES"]
 
 SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R",
                "map_at_c": "mAP@C", "nmi": "NMI", "ami": "AMI", "f1": "F1"}
@@ -65,3 +66,25 @@ def format_results(records: list[dict]) -> str:
         out.append("deviations from the papers or their code:")
         out += [f"  {line}" for line in paper_deviations]
     return "\n".join(out)
+
+
+def run_note(*, method: str, dataset: str, protocol: str, selection: str, metrics: dict[str, float],
+             selected_epoch: int, deviations: list[str], paper_deviations: list[str], init_from: str = "",
+             evaluate_only: bool = False) -> str:
+    """The Markdown summary a run shows as its description in the MLflow UI: what ran,
+    the headline test metrics in %, the selected epoch, and every departure from the
+    protocol and from the paper."""
+    headline = [m for m in HEADLINE if m in metrics]
+    lines = [f"**{method}** on **{dataset}**, protocol **{protocol}** (model selection: {selection})", "",
+             "| " + " | ".join(_short(m) for m in headline) + " |",
+             "|" + "---:|" * len(headline),
+             "| " + " | ".join(f"{100 * metrics[m]:.2f}" for m in headline) + " |", ""]
+    if evaluate_only:
+        lines.append(f"Selected epoch {selected_epoch}, of the trained run `{init_from}` whose weights "
+                     f"this run evaluates.")
+    else:
+        lines.append(f"Selected epoch {selected_epoch}" + (f", trained from run `{init_from}`." if init_from else "."))
+    lines += ["", "Deviations from the protocol: " + ("; ".join(deviations) if deviations else "none") + "."]
+    lines += ["", "Deviations from the paper:" + ("" if paper_deviations else " none.")]
+    lines += [f"- {d}" for d in paper_deviations]
+    return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
 ``python -m harness table --experiment NAME [--published CSV --table 3]`` reads the
 FINISHED runs of one or more MLflow experiments, groups them into rows (backbone, loss,
-method and its setting) and dataset columns, and prints for each ``test_<metric>`` the
+method and its setting) and dataset columns, and prints for each ``test/<metric>`` metric the
 mean over seeds in percent, the half-width of its 95% Student t-interval and the number
 of seeds, a paired comparison with the block's baseline row, and the published number
 with the difference beside it.
@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import split_key
 from harness.config.deviations import TAG_PREFIX, from_tag, grouped_notes
 from harness.reports.stats import (
     paired_bootstrap,
@@ -144,7 +145,7 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     Columns: ``run_id, experiment, backbone, loss, method, setting, dataset, seed,
     fingerprint, deviations, test_set_selection, method_revision, selection,
     validation_classes, selection_metric, evaluation_code, options, tuned, init_from`` and one column per
-    ``test_<metric>`` (fractions). ``setting`` labels what tells apart runs of one method
+    ``test_<metric>`` (fractions, from the runs' ``test/*`` metrics). ``setting`` labels what tells apart runs of one method
     (see :func:`label_settings`).
     """
     from harness.store.queries import finished_runs_frame
@@ -189,9 +190,10 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
         "init_from": training_init,
         "paper_deviations": paper_deviations,
     })
-    for name in frame.columns:
-        if name.startswith("metrics.test_"):
-            runs[name.removeprefix("metrics.")] = frame[name]
+    for name in frame.columns:  # the runs' test/* metrics as test_<metric> columns
+        parts = split_key(name.removeprefix("metrics.")) if name.startswith("metrics.") else None
+        if parts is not None and parts[0] == "test":
+            runs[f"test_{parts[1]}"] = frame[name]
     runs = label_settings(runs)
     return _newest_per_seed(runs, frame["start_time"])
 

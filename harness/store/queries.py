@@ -25,7 +25,7 @@ from harness.store.tracking import (
 )
 
 __all__ = ["client", "search_runs", "all_runs", "find_run", "set_run_tags", "terminate_run",
-           "metric_history", "experiment_exists", "finished_runs_frame", "newest_finished_runs",
+           "metric_history", "experiment_exists", "experiments_by_activity", "finished_runs_frame", "newest_finished_runs",
            "read_artifact", "missing_artifact", "run_artifact_dir", "log_to_run"]
 
 T = TypeVar("T")
@@ -88,6 +88,14 @@ def experiment_exists(name: str) -> bool:
 
     mlflow.set_tracking_uri(tracking_uri())
     return mlflow.get_experiment_by_name(name) is not None
+
+
+def experiments_by_activity() -> list[tuple[str, str]]:
+    """``(id, name)`` of the store's experiments that hold runs, the most recently
+    updated first."""
+    experiments = client().search_experiments(order_by=["last_update_time DESC"])
+    return [(e.experiment_id, e.name) for e in experiments
+            if client().search_runs([e.experiment_id], max_results=1)]
 
 
 def finished_runs_frame(experiments: Sequence[str]):

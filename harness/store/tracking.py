@@ -18,6 +18,7 @@ import platform
 import socket
 import subprocess
 import sys
+import warnings
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from harness.base.errors import HarnessError
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root", "ARTIFACT_FOLDER"]
+           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root",
+           "ARTIFACT_FOLDER", "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "RUNS_VIEW", "ui_url",
+           "prepare_for_ui", "harness_version", "record_invocation", "invocation"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -36,6 +39,21 @@ PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cp
 SOURCE_FOLDERS = ("harness", "methods", "protocols")
 #: The artifact folder of a SQLite store, beside its database file.
 ARTIFACT_FOLDER = "mlartifacts"
+#: The name of a run's logged MLflow model (``runs:/<run_id>/embedder``).
+MODEL_NAME = "embedder"
+#: The tag whose Markdown the MLflow UI shows as a run's description.
+RUN_NOTE_TAG = "mlflow.note.content"
+#: MLflow's experiment-kind tag, and the kind of every experiment the harness makes: the
+#: UI then treats it as model development, not as a generative-AI application.
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+#: The query parameter that opens the MLflow UI's model-training view (runs table, metric
+#: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
+ML_VIEW_QUERY = "workflowType=machine_learning"
+#: The saved view of the runs table that every experiment carries (the UI's Views menu;
+#: ``viewStateShareKey`` in a URL opens it): the headline test metrics as columns, best
+#: P@1 first. MLflow keeps column choices in the browser otherwise, so a new user would
+#: see no metric column at all.
+RUNS_VIEW = ("metric-learning", "Metric learning")
 
 
 def tracking_uri() -> str:
@@ -113,6 +131,15 @@ def uncommitted_changes(root: Path | None = None) -> str:
         return ""
 
 
+def harness_version() -> str:
+    """The installed version of this project (empty when it runs from a source tree
+    that is not installed)."""
+    try:
+        return metadata.version("dml-harness")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -123,19 +150,43 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+#: The command line of this process as the user typed it (:func:`record_invocation`).
+_invocation: list[str] = []
+
+
+def record_invocation(program: str, argv: list[str]) -> None:
+    """Remember the command this process runs (``program``, e.g. ``python -m harness``, and
+    its arguments), which the runs it starts record as their source."""
+    _invocation[:] = [*program.split(), *argv]
+
+
+def invocation() -> list[str]:
+    """The recorded command line, else this process's ``sys.argv`` (Python callers)."""
+    if _invocation:
+        return list(_invocation)
+    return [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
+
+
 def source_tags(commit: str) -> dict[str, str]:
     """MLflow's standard source tags, which ``MlflowClient.create_run`` (unlike the fluent
     ``mlflow.start_run``) does not set: the UI shows the source and commit from them.
 
-    ``mlflow.source.name`` is what MLflow itself would record (the program run, ``sys.argv[0]``);
-    ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds ``-dirty``; the
-    ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
+    ``mlflow.source.name`` names the harness command (``python -m harness run``; the UI's
+    Source column), ``command`` holds the whole command line, ``harness_version`` the
+    installed version; ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds
+    ``-dirty``; the ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
+    import shlex
+
     from mlflow.entities import SourceType
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 
-    program = sys.argv[0] if sys.argv and sys.argv[0] else "harness"
-    tags = {MLFLOW_SOURCE_NAME: str(Path(program).resolve()) if Path(program).is_file() else program,
+    command = invocation()
+    words = command[:3] if command[1:3] == ["-m", "harness"] else command[:1]  # the program
+    subcommand = next((a for a in command[len(words):] if not a.startswith("-")), "")
+    tags = {MLFLOW_SOURCE_NAME: " ".join([*words, subcommand]).strip(), "command": shlex.join(command),
             MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL)}
+    if version := harness_version():
+        tags["harness_version"] = version
     bare = commit.removesuffix("-dirty")
     if bare and bare != "unknown":
         tags[MLFLOW_GIT_COMMIT] = bare
@@ -273,23 +324,68 @@ def newest_run(experiment: str, filter_string: str) -> str | None:
 
 
 def experiment_id(name: str) -> str:
-    """The id of MLflow experiment ``name``, created on first use. Sweep workers start
-    together: when another process creates it between our look-up and our create, the
-    store's unique-name constraint fails ours, and we take theirs."""
+    """The id of MLflow experiment ``name``, created on first use, of the model-development
+    kind (:data:`EXPERIMENT_KIND_TAG`). Sweep workers start together: when another process
+    creates it between our look-up and our create, the store's unique-name constraint
+    fails ours, and we take theirs."""
     import mlflow
 
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
+        prepare_for_ui(exp.experiment_id)
         return exp.experiment_id
     artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
     try:
-        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri())
+        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri(),
+                                        tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]))
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def prepare_for_ui(experiment: str) -> None:
+    """Give experiment id ``experiment`` the tags the harness's experiments carry (the
+    model-development kind, :data:`RUNS_VIEW`) where it lacks them (made before the
+    harness set them, or by another program)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri())
+    present = client.get_experiment(experiment).tags
+    for key, value in (EXPERIMENT_KIND_TAG, _runs_view_tag()):
+        if key not in present:
+            client.set_experiment_tag(experiment, key, value)
+
+
+def _runs_view_tag() -> tuple[str, str]:
+    """The experiment tag of :data:`RUNS_VIEW`, in the envelope MLflow's UI saves views in
+    (``mlflow.sharedViewState.<key>``: name, times, and the table's state as JSON)."""
+    import time
+
+    from harness.base.metric_keys import HEADLINE, metric_key
+
+    columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
+    columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
+    columns += ["params.`seed`", "tags.`selected_epoch`"]
+    state = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
+             "orderByAsc": False}
+    now = int(time.time() * 1000)
+    key, name = RUNS_VIEW
+    return (f"mlflow.sharedViewState.{key}",
+            json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}))
+
+
+def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
+    """The MLflow UI's page, in the model-training view, of the experiments (no
+    ``experiment``), of experiment id ``experiment``'s runs (in :data:`RUNS_VIEW`), or of
+    its run ``run_id``."""
+    if experiment is None:
+        return f"{base.rstrip('/')}/#/experiments?{ML_VIEW_QUERY}"
+    if run_id:
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{ML_VIEW_QUERY}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}"
 
 
 class Tracker:
@@ -301,6 +397,7 @@ class Tracker:
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri())
         exp_id = experiment_id(experiment)
+        self.experiment_id = exp_id
         self.client = mlflow.MlflowClient()
         #: Whether ``run_id`` was found and continues; False when a new run was created
         #: (also when a checkpoint names a run that is not in this store and experiment:
@@ -386,6 +483,38 @@ class Tracker:
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
 
+    def log_pytorch_model(self, model, input_example, output_example, *, name: str = MODEL_NAME,
+                          registered_name: str = "", step: int = 0, tags: dict[str, str] | None = None) -> str:
+        """``model`` as an MLflow model of the pytorch flavour on this run (the UI's Models
+        tab; ``mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")`` loads it), with the
+        signature of ``input_example`` -> ``output_example`` and ``tags`` (shown in the
+        Models tab); registered as ``registered_name`` when given. Returns the model's URI.
+
+        Kept cheap: the pip requirements are named (MLflow would otherwise load the model
+        in a subprocess to infer them) and the input example is not run again through a
+        serving round trip (the caller computed ``output_example`` from it)."""
+        import mlflow.pytorch
+        import torch
+        from mlflow.models import infer_signature
+
+        signature = infer_signature(input_example, output_example)
+        requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
+                        *([f"dml-harness=={version}"] if (version := harness_version()) else [])]
+        # The logged model belongs to the fluent API's active experiment, not to the run's.
+        mlflow.set_experiment(experiment_id=self.experiment_id)
+        # "pt2": the graph exported by torch.export, loaded without unpickling code (and
+        # without this project's source); a batch of two keeps the batch dimension dynamic.
+        with warnings.catch_warnings():
+            # torch.export's archive writer warns when parameters share storage without one
+            # tensor spanning it (views); it stores them correctly, and the loaded model
+            # embeds identically (tests/test_tracking_ui.py).
+            warnings.filterwarnings("ignore", message="No complete tensor found in the group")
+            info = mlflow.pytorch.log_model(model, name=name, signature=signature, input_example=input_example,
+                                            pip_requirements=requirements, run_id=self.run_id, step=step,
+                                            tags=tags, registered_model_name=registered_name or None,
+                                            serialization_format="pt2", validate_serving_input=False)
+        return info.model_uri
+
     def finish(self, status: str = "FINISHED") -> None:
         if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:
             self.client.delete_tag(self.run_id, "failure")  # a resumed run that failed before
@@ -446,8 +575,9 @@ def check_finished_run(run_id: str, flag: str) -> None:
 
 
 def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
-                          checkpoint_root: Path | None = None) -> None:
-    """Load the selected weights of a FINISHED run into ``model``.
+                          checkpoint_root: Path | None = None) -> int:
+    """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
+    run selected them at.
 
     The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
     path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
@@ -482,7 +612,8 @@ def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
         raise HarnessError(f"--init-from: {path} does not match the weights recorded for run '{run_id}' "
                            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced")
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["model"]
+        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = saved["model"]
     except Exception as err:
         raise HarnessError(f"--init-from: {path} of run '{run_id}' is unreadable "
                            f"({type(err).__name__}: {str(err).strip()[:200]})") from None
@@ -491,3 +622,4 @@ def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
         raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
     print(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
           file=sys.stderr, flush=True)
+    return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)

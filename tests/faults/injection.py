@@ -466,7 +466,7 @@ class SweepFaults:
                 "--workers", "3", "--device", "cpu", *SWEEP_TIMING)
 
     def _metrics(self, name: str) -> dict[str, dict]:
-        return {r.data.tags["cell_key"]: {k: v for k, v in r.data.metrics.items() if k.startswith("test_")}
+        return {r.data.tags["cell_key"]: {k: v for k, v in r.data.metrics.items() if k.startswith("test/")}
                 for r in runs_of(self.store, name) if r.info.status == "FINISHED" and "cell_key" in r.data.tags}
 
     def prepare(self) -> None:
@@ -554,7 +554,7 @@ class TuneFaults:
         (summary,) = optuna.get_all_study_summaries(storage)
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         trials = sorted((tuple(sorted(t.params.items())), t.value) for t in study.trials if t.state.name == "COMPLETE")
-        repro = [_frozen({k: v for k, v in r.data.metrics.items() if k.startswith("test_")})
+        repro = [_frozen({k: v for k, v in r.data.metrics.items() if k.startswith("test/")})
                  for r in runs_of(self.store, name)
                  if r.info.status == "FINISHED" and r.data.tags.get("tune_role") == "reproduction"]
         return tuple(trials), tuple(sorted(repro))

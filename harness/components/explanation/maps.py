@@ -88,9 +88,11 @@ def _scores(maps: np.ndarray, rank_by) -> np.ndarray:
 
 
 def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha: float = 0.5,
-                     cmap: str = "jet", titles: Sequence[str] | None = None, dpi: int = 100) -> Path:
+                     cmap: str = "jet", titles: Sequence[str] | None = None, dpi: int = 100,
+                     title: str = "") -> Path:
     """Write a PNG in the style of A-grouping Figs. 3-4: one row per group, its ``top``
-    images (columns) with the group's map overlaid.
+    images (columns) with the group's map overlaid, under ``title`` (which run and
+    images), with the columns' ranking named and a colour scale for the maps.
 
     ``images``: B x 3 x H x W in [0, 1] (already de-normalised); ``maps``: B x K x H x W
     in [0, 1] at image resolution (e.g. ``method.explain(images, output)``).
@@ -102,6 +104,8 @@ def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha:
     ``output.attention.amax(dim=(2, 3))``. Returns the path written.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
     imgs, mp = _numpy(images), _numpy(maps)
@@ -118,20 +122,31 @@ def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha:
     if pictures.shape[-1] == 1:
         pictures = np.repeat(pictures, 3, axis=-1)
 
-    fig = Figure(figsize=(2.0 * cols, 2.0 * groups), dpi=dpi)
+    # At least 3 inches wide, so that the labels stay legible in the MLflow UI's preview.
+    fig = Figure(figsize=(max(2.0 * cols, 3.0) + 0.9, 2.0 * groups + 0.9), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(groups, cols, squeeze=False)
+    overlay = None
     for g in range(groups):
         for c in range(cols):
             ax = axes[g, c]
             i = int(order[c, g])
             ax.imshow(pictures[i])
-            ax.imshow(mp[i, g], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
+            overlay = ax.imshow(mp[i, g], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
             ax.set_xticks([])
             ax.set_yticks([])
             if c == 0:
-                ax.set_ylabel(titles[g] if titles is not None else f"group {g + 1}")
-    fig.tight_layout()
+                ax.set_ylabel(titles[g] if titles is not None else f"group {g + 1}", fontsize=11)
+            if g == groups - 1:
+                ax.set_xlabel(f"#{c + 1}", fontsize=10)
+    ranking = rank_by if isinstance(rank_by, str) else "score"
+    fig.supxlabel(f"each row's {cols} images with the highest map {ranking}, strongest first", fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    # The scale drawn opaque (the overlays are blended at ``alpha`` over the images).
+    scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=overlay.get_cmap())
+    colorbar = fig.colorbar(scale, ax=axes, shrink=0.8, fraction=0.05)
+    colorbar.set_label("map value (1 = the image's peak)" if rank_by != "max" else "map value", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

@@ -1,0 +1,61 @@
+"""The names under which runs log their metrics: ``<group>/<name>``.
+
+MLflow's UI groups charts and the metric-column picker by the part before the first
+``/``, so every metric of a run falls in one of :data:`GROUPS`:
+
+- ``test/``: the selected weights on the test split (logged at the selected epoch);
+- ``val/``: the validation split, each epoch it is evaluated (model selection);
+- ``paper_selection/``: the test split each epoch, when the protocol selects on it as
+  the authors' code does (``selection.mode = "test-paper"``);
+- ``train/``: the training loss and its terms;
+- ``explain/``: faithfulness scores of the explanations and group attention mass;
+- ``system/``: throughput, wall time and memory.
+
+The UI lists a group's metrics alphabetically. The protocol's headline metrics (P@1,
+R@1, MAP@R, NMI) carry a rank digit after the slash (``test/1_precision_at_1``), which
+sorts them first, in that order, in every group; :func:`metric_key` and
+:func:`split_key` are the one place that knows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["GROUPS", "HEADLINE", "metric_key", "split_key", "group_metrics"]
+
+GROUPS = ("test", "val", "paper_selection", "train", "explain", "system")
+#: The protocol's headline metrics, in the order tables and the UI show them.
+HEADLINE = ("precision_at_1", "recall_at_1", "mean_average_precision_at_r", "nmi")
+
+
+def metric_key(group: str, name: str) -> str:
+    """The logged key of metric ``name`` in ``group``: ``metric_key("test", "nmi")`` is
+    ``test/4_nmi``, ``metric_key("train", "loss")`` is ``train/loss``."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown metric group {group!r}; valid: {', '.join(GROUPS)}")
+    if name in HEADLINE:
+        return f"{group}/{HEADLINE.index(name) + 1}_{name}"
+    return f"{group}/{name}"
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """``(group, name)`` of a logged key (the inverse of :func:`metric_key`); None for a
+    key outside the groups (e.g. one logged by MLflow itself)."""
+    group, slash, rest = key.partition("/")
+    if not slash or group not in GROUPS or not rest:
+        return None
+    rank, underscore, name = rest.partition("_")
+    if underscore and rank.isdigit() and name in HEADLINE:
+        return group, name
+    return group, rest
+
+
+def group_metrics(metrics: Mapping[str, float], group: str) -> dict[str, float]:
+    """The metrics of ``group`` among logged ``metrics``, by bare name
+    (``{"test/1_precision_at_1": 0.5}`` -> ``{"precision_at_1": 0.5}`` for ``"test"``)."""
+    found = {}
+    for key, value in metrics.items():
+        parts = split_key(key)
+        if parts is not None and parts[0] == group:
+            found[parts[1]] = value
+    return found

@@ -1,0 +1,164 @@
+"""What a run leaves for the MLflow UI, read back from a store made by one short
+``run --methods plain,diml`` (DIML evaluated on plain's weights): grouped metric names
+with the headline metrics first, the source and command, the description, every method
+option as a param, the selected epoch of the shared run, and the embedder as an MLflow
+model that loads with ``mlflow.pytorch.load_model`` and embeds as the harness does."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import mlflow
+import mlflow.pytorch
+import numpy as np
+import pytest
+import torch
+
+from harness.base.metric_keys import GROUPS, HEADLINE, group_metrics, metric_key, split_key
+from harness.cli.main import main
+from harness.components.data.sampling import TransformedImages
+from harness.components.data.transforms import build_transform
+from harness.config.protocol import load_protocol
+from harness.engine.embedding import embed_images
+from harness.engine.training import build_model, prepare_splits
+from harness.store.tracking import (
+    EXPERIMENT_KIND_TAG,
+    ML_VIEW_QUERY,
+    RUN_NOTE_TAG,
+    RUNS_VIEW,
+    load_finished_weights,
+    ui_url,
+)
+from methods import METHODS
+
+REGISTERED = "dml-ui-embedder"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, data_root, tracking_dir, tiny_protocol):
+    """The records of one ``run --methods plain,diml --register`` and its experiment."""
+    folder = tmp_path_factory.mktemp("ui-store")
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        out = folder / "records.json"
+        assert main(["run", "--methods", "plain,diml", "--protocol", str(tiny_protocol), "--experiment",
+                     "ui-store", "--json", str(out), "--register", REGISTERED]) == 0
+        records = {r["method"]: r for r in json.loads(out.read_text())}
+        yield records, folder
+    finally:
+        os.chdir(before)
+
+
+def _run(records, method):
+    return mlflow.MlflowClient().get_run(records[method]["mlflow_run_id"])
+
+
+def test_metric_keys_round_trip_and_sort_the_headline_first():
+    for group in GROUPS:
+        for name in (*HEADLINE, "recall_at_8", "loss", "group1_mass_head"):
+            assert split_key(metric_key(group, name)) == (group, name)
+    keys = sorted(metric_key("test", m) for m in ("r_precision", "f1", *reversed(HEADLINE), "ami"))
+    assert [split_key(k)[1] for k in keys[:4]] == list(HEADLINE)
+    assert split_key("test_precision_at_1") is None and split_key("other/x") is None
+    with pytest.raises(ValueError, match="unknown metric group"):
+        metric_key("tests", "nmi")
+
+
+def test_every_metric_is_in_a_group_with_the_headline_first(store):
+    records, _ = store
+    for method in ("plain", "diml"):
+        metrics = _run(records, method).data.metrics
+        assert all(split_key(k) is not None for k in metrics), sorted(metrics)
+        test = sorted(k for k in metrics if k.startswith("test/"))
+        assert [split_key(k)[1] for k in test[:4]] == list(HEADLINE)
+        assert group_metrics(metrics, "test")["precision_at_1"] == pytest.approx(
+            records[method]["metrics"]["precision_at_1"])
+    plain = _run(records, "plain").data.metrics
+    assert {"system/train_images_per_s", "system/train_epoch_seconds", "system/max_rss_mb",
+            "train/epoch_loss"} <= set(plain)
+    history = mlflow.MlflowClient().get_metric_history(records["plain"]["mlflow_run_id"],
+                                                       metric_key("val", "mean_average_precision_at_r"))
+    assert [m.step for m in history] == [1, 2]  # validation against the epoch
+
+
+def test_source_command_and_version_are_recorded(store):
+    records, _ = store
+    tags = _run(records, "plain").data.tags
+    assert tags["mlflow.source.name"] == "python -m harness run"
+    assert tags["command"].startswith("python -m harness run --methods plain,diml --protocol ")
+    assert tags["command"].endswith(f"--register {REGISTERED}")
+    if tags["git_commit"] != "unknown":
+        assert tags["mlflow.source.git.commit"] == tags["git_commit"].removesuffix("-dirty")
+    if tags["version.dml-harness"] != "not installed":
+        assert tags["harness_version"] == tags["version.dml-harness"]
+
+
+def test_the_description_summarises_the_run(store):
+    records, _ = store
+    for method in ("plain", "diml"):
+        record, tags = records[method], _run(records, method).data.tags
+        note = tags[RUN_NOTE_TAG]
+        assert f"**{method}** on **synthetic**, protocol **tiny**" in note
+        assert "| P@1 | R@1 | MAP@R | NMI |" in note
+        assert f"{100 * record['metrics']['precision_at_1']:.2f}" in note
+        assert f"Selected epoch {record['selected_epoch']}" in note
+        assert "Deviations from the paper:" in note and "Deviations from the protocol: none." in note
+    assert records["plain"]["mlflow_run_id"] in _run(records, "diml").data.tags[RUN_NOTE_TAG]
+
+
+def test_the_shared_run_records_the_epoch_its_weights_were_selected_at(store):
+    records, _ = store
+    plain, diml = _run(records, "plain").data.tags, _run(records, "diml").data.tags
+    assert diml["evaluate_only"] == "True" and diml["init_from"] == records["plain"]["mlflow_run_id"]
+    assert int(plain["selected_epoch"]) >= 1
+    assert diml["selected_epoch"] == plain["selected_epoch"] == str(records["diml"]["selected_epoch"])
+
+
+def test_every_option_of_the_method_is_a_param(store):
+    records, _ = store
+    for method in ("plain", "diml"):
+        params = _run(records, method).data.params
+        options = METHODS.get(method).options()
+        assert options, method
+        assert {f"method.{name}" for name in options} <= set(params)
+
+
+def test_the_experiment_is_of_the_model_development_kind(store):
+    records, _ = store
+    experiment = mlflow.MlflowClient().get_experiment(_run(records, "plain").info.experiment_id)
+    key, kind = EXPERIMENT_KIND_TAG
+    assert experiment.tags[key] == kind
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{RUNS_VIEW[0]}"])  # the UI's saved-view envelope
+    assert view["name"] == RUNS_VIEW[1] and isinstance(view["createdAt"], int)
+    state = json.loads(view["state"])
+    assert [f"metrics.`{metric_key('test', m)}`" for m in HEADLINE] == [
+        c for c in state["selectedColumns"] if c.startswith("metrics.")]
+    assert state["orderByKey"] == f"metrics.`{metric_key('test', 'precision_at_1')}`" and not state["orderByAsc"]
+    runs_page = ui_url("http://127.0.0.1:5000", experiment.experiment_id)
+    assert runs_page.endswith(f"/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}")
+    url = ui_url("http://127.0.0.1:5000", experiment.experiment_id, records["plain"]["mlflow_run_id"])
+    assert url == (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/"
+                   f"{records['plain']['mlflow_run_id']}?{ML_VIEW_QUERY}")
+
+
+def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(store, tiny_protocol, monkeypatch):
+    records, folder = store
+    run = _run(records, "plain")
+    loaded = mlflow.pytorch.load_model(run.data.tags["model_uri"])
+    protocol = load_protocol(str(tiny_protocol)).for_dataset("synthetic")
+    splits = prepare_splits(protocol, "synthetic", None, seed=0)
+    test = splits.test.subset(np.arange(6))
+    model = build_model(protocol, "plain", {})
+    monkeypatch.chdir(folder)  # the run's checkpoint root is relative to where it ran
+    load_finished_weights(model, run.info.run_id)
+    expected, _ = embed_images(model, test, build_transform(protocol.image, train=False), protocol.image,
+                               batch_size=8, device=torch.device("cpu"))
+    images = TransformedImages(test, build_transform(protocol.image, train=False))
+    batch = torch.stack([images[i][0] for i in range(len(images))])
+    with torch.inference_mode():
+        got = loaded(batch).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    versions = mlflow.MlflowClient().search_model_versions(f"name = '{REGISTERED}'")
+    assert {v.run_id for v in versions} >= {records["plain"]["mlflow_run_id"], records["diml"]["mlflow_run_id"]}
