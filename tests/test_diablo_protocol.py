@@ -180,6 +180,8 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
 
     monkeypatch.setattr(training, "prepare_splits", fake_prepare)
     monkeypatch.setattr("harness.cli.run.ensure_dataset", lambda *a, **k: None)  # no CUB tree: splits are stubbed
+    monkeypatch.setattr("harness.cli.run.check_dataset", lambda *a, **k: None)
+    monkeypatch.setattr(training, "check_training_split", lambda *a, **k: None)
     monkeypatch.setattr(training, "run_training", fake_run)
     monkeypatch.setattr(sweep, "_runs_of_cell", lambda *a: [])
     monkeypatch.setattr(sweep, "_tag_cell", lambda *a: None)
