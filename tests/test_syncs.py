@@ -32,7 +32,7 @@ from .conftest import TINY_PROTOCOL
 
 STEPS, SYNC_EVERY = 4, 2
 #: Methods whose step reads the host by design (each says why in step_host_reads).
-HOST_READING = {"sam", "sam_quadruplet", "sam_siamese", "diml_train"}
+HOST_READING = {"sam", "sam_quadruplet", "sam_siamese"}
 
 
 @pytest.fixture(scope="module")
