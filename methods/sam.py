@@ -306,17 +306,18 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
         raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
     if mining == "hardest" and embeddings is None:
         raise ValueError("mining='hardest' needs the embeddings")
-    dist = order = None
+    dist = hardest_first = None
     if mining == "hardest":
         emb = embeddings.detach().float()
         dist = torch.cdist(emb, emb)
         hard = dist[cand[:, 0], cand[:, 1]]
         if form != "siamese":
             hard = hard - dist[cand[:, 0], cand[:, 2]]
-        order = torch.argsort(-hard, stable=True)
+        hardest_first = torch.argsort(-hard, stable=True)
     # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
     quadruplet = form == "quadruplet"
-    rows, y, order, dist_rows = _to_host(cand, labels if quadruplet else None, order, dist if quadruplet else None)
+    rows, y, order, dist_rows = _to_host(cand, labels if quadruplet else None, hardest_first,
+                                         dist if quadruplet else None)
     if order is None:
         order = _random_order(len(rows))
     chosen = _greedy_disjoint(rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining)
