@@ -132,11 +132,16 @@ SINKHORN_STOPS = ("converged", "diml_code")
 DIML_CODE_THRESHOLD = 0.1
 #: Mass added to every cross-correlation weight before normalising (the code's constant).
 CC_DELTA = 1e-5
-#: Pairs iterated together by the Sinkhorn solver (a cache-sized working set; ``_sinkhorn_stream``).
+#: Pairs iterated together by the Sinkhorn solvers (a cache-sized working set).
 SINKHORN_WINDOW = 2048
 #: The same on a GPU: enough pairs per kernel launch to fill the device (each pair's
 #: state is a few G^2 x G^2 matrices: 65,536 pairs at G = 4 hold ~70 MB per matrix).
 SINKHORN_WINDOW_CUDA = 1 << 16
+#: Iterations of :func:`sinkhorn` between its reads of "does any pair still run?": the
+#: training's cap (``max_iter`` = 100) is below it, so a training step never reads; a solve
+#: to a tight tolerance with a large cap stops at most this many iterations after its last
+#: pair converged.
+SINKHORN_BLOCK = 128
 
 
 # ------------------------------------------------------------------ optimal transport
@@ -155,8 +160,10 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
 
     Every pair is iterated until its row marginal's L1 error ``sum_i |T 1 - mu|_i`` is at
     most ``tol`` (the column marginal is exact after each iteration) or ``max_iter``
-    iterations were made; converged pairs leave the batch, so the cost follows each pair's
-    own iteration count. With ``return_iterations`` also returns each pair's count (B,).
+    iterations were made; a converged pair is frozen (its plan is the one it had when it
+    stopped), so each plan depends on its own problem only. With ``return_iterations`` also
+    returns each pair's count (B,). The loop runs on the device without reading it back
+    (:func:`_sinkhorn_frozen`).
 
     Numerics: the potentials f = log u, g = log v are kept in the log domain. An exact
     log-domain iteration (``logsumexp``) starts the solve and re-derives the kernel of the
@@ -166,7 +173,8 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
     log-stabilised Sinkhorn of Schmitzer (2019) and POT's ``sinkhorn_stabilized``: the
     same iterates as plain Sinkhorn, finite for any eps > 0 and any cost, and several
     times faster than a ``logsumexp`` every iteration. Differentiable: autograd unrolls the
-    iterations.
+    iterations (all of them, a frozen pair's too: the loop's length does not depend on the
+    data).
     """
     if cost.dim() != 3:
         raise ValueError(f"cost must be B x n x m, got shape {tuple(cost.shape)}")
@@ -181,34 +189,16 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
         raise ValueError("cost must be a floating-point tensor")
     mu, nu = mu.to(cost.dtype), nu.to(cost.dtype)
     log_kernel = cost / -eps
-    track = torch.is_grad_enabled() and (cost.requires_grad or mu.requires_grad or nu.requires_grad)
-    plans = None if track else cost.new_empty(b, n, m)
-    iterations = torch.empty(b, dtype=torch.long, device=cost.device)
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-    pos = 0
-
-    def source(count: int):
-        nonlocal pos
-        if pos >= b:
-            return None
-        rows = slice(pos, min(b, pos + count))
-        pos = rows.stop
-        return log_kernel[rows], mu[rows], nu[rows]
-
-    def sink(ids, u, kernel, v, _rows, _lk, its):
-        plan = u[:, :, None] * kernel * v[:, None, :]
-        iterations[ids] = its
-        if track:  # keep the autograd graph: gathered at the end
-            parts.append((ids, plan))
-        else:
-            plans.index_copy_(0, ids, plan)
-
-    _sinkhorn_stream(source, sink, max_iter=max_iter, tol=tol)
-    if track:
-        order = torch.cat([p[0] for p in parts])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        plans = torch.cat([p[1] for p in parts])[inverse]
+    window = SINKHORN_WINDOW_CUDA if cost.device.type == "cuda" else SINKHORN_WINDOW
+    plans, iterations = [], []
+    for start in range(0, b, window):  # each pair's plan is its own: the windows only bound memory
+        rows = slice(start, start + window)
+        u, kernel, v, its = _sinkhorn_frozen(log_kernel[rows], mu[rows], nu[rows], max_iter=max_iter, tol=tol)
+        plans.append(u[:, :, None] * kernel * v[:, None, :])
+        iterations.append(its)
+    if b == 0:
+        plans, iterations = [cost.new_empty(0, n, m)], [torch.empty(0, dtype=torch.long, device=cost.device)]
+    plans, iterations = torch.cat(plans), torch.cat(iterations)
     return (plans, iterations) if return_iterations else plans
 
 
@@ -241,9 +231,102 @@ def sinkhorn_diml_code(log_kernel: torch.Tensor, mu: torch.Tensor, nu: torch.Ten
     return torch.exp(log_kernel + f[..., :, None] + g[..., None, :])
 
 
+def _divide(marginal: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """``marginal / sums``, where rows or columns without mass (a zero marginal) keep zero
+    mass instead of 0/0; the same values as the plain quotient where the marginal is positive."""
+    return torch.where(marginal > 0, marginal / sums, torch.zeros_like(sums))
+
+
+def _exact_step(lk: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Sinkhorn iteration in the log domain (Eqs. 13-14 with ``logsumexp``) from the
+    column potential g: the new g and the kernel ``exp(lk + f_i + g_j)`` of its plan."""
+    f = a.log() - torch.logsumexp(lk + g[:, None, :], dim=-1)
+    g = b.log() - torch.logsumexp(lk + f[:, :, None], dim=-2)
+    return g, torch.exp(lk + f[:, :, None] + g[:, None, :])
+
+
+def _first_step(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, tiny: float,
+                divide: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _divide
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first iteration (from g = 0) with a single exp, shifted by each pair's largest
+    log-kernel entry: (g, kernel, bad), ``bad`` marking the pairs with a row or column sum
+    at most ``tiny`` (underflow), whose g and kernel :func:`_exact_step` must give instead.
+    In place unless autograd records."""
+    track = torch.is_grad_enabled() and (lk.requires_grad or a.requires_grad or b.requires_grad)
+    shifted = lk - lk.flatten(1).amax(1)[:, None, None]
+    kernel = shifted.exp() if track else shifted.exp_()
+    r = kernel.sum(-1)
+    row_scale = divide(a, r)  # exp(lk + f) = kernel * row_scale: its rows sum to a
+    c = torch.bmm(row_scale[:, None, :], kernel).squeeze(1)
+    g = b.log() - c.log()
+    col_scale = divide(b, c)
+    if track:
+        kernel = kernel * row_scale[:, :, None] * col_scale[:, None, :]
+    else:
+        kernel.mul_(row_scale[:, :, None]).mul_(col_scale[:, None, :])
+    bad = ((r <= tiny) & (a > 0)).any(-1) | ((c <= tiny) & (b > 0)).any(-1)
+    return g, kernel, bad
+
+
+def _safe_range(dtype: torch.dtype) -> tuple[float, float]:
+    """(limit, tiny): scalings beyond [1 / limit, limit] are absorbed into the potentials,
+    and a first-step sum at most ``tiny`` counts as underflowed."""
+    return torch.finfo(dtype).max ** 0.25, torch.finfo(dtype).tiny * 2 ** 10
+
+
+def _sinkhorn_frozen(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, max_iter: int, tol: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The solver behind :func:`sinkhorn`: P problems iterated together on their device,
+    with no value read back to the host (a training step's Sinkhorn never waits for it).
+
+    ``lk``: P x n x m (= -C / eps), ``a``: P x n, ``b``: P x m. Returns (u, kernel, v,
+    iterations) with each plan ``u_i kernel_ij v_j``. The iterates are those of
+    :func:`_sinkhorn_stream`, one pair at a time: an exact first iteration, then kernel
+    scalings, a scaling outside the safe range absorbed into the potentials by an exact
+    iteration. The per-pair stopping rule (L1 row error at most ``tol``, or ``max_iter``
+    iterations) is kept by a ``running`` mask: a pair that stops is frozen by
+    ``torch.where`` (its u, v, kernel never change again: the values it stopped with), so
+    the loop makes ``max_iter - 1`` iterations whatever the data, and the safe-range test
+    and the underflow redo are per pair as well (both branches computed, one kept). Only
+    with ``max_iter`` above :data:`SINKHORN_BLOCK` does it ask the device, once per block,
+    whether any pair still runs, to stop early."""
+    limit, tiny = _safe_range(lk.dtype)
+    g, kernel, bad = _first_step(lk, a, b, tiny=tiny)
+    g_exact, kernel_exact = _exact_step(lk, torch.zeros_like(g), a, b)
+    g = torch.where(bad[:, None], g_exact, g)
+    kernel = torch.where(bad[:, None, None], kernel_exact, kernel)
+    u, v = torch.ones_like(a), torch.ones_like(b)
+    iterations = torch.ones(len(lk), dtype=torch.long, device=lk.device)
+    running = torch.ones(len(lk), dtype=torch.bool, device=lk.device)
+    for step in range(1, max_iter):  # the first iteration was _first_step
+        if step % SINKHORN_BLOCK == 0 and not bool(running.any()):
+            break
+        # Convergence test: row sums of the current plan (its columns are exact).
+        rows = torch.bmm(kernel, v[:, :, None]).squeeze(-1)
+        running = running & ~((u * rows - a).abs().sum(-1) <= tol)  # NaN error: runs to max_iter
+        u_new = _divide(a, rows)
+        v_new = _divide(b, (kernel * u_new[:, :, None]).sum(-2))
+        safe = _within(torch.where(a > 0, u_new, 1.0), limit) & _within(torch.where(b > 0, v_new, 1.0), limit)
+        g_abs, kernel_abs = _exact_step(lk, g + v.log(), a, b)  # absorb the scalings, iterate exactly
+        scale, absorb = (running & safe)[:, None], (running & ~safe)[:, None]
+        u = torch.where(scale, u_new, torch.where(absorb, 1.0, u))
+        v = torch.where(scale, v_new, torch.where(absorb, 1.0, v))
+        g = torch.where(absorb, g_abs, g)
+        kernel = torch.where(absorb[:, :, None], kernel_abs, kernel)
+        iterations = iterations + running.long()
+    return u, kernel, v, iterations
+
+
+def _within(scalings: torch.Tensor, limit: float) -> torch.Tensor:
+    """Per pair: every scaling in (1 / limit, limit); False for NaN."""
+    lo, hi = scalings.amin(-1), scalings.amax(-1)
+    return (hi < limit) & (lo > 1 / limit)
+
+
 def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
                      sink: Callable[..., None], *, max_iter: int, tol: float, window: int | None = None) -> None:
-    """The solver behind :func:`sinkhorn` and the re-ranking: Sinkhorn on a stream of pairs.
+    """The re-ranking's solver (evaluation): Sinkhorn on a stream of pairs.
 
     ``source(count)`` returns the next (about ``count``) pairs as ``(log_kernel P x n x m
     = -C / eps, mu P x n, nu P x m)``, or None when there are no more; pairs are numbered
@@ -254,41 +337,21 @@ def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, t
     is ``u_i kernel_ij v_j`` and ``rows = kernel @ v``. A pair's state: the log-domain
     column potential g, the kernel ``exp(log_kernel + f_i + g_j)`` of the plan of the last
     exact iteration (entries at most 1), and the scalings u, v of that kernel since then.
+    The working set's bookkeeping (who converged, whether a scaling left the safe range)
+    is read on the host; with ``window=1`` each pair is solved alone.
     """
     window = window or SINKHORN_WINDOW
     zero_mass = False
     limit = tiny = 0.0
 
     def divide(marginal, sums):
-        # Rows/columns without mass (zero marginal) keep zero mass instead of 0/0.
-        return torch.where(marginal > 0, marginal / sums, torch.zeros_like(sums)) if zero_mass else marginal / sums
-
-    def exact_step(lk, g, a, b):
-        """One Sinkhorn iteration in the log domain (logsumexp): the new g and kernel."""
-        f = a.log() - torch.logsumexp(lk + g[:, None, :], dim=-1)
-        g = b.log() - torch.logsumexp(lk + f[:, :, None], dim=-2)
-        return g, torch.exp(lk + f[:, :, None] + g[:, None, :])
+        return _divide(marginal, sums) if zero_mass else marginal / sums
 
     def first_step(lk, a, b):
-        """The first iteration (from g = 0) with a single exp, shifted by each pair's
-        largest log-kernel entry; pairs with a row or column sum that underflows are
-        redone by :func:`exact_step`. In place unless autograd records."""
-        track = torch.is_grad_enabled() and (lk.requires_grad or a.requires_grad or b.requires_grad)
-        shifted = lk - lk.flatten(1).amax(1)[:, None, None]
-        kernel = shifted.exp() if track else shifted.exp_()
-        r = kernel.sum(-1)
-        row_scale = divide(a, r)  # exp(lk + f) = kernel * row_scale: its rows sum to a
-        c = torch.bmm(row_scale[:, None, :], kernel).squeeze(1)
-        g = b.log() - c.log()
-        col_scale = divide(b, c)
-        if track:
-            kernel = kernel * row_scale[:, :, None] * col_scale[:, None, :]
-        else:
-            kernel.mul_(row_scale[:, :, None]).mul_(col_scale[:, None, :])
-        bad = ((r <= tiny) & (a > 0)).any(-1) | ((c <= tiny) & (b > 0)).any(-1)
+        g, kernel, bad = _first_step(lk, a, b, tiny=tiny, divide=divide)
         if bool(bad.any()):
             g, kernel = g.clone(), kernel.clone()
-            g[bad], kernel[bad] = exact_step(lk[bad], torch.zeros_like(g[bad]), a[bad], b[bad])
+            g[bad], kernel[bad] = _exact_step(lk[bad], torch.zeros_like(g[bad]), a[bad], b[bad])
         return g, kernel
 
     state: dict[str, torch.Tensor] | None = None  # one row per pair of the working set
@@ -302,8 +365,7 @@ def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, t
             else:
                 lk, a, b = got
                 if not limit:
-                    limit = torch.finfo(lk.dtype).max ** 0.25
-                    tiny = torch.finfo(lk.dtype).tiny * 2 ** 10
+                    limit, tiny = _safe_range(lk.dtype)
                 zero_mass = zero_mass or bool((a == 0).any() or (b == 0).any())
                 g, kernel = first_step(lk, a, b)
                 ids = torch.arange(admitted, admitted + len(lk), device=lk.device)
@@ -339,7 +401,7 @@ def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, t
         if max(hi_u, hi_v) < limit and min(lo_u, lo_v) > 1 / limit:  # False for NaN as well
             st["u"], st["v"] = u_new, v_new
         else:  # absorb the scalings into the potentials and iterate exactly instead
-            st["g"], st["kernel"] = exact_step(st["lk"], st["g"] + st["v"].log(), st["a"], st["b"])
+            st["g"], st["kernel"] = _exact_step(st["lk"], st["g"] + st["v"].log(), st["a"], st["b"])
             st["u"], st["v"] = torch.ones_like(st["a"]), torch.ones_like(st["b"])
         # Converged pairs waiting for retirement keep their count (their plan only improves).
         st["its"] = st["its"] + (~done).long()
@@ -659,12 +721,6 @@ class DIMLHead(PlainHead):
         if options.get("train_structural"):
             return ("its training mode builds the structural pair matrix from the local batch, so the "
                     "pairs between processes' shares would be missing; train it in one process")
-        return ""
-
-    def step_host_reads(self):
-        if self.train_structural:
-            return ("Sinkhorn (App. A.1) runs each pair until its own marginal error is below tol; "
-                    "the convergence test and the stabilisation bounds are read on the host")
         return ""
 
     @classmethod

@@ -292,31 +292,79 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
     """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
     greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
     second negative to a mined triplet (see the module docstring). Random choices use
-    torch's global generator (seeded per epoch by the trainer)."""
+    torch's global generator (seeded per epoch by the trainer).
+
+    The greedy pass is sequential by nature and runs on the host: what it reads comes
+    over in one transfer (:func:`_to_host`); the distances and the hardest-first order are
+    computed on the embeddings' device before it."""
     k = TUPLE_SIZE[form]
     cand = candidate_tuples(indices, labels, form)
-    batch = len(labels)
     empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
     if len(cand) == 0:
         return empty
-    dist = None
-    if mining == "hardest" or form == "quadruplet":
-        if embeddings is None and mining == "hardest":
-            raise ValueError("mining='hardest' needs the embeddings")
-        if embeddings is not None:
-            emb = embeddings.detach().float().cpu()
-            dist = torch.cdist(emb, emb)
-    cand_cpu = cand.cpu()
-    if mining == "random":
-        order = torch.randperm(len(cand_cpu)).tolist()
-    elif mining == "hardest":
-        hard = dist[cand_cpu[:, 0], cand_cpu[:, 1]]
-        if form != "siamese":
-            hard = hard - dist[cand_cpu[:, 0], cand_cpu[:, 2]]
-        order = torch.argsort(-hard, stable=True).tolist()
-    else:
+    if mining not in MININGS:
         raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
-    rows, y = cand_cpu.tolist(), labels.cpu().tolist()
+    if mining == "hardest" and embeddings is None:
+        raise ValueError("mining='hardest' needs the embeddings")
+    dist = hardest_first = None
+    if mining == "hardest":
+        emb = embeddings.detach().float()
+        dist = torch.cdist(emb, emb)
+        hard = dist[cand[:, 0], cand[:, 1]]
+        if form != "siamese":
+            hard = hard - dist[cand[:, 0], cand[:, 2]]
+        hardest_first = torch.argsort(-hard, stable=True)
+    # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
+    quadruplet = form == "quadruplet"
+    rows, y, order, dist_rows = _to_host(cand, labels if quadruplet else None, hardest_first,
+                                         dist if quadruplet else None)
+    if order is None:
+        order = _random_order(len(rows))
+    chosen = _greedy_disjoint(rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining)
+    if not chosen:
+        return empty
+    return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+
+
+def _to_host(cand: torch.Tensor, labels: torch.Tensor | None, order: torch.Tensor | None,
+             dist: torch.Tensor | None) -> tuple[list[list[int]], list[int], list[int] | None, list[list[float]]]:
+    """One device-to-host transfer of what the greedy pass reads: the candidates (T x k)
+    and, where given, the labels, the order and the distance matrix, packed into one float64
+    vector (exact: indices and class ids are integers far below 2^53, and every float32
+    distance is a float64). Returns them as lists (``[]`` / None where not given)."""
+    parts = [t.flatten() for t in (cand, labels, order, dist) if t is not None]
+    flat = torch.cat([t.to(torch.float64) for t in parts]).tolist()
+    count, k = cand.shape
+    rows = [[int(i) for i in flat[r * k:(r + 1) * k]] for r in range(count)]
+    pos = count * k
+    y: list[int] = []
+    if labels is not None:
+        y, pos = [int(c) for c in flat[pos:pos + len(labels)]], pos + len(labels)
+    host_order = None
+    if order is not None:
+        host_order, pos = [int(t) for t in flat[pos:pos + count]], pos + count
+    batch = 0 if dist is None else len(dist)
+    dist_rows = [flat[pos + i * batch:pos + (i + 1) * batch] for i in range(batch)]
+    return rows, y, host_order, dist_rows
+
+
+def _random_order(count: int) -> list[int]:
+    """A random permutation of the candidates from torch's global generator, the CPU one: a
+    host draw that never waits for a device."""
+    return torch.randperm(count).tolist()
+
+
+def _random_index(count: int) -> int:
+    """A uniform index below ``count`` from torch's global (CPU) generator: a host draw."""
+    return int(torch.randint(count, ()))
+
+
+def _greedy_disjoint(rows: list[list[int]], y: list[int], order: list[int], dist: list[list[float]], *,
+                     batch: int, form: str, mining: str) -> list[list[int]]:
+    """The candidates ``rows`` in ``order``, each kept when it shares no image with one kept
+    before; a quadruplet adds the nearest (hardest first) or a random unused image of a third
+    class (``y``) as n2; stops when fewer than k images are left."""
+    k = TUPLE_SIZE[form]
     used, chosen, free = [False] * batch, [], batch
     for t in order:
         members = rows[t]
@@ -327,10 +375,7 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
             pool = [j for j in range(batch) if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]]
             if not pool:
                 continue
-            if mining == "hardest":
-                n2 = min(pool, key=lambda j: float(dist[a, j]))
-            else:
-                n2 = pool[int(torch.randint(len(pool), ()))]
+            n2 = min(pool, key=lambda j: dist[a][j]) if mining == "hardest" else pool[_random_index(len(pool))]
             members = members + [n2]
         chosen.append(members)
         for i in members:
@@ -338,9 +383,7 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
         free -= k
         if free < k:
             break
-    if not chosen:
-        return empty
-    return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+    return chosen
 
 
 def _grid(n: int, height: int, width: int) -> tuple[int, int]:
@@ -468,9 +511,9 @@ class SAMHead(Method):
                 "does not support; train it in one process")
 
     def step_host_reads(self):
-        return ("similarity mining selects disjoint tuples greedily on the host (select_tuples: the "
-                "mined candidates and labels, and for quadruplets or hardest-first mining the "
-                "embeddings' distances, are copied to the host)")
+        return ("similarity mining selects disjoint tuples greedily on the host (select_tuples): the "
+                "mined candidates, and for quadruplets the labels and the distances they need, come "
+                "over in one transfer per step; the random order is drawn on the host")
 
     def loss_terms(self, output, batch):
         """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of

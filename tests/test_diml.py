@@ -159,6 +159,91 @@ def test_gradients_flow_through_the_iterations():
     assert torch.autograd.gradcheck(lambda x: sinkhorn(x, a, b, eps=0.3, max_iter=6, tol=0.0), (c,))
 
 
+def streamed(cost, mu, nu, *, eps, max_iter, tol, window):
+    """Plans and iteration counts of the streaming solver (the re-ranking's), ``window``
+    pairs at a time: ``window=1`` solves each pair alone, stopped at its own convergence."""
+    from methods.diml import _sinkhorn_stream
+
+    log_kernel, plans = cost / -eps, torch.empty_like(cost)
+    iterations = torch.empty(len(cost), dtype=torch.long)
+    pos = 0
+
+    def source(count):
+        nonlocal pos
+        if pos >= len(cost):
+            return None
+        rows = slice(pos, min(len(cost), pos + count))
+        pos = rows.stop
+        return log_kernel[rows], mu[rows], nu[rows]
+
+    def sink(ids, u, kernel, v, _rows, _lk, its):
+        plans[ids] = u[:, :, None] * kernel * v[:, None, :]
+        iterations[ids] = its
+
+    _sinkhorn_stream(source, sink, max_iter=max_iter, tol=tol, window=window)
+    return plans, iterations
+
+
+def mixed_problems(dtype):
+    """Pairs that stop at many different iterations: constant costs (after the first), near
+    constant ones, random ones and ones that hit the cap; with a zero-mass row and column
+    in two of them."""
+    cost, mu, nu = problems(48, 8, 8, seed=20, dtype=dtype)
+    cost[:4] = 0.5
+    cost[4:12] *= 0.01
+    cost[12:24] *= 3.0
+    mu[40, 0] = 0
+    nu[41, 3] = 0
+    return cost, mu / mu.sum(-1, keepdim=True), nu / nu.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_sync_free_solver_gives_each_pair_its_own_stopped_plan(dtype):
+    """sinkhorn() iterates every pair a fixed number of times and freezes a pair once it
+    has converged: the plan and the count are those the streaming solver gives the pair
+    alone (stopped at its own test), at every count, with zero marginals as well: the
+    same operations on each pair, so the same bits."""
+    cost, mu, nu = mixed_problems(dtype)
+    plan, its = sinkhorn(cost, mu, nu, eps=0.05, max_iter=60, tol=1e-5, return_iterations=True)
+    ref, ref_its = streamed(cost, mu, nu, eps=0.05, max_iter=60, tol=1e-5, window=1)
+    assert len(set(its.tolist())) >= 6 and (its == 60).any() and (its == 1).any()
+    assert torch.equal(its, ref_its)
+    assert torch.equal(plan, ref)
+
+
+def test_the_sync_free_solver_absorbs_large_scalings_per_pair():
+    """Small eps and large costs: the first step underflows and scalings leave the safe
+    range, so the exact (logsumexp) iterations run, for the affected pairs only."""
+    cost, mu, nu = problems(24, 16, 16, seed=21, dtype=torch.float32, scale=90.0)
+    cost[:8] = cost[:8] + 10.0  # every kernel entry underflows: the first step is redone exactly
+    cost[16:] *= 0.001
+    plan, its = sinkhorn(cost, mu, nu, eps=0.01, max_iter=200, tol=1e-4, return_iterations=True)
+    ref, ref_its = streamed(cost, mu, nu, eps=0.01, max_iter=200, tol=1e-4, window=1)
+    assert (its[:16] == 200).all() and (its[16:] < 20).all()
+    assert torch.equal(its, ref_its) and torch.isfinite(plan).all()
+    assert torch.equal(plan, ref)
+
+
+def test_the_sync_free_solver_differs_from_a_shared_working_set_only_below_tol():
+    """The streaming solver with a working set keeps iterating a converged pair until a
+    quarter of the set has converged; its plans meet the marginals at least as well, so
+    the two differ by about the tolerance (L1 per pair)."""
+    cost, mu, nu = mixed_problems(torch.float64)
+    plan = sinkhorn(cost, mu, nu, eps=0.05, max_iter=500, tol=1e-6)
+    ref, _ = streamed(cost, mu, nu, eps=0.05, max_iter=500, tol=1e-6, window=2048)
+    difference = (plan - ref).abs().sum((-2, -1))
+    assert 0 < difference.max() < 2e-6
+
+
+def test_training_step_sinkhorn_never_reads_the_device():
+    from harness.base.syncs import SyncCounter
+
+    cost, mu, nu = mixed_problems(torch.float32)
+    with SyncCounter() as counter:
+        sinkhorn(cost, mu, nu, eps=0.05, max_iter=100, tol=1e-4)
+    assert (counter.scalar_reads, counter.device_to_host, counter.shape_dependent) == (0, 0, 0)
+
+
 def test_bad_shapes_raise():
     cost, mu, nu = problems(2, 3, 4)
     with pytest.raises(ValueError, match="marginals"):

@@ -224,6 +224,86 @@ def test_select_tuples_takes_mined_tuples_without_sharing_images():
     assert select_tuples(None, torch.tensor([0, 1, 2]), "triplet").shape == (0, 3)  # no positives
 
 
+def reference_select(indices, labels, form, embeddings=None, mining="random"):
+    """The greedy disjoint selection of :func:`select_tuples` written directly: every input
+    read on the host separately, the distances of the embeddings' host copy."""
+    from methods.sam import TUPLE_SIZE, candidate_tuples
+
+    k = TUPLE_SIZE[form]
+    cand = candidate_tuples(indices, labels, form)
+    batch = len(labels)
+    if len(cand) == 0:
+        return torch.zeros(0, k, dtype=torch.long)
+    dist = None
+    if embeddings is not None and (mining == "hardest" or form == "quadruplet"):
+        emb = embeddings.detach().float().cpu()
+        dist = torch.cdist(emb, emb)
+    if mining == "random":
+        order = torch.randperm(len(cand)).tolist()
+    else:
+        hard = dist[cand[:, 0], cand[:, 1]]
+        if form != "siamese":
+            hard = hard - dist[cand[:, 0], cand[:, 2]]
+        order = torch.argsort(-hard, stable=True).tolist()
+    rows, y = cand.tolist(), labels.tolist()
+    used, chosen, free = [False] * batch, [], batch
+    for t in order:
+        members = rows[t]
+        if len(set(members)) < len(members) or any(used[i] for i in members):
+            continue
+        if form == "quadruplet":
+            a, n1 = members[0], members[2]
+            pool = [j for j in range(batch) if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]]
+            if not pool:
+                continue
+            if mining == "hardest":
+                n2 = min(pool, key=lambda j: float(dist[a, j]))
+            else:
+                n2 = pool[int(torch.randint(len(pool), ()))]
+            members = members + [n2]
+        chosen.append(members)
+        for i in members:
+            used[i] = True
+        free -= k
+        if free < k:
+            break
+    return torch.tensor(chosen, dtype=torch.long).view(-1, k)
+
+
+def random_mined_batch(seed):
+    """A batch of 12-40 embeddings of 3-8 classes and a random subset of its triplets (as a
+    miner hands them over), or no miner (all triplets)."""
+    g = torch.Generator().manual_seed(seed)
+    batch = int(torch.randint(12, 41, (), generator=g))
+    labels = torch.randint(0, int(torch.randint(3, 9, (), generator=g)), (batch,), generator=g)
+    emb = F.normalize(torch.randn(batch, 8, generator=g), dim=-1)
+    if seed % 4 == 0:
+        return None, labels, emb
+    same = labels[:, None] == labels[None]
+    a, p, n = torch.where(same[:, :, None] & ~same[:, None, :] & ~torch.eye(batch, dtype=torch.bool)[:, :, None])
+    keep = torch.rand(len(a), generator=g) < 0.3
+    return (a[keep], p[keep], n[keep]), labels, emb
+
+
+@pytest.mark.parametrize("form", ["triplet", "siamese", "quadruplet"])
+@pytest.mark.parametrize("mining", ["random", "hardest"])
+def test_select_tuples_equals_the_direct_greedy_selection(form, mining):
+    """The selection from one packed transfer chooses exactly the tuples of the direct
+    transcription, and draws the same random numbers from torch's global generator."""
+    chosen = 0
+    for seed in range(12):
+        indices, labels, emb = random_mined_batch(seed)
+        torch.manual_seed(seed)
+        ref = reference_select(indices, labels, form, emb, mining)
+        after_ref = torch.rand(3)
+        torch.manual_seed(seed)
+        got = select_tuples(indices, labels, form, emb, mining)
+        assert torch.equal(got, ref), (seed, got.tolist(), ref.tolist())
+        assert torch.equal(torch.rand(3), after_ref)  # the generator advanced alike
+        chosen += len(got)
+    assert chosen > 12
+
+
 class SpyMiner(DistanceWeightedMiner):
     def __init__(self):
         super().__init__(cutoff=0.5, nonzero_loss_cutoff=1.4)

@@ -9,8 +9,11 @@ bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
 
 The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
 flush). Mining (the protocol's miner) has data-dependent shapes by nature and is counted
-apart; a method whose step reads the host by its design says why in
-:meth:`~methods.Method.step_host_reads`, and only those may read more.
+apart. A method whose step works on the host by its design (SAM's greedy tuple selection)
+says why in :meth:`~methods.Method.step_host_reads` and may make one transfer per step,
+no more: its random draws come from torch's global generator, the CPU one, and are counted
+apart too (on a GPU they never touch the device; here every tensor stands for a device
+tensor, so they would look like device reads).
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ from harness.components.losses import MetricLoss
 from harness.config.protocol import load_protocol
 from harness.engine import training
 from methods import list_methods
+from methods import sam as sam_module
 
 from .conftest import TINY_PROTOCOL
 
 STEPS, SYNC_EVERY = 4, 2
-#: Methods whose step reads the host by design (each says why in step_host_reads).
-HOST_READING = {"sam", "sam_quadruplet", "sam_siamese", "diml_train"}
+#: Methods whose step works on the host by design, with one transfer per step (each says
+#: why in step_host_reads).
+ONE_TRANSFER_PER_STEP = {"sam", "sam_quadruplet", "sam_siamese"}
+#: Host-only work inside a step, counted in its own section: draws from torch's global
+#: (CPU) generator.
+HOST_DRAWS = ((sam_module, "_random_order"), (sam_module, "_random_index"))
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +70,17 @@ def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter,
                 return mine(self, embeddings, labels)
 
         monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
+        for owner, name in HOST_DRAWS:
+            monkeypatch.setattr(owner, name, _in_section(counter, "host draws", getattr(owner, name)))
         training._train_epoch(cfg, t, device, 0, 1, on_flush=flushes.append)
     return counter, flushes, t.model.head
+
+
+def _in_section(counter: SyncCounter, section: str, function):
+    def counted(*args, **kwargs):
+        with counter.section(section):
+            return function(*args, **kwargs)
+    return counted
 
 
 def _cases() -> list[tuple[str, str]]:
@@ -85,12 +102,16 @@ def test_training_steps_read_the_device_once_per_flush(protocol, splits, name, p
     assert all(len(f.step_losses) == SYNC_EVERY and all(map(math.isfinite, f.step_losses)) for f in flushes)
     assert counter.shape_dependent == 0, dict(counter.ops)
     reason = head.step_host_reads()
-    if name in HOST_READING:
-        assert reason, f"{name} reads the host: step_host_reads must say why"
+    # No scalar read of the device inside a step, and one transfer per flush ...
+    assert counter.scalar_reads == 0
+    if name in ONE_TRANSFER_PER_STEP:
+        assert reason, f"{name} works on the host: step_host_reads must say why"
+        # ... plus one per step (every step here has mined candidates to select from).
+        assert counter.device_to_host == STEPS + len(flushes)
+        draws = counter.sections["host draws"]
+        assert draws["scalar_reads"] + draws["device_to_host"] > 0  # the draws were seen, apart
     else:
         assert not reason
-        # One transfer per flush: every scalar read of the step is gone.
-        assert counter.scalar_reads == 0
         assert counter.device_to_host == len(flushes) == STEPS // SYNC_EVERY
 
 
