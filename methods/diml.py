@@ -557,8 +557,9 @@ class DIMLHead(PlainHead):
     rerank_fields = ("embedding", "local")
     #: 2: ``train_structural`` mines multi-similarity pairs on the combined similarity
     #: (Eqs. 18-19) rather than on the global cosine. 3: the re-ranking's Sinkhorn stops by
-    #: the released code's rule by default (``sinkhorn_stop``).
-    revision = 3
+    #: the released code's rule by default (``sinkhorn_stop``). 4: with ``train_structural``,
+    #: each pair's Sinkhorn stops at its own convergence (plans within ``tol`` of 3's).
+    revision = 4
 
     def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
                  marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
