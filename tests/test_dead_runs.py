@@ -81,4 +81,4 @@ def test_a_killed_run_is_failed_by_the_next_command_and_resumes(workdir, tiny_pr
     finished = client.get_run(run.info.run_id)  # the same MLflow run, continued
     assert finished.info.status == "FINISHED"
     assert "failure" not in finished.data.tags
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/epoch_loss")] == [1, 2]
