@@ -62,6 +62,10 @@ EXPLAIN = ("explain", "--run", "0123456789abcdef")
 REFUSALS = [
     # Values of protocol keys (--set): type, range, finiteness, rules across keys.
     Refusal((*RUN, "--set", "optimizer.lr_head=nan"), "protocol key 'optimizer.lr_head' = nan: expected a finite number > 0"),
+    Refusal((*RUN, "--set", "training.sync_every=0"), "protocol key 'training.sync_every' = 0: expected an integer > 0"),
+    Refusal((*RUN, "--fast", "--deterministic"), "--deterministic and --fast exclude each other"),
+    Refusal((*RUN, "--register", ""), "run: argument --register: expected a model name without '/' or ':', got ''"),
+    Refusal((*RUN, "--register", "team/embedder"), "expected a model name without '/' or ':', got 'team/embedder'"),
     Refusal((*RUN, "--set", "optimizer.lr_backbone=inf"), "'optimizer.lr_backbone' = inf: expected a finite number >= 0"),
     Refusal((*RUN, "--set", "optimizer.lr_head=-1e-4"), "'optimizer.lr_head' = -0.0001: expected a finite number > 0"),
     Refusal((*RUN, "--set", "optimizer.weight_decay=-0.1"), "'optimizer.weight_decay' = -0.1: expected a finite number >= 0"),

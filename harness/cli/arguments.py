@@ -8,7 +8,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["at_least", "positive_number", "int_list", "name_list"]
+__all__ = ["at_least", "positive_number", "int_list", "name_list", "model_name"]
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -50,3 +50,12 @@ def name_list(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError(f"expected one or more comma-separated names, got '{text}'")
     return names
+
+
+def model_name(text: str) -> str:
+    """A name for MLflow's model registry: not empty, without ``/`` or ``:``, which would
+    break the ``models:/NAME/VERSION`` URI that loads it."""
+    name = text.strip()
+    if not name or "/" in name or ":" in name:
+        raise argparse.ArgumentTypeError(f"expected a model name without '/' or ':', got '{text}'")
+    return name

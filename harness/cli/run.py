@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file, writable_folder
-from harness.cli.arguments import at_least, int_list, name_list
+from harness.cli.arguments import at_least, int_list, model_name, name_list
 from harness.cli.fetch import check_dataset, ensure_dataset
 from harness.cli.store import open_store
 from harness.config.protocol import default_protocol
@@ -223,7 +223,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--seen-class-control", action="store_true",
                      help="diagnostic: train on other images of the test classes, not on the training "
                      "classes (a deviation; tells broken training from features that do not transfer)")
-    run.add_argument("--register", metavar="NAME",
+    run.add_argument("--register", metavar="NAME", type=model_name,
                      help="register each run's trained embedder in MLflow's model registry as a version of NAME")
     run.set_defaults(func=cmd_run)
     return run
