@@ -51,7 +51,8 @@ def all_runs() -> set[str]:
 def assert_refused(argv: list[str], match: str, capsys, watched: Iterable[Path]) -> str:
     """Run ``main(argv)`` and check the refusal contract; returns the error line."""
     watched = [Path(p) for p in watched]
-    files_before, runs_before = files_under(watched), all_runs()
+    runs_before = all_runs()  # first: reading the store may create its database
+    files_before = files_under(watched)
     capsys.readouterr()
     try:
         code = main(argv)

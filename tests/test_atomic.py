@@ -126,3 +126,57 @@ def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp
     assert live.exists() and elsewhere.exists() and other_target.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == sorted(
         p.name for p in (live, elsewhere, other_target))
+
+
+def test_the_writer_never_replaces_a_special_file_or_a_database(tmp_path):
+    """``os.replace`` would put the new file where a FIFO, a folder or a database was: each
+    is one error line, and the thing at the path is left as it was."""
+    import sqlite3
+    import stat
+
+    from harness.base.errors import HarnessError
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(HarnessError, match=r"pipe: it is a FIFO, not a regular file; nothing written"):
+        atomic_write_bytes(fifo, b"{}")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(HarnessError, match="it is a folder"):
+        atomic_write_bytes(folder, b"{}")
+
+    database = tmp_path / "store.db"
+    connection = sqlite3.connect(database)
+    connection.execute("CREATE TABLE runs (id TEXT)")
+    connection.commit()
+    connection.close()
+    before = database.read_bytes()
+    with pytest.raises(HarnessError, match="it is an SQLite database"):
+        atomic_write_bytes(database, b"{}")
+    assert database.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "pipe", "store.db"]
+
+
+def test_output_paths_refuse_the_store_and_special_files(tmp_path):
+    """``writable_file`` / ``writable_folder`` against reserved places: the database (with
+    SQLite's companion files) and everything under an artifact folder."""
+    from harness.base.errors import HarnessError
+    from harness.base.paths import ReservedPath, writable_file, writable_folder
+
+    store = (ReservedPath(tmp_path / "mlflow.db", "the store's database"),
+             ReservedPath(tmp_path / "mlartifacts", "the store's artifacts", folder=True))
+    for name in ("mlflow.db", "mlflow.db-wal", "mlflow.db-journal"):
+        with pytest.raises(HarnessError, match=f"--json .*{name} is the store's database"):
+            writable_file(tmp_path / name, "--json", reserved=store)
+    with pytest.raises(HarnessError, match="is inside the store's artifacts"):
+        writable_file(tmp_path / "mlartifacts" / "1" / "a.json", "--json", reserved=store)
+    with pytest.raises(HarnessError, match="--out .* is inside the store's artifacts; give a folder outside"):
+        writable_folder(tmp_path / "mlartifacts" / "x", "--out", reserved=store)
+    # Beside the store is fine: a name that merely starts like the database's, another folder.
+    assert writable_file(tmp_path / "mlflow.db.json", "--json", reserved=store) is not None
+    assert writable_folder(tmp_path / "mlartifacts-copy", "--out", reserved=store) is not None
+    with pytest.raises(HarnessError, match="is a character device"):
+        writable_file("/dev/null", "--json")
+    assert list(tmp_path.iterdir()) == []

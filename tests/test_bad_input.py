@@ -4,6 +4,9 @@ a table of refused inputs across every subcommand (each checked by
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,12 +57,51 @@ def _small_synthetic(folder: Path) -> None:
     load_synthetic(folder)
 
 
+def _fifo(name: str) -> Callable[[Path], object]:
+    return lambda folder: os.mkfifo(folder / name)
+
+
+def _sqlite(name: str) -> Callable[[Path], object]:
+    """A ``prepare`` step: an SQLite database ``name`` with one table (another store, a study)."""
+    def make(folder: Path) -> None:
+        with contextlib.closing(sqlite3.connect(folder / name)) as db:
+            db.execute("CREATE TABLE runs (id TEXT)")
+            db.commit()
+    return make
+
+
 RUN = ("run", "--protocol", str(TINY_PROTOCOL))
 EXPLAIN = ("explain", "--run", "0123456789abcdef")
 
-#: Every bad input: the command line ({dir}: the case's folder, where ``prepare`` writes)
-#: and what its one error line must say.
+#: Every bad input: the command line ({dir}: the case's folder, where ``prepare`` writes;
+#: {store}: the folder of the tracking store's database) and what its one error line must say.
 REFUSALS = [
+    # Output paths that would destroy data: the store's database and artifacts, devices,
+    # FIFOs, folders, other databases. Each is refused before any work.
+    Refusal((*RUN, "--json", "{store}/mlflow.db"), "--json {store}/mlflow.db is the tracking store's database"),
+    Refusal((*RUN, "--json", "{store}/mlflow.db-wal"), "is the tracking store's database"),
+    Refusal((*RUN, "--json", "{store}/mlartifacts/1/x.json"), "is inside the tracking store's artifact folder"),
+    Refusal((*RUN, "--checkpoint-root", "{store}/mlartifacts/ckpt"), "--checkpoint-root {store}/mlartifacts/ckpt is "
+            "inside the tracking store's artifact folder"),
+    Refusal((*RUN, "--json", "{dir}/other.db"), "is an SQLite database (a tracking store, study or queue)",
+            _sqlite("other.db")),
+    Refusal((*RUN, "--json", "{dir}/pipe"), "--json {dir}/pipe is a FIFO, not a regular file", _fifo("pipe")),
+    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/full"),
+            "--json /dev/full is a character device, not a regular file"),
+    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/null"),
+            "--json /dev/null is a character device"),
+    Refusal(("table", "--experiment", "x", "--out", "{store}/mlflow.db"), "--out {store}/mlflow.db is the tracking store's"),
+    Refusal(("table", "--experiment", "x", "--out", "{store}/mlartifacts/t.md"), "is inside the tracking store's artifact"),
+    Refusal(("table", "--experiment", "x", "--out", "{dir}/t.tex"), "--out (forest plot) {dir}/t.forest.png is a FIFO",
+            _fifo("t.forest.png")),
+    Refusal(("explain-table", "--experiment", "x", "--out", "{store}/mlartifacts/e"), "is inside the tracking store's"),
+    Refusal(("explain-table", "--experiment", "x", "--out", "{dir}/e"), "--out {dir}/e.md is a FIFO", _fifo("e.md")),
+    Refusal((*EXPLAIN, "--json", "{store}/mlflow.db"), "--json {store}/mlflow.db is the tracking store's database"),
+    Refusal((*EXPLAIN, "--out", "{store}/mlartifacts"), "--out {store}/mlartifacts is the tracking store's artifact"),
+    Refusal(("tune", "--method", "plain", "--trials", "1", "--storage", "sqlite:///{store}/mlflow.db"),
+            "--storage sqlite:///{store}/mlflow.db is the tracking store's database"),
+    Refusal(("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
+            "is the tracking store's database"),
     # Values of protocol keys (--set): type, range, finiteness, rules across keys.
     Refusal((*RUN, "--set", "optimizer.lr_head=nan"), "protocol key 'optimizer.lr_head' = nan: expected a finite number > 0"),
     Refusal((*RUN, "--set", "training.sync_every=0"), "protocol key 'training.sync_every' = 0: expected an integer > 0"),
@@ -224,13 +266,18 @@ def test_the_table_walks_every_subcommand():
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=str)
-def test_every_bad_input_is_refused_with_one_line(case, workdir, data_root, capsys, tmp_path_factory):
+def test_every_bad_input_is_refused_with_one_line(case, workdir, data_root, tracking_dir, capsys,
+                                                  tmp_path_factory):
     """No case reads the synthetic dataset (each is refused first), so data_root stays as it was."""
     folder = tmp_path_factory.mktemp("input")
     if case.prepare is not None:
         case.prepare(folder)
-    argv = [arg.replace("{dir}", str(folder)) for arg in case.argv]
-    assert_refused(argv, case.match, capsys, watched=[workdir, data_root, folder])
+
+    def fill(text: str) -> str:
+        return text.replace("{dir}", str(folder)).replace("{store}", str(tracking_dir))
+
+    argv = [fill(arg) for arg in case.argv]
+    assert_refused(argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir])
 
 
 def test_missing_data_root_names_the_expected_file(workdir, capsys, tmp_path):

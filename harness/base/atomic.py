@@ -13,7 +13,9 @@ flush and ``fsync`` it, ``os.replace`` it over the target, then ``fsync`` the fo
 (where the platform allows) so the rename itself is durable. On any failure,
 including ``KeyboardInterrupt``, the temporary file is removed and the target is left
 as it was. A write the operating system refuses (a full disk, a read-only or missing
-folder) is one :class:`~harness.base.errors.HarnessError` line naming the file. A writer
+folder) is one :class:`~harness.base.errors.HarnessError` line naming the file, and so is
+a target that is not a regular file (a device, a FIFO, a folder) or is an SQLite database:
+the rename would replace the device node or the store, so nothing is written. A writer
 killed outright (SIGKILL) cannot remove its temporary file; the name carries the host
 and pid of its writer, and the next writer of the same target on that host removes it
 once that process is gone.
@@ -35,6 +37,7 @@ from typing import IO, Any
 
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
+from harness.base.paths import is_sqlite_database, special_file_kind
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_torch",
            "finite_json", "sha256_file", "publish_folder"]
@@ -74,6 +77,7 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
     rename (e.g. to record the file's checksum where a reader will look for it first).
     """
     path = Path(path)
+    _refuse_to_replace_data(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
@@ -99,6 +103,17 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
             raise _write_error(path, err) from err
         raise
     _fsync_dir(path.parent)
+
+
+def _refuse_to_replace_data(path: Path) -> None:
+    """The last guard of every output: ``os.replace`` puts the new file wherever ``path``
+    points, so a device node or a database there would be lost."""
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise HarnessError(f"cannot write {path}: it is {kind}, not a regular file; nothing written")
+    if is_sqlite_database(path):
+        raise HarnessError(f"cannot write {path}: it is an SQLite database (a tracking store, study or queue); "
+                           f"nothing written")
 
 
 #: Who writes a temporary file, in its name: a process killed mid-write (SIGKILL, power

@@ -7,17 +7,97 @@ a file in. That is probed by creating (and at once removing) a temporary file th
 not by permission bits: ``os.access`` answers yes to root on a read-only folder, and
 knows nothing of read-only mounts or ``/proc``. Nothing is created for a path that does
 not exist yet; the writer creates its folders when it has a result.
+
+An output never takes the place of data: a path that is a device, a FIFO, a socket or a
+folder is refused (an atomic writer would rename its file over the device node), as is an
+existing SQLite database (a tracking store, an Optuna study, a sweep queue) and any
+:class:`ReservedPath` the caller names (the tracking store's database and artifact
+folder, :func:`harness.store.tracking.reserved_paths`).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.base.errors import HarnessError
 
-__all__ = ["writable_file", "writable_folder", "writable_stem", "readable_file"]
+__all__ = ["ReservedPath", "writable_file", "writable_folder", "writable_stem", "readable_file",
+           "is_sqlite_database", "special_file_kind"]
+
+#: The first 16 bytes of every SQLite 3 database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+#: Files SQLite keeps beside a database while it is open; part of the database.
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+@dataclass(frozen=True)
+class ReservedPath:
+    """A place no output may take: the file ``path`` (with SQLite's companion files), or,
+    with ``folder``, the folder ``path`` and everything below it. ``what`` names it in the
+    refusal, e.g. "the tracking store's database (sqlite:///results/mlflow.db)"."""
+
+    path: Path
+    what: str
+    folder: bool = False
+
+    def holds(self, candidate: Path) -> bool:
+        """Whether ``candidate`` (resolved) is this place or, for a folder, inside it."""
+        own = self.path.resolve()
+        if self.folder:
+            return candidate == own or own in candidate.parents
+        return candidate.parent == own.parent and candidate.name in (
+            own.name, *(own.name + suffix for suffix in SQLITE_COMPANIONS))
+
+
+def special_file_kind(path: Path) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (symbolic links followed):
+    "a folder", "a character device", "a FIFO"...; None for a regular file or no file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def is_sqlite_database(path: Path) -> bool:
+    """Whether ``path`` is an existing regular file that starts with SQLite's header."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def _check_not_reserved(path: Path, raw: str, flag: str, reserved: Iterable[ReservedPath], noun: str) -> None:
+    resolved = path.resolve()
+    for place in reserved:
+        if place.holds(resolved):
+            where = "is" if resolved == place.path.resolve() or not place.folder else "is inside"
+            raise HarnessError(f"{flag} {raw} {where} {place.what}; give a {noun} outside the store")
+
+
+def _check_not_data(path: Path, raw: str, flag: str, reserved: Iterable[ReservedPath]) -> None:
+    """Refuse an output path that would replace a reserved place, a special file or a
+    database: the writer renames over whatever is there."""
+    _check_not_reserved(path, raw, flag, reserved, "path")
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise HarnessError(f"{flag} {raw} is {kind}, not a regular file; give a file name")
+    if is_sqlite_database(path):
+        raise HarnessError(f"{flag} {raw} is an SQLite database (a tracking store, study or queue); "
+                           f"give another file name")
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -43,9 +123,11 @@ def _check_can_create_in(folder: Path, shown: str, flag: str, what: str) -> None
     os.unlink(probe)
 
 
-def writable_file(text: str | os.PathLike | None, flag: str) -> Path | None:
+def writable_file(text: str | os.PathLike | None, flag: str, *,
+                  reserved: Iterable[ReservedPath] = ()) -> Path | None:
     """``text`` as the path of a file the command will write, checked: not a folder (nor
-    a name ending in ``/``), inside a folder that exists or can be created, writable.
+    a name ending in ``/``), not a device, FIFO or socket, not an existing SQLite database,
+    not in a ``reserved`` place, inside a folder that exists or can be created, writable.
     None stays None (the flag was not given)."""
     if text is None:
         return None
@@ -55,30 +137,35 @@ def writable_file(text: str | os.PathLike | None, flag: str) -> Path | None:
         raise HarnessError(f"{flag} is empty; give a file name")
     if raw.endswith(("/", os.sep)) or path.is_dir():
         raise HarnessError(f"{flag} {raw} is a folder; give a file name")
+    _check_not_data(path, raw, flag, reserved)
     _check_can_create_in(path.parent, raw, flag, "file")
     return path
 
 
-def writable_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...]) -> Path | None:
+def writable_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...], *,
+                  reserved: Iterable[ReservedPath] = ()) -> Path | None:
     """An output path without suffix (``STEM.md``, ``STEM.tex``...): ``text`` must name a
     file stem, not a folder, and every ``STEM + suffix`` must be writable."""
-    path = writable_file(text, flag)
+    reserved = tuple(reserved)
+    path = writable_file(text, flag, reserved=reserved)
     if path is not None:
         for suffix in suffixes:
-            writable_file(f"{path}{suffix}", flag)
+            writable_file(f"{path}{suffix}", flag, reserved=reserved)
     return path
 
 
-def writable_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
-    """``text`` as a folder the command will create files in, checked: not a file, and
-    either an existing writable folder or one that can be created (its nearest existing
-    ancestor a writable folder). Not created here."""
+def writable_folder(text: str | os.PathLike | None, flag: str, *,
+                    reserved: Iterable[ReservedPath] = ()) -> Path | None:
+    """``text`` as a folder the command will create files in, checked: not a file, not in
+    a ``reserved`` place, and either an existing writable folder or one that can be created
+    (its nearest existing ancestor a writable folder). Not created here."""
     if text is None:
         return None
     raw = os.fspath(text)
     if not raw.strip():
         raise HarnessError(f"{flag} is empty; give a folder")
     path = Path(raw)
+    _check_not_reserved(path, raw, flag, reserved, "folder")
     if path.exists() and not path.is_dir():
         raise HarnessError(f"{flag} {raw} is a file, not a folder")
     _check_can_create_in(path, raw, flag, "folder")

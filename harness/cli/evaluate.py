@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.base.paths import writable_file
+from harness.cli.outputs import output_file
 from harness.cli.arguments import at_least
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
@@ -162,7 +162,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not metrics:
         raise HarnessError("--metrics is empty")
     parse_metrics(metrics, recall_k)
-    args.json = writable_file(args.json, "--json")
+    args.json = output_file(args.json, "--json")
     use_gpu = _use_gpu(args.device)
 
     gallery = load_embeddings(args.embeddings, "--embeddings")

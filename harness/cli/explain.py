@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.base.paths import writable_file, writable_folder
+from harness.cli.outputs import output_file, output_folder
 from harness.cli.arguments import at_least
 from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
@@ -27,8 +27,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     # Both checked before the explanations are computed and logged to the run, not after.
-    args.json = writable_file(args.json, "--json")
-    out_dir = writable_folder(args.out or Path("results") / "explain" / args.run, "--out")
+    args.json = output_file(args.json, "--json")
+    out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out")
     open_store()
     ctx = load_run(args.run, data_root=args.data_root, checkpoint_root=args.checkpoint_root, device=args.device)
     record = explain_run(ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir)

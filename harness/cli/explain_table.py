@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.base.atomic import atomic_write_text
-from harness.base.paths import writable_stem
+from harness.cli.outputs import output_stem
 from harness.cli.store import open_store
 from harness.reports.explanation_table import explain_rows, latex_table, markdown_table
 
@@ -17,7 +17,7 @@ __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 
 def cmd_explain_table(args: argparse.Namespace) -> int:
     name = args.name or "-".join(args.experiment)
-    stem = writable_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
+    stem = output_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
     open_store()
     rows = explain_rows(args.experiment)
     caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "

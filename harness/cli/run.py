@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.base.paths import writable_file, writable_folder
+from harness.cli.outputs import output_file, output_folder
 from harness.cli.arguments import at_least, int_list, model_name, name_list
 from harness.cli.fetch import check_dataset, ensure_dataset
 from harness.cli.store import open_store
@@ -84,7 +84,7 @@ def _request(args: argparse.Namespace) -> _Request:
 def _check_outputs(args: argparse.Namespace) -> None:
     """``--json`` and the checkpoint root must be writable before the first epoch, not
     after the last one."""
-    args.json = writable_file(args.json, "--json")
+    args.json = output_file(args.json, "--json")
     check_checkpoint_root(args.checkpoint_root)
 
 
@@ -93,7 +93,7 @@ def check_checkpoint_root(root: Path | None) -> None:
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
     from harness.engine.training import default_checkpoint_root
 
-    writable_folder(root or default_checkpoint_root(), "--checkpoint-root" if root else
+    output_folder(root or default_checkpoint_root(), "--checkpoint-root" if root else
                     "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
 
 

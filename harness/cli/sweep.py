@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
 from harness.cli.fetch import check_dataset
+from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.config.grids import Grid, load_grid
@@ -32,6 +33,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
+    check_study_storage(args.storage)
     if not args.worker_only:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)

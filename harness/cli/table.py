@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError, unknown_name
-from harness.base.paths import readable_file, writable_file
+from harness.base.paths import readable_file
+from harness.cli.outputs import output_file
 from harness.cli.store import open_store
-from harness.reports.figures import write_forest
+from harness.reports.figures import forest_paths, write_forest
 from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
 
 __all__ = ["add_table_parser", "cmd_table"]
@@ -35,8 +36,10 @@ def cmd_table(args: argparse.Namespace) -> int:
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
     name = args.name or "+".join(args.experiment)
-    out = writable_file(args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
-                        "--out")
+    out = output_file(args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
+                      "--out")
+    for figure in forest_paths(out.with_suffix("")):  # written beside the table
+        output_file(figure, "--out (forest plot)")
     open_store()
     table = compose_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
                           metrics=metrics, caption=args.caption or "", published_rows=rows or None,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness.cli.arguments import at_least, int_list
 from harness.cli.fetch import check_dataset
+from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.engine.tune import (
@@ -35,6 +36,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                             workers=args.loader_workers))
     seeds = args.seeds
     check_checkpoint_root(None)  # checked before the search starts, not after it
+    check_study_storage(args.storage)
     check_dataset(setup.dataset, args.data_root)
     open_store()
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)

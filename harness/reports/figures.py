@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["FOREST_COLUMNS", "forest_rows", "lead_metric", "render_forest", "write_forest"]
+__all__ = ["FOREST_COLUMNS", "forest_paths", "forest_rows", "lead_metric", "render_forest", "write_forest"]
 
 #: Columns of :func:`forest_rows` (and of the CSV beside each figure).
 FOREST_COLUMNS = ["dataset", "block", "comparison", "metric", "pairs", "difference", "low", "high",
@@ -117,6 +117,11 @@ def render_forest(rows: pd.DataFrame, *, metric_label: str, baseline_label: str,
     return out[0], out[1]
 
 
+def forest_paths(stem: Path) -> list[Path]:
+    """The files :func:`write_forest` writes for ``stem``: ``.forest.pdf``, ``.png``, ``.csv``."""
+    return [stem.with_name(f"{stem.name}.forest.{ext}") for ext in ("pdf", "png", "csv")]
+
+
 def write_forest(stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, metrics: Sequence[str] = ()
                  ) -> list[Path]:
     """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), atomically; nothing
@@ -130,7 +135,7 @@ def write_forest(stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, 
     rows = forest_rows(tests, labels, metric)
     pdf, png = render_forest(rows, metric_label=METRIC_LABELS.get(metric, metric),
                              baseline_label=labels[tests["baseline"].iloc[0]], dataset_labels=DATASET_LABELS)
-    paths = [stem.with_name(f"{stem.name}.forest.{ext}") for ext in ("pdf", "png", "csv")]
+    paths = forest_paths(stem)
     atomic_write_bytes(paths[0], pdf)
     atomic_write_bytes(paths[1], png)
     atomic_write_text(paths[2], rows.to_csv(index=False, float_format="%.6f"))

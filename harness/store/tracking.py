@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.base.paths import ReservedPath
 
 __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
            "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root",
            "ARTIFACT_FOLDER", "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "RUNS_VIEW", "ui_url",
-           "prepare_for_ui", "harness_version", "record_invocation", "invocation"]
+           "prepare_for_ui", "harness_version", "record_invocation", "invocation", "reserved_paths"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -91,6 +92,24 @@ def artifact_root() -> Path:
     if database is not None:
         return (database.parent / ARTIFACT_FOLDER).resolve()
     return (Path("results") / ARTIFACT_FOLDER).resolve()
+
+
+def reserved_paths() -> tuple[ReservedPath, ...]:
+    """The places of the tracking store that no output may take (``--json``, ``--out``,
+    figures, checkpoints): a SQLite store's database file and its artifact folder, a file
+    store's folder. Computed from ``MLFLOW_TRACKING_URI`` alone: nothing is created."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    database = _sqlite_database(uri)
+    if database is not None:
+        return (ReservedPath(database, f"the tracking store's database ({uri})"),
+                ReservedPath(database.parent / ARTIFACT_FOLDER, f"the tracking store's artifact folder "
+                             f"({database.parent / ARTIFACT_FOLDER})", folder=True))
+    places = [ReservedPath(Path("results") / ARTIFACT_FOLDER, "the tracking store's artifact folder "
+                           f"({Path('results') / ARTIFACT_FOLDER})", folder=True)]
+    if "://" not in uri or uri.startswith("file:"):  # a file store: the folder is the store
+        folder = Path(uri.removeprefix("file://").removeprefix("file:"))
+        places.append(ReservedPath(folder, f"the tracking store ({uri})", folder=True))
+    return tuple(places)
 
 
 def ui_server_command(host: str, port: int) -> list[str]:

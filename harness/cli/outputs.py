@@ -1,0 +1,42 @@
+"""Every output path a command takes (``--json``, ``--out``, figures, checkpoints), checked
+before any work starts against the tracking store's own places: an output never replaces
+the store's database, never lands inside its artifact folder, and never replaces a device,
+a FIFO, a folder or any SQLite database (:mod:`harness.base.paths`). The harness's own
+writes into the store go through MLflow, not through these paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.base.errors import HarnessError
+from harness.base.paths import writable_file, writable_folder, writable_stem
+from harness.store.tracking import reserved_paths
+
+__all__ = ["output_file", "output_folder", "output_stem", "check_study_storage"]
+
+
+def output_file(text: str | os.PathLike | None, flag: str) -> Path | None:
+    """A file the command will write (None when the flag was not given)."""
+    return writable_file(text, flag, reserved=reserved_paths())
+
+
+def output_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...]) -> Path | None:
+    """Files ``STEM + suffix`` the command will write."""
+    return writable_stem(text, flag, suffixes, reserved=reserved_paths())
+
+
+def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
+    """A folder the command will create files in."""
+    return writable_folder(text, flag, reserved=reserved_paths())
+
+
+def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
+    """An Optuna or sweep storage that is the tracking store's database would add its
+    tables to the store: refused."""
+    if not storage or not storage.startswith("sqlite:///"):
+        return
+    database = Path(storage.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+    for place in reserved_paths():
+        if not place.folder and place.holds(database):
+            raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
