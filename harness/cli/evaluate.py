@@ -17,8 +17,8 @@ import numpy as np
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.outputs import output_file
 from harness.cli.arguments import at_least
+from harness.cli.outputs import output_file
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
 

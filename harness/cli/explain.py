@@ -11,8 +11,8 @@ from typing import Any
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.outputs import output_file, output_folder
 from harness.cli.arguments import at_least
+from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.outputs import output_file, output_folder
 from harness.cli.arguments import at_least, int_list, model_name, name_list
 from harness.cli.fetch import check_dataset, ensure_dataset
+from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
 from harness.config.protocol import default_protocol
 
