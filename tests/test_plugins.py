@@ -90,7 +90,9 @@ def test_a_grid_of_all_methods_gets_rows_for_a_new_plugin(throwaway, smoke):
 
 
 def test_a_new_plugin_without_pair_maps_declines_them(throwaway):
-    from tests.test_explain import test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one
+    from tests.test_explain import (
+        test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one,
+    )
 
     assert not ThrowawayHead(channels={"s32": 8}, embedding_size=4).explains_pairs
     test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one(throwaway)
@@ -113,7 +115,7 @@ def test_a_new_plugin_passes_the_conformance_suite(throwaway):
 
 def _grid(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "g.toml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(textwrap.dedent("""\
         protocol = "smoke"
         losses = ["margin"]
         backbones = ["efficientnet_lite0"]
