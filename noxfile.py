@@ -23,8 +23,9 @@ n; each row is tested against the grid's ``baseline`` row of its block (default 
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
 
-``nox -s docs`` builds the documentation site (``docs/``, ``mkdocs.yml``) into ``site/``
-and fails on any warning.
+``nox -s docs`` writes the JSON Schemas of protocol and grid files into ``docs/`` and
+builds the documentation site (``docs/``, ``mkdocs.yml``) into ``site/``; it fails on any
+warning.
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def docs(session: nox.Session) -> None:
-    """The documentation site into ``site/`` (``-- --site-dir DIR`` elsewhere); any warning fails it."""
+    """The JSON Schemas of protocol and grid files into ``docs/`` (from the registered
+    methods), then the documentation site into ``site/`` (``-- --site-dir DIR`` elsewhere);
+    any warning fails it."""
+    for kind in ("protocol", "grid"):
+        with open(ROOT / "docs" / f"{kind}.schema.json", "w", encoding="utf-8") as out:
+            session.run("python", "-m", "harness", "schema", kind, stdout=out)
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 

@@ -2,7 +2,9 @@
 
 Every module of this package is imported here (``base`` first), so a new file
 ``methods/<name>.py`` whose class carries ``@register_method`` is registered without
-editing anything else.
+editing anything else. An installed package registers plugins through the entry-point
+group ``dml_harness.methods`` (:data:`~methods.base.PLUGIN_GROUP`); the registry imports
+them at its first lookup.
 
 >>> from methods import create_method, list_methods
 >>> list_methods('*grouping')

@@ -343,6 +343,11 @@ class GroupingHead(Method):
             return None
         return grouped_pair_maps(maps(query), maps(gallery), query.groups, gallery.groups, same)
 
+    @property
+    def explains_pairs(self) -> bool:
+        """Only the attentive (A-) and gated (G-) groupings have spatial maps."""
+        return self.grouping_name in ("attention", "gate")
+
     @classmethod
     def search_space(cls, trial, *, embedding_size):
         """P in {2, 4, 8} (only values dividing ``embedding_size``) and lambda1

@@ -19,7 +19,7 @@ gallery items, P pairs):
 | `rerank_by_ids` | the same from stored fields and ids: what the evaluation calls (default: gathers, then `rerank_similarity`) |
 | `score_pairs` | Q x G scores of every pair, for a head that declares `exhaustive_pairs` (default: from `rerank_similarity`) |
 | `explain` | B x K x H x W maps, drawn on test images after training |
-| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `python -m harness explain` |
+| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `python -m harness explain` (`explains_pairs`: whether it gives any) |
 | `figures` | a paper figure of a tuple of test images (`figure_tuples`), as data (`FigureSet`); the engine draws and writes it |
 | `search_space` | the Optuna search space over the method's options |
 | `cross_process_refusal` | why the method cannot train across processes, or "" |
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from harness.components.losses import MetricLoss
 
 __all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "TrainingBatch", "METHODS",
-           "Panel", "Link", "FigureData", "FigureSet", "FIGURE_TUPLES",
+           "PLUGIN_GROUP", "Panel", "Link", "FigureData", "FigureSet", "FIGURE_TUPLES",
            "register_method", "register_variant", "create_method", "check_method_options",
            "list_methods"]
 
@@ -397,6 +397,12 @@ class Method(nn.Module):
         P x h' x w'), non-negative, at feature resolution (the harness resizes them)."""
         return None
 
+    @property
+    def explains_pairs(self) -> bool:
+        """Whether :meth:`pair_maps` gives maps (not None): by default, whether the class
+        overrides it. A head whose maps depend on its options overrides this too."""
+        return type(self).pair_maps is not Method.pair_maps
+
     def figures(self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]) -> FigureSet | None:
         """A paper figure explaining a tuple of test images, as data, or None. The engine
         calls it after training for each ``kind`` in ``figure_tuples`` (:data:`FIGURE_TUPLES`:
@@ -460,7 +466,12 @@ class MethodEntry:
         return {"method_revision": self.cls.revision} if self.cls.revision > 1 else {}
 
 
-METHODS: Registry[MethodEntry] = Registry("method")
+#: The entry-point group through which an installed package registers method plugins
+#: (``[project.entry-points."dml_harness.methods"]``): :data:`METHODS` imports each of its
+#: entry points once, at its first lookup.
+PLUGIN_GROUP = "dml_harness.methods"
+
+METHODS: Registry[MethodEntry] = Registry("method", entry_point_group=PLUGIN_GROUP)
 
 
 def register_method(name: str, *, description: str = "", **preset):

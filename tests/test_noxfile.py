@@ -112,3 +112,24 @@ def test_the_fair_table_smoke_caption_names_no_published_columns(noxfile):
         assert "--published" not in call
         caption = _option(call, "--caption")
         assert "a pipeline check" in caption and "published" not in caption
+
+
+def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(noxfile, tmp_path, monkeypatch):
+    written = []
+
+    class SchemaSession(RecordingSession):
+        posargs: list[str] = []
+
+        def run(self, *args, **kwargs):
+            super().run(*args, **kwargs)
+            if "stdout" in kwargs:
+                written.append(kwargs["stdout"].name)
+
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    session = SchemaSession()
+    noxfile.docs(session)
+    *schemas, build = session.calls
+    assert schemas == [("python", "-m", "harness", "schema", "protocol"), ("python", "-m", "harness", "schema", "grid")]
+    assert written == [str(tmp_path / "docs" / "protocol.schema.json"), str(tmp_path / "docs" / "grid.schema.json")]
+    assert build[:3] == ("mkdocs", "build", "--strict")

@@ -1,57 +1,113 @@
-"""Plain-dict registries filled by a decorator that refuses duplicate names."""
+"""Plain-dict registries filled by a decorator that refuses duplicate names, and the
+plugins of installed packages, found through an entry-point group."""
 
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
-from harness.base.errors import unknown_name
+from harness.base.errors import HarnessError, unknown_name
 
-__all__ = ["Registry"]
+__all__ = ["NameTaken", "Registry"]
 
 T = TypeVar("T")
 
 
+class NameTaken(ValueError):
+    """A name registered twice."""
+
+
 class Registry(Generic[T]):
     """``{name: entry}`` with ``register`` (a decorator), ``get`` and ``list``.
+
+    With ``entry_point_group``, the first lookup (``get``, ``list``, ``in``, ...) also
+    imports, once, every entry point of that group that an installed distribution
+    declares; importing one registers its entries. A plugin that fails to import, that
+    registers a name already taken, or that registers nothing is a
+    :class:`~harness.base.errors.HarnessError` naming the distribution and the entry
+    point, raised by that lookup and every later one.
 
     >>> LOSSES = Registry("loss")
     >>> @LOSSES.register("triplet")
     ... def make_triplet(**kw): ...
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, *, entry_point_group: str = ""):
         self.kind = kind
+        self.entry_point_group = entry_point_group
         self._entries: dict[str, T] = {}
+        self._plugins_loaded = not entry_point_group
+        self._plugin_error: HarnessError | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(entry: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.kind} '{name}' is already registered")
+                raise NameTaken(f"{self.kind} '{name}' is already registered")
             self._entries[name] = entry
             return entry
 
         return add
 
+    def remove(self, name: str) -> None:
+        """Unregister ``name`` (a plugin registered for a test)."""
+        del self._entries[name]
+
     def get(self, name: str) -> T:
+        entries = self._loaded()
         try:
-            return self._entries[name]
+            return entries[name]
         except KeyError:
-            raise unknown_name(self.kind, name, self._entries) from None
+            raise unknown_name(self.kind, name, entries) from None
 
     def list(self, pattern: str = "*") -> list[str]:
-        return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
+        return sorted(n for n in self._loaded() if fnmatch.fnmatch(n, pattern))
 
     def registered(self) -> list[str]:
         """Every name in the order it was registered (``list`` sorts)."""
-        return list(self._entries)
+        return list(self._loaded())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.list())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._loaded())
+
+    # ------------------------------------------------------------------ installed plugins
+
+    def _loaded(self) -> dict[str, T]:
+        """The entries, once the entry points of installed plugins are imported."""
+        if not self._plugins_loaded:
+            self._plugins_loaded = True  # first, so that a plugin's own lookups do not recurse
+            try:
+                for point in entry_points(group=self.entry_point_group):
+                    self._load_plugin(point)
+            except HarnessError as err:
+                self._plugin_error = err
+        if self._plugin_error is not None:
+            raise self._plugin_error
+        return self._entries
+
+    def _load_plugin(self, point: EntryPoint) -> None:
+        """Import one entry point; a module imported for the first time must register a new name."""
+        before, imported_before = set(self._entries), point.module in sys.modules
+        try:
+            point.load()
+        except NameTaken as err:
+            raise HarnessError(f"{self._plugin_label(point)}: {err}; rename the plugin's {self.kind}") from err
+        except Exception as err:  # a plugin's import may fail in any way; the user needs its name
+            raise HarnessError(f"{self._plugin_label(point)} failed to load: {type(err).__name__}: {err}") from err
+        if not imported_before and not set(self._entries) - before:
+            raise HarnessError(f"{self._plugin_label(point)} registered no {self.kind} when imported")
+
+    def _plugin_label(self, point: EntryPoint) -> str:
+        """``method plugin 'gem' (entry point gem = "gem_plugin" of distribution gem-plugin 0.1,
+        group dml_harness.methods)``."""
+        dist = f"{point.dist.name} {point.dist.version}" if point.dist is not None else "unknown"
+        return (f"{self.kind} plugin '{point.name}' (entry point {point.name} = \"{point.value}\" of "
+                f"distribution {dist}, group {self.entry_point_group})")

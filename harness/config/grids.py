@@ -2,7 +2,9 @@
 expanded into cells (one run each).
 
 A grid names a protocol and the axes ``methods x losses x backbones x datasets x
-seeds``; ``[[extra]]`` tables add sub-grids that override some axes (e.g. the SOP
+seeds``; ``methods = "all"`` is every registered method that is not an ablation (the
+``--methods all`` list, installed plugins included) less the names in ``exclude``;
+``[[extra]]`` tables add sub-grids that override some axes (e.g. the SOP
 row of a paper's table), ``[backbone.<name>] set = {...}`` holds the settings a paper
 prescribes for one backbone (the grid's protocol *variant*: fingerprinted, not a
 deviation), top-level ``set`` and ``[smoke] set`` are protocol overrides recorded as
@@ -33,7 +35,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -56,6 +58,8 @@ AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 # ----------------------------------------------------------------- the file's schema
 
 _Names = Annotated[list[Str], Field(min_length=1)]
+#: ``"all"``: every registered method that is not an ablation (less the grid's ``exclude``).
+_Methods = _Names | Literal["all"]
 _Seeds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
 #: ``protocol.key = value`` overrides; their values are the protocol's to check.
 _Overrides = dict[Str, Any]
@@ -65,7 +69,7 @@ class _SubGrid(BaseModel):
     """An ``[[extra]]`` table: axes that replace the grid's in a sub-grid."""
 
     model_config = SPEC_CONFIG
-    methods: _Names | None = None
+    methods: _Methods | None = None
     losses: _Names | None = None
     backbones: _Names | None = None
     datasets: _Names | None = None
@@ -107,7 +111,9 @@ class GridFile(BaseModel):
     description: Str = ""
     protocol: Str
     experiment: Str | None = None
-    methods: _Names
+    methods: _Methods
+    #: Methods left out of ``methods = "all"`` (and of its ``[[extra]]`` and ``[smoke]`` uses).
+    exclude: list[Str] = []
     losses: _Names
     backbones: _Names
     datasets: _Names
@@ -219,6 +225,7 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
         GridFile.model_validate(data)
     except ValidationError as err:
         raise refusal(err, GridFile.model_json_schema(), what="grid key") from None
+    data = _with_method_names(data, path)
     smoke_data = data.get("smoke", {})
     if smoke and not smoke_data:
         raise HarnessError(f"grid {path.stem} has no [smoke] table; --smoke needs one")
@@ -262,6 +269,33 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 paper_axes={a: list(data[a]) for a in ("datasets", "backbones")})
     grid.cells.extend(expand(grid))
     return grid
+
+
+def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data`` with each ``methods = "all"`` (top level, ``[[extra]]``, ``[smoke]``) replaced
+    by the names it stands for; ``exclude`` must name registered methods."""
+    from methods import METHODS, list_methods
+
+    tables = [data, *data.get("extra", []), data.get("smoke", {})]
+    exclude = data.get("exclude", [])
+    if exclude and not any(table.get("methods") == "all" for table in tables):
+        raise HarnessError(f"grid {path.stem}: 'exclude' applies to methods = \"all\", which the grid does not use")
+    for name in exclude:
+        if name not in METHODS:
+            raise HarnessError(f"grid {path.stem}: exclude names '{name}', which is not a registered method")
+    every = [name for name in list_methods(ablations=False) if name not in exclude]
+    if not every:
+        raise HarnessError(f"grid {path.stem}: methods = \"all\" less exclude leaves no method")
+
+    def named(table: dict[str, Any]) -> dict[str, Any]:
+        return {**table, "methods": every} if table.get("methods") == "all" else table
+
+    out = named(data)
+    if "extra" in data:
+        out["extra"] = [named(extra) for extra in data["extra"]]
+    if "smoke" in data:
+        out["smoke"] = named(data["smoke"])
+    return out
 
 
 def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, tuple[str, ...]]:

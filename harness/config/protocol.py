@@ -372,10 +372,17 @@ def check_batch_fits(protocol: Protocol, dataset: str, *, images: int, classes: 
             f"training images of {dataset} ({classes} classes)")
 
 
+#: ``[methods.<name>]`` of a method the schema was generated without (a plugin added or
+#: installed since): any table; the harness checks its options when it reads the file.
+_UNLISTED_METHOD = {"type": "object", "description": "Options of a method registered after this schema was "
+                    "generated; python -m harness schema lists them."}
+
+
 def protocol_json_schema() -> dict[str, Any]:
     """The JSON Schema of a protocol file (what ``python -m harness schema`` prints and
     ``docs/protocol.schema.json`` holds): the sections' declared types, every registered
-    method's options under ``[methods.<name>]`` and the declared loss-argument ranges."""
+    method's options under ``[methods.<name>]`` (any table for another name, so that a copy
+    generated earlier accepts a plugin added since) and the declared loss-argument ranges."""
     from harness.config.options import LossArguments, options_model
     from methods import METHODS
 
@@ -384,7 +391,8 @@ def protocol_json_schema() -> dict[str, Any]:
                    "description": "A fair protocol (protocols/<name>.toml); python -m harness schema prints this."})
     schema["required"] = []  # name defaults to the file's stem
     schema["properties"]["methods"] = {
-        "type": "object", "additionalProperties": False, "description": "Method options fixed by the protocol.",
+        "type": "object", "additionalProperties": _UNLISTED_METHOD,
+        "description": "Method options fixed by the protocol.",
         "properties": {name: options_model(name).model_json_schema() for name in METHODS.list()}}
     args = schema["$defs"]["LossSpec"]["properties"]["args"]
     args["additionalProperties"] = LossArguments.model_json_schema()

@@ -68,6 +68,8 @@ def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False
         return " or ".join(describe(option, defs, plural=plural) for option in options)
     if "enum" in node:
         return "one of " + ", ".join(shown(v) for v in node["enum"])
+    if "const" in node:
+        return shown(node["const"])
     kind = node.get("type")
     bounds = " and".join(f" {sign} {shown(node[key])}" for key, sign in _BOUNDS if key in node)
     if kind == "array":
@@ -115,7 +117,8 @@ def refusal(err: ValidationError, schema: dict[str, Any], *, what: str, prefix: 
     ``unknown <what> 'a.c' (did you mean 'a.b'?)``. ``schema``: the JSON Schema of what was
     validated; ``prefix``: keys that lead to it (``methods.agrouping``) for the message."""
     first = err.errors()[0]
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    # Validator and union-member tags ('function-after[...]', 'list[str]') are not keys.
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and (p.startswith("function-") or "[" in p))]
     key = _dotted([*prefix, *loc])
     if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         parent = _node_at(schema, loc[:-1]) or {}
