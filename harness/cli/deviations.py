@@ -27,7 +27,8 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
 def _describe(name: str, deviation: PaperDeviation) -> str:
     scope = ", ".join(filter(None, [
         f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
-        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else ""])) or "every run"
+        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else "",
+        f"backbones {', '.join(deviation.backbones)}" if deviation.backbones else ""])) or "every run"
     lines = [f"{name}  ({scope})", f"  paper/code: {deviation.paper}"
              + (f"  [{deviation.reference}]" if deviation.reference else ""),
              f"  harness:    {deviation.harness}", f"  why:        {deviation.why}"]

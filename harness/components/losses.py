@@ -154,7 +154,7 @@ class MultiSimilarityLoss(pml_losses.MultiSimilarityLoss):
         out = super()._compute_loss(mat, pos_mask, neg_mask)
         if not self.kept_anchors_only:
             return out
-        losses = out["loss"]["losses"]
+        losses = out["loss"]["losses"].flatten()  # one per anchor (PML keeps a B x 1 shape)
         kept = (pos_mask.sum(dim=1) > 0) & (neg_mask.sum(dim=1) > 0)
         count = kept.sum()
         total = torch.where(kept, losses, torch.zeros_like(losses)).sum()

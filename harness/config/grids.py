@@ -300,7 +300,7 @@ def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,
     paper_dataset = dataset if dataset in grid.paper_axes.get("datasets", [dataset]) else \
         grid.paper_axes["datasets"][0]
     reference = paper.for_dataset(paper_dataset)
-    found = applicable(reference.deviations, method, paper_dataset)
+    found = applicable(reference.deviations, method, paper_dataset, backbone)
     if not grid.smoke:
         return found
     changed = {}

@@ -491,7 +491,9 @@ def _check_registered_names(protocol: Protocol) -> None:
     from harness.components.losses import LOSSES, check_loss_args
     from methods import METHODS
 
-    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list())
+    from harness.components.backbones import BACKBONES
+
+    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
              ("datasets", protocol.datasets, DATASETS),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},

@@ -798,7 +798,7 @@ def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
     as ``deviation.<name>`` tags (its paper protocol's, and a smoke version's settings),
     else those its protocol declares for this method and dataset."""
     handed = {k.removeprefix(TAG_PREFIX): from_tag(v) for k, v in cfg.tags.items() if k.startswith(TAG_PREFIX)}
-    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset)
+    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name)
 
 
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,
