@@ -259,9 +259,15 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 published_rows=published_rows, smoke=smoke,
                 test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
                 published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
-                paper_axes={a: list(data[a]) for a in ("datasets", "backbones")})
+                paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")})
     grid.cells.extend(expand(grid))
     return grid
+
+
+def _with_extras(data: dict[str, Any], axis: str) -> list[str]:
+    """The grid file's values of ``axis``, its ``[[extra]]`` sub-grids' included (Table 4's
+    SOP row of agrouping-table3 is a paper dataset too)."""
+    return list(dict.fromkeys([*data[axis], *(v for extra in data.get("extra", []) for v in extra.get(axis, []))]))
 
 
 def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, tuple[str, ...]]:
