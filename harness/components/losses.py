@@ -26,6 +26,13 @@ loss                    ``"dgml"`` (the code)                       ``"pml"`` (t
                         ``self_pairs=True``)
 ======================  ==========================================  =====================================
 
+DGML-master's ``main.py`` cannot run its contrastive or binomial deviance criteria:
+``criteria/__init__.py`` (XinyiXuXD/DGML-master@7834411, l. 7-10) maps those names to
+the modules themselves, which ``select`` then calls (l. 18), a ``TypeError``. The
+``"dgml"`` reductions of those two losses follow the criteria's files (``contrastive.py``,
+``binomial_deviance.py``), what the code would compute had it run them; the margin
+loss's (``Margin``, a class) is what the code runs.
+
 ``"roth"`` is the arithmetic of Roth et al.'s code as the DIML authors ship it and train
 their baselines with (wl-zhao/DIML@c15dbea, ``criteria/``), which the ``diml-table1``
 grid selects:
