@@ -487,11 +487,10 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
 def _check_registered_names(protocol: Protocol) -> None:
     """Sections keyed by a method, loss or dataset name must name a registered one: a
     misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
+    from harness.components.backbones import BACKBONES
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES, check_loss_args
     from methods import METHODS
-
-    from harness.components.backbones import BACKBONES
 
     check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
