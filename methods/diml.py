@@ -36,8 +36,8 @@ Where the paper and the released code (wl-zhao/DIML) differ or are silent:
   drops below 0.1 (utilities/diml.py lines 7-14), an absolute threshold on a quantity of
   size ~exp(1/eps); on near-parallel embeddings that is after two iterations, and the
   plans can miss the marginals by ~1e-3 in L1, or the rule runs to the 100-iteration cap.
-  ``"diml_code"`` (the head's default, so the ``diml-table1`` grid under ``roth2020``
-  reproduces the code's scores) is that rule (:func:`sinkhorn_diml_code`). ``"converged"``
+  ``"diml_code"`` (the head's default, so the ``diml-table1`` grid reproduces the
+  code's scores) is that rule (:func:`sinkhorn_diml_code`). ``"converged"``
   (a named choice) iterates every pair until its own L1
   marginal error is at most ``tol`` (head default 1e-4; :func:`sinkhorn` default 1e-6)
   or ``max_iter`` (the code's cap, 100): the paper's "iteratively projecting onto the

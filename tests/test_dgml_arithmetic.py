@@ -214,12 +214,17 @@ def test_the_agrouping_table3_grid_runs_every_loss_with_the_codes_arithmetic():
 
 
 def test_reductions_offered():
-    assert all(loss_reductions(loss) == ["pml", "dgml"] for loss in DGML_LOSSES)
+    # "roth": Roth et al.'s criteria as DIML ships them (the margin and contrastive ones, and
+    # multi-similarity's; DGML has no binomial deviance counterpart there)
+    assert {loss: loss_reductions(loss) for loss in DGML_LOSSES} == {
+        "margin": ["pml", "dgml", "roth"], "contrastive": ["pml", "dgml", "roth"],
+        "binomial_deviance": ["pml", "dgml"]}
+    assert loss_reductions("multi_similarity") == ["pml", "roth"]
     assert loss_reductions("triplet") == ["pml"]
 
 
 @pytest.mark.parametrize("loss, args, message", [
-    ("margin", {"reduction": "dgm"}, "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml"),
+    ("margin", {"reduction": "dgm"}, "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml, roth"),
     ("triplet", {"reduction": "dgml"}, "loss 'triplet': unknown reduction 'dgml' valid: pml"),
     ("margin", {"reduction": "dgml", "nu": 0.1}, "no beta regulariser: nu must be 0, got 0.1"),
 ])

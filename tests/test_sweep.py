@@ -234,7 +234,7 @@ def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypat
 
 def test_diml_table1_grid():
     grid = load_grid("diml-table1")
-    assert grid.protocol == "roth2020" and grid.published_tables == ("1",)
+    assert grid.protocol == "diml" and grid.published_tables == ("1",)
     assert grid.metrics == ("precision_at_1", "r_precision", "mean_average_precision_at_r",
                             "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
     assert grid.published_metrics == {"r_precision": "r_precision_query_in_r",

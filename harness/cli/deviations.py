@@ -9,6 +9,7 @@ import argparse
 from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
 from harness.config.grids import list_grids, load_grid
+from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
 from harness.config.protocol import apply_overrides, list_protocols, load_protocol
 
 
@@ -20,6 +21,8 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
     which.add_argument("--protocol", help="a protocol name or .toml path (default: every shipped protocol)")
     p.add_argument("--smoke", action="store_true", help="with --grid: the grid's smoke version")
     p.add_argument("--name", help="show one deviation by name")
+    p.add_argument("--ledger", help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "
+                   ".toml path) against the grid, instead of the ledgers that cover it")
     p.set_defaults(func=cmd_deviations)
     return p
 
@@ -27,7 +30,8 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
 def _describe(name: str, deviation: PaperDeviation) -> str:
     scope = ", ".join(filter(None, [
         f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
-        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else ""])) or "every run"
+        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else "",
+        f"backbones {', '.join(deviation.backbones)}" if deviation.backbones else ""])) or "every run"
     lines = [f"{name}  ({scope})", f"  paper/code: {deviation.paper}"
              + (f"  [{deviation.reference}]" if deviation.reference else ""),
              f"  harness:    {deviation.harness}", f"  why:        {deviation.why}"]
@@ -45,8 +49,8 @@ def _grid_sections(args: argparse.Namespace) -> list[tuple[str, dict[str, PaperD
 
 
 def cmd_deviations(args: argparse.Namespace) -> int:
-    if args.smoke and not args.grid:
-        raise HarnessError("--smoke goes with --grid")
+    if (args.smoke or args.ledger) and not args.grid:
+        raise HarnessError("--smoke and --ledger go with --grid")
     if args.grid:
         sections = _grid_sections(args)
     else:
@@ -64,4 +68,22 @@ def cmd_deviations(args: argparse.Namespace) -> int:
             print(_describe(name, deviation))
         for line in settings:
             print(f"setting: {line}")
+    if args.grid and not args.smoke:
+        for line in _ledger_lines(args):
+            print(line)
     return 0
+
+
+def _ledger_lines(args: argparse.Namespace) -> list[str]:
+    """Per ledger covering the grid (or ``--ledger``), one line per cell family."""
+    grid = load_grid(args.grid)
+    ledgers = [load_ledger(args.ledger)] if args.ledger else ledgers_for_grid(grid.name)
+    lines = []
+    for ledger in ledgers:
+        counts = family_counts(check_ledger(ledger, [str(args.grid)]))
+        lines.append(f"recipe ledger {ledger.paper} ({ledger.path.name}, {len(ledger.entries)} entries), "
+                     f"per cell family:")
+        for family, found in counts.items():
+            lines.append(f"  {family}: {found['matched']} matched, {found['deviating']} deviating"
+                         + (f", {found['undeclared']} UNDECLARED" if found["undeclared"] else ""))
+    return lines

@@ -272,6 +272,20 @@ def _efficientnet_lite0(pretrained: bool):
     return model, _EFFICIENTNET
 
 
+def _skip_input_transform(body: nn.Module, name: str) -> None:
+    """Turn off the conversion a backbone applies to its inputs before its first layer:
+    torchvision's GoogLeNet (``transform_input``, set with its ImageNet weights) maps each
+    ImageNet-normalised channel back to the [-1, 1] scaling its ported weights expect
+    (channel 0: x * 0.229 / 0.5 + (0.485 - 0.5) / 0.5). DGML-master's GoogLeNet never runs
+    it: it wraps the network's children in a ``Sequential`` (XinyiXuXD/DGML-master@7834411
+    architectures/googlenet.py:18-19), which skips ``GoogLeNet.forward``. A backbone
+    without such a conversion refuses, so that the setting never reads as applied."""
+    if not hasattr(body, "transform_input"):
+        raise HarnessError(f"protocol key 'backbone.input_transform' = false: backbone '{name}' has no input "
+                           f"transform of its own to skip (only googlenet has one)")
+    body.transform_input = False
+
+
 @BACKBONES.register("googlenet")
 def _googlenet(pretrained: bool):
     """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does."""
@@ -289,10 +303,14 @@ def _googlenet(pretrained: bool):
 
 
 def create_backbone(name: str, *, pretrained: bool, weights: str = "", freeze_bn: bool = True,
-                    out_stages: Sequence[str] = ("s32",)) -> Backbone:
-    """Build a registered backbone; ``weights`` (a file) overrides the pretrained source."""
+                    out_stages: Sequence[str] = ("s32",), input_transform: bool = True) -> Backbone:
+    """Build a registered backbone; ``weights`` (a file) overrides the pretrained source.
+    ``input_transform=False`` skips the backbone's own input conversion
+    (:func:`_skip_input_transform`)."""
     factory = BACKBONES.get(name)
     body, spec = factory(pretrained and not weights)
     if weights:
         _load_weights_file(body, weights, name)
+    if not input_transform:
+        _skip_input_transform(body, name)
     return Backbone(name, body, spec, freeze_bn=freeze_bn, out_stages=out_stages)

@@ -26,7 +26,35 @@ loss                    ``"dgml"`` (the code)                       ``"pml"`` (t
                         ``self_pairs=True``)
 ======================  ==========================================  =====================================
 
-Each entry's ``reductions`` holds the same as data (:class:`Reduction`).
+DGML-master's ``main.py`` cannot run its contrastive or binomial deviance criteria:
+``criteria/__init__.py`` (XinyiXuXD/DGML-master@7834411, l. 7-10) maps those names to
+the modules themselves, which ``select`` then calls (l. 18), a ``TypeError``. The
+``"dgml"`` reductions of those two losses follow the criteria's files (``contrastive.py``,
+``binomial_deviance.py``), what the code would compute had it run them; the margin
+loss's (``Margin``, a class) is what the code runs.
+
+``"roth"`` is the arithmetic of Roth et al.'s code as the DIML authors ship it and train
+their baselines with (wl-zhao/DIML@c15dbea, ``criteria/``), which the ``diml-table1``
+grid selects:
+
+======================  ==========================================  =====================================
+loss                    ``"roth"`` (the code)                       ``"pml"`` (the default)
+======================  ==========================================  =====================================
+``margin``              summed hinge terms / triplets with an       / active hinge terms, a triplet's two
+                        active term (``margin.py`` l. 59-67;        counted apart (``DivisorReducer``)
+                        :class:`ActiveTripletReducer`)
+``contrastive``         each hinge term's mean over all sampled     mean over the non-zero terms
+                        triplets, zeros included (``contrastive.py`` (``AvgNonZeroReducer``)
+                        l. 34-37; ``MeanReducer``)
+``multi_similarity``    mean over the anchors that kept at least    mean over every anchor of the
+                        one positive and one negative pair, the     batch, an anchor with mined pairs
+                        others skipped (``multisimilarity.py``      of one kind counted with that
+                        l. 41-55; ``kept_anchors_only=True``)       term alone (``MeanReducer``)
+======================  ==========================================  =====================================
+
+The margin and contrastive arithmetic is DGML's too (DGML's criteria derive from the
+same code); the names say whose code a protocol follows. Each entry's ``reductions``
+holds the same as data (:class:`Reduction`).
 """
 
 from __future__ import annotations
@@ -52,7 +80,7 @@ from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
 from harness.components.reducers import SyncFreeDivisorReducer, use_sync_free_reducers
 
-__all__ = ["BinomialDevianceLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
+__all__ = ["BinomialDevianceLoss", "MultiSimilarityLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
            "ActiveTripletReducer", "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss",
            "create_miner", "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance",
            "distance_replaced", "miner_for", "loss_defaults"]
@@ -108,6 +136,37 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
         pos = F.softplus(-self.alpha * self.pos_scale * (sim[a1, p] - self.margin))
         neg = F.softplus(self.alpha * self.neg_scale * (sim[a2, n] - self.margin))
         loss = (pos.mean() if pos.numel() else zero) + (neg.mean() if neg.numel() else zero)
+        return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
+
+
+class MultiSimilarityLoss(pml_losses.MultiSimilarityLoss):
+    """PML's multi-similarity loss (Wang et al. 2019, Eq. 4 over the pairs its miner kept),
+    with one more choice: how the anchors' losses become one number.
+
+    ``kept_anchors_only=False`` (the default) is PML's: the mean over every anchor of the
+    batch, where an anchor with kept pairs of one kind only contributes that term, and
+    one with none contributes 0. ``kept_anchors_only=True`` is Roth et al.'s code as
+    wl-zhao/DIML@c15dbea ships it (``criteria/multisimilarity.py`` l. 41-55): an anchor
+    without a kept positive or without a kept negative is skipped (l. 43-44), and the
+    loss is the mean over the remaining anchors (l. 55), 0 when none remains. The pairs
+    kept are the same either way: the code's rule (l. 41-42, margin 0.1) is PML's
+    ``MultiSimilarityMiner`` with ``epsilon = 0.1``. Computed without a host sync.
+    """
+
+    def __init__(self, *, kept_anchors_only: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.kept_anchors_only = bool(kept_anchors_only)
+
+    def _compute_loss(self, mat, pos_mask, neg_mask):
+        out = super()._compute_loss(mat, pos_mask, neg_mask)
+        if not self.kept_anchors_only:
+            return out
+        losses = out["loss"]["losses"].flatten()  # one per anchor (PML keeps a B x 1 shape)
+        kept = (pos_mask.sum(dim=1) > 0) & (neg_mask.sum(dim=1) > 0)
+        count = kept.sum()
+        total = torch.where(kept, losses, torch.zeros_like(losses)).sum()
+        mean = total / count.clamp(min=1).to(total.dtype)
+        loss = torch.where(count > 0, mean, mat.sum() * 0)  # the zero keeps the graph
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
 
 
@@ -314,6 +373,13 @@ def _dgml_margin(args: dict[str, Any]) -> dict[str, Any]:
     return {"reducer": ActiveTripletReducer()}
 
 
+def _roth_margin(args: dict[str, Any]) -> dict[str, Any]:
+    if args.get("nu", 0):
+        raise HarnessError(f"loss 'margin': reduction 'roth' follows Roth et al.'s criteria/margin.py, whose beta "
+                           f"regulariser cannot run (l. 69 adds an undefined name): nu must be 0, got {args['nu']}")
+    return {"reducer": ActiveTripletReducer()}
+
+
 # The A-grouping authors' released code (XinyiXuXD/DGML-master, criteria/). Each group's
 # loss is then averaged over the groups (margin.py l. 49, contrastive.py l. 51,
 # binomial_deviance.py l. 63), as the A-grouping head does for any reduction.
@@ -327,18 +393,31 @@ _DGML_BINOMIAL = Reduction(
     "criteria/binomial_deviance.py l. 15-22, 57: the B self-pairs counted among the positives "
     "(here: excluded)", lambda args: {"self_pairs": True})
 
+# Roth et al.'s code as the DIML authors ship it (wl-zhao/DIML@c15dbea, criteria/), which
+# trains DIML's baselines (DIML App. B.2).
+_ROTH_MARGIN = Reduction(
+    "criteria/margin.py l. 59-67: the triplets' summed hinge terms divided by the number of triplets "
+    "with an active term (PML: by the number of active terms)", _roth_margin)
+_ROTH_CONTRASTIVE = Reduction(
+    "criteria/contrastive.py l. 34-37: each hinge term averaged over all sampled triplets, zeros included "
+    "(PML: over the non-zero ones)", lambda args: {"reducer": MeanReducer()})
+_ROTH_MULTI_SIMILARITY = Reduction(
+    "criteria/multisimilarity.py l. 41-55: the mean over the anchors that kept a positive and a negative "
+    "pair (PML: over every anchor)", lambda args: {"kept_anchors_only": True})
+
 _loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
-      reductions={"dgml": _DGML_CONTRASTIVE}, pos_margin=0.0, neg_margin=1.0)
+      reductions={"dgml": _DGML_CONTRASTIVE, "roth": _ROTH_CONTRASTIVE}, pos_margin=0.0, neg_margin=1.0)
 _loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
 _loss("quadruplet", QuadrupletLoss, "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
       margin=0.2, margin2=0.1)
 _loss("margin", pml_losses.MarginLoss,
       "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
-      needs_classes=True, reductions={"dgml": _DGML_MARGIN},
+      needs_classes=True, reductions={"dgml": _DGML_MARGIN, "roth": _ROTH_MARGIN},
       margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
 _loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
       reductions={"dgml": _DGML_BINOMIAL}, alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
-_loss("multi_similarity", pml_losses.MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
+_loss("multi_similarity", MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
+      reductions={"roth": _ROTH_MULTI_SIMILARITY},
       alpha=2.0, beta=50.0, base=0.5)
 _loss("proxy_anchor", ProxyAnchorLoss, "Kim et al. 2020 (neg_margin: a negative margin of its own)",
       needs_classes=True, miner="none", margin=0.1, alpha=32.0)

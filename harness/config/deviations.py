@@ -9,6 +9,7 @@ A protocol file declares each departure once, in a ``[deviations.<name>]`` table
     reference = "DIABLO Sec. 3.5"                        # optional: section, or file:line
     methods = ["diablo"]                                 # optional: only these methods' runs
     datasets = ["sop"]                                   # optional: only these datasets
+    backbones = ["googlenet"]                            # optional: only these backbones
 
 Every run records the deviations that apply to it as tags (``deviation.<name>``), the run
 summary prints them, and every table that shows the run lists them under it. They are
@@ -55,18 +56,24 @@ class PaperDeviation:
     methods: tuple[Str, ...] = ()
     #: Datasets whose runs it concerns (empty: every dataset).
     datasets: tuple[Str, ...] = ()
+    #: Backbones whose runs it concerns (empty: every backbone), for a grid whose cells run
+    #: one protocol over several backbones (A-grouping Table 3's GoogLeNet cells).
+    backbones: tuple[Str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("paper", "harness", "why"):
             if not getattr(self, key).strip():
                 raise HarnessError(f"a protocol deviation needs '{key}' (paper, harness and why are required)")
 
-    def applies(self, method: str, dataset: str) -> bool:
-        return (not self.methods or method in self.methods) and (not self.datasets or dataset in self.datasets)
+    def applies(self, method: str, dataset: str, backbone: str | None = None) -> bool:
+        """Whether it concerns a run of ``method`` on ``dataset`` with ``backbone`` (None: any)."""
+        return ((not self.methods or method in self.methods) and (not self.datasets or dataset in self.datasets)
+                and (backbone is None or not self.backbones or backbone in self.backbones))
 
 
-def check_names(deviations: dict[str, PaperDeviation], *, methods: Iterable[str], datasets: Iterable[str]) -> None:
-    """Deviation names are identifiers; the methods and datasets they name are registered."""
+def check_names(deviations: dict[str, PaperDeviation], *, methods: Iterable[str], datasets: Iterable[str],
+                backbones: Iterable[str] | None = None) -> None:
+    """Deviation names are identifiers; the methods, datasets and backbones they name are registered."""
     methods, datasets = list(methods), list(datasets)
     for name, deviation in deviations.items():
         if not _NAME.match(name):
@@ -79,11 +86,16 @@ def check_names(deviations: dict[str, PaperDeviation], *, methods: Iterable[str]
             if dataset not in datasets:
                 raise HarnessError(f"protocol key 'deviations.{name}.datasets': "
                                    f"{unknown_name('dataset', dataset, datasets)}")
+        for backbone in deviation.backbones:
+            if backbones is not None and backbone not in list(backbones):
+                raise HarnessError(f"protocol key 'deviations.{name}.backbones': "
+                                   f"{unknown_name('backbone', backbone, list(backbones))}")
 
 
-def applicable(deviations: dict[str, PaperDeviation], method: str, dataset: str) -> dict[str, PaperDeviation]:
-    """The deviations that concern a run of ``method`` on ``dataset``, by name."""
-    return {name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset)}
+def applicable(deviations: dict[str, PaperDeviation], method: str, dataset: str,
+               backbone: str | None = None) -> dict[str, PaperDeviation]:
+    """The deviations that concern a run of ``method`` on ``dataset`` (with ``backbone``), by name."""
+    return {name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset, backbone)}
 
 
 def footnote(name: str, deviation: PaperDeviation) -> str:

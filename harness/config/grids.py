@@ -266,7 +266,7 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 published_rows=published_rows, smoke=smoke,
                 test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
                 published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
-                paper_axes={a: list(data[a]) for a in ("datasets", "backbones")})
+                paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")})
     grid.cells.extend(expand(grid))
     return grid
 
@@ -296,6 +296,12 @@ def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     if "smoke" in data:
         out["smoke"] = named(data["smoke"])
     return out
+
+
+def _with_extras(data: dict[str, Any], axis: str) -> list[str]:
+    """The grid file's values of ``axis``, its ``[[extra]]`` sub-grids' included (Table 4's
+    SOP row of agrouping-table3 is a paper dataset too)."""
+    return list(dict.fromkeys([*data[axis], *(v for extra in data.get("extra", []) for v in extra.get(axis, []))]))
 
 
 def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, tuple[str, ...]]:
@@ -334,7 +340,7 @@ def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,
     paper_dataset = dataset if dataset in grid.paper_axes.get("datasets", [dataset]) else \
         grid.paper_axes["datasets"][0]
     reference = paper.for_dataset(paper_dataset)
-    found = applicable(reference.deviations, method, paper_dataset)
+    found = applicable(reference.deviations, method, paper_dataset, backbone)
     if not grid.smoke:
         return found
     changed = {}

@@ -64,6 +64,13 @@ class BackboneSpec:
     weights: Str = ""
     #: Roth et al. 2020: BN running statistics frozen (eval mode), affine still trained.
     freeze_bn: Bool = True
+    #: The backbone's own conversion of its inputs, where it has one: torchvision's GoogLeNet
+    #: with ImageNet weights re-normalises each channel (``transform_input``: channel 0
+    #: becomes 0.458 x - 0.030). False skips it, as DGML-master's GoogLeNet does (it runs
+    #: the network's children in a plain ``Sequential``, architectures/googlenet.py:18-19).
+    #: A backbone without such a conversion refuses false. Absent from the canonical form
+    #: at its default (:data:`_FINGERPRINT_OMITTED_AT_DEFAULT`).
+    input_transform: Bool = True
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,14 @@ class SamplingSpec:
     #: 0: as many batches as the training images fill (N // batch size); classes are drawn
     #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
     batches_per_epoch: Annotated[Int, NonNegative] = 0
+    #: Draw a batch's classes with replacement (a class may fill two of its slots), as
+    #: wl-zhao/DIML's class sampler does (datasampler/class_random_sampler.py:42). False:
+    #: ``classes_per_batch`` distinct classes.
+    classes_with_replacement: Bool = False
+    #: Draw each class's images with replacement (an image may appear twice in a batch), as
+    #: DGML-master's (datasampler/class_random_sampler.py:43) and DIML's (l. 43) samplers
+    #: do. False: distinct images while the class has enough.
+    images_with_replacement: Bool = False
 
     @property
     def batch_size(self) -> int:
@@ -274,6 +289,10 @@ class Protocol:
         for section, key in _OPTIONAL_KEYS:
             if data[section][key] == _jsonable(getattr(getattr(Protocol, section), key)):
                 del data[section][key]
+        for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
+            section, key = dotted.split(".")
+            if data[section][key] == _jsonable(default):
+                del data[section][key]
         if data["training"] == _jsonable(dataclasses.asdict(TrainingSpec())):
             del data["training"]  # absent at its defaults, as the optional keys
         return data
@@ -305,6 +324,18 @@ class Protocol:
 
 #: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
 _OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"), ("loss", "miners"))
+
+#: ``"section.key"`` -> default of the keys left out of the canonical form
+#: (:meth:`Protocol.to_dict`, what :func:`fingerprint` and the grids' cell keys hash) while
+#: they hold that default. Each is a setting added after runs were recorded: a protocol
+#: that leaves it at its default computes what it computed before, so it keeps the
+#: fingerprint and cell keys of those runs; one that sets it gets new ones. Each default
+#: here equals the field's (``tests/test_protocol.py`` checks it).
+_FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "backbone.input_transform": True,
+    "sampling.classes_with_replacement": False,
+    "sampling.images_with_replacement": False,
+}
 
 
 @dataclass(frozen=True)
@@ -464,11 +495,12 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
 def _check_registered_names(protocol: Protocol) -> None:
     """Sections keyed by a method, loss or dataset name must name a registered one: a
     misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
+    from harness.components.backbones import BACKBONES
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES, check_loss_args
     from methods import METHODS
 
-    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list())
+    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
              ("datasets", protocol.datasets, DATASETS),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},

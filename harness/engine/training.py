@@ -302,12 +302,19 @@ def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> Emb
     """The protocol's backbone, the method's head on it (``setup``), and the backbone told
     to stop at the last point the head reads."""
     b = protocol.backbone
-    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights, freeze_bn=b.freeze_bn)
+    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights, freeze_bn=b.freeze_bn,
+                               input_transform=b.input_transform)
     head = create_method(method, channels=dict(backbone.channels), embedding_size=protocol.embedding.size,
                          **options)
     head.setup(backbone)
     backbone.set_outputs(head.stages)
     return EmbeddingModel(backbone, head)
+
+
+def _replacement(sampling) -> dict[str, bool]:
+    """The protocol's sampler draws with or without replacement (``ClassBalancedBatchSampler``)."""
+    return {"classes_with_replacement": sampling.classes_with_replacement,
+            "images_with_replacement": sampling.images_with_replacement}
 
 
 def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
@@ -444,7 +451,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
                                         samples_per_class=per_class,
                                         batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed,
-                                        rank=procs.rank, world_size=procs.world_size, sample_seeds=True)
+                                        rank=procs.rank, world_size=procs.world_size, sample_seeds=True,
+                                        **_replacement(protocol.sampling))
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
@@ -790,7 +798,7 @@ def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
     as ``deviation.<name>`` tags (its paper protocol's, and a smoke version's settings),
     else those its protocol declares for this method and dataset."""
     handed = {k.removeprefix(TAG_PREFIX): from_tag(v) for k, v in cfg.tags.items() if k.startswith(TAG_PREFIX)}
-    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset)
+    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name)
 
 
 def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, sampling_note: str,

@@ -22,9 +22,19 @@ __all__ = ["ClassBalancedBatchSampler", "TransformedImages"]
 
 class ClassBalancedBatchSampler(Sampler[list[int]]):
     """Each batch draws ``classes_per_batch`` distinct classes, then ``samples_per_class``
-    images of each (without replacement when the class has enough, as in the seeds'
-    ``class_random_sampler``). The order depends only on ``(seed, epoch)``, so a run
-    resumed at an epoch boundary sees exactly the batches of an uninterrupted one.
+    distinct images of each (with replacement only when the class has too few). The
+    order depends only on ``(seed, epoch)``, so a run resumed at an epoch boundary sees
+    exactly the batches of an uninterrupted one.
+
+    The seeds' ``class_random_sampler`` draws otherwise, and each choice is an argument
+    (the protocol's ``sampling`` keys): ``images_with_replacement`` draws each class's
+    images with replacement, as DGML-master does (XinyiXuXD/DGML-master@7834411
+    datasampler/class_random_sampler.py:43, ``np.random.choice`` with its default
+    ``replace=True``) and wl-zhao/DIML does (@c15dbea, same file, l. 43: one
+    ``random.choice`` per image); ``classes_with_replacement`` draws the batch's classes
+    with replacement, as DIML does (l. 41-42: one ``random.choice`` of a class per slot;
+    56 draws from 100 classes give about 43 distinct ones), where DGML draws distinct
+    classes (l. 40).
 
     Across ``world_size`` processes (``torchrun``), every process draws the same global
     batch (same seed) and yields its share: the ``classes_per_batch / world_size``
@@ -36,10 +46,11 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
 
     def __init__(self, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int,
                  batches_per_epoch: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 sample_seeds: bool = False):
+                 sample_seeds: bool = False, classes_with_replacement: bool = False,
+                 images_with_replacement: bool = False):
         self.labels = np.asarray(labels)
         self.classes = np.unique(self.labels)
-        if self.classes.size < classes_per_batch:
+        if self.classes.size < classes_per_batch and not classes_with_replacement:
             raise HarnessError(
                 f"sampling.classes_per_batch={classes_per_batch} but the training split has only "
                 f"{self.classes.size} classes"
@@ -59,6 +70,8 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.epoch = 0
         self.rank, self.world_size, self.sample_seeds = rank, world_size, sample_seeds
+        self.classes_with_replacement = classes_with_replacement
+        self.images_with_replacement = images_with_replacement
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -72,9 +85,9 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         start = self.rank * share
         for number in range(self.num_batches):
             batch = []
-            for c in rng.choice(self.classes, size=self.classes_per_batch, replace=False):
+            for c in rng.choice(self.classes, size=self.classes_per_batch, replace=self.classes_with_replacement):
                 pool = self.by_class[c]
-                replace = pool.size < self.samples_per_class
+                replace = self.images_with_replacement or pool.size < self.samples_per_class
                 batch.extend(rng.choice(pool, size=self.samples_per_class, replace=replace).tolist())
             if self.sample_seeds:
                 seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))

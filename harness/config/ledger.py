@@ -1,0 +1,295 @@
+"""Recipe ledgers: a paper's training and evaluation recipe as data, checked against the
+protocols that claim to reproduce it.
+
+``protocols/ledgers/<paper>.toml`` lists, per setting of the authors' released code (or,
+for a paper without released code, of its text), the protocol key it maps to, the
+authors' value and where that value is read::
+
+    paper = "agrouping"
+    grids = ["agrouping-table3"]          # reproduce grids it covers
+    [[entry]]
+    setting = "class sampler draws a class's images with replacement"
+    key = "sampling.images_with_replacement"
+    value = true                           # the authors' value
+    source = "XinyiXuXD/DGML-master@7834411 datasampler/class_random_sampler.py:43"
+    when = { dataset = ["sop"], method = ["agrouping"], loss = ["margin"] }   # optional
+    deviation = "sampler_replacement"      # optional: the deviation that names a difference
+
+``key`` is a dotted protocol key, read from the protocol a cell runs (its grid variant,
+its grid's settings and its dataset's section applied). ``methods.<method>.<option>``
+reads a method option, its default resolved from the plugin; ``loss.args.<loss>.<arg>``
+a loss argument, its default resolved from the loss registry (``reduction``: ``"pml"``).
+``when`` restricts an entry to the cells whose ``dataset``, ``method``, ``loss``,
+``backbone`` or ``protocol`` (name) it lists. A protocol that no grid runs is covered by a ``[[protocols]]``
+table naming it and the ``methods``, ``losses`` and ``datasets`` the paper runs it with.
+
+Each entry is then, per cell, *matched* (the cell runs the authors' value), *deviating*
+(it runs another value and the entry's ``deviation`` is one of the cell's declared
+deviations, :mod:`harness.config.deviations`) or *undeclared* (another value that no
+applicable deviation names: a number its table would print without saying so).
+``tests/test_ledger.py`` requires no undeclared entry; ``python -m harness deviations
+--grid G`` prints the counts per cell family.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from harness.base.errors import HarnessError, unknown_name
+from harness.config.deviations import PaperDeviation, applicable
+from harness.config.protocol import Protocol, load_protocol, protocol_dir
+from harness.config.schema import SPEC_CONFIG, Str, refusal
+
+__all__ = ["Ledger", "LedgerEntry", "Check", "ledger_dir", "list_ledgers", "load_ledger", "ledgers_for_grid",
+           "check_ledger", "family_counts", "resolve_key", "STATUSES"]
+
+#: The outcomes of an entry on a cell, best first.
+STATUSES = ("matched", "deviating", "undeclared")
+_WHEN = ("dataset", "method", "loss", "backbone", "protocol")
+
+
+class _Entry(BaseModel):
+    model_config = SPEC_CONFIG
+    setting: Str
+    key: Str
+    value: Any
+    source: Str
+    when: dict[Str, list[Str] | Str] = {}
+    deviation: Str = ""
+
+
+class _Protocols(BaseModel):
+    model_config = SPEC_CONFIG
+    name: Str
+    methods: list[Str]
+    losses: list[Str]
+    datasets: list[Str]
+
+
+class _LedgerFile(BaseModel):
+    model_config = SPEC_CONFIG
+    paper: Str
+    grids: list[Str] = []
+    protocols: list[_Protocols] = []
+    entry: list[_Entry]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    setting: str
+    key: str
+    value: Any
+    source: str
+    when: dict[str, tuple[str, ...]]
+    deviation: str = ""
+
+    def applies(self, case: Case) -> bool:
+        return all((case.protocol.name if axis == "protocol" else getattr(case, axis)) in names
+                   for axis, names in self.when.items())
+
+
+@dataclass(frozen=True)
+class Ledger:
+    paper: str
+    path: Path
+    grids: tuple[str, ...]
+    #: ``(protocol name, methods, losses, datasets)`` of the protocols no grid runs.
+    protocols: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...]
+    entries: tuple[LedgerEntry, ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell an entry is checked on: a grid cell (seeds aside) or a ledger-listed protocol run."""
+
+    family: str
+    backbone: str
+    loss: str
+    method: str
+    dataset: str
+    protocol: Protocol
+    deviations: dict[str, PaperDeviation] = field(compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Check:
+    entry: LedgerEntry
+    case: Case
+    status: str
+    actual: Any
+
+
+def ledger_dir() -> Path:
+    return protocol_dir() / "ledgers"
+
+
+def list_ledgers() -> list[str]:
+    return sorted(p.stem for p in ledger_dir().glob("*.toml"))
+
+
+def load_ledger(name_or_path: str | Path) -> Ledger:
+    """Parse and validate a ledger (a name under ``protocols/ledgers`` or a ``.toml`` path)."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = ledger_dir() / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise unknown_name("ledger", str(name_or_path), list_ledgers())
+    if not path.is_file():
+        raise HarnessError(f"ledger file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise HarnessError(f"malformed ledger file {path}: {err}") from None
+    try:
+        parsed = _LedgerFile.model_validate(data)
+    except ValidationError as err:
+        raise refusal(err, _LedgerFile.model_json_schema(), what=f"ledger {path.stem} key") from None
+    entries = []
+    for number, e in enumerate(parsed.entry, 1):
+        unknown = sorted(set(e.when) - set(_WHEN))
+        if unknown:
+            raise HarnessError(f"ledger {parsed.paper} entry {number} ({e.setting}): unknown 'when' key "
+                               f"'{unknown[0]}' (expected {', '.join(_WHEN)})")
+        when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
+        entries.append(LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation))
+    protocols = tuple((p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols)
+    return Ledger(parsed.paper, path, tuple(parsed.grids), protocols, tuple(entries))
+
+
+def ledgers_for_grid(grid: str) -> list[Ledger]:
+    """The shipped ledgers that cover grid ``grid``."""
+    return [ledger for ledger in map(load_ledger, list_ledgers()) if grid in ledger.grids]
+
+
+# ------------------------------------------------------------------------ resolution
+
+
+def resolve_key(protocol: Protocol, key: str) -> Any:
+    """The value of dotted ``key`` in ``protocol`` (JSON-like: tuples as lists), method
+    options and loss arguments resolved to their defaults where the protocol leaves them
+    out. An unknown key is a :class:`HarnessError` naming it."""
+    parts = key.split(".")
+    if parts[0] == "methods" and len(parts) == 3:
+        from methods import METHODS
+
+        method, option = parts[1:]
+        if method not in METHODS:
+            raise HarnessError(f"unknown protocol key '{key}': {unknown_name('method', method, METHODS.list())}")
+        options = {**METHODS.get(method).options(), **protocol.methods.get(method, {})}
+        if option not in options:
+            raise HarnessError(f"unknown protocol key '{key}': method '{method}' has no option '{option}'")
+        return _plain(options[option])
+    if parts[:2] == ["loss", "args"] and len(parts) == 4:
+        from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
+
+        loss, arg = parts[2:]
+        if loss not in LOSSES:
+            raise HarnessError(f"unknown protocol key '{key}': {unknown_name('loss', loss, LOSSES.list())}")
+        args = {"reduction": PML_REDUCTION, **loss_defaults(loss), **protocol.loss_args(loss)}
+        if arg not in args:
+            raise HarnessError(f"unknown protocol key '{key}': loss '{loss}' has no argument '{arg}' with a default")
+        return _plain(args[arg])
+    node: Any = protocol._full_dict()
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node or (depth == 0 and part in ("deviations", "datasets")):
+            raise HarnessError(f"unknown protocol key '{key}'")
+        node = node[part]
+    return node
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, numbers compared to a relative 1e-9 (``3e-3`` is ``0.003``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def _grid_cases(name: str) -> list[Case]:
+    from harness.config.grids import load_grid
+
+    cases, seen = [], set()
+    for cell in load_grid(name).cells:
+        marker = (cell.backbone, cell.loss, cell.method, cell.dataset)
+        if marker in seen:  # seeds share everything a ledger reads
+            continue
+        seen.add(marker)
+        cases.append(Case(f"{name}: {cell.backbone}/{cell.dataset}", cell.backbone, cell.loss, cell.method,
+                          cell.dataset, cell.protocol, dict(cell.paper_deviations)))
+    return cases
+
+
+def _protocol_cases(name: str, methods: tuple[str, ...], losses: tuple[str, ...],
+                    datasets: tuple[str, ...]) -> list[Case]:
+    base = load_protocol(name)
+    cases = []
+    for dataset in datasets:
+        protocol = base.for_dataset(dataset)
+        backbone = protocol.backbone.name
+        for method in methods:
+            found = applicable(protocol.deviations, method, dataset, backbone)
+            cases.extend(Case(f"protocol {name}: {backbone}/{dataset}", backbone, loss, method, dataset,
+                              protocol, found) for loss in losses)
+    return cases
+
+
+def _status(entry: LedgerEntry, case: Case, actual: Any) -> str:
+    if _same(actual, entry.value):
+        return "matched"
+    return "deviating" if entry.deviation and entry.deviation in case.deviations else "undeclared"
+
+
+def check_ledger(ledger: Ledger, grids: list[str] | None = None) -> list[Check]:
+    """Every entry of ``ledger`` on every cell it applies to, of the grids it covers (or
+    of ``grids``) and of the protocols it lists (only when ``grids`` is None). An entry
+    naming an unknown key is a :class:`HarnessError` naming the ledger, the entry and the key."""
+    cases = [c for g in (ledger.grids if grids is None else grids) for c in _grid_cases(g)]
+    if grids is None:
+        cases += [c for spec in ledger.protocols for c in _protocol_cases(*spec)]
+    checks = []
+    for number, entry in enumerate(ledger.entries, 1):
+        for case in cases:
+            if not entry.applies(case):
+                continue
+            try:
+                actual = resolve_key(case.protocol, entry.key)
+            except HarnessError as err:
+                raise HarnessError(f"ledger {ledger.paper} ({ledger.path.name}) entry {number} "
+                                   f"({entry.setting}): {err}") from None
+            checks.append(Check(entry, case, _status(entry, case, actual), actual))
+    return checks
+
+
+def family_counts(checks: list[Check]) -> dict[str, dict[str, int]]:
+    """``{family: {status: entries}}``: each entry counted once per cell family (a grid's
+    backbone and dataset, seeds, methods and losses together) with its worst status there."""
+    worst: dict[str, dict[int, int]] = {}
+    ids = {}
+    for check in checks:
+        entry_id = ids.setdefault(id(check.entry), len(ids))
+        family = worst.setdefault(check.case.family, {})
+        family[entry_id] = max(family.get(entry_id, 0), STATUSES.index(check.status))
+    return {family: {s: sum(1 for v in found.values() if STATUSES[v] == s) for s in STATUSES}
+            for family, found in worst.items()}
