@@ -31,6 +31,7 @@ from harness.config.schema import SPEC_CONFIG, Bool, Float, Int, Str, refusal, s
 
 __all__ = [
     "Protocol",
+    "PRECISIONS",
     "Deviation",
     "load_protocol",
     "list_protocols",
@@ -75,6 +76,12 @@ class ImageSpec:
     train_transform: Str = "random_resized_crop_flip"
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
     crop_scale: Annotated[tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)] = (0.08, 1.0)
+    #: Aspect-ratio range of RandomResizedCrop (torchvision's default: 3/4 to 4/3).
+    crop_ratio: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=2, max_length=2)] = (3 / 4, 4 / 3)
+    #: ``random_resized_crop_flip`` only: Resize(train_resize) (the shorter side) before the
+    #: crop; 0: the crop is taken from the image as read (AVSL's code resizes to 256 first,
+    #: zbr17/AVSL examples/config/param/transforms/train_transforms.yaml lines 4-5).
+    train_resize: Annotated[Int, NonNegative] = 0
     eval_transform: Str = "resize_center_crop"
     #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
     #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).
@@ -99,6 +106,12 @@ class SamplingSpec:
     #: 0: as many batches as the training images fill (N // batch size); classes are drawn
     #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
     batches_per_epoch: Annotated[Int, NonNegative] = 0
+    #: ``"classes"``: each batch draws ``classes_per_batch`` classes x ``samples_per_class``
+    #: images; ``"shuffle"``: batches of the same size cut from a random permutation of the
+    #: training images, the last partial one dropped (PyTorch's ``DataLoader(shuffle=True,
+    #: drop_last=True)``, what a trainer without a sampler does: zbr17/GeDML
+    #: src/gedml/launcher/trainers/base_trainer.py lines 206-212).
+    sampler: Literal["classes", "shuffle"] = "classes"
 
     @property
     def batch_size(self) -> int:
@@ -116,6 +129,11 @@ class OptimizerSpec:
     lr_loss: Annotated[Float, NonNegative] = 5e-4
     weight_decay: Annotated[Float, NonNegative] = 4e-4
     momentum: Annotated[Float, Field(ge=0, lt=1)] = 0.9
+    #: Gradient-norm clipping before each step: every optimizer parameter group (backbone,
+    #: head, a head's own groups, loss) clipped on its own to this total L2 norm, as GeDML's
+    #: ``gradclipper`` clips each module (zbr17/GeDML src/gedml/launcher/misc/utils.py lines
+    #: 14-20, trainers/base_trainer.py lines 322-325). 0: no clipping.
+    clip_grad_norm: Annotated[Float, NonNegative] = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +155,20 @@ class TrainingSpec:
     #: progress bar, ``train/loss``): in between, the loop only queues work, so a GPU never
     #: waits for the host. The end of an epoch is always read.
     sync_every: Annotated[Int, Positive] = 50
+
+
+PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class NumericsSpec:
+    """The arithmetic a run trains and embeds in (:func:`harness.base.device.amp_dtype`)."""
+
+    __pydantic_config__ = SPEC_CONFIG
+    #: ``"bf16"``: on a GPU, forward passes and losses under autocast (bfloat16 where the
+    #: device supports it, else float16 with a loss scaler); ``"fp32"``: no autocast, as
+    #: every released code of the seeds runs. On a CPU both are float32.
+    precision: Literal[PRECISIONS] = "bf16"
 
 
 @dataclass(frozen=True)
@@ -235,6 +267,7 @@ class Protocol:
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ScheduleSpec()
     training: TrainingSpec = TrainingSpec()
+    numerics: NumericsSpec = NumericsSpec()
     loss: LossSpec = LossSpec()
     miner: MinerSpec = MinerSpec()
     splits: SplitSpec = SplitSpec()
@@ -254,6 +287,8 @@ class Protocol:
         image, splits = self.image, self.splits
         _check(image.resize >= image.size, "image.resize", image.resize, f">= image.size ({image.size})")
         _check(image.crop_scale[0] <= image.crop_scale[1], "image.crop_scale", list(image.crop_scale),
+               "[low, high] with low <= high")
+        _check(image.crop_ratio[0] <= image.crop_ratio[1], "image.crop_ratio", list(image.crop_ratio),
                "[low, high] with low <= high")
         _check(self.selection.mode != "validation" or splits.validation_classes > 0, "splits.validation_classes",
                splits.validation_classes, "> 0 when selection.mode is \"validation\"")
@@ -276,6 +311,12 @@ class Protocol:
                 del data[section][key]
         if data["training"] == _jsonable(dataclasses.asdict(TrainingSpec())):
             del data["training"]  # absent at its defaults, as the optional keys
+        for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
+            section, key = dotted.split(".")
+            if data[section].get(key, default) == _jsonable(default):
+                data[section].pop(key, None)
+                if not data[section]:
+                    del data[section]
         return data
 
     def _full_dict(self) -> dict[str, Any]:
@@ -305,6 +346,18 @@ class Protocol:
 
 #: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
 _OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"), ("loss", "miners"))
+
+#: Fields left out of the canonical form (:meth:`Protocol.to_dict`), and so of the
+#: fingerprint and of sweep cell keys, while at these values, their defaults: a protocol
+#: that does not set them keeps the fingerprint it had before they existed, and runs
+#: recorded before them keep theirs. A section left empty is dropped with them.
+_FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "optimizer.clip_grad_norm": 0.0,
+    "numerics.precision": "bf16",
+    "image.train_resize": 0,
+    "image.crop_ratio": (3 / 4, 4 / 3),
+    "sampling.sampler": "classes",
+}
 
 
 @dataclass(frozen=True)
