@@ -52,7 +52,11 @@ from harness.components.data import (
     carve_validation,
     seen_class_control,
 )
-from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages, batch_sampler
+from harness.components.data.sampling import (
+    ClassBalancedBatchSampler,
+    TransformedImages,
+    batch_sampler,
+)
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.evaluation import (
     PER_QUERY_ARTIFACT,
