@@ -499,14 +499,19 @@ class MetricLoss:
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
         if self.miner is None:
             return None
+        return self.seeded(self.miner, embeddings, labels)
+
+    def seeded(self, miner, embeddings: torch.Tensor, labels: torch.Tensor):
+        """``miner(embeddings, labels)`` under the step's next mining draw (as the protocol's
+        miner runs): for a head that mines with a miner of its own."""
         if self._step is None:  # outside a training step (tests, tools): the caller's stream
-            return self.miner(embeddings, labels)
+            return miner(embeddings, labels)
         draw_seed = step_seed(*self._step, draw=self._draws)
         self._draws += 1
         devices = [embeddings.device] if embeddings.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(draw_seed)
-            return self.miner(embeddings, labels)
+            return miner(embeddings, labels)
 
     @property
     def copies(self) -> int:
