@@ -615,7 +615,7 @@ class AVSLHead(Method):
         for level, emb in enumerate(output.levels):
             copy = level if metric.copies > 1 else 0
             with self._level_distance(metric.module(copy)) as module, self._proxies(module, labels) as targets:
-                if self.level_miner == "hard":
+                if self._mines_hard(module):
                     indices = self._hard_tuples(metric, module.distance(emb.detach().float()), targets, module)
                     loss = metric(emb, targets, copy=copy, indices=indices)
                 else:
@@ -635,9 +635,18 @@ class AVSLHead(Method):
         return nullcontext(loss)
 
     def _proxies(self, loss: nn.Module, labels: torch.Tensor):
-        """A context yielding the labels the loss sees: with ``batch_proxies``, only the
-        batch's classes' proxies in ``loss`` (:func:`_batch_class_proxies`)."""
-        return _batch_class_proxies(loss, labels) if self.batch_proxies else nullcontext(labels)
+        """A context yielding the labels the loss sees: with ``batch_proxies`` and a proxy
+        loss, only the batch's classes' proxies in ``loss`` (:func:`_batch_class_proxies`);
+        a loss without proxies is unchanged (the code's rule concerns ``use_proxy`` only)."""
+        if self.batch_proxies and isinstance(getattr(loss, "proxies", None), nn.Parameter):
+            return _batch_class_proxies(loss, labels)
+        return nullcontext(labels)
+
+    def _mines_hard(self, loss: nn.Module) -> bool:
+        """``level_miner="hard"`` mines the tuples of a loss without proxies; a proxy loss
+        keeps the protocol's miner (none for ProxyAnchor: the code's DefaultSelector,
+        link_avsl_proxyanchor.yaml lines 7-11)."""
+        return self.level_miner == "hard" and getattr(loss, "proxies", None) is None
 
     def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: nn.Module):
         """:func:`hard_triplets` on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
@@ -680,7 +689,7 @@ class AVSLHead(Method):
                 squared = distance.power == 2 or self.distance == "squared"
                 matrix = d if squared else d.clamp_min(1e-12).sqrt() ** distance.power
             emb = output.embedding.float()
-            if self.level_miner == "hard":  # the code's fourth HardSelector, on d^ (link_avsl_margin.yaml)
+            if self._mines_hard(loss):  # the code's fourth HardSelector, on d^ (link_avsl_margin.yaml)
                 indices = self._hard_tuples(metric, matrix, batch.labels, loss)
             else:
                 indices = metric.mine(emb, batch.labels)
@@ -703,21 +712,22 @@ class AVSLHead(Method):
                            "name": "inference"})
         return groups
 
-    def loss_optimizer_groups(self, loss_fn, lr_loss, lr_head, weight_decay):
+    def loss_optimizer_groups(self, loss_fn, optimizer):
         """With ``proxies_in_collector``, the loss copies' proxies train as the code's
         collector does (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
         optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at the
-        collector's rate with the protocol's weight decay; the loss's other parameters (a
-        margin beta) stay in the loss group."""
+        collector's rate with the protocol's ``weight_decay``; the loss's other parameters
+        (a margin beta) stay in the loss group."""
         if not self.proxies_in_collector:
-            return super().loss_optimizer_groups(loss_fn, lr_loss, lr_head, weight_decay)
+            return super().loss_optimizer_groups(loss_fn, optimizer)
         proxies = [p for name, p in loss_fn.named_parameters() if p.requires_grad and name.split(".")[-1] == "proxies"]
         ids = {id(p) for p in proxies}
         rest = [p for p in loss_fn.parameters() if p.requires_grad and id(p) not in ids]
-        groups = [{"params": rest, "lr": lr_loss, "weight_decay": 0.0, "name": "loss"}] if rest else []
+        groups = [{"params": rest, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
+                   "name": "loss"}] if rest else []
         if proxies:
-            groups.append({"params": proxies, "lr": self._collector_lr(lr_head), "weight_decay": weight_decay,
-                           "name": "proxies"})
+            groups.append({"params": proxies, "lr": self._collector_lr(optimizer.lr_head),
+                           "weight_decay": optimizer.weight_decay, "name": "proxies"})
         return groups
 
     def step_host_reads(self) -> str:

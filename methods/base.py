@@ -307,14 +307,15 @@ class Method(nn.Module):
         ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
         return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
 
-    def loss_optimizer_groups(self, loss_fn: nn.Module, lr_loss: float, lr_head: float,
-                              weight_decay: float) -> list[dict[str, Any]]:
+    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer) -> list[dict[str, Any]]:
         """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
-        one group at the protocol's ``lr_loss`` without weight decay (none when the loss
-        has none). ``lr_head`` and ``weight_decay`` are the protocol's, for a head that
-        trains them elsewhere (AVSL's code keeps its proxies in its collector)."""
+        one group at the protocol's ``optimizer.lr_loss`` and ``optimizer.loss_weight_decay``
+        (none when the loss has none). ``optimizer`` is the protocol's
+        :class:`~harness.config.protocol.OptimizerSpec`; override to train them elsewhere
+        (AVSL's code keeps its proxies in its collector)."""
         params = [p for p in loss_fn.parameters() if p.requires_grad]
-        return [{"params": params, "lr": lr_loss, "weight_decay": 0.0, "name": "loss"}] if params else []
+        return [{"params": params, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
+                 "name": "loss"}] if params else []
 
     def step_host_reads(self) -> str:
         """Why this head's training step reads values from the device, where by its design

@@ -112,6 +112,14 @@ class SamplingSpec:
     #: drop_last=True)``, what a trainer without a sampler does: zbr17/GeDML
     #: src/gedml/launcher/trainers/base_trainer.py lines 206-212).
     sampler: Literal["classes", "shuffle"] = "classes"
+    #: The sampler of one loss, where the setting the protocol transcribes gives that loss
+    #: another than ``sampler``: ``{proxy_anchor = "shuffle"}`` (AVSL's ProxyAnchor
+    #: configurations name no sampler, its margin configuration a class sampler).
+    loss_samplers: dict[Str, Literal["classes", "shuffle"]] = field(default_factory=dict)
+
+    def sampler_for(self, loss: str) -> str:
+        """The sampler a run of ``loss`` draws its batches with."""
+        return self.loss_samplers.get(loss, self.sampler)
 
     @property
     def batch_size(self) -> int:
@@ -127,6 +135,9 @@ class OptimizerSpec:
     lr_head: Annotated[Float, Positive] = 1e-5
     #: Learning rate of loss parameters (margin beta, proxies).
     lr_loss: Annotated[Float, NonNegative] = 5e-4
+    #: Weight decay of the loss parameters (0: none, the harness's default; GeDML's
+    #: configurations decay every part, its losses and collectors included, by ``--wd``).
+    loss_weight_decay: Annotated[Float, NonNegative] = 0.0
     weight_decay: Annotated[Float, NonNegative] = 4e-4
     momentum: Annotated[Float, Field(ge=0, lt=1)] = 0.9
     #: Gradient-norm clipping before each step: every optimizer parameter group (backbone,
@@ -353,10 +364,12 @@ _OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_s
 #: recorded before them keep theirs. A section left empty is dropped with them.
 _FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "optimizer.clip_grad_norm": 0.0,
+    "optimizer.loss_weight_decay": 0.0,
     "numerics.precision": "bf16",
     "image.train_resize": 0,
     "image.crop_ratio": (3 / 4, 4 / 3),
     "sampling.sampler": "classes",
+    "sampling.loss_samplers": {},
 }
 
 
@@ -515,7 +528,7 @@ def _check_registered_names(protocol: Protocol) -> None:
 
     check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
-             ("datasets", protocol.datasets, DATASETS),
+             ("datasets", protocol.datasets, DATASETS), ("sampling.loss_samplers", protocol.sampling.loss_samplers, LOSSES),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
               DATASETS)]
     for key, section, registry in keyed:

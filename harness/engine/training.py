@@ -322,7 +322,7 @@ def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) ->
     pretrained = [p for p in (*model.backbone.parameters(), *model.head.pretrained.parameters()) if p.requires_grad]
     groups = [{"params": pretrained, "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
-    groups += model.head.loss_optimizer_groups(loss_fn, o.lr_loss, o.lr_head, o.weight_decay)
+    groups += model.head.loss_optimizer_groups(loss_fn, o)
     # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
     if o.name == "adam":
         return torch.optim.Adam(groups, fused=True)
@@ -446,7 +446,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
     sampler = batch_sampler(protocol.sampling, splits.train.labels, classes_per_batch=classes_per_batch,
                             samples_per_class=per_class, seed=cfg.seed,
-                            rank=procs.rank, world_size=procs.world_size, sample_seeds=True)
+                            rank=procs.rank, world_size=procs.world_size, sample_seeds=True, loss=cfg.loss)
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)

@@ -91,7 +91,7 @@ class ShuffledBatchSampler(Sampler[list[int]]):
     drop_last=True)``, what GeDML's trainer does when its configuration names no sampler
     (zbr17/GeDML src/gedml/launcher/trainers/base_trainer.py lines 206-212, ``shuffle=
     self.sampler is None``; AVSL's ProxyAnchor configurations name none, zbr17/AVSL
-    examples/config/links/link_avsl_proxyanchor.yaml lines 60-61). A batch's classes and
+    examples/config/links/link_avsl_proxyanchor.yaml lines 49-50). A batch's classes and
     their counts are then whatever the draw gives.
 
     The permutation depends only on ``(seed, epoch)``; ``batches_per_epoch`` (0: N //
@@ -135,11 +135,12 @@ class ShuffledBatchSampler(Sampler[list[int]]):
 
 
 def batch_sampler(sampling, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int, seed: int,
-                  rank: int = 0, world_size: int = 1, sample_seeds: bool = False):
-    """The protocol's batch sampler (``sampling``: its :class:`~harness.config.protocol.SamplingSpec`;
-    ``classes_per_batch`` x ``samples_per_class`` as adapted to the split): class-balanced
-    batches, or shuffled ones of the same size with ``sampler = "shuffle"``."""
-    if sampling.sampler == "shuffle":
+                  rank: int = 0, world_size: int = 1, sample_seeds: bool = False, loss: str = ""):
+    """The protocol's batch sampler for a run of ``loss`` (``sampling``: its
+    :class:`~harness.config.protocol.SamplingSpec`; ``classes_per_batch`` x
+    ``samples_per_class`` as adapted to the split): class-balanced batches, or shuffled
+    ones of the same size where ``sampling.sampler_for(loss)`` is ``"shuffle"``."""
+    if sampling.sampler_for(loss) == "shuffle":
         return ShuffledBatchSampler(labels, batch_size=classes_per_batch * samples_per_class,
                                     batches_per_epoch=sampling.batches_per_epoch, seed=seed, rank=rank,
                                     world_size=world_size, sample_seeds=sample_seeds)
