@@ -11,10 +11,10 @@ from harness.config.protocol import fingerprint, list_protocols, load_protocol
 
 #: fingerprint(protocol on cub200, split digest "digest", its default loss and arguments)
 PINNED = {
-    "agrouping": "5251836e477572db",
-    "agrouping-googlenet": "1071aa4dcef128ab",
-    "agrouping-sec42": "a2e233b7222cd7f3",
-    "avsl": "0e7f5ed5fb438a51",
+    "agrouping": "f78ff369f61de226",
+    "agrouping-googlenet": "35db0e2acf007800",
+    "agrouping-sec42": "c2d26a9c9cf8ed3b",
+    "avsl": "5b11c62296cccbd8",
     "diablo": "b90bc2713f70adf2",
     "diablo-ablation": "3b058c9e5f6d4808",
     "diablo-smoke": "c09c7b48c6e319c0",
