@@ -125,7 +125,7 @@ from torch import nn
 from torch.nn import init
 
 from harness.base.errors import HarnessError
-from harness.components.losses import PrecomputedDistance, distance_replaced
+from harness.components.losses import PrecomputedDistance, distance_replaced, hard_triplets
 from methods.base import (
     FigureData,
     FigureSet,
@@ -326,24 +326,6 @@ def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
     return rectified_distance(x_levels[:, None], y_levels[None], x_cert[:, None], y_cert[None], head.edge_matrices(),
                               list(head.alphas), list(head.betas), gain=head.reliability_gain,
                               rectify=head.rectify, detach_nodes=detach_nodes)
-
-
-def hard_triplets(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5):
-    """GeDML's ``HardSelector`` (zbr17/GeDML src/gedml/core/selectors/hard_selector.py lines
-    26-76) on a B x B distance matrix: one triplet (a, p, n) per anchor with a positive;
-    p drawn uniformly among the anchor's other same-class items (torch's generator), n the
-    nearest negative after the distances are clamped from below at min(largest positive
-    distance, ``cutoff``), so every negative closer than that cutoff ties and the lowest
-    index among them wins (``argmin``). Returns PML's triplet tuple of index tensors."""
-    dist = dist.detach()
-    same = labels[:, None] == labels[None, :]
-    floor = torch.clamp(dist[same].max(), max=cutoff)
-    weights = torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
-    others = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
-    anchors = torch.nonzero(others.any(1)).flatten()
-    positives = torch.multinomial(others[anchors].float(), 1, replacement=True).flatten()
-    negatives = weights[anchors].argmin(1)
-    return anchors, positives, negatives
 
 
 @contextmanager

@@ -21,11 +21,10 @@ from harness.components.data.sampling import (
 )
 from harness.components.data.transforms import build_transform
 from harness.components.gradients import clip_gradients
-from harness.components.losses import MetricLoss, create_loss
+from harness.components.losses import MetricLoss, create_loss, create_miner, hard_triplets
 from harness.config.grids import load_grid
 from harness.config.protocol import apply_overrides, fingerprint, load_protocol
 from methods import TrainingBatch
-from methods.avsl import hard_triplets
 from tests.test_conformance import BATCH, EMB, build, images
 
 # ------------------------------------------------------------- 5: gradient clipping
@@ -221,6 +220,19 @@ def test_hard_triplets_are_gedmls_hard_selector_by_hand():
     assert n.tolist() == [3, 2, 4, 0]
 
 
+def test_the_hard_negative_miner_is_hard_triplets_on_the_euclidean_distance():
+    torch.manual_seed(1)
+    emb = torch.nn.functional.normalize(torch.randn(12, 6), dim=1)
+    labels = torch.arange(12) // 3
+    torch.manual_seed(5)
+    mined = create_miner("hard_negative")(emb, labels)
+    torch.manual_seed(5)
+    expected = hard_triplets(torch.cdist(emb, emb), labels, cutoff=0.5)
+    for got, want in zip(mined, expected, strict=True):
+        assert torch.equal(got, want)
+    assert load_protocol("avsl").miner.name == "hard_negative"
+
+
 def _margin_step(**options):
     torch.manual_seed(0)
     model = build("avsl", **options).train()
@@ -248,8 +260,6 @@ def test_margin_avsl_has_four_margin_losses_and_mines_hard_negatives():
 
 
 def test_hard_mining_changes_the_level_losses_against_the_protocol_miner():
-    from harness.components.losses import create_miner
-
     torch.manual_seed(0)
     model = build("avsl", distance="squared", level_miner="hard").train()
     hard_head = model.head

@@ -14,7 +14,7 @@ PINNED = {
     "agrouping": "f78ff369f61de226",
     "agrouping-googlenet": "35db0e2acf007800",
     "agrouping-sec42": "c2d26a9c9cf8ed3b",
-    "avsl": "5b11c62296cccbd8",
+    "avsl": "e257b4767339c7d9",
     "diablo": "b90bc2713f70adf2",
     "diablo-ablation": "3b058c9e5f6d4808",
     "diablo-smoke": "c09c7b48c6e319c0",
