@@ -313,3 +313,42 @@ def test_reproduce_protocols_with_released_code_run_fp32_and_the_others_declare_
         protocol = load_protocol(name)
         assert protocol.numerics.precision == "bf16" and "mixed_precision" in protocol.deviations, name
         assert "numerics" not in protocol.to_dict()  # the default: fingerprints as before
+
+
+# ------------------------------------------- the settings in the engine's training step
+
+
+def _engine_step(overrides: dict):
+    from harness.engine import training
+    from tests.conftest import TINY_PROTOCOL
+
+    protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)
+    splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
+    cfg = training.RunConfig.build(protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0)
+    cpu = torch.device("cpu")
+    t = training._build_training(cfg, splits, cpu, workers=0)
+    norms = []
+    step = t.scaler.step
+
+    def spy(optimizer):
+        norms.append({g["name"]: float(torch.linalg.vector_norm(torch.cat(
+            [p.grad.flatten() for p in g["params"] if p.grad is not None]))) for g in optimizer.param_groups})
+        return step(optimizer)
+
+    t.scaler.step = spy
+    images, labels, _ = next(iter(t.loader))
+    training._train_step(cfg, t, t.train_model, images, labels, cpu, None, 0, 0, False)
+    return t, norms[0]
+
+
+def test_the_training_step_clips_samples_and_groups_as_the_protocol_says():
+    recipe = {"optimizer.clip_grad_norm": 0.01, "sampling.loss_samplers": {"proxy_anchor": "shuffle"},
+              "methods.avsl.proxies_in_collector": True, "methods.avsl.collector_lr": 0.05}
+    t, norms = _engine_step(recipe)
+    assert isinstance(t.sampler, ShuffledBatchSampler)
+    groups = {g["name"]: g for g in t.optimizer.param_groups}
+    assert groups["proxies"]["lr"] == 0.05 and groups["proxies"]["weight_decay"] == 4e-4
+    assert "loss" not in groups
+    assert all(norm <= 0.01 * (1 + 1e-4) for norm in norms.values()), norms
+    _, unclipped = _engine_step({})
+    assert max(unclipped.values()) > 0.01  # the bound above was a clip, not the gradients' size
