@@ -86,12 +86,14 @@ Where the paper and the released code differ or are silent (each choice is an op
   so L^f trains alpha, beta only (theta_2 in Eq. 10; paper and code agree). Proxy losses:
   the proxies of each level's loss copy are the "images" compared with (the code) and
   their CAM std is the batch mean of the level's (the code). The top level's loss copy
-  evaluates L^f (sharing, e.g., the margin loss's beta with level L).
+  evaluates L^f by default (sharing, e.g., the margin loss's beta with level L);
+  ``final_loss="separate"`` gives it a copy of its own, as the code.
 * The code's training schedule (5-epoch frozen-trunk warm-up, per-part learning rates,
-  StepLR) belongs to a protocol, not to the head; ``inference_lr_scale`` offers the
-  per-part rate of alpha, beta: the code's collector / embedder rate ratio is 0.2 on CUB
-  (1.1e-4 / 5.5e-4), 608.7 on Cars (0.09918 / 0.00016294) and 100 on SOP (0.06 / 0.0006)
-  (examples/samples_avsl.sh lines 2, 6, 10); the ``avsl`` protocol sets these per dataset.
+  StepLR) belongs to a protocol, not to the head. The head's collector rate (alpha, beta,
+  and the proxies below) is ``collector_lr`` when set (the code's ``--lr_collector``:
+  1.1e-4 on CUB, 0.09918 on Cars, 0.06 on SOP, examples/samples_avsl.sh lines 2, 6, 10;
+  the ``avsl`` protocol sets these per dataset), else ``inference_lr_scale`` times the
+  head's rate (the code's collector / embedder ratios are 0.2, 608.7 and 100).
   The head's defaults (1.0, ``distance="euclidean"``, ``link_ties="index"``,
   ``cam_shift="map"``) are the harness's reading of the paper; the ``avsl`` protocol
   selects the code's arithmetic.
