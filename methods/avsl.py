@@ -86,15 +86,29 @@ Where the paper and the released code differ or are silent (each choice is an op
   so L^f trains alpha, beta only (theta_2 in Eq. 10; paper and code agree). Proxy losses:
   the proxies of each level's loss copy are the "images" compared with (the code) and
   their CAM std is the batch mean of the level's (the code). The top level's loss copy
-  evaluates L^f (sharing, e.g., the margin loss's beta with level L).
+  evaluates L^f by default (sharing, e.g., the margin loss's beta with level L);
+  ``final_loss="separate"`` gives it a copy of its own, as the code.
 * The code's training schedule (5-epoch frozen-trunk warm-up, per-part learning rates,
-  StepLR) belongs to a protocol, not to the head; ``inference_lr_scale`` offers the
-  per-part rate of alpha, beta: the code's collector / embedder rate ratio is 0.2 on CUB
-  (1.1e-4 / 5.5e-4), 608.7 on Cars (0.09918 / 0.00016294) and 100 on SOP (0.06 / 0.0006)
-  (examples/samples_avsl.sh lines 2, 6, 10); the ``avsl`` protocol sets these per dataset.
+  StepLR) belongs to a protocol, not to the head. The head's collector rate (alpha, beta,
+  and the proxies below) is ``collector_lr`` when set (the code's ``--lr_collector``:
+  1.1e-4 on CUB, 0.09918 on Cars, 0.06 on SOP, examples/samples_avsl.sh lines 2, 6, 10;
+  the ``avsl`` protocol sets these per dataset), else ``inference_lr_scale`` times the
+  head's rate (the code's collector / embedder ratios are 0.2, 608.7 and 100).
   The head's defaults (1.0, ``distance="euclidean"``, ``link_ties="index"``,
   ``cam_shift="map"``) are the harness's reading of the paper; the ``avsl`` protocol
   selects the code's arithmetic.
+* The code's optimisation around the losses (``examples/config/links/
+  link_avsl_proxyanchor.yaml``, ``link_avsl_margin.yaml``), each an option whose head
+  default is the harness's reading: the proxies of ProxyAnchor are collector parameters
+  (avsl_collector.py lines 104-110) trained at ``--lr_collector`` with ``--wd`` 1e-4
+  (``proxies_in_collector``; ``collector_lr`` the collector's absolute rate, CUB 1.1e-4,
+  Cars 0.0992, SOP 0.06, examples/samples_avsl.sh lines 2, 6, 10; the default keeps them
+  in the loss group at ``lr_loss`` without weight decay); above 1,000 classes only the
+  batch's classes' proxies enter the losses (avsl_collector.py lines 153-163:
+  ``batch_proxies``); Margin-AVSL mines with GeDML's HardSelector on each level's and on
+  the final matrix (``level_miner="hard"``, :func:`hard_triplets`, cutoff 0.5) and has
+  four margin losses, each with its beta (``final_loss="separate"``; the default
+  ``"shared"`` evaluates L^f with the top level's copy).
 * The released tester builds the whole N x N distance with N x N x r intermediates per
   slice; here gallery chunks are scored with a running top-k (harness.components.evaluation).
 """
@@ -113,7 +127,7 @@ from torch import nn
 from torch.nn import init
 
 from harness.base.errors import HarnessError
-from harness.components.losses import PrecomputedDistance, distance_replaced
+from harness.components.losses import PrecomputedDistance, distance_replaced, hard_triplets
 from methods.base import (
     FigureData,
     FigureSet,
@@ -146,6 +160,12 @@ DISTANCES = ("euclidean", "squared")
 #: Which of the edges tied at the k-th largest of a row Eq. 7 keeps.
 LINK_TIES = ("index", "code")
 RANKS = ("exhaustive", "rerank")
+#: Which tuples each level's loss and the final loss train on: the protocol's miner, or
+#: GeDML's HardSelector per level and on d^ (:func:`hard_triplets`).
+LEVEL_MINERS = ("protocol", "hard")
+#: Whether the final loss L^f is the top level's loss copy (sharing, e.g., its margin beta)
+#: or a copy of its own, as the code's fourth loss (``lossfinal`` / ``loss``).
+FINAL_LOSSES = ("shared", "separate")
 #: Added to the top-k edge sums before normalising (the code's constant).
 EDGE_EPS = 1e-8
 #: Loss names the head trains with (the final loss needs a pair distance or `proxies`).
@@ -310,6 +330,29 @@ def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
                               rectify=head.rectify, detach_nodes=detach_nodes)
 
 
+@contextmanager
+def _batch_class_proxies(loss: nn.Module, labels: torch.Tensor):
+    """``loss`` with only the proxies of the batch's classes inside the block (yields the
+    labels renumbered 0..k-1 in the order of those classes): the code's collector on more
+    than 1,000 classes (zbr17/AVSL src/avsl/collectors/avsl_collector.py lines 153-163),
+    whose ProxyAnchor then averages the negative terms over those k proxies (src/avsl/losses/
+    proxy_anchor_loss.py line 87). Only those rows of the proxies get a gradient."""
+    proxies = getattr(loss, "proxies", None)
+    if not isinstance(proxies, nn.Parameter):
+        raise HarnessError(f"AVSL's batch_proxies needs a proxy loss (proxy_anchor), got {type(loss).__name__}")
+    classes, local = torch.unique(labels, return_inverse=True)
+    num_classes = loss.num_classes
+    del loss._parameters["proxies"]
+    try:
+        loss.__dict__["proxies"] = proxies[classes]
+        loss.num_classes = len(classes)
+        yield local
+    finally:
+        del loss.__dict__["proxies"]
+        loss._parameters["proxies"] = proxies
+        loss.num_classes = num_classes
+
+
 # ---------------------------------------------------------------------------- head
 
 
@@ -352,20 +395,25 @@ class AVSLHead(Method):
                  reliability_gain: float = 1.0, rectify: bool = True, cam: str = "decomposed",
                  cam_shift: str = "map", level_weights: Sequence[float] | None = None, final_weight: float = 1.0,
                  rank: str = "exhaustive", rerank_k: int = 100, inference_lr_scale: float = 1.0,
-                 distance: str = "euclidean", link_ties: str = "index", final_neg_margin: float | None = None):
+                 distance: str = "euclidean", link_ties: str = "index", final_neg_margin: float | None = None,
+                 collector_lr: float = 0.0, proxies_in_collector: bool = False, batch_proxies: bool = False,
+                 level_miner: str = "protocol", hard_cutoff: float = 0.5, final_loss: str = "shared"):
         super().__init__(channels=channels, embedding_size=embedding_size)
         all_stages = ("s8", "s16", "s32")
         if not 1 <= int(levels) <= 3:
             raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
         for option, value, valid in (("cam", cam, CAMS), ("cam_shift", cam_shift, CAM_SHIFTS),
                                      ("rank", rank, RANKS), ("distance", distance, DISTANCES),
-                                     ("link_ties", link_ties, LINK_TIES)):
+                                     ("link_ties", link_ties, LINK_TIES), ("level_miner", level_miner, LEVEL_MINERS),
+                                     ("final_loss", final_loss, FINAL_LOSSES)):
             if value not in valid:
                 raise ValueError(f"{option} must be one of {', '.join(valid)}; got {value!r}")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
+        if collector_lr < 0:
+            raise ValueError(f"collector_lr must be >= 0 (0: lr_head x inference_lr_scale), got {collector_lr}")
         if rank == "rerank" and rerank_k < 1:
             raise ValueError(f"rerank_k must be at least 1 with rank='rerank', got {rerank_k}")
         weights = [1.0] * int(levels) if level_weights is None else [float(w) for w in level_weights]
@@ -385,7 +433,11 @@ class AVSLHead(Method):
         self.inference_lr_scale = float(inference_lr_scale)
         self.distance, self.link_ties = distance, link_ties
         self.final_neg_margin = None if final_neg_margin is None else float(final_neg_margin)
-        self.metric_loss_copies = self.num_levels
+        self.collector_lr = float(collector_lr)
+        self.proxies_in_collector, self.batch_proxies = bool(proxies_in_collector), bool(batch_proxies)
+        self.level_miner, self.hard_cutoff, self.final_loss = level_miner, float(hard_cutoff), final_loss
+        separate = final_loss == "separate" and self.rectify and self.final_weight != 0
+        self.metric_loss_copies = self.num_levels + (1 if separate else 0)
         self.project = nn.ModuleList()
         for stage in self.stages:
             conv = nn.Linear(channels[stage], embedding_size)  # a 1x1 conv on pooled features
@@ -546,8 +598,12 @@ class AVSLHead(Method):
         terms = {}
         for level, emb in enumerate(output.levels):
             copy = level if metric.copies > 1 else 0
-            with self._level_distance(metric.module(copy)):
-                loss = metric(emb, labels, copy=copy)
+            with self._level_distance(metric.module(copy)) as module, self._proxies(module, labels) as targets:
+                if self._mines_hard(module):
+                    indices = self._hard_tuples(metric, module.distance(emb.detach().float()), targets, module)
+                    loss = metric(emb, targets, copy=copy, indices=indices)
+                else:
+                    loss = metric(emb, targets, copy=copy)
             terms[f"metric_level{level + 1}"] = self.level_weights[level] * loss
         if self.rectify and self.final_weight:
             terms["final"] = self.final_weight * self._final_loss(output, batch)
@@ -562,6 +618,27 @@ class AVSLHead(Method):
             return distance_replaced(loss, LpDistance(p=2, power=2, normalize_embeddings=True))
         return nullcontext(loss)
 
+    def _proxies(self, loss: nn.Module, labels: torch.Tensor):
+        """A context yielding the labels the loss sees: with ``batch_proxies`` and a proxy
+        loss, only the batch's classes' proxies in ``loss`` (:func:`_batch_class_proxies`);
+        a loss without proxies is unchanged (the code's rule concerns ``use_proxy`` only)."""
+        if self.batch_proxies and isinstance(getattr(loss, "proxies", None), nn.Parameter):
+            return _batch_class_proxies(loss, labels)
+        return nullcontext(labels)
+
+    def _mines_hard(self, loss: nn.Module) -> bool:
+        """``level_miner="hard"`` mines the tuples of a loss without proxies; a proxy loss
+        keeps the protocol's miner (none for ProxyAnchor: the code's DefaultSelector,
+        link_avsl_proxyanchor.yaml lines 7-11)."""
+        return self.level_miner == "hard" and getattr(loss, "proxies", None) is None
+
+    def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: nn.Module):
+        """:func:`hard_triplets` on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
+        if getattr(loss, "distance", None) is None or loss.distance.is_inverted:
+            raise HarnessError("AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
+                               "loss (margin)")
+        return metric.seeded(lambda d, y: hard_triplets(d, y, cutoff=self.hard_cutoff), dist, labels)
+
     def _final_loss(self, output, batch) -> torch.Tensor:
         metric = batch.metric_loss
         top = metric.copies - 1 if metric.copies > 1 else 0
@@ -574,7 +651,11 @@ class AVSLHead(Method):
             cert = output.extras["certainty"].float()
             proxies = [getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
                        for c in range(self.num_levels)]
+            labels = batch.labels
             if all(p is not None for p in proxies):  # the code: compare with each level's proxies
+                if self.batch_proxies:  # the batch's classes only, renumbered (as the level losses)
+                    classes, labels = torch.unique(labels, return_inverse=True)
+                    proxies = [p[classes] for p in proxies]
                 ref = torch.stack([F.normalize(p.float(), dim=-1) for p in proxies], 1)
                 ref_cert = cert.mean(dim=(0, 2))[None, :, None].expand(ref.shape[0], -1, ref.shape[2])
                 d = pair_distance_matrix(self, levels, cert, ref, ref_cert, detach_nodes=True)
@@ -592,10 +673,18 @@ class AVSLHead(Method):
                 squared = distance.power == 2 or self.distance == "squared"
                 matrix = d if squared else d.clamp_min(1e-12).sqrt() ** distance.power
             emb = output.embedding.float()
-            indices = metric.mine(emb, batch.labels)
+            if self._mines_hard(loss):  # the code's fourth HardSelector, on d^ (link_avsl_margin.yaml)
+                indices = self._hard_tuples(metric, matrix, batch.labels, loss)
+            else:
+                indices = metric.mine(emb, batch.labels)
             with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)), \
-                    _neg_margin(loss, self.final_neg_margin):
-                return loss(emb, batch.labels, indices)
+                    _neg_margin(loss, self.final_neg_margin), self._proxies(loss, batch.labels) as targets:
+                return loss(emb, targets, indices)
+
+    def _collector_lr(self, lr_head: float) -> float:
+        """The rate of the code's collector (alpha, beta, and the proxies with
+        ``proxies_in_collector``): ``collector_lr``, else ``lr_head x inference_lr_scale``."""
+        return self.collector_lr or lr_head * self.inference_lr_scale
 
     def optimizer_groups(self, lr, weight_decay):
         inference = list(self.alphas.parameters()) + list(self.betas.parameters())
@@ -603,9 +692,35 @@ class AVSLHead(Method):
         groups = [{"params": [p for p in self.head_parameters() if id(p) not in ids], "lr": lr,
                    "weight_decay": weight_decay, "name": "head"}]
         if inference:
-            groups.append({"params": inference, "lr": lr * self.inference_lr_scale, "weight_decay": weight_decay,
+            groups.append({"params": inference, "lr": self._collector_lr(lr), "weight_decay": weight_decay,
                            "name": "inference"})
         return groups
+
+    def loss_optimizer_groups(self, loss_fn, optimizer):
+        """With ``proxies_in_collector``, the loss copies' proxies train as the code's
+        collector does (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
+        optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at the
+        collector's rate with the protocol's ``weight_decay``; the loss's other parameters
+        (a margin beta) stay in the loss group."""
+        if not self.proxies_in_collector:
+            return super().loss_optimizer_groups(loss_fn, optimizer)
+        proxies = [p for name, p in loss_fn.named_parameters() if p.requires_grad and name.split(".")[-1] == "proxies"]
+        ids = {id(p) for p in proxies}
+        rest = [p for p in loss_fn.parameters() if p.requires_grad and id(p) not in ids]
+        groups = [{"params": rest, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
+                   "name": "loss"}] if rest else []
+        if proxies:
+            groups.append({"params": proxies, "lr": self._collector_lr(optimizer.lr_head),
+                           "weight_decay": optimizer.weight_decay, "name": "proxies"})
+        return groups
+
+    def step_host_reads(self) -> str:
+        reasons = []
+        if self.batch_proxies:
+            reasons.append("batch_proxies: the batch's classes (torch.unique) size the proxies the loss sees")
+        if self.level_miner == "hard":
+            reasons.append("level_miner='hard': the anchors with a positive (torch.nonzero) size the tuples")
+        return "; ".join(reasons)
 
     @classmethod
     def search_space(cls, trial, *, embedding_size) -> dict[str, Any]:

@@ -307,6 +307,16 @@ class Method(nn.Module):
         ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
         return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
 
+    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer) -> list[dict[str, Any]]:
+        """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
+        one group at the protocol's ``optimizer.lr_loss`` and ``optimizer.loss_weight_decay``
+        (none when the loss has none). ``optimizer`` is the protocol's
+        :class:`~harness.config.protocol.OptimizerSpec`; override to train them elsewhere
+        (AVSL's code keeps its proxies in its collector)."""
+        params = [p for p in loss_fn.parameters() if p.requires_grad]
+        return [{"params": params, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
+                 "name": "loss"}] if params else []
+
     def step_host_reads(self) -> str:
         """Why this head's training step reads values from the device, where by its design
         it must (a selection made on the host, a solver that stops on each problem's

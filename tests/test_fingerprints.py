@@ -11,14 +11,14 @@ from harness.config.protocol import fingerprint, list_protocols, load_protocol
 
 #: fingerprint(protocol on cub200, split digest "digest", its default loss and arguments)
 PINNED = {
-    "agrouping": "9f1fcc09b893f36f",
-    "agrouping-googlenet": "e6967578fd59f9a7",
-    "agrouping-sec42": "537a02aa4cc4a630",
-    "avsl": "0e7f5ed5fb438a51",
+    "agrouping": "209fc7e8b8fbaf72",
+    "agrouping-googlenet": "93caab4d35573db4",
+    "agrouping-sec42": "54b67a2242cad3b9",
+    "avsl": "e257b4767339c7d9",
     "diablo": "b90bc2713f70adf2",
     "diablo-ablation": "3b058c9e5f6d4808",
     "diablo-smoke": "c09c7b48c6e319c0",
-    "diml": "e6e11f37c1d609c5",
+    "diml": "548602adb330dd9d",
     "roth2020": "da7856d2b54f2029",
     "sam": "5e5f6203c0ba8025",
     "smoke": "5c5a7bba12ff9786",

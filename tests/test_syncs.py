@@ -95,7 +95,7 @@ def _cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("name,precision", _cases())
 def test_training_steps_read_the_device_once_per_flush(protocol, splits, name, precision, monkeypatch):
     if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
-        monkeypatch.setattr(training, "amp_dtype", lambda device: torch.bfloat16)
+        monkeypatch.setattr(training, "amp_dtype", lambda device, precision="bf16": torch.bfloat16)
     counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
 
     assert [f.global_step for f in flushes] == [2, 4]

@@ -1,9 +1,10 @@
 """Device settings shared by training, evaluation and the benchmarks: mixed precision and
 reproducibility switches.
 
-* :func:`amp_dtype`: bfloat16 autocast on CUDA devices that support it (no loss scaler:
-  bfloat16 has float32's exponent range), float16 with a ``GradScaler`` on older ones,
-  none on CPU (float32).
+* :func:`amp_dtype`: with the protocol's ``[numerics] precision = "bf16"`` (its default),
+  bfloat16 autocast on CUDA devices that support it (no loss scaler: bfloat16 has
+  float32's exponent range), float16 with a ``GradScaler`` on older ones; none on CPU or
+  with ``"fp32"`` (float32).
 * :func:`configure_determinism`: the settings PyTorch's reproducibility notes name
   (https://pytorch.org/docs/stable/notes/randomness.html): deterministic algorithms
   (an error on an op that has none), ``cudnn.deterministic``, no cuDNN autotuning, and
@@ -25,16 +26,19 @@ __all__ = ["amp_dtype", "amp_name", "configure_determinism", "CUBLAS_WORKSPACE"]
 CUBLAS_WORKSPACE = ":4096:8"
 
 
-def amp_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for ``device``, or None (no autocast)."""
-    if device.type != "cuda":
+def amp_dtype(device: torch.device, precision: str = "bf16") -> torch.dtype | None:
+    """The autocast dtype for ``device`` under the protocol's ``[numerics] precision``, or
+    None (no autocast): ``"fp32"`` and CPU devices run in float32."""
+    if precision not in ("bf16", "fp32"):
+        raise HarnessError(f"numerics.precision must be bf16 or fp32, got {precision!r}")
+    if device.type != "cuda" or precision == "fp32":
         return None
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def amp_name(device: torch.device) -> str:
+def amp_name(device: torch.device, precision: str = "bf16") -> str:
     """``bf16``, ``fp16`` or ``off``: recorded with each run."""
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[amp_dtype(device)]
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[amp_dtype(device, precision)]
 
 
 def configure_determinism(deterministic: bool, *, fast: bool = False) -> None:

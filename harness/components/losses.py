@@ -83,7 +83,7 @@ from harness.components.reducers import SyncFreeDivisorReducer, use_sync_free_re
 __all__ = ["BinomialDevianceLoss", "MultiSimilarityLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
            "ActiveTripletReducer", "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss",
            "create_miner", "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance",
-           "distance_replaced", "miner_for", "loss_defaults"]
+           "distance_replaced", "miner_for", "loss_defaults", "HardNegativeMiner", "hard_triplets"]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -333,6 +333,42 @@ class RothDistanceWeightedMiner(pml_miners.BaseMiner):
 PML_REDUCTION = "pml"
 
 
+def hard_triplets(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5):
+    """GeDML's ``HardSelector`` (zbr17/GeDML src/gedml/core/selectors/hard_selector.py lines
+    26-76) on a B x B distance matrix: one triplet (a, p, n) per anchor with a positive;
+    p drawn uniformly among the anchor's other same-class items (torch's generator), n the
+    nearest negative after the distances are clamped from below at min(largest positive
+    distance, ``cutoff``), so every negative closer than that cutoff ties and the lowest
+    index among them wins (``argmin``). Returns PML's triplet tuple of index tensors."""
+    dist = dist.detach()
+    same = labels[:, None] == labels[None, :]
+    floor = torch.clamp(dist[same].max(), max=cutoff)
+    weights = torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
+    others = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    anchors = torch.nonzero(others.any(1)).flatten()
+    positives = torch.multinomial(others[anchors].float(), 1, replacement=True).flatten()
+    negatives = weights[anchors].argmin(1)
+    return anchors, positives, negatives
+
+
+class HardNegativeMiner(pml_miners.BaseMiner):
+    """GeDML's ``HardSelector`` as a PML miner (:func:`hard_triplets` on the miner's
+    distance, by default the Euclidean distance of unit embeddings: GeDML's ``euclid``
+    metric). AVSL's margin configurations select with it (zbr17/AVSL
+    examples/config/links/link_margin.yaml line 8, link_avsl_margin.yaml lines 7-11;
+    cutoff 0.5: examples/config/args.csv line 52, ``--hardneg_cutoff``)."""
+
+    def __init__(self, cutoff: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.cutoff = float(cutoff)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        return hard_triplets(self.distance(embeddings, ref_emb), labels, cutoff=self.cutoff)
+
+    def get_default_distance(self):
+        return LpDistance(normalize_embeddings=True, p=2, power=1)
+
+
 @dataclass(frozen=True)
 class Reduction:
     """A loss's arithmetic as some released code has it, where PML's differs: the code it
@@ -446,6 +482,8 @@ MINERS.register("multi_similarity")(LossEntry(pml_miners.MultiSimilarityMiner, {
 MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
                                            {"margin": 0.2, "type_of_triplets": "semihard"},
                                            description="semihard triplets"))
+MINERS.register("hard_negative")(LossEntry(HardNegativeMiner, {"cutoff": 0.5},
+                                          description="GeDML's HardSelector (AVSL's margin configurations)"))
 MINERS.register("batch_hard")(LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017"))
 MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
                                         {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
@@ -578,14 +616,19 @@ class MetricLoss:
     def _mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
         if self.miner is None:
             return None
+        return self.seeded(self.miner, embeddings, labels)
+
+    def seeded(self, miner, embeddings: torch.Tensor, labels: torch.Tensor):
+        """``miner(embeddings, labels)`` under the step's next mining draw (as the protocol's
+        miner runs): for a head that mines with a miner of its own."""
         if self._step is None:  # outside a training step (tests, tools): the caller's stream
-            return self.miner(embeddings, labels)
+            return miner(embeddings, labels)
         draw_seed = step_seed(*self._step, draw=self._draws)
         self._draws += 1
         devices = [embeddings.device] if embeddings.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(draw_seed)
-            return self.miner(embeddings, labels)
+            return miner(embeddings, labels)
 
     @property
     def copies(self) -> int:

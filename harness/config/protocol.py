@@ -31,6 +31,7 @@ from harness.config.schema import SPEC_CONFIG, Bool, Float, Int, Str, refusal, s
 
 __all__ = [
     "Protocol",
+    "PRECISIONS",
     "Deviation",
     "load_protocol",
     "list_protocols",
@@ -82,6 +83,12 @@ class ImageSpec:
     train_transform: Str = "random_resized_crop_flip"
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
     crop_scale: Annotated[tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)] = (0.08, 1.0)
+    #: Aspect-ratio range of RandomResizedCrop (torchvision's default: 3/4 to 4/3).
+    crop_ratio: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=2, max_length=2)] = (3 / 4, 4 / 3)
+    #: ``random_resized_crop_flip`` only: Resize(train_resize) (the shorter side) before the
+    #: crop; 0: the crop is taken from the image as read (AVSL's code resizes to 256 first,
+    #: zbr17/AVSL examples/config/param/transforms/train_transforms.yaml lines 4-5).
+    train_resize: Annotated[Int, NonNegative] = 0
     eval_transform: Str = "resize_center_crop"
     #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
     #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).
@@ -114,6 +121,20 @@ class SamplingSpec:
     #: DGML-master's (datasampler/class_random_sampler.py:43) and DIML's (l. 43) samplers
     #: do. False: distinct images while the class has enough.
     images_with_replacement: Bool = False
+    #: ``"classes"``: each batch draws ``classes_per_batch`` classes x ``samples_per_class``
+    #: images; ``"shuffle"``: batches of the same size cut from a random permutation of the
+    #: training images, the last partial one dropped (PyTorch's ``DataLoader(shuffle=True,
+    #: drop_last=True)``, what a trainer without a sampler does: zbr17/GeDML
+    #: src/gedml/launcher/trainers/base_trainer.py lines 206-212).
+    sampler: Literal["classes", "shuffle"] = "classes"
+    #: The sampler of one loss, where the setting the protocol transcribes gives that loss
+    #: another than ``sampler``: ``{proxy_anchor = "shuffle"}`` (AVSL's ProxyAnchor
+    #: configurations name no sampler, its margin configuration a class sampler).
+    loss_samplers: dict[Str, Literal["classes", "shuffle"]] = field(default_factory=dict)
+
+    def sampler_for(self, loss: str) -> str:
+        """The sampler a run of ``loss`` draws its batches with."""
+        return self.loss_samplers.get(loss, self.sampler)
 
     @property
     def batch_size(self) -> int:
@@ -129,8 +150,16 @@ class OptimizerSpec:
     lr_head: Annotated[Float, Positive] = 1e-5
     #: Learning rate of loss parameters (margin beta, proxies).
     lr_loss: Annotated[Float, NonNegative] = 5e-4
+    #: Weight decay of the loss parameters (0: none, the harness's default; GeDML's
+    #: configurations decay every part, its losses and collectors included, by ``--wd``).
+    loss_weight_decay: Annotated[Float, NonNegative] = 0.0
     weight_decay: Annotated[Float, NonNegative] = 4e-4
     momentum: Annotated[Float, Field(ge=0, lt=1)] = 0.9
+    #: Gradient-norm clipping before each step: every optimizer parameter group (backbone,
+    #: head, a head's own groups, loss) clipped on its own to this total L2 norm, as GeDML's
+    #: ``gradclipper`` clips each module (zbr17/GeDML src/gedml/launcher/misc/utils.py lines
+    #: 14-20, trainers/base_trainer.py lines 322-325). 0: no clipping.
+    clip_grad_norm: Annotated[Float, NonNegative] = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +181,20 @@ class TrainingSpec:
     #: progress bar, ``train/loss``): in between, the loop only queues work, so a GPU never
     #: waits for the host. The end of an epoch is always read.
     sync_every: Annotated[Int, Positive] = 50
+
+
+PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class NumericsSpec:
+    """The arithmetic a run trains and embeds in (:func:`harness.base.device.amp_dtype`)."""
+
+    __pydantic_config__ = SPEC_CONFIG
+    #: ``"bf16"``: on a GPU, forward passes and losses under autocast (bfloat16 where the
+    #: device supports it, else float16 with a loss scaler); ``"fp32"``: no autocast, as
+    #: every released code of the seeds runs. On a CPU both are float32.
+    precision: Literal[PRECISIONS] = "bf16"
 
 
 @dataclass(frozen=True)
@@ -250,6 +293,7 @@ class Protocol:
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ScheduleSpec()
     training: TrainingSpec = TrainingSpec()
+    numerics: NumericsSpec = NumericsSpec()
     loss: LossSpec = LossSpec()
     miner: MinerSpec = MinerSpec()
     splits: SplitSpec = SplitSpec()
@@ -270,6 +314,8 @@ class Protocol:
         _check(image.resize >= image.size, "image.resize", image.resize, f">= image.size ({image.size})")
         _check(image.crop_scale[0] <= image.crop_scale[1], "image.crop_scale", list(image.crop_scale),
                "[low, high] with low <= high")
+        _check(image.crop_ratio[0] <= image.crop_ratio[1], "image.crop_ratio", list(image.crop_ratio),
+               "[low, high] with low <= high")
         _check(self.selection.mode != "validation" or splits.validation_classes > 0, "splits.validation_classes",
                splits.validation_classes, "> 0 when selection.mode is \"validation\"")
         multiscale = image.multiscale_range
@@ -289,12 +335,14 @@ class Protocol:
         for section, key in _OPTIONAL_KEYS:
             if data[section][key] == _jsonable(getattr(getattr(Protocol, section), key)):
                 del data[section][key]
-        for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
-            section, key = dotted.split(".")
-            if data[section][key] == _jsonable(default):
-                del data[section][key]
         if data["training"] == _jsonable(dataclasses.asdict(TrainingSpec())):
             del data["training"]  # absent at its defaults, as the optional keys
+        for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
+            section, key = dotted.split(".")
+            if data[section].get(key, default) == _jsonable(default):
+                data[section].pop(key, None)
+                if not data[section]:
+                    del data[section]
         return data
 
     def _full_dict(self) -> dict[str, Any]:
@@ -330,11 +378,19 @@ _OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_s
 #: they hold that default. Each is a setting added after runs were recorded: a protocol
 #: that leaves it at its default computes what it computed before, so it keeps the
 #: fingerprint and cell keys of those runs; one that sets it gets new ones. Each default
-#: here equals the field's (``tests/test_protocol.py`` checks it).
+#: here equals the field's (``tests/test_protocol.py`` checks it). A section left empty
+#: is dropped with them.
 _FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "backbone.input_transform": True,
     "sampling.classes_with_replacement": False,
     "sampling.images_with_replacement": False,
+    "optimizer.clip_grad_norm": 0.0,
+    "optimizer.loss_weight_decay": 0.0,
+    "numerics.precision": "bf16",
+    "image.train_resize": 0,
+    "image.crop_ratio": (3 / 4, 4 / 3),
+    "sampling.sampler": "classes",
+    "sampling.loss_samplers": {},
 }
 
 
@@ -502,7 +558,7 @@ def _check_registered_names(protocol: Protocol) -> None:
 
     check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
     keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
-             ("datasets", protocol.datasets, DATASETS),
+             ("datasets", protocol.datasets, DATASETS), ("sampling.loss_samplers", protocol.sampling.loss_samplers, LOSSES),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
               DATASETS)]
     for key, section, registry in keyed:

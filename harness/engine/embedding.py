@@ -118,16 +118,17 @@ CPU_FORWARD_BATCH = 32
 @torch.inference_mode()
 def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
-                 keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+                 keep: tuple[str, ...] = (), precision: str = "bf16") -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``
-    (``batch_size`` images per forward pass, at most :data:`CPU_FORWARD_BATCH` on CPU)."""
+    (``batch_size`` images per forward pass, at most :data:`CPU_FORWARD_BATCH` on CPU),
+    under the protocol's ``[numerics] precision`` (:func:`harness.base.device.amp_dtype`)."""
     model.eval()
     if device.type == "cpu":
         batch_size = min(batch_size, CPU_FORWARD_BATCH)
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda")
     embs, kept = [], {k: [] for k in keep}
-    dtype = amp_dtype(device)
+    dtype = amp_dtype(device, precision)
     for batch, _, _ in loader:
         batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
         batch = batch.contiguous(memory_format=torch.channels_last)  # as in training
@@ -161,12 +162,12 @@ def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Pro
     rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
     keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
     q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
-                               workers=workers, keep=keep)
+                               workers=workers, keep=keep, precision=protocol.numerics.precision)
     fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
     g, g_fields = None, q_fields
     if gallery_set is not None:
         g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
-                                   workers=workers, keep=keep)
+                                   workers=workers, keep=keep, precision=protocol.numerics.precision)
     g_labels = None if gallery_set is None else gallery_set.labels
 
     def score(**kw) -> Scores:

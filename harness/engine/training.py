@@ -52,7 +52,11 @@ from harness.components.data import (
     carve_validation,
     seen_class_control,
 )
-from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
+from harness.components.data.sampling import (
+    ClassBalancedBatchSampler,
+    TransformedImages,
+    batch_sampler,
+)
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.evaluation import (
     PER_QUERY_ARTIFACT,
@@ -60,6 +64,7 @@ from harness.components.evaluation import (
     save_per_query,
     with_paper_variants,
 )
+from harness.components.gradients import clip_gradients
 from harness.components.losses import MetricLoss, create_loss, create_miner, miner_for
 from harness.config.deviations import (
     TAG_PREFIX,
@@ -311,12 +316,6 @@ def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> Emb
     return EmbeddingModel(backbone, head)
 
 
-def _replacement(sampling) -> dict[str, bool]:
-    """The protocol's sampler draws with or without replacement (``ClassBalancedBatchSampler``)."""
-    return {"classes_with_replacement": sampling.classes_with_replacement,
-            "images_with_replacement": sampling.images_with_replacement}
-
-
 def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
     o = protocol.optimizer
     # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
@@ -324,9 +323,7 @@ def _optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) ->
     pretrained = [p for p in (*model.backbone.parameters(), *model.head.pretrained.parameters()) if p.requires_grad]
     groups = [{"params": pretrained, "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
-    loss_params = [p for p in loss_fn.parameters() if p.requires_grad]
-    if loss_params:
-        groups.append({"params": loss_params, "lr": o.lr_loss, "weight_decay": 0.0, "name": "loss"})
+    groups += model.head.loss_optimizer_groups(loss_fn, o)
     # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
     if o.name == "adam":
         return torch.optim.Adam(groups, fused=True)
@@ -448,11 +445,9 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     loss_fn = (losses[0] if copies == 1 else nn.ModuleList(losses)).to(device)
     optimizer = _optimizer(protocol, model, loss_fn)
     classes_per_batch, per_class, note = _adapted_sampling(protocol, len(label_ids))
-    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes_per_batch,
-                                        samples_per_class=per_class,
-                                        batches_per_epoch=protocol.sampling.batches_per_epoch, seed=cfg.seed,
-                                        rank=procs.rank, world_size=procs.world_size, sample_seeds=True,
-                                        **_replacement(protocol.sampling))
+    sampler = batch_sampler(protocol.sampling, splits.train.labels, classes_per_batch=classes_per_batch,
+                            samples_per_class=per_class, seed=cfg.seed,
+                            rank=procs.rank, world_size=procs.world_size, sample_seeds=True, loss=cfg.loss)
     # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
     label_map = {int(c): i for i, c in enumerate(label_ids)}
     train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
@@ -470,7 +465,7 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     if cfg.compile:  # the step's forward and backward compiled; the weights are the model's own
         train_model = torch.compile(train_model)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device) == torch.float16)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype(device, protocol.numerics.precision) == torch.float16)
     return _Training(model, loss_fn, miner, optimizer, _scheduler(protocol, optimizer), scaler,
                      sampler, train_data, note, loader, train_model, metric_loss, procs, init_selected_epoch)
 
@@ -823,7 +818,7 @@ def _log_run_metadata(tracker, cfg: RunConfig, fp: str, splits: DatasetSplits, s
             "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
             "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
             "world_size": procs.world_size, "deterministic": cfg.deterministic,
-            "fast": cfg.fast, "compile": cfg.compile, "amp": amp_name(device),
+            "fast": cfg.fast, "compile": cfg.compile, "amp": amp_name(device, cfg.protocol.numerics.precision),
             **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
             **environment_tags()}
     if splits.val is not None:
@@ -902,7 +897,7 @@ def _train_epoch(cfg: RunConfig, t: _Training, device: torch.device, epoch: int,
     torch.manual_seed(seed)  # dropout (miners: per step, augmentation: per image)
     t.sampler.set_epoch(epoch)
     model.train()
-    dtype = amp_dtype(device)
+    dtype = amp_dtype(device, cfg.protocol.numerics.precision)
     gathered = isinstance(t.metric_loss, GatheredMetricLoss)
     sync_every = cfg.protocol.training.sync_every
     steps_before = epoch * len(t.sampler)
@@ -976,6 +971,7 @@ def _train_step(cfg: RunConfig, t: _Training, model: nn.Module, images: torch.Te
     t.scaler.scale(loss).backward()
     if gathered:
         average_gradients(t.loss_fn.parameters(), t.procs)
+    clip_gradients(t.optimizer, cfg.protocol.optimizer.clip_grad_norm, t.scaler)
     t.scaler.step(t.optimizer)
     t.scaler.update()
     return loss, terms

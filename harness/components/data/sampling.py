@@ -1,4 +1,7 @@
-"""Batch sampling: ``classes_per_batch`` classes x ``samples_per_class`` images, seeded per epoch.
+"""Batch sampling, seeded per epoch: ``classes_per_batch`` classes x ``samples_per_class``
+images (:class:`ClassBalancedBatchSampler`, the protocol's ``sampling.sampler = "classes"``),
+or batches of that size cut from a random permutation (:class:`ShuffledBatchSampler`,
+``"shuffle"``); :func:`batch_sampler` builds the protocol's.
 
 Each image of a training batch can carry its own augmentation seed (``sample_seeds``),
 derived from ``(seed, epoch, batch, position in the global batch)``: its crop and flip
@@ -17,7 +20,7 @@ from torch.utils.data import Dataset, Sampler
 
 from harness.base.errors import HarnessError
 
-__all__ = ["ClassBalancedBatchSampler", "TransformedImages"]
+__all__ = ["ClassBalancedBatchSampler", "ShuffledBatchSampler", "TransformedImages", "batch_sampler"]
 
 
 class ClassBalancedBatchSampler(Sampler[list[int]]):
@@ -93,6 +96,72 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
                 seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))
                 batch = list(zip(batch, seeds.tolist(), strict=True))
             yield batch[start:start + share]
+
+
+class ShuffledBatchSampler(Sampler[list[int]]):
+    """Batches of ``batch_size`` images cut from a random permutation of the training
+    images, the last partial batch dropped: PyTorch's ``DataLoader(shuffle=True,
+    drop_last=True)``, what GeDML's trainer does when its configuration names no sampler
+    (zbr17/GeDML src/gedml/launcher/trainers/base_trainer.py lines 206-212, ``shuffle=
+    self.sampler is None``; AVSL's ProxyAnchor configurations name none, zbr17/AVSL
+    examples/config/links/link_avsl_proxyanchor.yaml lines 49-50). A batch's classes and
+    their counts are then whatever the draw gives.
+
+    The permutation depends only on ``(seed, epoch)``; ``batches_per_epoch`` (0: N //
+    batch size) takes that many batches, drawing a further permutation when one runs out.
+    Across ``world_size`` processes each yields the ``rank``-th equal share of the global
+    batch; ``sample_seeds`` as in :class:`ClassBalancedBatchSampler`."""
+
+    def __init__(self, labels: np.ndarray, *, batch_size: int, batches_per_epoch: int = 0, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, sample_seeds: bool = False):
+        self.size = len(labels)
+        if batch_size > self.size:
+            raise HarnessError(f"a batch of {batch_size} images does not fit in the {self.size} training images")
+        if world_size < 1 or not 0 <= rank < world_size or batch_size % world_size:
+            raise HarnessError(f"rank {rank} of world size {world_size}: need 0 <= rank < world_size and a "
+                               f"batch ({batch_size}) that splits evenly across the processes")
+        self.batch_size = batch_size
+        self.num_batches = batches_per_epoch or max(1, self.size // batch_size)
+        self.seed, self.epoch = seed, 0
+        self.rank, self.world_size, self.sample_seeds = rank, world_size, sample_seeds
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[list[int]] | Iterator[list[tuple[int, int]]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        share = self.batch_size // self.world_size
+        start = self.rank * share
+        order, used = rng.permutation(self.size), 0
+        for number in range(self.num_batches):
+            if used + self.batch_size > self.size:
+                order, used = rng.permutation(self.size), 0
+            batch = order[used:used + self.batch_size].tolist()
+            used += self.batch_size
+            if self.sample_seeds:
+                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))
+                batch = list(zip(batch, seeds.tolist(), strict=True))
+            yield batch[start:start + share]
+
+
+def batch_sampler(sampling, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int, seed: int,
+                  rank: int = 0, world_size: int = 1, sample_seeds: bool = False, loss: str = ""):
+    """The protocol's batch sampler for a run of ``loss`` (``sampling``: its
+    :class:`~harness.config.protocol.SamplingSpec`; ``classes_per_batch`` x
+    ``samples_per_class`` as adapted to the split): class-balanced batches, or shuffled
+    ones of the same size where ``sampling.sampler_for(loss)`` is ``"shuffle"``."""
+    if sampling.sampler_for(loss) == "shuffle":
+        return ShuffledBatchSampler(labels, batch_size=classes_per_batch * samples_per_class,
+                                    batches_per_epoch=sampling.batches_per_epoch, seed=seed, rank=rank,
+                                    world_size=world_size, sample_seeds=sample_seeds)
+    return ClassBalancedBatchSampler(labels, classes_per_batch=classes_per_batch, samples_per_class=samples_per_class,
+                                     batches_per_epoch=sampling.batches_per_epoch, seed=seed, rank=rank,
+                                     world_size=world_size, sample_seeds=sample_seeds,
+                                     classes_with_replacement=sampling.classes_with_replacement,
+                                     images_with_replacement=sampling.images_with_replacement)
 
 
 class TransformedImages(Dataset):

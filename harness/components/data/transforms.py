@@ -50,6 +50,8 @@ class MultiScaleCrop:
 
 def build_transform(image_spec, *, train: bool) -> T.Compose:
     """Roth et al. 2020: train RandomResizedCrop(size)+flip; eval Resize(resize)+CenterCrop(size).
+    The training crop takes the protocol's ``crop_scale`` and ``crop_ratio``, after
+    Resize(``train_resize``) when that is nonzero.
 
     Returns uint8 C x H x W tensors: scaling and mean/std normalisation happen once per
     batch on the device (:func:`normalize_batch`), which is cheaper than per image and
@@ -61,7 +63,13 @@ def build_transform(image_spec, *, train: bool) -> T.Compose:
     if name not in valid:
         raise unknown_name("train transform" if train else "eval transform", name, valid)
     if name == "random_resized_crop_flip":
-        ops = [T.RandomResizedCrop(size, scale=tuple(image_spec.crop_scale)), T.RandomHorizontalFlip()]
+        # ``train_resize``: the shorter side resized first (AVSL's code: Resize(256), then
+        # RandomResizedCrop(224, scale 0.16-1, ratio 0.75-1.33); zbr17/AVSL
+        # examples/config/param/transforms/train_transforms.yaml lines 4-9).
+        resize = [T.Resize(image_spec.train_resize)] if image_spec.train_resize else []
+        ratio = tuple(image_spec.crop_ratio)
+        ops = [*resize, T.RandomResizedCrop(size, scale=tuple(image_spec.crop_scale), ratio=ratio),
+               T.RandomHorizontalFlip()]
     elif name == "multiscale_crop_flip":
         fill = tuple(round(255 * m) for m in image_spec.mean)
         ops = [MultiScaleCrop(size, image_spec.multiscale_range, fill), T.RandomHorizontalFlip()]

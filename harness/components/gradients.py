@@ -1,0 +1,31 @@
+"""Gradient handling between the backward pass and the optimizer step.
+
+:func:`clip_gradients` is the protocol's ``optimizer.clip_grad_norm``: each optimizer
+parameter group clipped on its own to a total L2 norm, as GeDML's trainer clips each
+module it trains (``gradclipper`` per trunk, embedder, collector and loss, max_norm 10 in
+AVSL's configurations: zbr17/GeDML src/gedml/launcher/misc/utils.py lines 14-20,
+src/gedml/launcher/trainers/base_trainer.py lines 320-328; zbr17/AVSL
+examples/config/param/gradclipper/gradclipper_models.yaml line 3). The harness's groups
+are those parts: backbone (trunk), head (embedder), a head's own groups (AVSL's
+collector) and loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["clip_gradients"]
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Clip the gradients of each parameter group of ``optimizer`` to total norm ``max_norm``
+    (nothing when it is 0). A float16 loss scaler's scale is taken out first, so the norm
+    is the true gradient's. Queues device work only (no host read)."""
+    if max_norm <= 0:
+        return
+    if scaler is not None and scaler.is_enabled():
+        scaler.unscale_(optimizer)
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if params:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
