@@ -372,8 +372,8 @@ class Method(nn.Module):
         grids are never built)."""
         q_ids = torch.as_tensor(query_ids, dtype=torch.long)
         c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
-        return self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
-                                      {k: gallery_fields[k][c_ids] for k in self.rerank_fields})
+        return typing.cast(torch.Tensor, self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
+                                                                {k: gallery_fields[k][c_ids] for k in self.rerank_fields}))
 
     def score_pairs(self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]) -> torch.Tensor:
         """Scores (higher = closer) of every (query, gallery) pair, Q x G, from the

@@ -77,7 +77,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -198,8 +198,8 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
         iterations.append(its)
     if b == 0:
         plans, iterations = [cost.new_empty(0, n, m)], [torch.empty(0, dtype=torch.long, device=cost.device)]
-    plans, iterations = torch.cat(plans), torch.cat(iterations)
-    return (plans, iterations) if return_iterations else plans
+    plan, its = torch.cat(plans), torch.cat(iterations)
+    return (plan, its) if return_iterations else plan
 
 
 def sinkhorn_diml_code(log_kernel: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *,
@@ -463,10 +463,10 @@ def transport_plans(x: torch.Tensor, y: torch.Tensor, x_global: torch.Tensor | N
     s = local_similarity(x, y)
     mu, nu = _marginals(marginals, x, y, x_global, y_global)
     if plan_grad:
-        plan = sinkhorn(1 - s, mu, nu, eps=eps, max_iter=max_iter, tol=tol)
+        plan = cast(torch.Tensor, sinkhorn(1 - s, mu, nu, eps=eps, max_iter=max_iter, tol=tol))
     else:
         with torch.no_grad():
-            plan = sinkhorn(1 - s.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol)
+            plan = cast(torch.Tensor, sinkhorn(1 - s.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol))
     return plan, s, mu, nu
 
 
@@ -507,10 +507,10 @@ def pairwise_matching(local: torch.Tensor, embedding: torch.Tensor, *, marginals
         raise ValueError(f"marginals must be one of {MARGINALS}, got {marginals!r}")
     cost, mu, nu = (1 - s).reshape(bsz * bsz, n, n), mu.reshape(bsz * bsz, n), nu.reshape(bsz * bsz, n)
     if plan_grad:
-        plan = sinkhorn(cost, mu, nu, eps=eps, max_iter=max_iter, tol=tol)
+        plan = cast(torch.Tensor, sinkhorn(cost, mu, nu, eps=eps, max_iter=max_iter, tol=tol))
     else:
         with torch.no_grad():
-            plan = sinkhorn(cost.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol)
+            plan = cast(torch.Tensor, sinkhorn(cost.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol))
     return plan.view(bsz, bsz, n, n), s
 
 

@@ -117,6 +117,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -308,6 +309,7 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
         raise ValueError("mining='hardest' needs the embeddings")
     dist = hardest_first = None
     if mining == "hardest":
+        assert embeddings is not None  # checked above
         emb = embeddings.detach().float()
         dist = torch.cdist(emb, emb)
         hard = dist[cand[:, 0], cand[:, 1]]
@@ -446,7 +448,7 @@ class SAMHead(Method):
     # ---------------------------------------------------------------------- forward
 
     def _last_map(self, fmap: torch.Tensor) -> torch.Tensor:
-        return fmap if self.stage == "s32" else self.backbone.run(fmap, start=self.stage)
+        return fmap if self.stage == "s32" else cast(torch.Tensor, self.backbone.run(fmap, start=self.stage))
 
     def embed(self, maps):
         fmap = maps[-1]
@@ -592,6 +594,7 @@ class SAMHead(Method):
         bias = self.project.bias.detach().float().cpu()
         maps = []
         for out in outputs:
+            assert out.local is not None  # the head keeps its local embeddings
             loc = out.local[0].detach().float().cpu()
             e = loc.mean(0) + bias
             f = F.normalize(e, dim=-1)
@@ -600,6 +603,7 @@ class SAMHead(Method):
         return maps
 
     def _unit(self, out: HeadOutput) -> torch.Tensor:
+        assert out.local is not None  # the head keeps its local embeddings
         return F.normalize(out.local[0].detach().float().cpu().mean(0) + self.project.bias.detach().float().cpu(),
                            dim=-1)
 

@@ -66,4 +66,4 @@ def configure_determinism(deterministic: bool, *, fast: bool = False) -> None:
     torch.backends.cudnn.benchmark = fast
     # Deterministic mode also fills every new tensor with NaN, a debugging aid that changes
     # no result (kernels overwrite the memory) and cost 15% of CPU training time.
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]  # a property of torch's module subclass, unseen by the stubs

@@ -3,6 +3,7 @@ plugins of installed packages, found through an entry-point group."""
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
 import sys
 from collections.abc import Callable, Iterator
@@ -65,7 +66,7 @@ class Registry(Generic[T]):
     def list(self, pattern: str = "*") -> list[str]:
         return sorted(n for n in self._loaded() if fnmatch.fnmatch(n, pattern))
 
-    def registered(self) -> list[str]:
+    def registered(self) -> builtins.list[str]:
         """Every name in the order it was registered (``list`` sorts)."""
         return list(self._loaded())
 

@@ -24,6 +24,7 @@ import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -128,7 +129,7 @@ class Backbone(nn.Module):
         return kept if keep else x
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
-        maps = self.run(images, stop=self.out_stages[-1], keep=self.out_stages)
+        maps = cast(dict[str, torch.Tensor], self.run(images, stop=self.out_stages[-1], keep=self.out_stages))
         return [maps[s] for s in self.out_stages]
 
     def segment(self, start: str | None, stop: str) -> Segment:
@@ -172,7 +173,7 @@ _GOOGLENET = BackboneSpec(
      ("s16", 832, ("inception4a", "inception4b", "inception4c", "inception4d", "inception4e")),
      ("pool4", 832, ("maxpool4",)),
      ("s32", 1024, ("inception5a", "inception5b"))),
-    prelude=lambda body, x: body._transform_input(x))
+    prelude=lambda body, x: body._transform_input(x))  # type: ignore[operator]  # nn.Module.__getattr__ types the method Tensor | Module
 
 
 # -------------------------------------------------------------------------- weights
@@ -215,7 +216,7 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
     src = torch.load(path, map_location="cpu", weights_only=True)
     import timm
 
-    layout = [(s, j) for s, stage in enumerate(timm.create_model("tf_efficientnet_lite0").blocks)
+    layout = [(s, j) for s, stage in enumerate(timm.create_model("tf_efficientnet_lite0").blocks)  # type: ignore[arg-type]  # nn.Module.__getattr__ types it Tensor | Module
               for j in range(len(stage))]
     fixed = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head",
              "_bn1": "bn2", "_fc": "classifier"}

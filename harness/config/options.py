@@ -32,7 +32,7 @@ def options_model(method: str) -> type[BaseModel]:
 
     entry = METHODS.get(method)
     types, defaults = entry.option_types(), entry.options()
-    return create_model(f"{method} options", __config__=OPTIONS_CONFIG,
+    return create_model(f"{method} options", __config__=OPTIONS_CONFIG,  # type: ignore[call-overload]  # mypy matches the **dict against the named __base__ etc.
                         **{name: (types[name], defaults[name]) for name in defaults})
 
 

@@ -70,7 +70,7 @@ def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False
         return "one of " + ", ".join(shown(v) for v in node["enum"])
     if "const" in node:
         return shown(node["const"])
-    kind = node.get("type")
+    kind: Any = node.get("type")
     bounds = " and".join(f" {sign} {shown(node[key])}" for key, sign in _BOUNDS if key in node)
     if kind == "array":
         low, high = node.get("minItems"), node.get("maxItems")
@@ -91,7 +91,7 @@ def _resolved(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def _node_at(schema: dict[str, Any], loc: Sequence[str | int]) -> dict[str, Any] | None:
     """The schema node of the value at ``loc`` (keys and list indices), or None."""
     defs = schema.get("$defs", {})
-    node: dict[str, Any] | None = schema
+    node: dict[str, Any] = schema
     for part in loc:
         node = _resolved(node, defs)
         if isinstance(part, int) and "items" in node:

@@ -484,7 +484,7 @@ class Tracker:
 
         source = CodeDatasetSource({"loader": f"harness.components.data:{name}", "data_root": str(data_root or "default"),
                                     **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
-        dataset = MetaDataset(source, name=name, digest=digest)
+        dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # mlflow's Dataset is no ABC; MetaDataset leaves profile abstract
         inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
         try:
             self.client.log_inputs(self.run_id, datasets=inputs)
@@ -551,7 +551,7 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
     except MlflowException as err:
         if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
             return None
-        cause = err
+        cause: Exception = err
     except Exception as err:  # e.g. sqlalchemy's OperationalError: database is locked
         cause = err
     text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""

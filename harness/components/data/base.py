@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +67,7 @@ class ImageSet:
 
 
 class FileImageSet(ImageSet):
-    def __init__(self, root: Path, relpaths: Sequence[str], labels: Sequence[int]):
+    def __init__(self, root: Path, relpaths: Sequence[str], labels: Sequence[int] | np.ndarray):
         self.root = Path(root)
         self.relpaths = list(relpaths)
         self.labels = np.asarray(labels, dtype=np.int64)
@@ -94,7 +94,7 @@ class FileImageSet(ImageSet):
 class ArrayImageSet(ImageSet):
     """Images held in memory as uint8 arrays (N x H x W or N x H x W x 3)."""
 
-    def __init__(self, images: np.ndarray, labels: Sequence[int], ids: Sequence[str] | None = None):
+    def __init__(self, images: np.ndarray, labels: Sequence[int] | np.ndarray, ids: Sequence[str] | None = None):
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self.ids = list(ids) if ids is not None else [str(i) for i in range(len(self.labels))]
@@ -202,7 +202,7 @@ class DatasetInfo:
     folder: str
     #: The file whose presence marks a valid root (relative to it).
     marker: str
-    loader: object  # Callable[[Path], DatasetSplits]
+    loader: Callable[..., DatasetSplits]  # (Path) -> splits; (Path | None) when embedded
     #: Whether the harness can produce the data itself (no root needed).
     embedded: bool = False
     #: The official release's split counts, checked on a full tree (benchmarks only).

@@ -47,10 +47,11 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 from harness.base.atomic import atomic_write_json, publish_folder
 from harness.base.errors import HarnessError
-from harness.components.data.base import DATASETS, OfficialCounts, default_data_root
+from harness.components.data.base import DATASETS, FileImageSet, OfficialCounts, default_data_root
 
 __all__ = ["Part", "DatasetSource", "SOURCES", "FETCH_RECORD", "FetchResult", "fetch_dataset", "fetch_command",
            "fetch_record", "DEFAULT_TIMEOUT"]
@@ -103,7 +104,9 @@ class DatasetSource:
         return DATASETS.get(self.name).folder
 
     def expected_counts(self) -> OfficialCounts:
-        return self.counts or DATASETS.get(self.name).official
+        counts = self.counts or DATASETS.get(self.name).official
+        assert counts is not None  # every source is a benchmark with official counts
+        return counts
 
 
 SOURCES: dict[str, DatasetSource] = {
@@ -356,7 +359,7 @@ def _drop_empty(path: Path) -> None:
 # --------------------------------------------------------------------- verify
 
 
-def _digests(path: Path) -> dict[str, str]:
+def _digests(path: Path) -> dict[str, str | int]:
     md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(_BLOCK):
@@ -427,7 +430,7 @@ def _check_tree(source: DatasetSource, tree: Path) -> int:
         names = ("train images", "train classes", "test images", "test classes", "gallery images")
         wrong = ", ".join(f"{n} {g:,} (expected {w:,})" for n, g, w in zip(names, got, want, strict=True) if g != w)
         raise HarnessError(f"the unpacked {source.name} is not the official release: {wrong}")
-    for images in sets:
+    for images in cast(list[FileImageSet], sets):  # a benchmark's loader reads files
         for key in images.keys():
             if not (images.root / key).is_file():
                 raise HarnessError(f"the unpacked {source.name} lacks an image its index lists: {key}")

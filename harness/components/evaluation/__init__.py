@@ -104,7 +104,7 @@ def save_per_query(path, per_query: dict[str, np.ndarray]) -> None:
     from harness.base.atomic import atomic_write_bytes
 
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **per_query)
+    np.savez_compressed(buffer, **per_query)  # type: ignore[arg-type]  # numpy's stub matches **kwds to allow_pickle: bool
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -226,7 +226,7 @@ def exhaustive_knn(num_queries: int, num_reference: int | None, scorer: PairScor
     import torch
 
     same = num_reference is None
-    n_ref = num_queries if same else int(num_reference)
+    n_ref = num_queries if num_reference is None else int(num_reference)
     k = max(0, min(int(k), n_ref - int(same)))
     for start in range(0, num_queries, max(1, query_chunk)):
         stop = min(num_queries, start + max(1, query_chunk))
@@ -244,10 +244,11 @@ def exhaustive_knn(num_queries: int, num_reference: int | None, scorer: PairScor
             s = torch.nan_to_num(s, nan=-torch.inf)
             if same:  # the query itself never enters: k <= N - 1 finite scores outrank it
                 s = s.masked_fill(ids == torch.as_tensor(q_ids, device=s.device)[:, None], -torch.inf)
-            if best_s is not None:
+            if best_s is not None and best_i is not None:
                 s, ids = torch.cat([best_s, s], 1), torch.cat([best_i, ids], 1)
             order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
             best_s, best_i = s.gather(1, order), ids.gather(1, order)
+        assert best_i is not None  # k > 0: at least one reference chunk
         yield start, stop, best_i.cpu().numpy().astype(np.int64)
 
 
@@ -285,6 +286,7 @@ def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | Non
     """Stream the kNN lists chunk by chunk into :class:`RetrievalScores`."""
     same = gallery is None
     ref_codes = q_codes if same else g_codes
+    assert ref_codes is not None  # g_codes is set when a gallery is
     r = relevant_counts(q_codes, ref_codes, same_source=same)
     scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
     k = max(scores.needed_k(recall=False), rerank_k if reranker is not None else 0)
@@ -308,6 +310,7 @@ def _retrieval_exhaustive(num_queries: int, q_codes: np.ndarray, num_gallery: in
     """Every retrieval metric from exhaustive lists (:func:`exhaustive_knn`), k = what they read."""
     same = num_gallery is None
     ref_codes = q_codes if same else g_codes
+    assert ref_codes is not None  # g_codes is set when a gallery is
     r = relevant_counts(q_codes, ref_codes, same_source=same)
     scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
     k = scores.needed_k(recall=True)  # Recall@K included: the lists are exact, no cosine fallback
@@ -366,7 +369,7 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
         if per_query:
             out.per_query = scores.per_query()
     else:
-        r = relevant_counts(q_codes, q_codes if gallery is None else g_codes, same_source=gallery is None)
+        r = relevant_counts(q_codes, q_codes if g_codes is None else g_codes, same_source=gallery is None)
         out.update(num_queries=int((r > 0).sum()), num_lone_queries=int((r == 0).sum()))
     if request.clustering and len(query):
         clusters = kmeans_assignments(query, len(np.unique(q_codes)), iterations=kmeans_iterations,

@@ -8,7 +8,7 @@ centroid. Here it is seeded explicitly and run once for all three metrics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 
 import faiss
 import numpy as np
@@ -65,7 +65,7 @@ def pair_counting_f1(labels: np.ndarray, clusters: np.ndarray) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
-def clustering_metrics(labels: np.ndarray, clusters: np.ndarray, *, names: Sequence[str]) -> dict[str, float]:
+def clustering_metrics(labels: np.ndarray, clusters: np.ndarray, *, names: Collection[str]) -> dict[str, float]:
     """``nmi`` (sklearn ``normalized_mutual_info_score``, arithmetic mean, as PML), ``ami``
     (sklearn ``adjusted_mutual_info_score``; slow with thousands of classes) and ``f1``
     (:func:`pair_counting_f1`) of one clustering, for the requested ``names``."""

@@ -68,7 +68,7 @@ def gpu_available() -> bool:
 
 def make_index(reference: np.ndarray, *, use_gpu: bool = False) -> faiss.Index:
     """An exact inner-product index over ``reference`` (N x D float32), on a GPU when asked and present."""
-    index = faiss.IndexFlatIP(reference.shape[1])
+    index: faiss.Index = faiss.IndexFlatIP(reference.shape[1])
     if use_gpu and gpu_available():
         if not _GPU_RESOURCES:
             _GPU_RESOURCES.append(faiss.StandardGpuResources())
@@ -138,6 +138,8 @@ def search_device(use_gpu: bool, device: str | torch.device | None = None) -> to
 class _Search:
     """``search(x, k) -> (sims, indices)``: faiss on a GPU when asked, present and k allows,
     torch on ``device`` (see :func:`search_device`), else faiss on the CPU."""
+
+    cpu: faiss.Index | None
 
     def __init__(self, reference: np.ndarray, *, use_gpu: bool, device: str | torch.device | None = None):
         self.reference, self.cpu = reference, None
@@ -272,7 +274,7 @@ def first_relevant_rank(query: np.ndarray, reference: np.ndarray | None, query_l
     independent of how rows are batched.
     """
     same = reference is None
-    reference = query if same else reference
+    reference = query if reference is None else reference
     cols = np.arange(len(reference))
     step = max(1, block // max(len(reference), 1))
     out = np.empty(len(rows), np.int64)

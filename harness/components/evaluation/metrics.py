@@ -52,7 +52,7 @@ in ``num_lone_queries``; PML's ``AccuracyCalculator`` does the same.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class RetrievalScores:
     """
 
     def __init__(self, query_labels: np.ndarray, num_relevant: np.ndarray, *, window_c: np.ndarray,
-                 names: Sequence[str], recall_k: Sequence[int]):
+                 names: Collection[str], recall_k: Sequence[int]):
         self.labels = np.asarray(query_labels)
         self.r = np.asarray(num_relevant, np.int64)
         self.c = np.asarray(window_c, np.int64)

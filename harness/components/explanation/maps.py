@@ -144,6 +144,7 @@ def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha:
     if title:
         fig.suptitle(title, fontsize=11)
     # The scale drawn opaque (the overlays are blended at ``alpha`` over the images).
+    assert overlay is not None  # the grid has at least one cell
     scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=overlay.get_cmap())
     colorbar = fig.colorbar(scale, ax=axes, shrink=0.8, fraction=0.05)
     colorbar.set_label("map value (1 = the image's peak)" if rank_by != "max" else "map value", fontsize=10)
