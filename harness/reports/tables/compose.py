@@ -13,9 +13,9 @@ import pandas as pd
 from harness.base.atomic import atomic_write_text
 from harness.base.errors import unknown_name
 from harness.reports.tables.columns import DEFAULT_METRICS
-from harness.reports.tables.labels import all_labels, method_labels, recorded_options
+from harness.reports.tables.labels import method_labels, recorded_options
 from harness.reports.tables.latex import LatexRenderer
-from harness.reports.tables.layout import distinct_in_order, ordered_tests
+from harness.reports.tables.layout import distinct_in_order
 from harness.reports.tables.load import load_runs
 from harness.reports.tables.markdown import MarkdownRenderer
 from harness.reports.tables.notes import (
@@ -34,7 +34,7 @@ from harness.reports.tables.paired import (
     missing_results,
     paired_tests,
 )
-from harness.reports.tables.published import attach_published, load_published
+from harness.reports.tables.published import PublishedValues, attach_published, published_values
 from harness.reports.tables.render import TableContent, TableRenderer
 from harness.reports.tables.summary import summarize
 
@@ -90,22 +90,13 @@ class Table:
     problems: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False)
-class _Published:
-    """The published values a table compares (None: no CSV), the descriptions of those left
-    out and the notes the compared ones are flagged with."""
-
-    values: pd.DataFrame | None = None
-    excluded: tuple[str, ...] = ()
-    flagged: tuple[str, ...] = ()
-
-
 def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
     """``runs`` (default: :func:`~harness.reports.tables.load.load_runs` of the request's
     experiments) -> :class:`Table`. Each run whose per-query results a paired bootstrap
     needed and did not get is one line on stderr (and in ``problems``)."""
     runs = load_runs(request.experiments) if runs is None else runs
-    published = _published(request)
+    published = published_values(request.published, request.tables, request.published_rows,
+                                 request.published_metrics)
     metrics = _metrics(request, published)
     values = None if published.values is None else published.values[published.values["metric"].isin(metrics)]
     cells = attach_published(summarize(runs, metrics), values)
@@ -113,30 +104,16 @@ def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
                          resamples=request.resamples)
     problems = _report_problems(runs, tests, request.per_query)
     labels = method_labels(sorted(set(cells["method"].dropna()) | {request.baseline}), recorded_options(runs))
-    reference = str(tests["baseline"].iloc[0]) if not tests.empty else request.baseline
     content = TableContent(cells, metrics=metrics, caption=request.title(), deviations=run_deviations(runs),
-                           tests=ordered_tests(tests, cells, metrics, reference),
-                           notes=_notes(request, runs, cells, metrics, published), labels=labels,
+                           tests=tests, notes=_notes(request, runs, cells, metrics, published), labels=labels,
                            baseline=request.baseline)
     renderer = RENDERERS[request.fmt]()
     text = renderer.render(content) + renderer.deviations_block(paper_deviation_notes(runs))
-    return Table(text=text, tests=content.tests, labels=all_labels(cells, content.tests, labels),
-                 metrics=tuple(metrics), problems=tuple(problems))
+    return Table(text=text, tests=content.ordered_tests(), labels=content.row_labels(), metrics=tuple(metrics),
+                 problems=tuple(problems))
 
 
-def _published(request: TableRequest) -> _Published:
-    """The request's published values, their metrics renamed to the reproduced variants."""
-    if not request.published:
-        return _Published()
-    values = load_published(request.published, request.tables, request.published_rows)
-    excluded, flagged = values.attrs.get("excluded", []), sorted(set(values["note"]) - {""})
-    renamed = dict(request.published_metrics or {})
-    if renamed:
-        values = values.assign(metric=values["metric"].map(lambda m: renamed.get(m, m)))
-    return _Published(values, tuple(excluded), tuple(flagged))
-
-
-def _metrics(request: TableRequest, published: _Published) -> list[str]:
+def _metrics(request: TableRequest, published: PublishedValues) -> list[str]:
     if request.metrics:
         return list(request.metrics)
     return distinct_in_order(published.values["metric"]) if published.values is not None else list(DEFAULT_METRICS)
@@ -152,7 +129,7 @@ def _report_problems(runs: pd.DataFrame, tests: pd.DataFrame, per_query: PerQuer
 
 
 def _notes(request: TableRequest, runs: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str],
-           published: _Published) -> list[str]:
+           published: PublishedValues) -> list[str]:
     """The table's notes in print order."""
     return [*selection_notes(runs, request.published), *variant_notes(metrics, dict(request.published_metrics or {})),
             *code_notes(runs), *setting_notes(cells), *published_notes(published.excluded, published.flagged)]

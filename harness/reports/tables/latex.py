@@ -17,7 +17,7 @@ from harness.reports.tables.labels import (
     row_label,
 )
 from harness.reports.tables.latex_widths import TEXT_WIDTH_PT, tabular_chunks
-from harness.reports.tables.layout import Cell, Row, TableBody, ordered_tests, table_body
+from harness.reports.tables.layout import Cell, Row, TableBody, table_body
 from harness.reports.tables.render import TableContent, TableRenderer
 
 __all__ = ["LATEX_PACKAGES", "LatexRenderer", "latex_escape", "render_latex"]
@@ -78,8 +78,7 @@ class LatexRenderer(TableRenderer):
             notes = self.footnotes(content, labels) if k == len(chunks) - 1 else []
             lines += self._dataset_table(body, chunks, chunk, content.caption, labels, notes)
         if content.has_tests:
-            ordered = ordered_tests(content.tests, content.cells, content.metrics, content.reference)
-            lines += self.tests_tables(ordered, labels, content.caption)
+            lines += self.tests_tables(content.ordered_tests(), labels, content.caption)
         return "\n".join(lines) + "\n"
 
     def _dataset_table(self, body: TableBody, chunks: list[list[int]], chunk: list[int], caption: str,

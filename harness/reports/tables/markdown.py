@@ -14,7 +14,7 @@ from harness.reports.tables.labels import (
     label,
     row_label,
 )
-from harness.reports.tables.layout import Cell, ordered_tests, table_body
+from harness.reports.tables.layout import Cell, table_body
 from harness.reports.tables.render import TableContent, TableRenderer
 
 __all__ = ["MarkdownRenderer", "TEST_HEADER", "render_markdown"]
@@ -50,8 +50,7 @@ class MarkdownRenderer(TableRenderer):
         if content.has_tests:
             lines += ["", "**Paired tests against the baseline row**", "", _line(TEST_HEADER),
                       "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
-            ordered = ordered_tests(content.tests, content.cells, content.metrics, content.reference)
-            lines += [_line(r) for r in self.test_rows(ordered, labels)]
+            lines += [_line(r) for r in self.test_rows(content.ordered_tests(), labels)]
         return "\n".join(lines) + "\n"
 
     def _comparison(self, content: TableContent, labels: Mapping[str, str]) -> list[str]:

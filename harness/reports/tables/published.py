@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ from harness.base.errors import HarnessError
 from harness.reports.tables.columns import CELL_COLUMNS, KEYS
 
 __all__ = ["parse_published_row", "published_dir", "locate_published", "EXCLUDED_FLAGS", "FOOTNOTED_FLAGS",
-           "load_published", "attach_published"]
+           "load_published", "PublishedValues", "published_values", "attach_published"]
 
 
 def parse_published_row(spec: str) -> tuple[str, str]:
@@ -156,6 +157,29 @@ def _refuse_several_values(frame: pd.DataFrame, path: Path) -> None:
         f"{', '.join(sorted(set(twice['table'])))} differ only in {', '.join(others)}); "
         f"choose one table with --table, or name the rows beside each method with --published-row "
         f"(a grid's [published] rows)")
+
+
+@dataclass(frozen=True, eq=False)
+class PublishedValues:
+    """The published values a table compares (None: no CSV), the descriptions of those left
+    out and the notes the compared ones are flagged with."""
+
+    values: pd.DataFrame | None = None
+    excluded: tuple[str, ...] = ()
+    flagged: tuple[str, ...] = ()
+
+
+def published_values(path: Path | None, tables: Iterable[str] = (), rows: dict[str, Sequence[str]] | None = None,
+                     renamed: Mapping[str, str] | None = None) -> PublishedValues:
+    """:func:`load_published` for a table, with each metric ``renamed`` (``{published metric:
+    reproduced metric}``) to the reproduced variant it sits beside."""
+    if not path:
+        return PublishedValues()
+    values = load_published(path, tables, rows)
+    excluded, flagged = values.attrs.get("excluded", []), sorted(set(values["note"]) - {""})
+    if renamed:
+        values = values.assign(metric=values["metric"].map(lambda m: renamed.get(m, m)))
+    return PublishedValues(values, tuple(excluded), tuple(flagged))
 
 
 def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.reports.tables.columns import SIGNIFICANCE
 from harness.reports.tables.labels import all_labels
+from harness.reports.tables.layout import ordered_tests
 
 __all__ = ["TableContent", "TableRenderer"]
 
@@ -42,6 +43,10 @@ class TableContent:
     def reference(self) -> str:
         """The method the paired tests compare with: theirs when there are tests."""
         return str(self.tests["baseline"].iloc[0]) if self.has_tests else self.baseline
+
+    def ordered_tests(self) -> pd.DataFrame | None:
+        """The paired tests in the comparison's order: dataset, block, row, metric."""
+        return ordered_tests(self.tests, self.cells, self.metrics, self.reference)
 
     def row_labels(self) -> dict[str, str]:
         """Row labels for every method the cells and tests name."""
