@@ -33,9 +33,11 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> p
     for key, cell in runs.groupby([*ROW, "dataset"], sort=False):
         flagged = bool(((cell["deviations"] != "none") | cell["test_set_selection"]).any())
         block = (key[0], key[1], key[4])
-        flags = {"flagged": flagged, "code_flagged": code_flags[block]}
-        rows += [{**dict(zip([*ROW, "dataset"], key, strict=True)), "metric": metric, **summary, **flags}
-                 for metric in metrics if (summary := _over_seeds(cell, metric)) is not None]
+        for metric in metrics:
+            summary = _over_seeds(cell, metric)
+            if summary is not None:
+                rows.append({**dict(zip([*ROW, "dataset"], key, strict=True)), "metric": metric, **summary,
+                             "flagged": flagged, "code_flagged": code_flags[block]})
     return pd.DataFrame(rows, columns=CELL_COLUMNS[:-1])
 
 
