@@ -14,7 +14,7 @@ from harness.cli.main import main
 from harness.config.deviations import PaperDeviation, deviation_tags, from_tag, grouped_notes
 from harness.config.grids import load_grid
 from harness.config.protocol import fingerprint, load_protocol
-from harness.reports.tables import deviations_block, paper_deviation_notes
+from harness.reports.tables import LatexRenderer, MarkdownRenderer, paper_deviation_notes
 
 DEVIATION = """
 [deviations.validation_carve]
@@ -77,11 +77,11 @@ def test_tags_round_trip_and_notes_group_by_reason():
     notes = paper_deviation_notes(runs)
     assert notes == ["Same reason: a_one (paper: p1 [Eq. 3]; here: h1)."]
     # The block every table's text ends with, in both formats.
-    markdown = deviations_block(notes, latex=False)
+    markdown = MarkdownRenderer().deviations_block(notes)
     assert markdown.rstrip().endswith("- Same reason: a_one (paper: p1 [Eq. 3]; here: h1).")
-    latex = deviations_block(notes, latex=True)
+    latex = LatexRenderer().deviations_block(notes)
     assert latex.rstrip().endswith("\\end{itemize}\n}") and "a\\_\\allowbreak{}one" in latex
-    assert deviations_block([], latex=True) == ""
+    assert LatexRenderer().deviations_block([]) == ""
 
 
 def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviation, capsys):

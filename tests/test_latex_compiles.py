@@ -17,8 +17,7 @@ import pandas as pd
 import pytest
 
 from harness.config.grids import list_grids, load_grid
-from harness.reports import tables
-from harness.reports.tables import LATEX_PACKAGES, compose_table
+from harness.reports.tables import LATEX_PACKAGES, TableRequest, compose
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("pdflatex") is None,
@@ -67,15 +66,14 @@ def _compile(table: str, folder: Path, options: str) -> str:
 
 
 @pytest.mark.parametrize("grid_name", list_grids())
-def test_every_grid_table_compiles_and_fits_the_text_block(grid_name, tmp_path, monkeypatch):
+def test_every_grid_table_compiles_and_fits_the_text_block(grid_name, tmp_path):
     grid = load_grid(grid_name)
-    runs = planted_runs(grid)
-    monkeypatch.setattr(tables, "load_runs", lambda experiments: runs)
-    table = compose_table([grid.experiment], fmt="latex", published=grid.published_file or None,
-                          tables=grid.published_tables, metrics=grid.metrics or None, caption=grid.description,
-                          published_rows=dict(grid.published_rows) or None, baseline=grid.baseline,
-                          published_metrics=grid.published_metrics or None,
-                          per_query=lambda run_id: None)  # no per-query results: the ‡ marks and note
+    request = TableRequest(experiments=(grid.experiment,), fmt="latex", published=grid.published_file or None,
+                           tables=tuple(grid.published_tables), metrics=tuple(grid.metrics) or None,
+                           caption=grid.description, published_rows=dict(grid.published_rows) or None,
+                           baseline=grid.baseline, published_metrics=grid.published_metrics or None,
+                           per_query=lambda run_id: None)  # no per-query results: the ‡ marks and note
+    table = compose(request, runs=planted_runs(grid))
     assert table.problems and "$^{\\ddagger}$" in table.text and "$^\\dagger$" in table.text
     assert "\\scriptsize" not in table.text and "\\tiny" not in table.text
     assert not table.tests.empty  # the paired-tests tables are compiled too

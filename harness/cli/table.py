@@ -1,5 +1,5 @@
 """``python -m harness table --experiment NAME``: the table's arguments; the table itself
-is :func:`harness.reports.tables.compose_table`'s, the forest plot beside it
+is :func:`harness.reports.tables.compose`'s, the forest plot beside it
 :func:`harness.reports.figures.write_forest`'s."""
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from harness.base.paths import readable_file
 from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.reports.figures import forest_paths, write_forest
-from harness.reports.tables import DEFAULT_METRICS, compose_table, parse_published_row, write_atomic
+from harness.reports.tables import (
+    DEFAULT_METRICS,
+    TableRequest,
+    compose,
+    parse_published_row,
+    write_atomic,
+)
 
 __all__ = ["add_table_parser", "cmd_table"]
 
@@ -41,9 +47,10 @@ def cmd_table(args: argparse.Namespace) -> int:
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
         output_file(figure, "--out (forest plot)")
     open_store()
-    table = compose_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
-                          metrics=metrics, caption=args.caption or "", published_rows=rows or None,
-                          baseline=args.baseline, published_metrics=metric_map or None)
+    table = compose(TableRequest(experiments=tuple(args.experiment), fmt=args.format, published=args.published,
+                                 tables=tuple(tables), metrics=tuple(metrics) if metrics else None,
+                                 caption=args.caption or "", published_rows=rows or None, baseline=args.baseline,
+                                 published_metrics=metric_map or None))
     if args.strict and table.problems:
         raise HarnessError(f"--strict: {len(table.problems)} run(s) lack results the table needs "
                            f"(listed above); nothing written")

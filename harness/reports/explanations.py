@@ -19,7 +19,14 @@ import torch
 
 from harness.base.atomic import atomic_write, atomic_write_json
 from harness.base.metric_keys import metric_key
-from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
+from harness.components.explanation.images import (
+    ImageBatch,
+    first_test_triplet,
+    nearest_neighbour,
+    part_shares,
+    run_test_images,
+)
+from harness.components.explanation.maps import attention_figure, upsample_maps
 from methods.base import FigureData, FigureSet, HeadOutput, Method
 
 __all__ = ["log_explanations", "draw_overlay", "heat_scale", "draw_figure", "write_figure_set", "write_tuple_figures", "pairs_figure",
@@ -155,88 +162,74 @@ def write_tuple_figures(head: Method, kind: str, images: list[torch.Tensor], out
     return [] if figures is None else write_figure_set(figures, out_dir, kind, caption=caption)
 
 
-@torch.inference_mode()
-def _a_test_triplet(labels: np.ndarray) -> tuple[int, int, int] | None:
-    """(anchor, positive, negative) test indices: the first image, the next of its class,
-    the first of another class; None when the split has no such triplet."""
-    labels = np.asarray(labels)
-    same = np.flatnonzero(labels == labels[0])
-    other = np.flatnonzero(labels != labels[0])
-    if len(same) < 2 or not len(other):
-        return None
-    return 0, int(same[1]), int(other[0])
-
-
 def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
                      count: int = 48, *, run_label: str = "") -> None:
     """For heads that explain: a figure of their maps on test images (titled with
-    ``run_label``, e.g. method, dataset and seed), and, where the dataset has part masks
-    (``synthetic``), the share of each map's mass on each part.
+    ``run_label``, e.g. method, dataset and seed), the pair and triplet figures the head
+    draws, and, where the dataset has part masks (``synthetic``), the share of each map's
+    mass on each part.
 
     Mass uses the head's raw spatial attention when it has one (``output.attention``,
     upsampled without re-normalisation), else the explanation maps.
     """
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms import functional as TF
-
-    from harness.components.data.transforms import build_transform, normalize_batch
-
     model.eval()
     n = min(count, len(splits.test))
-    transform = build_transform(protocol.image, train=False)
-    images = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in range(n)]).to(device),
-                             protocol.image)
-    out = model(images)
-    mean = torch.tensor(protocol.image.mean, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(protocol.image.std, device=device).view(1, 3, 1, 1)
-    pictures = (images * std + mean).clamp(0, 1).cpu()
-    head = model.head
-    label = run_label or head.registry_name
-    if n >= 2 and "pair" in head.figure_tuples:  # the first test image and its nearest neighbour
-        j = 1 + int((out.embedding[1:] @ out.embedding[0]).argmax())
-        for path in write_tuple_figures(head, "pair", [pictures[0], pictures[j]], [out.select(0), out.select(j)],
-                                        out_dir, caption=f"{label}, test image 1 and its nearest neighbour"):
-            tracker.log_artifact(path, "explanations")
-    triplet = _a_test_triplet(splits.test.labels)
-    if triplet is not None and "triplet" in head.figure_tuples:
-        batch = normalize_batch(torch.stack([transform(splits.test.read(i)) for i in triplet]).to(device),
-                                protocol.image)
-        outputs = model(batch)
-        pictures3 = (batch * std + mean).clamp(0, 1).cpu()
-        for path in write_tuple_figures(head, "triplet", list(pictures3), [outputs.select(i) for i in range(3)],
-                                        out_dir, caption=f"{label}, a test triplet"):
-            tracker.log_artifact(path, "explanations")
-    maps = model.head.explain(images, out)
+    batch = run_test_images(model, splits.test, protocol.image, range(n), device)
+    label = run_label or model.head.registry_name
+    _log_pair_figure(model.head, batch, out_dir, tracker, label)
+    _log_triplet_figure(model, splits, protocol, device, out_dir, tracker, label)
+    maps = model.head.explain(batch.images, batch.output)
     if maps is None:
         return
-    rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
-    title = f"{label}: maps on the first {n} test images"
-    figure = attention_figure(pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title)
-    tracker.log_artifact(figure, "explanations")
-    masks = splits.extras.get("masks")
-    if not masks:
-        return
-    from harness.components.data.synthetic import load_part_mask
+    _log_maps_figure(batch, maps, out_dir, tracker, f"{label}: maps on the first {n} test images")
+    raw = batch.output.attention if batch.output.attention is not None else maps
+    shares = part_shares(splits, protocol.image, raw, n)
+    if shares is not None:
+        _log_part_mass(shares, ["background", *splits.extras["parts"]], tracker, model.head.registry_name)
 
-    size = protocol.image.size
-    labels = []
-    for i in range(n):
-        mask = load_part_mask(splits.extras["root"], masks[splits.test.keys()[i]])
-        mask = TF.center_crop(TF.resize(torch.from_numpy(mask.copy())[None], protocol.image.resize,
-                                        interpolation=InterpolationMode.NEAREST), size)
-        labels.append(mask[0])
-    raw = out.attention if out.attention is not None else maps
-    mass_maps = upsample_maps(raw.float(), (size, size), normalize=False).clamp_min(0).cpu()
-    shares = part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
-    names = ["background", *splits.extras["parts"]]
+
+def _log_pair_figure(head: Method, batch: ImageBatch, out_dir: Path, tracker, label: str) -> None:
+    """The head's pair figure of the first test image and its nearest neighbour."""
+    if len(batch.pictures) < 2 or "pair" not in head.figure_tuples:
+        return
+    j = nearest_neighbour(batch.output.embedding)
+    for path in write_tuple_figures(head, "pair", [batch.pictures[0], batch.pictures[j]],
+                                    [batch.output.select(0), batch.output.select(j)], out_dir,
+                                    caption=f"{label}, test image 1 and its nearest neighbour"):
+        tracker.log_artifact(path, "explanations")
+
+
+def _log_triplet_figure(model, splits, protocol, device: torch.device, out_dir: Path, tracker, label: str) -> None:
+    """The head's triplet figure of the first test triplet (:func:`first_test_triplet`)."""
+    triplet = first_test_triplet(splits.test.labels)
+    if triplet is None or "triplet" not in model.head.figure_tuples:
+        return
+    batch = run_test_images(model, splits.test, protocol.image, triplet, device)
+    for path in write_tuple_figures(model.head, "triplet", list(batch.pictures),
+                                    [batch.output.select(i) for i in range(3)], out_dir,
+                                    caption=f"{label}, a test triplet"):
+        tracker.log_artifact(path, "explanations")
+
+
+def _log_maps_figure(batch: ImageBatch, maps: torch.Tensor, out_dir: Path, tracker, title: str) -> None:
+    """The maps over their pictures, the images ranked by the head's peak attention when it
+    has one, else by map mass."""
+    attention = batch.output.attention
+    rank = attention.amax(dim=(2, 3)).cpu() if attention is not None else "mass"
+    figure = attention_figure(batch.pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title)
+    tracker.log_artifact(figure, "explanations")
+
+
+def _log_part_mass(shares: np.ndarray, names: list[str], tracker, head_name: str) -> None:
+    """Each map group's mass share per part, as ``explain/group<g>_mass_<part>`` metrics, as
+    a text artifact and on stderr."""
     tracker.log_metrics({metric_key("explain", f"group{g + 1}_mass_{names[j]}"): float(shares[g, j])
                          for g in range(shares.shape[0]) for j in range(len(names))
                          if np.isfinite(shares[g, j])})
     table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
                       for g in range(shares.shape[0]))
     tracker.log_text(table, "explanations/part_mass.txt")
-    print(f"{model.head.registry_name} attention mass "
-         f"per part (test images):\n{table}", file=sys.stderr, flush=True)
+    print(f"{head_name} attention mass per part (test images):\n{table}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------- figures of python -m harness explain

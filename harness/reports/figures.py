@@ -1,7 +1,7 @@
 """Forest plots beside the tables: each method's paired difference to its block's baseline
 row, with the 95% interval, per dataset.
 
-What is drawn is exactly the paired-tests table's numbers (:func:`harness.reports.tables.paired_tests`):
+What is drawn is exactly the paired-tests table's numbers (:func:`harness.reports.tables.paired.paired_tests`):
 the mean paired difference over seeds (percent points) with its 95% Student t-interval
 (filled marker, thick line), and where runs stored per-query results the paired bootstrap
 over test queries with its percentile interval (open marker, thin line, just below).
@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+
+from harness.reports.tables.labels import DATASET_LABELS, METRIC_LABELS, block_label, row_label
 
 __all__ = ["FOREST_COLUMNS", "forest_paths", "forest_rows", "lead_metric", "render_forest", "write_forest"]
 
@@ -40,8 +42,6 @@ def lead_metric(tests: pd.DataFrame, metrics: Sequence[str] = ()) -> str:
 def forest_rows(tests: pd.DataFrame, labels: Mapping[str, str], metric: str) -> pd.DataFrame:
     """The paired tests of ``metric`` (``TEST_COLUMNS``, in table order) as plot rows
     (:data:`FOREST_COLUMNS`): block and comparison labelled as in the tables."""
-    from harness.reports.tables import block_label, row_label
-
     chosen = tests[tests["metric"] == metric]
     rows = [{"dataset": t.dataset, "block": block_label(t.backbone, t.loss),
              "comparison": f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", "metric": t.metric,
@@ -127,7 +127,6 @@ def write_forest(stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, 
     """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), atomically; nothing
     when there are no paired tests. Returns the paths written."""
     from harness.base.atomic import atomic_write_bytes, atomic_write_text
-    from harness.reports.tables import DATASET_LABELS, METRIC_LABELS
 
     if tests is None or tests.empty:
         return []

@@ -1,0 +1,150 @@
+"""A whole table from the tracking store: the request (experiments and options), the
+steps that turn its runs into a rendered :class:`Table`, and writing it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from harness.base.atomic import atomic_write_text
+from harness.base.errors import unknown_name
+from harness.reports.tables.columns import DEFAULT_METRICS
+from harness.reports.tables.labels import method_labels, recorded_options
+from harness.reports.tables.latex import LatexRenderer
+from harness.reports.tables.layout import distinct_in_order
+from harness.reports.tables.load import load_runs
+from harness.reports.tables.markdown import MarkdownRenderer
+from harness.reports.tables.notes import (
+    code_notes,
+    paper_deviation_notes,
+    published_notes,
+    run_deviations,
+    selection_notes,
+    setting_notes,
+    variant_notes,
+)
+from harness.reports.tables.paired import (
+    PerQueryLoader,
+    artifact_per_query,
+    artifact_problem,
+    missing_results,
+    paired_tests,
+)
+from harness.reports.tables.published import PublishedValues, attach_published, published_values
+from harness.reports.tables.render import TableContent, TableRenderer
+from harness.reports.tables.summary import summarize
+
+__all__ = ["RENDERERS", "TableRequest", "Table", "compose", "compose_table", "build_table", "write_atomic"]
+
+#: The table formats, by the name ``harness table --format`` takes.
+RENDERERS: dict[str, type[TableRenderer]] = {"latex": LatexRenderer, "markdown": MarkdownRenderer}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableRequest:
+    """What to tabulate: the runs of ``experiments`` in format ``fmt`` (:data:`RENDERERS`),
+    beside the ``published`` CSV's ``tables`` (``published_rows``: ``{reproduced method:
+    ["method@setting"]}``; ``published_metrics``: ``{published metric: reproduced metric}``
+    where a paper defines a metric differently, DIML: ``r_precision`` ->
+    ``r_precision_query_in_r``), for ``metrics`` (default: the published table's, else
+    :data:`DEFAULT_METRICS`), each row tested against the ``baseline`` method's, with the
+    per-query results ``per_query`` gives (None: no bootstrap) and ``resamples`` resamples."""
+
+    experiments: tuple[str, ...]
+    fmt: str = "latex"
+    published: Path | None = None
+    tables: tuple[str, ...] = ()
+    metrics: tuple[str, ...] | None = None
+    caption: str = ""
+    published_rows: Mapping[str, Sequence[str]] | None = None
+    baseline: str = "plain"
+    published_metrics: Mapping[str, str] | None = None
+    per_query: PerQueryLoader | None = artifact_per_query
+    resamples: int = 10_000
+
+    def __post_init__(self):
+        if self.fmt not in RENDERERS:
+            raise unknown_name("table format", self.fmt, RENDERERS)
+
+    def title(self) -> str:
+        """The caption given, else which experiments (against which published tables)."""
+        return self.caption or (f"Reproduced (experiment {', '.join(self.experiments)})"
+                                + (f" vs published (table {', '.join(self.tables)})" if self.tables else ""))
+
+
+@dataclass(frozen=True)
+class Table:
+    """A rendered table and what it was computed from: ``text`` (LaTeX or Markdown),
+    ``tests`` (:func:`~harness.reports.tables.paired.paired_tests`, the rows of the
+    paired-tests table), ``labels`` (row labels by method) and ``problems`` (one line per
+    run whose results a cell needed and did not get: run id and what is missing)."""
+
+    text: str
+    tests: pd.DataFrame
+    labels: dict[str, str]
+    metrics: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
+    """``runs`` (default: :func:`~harness.reports.tables.load.load_runs` of the request's
+    experiments) -> :class:`Table`. Each run whose per-query results a paired bootstrap
+    needed and did not get is one line on stderr (and in ``problems``)."""
+    runs = load_runs(request.experiments) if runs is None else runs
+    published = published_values(request.published, request.tables, request.published_rows,
+                                 request.published_metrics)
+    metrics = _metrics(request, published)
+    values = None if published.values is None else published.values[published.values["metric"].isin(metrics)]
+    cells = attach_published(summarize(runs, metrics), values)
+    tests = paired_tests(runs, metrics, baseline=request.baseline, per_query=request.per_query,
+                         resamples=request.resamples)
+    problems = _report_problems(runs, tests, request.per_query)
+    labels = method_labels(sorted(set(cells["method"].dropna()) | {request.baseline}), recorded_options(runs))
+    content = TableContent(cells, metrics=metrics, caption=request.title(), deviations=run_deviations(runs),
+                           tests=tests, notes=_notes(request, runs, cells, metrics, published), labels=labels,
+                           baseline=request.baseline)
+    renderer = RENDERERS[request.fmt]()
+    text = renderer.render(content) + renderer.deviations_block(paper_deviation_notes(runs))
+    return Table(text=text, tests=content.ordered_tests(), labels=content.row_labels(), metrics=tuple(metrics),
+                 problems=tuple(problems))
+
+
+def _metrics(request: TableRequest, published: PublishedValues) -> list[str]:
+    if request.metrics:
+        return list(request.metrics)
+    return distinct_in_order(published.values["metric"]) if published.values is not None else list(DEFAULT_METRICS)
+
+
+def _report_problems(runs: pd.DataFrame, tests: pd.DataFrame, per_query: PerQueryLoader | None) -> list[str]:
+    """The runs a bootstrap needed and did not get, each one line on stderr too."""
+    explain = artifact_problem if per_query is artifact_per_query else None
+    problems = missing_results(runs, tests, explain=explain)
+    for line in problems:
+        print(f"tables: {line}", file=sys.stderr)
+    return problems
+
+
+def _notes(request: TableRequest, runs: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str],
+           published: PublishedValues) -> list[str]:
+    """The table's notes in print order."""
+    return [*selection_notes(runs, request.published), *variant_notes(metrics, dict(request.published_metrics or {})),
+            *code_notes(runs), *setting_notes(cells), *published_notes(published.excluded, published.flagged)]
+
+
+def compose_table(experiments: Sequence[str], **options) -> Table:
+    """Tracking store -> :class:`Table` (``options``: the fields of :class:`TableRequest`)."""
+    return compose(TableRequest(experiments=tuple(experiments), **options))
+
+
+def build_table(experiments: Sequence[str], **options) -> str:
+    """Tracking store -> table text (:func:`compose_table`'s, same options)."""
+    return compose_table(experiments, **options).text
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a table atomically (see :mod:`harness.base.atomic`)."""
+    atomic_write_text(path, text)

@@ -1,0 +1,139 @@
+"""Tracking store -> one row per run: the newest FINISHED run per seed and setting, with
+its keys, the setting that tells it apart from the method's other runs, its flags and its
+``test/*`` metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+import pandas as pd
+
+from harness.base.metric_keys import split_key
+from harness.config.deviations import TAG_PREFIX
+from harness.reports.tables.columns import ROW
+
+__all__ = ["RUN_COLUMNS", "load_runs", "label_settings"]
+
+#: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.
+RUN_COLUMNS = ["run_id", "experiment", "backbone", "loss", "method", "setting", "dataset", "seed", "fingerprint",
+               "deviations", "test_set_selection", "method_revision", "selection", "validation_classes",
+               "selection_metric", "evaluation_code", "options", "tuned", "init_from"]
+
+
+def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
+    """One row per FINISHED run of ``experiments``: keys, setting, fingerprint, flags and test metrics.
+
+    Columns: ``run_id, experiment, backbone, loss, method, setting, dataset, seed,
+    fingerprint, deviations, test_set_selection, method_revision, selection,
+    validation_classes, selection_metric, evaluation_code, options, tuned, init_from`` and one column per
+    ``test_<metric>`` (fractions, from the runs' ``test/*`` metrics). ``setting`` labels what tells apart runs of one method
+    (see :func:`label_settings`).
+    """
+    # Imported when called: the store pulls in MLflow, which the table's other steps never need.
+    from harness.store.queries import finished_runs_frame
+
+    frame, ids = finished_runs_frame(experiments)
+    if frame.empty:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    runs = _with_test_metrics(_runs_frame(frame, ids), frame)
+    return _newest_per_seed(label_settings(runs), frame["start_time"])
+
+
+def _column(frame: pd.DataFrame, name: str, default: str = "") -> pd.Series:
+    """A column of the store's runs frame with ``default`` where it is missing or empty."""
+    return frame[name].fillna(default) if name in frame else pd.Series(default, index=frame.index)
+
+
+def _runs_frame(frame: pd.DataFrame, ids: dict) -> pd.DataFrame:
+    """The store's runs frame (``params.*``, ``tags.*`` columns) -> :data:`RUN_COLUMNS` and
+    ``paper_deviations``, one row per run, ``setting`` still empty."""
+    training_init = (_column(frame, "tags.init_from", "none") != "none") & (_column(frame, "tags.evaluate_only", "False") != "True")
+    return pd.DataFrame({
+        "run_id": frame["run_id"],
+        "experiment": frame["experiment_id"].map(ids),
+        "backbone": _column(frame, "params.protocol.backbone.name"),
+        "loss": _column(frame, "tags.loss"),
+        "method": _column(frame, "tags.method"),
+        "setting": "",
+        "dataset": _column(frame, "tags.dataset"),
+        "seed": _column(frame, "tags.seed"),
+        "fingerprint": _column(frame, "tags.fingerprint"),
+        "deviations": _column(frame, "tags.deviations", "none"),
+        "test_set_selection": _column(frame, "tags.test_set_selection", "False") == "True",
+        "method_revision": pd.to_numeric(_column(frame, "tags.method_revision", "1"), errors="coerce").fillna(1).astype(int),
+        "selection": _column(frame, "tags.selection", "validation"),
+        "validation_classes": _column(frame, "params.protocol.splits.validation_classes"),
+        "selection_metric": _column(frame, "params.protocol.selection.metric"),
+        "evaluation_code": _column(frame, "tags.evaluation_code"),
+        "options": _method_options(frame),
+        "tuned": _column(frame, "tags.tune_role") != "",
+        "init_from": training_init,
+        "paper_deviations": _paper_deviations(frame),
+    })
+
+
+def _method_options(frame: pd.DataFrame) -> list[str]:
+    """Each run's method options (``params.method.<option>``) as sorted JSON."""
+    option_columns = sorted(c for c in frame.columns if c.startswith("params.method."))
+    if not option_columns:
+        return ["{}"] * len(frame)
+    return [json.dumps({c.removeprefix("params.method."): row[c] for c in option_columns if isinstance(row[c], str)},
+                       sort_keys=True)
+            for _, row in frame[option_columns].iterrows()]
+
+
+def _paper_deviations(frame: pd.DataFrame) -> list[dict[str, str]]:
+    """Each run's ``deviation.<name>`` tags as ``{name: tag value}``."""
+    deviation_columns = sorted(c for c in frame.columns if c.startswith("tags." + TAG_PREFIX))
+    if not deviation_columns:
+        return [{}] * len(frame)
+    return [{c.removeprefix("tags." + TAG_PREFIX): row[c] for c in deviation_columns if isinstance(row[c], str)}
+            for _, row in frame[deviation_columns].iterrows()]
+
+
+def _with_test_metrics(runs: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with the store's ``test/*`` metrics as ``test_<metric>`` columns."""
+    for name in frame.columns:
+        parts = split_key(name.removeprefix("metrics.")) if name.startswith("metrics.") else None
+        if parts is not None and parts[0] == "test":
+            runs[f"test_{parts[1]}"] = frame[name]
+    return runs
+
+
+def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``setting``: for each method, the options whose values differ between its runs
+    (``"entries=16"``), ``tuned`` for runs tagged by ``harness tune`` and ``init-from`` for
+    runs that trained from another run's weights; empty when all runs of the method agree.
+    Distinct option sets always get distinct labels, so they are separate rows."""
+    runs = runs.copy()
+    for column, default in (("options", "{}"), ("tuned", False), ("init_from", False)):
+        if column not in runs:
+            runs[column] = default
+    runs["setting"] = ""
+    for _method, group in runs.groupby("method", sort=False):
+        parsed = {i: json.loads(o or "{}") for i, o in group["options"].items()}
+        keys = sorted({k for opts in parsed.values() for k in opts})
+        varying = [k for k in keys if len({opts.get(k, "–") for opts in parsed.values()}) > 1]
+        for i in group.index:
+            parts = [f"{k}={parsed[i].get(k, '–')}" for k in varying]
+            parts += ["tuned"] if runs.at[i, "tuned"] else []
+            parts += ["init-from"] if runs.at[i, "init_from"] else []
+            runs.at[i, "setting"] = ", ".join(parts)
+    return runs
+
+
+def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
+    """One run per (method, setting, protocol, seed): runs of an older method revision and
+    older runs of the same seed are superseded, so that ``n`` counts seeds of the current
+    code and the spread is over seeds, not over repeats of one. Runs of another setting
+    (options, tuned, init) are never superseded: they are another row."""
+    cell = [*ROW, "dataset", "fingerprint"]
+    current = runs[runs["method_revision"] == runs.groupby(cell)["method_revision"].transform("max")]
+    order = start_time.loc[current.index].sort_values(kind="stable").index
+    newest = current.loc[order].drop_duplicates([*cell, "seed"], keep="last")
+    if len(newest) < len(runs):
+        print(f"tables: {len(runs) - len(newest)} run(s) superseded by a newer run or method revision "
+              f"of the same method, setting, protocol and seed", file=sys.stderr)
+    return newest.sort_index().reset_index(drop=True)
