@@ -230,7 +230,7 @@ def edge_estimate(upper: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     ``upper``: B x r x h x w CAMs of level l, ``lower``: B x r' x h' x w' of level l-1,
     average-pooled to h x w when the sizes differ; each map L2-normalised (the code)."""
     if lower.shape[-2:] != upper.shape[-2:]:
-        lower = F.adaptive_avg_pool2d(lower, upper.shape[-2:])
+        lower = F.adaptive_avg_pool2d(lower, (upper.shape[-2], upper.shape[-1]))
     hi = F.normalize(upper.flatten(2), dim=-1)
     lo = F.normalize(lower.flatten(2), dim=-1)
     return torch.einsum("bip,bjp->ij", hi, lo) / upper.shape[0]
@@ -331,7 +331,7 @@ def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
 
 
 @contextmanager
-def _batch_class_proxies(loss: nn.Module, labels: torch.Tensor):
+def _batch_class_proxies(loss: Any, labels: torch.Tensor):
     """``loss`` with only the proxies of the batch's classes inside the block (yields the
     labels renumbered 0..k-1 in the order of those classes): the code's collector on more
     than 1,000 classes (zbr17/AVSL src/avsl/collectors/avsl_collector.py lines 153-163),
@@ -361,7 +361,7 @@ def _is_euclidean(distance) -> bool:
 
 
 @contextmanager
-def _neg_margin(loss: nn.Module, margin: float | None):
+def _neg_margin(loss: Any, margin: float | None):
     """``loss`` with its ``neg_margin`` set to ``margin`` inside the block (None: unchanged)."""
     if margin is None:
         yield loss
@@ -449,6 +449,7 @@ class AVSLHead(Method):
         self.betas = nn.ParameterList([nn.Parameter(torch.zeros(r)) for _ in range(self.num_levels - 1)])
         for level in range(1, self.num_levels):
             self.register_buffer(f"edges_{level}", torch.zeros(r, r))  # rows: level l nodes, cols: l-1
+        self.edge_updates: torch.Tensor
         self.register_buffer("edge_updates", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------- graph state
@@ -632,7 +633,7 @@ class AVSLHead(Method):
         link_avsl_proxyanchor.yaml lines 7-11)."""
         return self.level_miner == "hard" and getattr(loss, "proxies", None) is None
 
-    def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: nn.Module):
+    def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: Any):
         """:func:`hard_triplets` on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
         if getattr(loss, "distance", None) is None or loss.distance.is_inverted:
             raise HarnessError("AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
@@ -649,10 +650,11 @@ class AVSLHead(Method):
         with torch.autocast(device_type=output.embedding.device.type, enabled=False):
             levels = _stacked(output.levels).float()
             cert = output.extras["certainty"].float()
-            proxies = [getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
-                       for c in range(self.num_levels)]
+            found = [getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
+                     for c in range(self.num_levels)]
+            proxies = [p for p in found if p is not None]
             labels = batch.labels
-            if all(p is not None for p in proxies):  # the code: compare with each level's proxies
+            if len(proxies) == len(found):  # the code: compare with each level's proxies
                 if self.batch_proxies:  # the batch's classes only, renumbered (as the level losses)
                     classes, labels = torch.unique(labels, return_inverse=True)
                     proxies = [p[classes] for p in proxies]

@@ -520,11 +520,11 @@ def loss_defaults(name: str) -> dict[str, Any]:
 
 def _known_args(kind: str, name: str, entry: LossEntry, args: dict[str, Any]) -> dict[str, Any]:
     """The entry's defaults updated by ``args``; an argument its class does not take is an error."""
-    accepted = set(inspect.signature(entry.cls.__init__).parameters)
+    accepted = set(inspect.signature(vars(entry.cls).get("__init__", entry.cls)).parameters)
     # PML bases take **kwargs (distance, reducer, ...): check against the whole MRO.
     for base in entry.cls.__mro__[1:]:
         if "__init__" in vars(base):
-            accepted |= set(inspect.signature(base.__init__).parameters)
+            accepted |= set(inspect.signature(vars(base)["__init__"]).parameters)
     unknown = sorted(set(args) - accepted - {"self", "args", "kwargs"})
     if unknown:
         raise HarnessError(f"unknown argument '{unknown[0]}' for {kind} '{name}'")
@@ -561,7 +561,7 @@ def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: i
     kwargs = check_loss_args(name, args)
     if entry.needs_classes:
         kwargs["num_classes"] = num_classes
-        if "embedding_size" in inspect.signature(entry.cls.__init__).parameters:
+        if "embedding_size" in inspect.signature(entry.cls).parameters:
             kwargs["embedding_size"] = embedding_size
     return use_sync_free_reducers(entry.cls(**kwargs))
 

@@ -20,6 +20,8 @@ zero through :func:`torch.where`, so the graph still reaches the embeddings.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pytorch_metric_learning.reducers import (
     AvgNonZeroReducer,
@@ -99,7 +101,7 @@ def sync_free_reducer(reducer: BaseReducer) -> BaseReducer:
     counterpart = _COUNTERPARTS.get(type(reducer))
     if counterpart is None:
         return reducer
-    swapped = counterpart.__new__(counterpart)
+    swapped: Any = object.__new__(counterpart)
     swapped.__dict__.update(reducer.__dict__)  # same settings (low/high, collect_stats)
     return swapped
 

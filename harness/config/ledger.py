@@ -244,7 +244,7 @@ def _grid_cases(name: str) -> list[Case]:
 def _protocol_cases(name: str, methods: tuple[str, ...], losses: tuple[str, ...],
                     datasets: tuple[str, ...]) -> list[Case]:
     base = load_protocol(name)
-    cases = []
+    cases: list[Case] = []
     for dataset in datasets:
         protocol = base.for_dataset(dataset)
         backbone = protocol.backbone.name
@@ -286,7 +286,7 @@ def family_counts(checks: list[Check]) -> dict[str, dict[str, int]]:
     """``{family: {status: entries}}``: each entry counted once per cell family (a grid's
     backbone and dataset, seeds, methods and losses together) with its worst status there."""
     worst: dict[str, dict[int, int]] = {}
-    ids = {}
+    ids: dict[int, int] = {}
     for check in checks:
         entry_id = ids.setdefault(id(check.entry), len(ids))
         family = worst.setdefault(check.case.family, {})

@@ -20,7 +20,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -183,7 +183,8 @@ class TrainingSpec:
     sync_every: Annotated[Int, Positive] = 50
 
 
-PRECISIONS = ("bf16", "fp32")
+Precision = Literal["bf16", "fp32"]
+PRECISIONS = get_args(Precision)
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class NumericsSpec:
     #: ``"bf16"``: on a GPU, forward passes and losses under autocast (bfloat16 where the
     #: device supports it, else float16 with a loss scaler); ``"fp32"``: no autocast, as
     #: every released code of the seeds runs. On a CPU both are float32.
-    precision: Literal[PRECISIONS] = "bf16"
+    precision: Precision = "bf16"
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ class SplitSpec:
     max_test_images_per_class: Annotated[Int, NonNegative] = 0
 
 
-SELECTION_MODES = ("validation", "last", "test-paper")
+SelectionMode = Literal["validation", "last", "test-paper"]
+SELECTION_MODES = get_args(SelectionMode)
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ class SelectionSpec:
     __pydantic_config__ = SPEC_CONFIG
     #: "validation" (fair, default), "last" (final epoch) or "test-paper"
     #: (mimics the seeds' released code; labelled in every table it reaches).
-    mode: Literal[SELECTION_MODES] = "validation"
+    mode: SelectionMode = "validation"
     metric: Str = "mean_average_precision_at_r"
     evaluate_every: Annotated[Int, Field(ge=1)] = 1
 
@@ -557,7 +559,7 @@ def _check_registered_names(protocol: Protocol) -> None:
     from methods import METHODS
 
     check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
-    keyed = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
+    keyed: list[tuple[str, Any, Any]] = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
              ("datasets", protocol.datasets, DATASETS), ("sampling.loss_samplers", protocol.sampling.loss_samplers, LOSSES),
              ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
               DATASETS)]

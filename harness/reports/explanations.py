@@ -10,6 +10,7 @@ map over it goes through :func:`draw_overlay`, every figure a plugin describes
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ __all__ = ["log_explanations", "draw_overlay", "heat_scale", "draw_figure", "wri
 
 #: Colour map and opacity of every map drawn over a picture.
 HEAT_CMAP, HEAT_ALPHA = "jet", 0.5
+
+
+def _save_npz(fh, *, named: dict[str, np.ndarray]) -> None:
+    np.savez(fh, **named)  # type: ignore[arg-type]  # numpy's stub reads ** as its allow_pickle
 
 
 def picture_array(image) -> np.ndarray:
@@ -146,7 +151,7 @@ def write_figure_set(figures: FigureSet, out_dir: Path, stem: str, *, caption: s
     for suffix, arrays in figures.arrays.items():
         path = out_dir / f"{stem}{suffix}.npz"
         named = {k: v.detach().cpu().numpy() for k, v in arrays.items()}
-        atomic_write(path, lambda fh, named=named: np.savez(fh, **named))
+        atomic_write(path, functools.partial(_save_npz, named=named))
         written.append(path)
     return written
 

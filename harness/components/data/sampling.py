@@ -13,6 +13,7 @@ boundary draws exactly the augmentations of an uninterrupted one.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.num_batches
 
-    def __iter__(self) -> Iterator[list[int]] | Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[Any]]:  # indices, or (index, seed) pairs
         rng = np.random.default_rng([self.seed, self.epoch])
         share = self.classes_per_batch // self.world_size * self.samples_per_class
         start = self.rank * share
@@ -131,7 +132,7 @@ class ShuffledBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.num_batches
 
-    def __iter__(self) -> Iterator[list[int]] | Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[Any]]:  # indices, or (index, seed) pairs
         rng = np.random.default_rng([self.seed, self.epoch])
         share = self.batch_size // self.world_size
         start = self.rank * share

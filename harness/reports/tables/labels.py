@@ -55,7 +55,7 @@ def recorded_options(runs: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """``{method: options}`` for each method whose runs all recorded the same method options
     (``params.method.<option>``, in the ``options`` column); a method whose runs differ is
     left out (its rows are labelled by registry name and setting)."""
-    out = {}
+    out: dict[str, Any] = {}
     if "options" not in runs:
         return out
     for method, group in runs.groupby("method", sort=False):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -95,7 +96,8 @@ def _best(cells: pd.DataFrame) -> tuple[set[tuple], set[tuple]]:
     compete, and only when at least two do. The best mean is bold when its interval lies
     above every other row's (lower end above their upper ends); otherwise it and every row
     whose interval reaches its interval are tied."""
-    bold, tied = set(), set()
+    bold: set[tuple[Any, ...]] = set()
+    tied: set[tuple[Any, ...]] = set()
     have = cells.dropna(subset=["mean", "half_width"])
     for _, group in have.groupby([*BLOCK, "metric"], sort=False):
         if len(group) < 2:

@@ -27,7 +27,7 @@ def parse_published_row(spec: str) -> tuple[str, str]:
     return method, setting
 
 
-def _select_published_rows(frame: pd.DataFrame, rows: dict[str, Sequence[str]], path: Path) -> pd.DataFrame:
+def _select_published_rows(frame: pd.DataFrame, rows: Mapping[str, Sequence[str]], path: Path) -> pd.DataFrame:
     """Each reproduced method's published rows, renamed to it: ``rows`` maps a reproduced
     method to ``"method@setting"`` specs matched against the CSV's ``method`` and
     ``setting`` columns (a CSV without ``setting`` has the empty one). Rows no spec names
@@ -101,7 +101,7 @@ def _drop_excluded(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 
 def load_published(path: Path, tables: Iterable[str] | None = None,
-                   rows: dict[str, Sequence[str]] | None = None) -> pd.DataFrame:
+                   rows: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered.
 
     ``rows`` (a grid's ``[published] rows``): ``{reproduced method: ["method@setting"]}``,
@@ -169,7 +169,7 @@ class PublishedValues:
     flagged: tuple[str, ...] = ()
 
 
-def published_values(path: Path | None, tables: Iterable[str] = (), rows: dict[str, Sequence[str]] | None = None,
+def published_values(path: Path | None, tables: Iterable[str] = (), rows: Mapping[str, Sequence[str]] | None = None,
                      renamed: Mapping[str, str] | None = None) -> PublishedValues:
     """:func:`load_published` for a table, with each metric ``renamed`` (``{published metric:
     reproduced metric}``) to the reproduced variant it sits beside."""

@@ -42,7 +42,9 @@ class TableContent:
     @property
     def reference(self) -> str:
         """The method the paired tests compare with: theirs when there are tests."""
-        return str(self.tests["baseline"].iloc[0]) if self.has_tests else self.baseline
+        if self.tests is None or self.tests.empty:
+            return self.baseline
+        return str(self.tests["baseline"].iloc[0])
 
     def ordered_tests(self) -> pd.DataFrame | None:
         """The paired tests in the comparison's order: dataset, block, row, metric."""
