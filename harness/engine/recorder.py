@@ -49,12 +49,12 @@ class Recorder(Protocol):
 
 @dataclass
 class InMemoryRecorder:
-    """A :class:`Recorder` that keeps everything in lists: the flushes, the epoch records,
-    a copy of the last checkpoint, the test scores and the selected epoch."""
+    """A :class:`Recorder` that keeps everything: the flushes, the epoch records, a copy of
+    each epoch's checkpoint, the test scores and the selected epoch."""
 
     flushes: list[StepFlush] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
-    last_checkpoint: dict[str, Any] | None = None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
     test: dict[str, float] | None = None
     selected_epoch: int | None = None
 
@@ -64,7 +64,7 @@ class InMemoryRecorder:
     def record_epoch(self, record: dict[str, Any], checkpoint: dict[str, Any]) -> None:
         self.epochs.append(dict(record))
         # A copy: the checkpoint holds the live tensors of the model and optimizer.
-        self.last_checkpoint = copy.deepcopy(checkpoint)
+        self.checkpoints.append(copy.deepcopy(checkpoint))
 
     def record_test(self, scores: dict[str, float], selected_epoch: int) -> None:
         self.test, self.selected_epoch = dict(scores), selected_epoch
