@@ -178,7 +178,7 @@ class Trainer:
     def resume(self, checkpoint: dict[str, Any]) -> None:
         """Continue after the checkpoint's epoch: its weights, optimizer state and progress."""
         self.parts.restore(checkpoint)
-        self.progress = Progress(checkpoint["epoch"], checkpoint["history"], checkpoint["best"])
+        self.progress = Progress(checkpoint["epoch"], list(checkpoint["history"]), dict(checkpoint["best"]))
 
     # ---------------------------------------------------------------- epochs
 
