@@ -130,10 +130,10 @@ def loader_rate(protocol, dataset: str, data_root: Path | None, batches: int, wo
 
     from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
     from harness.components.data.transforms import build_transform
-    from harness.engine.training import _adapted_sampling, prepare_splits
+    from harness.engine.data import adapted_sampling, prepare_splits
 
     splits = prepare_splits(protocol, dataset, data_root, seed=0)
-    classes, per_class, _ = _adapted_sampling(protocol, len(np.unique(splits.train.labels)))
+    classes, per_class, _ = adapted_sampling(protocol, len(np.unique(splits.train.labels)))
     sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes,
                                         samples_per_class=per_class, batches_per_epoch=batches + 1,
                                         sample_seeds=True)

@@ -33,7 +33,7 @@ import torch
 def build(method: str, backbone: str, size: int, options: dict, loss_name: str, device: torch.device):
     from harness.components.losses import MetricLoss, create_loss, create_miner
     from harness.config.protocol import apply_overrides, load_protocol
-    from harness.engine.training import _optimizer, build_model
+    from harness.engine.model import build_model, build_optimizer
 
     protocol, _ = apply_overrides(load_protocol("smoke"), {
         "backbone.name": backbone, "backbone.pretrained": False, "image.size": size, "image.resize": size,
@@ -42,7 +42,7 @@ def build(method: str, backbone: str, size: int, options: dict, loss_name: str, 
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     loss = create_loss(loss_name, num_classes=8, embedding_size=model.head.metric_loss_dim).to(device)
-    optimizer = _optimizer(protocol, model, loss)
+    optimizer = build_optimizer(protocol, model, loss)
     return model, MetricLoss(loss, create_miner("distance_weighted")), optimizer
 
 

@@ -6,7 +6,7 @@ the same precision (the autocast the harness picks for the device):
 
 * bare: ``zero_grad``; forward and the head's ``loss_terms`` under autocast; ``backward``;
   ``step``: on batches already normalised on the device, nothing else;
-* harness: :func:`harness.engine.training._train_epoch` over the same batches as the
+* harness: :meth:`harness.engine.trainer.Trainer.train_epoch` over the same batches as the
   loader hands them (uint8, on the host): the copy to the device and normalisation, the
   per-step mining seed, the loss scaler, the on-device loss tally and its read every
   ``[training] sync_every`` steps, the progress bar.
@@ -45,53 +45,55 @@ def timed(run: Callable[[], None], device: torch.device) -> float:
 
 
 def build(protocol_name: str, overrides: list[str], method: str, steps: int, device: torch.device):
-    """The harness's training objects for ``method`` and ``steps`` batches of the protocol's
-    size (random uint8 images, the sampler's class-balanced labels)."""
+    """The harness's trainer for ``method`` and ``steps`` batches of the protocol's size
+    (random uint8 images, the sampler's class-balanced labels)."""
     from harness.config.protocol import apply_overrides, load_protocol
-    from harness.engine import training
+    from harness.engine.data import prepare_splits
+    from harness.engine.recorder import NullRecorder
+    from harness.engine.run_config import RunConfig
+    from harness.engine.trainer import Trainer
 
     protocol = load_protocol(protocol_name).for_dataset("synthetic")
     protocol, _ = apply_overrides(protocol, [*overrides, f"sampling.batches_per_epoch={steps}"])
-    splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
-    cfg = training.RunConfig.build(protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0)
-    t = training._build_training(cfg, splits, device, workers=0)
+    splits = prepare_splits(protocol, "synthetic", None, seed=0)
+    cfg = RunConfig.build(protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    trainer = Trainer.build(cfg, splits, recorder=NullRecorder(), device=device)
     generator = torch.Generator().manual_seed(0)
     size, batch = protocol.image.size, protocol.sampling.batch_size
     labels = (torch.arange(batch) // protocol.sampling.samples_per_class) % len(set(splits.train.labels))
     batches = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
                 labels, torch.arange(batch)) for _ in range(steps)]
-    t.loader = batches  # the harness loop reads its batches from here
-    return cfg, t, batches
+    trainer.batches.loader = batches  # the harness loop reads its batches from here
+    return trainer, batches
 
 
-def bare_loop(t, batches, protocol, device: torch.device) -> Callable[[], None]:
+def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
     from harness.base.device import amp_dtype
     from harness.components.data.transforms import normalize_batch
     from methods import TrainingBatch
 
     dtype = amp_dtype(device)
-    ready = [(normalize_batch(images.to(device), protocol.image).contiguous(memory_format=torch.channels_last),
+    image = trainer.cfg.protocol.image
+    ready = [(normalize_batch(images.to(device), image).contiguous(memory_format=torch.channels_last),
               labels.to(device)) for images, labels, _ in batches]
-    model, head = t.model, t.model.head
+    model, head, optimizer = trainer.model, trainer.model.head, trainer.parts.optimizer
 
     def run() -> None:
         model.train()
         for images, labels in ready:
-            t.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
                 out = model(images)
-                loss = sum(head.loss_terms(out, TrainingBatch(labels, t.metric_loss, images, model)).values())
+                loss = sum(head.loss_terms(out, TrainingBatch(labels, trainer.metric_loss, images, model)).values())
             loss.backward()
-            t.optimizer.step()
+            optimizer.step()
 
     return run
 
 
-def harness_loop(cfg, t, device: torch.device) -> Callable[[], None]:
-    from harness.engine.training import _train_epoch
-
+def harness_loop(trainer) -> Callable[[], None]:
     epochs = iter(range(10**9))
-    return lambda: _train_epoch(cfg, t, device, next(epochs), 1)
+    return lambda: trainer.train_epoch(next(epochs))
 
 
 def main() -> None:
@@ -105,14 +107,14 @@ def main() -> None:
     parser.add_argument("--fast", action="store_true", help="cuDNN autotuning, non-deterministic kernels (run --fast)")
     args = parser.parse_args()
     from harness.base.device import amp_name, configure_determinism
-    from harness.engine.training import resolve_device
+    from harness.engine.runtime import resolve_device
 
     device = resolve_device(args.device)
     configure_determinism(False, fast=args.fast)
-    cfg, t, batches = build(args.protocol, args.set, args.method, args.steps, device)
-    protocol = cfg.protocol
+    trainer, batches = build(args.protocol, args.set, args.method, args.steps, device)
+    protocol = trainer.cfg.protocol
     images = len(batches) * protocol.sampling.batch_size
-    loops = {"bare": bare_loop(t, batches, protocol, device), "harness": harness_loop(cfg, t, device)}
+    loops = {"bare": bare_loop(trainer, batches, device), "harness": harness_loop(trainer)}
     for run in loops.values():  # warm-up: allocator, autotuning, first-call costs
         run()
     seconds: dict[str, list[float]] = {name: [] for name in loops}

@@ -318,12 +318,12 @@ def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protoc
 
 
 def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys, tiny_protocol, monkeypatch):
-    import harness.engine.training as training
+    import harness.engine.trainer as trainer
 
     def no_scores(*args, metrics=None, **kwargs):
         return {name: float("nan") for name in metrics or ("mean_average_precision_at_r",)}
 
-    monkeypatch.setattr(training, "evaluate_split", no_scores)
+    monkeypatch.setattr(trainer, "evaluate_split", no_scores)
     out = workdir / "o.json"
     _fails(capsys, ["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
                     "--json", str(out)], "was NaN at every evaluation", out)

@@ -32,12 +32,12 @@ def _checkpoint(epoch: int) -> dict:
 
 
 def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
-    from harness.engine.training import _load_checkpoint, _save_checkpoint, _sidecar
+    from harness.engine.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
-    digest = _save_checkpoint(_checkpoint(1), path, None)
-    loaded, found = _load_checkpoint(path)
-    assert loaded["epoch"] == 1 and found == digest
+    digest = CheckpointFile(path).save(_checkpoint(1))
+    file = CheckpointFile(path)
+    assert file.load()["epoch"] == 1 and file.digest == digest
     whole = path.read_bytes()
     rng = random.Random(17)  # seeded: the same offsets every run
     cuts = sorted({0, 1, 100, len(whole) // 2, len(whole) - 1, *(rng.randrange(len(whole)) for _ in range(12))})
@@ -45,22 +45,22 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
         for with_sidecar in (True, False):  # without: a checkpoint of an older harness
             path.write_bytes(whole[:cut])
             if not with_sidecar:
-                _sidecar(path).unlink(missing_ok=True)
+                file.checksum_path.unlink(missing_ok=True)
             capsys.readouterr()
-            assert _load_checkpoint(path) == (None, None), cut
+            assert file.load() is None and file.digest is None, cut
             lines = capsys.readouterr().err.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith(f"checkpoint {path} is unreadable (")
             assert lines[0].endswith("); starting from scratch")
-            _save_checkpoint(_checkpoint(1), path, None)  # the sidecar again
+            CheckpointFile(path).save(_checkpoint(1))  # the sidecar again
 
 
 def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
     """Same length, one byte flipped anywhere (a bad sector, a copy gone wrong): the sha256
     sidecar refuses it, where torch.load alone may read garbage tensors without complaint."""
-    from harness.engine.training import _load_checkpoint, _save_checkpoint
+    from harness.engine.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
-    _save_checkpoint(_checkpoint(1), path, None)
+    CheckpointFile(path).save(_checkpoint(1))
     whole = path.read_bytes()
     rng = random.Random(23)
     for at in sorted({0, len(whole) - 1, *(rng.randrange(len(whole)) for _ in range(12))}):
@@ -68,18 +68,19 @@ def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
         data[at] ^= 0x01
         path.write_bytes(bytes(data))
         capsys.readouterr()
-        assert _load_checkpoint(path) == (None, None), at
+        assert CheckpointFile(path).load() is None, at
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"checkpoint {path} is unreadable (") and "not a digest recorded" in line
     path.write_bytes(whole)
-    assert _load_checkpoint(path)[0]["epoch"] == 1
+    assert CheckpointFile(path).load()["epoch"] == 1
 
 
 def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(tmp_path, monkeypatch):
-    from harness.engine.training import _load_checkpoint, _save_checkpoint
+    from harness.engine.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
-    first = _save_checkpoint(_checkpoint(1), path, None)
+    file = CheckpointFile(path)
+    first = file.save(_checkpoint(1))
     real_replace = os.replace
 
     def crash(src, dst):
@@ -89,16 +90,17 @@ def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_val
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        _save_checkpoint(_checkpoint(2), path, first)
+        file.save(_checkpoint(2))
     monkeypatch.setattr(os, "replace", real_replace)
-    loaded, digest = _load_checkpoint(path)
-    assert loaded["epoch"] == 1 and digest == first
+    assert file.digest == first  # the file under the name is still the first
+    reread = CheckpointFile(path)
+    assert reread.load()["epoch"] == 1 and reread.digest == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "last.pt.sha256.json"]
 
 
 def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterrupted_metrics(
         workdir, tiny_protocol, capsys):
-    from harness.engine.training import _load_checkpoint
+    from harness.engine.checkpoints import CheckpointFile
 
     common = ("--methods", "plain", "--protocol", str(tiny_protocol))
     reference, resumed = workdir / "ref.json", workdir / "resumed.json"
@@ -107,7 +109,7 @@ def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterru
     whole = checkpoint.read_bytes()
     for cut in (0, 1, 4096, len(whole) // 2, len(whole) - 1):  # a real checkpoint, cut anywhere
         checkpoint.write_bytes(whole[:cut])
-        assert _load_checkpoint(checkpoint) == (None, None)
+        assert CheckpointFile(checkpoint).load() is None
     checkpoint.write_bytes(whole[:-1])
     capsys.readouterr()
     assert run_cli(*common, "--resume", "--json", str(resumed)) == 0
@@ -117,4 +119,4 @@ def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterru
     assert refused[0].startswith(f"checkpoint {checkpoint.relative_to(workdir)} is unreadable (")
     assert "resuming" not in err and "Traceback" not in err
     assert _records(resumed)[0]["metrics"] == _records(reference)[0]["metrics"]
-    assert _load_checkpoint(checkpoint)[0]["epoch"] == 2  # rewritten whole
+    assert CheckpointFile(checkpoint).load()["epoch"] == 2  # rewritten whole

@@ -21,9 +21,9 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.backbones import Backbone, BackboneSpec
-from harness.components.losses import MetricLoss, create_loss, create_miner
+from harness.components.losses import MetricLoss, create_miner, miner_for
 from harness.engine.embedding import make_reranker
-from harness.engine.training import EmbeddingModel
+from harness.engine.model import EmbeddingModel, create_loss_module
 from methods import (
     METHODS,
     HeadOutput,
@@ -31,7 +31,6 @@ from methods import (
     PaperInfo,
     TrainingBatch,
     check_method_options,
-    create_method,
     list_methods,
 )
 
@@ -56,11 +55,8 @@ def toy_backbone(seed: int = 0) -> Backbone:
 
 
 def build(name: str, seed: int = 0, **options) -> EmbeddingModel:
-    backbone = toy_backbone(seed)
-    head = create_method(name, channels=backbone.channels, embedding_size=EMB, **options)
-    head.setup(backbone)
-    backbone.set_outputs(head.stages)
-    return EmbeddingModel(backbone, head)
+    """The trainer's model (:meth:`EmbeddingModel.assemble`) on the toy backbone."""
+    return EmbeddingModel.assemble(toy_backbone(seed), name, embedding_size=EMB, options=options)
 
 
 def images(seed: int = 0) -> torch.Tensor:
@@ -68,11 +64,10 @@ def images(seed: int = 0) -> torch.Tensor:
 
 
 def run_loss(head: Method, loss: str) -> MetricLoss:
-    """The trainer's construction: one instance per copy, sized by ``metric_loss_dim``."""
-    losses = [create_loss(loss, num_classes=4, embedding_size=head.metric_loss_dim)
-              for _ in range(head.metric_loss_copies)]
-    miner = create_miner("distance_weighted") if loss == "margin" else None
-    return MetricLoss(losses[0] if len(losses) == 1 else nn.ModuleList(losses), miner)
+    """The trainer's metric loss (:func:`~harness.engine.model.create_loss_module`) for 4
+    classes, with the miner a protocol of distance-weighted sampling gives ``loss``."""
+    miner = create_miner(*miner_for(loss, "distance_weighted"))
+    return MetricLoss(create_loss_module(head, loss, num_classes=4), miner)
 
 
 @pytest.fixture(params=list_methods())

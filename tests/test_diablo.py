@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from harness.base.errors import HarnessError
 from harness.components.backbones import create_backbone
 from harness.config.protocol import apply_overrides, load_protocol
-from harness.engine.training import EmbeddingModel, _optimizer
+from harness.engine.model import EmbeddingModel, build_optimizer
 from methods import METHODS, create_method
 from methods.diablo import (
     DiabloHead,
@@ -185,7 +185,7 @@ def test_phi_starts_with_the_backbone_weights_and_trains_at_the_backbone_rate():
     model.train()
     assert not any(m.training for m in phi.modules() if isinstance(m, torch.nn.BatchNorm2d))
     protocol, _ = apply_overrides(load_protocol("smoke"), {"optimizer.lr_backbone": 1e-5, "optimizer.lr_head": 1e-3})
-    groups = _optimizer(protocol, model, torch.nn.Module()).param_groups
+    groups = build_optimizer(protocol, model, torch.nn.Module()).param_groups
     by_param = {id(p): g for g in groups for p in g["params"]}
     assert all(by_param[id(p)]["lr"] == 1e-5 and by_param[id(p)]["name"] == "backbone" for p in phi.parameters())
     assert by_param[id(head.dictionary)]["lr"] == 1e-3

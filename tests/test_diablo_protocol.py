@@ -183,8 +183,8 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
     monkeypatch.setattr("harness.cli.run.check_dataset", lambda *a, **k: None)
     monkeypatch.setattr(training, "check_training_split", lambda *a, **k: None)
     monkeypatch.setattr(training, "run_training", fake_run)
-    monkeypatch.setattr(sweep, "_runs_of_cell", lambda *a: [])
-    monkeypatch.setattr(sweep, "_tag_cell", lambda *a: None)
+    monkeypatch.setattr(sweep, "runs_of_cell", lambda *a: [])
+    monkeypatch.setattr(sweep, "tag_cell", lambda *a: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     grid_file = tmp_path / "g.toml"
     grid_file.write_text('protocol = "diablo-ablation"\nmethods = ["plain"]\nlosses = ["binomial_deviance"]\n'
@@ -192,7 +192,7 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
     grid = load_grid(grid_file)
     cache: dict = {}
     for cell in [*grid.cells, *grid.cells]:  # twice: the second pass is served by the cache
-        sweep._run_cell(grid, cell, 0, "s", {}, cache)
+        sweep.run_cell(grid, cell, 0, "s", {}, cache)
     assert calls == [0, 1] and used == [(0, 0), (1, 1), (0, 0), (1, 1)]
 
     calls.clear()

@@ -22,7 +22,7 @@ from harness.components.explanation.scores import (
     perturbation_masks,
     region_scores,
 )
-from harness.engine.explain import _rows, near_miss_class_pairs, similarity_gradcam
+from harness.engine.explain import near_miss_class_pairs, output_rows, similarity_gradcam
 from methods import list_methods
 
 
@@ -225,7 +225,7 @@ def test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_on
     cam_q, cam_g, out = similarity_gradcam(model, queries, gallery, same)
     assert cam_q.shape[0] == cam_g.shape[0] == 3 and (cam_q >= 0).all() and (cam_g >= 0).all()
     with torch.no_grad():
-        maps = model.head.pair_maps(_rows(out, slice(0, 3)), _rows(out, slice(3, None)), same)
+        maps = model.head.pair_maps(output_rows(out, slice(0, 3)), output_rows(out, slice(3, None)), same)
     assert (maps is not None) == model.head.explains_pairs, (
         f"{name}: pair_maps gave {'maps' if maps is not None else 'None'}, but explains_pairs is "
         f"{model.head.explains_pairs} (a head whose maps depend on its options overrides explains_pairs)")

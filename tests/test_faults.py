@@ -83,7 +83,7 @@ def test_init_from_after_the_store_and_checkpoints_moved(workdir, tiny_protocol,
 
 def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir, tiny_protocol, monkeypatch,
                                                                          capsys):
-    import harness.engine.training as training
+    import harness.engine.trainer as trainer
     from harness.store.tracking import Tracker
 
     def original(*args, **kwargs):
@@ -92,7 +92,7 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir
     def store_down(self, status="FINISHED"):
         raise MlflowException("(sqlite3.OperationalError) disk I/O error\nsecond line")
 
-    monkeypatch.setattr(training, "evaluate_split", original)
+    monkeypatch.setattr(trainer, "evaluate_split", original)
     monkeypatch.setattr(Tracker, "finish", store_down)
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0") == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -106,12 +106,12 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir
 
 
 def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol, monkeypatch):
-    import harness.engine.training as training
+    import harness.engine.trainer as trainer
 
     def scores(*args, metrics=None, **kwargs):
         return {"precision_at_1": math.nan, "r_precision": 0.25, "recall_at_1": math.inf}
 
-    monkeypatch.setattr(training, "evaluate_split", scores)
+    monkeypatch.setattr(trainer, "evaluate_split", scores)
     out = workdir / "nan.json"
     assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
                    "--json", str(out)) == 0

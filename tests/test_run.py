@@ -282,13 +282,15 @@ def test_resume_evaluates_a_shared_diml_again_into_its_own_run(workdir, tiny_pro
 def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     """On CUDA the GradScaler's scale and growth counter must survive a resume."""
     from harness.config.protocol import load_protocol
-    from harness.engine.training import RunConfig, _build_training, prepare_splits
+    from harness.engine.recorder import NullRecorder
+    from harness.engine.trainer import Trainer
+    from harness.engine.training import RunConfig, prepare_splits
 
     protocol = load_protocol(tiny_protocol)
     cfg = RunConfig(method="plain", dataset="synthetic", protocol=protocol, loss="margin",
                     loss_args=protocol.loss_args("margin"), seed=0)
     splits = prepare_splits(protocol, "synthetic", None)
-    first, second = (_build_training(cfg, splits, torch.device("cpu")) for _ in range(2))
+    first, second = (Trainer.build(cfg, splits, recorder=NullRecorder()).parts for _ in range(2))
     first.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     second.scaler = torch.amp.GradScaler("cpu")
     first.scaler.scale(torch.ones(()))  # the scale exists once used

@@ -37,9 +37,9 @@ def test_too_few_classes_is_an_error():
 @pytest.mark.parametrize("num_classes, expected", [(56, (56, 2)), (50, (50, 2)), (5, (5, 22)), (3, (3, 37))])
 def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_protocol_size(num_classes, expected):
     from harness.config.protocol import load_protocol
-    from harness.engine.training import _adapted_sampling
+    from harness.engine.data import adapted_sampling
 
     protocol = load_protocol("roth2020")  # 56 x 2 = 112
-    classes, per_class, note = _adapted_sampling(protocol, num_classes)
+    classes, per_class, note = adapted_sampling(protocol, num_classes)
     assert (classes, per_class) == expected and classes * per_class <= 112
     assert bool(note) == (num_classes < 56)

@@ -119,17 +119,17 @@ def test_local_workers_pop_trials_under_one_file_lock(tmp_path):
     named by the storage URL the sweep was given (not read back from Optuna's objects)."""
     import filelock
 
-    from harness.engine.sweep import _pop_lock
+    from harness.engine.sweep import pop_lock
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    with _pop_lock(url):
+    with pop_lock(url):
         assert (tmp_path / "optuna.db.pop.lock").exists()
         with pytest.raises(filelock.Timeout):  # a second worker (another lock file handle) waits
-            _pop_lock(url).acquire(timeout=0.2)
-    with _pop_lock(url):  # released
+            pop_lock(url).acquire(timeout=0.2)
+    with pop_lock(url):  # released
         pass
     for shared in ("postgresql://u@host/db", "sqlite:///:memory:", None):
-        with _pop_lock(shared):  # the database's own row lock (or one process) suffices
+        with pop_lock(shared):  # the database's own row lock (or one process) suffices
             pass
 
 

@@ -4,7 +4,7 @@ On a GPU the host queues a step's kernels and runs ahead unless something reads 
 device: a scalar read (``.item()``, ``float(t)``, ``bool(t)``), a copy to the host, or an
 op whose output shape depends on the data. :class:`~harness.base.syncs.SyncCounter`
 counts them on any device, so K steps of the engine's real epoch loop
-(:func:`~harness.engine.training._train_epoch`) are counted here, in float32 and under
+(:meth:`~harness.engine.trainer.Trainer.train_epoch`) are counted here, in float32 and under
 bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
 
 The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
@@ -28,7 +28,11 @@ from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
 from harness.components.losses import MetricLoss
 from harness.config.protocol import load_protocol
-from harness.engine import training
+from harness.engine import trainer as trainer_module
+from harness.engine.data import prepare_splits
+from harness.engine.recorder import InMemoryRecorder, StepFlush
+from harness.engine.run_config import RunConfig
+from harness.engine.trainer import Trainer
 from methods import list_methods
 from methods import sam as sam_module
 
@@ -52,17 +56,16 @@ def protocol():
 
 @pytest.fixture(scope="module")
 def splits(protocol):
-    return training.prepare_splits(protocol, "synthetic", None, seed=0)
+    return prepare_splits(protocol, "synthetic", None, seed=0)
 
 
-def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter, list[training.StepFlush], object]:
+def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter, list[StepFlush], object]:
     """One epoch of STEPS steps of ``name`` under the counter, its batches read beforehand
     (the loader decodes and augments on the host, by design)."""
-    device = torch.device("cpu")
-    cfg = training.RunConfig.build(protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0)
-    t = training._build_training(cfg, splits, device, workers=0)
-    t.loader = list(t.loader)
-    flushes: list[training.StepFlush] = []
+    cfg = RunConfig.build(protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    recorder = InMemoryRecorder()
+    trainer = Trainer.build(cfg, splits, recorder=recorder)
+    trainer.batches.loader = list(trainer.batches.loader)
     mine = MetricLoss._mine
     with SyncCounter() as counter:
         def counted_mine(self, embeddings, labels):
@@ -72,8 +75,8 @@ def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter,
         monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
         for owner, name in HOST_DRAWS:
             monkeypatch.setattr(owner, name, _in_section(counter, "host draws", getattr(owner, name)))
-        training._train_epoch(cfg, t, device, 0, 1, on_flush=flushes.append)
-    return counter, flushes, t.model.head
+        trainer.train_epoch(0)
+    return counter, recorder.flushes, trainer.model.head
 
 
 def _in_section(counter: SyncCounter, section: str, function):
@@ -95,7 +98,7 @@ def _cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("name,precision", _cases())
 def test_training_steps_read_the_device_once_per_flush(protocol, splits, name, precision, monkeypatch):
     if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
-        monkeypatch.setattr(training, "amp_dtype", lambda device, precision="bf16": torch.bfloat16)
+        monkeypatch.setattr(trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16)
     counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
 
     assert [f.global_step for f in flushes] == [2, 4]
@@ -162,16 +165,16 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
 
 def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
     """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
-    step = training._train_step
+    cfg = RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
+    recorder = InMemoryRecorder()
+    trainer = Trainer.build(cfg, splits, recorder=recorder)
+    step = trainer.train_step
 
-    def nan_from_third(cfg, t, model, images, labels, device, dtype, epoch, index, gathered):
-        loss, terms = step(cfg, t, model, images, labels, device, dtype, epoch, index, gathered)
+    def nan_from_third(images, labels, epoch, index):
+        loss, terms = step(images, labels, epoch, index)
         return (loss * float("nan"), terms) if index == 2 else (loss, terms)
 
-    monkeypatch.setattr(training, "_train_step", nan_from_third)
-    flushes = []
-    cfg = training.RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
-    t = training._build_training(cfg, splits, torch.device("cpu"), workers=0)
+    monkeypatch.setattr(trainer, "train_step", nan_from_third)
     with pytest.raises(HarnessError, match=r"loss is nan at epoch 1, batch 3 "):
-        training._train_epoch(cfg, t, torch.device("cpu"), 0, 1, on_flush=flushes.append)
-    assert [f.global_step for f in flushes] == [2]
+        trainer.train_epoch(0)
+    assert [f.global_step for f in recorder.flushes] == [2]

@@ -47,7 +47,7 @@ def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
 
 
 def test_search_values_with_quotes_are_quoted_for_mlflow(workdir):
-    from harness.engine.sweep import _runs_of_cell
+    from harness.engine.sweep import runs_of_cell
     from harness.store.tracking import filter_value
 
     client = mlflow.MlflowClient()
@@ -61,7 +61,7 @@ def test_search_values_with_quotes_are_quoted_for_mlflow(workdir):
         assert run.info.run_id in {r.info.run_id for r in found}
     grid = types.SimpleNamespace(experiment=client.get_experiment(experiment).name)
     cell = types.SimpleNamespace(method=values["method"], seed=0, dataset=values["dataset"])
-    (found,) = _runs_of_cell(grid, cell, values["fingerprint"], "FINISHED")
+    (found,) = runs_of_cell(grid, cell, values["fingerprint"], "FINISHED")
     assert found.info.run_id == run.info.run_id
     with pytest.raises(HarnessError, match="both ' and \""):
         filter_value("""it's "both" """)

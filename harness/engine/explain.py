@@ -68,7 +68,7 @@ from harness.components.explanation.scores import (
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 
 __all__ = ["RunContext", "load_run", "similarity_gradcam", "near_miss_class_pairs", "explain_run",
-           "record_to_run", "SCORE_KEYS", "CURVE_PAIRS"]
+           "record_to_run", "output_rows", "SCORE_KEYS", "CURVE_PAIRS"]
 
 #: The scores every source reports (with part masks; the last four on any dataset).
 SCORE_KEYS = ("pointing_game", "discriminative_part_share", "chance_part_share", "object_share",
@@ -307,7 +307,7 @@ def _detached(out):
     return _map_tensors(out, lambda x: x.detach())
 
 
-def _rows(out, rows: slice):
+def output_rows(out, rows: slice):
     """The head output of the images ``rows`` (tensors, lists of tensors, ``extras``)."""
     return _map_tensors(out, lambda x: x[rows])
 
@@ -356,7 +356,7 @@ def _maps(ctx: RunContext, pairs: Pairs, batch: int) -> tuple[PairMaps | None, P
         emb_g.append(out.embedding[len(q):].float())
         if has_own:
             with torch.no_grad():
-                own = ctx.model.head.pair_maps(_rows(out, slice(0, len(q))), _rows(out, slice(len(q), None)), same)
+                own = ctx.model.head.pair_maps(output_rows(out, slice(0, len(q))), output_rows(out, slice(len(q), None)), same)
             if own is None:
                 has_own = False
             else:
@@ -494,53 +494,73 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
     empty = _empty_maps(sources)
     if empty:
         notes.append(f"maps with no mass at all (scored as uniform), of {2 * len(chosen.query)} per source: {empty}")
+    notes += _score_parts(ctx, chosen, sources, per_pair)
+    m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
+    curves = _score_curves(ctx, _first(chosen, m), sources, emb_g[:m], per_pair, seed)
+    figures_written = _write_figures(ctx, chosen, sources, curves, out_dir) if figures else []
+    return {"run_id": ctx.run_id, "method_name": ctx.method, "dataset": ctx.dataset,
+            "protocol": ctx.protocol.name, "fingerprint": ctx.tags.get("fingerprint", ""),
+            "pairs": len(chosen.query), "curve_pairs": m, "pair_kind": chosen.kind, "seed": seed, "step": STEP,
+            "removal": "normalised input set to 0 (the protocol's mean colour), query side",
+            "method": _summary(per_pair["method"]) if "method" in per_pair else None,
+            "baseline": _summary(per_pair["baseline"]),
+            "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
+            "notes": notes, "figures": [str(p) for p in figures_written],
+            "seconds": time.perf_counter() - started}
+
+
+def _score_parts(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps],
+                 per_pair: dict[str, dict[str, np.ndarray]]) -> list[str]:
+    """The part-mask scores of each source's maps into ``per_pair``; returns the notes on
+    what a dataset without part masks or near-miss classes leaves out."""
     labels_q, labels_g = _part_labels(ctx, chosen.query), _part_labels(ctx, chosen.gallery)
     parts = list(ctx.splits.extras.get("parts", []))
     if labels_q is None or not parts:
-        notes.append(f"dataset '{ctx.dataset}' has no part masks: pointing game and part shares are left out, "
-                     f"deletion and insertion only")
-    else:
-        if chosen.kind != "near-miss":
-            notes.append(f"dataset '{ctx.dataset}' records no near-miss classes: part shares only, no "
-                         f"pointing game or discriminative part share")
-        for name, maps in sources.items():
-            per_pair[name].update(_ground_truth_scores(maps, labels_q, labels_g, chosen, parts))
+        return [f"dataset '{ctx.dataset}' has no part masks: pointing game and part shares are left out, "
+                f"deletion and insertion only"]
+    notes = []
+    if chosen.kind != "near-miss":
+        notes.append(f"dataset '{ctx.dataset}' records no near-miss classes: part shares only, no "
+                     f"pointing game or discriminative part share")
+    for name, maps in sources.items():
+        per_pair[name].update(_ground_truth_scores(maps, labels_q, labels_g, chosen, parts))
+    return notes
+
+
+def _score_curves(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps], emb_g,
+                  per_pair: dict[str, dict[str, np.ndarray]], seed: int) -> dict[str, Any]:
+    """Deletion and insertion curves of ``chosen`` in each source's pixel order and in a
+    random one; each source's areas under them (and the random order's) into ``per_pair``."""
     size = ctx.protocol.image.size
-    m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
+    m = len(chosen.query)
     orders = {name: maps.query[:m] for name, maps in sources.items()}
     orders["random"] = random_scores((m, size, size), torch.Generator().manual_seed(seed + 1))
-    curves = _curves(ctx, _first(chosen, m), orders, emb_g[:m], seed, batch=PERTURB_BATCH)
+    curves = _curves(ctx, chosen, orders, emb_g, seed, batch=PERTURB_BATCH)
     for name in sources:
         for kind in ("deletion", "insertion"):
             per_pair[name][f"{kind}_auc"] = curve_auc(torch.as_tensor(curves[name][kind]),
                                                       torch.as_tensor(curves[name]["fractions"])).numpy()
             per_pair[name][f"random_{kind}_auc"] = curve_auc(torch.as_tensor(curves["random"][kind]),
                                                              torch.as_tensor(curves["random"]["fractions"])).numpy()
-    figures_written = []
-    if figures:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        caption = f"{ctx.method}, {ctx.dataset}, run {ctx.run_id[:8]}"
-        show = min(6, len(chosen.query))
-        parts_named = ["", *parts]
-        notes_rows = [f"{'same' if chosen.same[i] else 'differ'}"
-                      + (f": {parts_named[chosen.region[i]]}" if chosen.region[i] else "") for i in range(show)]
-        figures_written.append(pairs_figure(out_dir / "pairs.png", _pictures(ctx, _images(ctx, chosen.query[:show])),
-                                             _pictures(ctx, _images(ctx, chosen.gallery[:show])),
-                                             {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
-                                             notes_rows, title=f"{caption}: the first {show} pairs"))
-        figures_written.append(curves_figure(out_dir / "curves.png", curves,
-                                             title=f"{caption}: mean over {len(chosen.query)} pairs"))
-        figures_written += _method_figures(ctx, chosen, out_dir)
-    record = {"run_id": ctx.run_id, "method_name": ctx.method, "dataset": ctx.dataset,
-              "protocol": ctx.protocol.name, "fingerprint": ctx.tags.get("fingerprint", ""),
-              "pairs": len(chosen.query), "curve_pairs": m, "pair_kind": chosen.kind, "seed": seed, "step": STEP,
-              "removal": "normalised input set to 0 (the protocol's mean colour), query side",
-              "method": _summary(per_pair["method"]) if "method" in per_pair else None,
-              "baseline": _summary(per_pair["baseline"]),
-              "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
-              "notes": notes, "figures": [str(p) for p in figures_written],
-              "seconds": time.perf_counter() - started}
-    return record
+    return curves
+
+
+def _write_figures(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps], curves: dict[str, Any],
+                   out_dir: Path) -> list[Path]:
+    """The first pairs with their maps, the curves, and the method's own figures."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    caption = f"{ctx.method}, {ctx.dataset}, run {ctx.run_id[:8]}"
+    show = min(6, len(chosen.query))
+    parts_named = ["", *ctx.splits.extras.get("parts", [])]
+    notes_rows = [f"{'same' if chosen.same[i] else 'differ'}"
+                  + (f": {parts_named[chosen.region[i]]}" if chosen.region[i] else "") for i in range(show)]
+    written = [pairs_figure(out_dir / "pairs.png", _pictures(ctx, _images(ctx, chosen.query[:show])),
+                            _pictures(ctx, _images(ctx, chosen.gallery[:show])),
+                            {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
+                            notes_rows, title=f"{caption}: the first {show} pairs"),
+               curves_figure(out_dir / "curves.png", curves,
+                             title=f"{caption}: mean over {len(chosen.query)} pairs")]
+    return written + _method_figures(ctx, chosen, out_dir)
 
 
 def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:

@@ -44,7 +44,8 @@ from harness.config.grids import Cell, Grid
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
 __all__ = ["open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
-           "enqueue_ready_dependents", "queue_grid", "worker_loop", "unfinished_cells", "DEFAULT_STORAGE"]
+           "enqueue_ready_dependents", "queue_grid", "worker_loop", "run_cell", "runs_of_cell", "tag_cell",
+           "pop_lock", "unfinished_cells", "DEFAULT_STORAGE"]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
@@ -186,7 +187,7 @@ def enqueue_ready_dependents(grid: Grid, study) -> int:
     return len(ready)
 
 
-def _pop_lock(url: str | None):
+def pop_lock(url: str | None):
     """Serialise popping a queued trial among the processes of one machine on SQLite.
 
     Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
@@ -232,7 +233,7 @@ class _Heartbeat:
         self.thread.join()
 
 
-def _runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
+def runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
     """Runs of the grid's experiment that ran this cell (same protocol fingerprint, which
     covers protocol, deviations, split, loss and its arguments; same method and seed)."""
     from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
@@ -242,13 +243,13 @@ def _runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
         f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"))
 
 
-def _tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
+def tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
     set_run_tags(run_id, {CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
                           "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
                           "optuna_study": study_name, "optuna_trial": trial_number})
 
 
-def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
+def run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
     from harness.config.deviations import deviation_tags
     from harness.config.protocol import fingerprint
     from harness.engine import training
@@ -268,16 +269,16 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
 
     revision = str(METHODS.get(cell.method).cls.revision)
     init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
-    for run in _runs_of_cell(grid, cell, fp, "FINISHED"):
+    for run in runs_of_cell(grid, cell, fp, "FINISHED"):
         tags = run.data.tags
         if (CELL_ATTR not in tags and tags.get("method_revision", "1") == revision
                 and tags.get("init_from", "none") == (init_from or "none")):
-            _tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
+            tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
             _log(f"{cell.label}: adopted finished untagged run {run.info.run_id}")
             return {"mlflow_run_id": run.info.run_id, "metrics": group_metrics(run.data.metrics, "test")}
     # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
     # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
-    for run in _runs_of_cell(grid, cell, fp, "RUNNING"):
+    for run in runs_of_cell(grid, cell, fp, "RUNNING"):
         terminate_run(run.info.run_id, "KILLED")
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
     if cell.base_key and not init_from:
@@ -294,7 +295,7 @@ def _run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settin
                                    tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
                                          **deviation_tags(cell.paper_deviations, cell.method, cell.dataset)})
     record = training.run_training(cfg, splits)
-    _tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
+    tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
 
 
@@ -314,7 +315,6 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
 
     settings = settings or {}
     cells = {c.key: c for c in grid.cells}
-    storage = study._storage
     report: dict[str, list] = {"done": [], "failed": [], "skipped": []}
     splits_cache: dict = {}
     while True:
@@ -327,42 +327,51 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
                 return report
             time.sleep(poll)  # another worker may die: its cell would come back here
             continue
-        with _pop_lock(settings.get("storage")):
+        with pop_lock(settings.get("storage")):
             trial = study.ask()
         key = trial.user_attrs.get(CELL_ATTR)
         if key is None:  # another worker took the last queued cell first
             study.tell(trial, state=TrialState.FAIL)
             continue
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        with _Heartbeat(storage, trial._trial_id):
-            cell = cells.get(key)
-            if cell is None:
-                trial.set_user_attr("error", "cell not in the grid any more")
-                study.tell(trial, state=TrialState.FAIL)
-                continue
-            twins = [t for t in _trials_by_state(study)["RUNNING"]
-                     if t.user_attrs.get(CELL_ATTR) == key and t.number < trial.number]
-            if twins or key in finished_cells(grid):
-                report["skipped"].append(cell.label)
-                trial.set_user_attr("skipped", "already finished or running elsewhere")
-                study.tell(trial, state=TrialState.PRUNED)
-                continue
-            _log(f"trial {trial.number}: {cell.label} (cell {key})")
-            try:
-                record = _run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
-            except KeyboardInterrupt:
-                _settle(study, trial, state=TrialState.FAIL, error="interrupted")
-                raise
-            except Exception as err:
-                text = f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
-                _log(f"FAILED {cell.label}: {text}")
-                _settle(study, trial, state=TrialState.FAIL, error=text)
-                report["failed"].append((cell.label, text))
-                continue
-            metric = cell.protocol.selection.metric
-            _settle(study, trial, value=float(record["metrics"].get(metric, 0.0)),
-                    run_id=record["mlflow_run_id"])
-            report["done"].append(cell.label)
+        with _Heartbeat(study._storage, trial._trial_id):
+            _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
+
+
+def _work_on_trial(grid: Grid, study, trial, cell: Cell | None, settings: dict, splits_cache: dict,
+                   report: dict[str, list]) -> None:
+    """Run the cell of a popped ``trial`` and tell the study how it ended, or end the trial
+    without running it (a cell no longer in the grid, or one finished or running
+    elsewhere); the outcome goes into ``report``."""
+    from optuna.trial import TrialState
+
+    key = trial.user_attrs[CELL_ATTR]
+    if cell is None:
+        trial.set_user_attr("error", "cell not in the grid any more")
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    twins = [t for t in _trials_by_state(study)["RUNNING"]
+             if t.user_attrs.get(CELL_ATTR) == key and t.number < trial.number]
+    if twins or key in finished_cells(grid):
+        report["skipped"].append(cell.label)
+        trial.set_user_attr("skipped", "already finished or running elsewhere")
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    _log(f"trial {trial.number}: {cell.label} (cell {key})")
+    try:
+        record = run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
+    except KeyboardInterrupt:
+        _settle(study, trial, state=TrialState.FAIL, error="interrupted")
+        raise
+    except Exception as err:
+        text = f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
+        _log(f"FAILED {cell.label}: {text}")
+        _settle(study, trial, state=TrialState.FAIL, error=text)
+        report["failed"].append((cell.label, text))
+        return
+    metric = cell.protocol.selection.metric
+    _settle(study, trial, value=float(record["metrics"].get(metric, 0.0)), run_id=record["mlflow_run_id"])
+    report["done"].append(cell.label)
 
 
 def _settle(study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = "") -> None:

@@ -1,0 +1,124 @@
+"""A run's files under the checkpoint root: the resumable checkpoint of its last epoch,
+guarded by a checksum file, and the selected weights.
+
+Checkpoints are checked before a resume trusts them: a file cut short (disk full, a copy
+interrupted, a crash on a file system that reorders writes) must restart the run, never
+continue it from garbage. Beside ``last.pt``, ``last.pt.sha256.json`` lists the sha256
+digests a resume accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.base.atomic import atomic_save_torch, atomic_write_json
+from harness.engine.runtime import log_line
+
+__all__ = ["CHECKPOINT_KEYS", "CheckpointFile", "RunFolder"]
+
+#: What a resumable checkpoint holds at least.
+CHECKPOINT_KEYS = ("epoch", "model", "loss", "optimizer", "scheduler", "history", "best")
+
+
+class CheckpointFile:
+    """One resumable checkpoint and its checksum file; ``digest`` is the sha256 of the
+    file now under ``path`` as this object last wrote or read it (None: none known)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.digest: str | None = None
+
+    @property
+    def checksum_path(self) -> Path:
+        """The checksum file beside the checkpoint: the digests a resume accepts."""
+        return self.path.with_name(self.path.name + ".sha256.json")
+
+    def save(self, checkpoint: dict[str, Any]) -> str:
+        """Write ``checkpoint`` atomically; returns its sha256.
+
+        The checksum file is rewritten (atomically) just before the new file takes the name
+        and lists both the new digest and that of the file still under the name, so that
+        whenever a crash lands, the file under the name is one the checksum file accepts."""
+        current = self.digest
+
+        def record(_tmp: Path, digest: str) -> None:
+            accepted = [digest] + ([current] if current and current != digest else [])
+            atomic_write_json(self.checksum_path, {"file": self.path.name, "sha256": accepted})
+
+        self.digest = atomic_save_torch(checkpoint, self.path, before_replace=record)
+        return self.digest
+
+    def load(self) -> dict[str, Any] | None:
+        """The checkpoint, or None after one line saying why it is refused (the run then
+        starts from scratch).
+
+        Refused: a digest the checksum file does not list (a checksum file that cannot be
+        read counts as such), a file ``torch.load`` cannot read, one without the keys a
+        resume needs. A checkpoint without a checksum file (written before the harness kept
+        one) is only loaded and checked for its keys."""
+        try:
+            data = self.path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            self._check_listed(digest, len(data))
+            checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            if not isinstance(checkpoint, dict) or not set(CHECKPOINT_KEYS) <= set(checkpoint):
+                raise ValueError("not a training checkpoint (keys missing)")
+        except Exception as err:
+            text = str(err).strip()
+            reason = f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+            log_line(f"checkpoint {self.path} is unreadable ({reason}); starting from scratch")
+            self.digest = None
+            return None
+        self.digest = digest
+        return checkpoint
+
+    def _check_listed(self, digest: str, size: int) -> None:
+        if not self.checksum_path.exists():
+            return
+        try:
+            accepted = json.loads(self.checksum_path.read_text(encoding="utf-8"))["sha256"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"its checksum file {self.checksum_path.name} is unreadable") from None
+        if digest not in accepted:
+            raise ValueError(f"{size} bytes with sha256 {digest[:12]}..., not a digest "
+                             f"recorded in {self.checksum_path.name}")
+
+
+class RunFolder:
+    """A run's folder under the checkpoint root, named by its run key
+    (:func:`~harness.engine.run_config.run_key`): ``last.pt`` (the last epoch's
+    checkpoint), ``model.pt`` (the selected weights) and the files a run logs beside them."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.last = CheckpointFile(self.path / "last.pt")
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+    def load_last(self) -> dict[str, Any] | None:
+        """The last epoch's checkpoint when one is there and passes its checks, else None."""
+        return self.last.load() if self.last.path.is_file() else None
+
+    def save_last(self, checkpoint: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.last.save(checkpoint)
+
+    def save_selected(self, weights: dict[str, Any]) -> tuple[Path, str]:
+        """``weights`` (the selected model's state and what it is) as ``model.pt``; returns
+        the file and its sha256."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / "model.pt"
+        return path, atomic_save_torch(weights, path)
+
+    def file(self, name: str) -> Path:
+        """Where the run writes a file of ``name`` (the folder made first)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self.path / name

@@ -1,0 +1,119 @@
+"""What one run is: its configuration (method, dataset, protocol, loss, seed and the
+machine-side settings), the key its checkpoints live under, and its departures from the paper."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
+from harness.config.protocol import Deviation, Protocol
+from methods import METHODS
+
+__all__ = ["RunConfig", "RunSettings", "default_checkpoint_root", "run_key", "paper_deviations"]
+
+
+@dataclass
+class RunConfig:
+    """One run: what it trains (method, dataset, protocol, loss, seed, deviations), where
+    and how it executes, and how it is tracked."""
+
+    method: str
+    dataset: str
+    protocol: Protocol
+    loss: str
+    loss_args: dict[str, Any]
+    seed: int
+    deviations: tuple[Deviation, ...] = ()
+    protocol_path: Path | None = None
+    method_options: dict[str, Any] = field(default_factory=dict)
+    data_root: Path | None = None
+    device: str = "auto"
+    workers: int | None = None
+    resume: bool = False
+    #: A finished run (MLflow run id) whose selected weights initialise this one,
+    #: e.g. DIML applied at test time to a trained ``plain`` model.
+    init_from: str = ""
+    #: Train no epoch: evaluate the ``init_from`` weights, which were trained under this
+    #: same protocol (a test-time-only method such as DIML on a trained baseline). Unlike
+    #: ``--epochs 0`` this is not a deviation: the protocol's training happened in the base run.
+    evaluate_only: bool = False
+    experiment: str = ""
+    #: Where checkpoints and selected weights live (``--checkpoint-root``, else
+    #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
+    #: weights relative to it too, so a moved root still serves ``--init-from``.
+    checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
+    #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
+    tags: dict[str, str] = field(default_factory=dict)
+    #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
+    epoch_callback: Any = None
+    #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
+    deterministic: bool = False
+    #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
+    fast: bool = False
+    #: Train through ``torch.compile`` of the model (evaluation runs the model as it is).
+    compile: bool = False
+    #: Register the run's logged embedder under this name in MLflow's model registry (``--register``).
+    registered_model: str = ""
+
+    @classmethod
+    def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
+              deviations: tuple[Deviation, ...] = (), settings: RunSettings | None = None,
+              method_options: dict[str, Any] | None = None, **run: Any) -> RunConfig:
+        """The one way ``run``, ``sweep`` and ``tune`` make a run: the loss's arguments
+        come from the protocol (``[loss.args.<loss>]``), the method's options from the
+        protocol unless given, the machine-side choices from ``settings``. ``run``: the
+        remaining fields (``experiment``, ``resume``, ``init_from``, ``evaluate_only``,
+        ``tags``, ``protocol_path``, ``registered_model``)."""
+        settings = settings or RunSettings()
+        options = protocol.methods.get(method, {}) if method_options is None else method_options
+        return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
+                   loss_args=protocol.loss_args(loss), seed=seed, deviations=tuple(deviations),
+                   method_options=dict(options), data_root=settings.data_root, device=settings.device,
+                   workers=settings.workers, deterministic=settings.deterministic, fast=settings.fast,
+                   compile=settings.compile,
+                   **({"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
+                   **run)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where and how a run executes, none of which changes its result (``--data-root``,
+    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``, ``--fast``,
+    ``--compile``); the last three are recorded with each run."""
+
+    data_root: Path | None = None
+    device: str = "auto"
+    workers: int | None = None
+    checkpoint_root: Path | None = None
+    deterministic: bool = False
+    fast: bool = False
+    compile: bool = False
+
+
+def default_checkpoint_root() -> Path:
+    """``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints`` (relative to the working directory)."""
+    return Path(os.environ.get("DML_HARNESS_CHECKPOINTS") or "results/checkpoints")
+
+
+def run_key(cfg: RunConfig, fp: str) -> str:
+    """The name of the run's folder under the checkpoint root: what a resume continues
+    (fingerprint, method and its options, seed, the run it starts from, method revision)."""
+    payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
+                          "seed": cfg.seed, "init_from": cfg.init_from,
+                          **({"evaluate_only": True} if cfg.evaluate_only else {}),
+                          **METHODS.get(cfg.method).key_fields()},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
+    """Where the run departs from its paper or the authors' code: a grid cell's, handed in
+    as ``deviation.<name>`` tags (its paper protocol's, and a smoke version's settings),
+    else those its protocol declares for this method and dataset."""
+    handed = {k.removeprefix(TAG_PREFIX): from_tag(v) for k, v in cfg.tags.items() if k.startswith(TAG_PREFIX)}
+    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name)
