@@ -319,34 +319,37 @@ def test_reproduce_protocols_with_released_code_run_fp32_and_the_others_declare_
 
 
 def _engine_step(overrides: dict):
+    """One training step of AVSL on the tiny protocol through the public trainer, with the
+    gradient norm of each parameter group read where the optimizer steps."""
     from harness.engine import training
+    from harness.engine.recorder import InMemoryRecorder
+    from harness.engine.trainer import Trainer
     from tests.conftest import TINY_PROTOCOL
 
     protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)
     splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
     cfg = training.RunConfig.build(protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0)
-    cpu = torch.device("cpu")
-    t = training._build_training(cfg, splits, cpu, workers=0)
+    trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
     norms = []
-    step = t.scaler.step
+    step = trainer.parts.scaler.step
 
     def spy(optimizer):
         norms.append({g["name"]: float(torch.linalg.vector_norm(torch.cat(
             [p.grad.flatten() for p in g["params"] if p.grad is not None]))) for g in optimizer.param_groups})
         return step(optimizer)
 
-    t.scaler.step = spy
-    images, labels, _ = next(iter(t.loader))
-    training._train_step(cfg, t, t.train_model, images, labels, cpu, None, 0, 0, False)
-    return t, norms[0]
+    trainer.parts.scaler.step = spy
+    images, labels, _ = next(iter(trainer.batches.loader))
+    trainer.train_step(images, labels, 0, 0)
+    return trainer, norms[0]
 
 
 def test_the_training_step_clips_samples_and_groups_as_the_protocol_says():
     recipe = {"optimizer.clip_grad_norm": 0.01, "sampling.loss_samplers": {"proxy_anchor": "shuffle"},
               "methods.avsl.proxies_in_collector": True, "methods.avsl.collector_lr": 0.05}
-    t, norms = _engine_step(recipe)
-    assert isinstance(t.sampler, ShuffledBatchSampler)
-    groups = {g["name"]: g for g in t.optimizer.param_groups}
+    trainer, norms = _engine_step(recipe)
+    assert isinstance(trainer.batches.sampler, ShuffledBatchSampler)
+    groups = {g["name"]: g for g in trainer.parts.optimizer.param_groups}
     assert groups["proxies"]["lr"] == 0.05 and groups["proxies"]["weight_decay"] == 4e-4
     assert "loss" not in groups
     assert all(norm <= 0.01 * (1 + 1e-4) for norm in norms.values()), norms
