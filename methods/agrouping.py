@@ -250,7 +250,6 @@ class GroupingHead(Method):
     ``head_weight_decay`` (the other head parameters; None = the protocol's).
     """
 
-    name = "agrouping"
     label = "A-grouping"
     paper = PAPER
     stages = ("s32",)
@@ -364,7 +363,6 @@ class SingleEmbeddingHead(GroupingHead):
     metric loss sees the whole embedding and there is no diversity term. A class of its
     own only so that its search space is empty (tuning must not turn it into M-grouping)."""
 
-    name = "ngrouping"
     label = "N-grouping"
 
     @classmethod

@@ -142,7 +142,6 @@ class DiabloHead(Method):
     ``diablo`` is the paper's headline setting: dimension-wise, pre-attention, N = 8.
     """
 
-    name = "diablo"
     #: The paper's row label (Table 1: "+ DIABLO" under each loss's baseline), with the run's N.
     label = "+ DIABLO (N = {entries})"
     paper = PAPER

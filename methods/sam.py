@@ -406,7 +406,6 @@ class SAMHead(Method):
     ``normalize`` (M's scale), ``detach_weights`` (w constant in training), ``mining``
     (which mined tuples are masked); all but ``form`` are assumptions, see above."""
 
-    name = "sam"
     label = "SAM"
     figure_tuples = ("pair", "triplet")
     paper = PAPER

@@ -152,7 +152,7 @@ def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(store, 
     test = splits.test.subset(np.arange(6))
     model = build_model(protocol, "plain", {})
     monkeypatch.chdir(folder)  # the run's checkpoint root is relative to where it ran
-    load_finished_weights(model, run.info.run_id)
+    load_finished_weights(model, run.info.run_id, flag="--init-from")
     expected, _ = embed_images(model, test, build_transform(protocol.image, train=False), protocol.image,
                                batch_size=8, device=torch.device("cpu"))
     images = TransformedImages(test, build_transform(protocol.image, train=False))

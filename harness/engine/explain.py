@@ -164,10 +164,7 @@ def load_run(run_id: str, *, data_root: Path | None = None, checkpoint_root: Pat
         raise HarnessError(f"explain: the {dataset} splits found now (digest {splits.digest()}) are not the ones run "
                            f"'{run_id}' was tested on ({recorded}); point --data-root at that dataset")
     model = build_model(protocol, method, dict(protocol.methods.get(method, {})))
-    try:
-        load_finished_weights(model, run_id, checkpoint_root=checkpoint_root or default_checkpoint_root())
-    except HarnessError as err:
-        raise HarnessError(str(err).replace("--init-from: ", "explain: ", 1)) from None
+    load_finished_weights(model, run_id, flag="explain", checkpoint_root=checkpoint_root or default_checkpoint_root())
     dev = resolve_device(device)
     # Channels-last as in training and evaluation: same numbers up to rounding, and the
     # thousands of forward passes of the deletion / insertion curves run 30-40% faster on

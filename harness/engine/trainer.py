@@ -309,7 +309,8 @@ def _initial_model(cfg: RunConfig, device: torch.device, fingerprint: str) -> tu
     model = build_model(cfg.protocol, cfg.method, cfg.method_options)
     init_selected_epoch = 0
     if cfg.init_from:
-        init_selected_epoch = load_finished_weights(model, cfg.init_from, checkpoint_root=cfg.checkpoint_root,
+        init_selected_epoch = load_finished_weights(model, cfg.init_from, flag="--init-from",
+                                                    checkpoint_root=cfg.checkpoint_root,
                                                     expect_fingerprint=fingerprint if cfg.evaluate_only else "")
     # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
     # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.

@@ -559,7 +559,7 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
                        f"{type(cause).__name__}: {text}") from cause
 
 
-def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | None) -> Path:
+def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str) -> Path:
     """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
     two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
     root still serves, else the absolute ``model_path``."""
@@ -574,7 +574,7 @@ def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | Non
     for path in candidates:
         if path.is_file():
             return path
-    raise HarnessError(f"--init-from: run '{run_id}' has no saved model: looked for "
+    raise HarnessError(f"{flag}: run '{run_id}' has no saved model: looked for "
                        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
                        f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)")
 
@@ -593,10 +593,11 @@ def check_finished_run(run_id: str, flag: str) -> None:
         raise HarnessError(f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights")
 
 
-def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
+def load_finished_weights(model, run_id: str, *, flag: str, expect_fingerprint: str = "",
                           checkpoint_root: Path | None = None) -> int:
     """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
-    run selected them at.
+    run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
+    setting), named at the start of every refusal.
 
     The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
     path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
@@ -614,31 +615,31 @@ def load_finished_weights(model, run_id: str, *, expect_fingerprint: str = "",
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
     if _existing_run_experiment(client, run_id) is None:
-        raise HarnessError(f"--init-from: no run '{run_id}' in the tracking store {tracking_uri()}")
+        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
     run = client.get_run(run_id)
     if run.info.status != "FINISHED":
-        raise HarnessError(f"--init-from: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+        raise HarnessError(f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
                            f"selected weights")
-    path = _weights_file(run_id, run.data.tags, checkpoint_root)
+    path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
     trained_under = run.data.tags.get("fingerprint", "")
     if expect_fingerprint and trained_under != expect_fingerprint:
-        raise HarnessError(f"--evaluate-only: run '{run_id}' was trained under protocol fingerprint "
+        raise HarnessError(f"{flag}: run '{run_id}' was trained under protocol fingerprint "
                            f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
                            f"without training needs the same protocol, dataset and loss")
     data = path.read_bytes()
     expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
     if expected and found != expected:
-        raise HarnessError(f"--init-from: {path} does not match the weights recorded for run '{run_id}' "
+        raise HarnessError(f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
                            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced")
     try:
         saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         state = saved["model"]
     except Exception as err:
-        raise HarnessError(f"--init-from: {path} of run '{run_id}' is unreadable "
+        raise HarnessError(f"{flag}: {path} of run '{run_id}' is unreadable "
                            f"({type(err).__name__}: {str(err).strip()[:200]})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
-        raise HarnessError(f"--init-from: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+        raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
     print(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
           file=sys.stderr, flush=True)
     return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)
