@@ -363,7 +363,7 @@ class Method(nn.Module):
         candidates by them (logging the cosine ranking's metrics as ``global_*``)."""
         return None
 
-    def rerank_by_ids(self, query_fields: dict[str, torch.Tensor], gallery_fields: dict[str, torch.Tensor],
+    def rerank_by_ids(self, query_fields: Mapping[str, torch.Tensor], gallery_fields: Mapping[str, torch.Tensor],
                       query_ids, candidate_ids) -> torch.Tensor:
         """What the evaluation calls to re-rank: :meth:`rerank_similarity` from the stored
         ``rerank_fields`` of every query and gallery item (N x ... each) and ids, Q

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
     splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
     if protocol.selection.mode == "validation":
-        splits = carve_validation(splits, s.validation_classes, seed if s.validation_by_run_seed else s.seed)
+        splits = carve_validation(splits, s.validation_classes, cast(int, seed) if s.validation_by_run_seed else s.seed)
     if control:
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
     return splits

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -79,7 +80,7 @@ def processes_from_env(device: torch.device) -> tuple[Processes, torch.device]:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT,
-                                **({"device_id": device} if device.type == "cuda" else {}))
+                                **cast(dict[str, Any], {"device_id": device} if device.type == "cuda" else {}))
     return procs, device
 
 

@@ -27,6 +27,7 @@ from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
 
 if TYPE_CHECKING:
     from harness.config.protocol import Protocol
+    from harness.engine.model import EmbeddingModel
     from methods.base import Method
 
 __all__ = ["embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
@@ -51,7 +52,7 @@ def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
     ``device``: where the fields are moved once and the scores computed (default: where
     they are)."""
     same = gallery_fields is None
-    gallery_fields = query_fields if same else gallery_fields
+    gallery_fields = query_fields if gallery_fields is None else gallery_fields
     missing = [f for f in method.rerank_fields if f not in query_fields or f not in gallery_fields]
     if missing:
         raise HarnessError(f"re-ranking with {type(method).__name__} needs the fields {missing}")
@@ -116,7 +117,7 @@ CPU_FORWARD_BATCH = 32
 
 
 @torch.inference_mode()
-def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
+def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
                  keep: tuple[str, ...] = (), precision: str = "bf16") -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``
@@ -127,6 +128,7 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
         batch_size = min(batch_size, CPU_FORWARD_BATCH)
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
                         num_workers=workers, pin_memory=device.type == "cuda")
+    kept: dict[str, list[torch.Tensor]]
     embs, kept = [], {k: [] for k in keep}
     dtype = amp_dtype(device, precision)
     for batch, _, _ in loader:
@@ -143,7 +145,7 @@ def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch
     return emb, {k: torch.cat(v).cpu() for k, v in kept.items()}
 
 
-def evaluate_split(model: torch.nn.Module, query_set, gallery_set, protocol: Protocol, dataset: str,
+def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
                    *, device: torch.device, workers: int = 0, rerank: bool = True,
                    metrics: tuple[str, ...] | None = None, per_query: bool = False) -> Scores:
     """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).

@@ -169,7 +169,7 @@ def load_run(run_id: str, *, data_root: Path | None = None, checkpoint_root: Pat
     # Channels-last as in training and evaluation: same numbers up to rounding, and the
     # thousands of forward passes of the deletion / insertion curves run 30-40% faster on
     # CPU (oneDNN's depthwise convolutions) and use cuDNN's tensor-core kernels on GPU.
-    model = model.to(dev, memory_format=torch.channels_last).eval()
+    model = model.to(dev, memory_format=torch.channels_last).eval()  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
     return RunContext(run_id, method, dataset, protocol, splits, model, dev, dict(tags))
 
 
@@ -515,6 +515,7 @@ def _score_parts(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps],
     if labels_q is None or not parts:
         return [f"dataset '{ctx.dataset}' has no part masks: pointing game and part shares are left out, "
                 f"deletion and insertion only"]
+    assert labels_g is not None  # the same masks as labels_q
     notes = []
     if chosen.kind != "near-miss":
         notes.append(f"dataset '{ctx.dataset}' records no near-miss classes: part shares only, no "

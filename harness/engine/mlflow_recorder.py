@@ -47,7 +47,14 @@ class MlflowRecorder:
 
     def __init__(self, cfg: RunConfig, folder: RunFolder, *, experiment: str, fingerprint: str):
         self.cfg, self.folder, self.experiment, self.fingerprint = cfg, folder, experiment, fingerprint
-        self.tracker: Tracker | None = None
+        self._tracker: Tracker | None = None
+
+    @property
+    def tracker(self) -> Tracker:
+        """The run in the tracking store (:meth:`open` makes it)."""
+        if self._tracker is None:
+            raise RuntimeError("MlflowRecorder: the tracked run is not open (call open() first)")
+        return self._tracker
 
     @property
     def run_id(self) -> str:
@@ -57,7 +64,7 @@ class MlflowRecorder:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run
         of an evaluate-only run) when this experiment has it, else a new one."""
         cfg = self.cfg
-        self.tracker = Tracker(self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id)
+        self._tracker = Tracker(self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id)
 
     def start(self, trainer: Trainer, checkpoint: dict[str, Any] | None) -> None:
         """Record the run's metadata (a new run) or which code continued it (a resumed one);

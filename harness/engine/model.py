@@ -20,6 +20,9 @@ __all__ = ["EmbeddingModel", "build_model", "create_loss_module", "build_optimiz
 class EmbeddingModel(nn.Module):
     """Backbone (images -> feature maps) followed by a method head (maps -> HeadOutput)."""
 
+    backbone: Backbone
+    head: Method
+
     def __init__(self, backbone: Backbone, head: Method):
         super().__init__()
         self.backbone = backbone

@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
 from harness.config.protocol import Deviation, Protocol
@@ -76,7 +76,7 @@ class RunConfig:
                    method_options=dict(options), data_root=settings.data_root, device=settings.device,
                    workers=settings.workers, deterministic=settings.deterministic, fast=settings.fast,
                    compile=settings.compile,
-                   **({"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
+                   **cast(dict[str, Any], {"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
                    **run)
 
 

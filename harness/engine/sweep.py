@@ -89,7 +89,7 @@ def open_storage(storage: str | None, *, heartbeat: int | None = 30, grace: int 
     try:  # Optuna >= 4.9 renamed the callback and its argument
         from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 
-        retry = {"heartbeat_stale_trial_callback": Retry(max_retry=None)}
+        retry: dict[str, Any] = {"heartbeat_stale_trial_callback": Retry(max_retry=None)}
     except ImportError:
         from optuna.storages import RetryFailedTrialCallback as Retry
 
@@ -125,7 +125,7 @@ def finished_cells(grid: Grid) -> dict[str, str]:
 def _trials_by_state(study) -> dict[str, list]:
     from optuna.trial import TrialState
 
-    by = {s.name: [] for s in TrialState}
+    by: dict[str, list] = {s.name: [] for s in TrialState}
     for t in study.get_trials(deepcopy=False):
         if CELL_ATTR in t.user_attrs:
             by[t.state.name].append(t)

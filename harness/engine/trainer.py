@@ -23,7 +23,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -241,7 +241,7 @@ class Trainer:
         with torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.train_model(images)
             terms = parts.model.head.loss_terms(out, TrainingBatch(labels, self.metric_loss, images, parts.model))
-            loss = sum(terms.values())
+            loss = cast(torch.Tensor, sum(terms.values()))
         parts.optimizer.zero_grad(set_to_none=True)
         parts.scaler.scale(loss).backward()
         if isinstance(self.metric_loss, GatheredMetricLoss):
@@ -314,7 +314,7 @@ def _initial_model(cfg: RunConfig, device: torch.device, fingerprint: str) -> tu
                                                     expect_fingerprint=fingerprint if cfg.evaluate_only else "")
     # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
     # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
-    return model.to(device, memory_format=torch.channels_last), init_selected_epoch
+    return model.to(device, memory_format=torch.channels_last), init_selected_epoch  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
 
 
 def _step_modules(model: EmbeddingModel, loss_fn: nn.Module, miner: Any, device: torch.device,
@@ -328,7 +328,7 @@ def _step_modules(model: EmbeddingModel, loss_fn: nn.Module, miner: Any, device:
         train_model = wrap_model(model, device)
         metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
     if compile:
-        train_model = torch.compile(train_model)
+        train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
     return train_model, metric_loss
 
 

@@ -316,7 +316,7 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
     protocol, extra = apply_overrides(setup.protocol, {k: v for k, v in best.params.items() if k in setup.space})
     seeds = seeds if seeds is not None else list(protocol.seeds)
     tags = {"optuna_study": setup.name, "optuna_trial": best.number, "tune_role": "reproduction"}
-    done = {}
+    done: dict[int, Any] = {}
     for run in search_runs(setup.experiment, f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' "
                            f"and tags.optuna_study = {q(setup.name)} and tags.optuna_trial = {q(best.number)}"):
         done.setdefault(int(run.data.tags["seed"]), run)
