@@ -30,6 +30,9 @@ __all__ = ["add_sweep_parser", "cmd_sweep"]
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, smoke=args.smoke)
+    from harness.engine.training import resolve_device
+
+    resolve_device(args.device)
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError, unknown_name
-from harness.base.paths import readable_file
+from harness.base.paths import read_text, readable_file
+from harness.cli.arguments import experiment_name
 from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.reports.figures import forest_paths, write_forest
@@ -24,6 +25,13 @@ def cmd_table(args: argparse.Namespace) -> int:
     if tables and not args.published:
         raise HarnessError("--table needs --published (the CSV the table number refers to)")
     metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+    if metrics:  # a misspelt metric is refused, not left out of the table
+        from harness.components.evaluation import parse_metrics
+
+        try:
+            parse_metrics(m.removesuffix("_std") for m in metrics)  # a published spread: recall_at_1_std
+        except HarnessError as err:
+            raise HarnessError(f"--metrics: {err}") from None
     rows: dict[str, list[str]] = {}
     for reproduced, spec in _pairs(args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"):
         parse_published_row(spec)
@@ -31,7 +39,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     if rows and not args.published:
         raise HarnessError("--published-row needs --published (the CSV the rows are in)")
     _check_baseline(args.baseline)
-    readable_file(args.published, "--published")
+    if readable_file(args.published, "--published"):
+        read_text(args.published, "CSV")
     metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
@@ -57,7 +66,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
-    p.add_argument("--experiment", action="append", required=True,
+    p.add_argument("--experiment", action="append", required=True, type=experiment_name,
                    help="MLflow experiment to read (repeat for several)")
     p.add_argument("--format", choices=("latex", "markdown"), default="latex")
     p.add_argument("--out", help="output file (default results/tables/<name>.tex|.md)")

@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.protocol import (
     Deviation,
@@ -218,9 +219,11 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
     if not path.is_file():
         raise HarnessError(f"grid file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text(path, "TOML"))
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed grid file {path}: {err}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise HarnessError(f"malformed grid file {path}: nested too deeply") from None
     try:
         GridFile.model_validate(data)
     except ValidationError as err:

@@ -1,0 +1,110 @@
+"""Bad inputs refused before any work (issue #42's list): files that are not UTF-8 or nest
+thousands deep, values past the declared ranges, names that are not registered, repeated
+seeds and methods, empty names, bad dataset index lines. Each case must pass
+:func:`tests.refusals.assert_refused` (exit 2, one ``error:`` line, no traceback, nothing
+new on disk or in the store); ``{dir}`` is the case's folder, where ``prepare`` writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import TINY_PROTOCOL
+from .refusals import Refusal, assert_refused
+
+RUN = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL))
+TUNE = ("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL))
+GRID_HEAD = (f'protocol = "{TINY_PROTOCOL}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
+             'backbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n')
+#: Arrays nested this deep overflow a recursive parser's stack.
+DEEP = 5000
+BINARY = bytes(range(256)) * 4
+
+
+def _bytes(name: str, data: bytes) -> Callable[[Path], object]:
+    return lambda folder: (folder / name).write_bytes(data)
+
+
+def _text(name: str, text: str) -> Callable[[Path], object]:
+    return lambda folder: (folder / name).write_text(text, encoding="utf-8")
+
+
+CASES = [
+    # 1. Files that are not text.
+    Refusal(("run", "--protocol", "{dir}/p.toml"), "{dir}/p.toml is not a UTF-8 TOML file", _bytes("p.toml", BINARY)),
+    Refusal(("sweep", "--grid", "{dir}/g.toml"), "{dir}/g.toml is not a UTF-8 TOML file", _bytes("g.toml", BINARY)),
+    Refusal(("table", "--experiment", "x", "--published", "{dir}/p.csv"), "{dir}/p.csv is not a UTF-8 CSV file",
+            _bytes("p.csv", BINARY)),
+    # 2. Files nested thousands deep.
+    Refusal(("run", "--protocol", "{dir}/p.toml"), "malformed protocol file {dir}/p.toml: nested too deeply",
+            _text("p.toml", "seeds = " + "[" * DEEP + "]" * DEEP + "\n")),
+    Refusal(("sweep", "--grid", "{dir}/g.toml"), "malformed grid file {dir}/g.toml: nested too deeply",
+            _text("g.toml", GRID_HEAD + "seeds = " + "[" * DEEP + "]" * DEEP + "\n")),
+    # 4. Numbers past what a run can use.
+    Refusal((*RUN, "--seeds", "99999999999999999999"), "run: argument --seeds: expected integers >= 0 and < 2**32"),
+    Refusal((*RUN, "--set", "sampling.batches_per_epoch=99999999999999999999"),
+            "'sampling.batches_per_epoch' = 99999999999999999999: expected an integer >= 0 and <= 100000"),
+    Refusal((*RUN, "--epochs", "99999999999999999999"), "run: argument --epochs: expected an integer >= 0 and <= 100000"),
+    Refusal((*RUN, "--set", "seeds=[4294967296]"), "'seeds[0]' = 4294967296: expected an integer >= 0 and < 4294967296"),
+    Refusal((*RUN, "--set", "schedule.epochs=100001"), "'schedule.epochs' = 100001: expected an integer >= 0 and <= 100000"),
+    Refusal((*TUNE, "--seed", "4294967296"), "tune: argument --seed: expected an integer >= 0 and <= 4294967295"),
+    # 5. Sizes that train nothing meaningful, or cannot fit in memory.
+    Refusal((*RUN, "--set", "embedding.size=1"), "'embedding.size' = 1: expected an integer >= 2 and <= 8192"),
+    Refusal((*RUN, "--set", "image.size=1"), "'image.size' = 1: expected an integer >= 32 and <= 1024"),
+    Refusal((*RUN, "--set", "image.size=100000"), "'image.size' = 100000: expected an integer >= 32 and <= 1024"),
+    Refusal((*RUN, "--set", "image.resize=1"), "'image.resize' = 1: expected >= image.size (32)"),
+    # 14. Metrics that do not exist, and a training cap that leaves no positive pair.
+    Refusal(("table", "--experiment", "x", "--metrics", "recall_at_1,nope"), "--metrics: unknown metric 'nope'"),
+    Refusal((*RUN, "--set", 'evaluation.metrics=["precision_at_1", "nope"]'),
+            "protocol key 'evaluation.metrics': unknown metric 'nope'"),
+    Refusal((*RUN, "--set", 'selection.metric="map_at_r"'), "protocol key 'selection.metric': unknown metric 'map_at_r'"),
+    Refusal((*RUN, "--set", "splits.max_train_images_per_class=1"),
+            "'splits.max_train_images_per_class' = 1: expected 0 (all) or >= 2"),
+    # 15. A study of no trials.
+    Refusal(("tune", "--method", "plain", "--trials", "0"), "tune: argument --trials: expected an integer >= 1, got '0'"),
+    # 16. Devices and component names, refused before the dataset loads.
+    Refusal((*RUN, "--device", "tpu"), "unknown device 'tpu'; valid: auto, cpu, cuda"),
+    Refusal(("sweep", "--grid", "fair-roth2020", "--device", "tpu"), "unknown device 'tpu'"),
+    Refusal((*TUNE, "--device", "tpu"), "unknown device 'tpu'"),
+    Refusal((*RUN, "--set", 'backbone.name="resnet5"'),
+            "protocol key 'backbone.name': unknown backbone 'resnet5'; did you mean 'resnet50'?"),
+    Refusal((*RUN, "--set", 'miner.name="distance_weigted"'),
+            "protocol key 'miner.name': unknown miner 'distance_weigted'; did you mean 'distance_weighted'?"),
+    Refusal((*RUN, "--set", 'image.train_transform="random_crop"'),
+            "protocol key 'image.train_transform': unknown transform 'random_crop'"),
+    Refusal((*RUN, "--set", 'image.eval_transform="center"'), "protocol key 'image.eval_transform': unknown transform"),
+    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'backbone.name': unknown backbone 'resnet5'",
+            _text("p.toml", '[backbone]\nname = "resnet5"\n')),
+    # 17. The same seed or method twice.
+    Refusal((*RUN, "--seeds", "0,0"), "run: argument --seeds: '0' is given twice in '0,0'"),
+    Refusal(("run", "--methods", "plain,plain"), "run: argument --methods: 'plain' is given twice in 'plain,plain'"),
+    Refusal(("tune", "--method", "plain", "--trials", "1", "--seeds", "1,2,1"), "tune: argument --seeds: '1' is given twice"),
+    # 18. An empty experiment name.
+    Refusal((*RUN, "--experiment", ""), "run: argument --experiment: expected an experiment name, got ''"),
+    Refusal((*TUNE, "--experiment", " "), "tune: argument --experiment: expected an experiment name"),
+    Refusal(("table", "--experiment", ""), "table: argument --experiment: expected an experiment name"),
+    Refusal(("explain-table", "--experiment", ""), "explain-table: argument --experiment: expected an experiment name"),
+]
+
+if not torch.cuda.is_available():
+    CASES.append(Refusal((*RUN, "--device", "cuda"), "--device cuda requested but no CUDA device is available"))
+
+
+def test_the_table_covers_the_issue():
+    assert len(CASES) >= 35
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_refused_up_front(case, workdir, data_root, tracking_dir, capsys, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("input")
+    if case.prepare is not None:
+        case.prepare(folder)
+
+    def fill(text: str) -> str:
+        return text.replace("{dir}", str(folder)).replace("{store}", str(tracking_dir))
+
+    argv = [fill(arg) for arg in case.argv]
+    assert_refused(argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir])
