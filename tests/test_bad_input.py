@@ -224,7 +224,7 @@ REFUSALS = [
             "--space: unknown protocol field 'optimizer.lr_hed'; did you mean 'optimizer.lr_head'?"),
     Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--space", "schedule.epochs"),
             "--space: 'schedule.epochs' = 2; only positive float fields are tunable"),
-    Refusal(("tune", "--method", "plain", "--trials", "-1"), "tune: argument --trials: expected an integer >= 0"),
+    Refusal(("tune", "--method", "plain", "--trials", "-1"), "tune: argument --trials: expected an integer >= 1"),
     Refusal(("tune", "--method", "plain", "--trials", "1", "--seeds", "1,a"), "tune: argument --seeds: expected comma-separated"),
     Refusal(("tune", "--method", "plain", "--trials", "1", "--loader-workers", "-1"), "tune: argument --loader-workers"),
     Refusal(("tune", "--method", "nope", "--trials", "1"), "unknown method 'nope'"),

@@ -6,6 +6,9 @@ new on disk or in the store); ``{dir}`` is the case's folder, where ``prepare`` 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import torch
 
 from .conftest import TINY_PROTOCOL
 from .refusals import Refusal, assert_refused
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUN = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL))
 TUNE = ("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL))
@@ -108,3 +113,35 @@ def test_refused_up_front(case, workdir, data_root, tracking_dir, capsys, tmp_pa
 
     argv = [fill(arg) for arg in case.argv]
     assert_refused(argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir])
+
+
+# 13. A full disk: the output of a listing, and a checkpoint's weights.
+@pytest.mark.parametrize("command", ["schema", "methods"])
+def test_output_on_a_full_disk_is_one_line(command, tmp_path):
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "harness", command], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == ["error: disk full: the output could not be written (No space left on device)"], done.stderr
+
+
+def test_weights_on_a_full_disk_name_the_file(tmp_path, monkeypatch):
+    """``torch.save`` into a file whose writes fail with ENOSPC (``/dev/full`` in place of the
+    temporary file): one error naming ``model.pt``, and no temporary file left."""
+    import harness.base.atomic as atomic
+    from harness.base.errors import HarnessError
+
+    real_fdopen = os.fdopen
+
+    def full_disk(fd, mode="r", *args, **kwargs):
+        os.close(fd)
+        return real_fdopen(os.open("/dev/full", os.O_WRONLY), mode, *args, **kwargs)
+
+    monkeypatch.setattr(atomic.os, "fdopen", full_disk)
+    target = tmp_path / "model.pt"
+    with pytest.raises(HarnessError) as refused:
+        atomic.atomic_save_torch({"w": torch.zeros(1 << 20)}, target)
+    monkeypatch.undo()
+    assert str(refused.value).startswith(f"cannot write {target}: No space left on device")
+    assert list(tmp_path.iterdir()) == []

@@ -220,5 +220,13 @@ def atomic_save_torch(obj: Any, path: Path | str, *,
         if before_replace is not None:
             before_replace(tmp, digest[0])
 
-    atomic_write(path, lambda fh: torch.save(obj, fh), before_replace=check)
+    def save(fh) -> None:
+        try:
+            torch.save(obj, fh)
+        except RuntimeError as err:  # torch's writer wraps the OSError of a failed write (a full disk)
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from err
+            raise
+
+    atomic_write(path, save, before_replace=check)
     return digest[0]
