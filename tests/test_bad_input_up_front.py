@@ -16,17 +16,46 @@ import pytest
 import torch
 
 from .conftest import TINY_PROTOCOL
+from .fixtures import make_cub
 from .refusals import Refusal, assert_refused
 
 ROOT = Path(__file__).resolve().parents[1]
 
 RUN = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL))
+CUB_RUN = (*RUN, "--dataset", "cub200", "--data-root", "{dir}/cub", "--set", "splits.max_test_images_per_class=0")
+CUB = "{dir}/cub/CUB_200_2011"
 TUNE = ("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL))
 GRID_HEAD = (f'protocol = "{TINY_PROTOCOL}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
              'backbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n')
 #: Arrays nested this deep overflow a recursive parser's stack.
 DEEP = 5000
 BINARY = bytes(range(256)) * 4
+
+
+def _cub(damage: Callable[[Path], object]) -> Callable[[Path], object]:
+    """A CUB tree (one image per class) under ``cub/`` of the case's folder, then ``damage(tree)``."""
+    return lambda folder: damage(make_cub(folder / "cub", classes=200, per_class=1))
+
+
+def _cut(relpath: str) -> Callable[[Path], object]:
+    """Cut the image ``relpath`` of a CUB tree to half its bytes (a copy interrupted)."""
+    def damage(tree: Path) -> None:
+        image = tree / "images" / relpath
+        image.write_bytes(image.read_bytes()[: image.stat().st_size // 2])
+    return damage
+
+
+def _append(name: str, line: str) -> Callable[[Path], object]:
+    return lambda tree: (tree / name).write_text((tree / name).read_text() + line + "\n")
+
+
+def _loop(relpath: str) -> Callable[[Path], object]:
+    """Replace the image ``relpath`` by a symlink to itself."""
+    def damage(tree: Path) -> None:
+        image = tree / "images" / relpath
+        image.unlink()
+        image.symlink_to(image.name)
+    return damage
 
 
 def _bytes(name: str, data: bytes) -> Callable[[Path], object]:
@@ -61,6 +90,25 @@ CASES = [
     Refusal((*RUN, "--set", "image.size=1"), "'image.size' = 1: expected an integer >= 32 and <= 1024"),
     Refusal((*RUN, "--set", "image.size=100000"), "'image.size' = 100000: expected an integer >= 32 and <= 1024"),
     Refusal((*RUN, "--set", "image.resize=1"), "'image.resize' = 1: expected >= image.size (32)"),
+    # 6. A JPEG cut short, in the training split (class 7) and in the test split (class 150).
+    Refusal(CUB_RUN, f"corrupt image {CUB}/images/007.Bird_7/Bird_7_0000.jpg: OSError",
+            _cub(_cut("007.Bird_7/Bird_7_0000.jpg"))),
+    Refusal(CUB_RUN, f"corrupt image {CUB}/images/150.Bird_150/Bird_150_0000.jpg: OSError",
+            _cub(_cut("150.Bird_150/Bird_150_0000.jpg"))),
+    Refusal(("datasets", "verify", "cub200", "--data-root", "{dir}/cub"), "corrupt image",
+            _cub(_cut("150.Bird_150/Bird_150_0000.jpg"))),
+    # 7. Index lines: an id given again with another value, an id that is not a number.
+    Refusal(CUB_RUN, f"{CUB}/images.txt:201: image id 1 again, with path '150.Bird_150/Bird_150_0000.jpg' "
+            "(line 1 gives '001.Bird_1/Bird_1_0000.jpg')", _cub(_append("images.txt", "1 150.Bird_150/Bird_150_0000.jpg"))),
+    Refusal(CUB_RUN, f"{CUB}/image_class_labels.txt:201: image id 1 again, with class id '150' (line 1 gives '1')",
+            _cub(_append("image_class_labels.txt", "1 150"))),
+    Refusal(CUB_RUN, f"{CUB}/images.txt:201: image id 'x201' is not an integer >= 0",
+            _cub(_append("images.txt", "x201 001.Bird_1/Bird_1_0000.jpg"))),
+    Refusal(CUB_RUN, f"{CUB}/image_class_labels.txt:201: malformed class id 'one': expected an integer >= 1",
+            _cub(_append("image_class_labels.txt", "201 one"))),
+    # 8. An image that is a symlink loop.
+    Refusal(CUB_RUN, f"broken image {CUB}/images/042.Bird_42/Bird_42_0000.jpg: Too many levels of symbolic links",
+            _cub(_loop("042.Bird_42/Bird_42_0000.jpg"))),
     # 14. Metrics that do not exist, and a training cap that leaves no positive pair.
     Refusal(("table", "--experiment", "x", "--metrics", "recall_at_1,nope"), "--metrics: unknown metric 'nope'"),
     Refusal((*RUN, "--set", 'evaluation.metrics=["precision_at_1", "nope"]'),
@@ -96,6 +144,19 @@ CASES = [
 
 if not torch.cuda.is_available():
     CASES.append(Refusal((*RUN, "--device", "cuda"), "--device cuda requested but no CUDA device is available"))
+
+
+def test_an_image_path_with_spaces_is_read_whole(tmp_path):
+    """``images.txt`` gives the rest of the line as the path: a file name with spaces is kept."""
+    from harness.components.data.benchmarks import load_cub200
+
+    tree = make_cub(tmp_path / "cub", classes=200, per_class=1)
+    spaced = tree / "images" / "007.Bird_7" / "Bird 7 a.jpg"
+    (tree / "images" / "007.Bird_7" / "Bird_7_0000.jpg").rename(spaced)
+    (tree / "images.txt").write_text((tree / "images.txt").read_text().replace("Bird_7_0000.jpg", "Bird 7 a.jpg"))
+    splits = load_cub200(tree)
+    assert "images/007.Bird_7/Bird 7 a.jpg" in splits.train.relpaths
+    assert len(splits.train) + len(splits.test) == 200
 
 
 def test_the_table_covers_the_issue():
