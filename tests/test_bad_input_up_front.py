@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,3 +207,60 @@ def test_weights_on_a_full_disk_name_the_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert str(refused.value).startswith(f"cannot write {target}: No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+# 12. A data root that is a file, or one the synthetic set cannot be generated in.
+def _unwritable(folder: Path) -> Path:
+    """A folder no file can be created in, for any user (``/proc`` for root)."""
+    if os.geteuid() == 0:
+        (folder / "ro").symlink_to("/proc", target_is_directory=True)
+    else:
+        (folder / "ro").mkdir()
+        (folder / "ro").chmod(0o500)
+    return folder / "ro"
+
+
+@pytest.mark.parametrize("argv, where, match", [
+    (RUN, "afile", "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness) {dir}/afile is a file, not a folder"),
+    (RUN, "ro", "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness) {dir}/ro/synthetic: cannot write in"),
+    (TUNE, "afile", "{dir}/afile is a file, not a folder"),
+    (("sweep", "--grid", str(ROOT / "tests" / "grids" / "tiny.toml")), "afile", "{dir}/afile is a file, not a folder"),
+    ((*RUN, "--data-root", "{dir}/ro"), "-", "--data-root {dir}/ro/synthetic: cannot write in"),
+], ids=["run-file", "run-unwritable", "tune-file", "sweep-file", "run-flag-unwritable"])
+def test_a_bad_data_root_is_refused(argv, where, match, workdir, data_root, tracking_dir, capsys, tmp_path_factory,
+                                    monkeypatch):
+    folder = tmp_path_factory.mktemp("input")
+    (folder / "afile").write_text("not a folder\n")
+    _unwritable(folder)
+    if where != "-":
+        monkeypatch.setenv("DML_HARNESS_DATA", str(folder / where))
+    try:
+        assert_refused([a.replace("{dir}", str(folder)) for a in argv], match.replace("{dir}", str(folder)), capsys,
+                       watched=[workdir, data_root, folder, tracking_dir])
+    finally:
+        if not (folder / "ro").is_symlink():
+            (folder / "ro").chmod(0o700)
+
+
+# 19. A synthetic cache cut short is named and made again.
+def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, monkeypatch, capsys):
+    import functools
+
+    import harness.components.data.synthetic as synthetic
+
+    small = functools.partial(synthetic.generate, num_classes=8, images_per_class=2, size=32)
+    monkeypatch.setattr(synthetic, "generate", lambda target, seed=0: small(target, seed))
+    root = synthetic.synthetic_root(tmp_path)
+    first = synthetic.load_synthetic(tmp_path)
+    expected = np.asarray(first.train.images).copy()
+    packed = root / "images.npy"
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    again = synthetic.load_synthetic(tmp_path)
+    assert f"synthetic cache {packed} is corrupt" in capsys.readouterr().err
+    assert np.array_equal(np.asarray(again.train.images), expected)
+
+    manifest = root / "manifest.json"
+    manifest.write_text(manifest.read_text()[:100])
+    again = synthetic.load_synthetic(tmp_path)
+    assert f"synthetic cache {root} is corrupt (manifest.json:" in capsys.readouterr().err
+    assert np.array_equal(np.asarray(again.train.images), expected)

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least, experiment_name, int_list, model_name, name_list
-from harness.cli.fetch import check_dataset, ensure_dataset
+from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
 from harness.config.protocol import MAX_STEPS, default_protocol
@@ -52,6 +52,7 @@ def _request(args: argparse.Namespace) -> _Request:
         METHODS.get(name)
     if args.data_root is not None and not args.data_root.is_dir() and not args.download:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    check_data_root(args.dataset, args.data_root)
     protocol_name = args.protocol or default_protocol(args.dataset)
     protocol = load_protocol(protocol_name).for_dataset(args.dataset)
     overrides = list(args.set or [])
