@@ -264,3 +264,55 @@ def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, monkeypatch, ca
     again = synthetic.load_synthetic(tmp_path)
     assert f"synthetic cache {root} is corrupt (manifest.json:" in capsys.readouterr().err
     assert np.array_equal(np.asarray(again.train.images), expected)
+
+
+def _sqlite_file(folder: Path) -> None:
+    """``other.db``: an SQLite database that is not an MLflow store."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(folder / "other.db")) as db:
+        db.execute("CREATE TABLE runs (id TEXT)")
+        db.commit()
+
+
+# 9, 10, 11. Stores that cannot work, probed once before any work; reading creates none.
+STORE_CASES = [
+    ("sqlite:///{dir}/ro/mlflow.db", RUN, "the tracking store sqlite:///{dir}/ro/mlflow.db (MLFLOW_TRACKING_URI) "
+     "{dir}/ro: cannot write in"),
+    ("http://127.0.0.1:9", RUN, "the tracking server http://127.0.0.1:9 does not answer within 5 s"),
+    ("http://127.0.0.1:9", ("table", "--experiment", "x"), "the tracking server http://127.0.0.1:9 does not answer"),
+    ("postgresql+psycopg://user@localhost/db", RUN, "the tracking store (MLFLOW_TRACKING_URI) localhost/db needs the "
+     "database driver 'psycopg', which is not installed: pip install psycopg[binary]"),
+    ("sqlite:///{dir}/none/mlflow.db", ("table", "--experiment", "x"),
+     "the tracking store sqlite:///{dir}/none/mlflow.db does not exist (MLFLOW_TRACKING_URI); reading creates none"),
+    ("sqlite:///{dir}/mlflow.db", ("explain-table", "--experiment", "x"), "does not exist (MLFLOW_TRACKING_URI)"),
+    ("sqlite:///{dir}/other.db", ("table", "--experiment", "x"),
+     "the tracking store sqlite:///{dir}/other.db is an SQLite database without MLflow's tables"),
+    ("", ("sweep", "--grid", str(ROOT / "tests" / "grids" / "tiny.toml"), "--storage", "postgresql+psycopg://u@h/db"),
+     "--storage h/db needs the database driver 'psycopg', which is not installed"),
+    ("", (*TUNE, "--storage", "mysql+pymysql://u@h/db"), "--storage h/db needs the database driver 'pymysql'"),
+]
+
+
+@pytest.mark.parametrize("uri, argv, match", STORE_CASES, ids=[f"{c[1][0]} {c[0] or c[1][-1]}" for c in STORE_CASES])
+def test_a_store_that_cannot_work_is_refused_in_seconds(uri, argv, match, workdir, data_root, tracking_dir, capsys,
+                                                        tmp_path_factory, monkeypatch):
+    import time
+
+    import mlflow
+
+    folder = tmp_path_factory.mktemp("input")
+    _unwritable(folder)
+    _sqlite_file(folder)
+    mlflow.set_tracking_uri(f"sqlite:///{tracking_dir / 'mlflow.db'}")  # the contract's own look-ups
+    if uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.replace("{dir}", str(folder)))
+    start = time.monotonic()
+    try:
+        assert_refused(list(argv), match.replace("{dir}", str(folder)), capsys,
+                       watched=[workdir, data_root, folder, tracking_dir])
+    finally:
+        if not (folder / "ro").is_symlink():
+            (folder / "ro").chmod(0o700)
+    assert time.monotonic() - start < 10

@@ -19,7 +19,7 @@ __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 def cmd_explain_table(args: argparse.Namespace) -> int:
     name = args.name or "-".join(args.experiment)
     stem = output_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
-    open_store()
+    open_store(read_only=True)
     rows = explain_rows(args.experiment)
     caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
                                f"interval over pairs; chance = the differing part's area share")

@@ -33,7 +33,11 @@ def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
 
 def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     """An Optuna or sweep storage that is the tracking store's database would add its
-    tables to the store: refused."""
+    tables to the store: refused. A database URL whose driver is not installed is refused."""
+    from harness.cli.store import check_driver
+
+    if storage:
+        check_driver(storage, flag)
     if not storage or not storage.startswith("sqlite:///"):
         return
     database = Path(storage.removeprefix("sqlite:///").split("?", 1)[0]).resolve()

@@ -49,7 +49,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                       "--out")
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
         output_file(figure, "--out (forest plot)")
-    open_store()
+    open_store(read_only=True)
     table = compose_table(args.experiment, fmt=args.format, published=args.published, tables=tables,
                           metrics=metrics, caption=args.caption or "", published_rows=rows or None,
                           baseline=args.baseline, published_metrics=metric_map or None)
