@@ -78,6 +78,9 @@ CASES = [
             _text("p.toml", "seeds = " + "[" * DEEP + "]" * DEEP + "\n")),
     Refusal(("sweep", "--grid", "{dir}/g.toml"), "malformed grid file {dir}/g.toml: nested too deeply",
             _text("g.toml", GRID_HEAD + "seeds = " + "[" * DEEP + "]" * DEEP + "\n")),
+    # 3. A grid of more cells than a sweep runs without --yes.
+    Refusal(("sweep", "--grid", "{dir}/g.toml"), "grid g has 6,000 cells, more than 5,000 (each a training run); "
+            "check its axes, or give --yes", _text("g.toml", GRID_HEAD + f"seeds = {list(range(6000))}\n")),
     # 4. Numbers past what a run can use.
     Refusal((*RUN, "--seeds", "99999999999999999999"), "run: argument --seeds: expected integers >= 0 and < 2**32"),
     Refusal((*RUN, "--set", "sampling.batches_per_epoch=99999999999999999999"),
@@ -316,3 +319,15 @@ def test_a_store_that_cannot_work_is_refused_in_seconds(uri, argv, match, workdi
         if not (folder / "ro").is_symlink():
             (folder / "ro").chmod(0o700)
     assert time.monotonic() - start < 10
+
+
+def test_a_sweep_announces_its_cells_and_yes_lifts_the_cap(capsys):
+    from harness.base.errors import HarnessError
+    from harness.config.grids import load_grid
+
+    grid = str(ROOT / "tests" / "grids" / "tiny.toml")
+    counts: list[int] = []
+    with pytest.raises(HarnessError, match="grid tiny has 2 cells, more than 1 "):
+        load_grid(grid, max_cells=1, on_count=counts.append)
+    assert counts == [2]
+    assert len(load_grid(grid, max_cells=None).cells) == 2
