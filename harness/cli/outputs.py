@@ -33,7 +33,8 @@ def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
 
 def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     """An Optuna or sweep storage that is the tracking store's database would add its
-    tables to the store: refused. A database URL whose driver is not installed is refused."""
+    tables to the store: refused, as are a database URL whose driver is not installed and a
+    new SQLite database whose folder cannot be written."""
     from harness.cli.store import check_driver
 
     if storage:
@@ -44,3 +45,8 @@ def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     for place in reserved_paths():
         if not place.folder and place.holds(database):
             raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
+    if not database.is_file():  # created on first use: its folder must take it, checked before the dataset loads
+        try:
+            writable_folder(database.parent, "its folder")
+        except HarnessError as err:
+            raise HarnessError(f"cannot open the Optuna storage {storage}: {err}") from None
