@@ -331,3 +331,31 @@ def test_a_sweep_announces_its_cells_and_yes_lifts_the_cap(capsys):
         load_grid(grid, max_cells=1, on_count=counts.append)
     assert counts == [2]
     assert len(load_grid(grid, max_cells=None).cells) == 2
+
+
+# 20. SIGTERM to the whole process group (a sweep stopping its workers, a cluster's limit).
+@pytest.mark.slow  # about a minute: a run trains until it is stopped
+def test_sigterm_to_the_process_group_kills_the_run_quietly(tmp_path):
+    import signal
+    import sqlite3
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DML_HARNESS_DATA": str(tmp_path / "data"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--methods", "plain", "--protocol",
+                                 str(TINY_PROTOCOL), "--workers", "2", "--epochs", "50", "--set",
+                                 "sampling.batches_per_epoch=200"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while "train / " not in (tmp_path / "err.txt").read_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(10)  # into the first epochs, the loader's workers running
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    stderr = (tmp_path / "err.txt").read_text()
+    assert code == 130, stderr
+    assert "Traceback" not in stderr and "error:" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted"
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert [status for (status,) in db.execute("SELECT status FROM runs")] == ["KILLED"]

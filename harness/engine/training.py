@@ -80,7 +80,7 @@ from harness.engine.distributed import (
     processes_from_env,
     wrap_model,
 )
-from harness.engine.embedding import evaluate_split
+from harness.engine.embedding import evaluate_split, loader_worker_init
 from harness.engine.export import ImageEmbedder, example_images
 from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
@@ -451,7 +451,8 @@ def _build_training(cfg: RunConfig, splits: DatasetSplits, device: torch.device,
     # Pinned host memory (asynchronous copies to the GPU), workers kept across epochs, and
     # four batches prepared ahead per worker, so that a step never waits for its data.
     loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None)
+                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None,
+                        worker_init_fn=loader_worker_init)
     miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
                                     loss_miners=protocol.loss.miners))
     train_model: nn.Module = model
