@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.cli.main import main
+
 from .conftest import TINY_PROTOCOL
 from .fixtures import make_cub
 from .refusals import Refusal, assert_refused
@@ -359,3 +361,36 @@ def test_sigterm_to_the_process_group_kills_the_run_quietly(tmp_path):
     assert stderr.strip().splitlines()[-1] == "interrupted"
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         assert [status for (status,) in db.execute("SELECT status FROM runs")] == ["KILLED"]
+
+
+def test_a_killed_runs_partial_checkpoint_is_removed_when_it_is_failed(workdir, tracking_dir, capsys):
+    """A run SIGKILLed while writing ``last.pt`` leaves ``.last.pt.<host>-<pid>.<random>.tmp``
+    in its checkpoint folder; the command that marks the run FAILED removes it, and leaves
+    the files of live writers and the checkpoint itself."""
+    import socket
+    import uuid
+
+    import mlflow
+
+    from harness.base.atomic import _OWNER
+    from harness.store.tracking import CHECKPOINT_DIR_TAG, tracking_uri
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = child.pid
+    folder = workdir / "ckpt" / "run-key"
+    folder.mkdir(parents=True)
+    host = _OWNER.rsplit("-", 1)[0]
+    partial = folder / f".last.pt.{host}-{dead}.abc123de.tmp"
+    live = folder / f".last.pt.{_OWNER}.fgh456ij.tmp"
+    for path in (partial, live, folder / "last.pt"):
+        path.write_bytes(b"x")
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    experiment = client.create_experiment(f"partial-{uuid.uuid4().hex[:8]}")
+    run = client.create_run(experiment, tags={"harness_worker": f"{socket.gethostname()}:{dead}",
+                                              CHECKPOINT_DIR_TAG: str(folder)}).info.run_id
+
+    assert main(["table", "--experiment", "no-such-experiment"]) == 2  # opens the store, then refuses
+    assert client.get_run(run).info.status == "FAILED"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, "last.pt"])

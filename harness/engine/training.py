@@ -609,7 +609,7 @@ def _open_tracker(plan: _RunPlan):
 def _resume(plan: _RunPlan, t: _Training, tracker) -> _Progress:
     """Record the run's metadata (a new run) or which code continued it (a resumed one),
     and restore the checkpoint's state and progress."""
-    from harness.store.tracking import git_commit, tracking_uri, worker_id
+    from harness.store.tracking import CHECKPOINT_DIR_TAG, git_commit, tracking_uri, worker_id
 
     cfg, checkpoint = plan.cfg, plan.checkpoint
     if checkpoint is None or not tracker.resumed:
@@ -617,7 +617,8 @@ def _resume(plan: _RunPlan, t: _Training, tracker) -> _Progress:
         tracker.set_tags({"run_key": plan.ckpt_dir.name})
     else:  # the run's git_commit tag is its first segment's; say which code continued it
         tracker.set_tags({"git_commit_at_resume": git_commit()})
-    tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
+    tracker.set_tags({"harness_worker": worker_id(),  # the process that owns the run now
+                      CHECKPOINT_DIR_TAG: str(plan.ckpt_dir.resolve())})
     if checkpoint is None:
         return _Progress(ckpt_digest=plan.ckpt_digest)
     t.restore(checkpoint)
