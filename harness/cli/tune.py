@@ -27,7 +27,8 @@ __all__ = ["add_tune_parser", "cmd_tune"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from harness.engine.training import RunSettings, resolve_device  # torch: imported when a command needs it
+    # torch: imported when a command needs it
+    from harness.engine.training import RunSettings, resolve_device
 
     resolve_device(args.device)
 
