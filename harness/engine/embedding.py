@@ -115,7 +115,6 @@ def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
 CPU_FORWARD_BATCH = 32
 
 
-@torch.inference_mode()
 def loader_worker_init(worker_id: int) -> None:
     """Each DataLoader worker ignores SIGTERM: a SIGTERM sent to the whole process group
     (a sweep stopping its workers, a cluster's time limit) is handled by the main process,
@@ -126,6 +125,7 @@ def loader_worker_init(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+@torch.inference_mode()
 def embed_images(model: torch.nn.Module, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
                  keep: tuple[str, ...] = ()) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
