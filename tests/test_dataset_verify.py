@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
+import pytest
+
+from harness.base.errors import HarnessError
 from harness.cli.main import main
 from harness.components.data.verify import STAMP, check_images
 
@@ -41,7 +45,8 @@ def test_verify_names_an_image_that_does_not_decode_and_writes_no_stamp(tmp_path
     root = make_cub(tmp_path, classes=200, per_class=1)
     broken = root / "images" / "120.Bird_120" / "Bird_120_0000.jpg"
     _truncate(broken)
-    check_images("cub200", tmp_path, say=lambda line: None)  # its header alone looks fine
+    with pytest.raises(HarnessError, match=f"corrupt image {re.escape(str(broken))}: "):
+        check_images("cub200", tmp_path, say=lambda line: None)  # no end marker: decoded, and refused
     assert main(["datasets", "verify", "cub200", "--data-root", str(tmp_path), "--threads", "2"]) == 2
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"error: corrupt image {broken}: ") and "not verified" in line

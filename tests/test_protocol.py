@@ -52,7 +52,7 @@ def test_unknown_key_is_an_error_naming_it(tmp_path, text, key):
 
 
 def test_mistyped_value_names_the_key(tmp_path):
-    with pytest.raises(HarnessError, match="protocol key 'embedding.size' = \"big\": expected an integer > 0"):
+    with pytest.raises(HarnessError, match="protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192"):
         load_protocol(_write(tmp_path, "[embedding]\nsize = 'big'\n"))
 
 
@@ -151,7 +151,7 @@ def test_grid_cells_take_the_dataset_section():
 
 @pytest.mark.parametrize("section, message", [
     ("[datasets.sop.schedule]\nepohcs = 100\n", "section datasets.sop: unknown protocol key 'schedule.epohcs'"),
-    ("[datasets.sop.embedding]\nsize = 'big'\n", "section datasets.sop: protocol key 'embedding.size' = \"big\": expected an integer > 0"),
+    ("[datasets.sop.embedding]\nsize = 'big'\n", "section datasets.sop: protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192"),
     ("[datasets.sop]\nname = 'x'\n", "'datasets.sop' must be a table of protocol settings"),
 ])
 def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, message):

@@ -146,6 +146,20 @@ def _remove_orphans(path: Path) -> None:
                 tmp.unlink()
 
 
+def remove_orphans_in(folder: Path | str) -> list[Path]:
+    """Remove every temporary file in ``folder`` left by a writer on this host that has died
+    (as :func:`_remove_orphans` does for one target); returns the files removed."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        owner = tmp.name[:-len(".tmp")].rsplit(".", 1)[0].rsplit(".", 1)[-1]  # .NAME.HOST-PID.RANDOM.tmp
+        host, _, pid = owner.rpartition("-")
+        if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
 def _write_error(path: Path, err: OSError) -> HarnessError:
     reason = err.strerror or str(err) or type(err).__name__
     return HarnessError(f"cannot write {path}: {reason}; the previous file (if any) is unchanged")
@@ -220,5 +234,13 @@ def atomic_save_torch(obj: Any, path: Path | str, *,
         if before_replace is not None:
             before_replace(tmp, digest[0])
 
-    atomic_write(path, lambda fh: torch.save(obj, fh), before_replace=check)
+    def save(fh) -> None:
+        try:
+            torch.save(obj, fh)
+        except RuntimeError as err:  # torch's writer wraps the OSError of a failed write (a full disk)
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from err
+            raise
+
+    atomic_write(path, save, before_replace=check)
     return digest[0]

@@ -27,7 +27,7 @@ from pathlib import Path
 from harness.base.errors import HarnessError
 
 __all__ = ["ReservedPath", "writable_file", "writable_folder", "writable_stem", "readable_file",
-           "is_sqlite_database", "special_file_kind"]
+           "read_text", "is_sqlite_database", "special_file_kind"]
 
 #: The first 16 bytes of every SQLite 3 database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -188,3 +188,14 @@ def readable_file(text: str | os.PathLike | None, flag: str) -> Path | None:
     except OSError as err:
         raise HarnessError(f"{flag} {path} cannot be read ({err.strerror or err})") from None
     return path
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of the input file ``path``, a ``what`` (``TOML``, ``CSV``) file: a file that
+    is not UTF-8 (a binary file given by mistake) is refused, naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise HarnessError(f"{path} is not a UTF-8 {what} file (byte {err.start} cannot be decoded)") from None
+    except OSError as err:
+        raise HarnessError(f"{path} cannot be read ({err.strerror or err})") from None

@@ -8,18 +8,23 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["at_least", "positive_number", "int_list", "name_list", "model_name"]
+__all__ = ["at_least", "positive_number", "int_list", "name_list", "model_name", "experiment_name", "SEED_LIMIT"]
+
+#: Seeds are below this: numpy's and torch's generators take 32-bit seeds.
+SEED_LIMIT = 2**32
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An integer >= ``minimum`` (``--workers``: 0; ``--trials``: 1)."""
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer >= ``minimum`` (``--workers``: 0; ``--trials``: 1), and <= ``maximum``
+    when given (``--epochs``: 100000)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got '{text}'")
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            bound = f" and <= {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}{bound}, got '{text}'")
         return value
 
     return parse
@@ -37,19 +42,39 @@ def positive_number(text: str) -> float:
 
 
 def int_list(text: str) -> list[int]:
-    """Comma-separated integers >= 0, at least one: ``0,1,2`` (seeds, K values)."""
+    """Comma-separated seeds, at least one, each once: integers from 0 to 2**32 - 1
+    (``0,1,2``). A seed given twice would train the same run twice and report an interval
+    over copies."""
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not parts or not all(x.isdigit() for x in parts):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0 like 0,1,2, got '{text}'")
-    return [int(x) for x in parts]
+    values = [int(x) for x in parts]
+    if max(values) >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0 and < 2**32 ({SEED_LIMIT}), got '{text}'")
+    _once(values, text)
+    return values
 
 
 def name_list(text: str) -> list[str]:
-    """Comma-separated names, at least one: ``plain,diml``."""
+    """Comma-separated names, at least one, each once: ``plain,diml``."""
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
         raise argparse.ArgumentTypeError(f"expected one or more comma-separated names, got '{text}'")
+    _once(names, text)
     return names
+
+
+def _once(values: list, text: str) -> None:
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"'{twice}' is given twice in '{text}'")
+
+
+def experiment_name(text: str) -> str:
+    """An MLflow experiment name: not empty (an empty one would mean the default experiment)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected an experiment name, got '{text}'")
+    return text
 
 
 def model_name(text: str) -> str:

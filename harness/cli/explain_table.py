@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.base.atomic import atomic_write_text
+from harness.cli.arguments import experiment_name
 from harness.cli.outputs import output_stem
 from harness.cli.store import open_store
 from harness.reports.explanation_table import explain_rows, latex_table, markdown_table
@@ -18,7 +19,7 @@ __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 def cmd_explain_table(args: argparse.Namespace) -> int:
     name = args.name or "-".join(args.experiment)
     stem = output_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
-    open_store()
+    open_store(read_only=True)
     rows = explain_rows(args.experiment)
     caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
                                f"interval over pairs; chance = the differing part's area share")
@@ -33,7 +34,7 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
 def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("explain-table", help="table of explanation scores across methods (Markdown and "
                               "LaTeX) from the explain/* metrics of the runs")
-    p.add_argument("--experiment", action="append", required=True, help="MLflow experiment (repeat for several)")
+    p.add_argument("--experiment", action="append", required=True, type=experiment_name, help="MLflow experiment (repeat for several)")
     p.add_argument("--out", help="output path without suffix (default results/tables/explain-<name>)")
     p.add_argument("--name", help="name for the default output path (default: the experiments)")
     p.add_argument("--caption")

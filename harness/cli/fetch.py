@@ -14,7 +14,8 @@ from pathlib import Path
 from harness.base.errors import HarnessError
 from harness.cli.arguments import positive_number
 
-__all__ = ["add_fetch_parser", "add_verify_parser", "cmd_fetch", "cmd_verify", "ensure_dataset", "check_dataset"]
+__all__ = ["add_fetch_parser", "add_verify_parser", "cmd_fetch", "cmd_verify", "ensure_dataset", "check_dataset",
+           "check_data_root"]
 
 
 def _show_progress() -> bool:
@@ -54,11 +55,30 @@ def _existing_data_root(data_root: Path | None) -> Path | None:
 
 
 def check_dataset(name: str, data_root: Path | None) -> None:
-    """Before training: the dataset's index files read and its images checked (their
-    headers, or nothing more when ``datasets verify`` stamped this very tree)."""
+    """Before training: the data root checked (:func:`check_data_root`), the dataset's index
+    files read and its images checked (their headers, or nothing more when ``datasets
+    verify`` stamped this very tree)."""
     from harness.components.data.verify import check_images
 
+    check_data_root(name, data_root)
     check_images(name, data_root, say=_say)
+
+
+def check_data_root(name: str, data_root: Path | None) -> None:
+    """The data root (``--data-root``, else ``$DML_HARNESS_DATA``, else the cache folder)
+    is a folder, and one a dataset the harness generates (synthetic) can be written into
+    when it is not there yet."""
+    from harness.cli.outputs import output_folder
+    from harness.components.data import DATASETS
+    from harness.components.data.base import default_data_root
+
+    root = Path(data_root) if data_root is not None else default_data_root()
+    flag = "--data-root" if data_root is not None else "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness)"
+    if root.exists() and not root.is_dir():
+        raise HarnessError(f"{flag} {root} is a file, not a folder")
+    info = DATASETS.get(name)
+    if info.embedded and not (root / info.folder).is_dir():  # generated on first use
+        output_folder(root / info.folder, flag)
 
 
 def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None:

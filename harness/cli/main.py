@@ -13,6 +13,8 @@ Both entry points, ``python -m harness`` and the ``dml-harness`` console script,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import signal
 import sys
@@ -79,6 +81,14 @@ def _one_line(err: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
 
 
+def _discard_stdout() -> None:
+    """Send what is left of stdout to /dev/null, so that the exit-time flush of output that
+    could not be written adds no second message."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - open until the process exits
+
+
 def _is_store_error(err: BaseException) -> bool:
     """An error raised by the tracking or Optuna store (MLflow, SQLAlchemy, a database driver)."""
     return type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3", "psycopg2", "psycopg", "optuna")
@@ -106,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         from harness.store.tracking import record_invocation
 
         record_invocation(_program(), argv)  # each run records the command that made it
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
+        return code
     except HarnessError as err:
         if getattr(args, "debug", False):
             traceback.print_exc()
@@ -116,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit-time flush quiet
         return 0
     except Exception as err:  # errors from DataLoader workers are re-raised as other types
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # stdout on a full disk (or /dev/full)
+            _discard_stdout()
+            print("error: disk full: the output could not be written (No space left on device)", file=sys.stderr)
+            return 2
         if "HarnessError" in str(err):
             print(f"error: {_one_line(err)}", file=sys.stderr)
             return 2

@@ -33,10 +33,20 @@ def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
 
 def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     """An Optuna or sweep storage that is the tracking store's database would add its
-    tables to the store: refused."""
+    tables to the store: refused, as are a database URL whose driver is not installed and a
+    new SQLite database whose folder cannot be written."""
+    from harness.cli.store import check_driver
+
+    if storage:
+        check_driver(storage, flag)
     if not storage or not storage.startswith("sqlite:///"):
         return
     database = Path(storage.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
     for place in reserved_paths():
         if not place.folder and place.holds(database):
             raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
+    if not database.is_file():  # created on first use: its folder must take it, checked before the dataset loads
+        try:
+            writable_folder(database.parent, "its folder")
+        except HarnessError as err:
+            raise HarnessError(f"cannot open the Optuna storage {storage}: {err}") from None

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least, int_list, model_name, name_list
-from harness.cli.fetch import check_dataset, ensure_dataset
+from harness.cli.arguments import at_least, experiment_name, int_list, model_name, name_list
+from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
-from harness.config.protocol import default_protocol
+from harness.config.protocol import MAX_STEPS, default_protocol
 
 __all__ = ["add_run_parser", "cmd_run", "shared_training", "check_checkpoint_root", "EMBEDDED_DEFAULT"]
 
@@ -44,11 +44,15 @@ def _request(args: argparse.Namespace) -> _Request:
     from methods import METHODS, check_method_options, list_methods
 
     DATASETS.get(args.dataset)
+    from harness.engine.training import resolve_device
+
+    resolve_device(args.device)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
     if args.data_root is not None and not args.data_root.is_dir() and not args.download:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    check_data_root(args.dataset, args.data_root)
     protocol_name = args.protocol or default_protocol(args.dataset)
     protocol = load_protocol(protocol_name).for_dataset(args.dataset)
     overrides = list(args.set or [])
@@ -191,7 +195,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                      "and fashion-mnist, roth2020 on the four benchmarks)")
     run.add_argument("--loss", help="metric loss (default: the protocol's)")
     run.add_argument("--seeds", type=int_list, help="comma-separated seeds (default: the protocol's)")
-    run.add_argument("--epochs", type=at_least(0), help="override schedule.epochs (recorded as a deviation); "
+    run.add_argument("--epochs", type=at_least(0, MAX_STEPS), help="override schedule.epochs (recorded as a deviation); "
                      "0 evaluates the initial model")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
@@ -200,7 +204,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
                      help="fetch a missing benchmark first (python -m harness datasets fetch NAME)")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
     run.add_argument("--workers", type=at_least(0), help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
-    run.add_argument("--experiment", help="MLflow experiment (default: <dataset>-<protocol>)")
+    run.add_argument("--experiment", type=experiment_name, help="MLflow experiment (default: <dataset>-<protocol>)")
     run.add_argument("--json", help="write the result records to this file")
     run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
     run.add_argument("--deterministic", action="store_true",

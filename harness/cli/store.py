@@ -1,18 +1,105 @@
-"""What every command that opens the tracking store does first: runs whose process ended
-without finishing them (killed outright, out of memory, power lost) are marked FAILED,
-so that no table, sweep or UI shows them RUNNING (:func:`harness.store.tracking.fail_dead_runs`)."""
+"""What every command that opens the tracking store does first: the store is probed once
+(:func:`probe_store`: a server that answers within seconds, a database driver that is
+installed, a folder a new database can be written in; a command that only reads never
+creates or migrates a store), then runs whose process ended without finishing them
+(killed outright, out of memory, power lost) are marked FAILED, so that no table, sweep or
+UI shows them RUNNING (:func:`harness.store.tracking.fail_dead_runs`)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sqlite3
 import sys
+from pathlib import Path
 
-__all__ = ["open_store"]
+from harness.base.errors import HarnessError
+
+__all__ = ["open_store", "probe_store", "check_driver", "PROBE_TIMEOUT"]
+
+#: Seconds a tracking server has to answer the probe.
+PROBE_TIMEOUT = 5.0
+#: SQLAlchemy URL scheme -> (the driver module it imports, the package that provides it).
+DRIVERS = {
+    "postgresql": ("psycopg2", "psycopg2-binary"),
+    "postgresql+psycopg2": ("psycopg2", "psycopg2-binary"),
+    "postgresql+psycopg": ("psycopg", "psycopg[binary]"),
+    "postgresql+pg8000": ("pg8000", "pg8000"),
+    "mysql": ("MySQLdb", "mysqlclient"),
+    "mysql+mysqldb": ("MySQLdb", "mysqlclient"),
+    "mysql+pymysql": ("pymysql", "PyMySQL"),
+    "mssql+pyodbc": ("pyodbc", "pyodbc"),
+}
+SETTING = "MLFLOW_TRACKING_URI"
 
 
-def open_store() -> None:
-    """Mark FAILED the runs left RUNNING by dead processes of this host, one line each."""
+def open_store(*, read_only: bool = False) -> None:
+    """Probe the store (:func:`probe_store`), then mark FAILED the runs left RUNNING by dead
+    processes of this host, one line each. ``read_only``: the command only reads runs."""
     from harness.store.tracking import fail_dead_runs
 
+    probe_store(read_only=read_only)
     for run_id in fail_dead_runs():
         print(f"run {run_id} was left RUNNING by a process that ended without finishing it: marked FAILED "
               f"(run --resume continues it from its last checkpoint)", file=sys.stderr)
+
+
+def check_driver(uri: str, where: str) -> None:
+    """A database URL whose driver is not installed is one line naming the package."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    module, package = DRIVERS.get(scheme, (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise HarnessError(f"{where} {uri.split('@')[-1] if '@' in uri else uri} needs the database driver "
+                           f"'{module}', which is not installed: pip install {package}")
+
+
+def probe_store(*, read_only: bool = False) -> None:
+    """Check the tracking store once, before any work, so that a store that cannot work is
+    one line within seconds rather than minutes of retries: a server must answer within
+    :data:`PROBE_TIMEOUT`; a database URL needs its driver; a SQLite store must be in a
+    folder a database can be written in, or, for a command that only reads
+    (``read_only``), must already exist and be an MLflow store (reading never creates or
+    migrates one)."""
+    from harness.base.paths import writable_folder
+    from harness.store.tracking import _sqlite_database, tracking_uri
+
+    uri = tracking_uri()
+    check_driver(uri, f"the tracking store ({SETTING})")
+    if uri.startswith(("http://", "https://")):
+        _probe_server(uri)
+        return
+    database = _sqlite_database(uri)
+    if database is None:
+        return
+    if read_only:
+        if not database.is_file():
+            raise HarnessError(f"the tracking store {uri} does not exist ({SETTING}); reading creates none")
+        if not _is_mlflow_store(database):
+            raise HarnessError(f"the tracking store {uri} is an SQLite database without MLflow's tables "
+                               f"({SETTING}); reading leaves it as it is")
+    elif not database.is_file():
+        writable_folder(database.parent, f"the tracking store {uri} ({SETTING})")
+
+
+def _is_mlflow_store(database: Path) -> bool:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=PROBE_TIMEOUT)) as db:
+            names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return False
+    return {"experiments", "runs", "alembic_version"} <= names
+
+
+def _probe_server(uri: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT):
+            pass
+    except urllib.error.HTTPError:
+        return  # it answers
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise HarnessError(f"the tracking server {uri} does not answer within {PROBE_TIMEOUT:g} s ({reason}; "
+                           f"{SETTING}); start it, or unset {SETTING} for the local store") from None

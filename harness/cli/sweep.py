@@ -15,7 +15,7 @@ from harness.cli.fetch import check_dataset
 from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
-from harness.config.grids import Grid, load_grid
+from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
     open_study,
@@ -29,7 +29,11 @@ __all__ = ["add_sweep_parser", "cmd_sweep"]
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    grid = load_grid(args.grid, smoke=args.smoke)
+    from harness.engine.training import resolve_device
+
+    resolve_device(args.device)
+    announce = None if args.worker_only else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
+    grid = load_grid(args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce)
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
@@ -70,6 +74,8 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
            "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
     if args.smoke:
         cmd.append("--smoke")
+    if args.yes:
+        cmd.append("--yes")
     if args.data_root:
         cmd += ["--data-root", str(args.data_root)]
     if args.loader_workers is not None:
@@ -103,6 +109,7 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=at_least(1), default=30, help="seconds between worker heartbeats")
     p.add_argument("--grace", type=at_least(1), default=90,
                    help="seconds without a heartbeat after which a running cell is retried")
+    p.add_argument("--yes", action="store_true", help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)")
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_sweep)
     return p

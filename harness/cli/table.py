@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.base.errors import HarnessError, unknown_name
-from harness.base.paths import readable_file
+from harness.base.paths import read_text, readable_file
+from harness.cli.arguments import experiment_name
 from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.reports.figures import forest_paths, write_forest
@@ -30,6 +31,13 @@ def cmd_table(args: argparse.Namespace) -> int:
     if tables and not args.published:
         raise HarnessError("--table needs --published (the CSV the table number refers to)")
     metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+    if metrics:  # a misspelt metric is refused, not left out of the table
+        from harness.components.evaluation import parse_metrics
+
+        try:
+            parse_metrics(m.removesuffix("_std") for m in metrics)  # a published spread: recall_at_1_std
+        except HarnessError as err:
+            raise HarnessError(f"--metrics: {err}") from None
     rows: dict[str, list[str]] = {}
     for reproduced, spec in _pairs(args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"):
         parse_published_row(spec)
@@ -37,7 +45,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     if rows and not args.published:
         raise HarnessError("--published-row needs --published (the CSV the rows are in)")
     _check_baseline(args.baseline)
-    readable_file(args.published, "--published")
+    if readable_file(args.published, "--published"):
+        read_text(args.published, "CSV")
     metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
@@ -46,7 +55,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                       "--out")
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
         output_file(figure, "--out (forest plot)")
-    open_store()
+    open_store(read_only=True)
     table = compose(TableRequest(experiments=tuple(args.experiment), fmt=args.format, published=args.published,
                                  tables=tuple(tables), metrics=tuple(metrics) if metrics else None,
                                  caption=args.caption or "", published_rows=rows or None, baseline=args.baseline,
@@ -64,7 +73,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
-    p.add_argument("--experiment", action="append", required=True,
+    p.add_argument("--experiment", action="append", required=True, type=experiment_name,
                    help="MLflow experiment to read (repeat for several)")
     p.add_argument("--format", choices=("latex", "markdown"), default="latex")
     p.add_argument("--out", help="output file (default results/tables/<name>.tex|.md)")

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from harness.cli.arguments import at_least, int_list
+from harness.cli.arguments import SEED_LIMIT, at_least, experiment_name, int_list
 from harness.cli.fetch import check_dataset
 from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
@@ -27,7 +27,10 @@ __all__ = ["add_tune_parser", "cmd_tune"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from harness.engine.training import RunSettings  # torch: imported when a command needs it
+    # torch: imported when a command needs it
+    from harness.engine.training import RunSettings, resolve_device
+
+    resolve_device(args.device)
 
     setup = tune_setup(args.method, args.dataset, protocol=args.protocol, loss=args.loss,
                        overrides=list(args.set or []), space=args.space, seed=args.seed,
@@ -77,18 +80,18 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                               "then the best setting over the protocol's seeds (test)")
     p.add_argument("--method", required=True)
     p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--trials", type=at_least(0), required=True, help="total trials of the study (resumable)")
+    p.add_argument("--trials", type=at_least(1), required=True, help="total trials of the study (resumable)")
     p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
     p.add_argument("--space", help="comma-separated protocol fields to tune as deviations "
                    f"(default {','.join(DEFAULT_SPACE)}; '' for none)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)")
-    p.add_argument("--seed", type=at_least(0), help="training seed of the trials (default: the protocol's first)")
+    p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), help="training seed of the trials (default: the protocol's first)")
     p.add_argument("--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)")
-    p.add_argument("--sampler-seed", type=at_least(0), default=0, help="seed of the TPE sampler")
+    p.add_argument("--sampler-seed", type=at_least(0, SEED_LIMIT - 1), default=0, help="seed of the TPE sampler")
     p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
-    p.add_argument("--experiment", help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)")
+    p.add_argument("--experiment", type=experiment_name, help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto")
     p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,6 +42,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.protocol import (
     Deviation,
@@ -51,7 +54,8 @@ from harness.config.protocol import (
 )
 from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
 
-__all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand"]
+__all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand", "MAX_CELLS",
+           "cell_count"]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 
@@ -207,9 +211,24 @@ def list_grids() -> list[str]:
     return sorted(p.stem for p in grid_dir().glob("*.toml"))
 
 
-def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
+#: The most cells a grid expands to unless its sweep is given ``--yes``: a larger one is
+#: most likely an axis written by mistake (each cell is a training run).
+MAX_CELLS = 5_000
+
+
+def cell_count(axes: dict[str, list], extras: list[dict[str, list]]) -> int:
+    """The cells the axes and ``[[extra]]`` tables span, before duplicates are merged."""
+    def span(sub: dict[str, list]) -> int:
+        return math.prod(len(sub[a]) for a in AXES)
+
+    return span(axes) + sum(span({**axes, **extra}) for extra in extras)
+
+
+def load_grid(name_or_path: str | Path, *, smoke: bool = False, max_cells: int | None = MAX_CELLS,
+              on_count: Callable[[int], object] | None = None) -> Grid:
     """Parse and validate a grid (a name under ``protocols/grids`` or a ``.toml`` path),
-    then expand it into cells (``grid.cells``)."""
+    then expand it into cells (``grid.cells``). ``on_count(n)`` hears the number of cells
+    before they are expanded; more than ``max_cells`` (None: no cap) is refused."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
         path = grid_dir() / f"{name_or_path}.toml"
@@ -218,9 +237,11 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
     if not path.is_file():
         raise HarnessError(f"grid file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text(path, "TOML"))
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed grid file {path}: {err}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise HarnessError(f"malformed grid file {path}: nested too deeply") from None
     try:
         GridFile.model_validate(data)
     except ValidationError as err:
@@ -267,6 +288,12 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False) -> Grid:
                 test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
                 published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
                 paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")})
+    count = cell_count(axes, extras)
+    if on_count is not None:
+        on_count(count)
+    if max_cells is not None and count > max_cells:
+        raise HarnessError(f"grid {path.stem} has {count:,} cells, more than {max_cells:,} (each a training run); "
+                           f"check its axes, or give --yes to sweep them all")
     grid.cells.extend(expand(grid))
     return grid
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, TypeAdapter, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, check_names
 from harness.config.options import check_loss_arg_values, check_option_values
 from harness.config.schema import SPEC_CONFIG, Bool, Float, Int, Str, refusal, shown
@@ -54,6 +55,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 Positive = Field(gt=0)
 NonNegative = Field(ge=0)
+#: A seed: numpy's and torch's generators take 32-bit seeds.
+Seed = Field(ge=0, lt=2**32)
+#: Epochs, milestones and other counts of steps: a larger value is a mistake, not a plan.
+MAX_STEPS = 100_000
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,10 @@ class BackboneSpec:
 @dataclass(frozen=True)
 class ImageSpec:
     __pydantic_config__ = SPEC_CONFIG
-    size: Annotated[Int, Positive] = 224
+    #: Pixels of a side: 32 (the smallest every backbone's five downsamplings keep) to 1024.
+    size: Annotated[Int, Field(ge=32, le=1024)] = 224
     #: Eval: Resize(resize) then CenterCrop(size).
-    resize: Annotated[Int, Positive] = 256
+    resize: Annotated[Int, Field(gt=0, le=2048)] = 256
     train_transform: Str = "random_resized_crop_flip"
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
     crop_scale: Annotated[tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)] = (0.08, 1.0)
@@ -101,18 +107,19 @@ class ImageSpec:
 @dataclass(frozen=True)
 class EmbeddingSpec:
     __pydantic_config__ = SPEC_CONFIG
-    size: Annotated[Int, Positive] = 128
+    #: 2 (the least that can tell classes apart by direction) to 8192.
+    size: Annotated[Int, Field(ge=2, le=8192)] = 128
 
 
 @dataclass(frozen=True)
 class SamplingSpec:
     __pydantic_config__ = SPEC_CONFIG
     #: At least two classes (negatives) and two images of each (positives) per batch.
-    classes_per_batch: Annotated[Int, Field(ge=2)] = 56
-    samples_per_class: Annotated[Int, Field(ge=2)] = 2
+    classes_per_batch: Annotated[Int, Field(ge=2, le=MAX_STEPS)] = 56
+    samples_per_class: Annotated[Int, Field(ge=2, le=MAX_STEPS)] = 2
     #: 0: as many batches as the training images fill (N // batch size); classes are drawn
     #: uniformly per batch, so an epoch need not see every image (as PML's MPerClassSampler).
-    batches_per_epoch: Annotated[Int, NonNegative] = 0
+    batches_per_epoch: Annotated[Int, Field(ge=0, le=MAX_STEPS)] = 0
     #: Draw a batch's classes with replacement (a class may fill two of its slots), as
     #: wl-zhao/DIML's class sampler does (datasampler/class_random_sampler.py:42). False:
     #: ``classes_per_batch`` distinct classes.
@@ -166,8 +173,8 @@ class OptimizerSpec:
 class ScheduleSpec:
     __pydantic_config__ = SPEC_CONFIG
     name: Literal["constant", "multistep", "cosine"] = "constant"
-    epochs: Annotated[Int, NonNegative] = 150
-    milestones: tuple[Annotated[Int, Positive], ...] = ()
+    epochs: Annotated[Int, Field(ge=0, le=MAX_STEPS)] = 150
+    milestones: tuple[Annotated[Int, Field(gt=0, le=MAX_STEPS)], ...] = ()
     gamma: Annotated[Float, Positive] = 0.1
 
 
@@ -180,7 +187,7 @@ class TrainingSpec:
     #: Training steps between two reads of the device (losses, the non-finite check, the
     #: progress bar, ``train/loss``): in between, the loop only queues work, so a GPU never
     #: waits for the host. The end of an epoch is always read.
-    sync_every: Annotated[Int, Positive] = 50
+    sync_every: Annotated[Int, Field(gt=0, le=MAX_STEPS)] = 50
 
 
 Precision = Literal["bf16", "fp32"]
@@ -225,15 +232,15 @@ class SplitSpec:
     __pydantic_config__ = SPEC_CONFIG
     #: Fraction of training classes carved out, class-disjointly, for validation.
     validation_classes: Annotated[Float, Field(ge=0, lt=1)] = 0.2
-    seed: Annotated[Int, NonNegative] = 0
+    seed: Annotated[Int, Seed] = 0
     #: Carve the validation classes with the run's seed instead of ``seed``: every seed
     #: trains and selects on its own random class split (DIABLO Sec. 4.2, ten random
     #: train/val splits). The caps below stay on ``seed``, so the test set is the same for
     #: every run. False (and absent from the canonical form) keeps one carve for all seeds.
     validation_by_run_seed: Bool = False
     #: Cap on images per class (0 = all), seeded; used by small CPU protocols.
-    max_train_images_per_class: Annotated[Int, NonNegative] = 0
-    max_test_images_per_class: Annotated[Int, NonNegative] = 0
+    max_train_images_per_class: Annotated[Int, Field(ge=0, le=MAX_STEPS)] = 0
+    max_test_images_per_class: Annotated[Int, Field(ge=0, le=MAX_STEPS)] = 0
 
 
 SelectionMode = Literal["validation", "last", "test-paper"]
@@ -247,7 +254,7 @@ class SelectionSpec:
     #: (mimics the seeds' released code; labelled in every table it reaches).
     mode: SelectionMode = "validation"
     metric: Str = "mean_average_precision_at_r"
-    evaluate_every: Annotated[Int, Field(ge=1)] = 1
+    evaluate_every: Annotated[Int, Field(ge=1, le=MAX_STEPS)] = 1
 
 
 @dataclass(frozen=True)
@@ -274,7 +281,7 @@ class EvaluationSpec:
     )
     #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
     #: model at once (harness.engine.embedding): the embeddings are the same, only faster.
-    batch_size: Annotated[Int, Positive] = 128
+    batch_size: Annotated[Int, Field(gt=0, le=MAX_STEPS)] = 128
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:
         return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))
@@ -287,7 +294,7 @@ class Protocol:
     description: Str = ""
     #: Paper or source the protocol transcribes.
     source: Str = ""
-    seeds: Annotated[tuple[Annotated[Int, NonNegative], ...], Field(min_length=1)] = (0,)
+    seeds: Annotated[tuple[Annotated[Int, Seed], ...], Field(min_length=1)] = (0,)
     backbone: BackboneSpec = BackboneSpec()
     image: ImageSpec = ImageSpec()
     embedding: EmbeddingSpec = EmbeddingSpec()
@@ -325,6 +332,8 @@ class Protocol:
                "image.multiscale_range", list(multiscale), "[low, high] with 0 < low <= high for multiscale_crop_flip")
         _check(not splits.validation_by_run_seed or splits.validation_classes > 0, "splits.validation_by_run_seed",
                True, "false unless splits.validation_classes > 0 (a carve to seed)")
+        _check(splits.max_train_images_per_class != 1, "splits.max_train_images_per_class", 1,
+               "0 (all) or >= 2 (a class needs two images to make a positive pair)")
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form (fingerprinted): the optional keys (``_OPTIONAL_KEYS``) are
@@ -508,7 +517,31 @@ def _validated(data: dict[str, Any]) -> Protocol:
         if method in METHODS:  # an unknown name is refused by name on loading
             check_option_values(method, options)
     check_loss_arg_values(protocol.loss.args)
+    _check_component_names(protocol)
     return protocol
+
+
+def _check_component_names(protocol: Protocol) -> None:
+    """The backbone, miner, transforms and metrics a protocol names are registered ones:
+    a misspelt name is refused when the protocol is read, not once the dataset has loaded."""
+    from harness.components.backbones import BACKBONES
+    from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
+    from harness.components.evaluation import parse_metrics
+    from harness.components.losses import MINERS
+
+    named = [("backbone.name", protocol.backbone.name, BACKBONES.kind, BACKBONES.list()),
+             ("miner.name", protocol.miner.name, MINERS.kind, ["none", *MINERS.list()]),
+             ("image.train_transform", protocol.image.train_transform, "transform", TRAIN_TRANSFORMS),
+             ("image.eval_transform", protocol.image.eval_transform, "transform", EVAL_TRANSFORMS)]
+    for key, name, kind, valid in named:
+        if name not in valid:
+            raise HarnessError(f"protocol key '{key}': {unknown_name(kind, name, valid)}")
+    for key, metrics in (("evaluation.metrics", protocol.evaluation.metrics),
+                         ("selection.metric", (protocol.selection.metric,))):
+        try:
+            parse_metrics(metrics)
+        except HarnessError as err:
+            raise HarnessError(f"protocol key '{key}': {err}") from None
 
 
 def protocol_dir() -> Path:
@@ -536,9 +569,11 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
     if not path.is_file():
         raise HarnessError(f"protocol file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text(path, "TOML"))
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed protocol file {path}: {err}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise HarnessError(f"malformed protocol file {path}: nested too deeply") from None
     data.setdefault("name", path.stem)
     protocol = _validated(data)
     for dataset, section in protocol.datasets.items():

@@ -28,6 +28,7 @@ from harness.components.data.sampling import (
 from harness.components.data.transforms import build_transform
 from harness.config.protocol import Protocol, check_batch_fits
 from harness.engine.distributed import SINGLE_PROCESS, Processes
+from harness.engine.embedding import loader_worker_init
 
 __all__ = ["prepare_splits", "check_training_split", "adapted_sampling", "TrainingBatches"]
 
@@ -105,5 +106,6 @@ class TrainingBatches:
         # Pinned host memory (asynchronous copies to the GPU), workers kept across epochs, and
         # four batches prepared ahead per worker, so that a step never waits for its data.
         loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-                            pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None)
+                            pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None,
+                            worker_init_fn=loader_worker_init)
         return cls(sampler, loader, note)

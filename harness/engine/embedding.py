@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from harness.engine.model import EmbeddingModel
     from methods.base import Method
 
-__all__ = ["embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
+__all__ = ["loader_worker_init", "embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
            "CPU_FORWARD_BATCH", "QUERIES_PER_RERANK_CALL", "QUERIES_PER_RERANK_CALL_CUDA", "PAIRS_PER_CALL"]
 
 #: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
@@ -116,6 +116,16 @@ def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
 CPU_FORWARD_BATCH = 32
 
 
+def loader_worker_init(worker_id: int) -> None:
+    """Each DataLoader worker ignores SIGTERM: a SIGTERM sent to the whole process group
+    (a sweep stopping its workers, a cluster's time limit) is handled by the main process,
+    which marks the run KILLED and shuts the workers down, instead of the workers dying
+    first and the main process reporting their deaths as an error."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @torch.inference_mode()
 def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_size: int,
                  device: torch.device, workers: int = 0,
@@ -127,7 +137,7 @@ def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_
     if device.type == "cpu":
         batch_size = min(batch_size, CPU_FORWARD_BATCH)
     loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
-                        num_workers=workers, pin_memory=device.type == "cuda")
+                        num_workers=workers, pin_memory=device.type == "cuda", worker_init_fn=loader_worker_init)
     kept: dict[str, list[torch.Tensor]]
     embs, kept = [], {k: [] for k in keep}
     dtype = amp_dtype(device, precision)

@@ -25,6 +25,7 @@ from harness.engine.trainer import Trainer
 from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
 from harness.store.tracking import (
+    CHECKPOINT_DIR_TAG,
     RUN_NOTE_TAG,
     Tracker,
     environment_tags,
@@ -75,7 +76,8 @@ class MlflowRecorder:
             tracker.set_tags({"run_key": self.folder.key})
         else:  # the run's git_commit tag is its first segment's; say which code continued it
             tracker.set_tags({"git_commit_at_resume": git_commit()})
-        tracker.set_tags({"harness_worker": worker_id()})  # the process that owns the run now
+        tracker.set_tags({"harness_worker": worker_id(),  # the process that owns the run now
+                          CHECKPOINT_DIR_TAG: str(self.folder.path.resolve())})
         if checkpoint is not None and not tracker.resumed:
             log_line(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
                      f"'{self.experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")

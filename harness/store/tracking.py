@@ -30,7 +30,7 @@ __all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Trac
            "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
            "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root",
            "ARTIFACT_FOLDER", "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "RUNS_VIEW", "ui_url",
-           "prepare_for_ui", "harness_version", "record_invocation", "invocation", "reserved_paths"]
+           "prepare_for_ui", "harness_version", "record_invocation", "invocation", "reserved_paths", "CHECKPOINT_DIR_TAG"]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
@@ -40,6 +40,9 @@ PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cp
 SOURCE_FOLDERS = ("harness", "methods", "protocols")
 #: The artifact folder of a SQLite store, beside its database file.
 ARTIFACT_FOLDER = "mlartifacts"
+#: The tag holding a run's checkpoint folder (absolute), where a killed run's partial
+#: files are removed when it is marked FAILED.
+CHECKPOINT_DIR_TAG = "checkpoint_dir"
 #: The name of a run's logged MLflow model (``runs:/<run_id>/embedder``).
 MODEL_NAME = "embedder"
 #: The tag whose Markdown the MLflow UI shows as a run's description.
@@ -333,6 +336,10 @@ def fail_dead_runs() -> list[str]:
             client.set_tag(run.info.run_id, "failure", _ended_without_finishing(worker))
             client.set_terminated(run.info.run_id, status="FAILED")
             failed.append(run.info.run_id)
+            if run.data.tags.get(CHECKPOINT_DIR_TAG):  # a checkpoint the killed process was writing
+                from harness.base.atomic import remove_orphans_in
+
+                remove_orphans_in(run.data.tags[CHECKPOINT_DIR_TAG])
     return failed
 
 

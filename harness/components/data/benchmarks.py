@@ -70,6 +70,32 @@ def _read_rows(path: Path, *, skip: int = 0, min_fields: int = 2) -> list[list[s
     return rows
 
 
+def _id_table(path: Path, value: str) -> dict[str, str]:
+    """The rows ``<image id> <value>`` of a CUB index file, by id: the value is the rest of
+    the line (a path may hold spaces). An id that is not an integer, a class id that is
+    not one, or an id given again with another value is an error naming the file and line."""
+    table: dict[str, str] = {}
+    first: dict[str, int] = {}
+    with open(_index_file(path), encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            fields = line.strip().split(maxsplit=1)
+            if not fields:
+                continue
+            if len(fields) < 2:
+                raise HarnessError(f"{path}:{lineno}: malformed line {line.strip()!r}: expected '<image id> <{value}>'")
+            if not fields[0].isdigit():
+                raise HarnessError(f"{path}:{lineno}: image id {fields[0]!r} is not an integer >= 0")
+            image_id, rest = str(int(fields[0])), fields[1]
+            if value == "class id" and not rest.isdigit():
+                raise HarnessError(f"{path}:{lineno}: malformed class id {rest!r}: expected an integer >= 1")
+            if image_id in table and table[image_id] != rest:
+                raise HarnessError(f"{path}:{lineno}: image id {image_id} again, with {value} {rest!r} "
+                                   f"(line {first[image_id]} gives {table[image_id]!r})")
+            table.setdefault(image_id, rest)
+            first.setdefault(image_id, lineno)
+    return table
+
+
 def _split_by_class(root: Path, paths: list[str], labels: np.ndarray, last_train_class: int):
     train = labels <= last_train_class
     idx_train, idx_test = np.flatnonzero(train), np.flatnonzero(~train)
@@ -85,10 +111,10 @@ def _split_by_class(root: Path, paths: list[str], labels: np.ndarray, last_train
     official=OfficialCounts(5_864, 100, 5_924, 100, source="Wah et al. 2011; DIML Sec. 4.1"),
 )
 def load_cub200(root: Path) -> DatasetSplits:
-    images = {r[0]: r[1] for r in _read_rows(root / "images.txt")}
-    label_rows = _read_rows(root / "image_class_labels.txt")
-    labels_by_id = dict(zip([r[0] for r in label_rows],
-                            _labels([r[1] for r in label_rows], root / "image_class_labels.txt").tolist(), strict=True))
+    images = _id_table(root / "images.txt", "path")
+    label_file = root / "image_class_labels.txt"
+    label_rows = _id_table(label_file, "class id")
+    labels_by_id = dict(zip(label_rows, _labels(list(label_rows.values()), label_file).tolist(), strict=True))
     ids = sorted(images, key=int)
     missing = [i for i in ids if i not in labels_by_id]
     if missing:

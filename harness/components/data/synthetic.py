@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -198,6 +199,15 @@ def generate(target: Path, seed: int = 0, *, num_classes: int = NUM_CLASSES,
 def packed_images(root: Path, paths: list[str]) -> np.ndarray:
     """``images.npy`` (N x H x W x 3 uint8, manifest order), packed once, memory-mapped."""
     packed = root / "images.npy"
+    if packed.is_file():
+        try:
+            images = np.load(packed, mmap_mode="r")
+            if images.shape[0] == len(paths):
+                return images
+            raise ValueError(f"{images.shape[0]} images for {len(paths)} listed")
+        except (OSError, ValueError) as err:  # cut short (a full disk, a killed packer)
+            print(f"synthetic cache {packed} is corrupt ({err}); packing it again", file=sys.stderr)
+            packed.unlink(missing_ok=True)
     if not packed.is_file():
         stack = np.stack([np.asarray(Image.open(root / p).convert("RGB")) for p in paths])
         # A unique temp name per process (harness.base.atomic): workers that start together each
@@ -221,8 +231,15 @@ def load_part_mask(root: Path, relpath: str) -> np.ndarray:
 )
 def load_synthetic(data_root: Path | None, seed: int = 0) -> DatasetSplits:
     root = generate(synthetic_root(data_root, seed), seed)
-    manifest = json.loads((root / "manifest.json").read_text())
-    items = manifest["items"]
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        items = manifest["items"]
+    except (ValueError, KeyError, TypeError) as err:  # cut short: generated again
+        print(f"synthetic cache {root} is corrupt (manifest.json: {err}); generating it again", file=sys.stderr)
+        shutil.rmtree(root)
+        root = generate(root, seed)
+        manifest = json.loads((root / "manifest.json").read_text())
+        items = manifest["items"]
     labels = np.array([it["label"] for it in items], dtype=np.int64)
     paths = [it["path"] for it in items]
     masks = {it["path"]: it["mask"] for it in items}

@@ -6,8 +6,8 @@ in the dataset's folder (:data:`STAMP`). The stamp holds a digest of the image l
 each file's size and modification time: a file added, removed, replaced or touched since
 makes it stale. ``run`` checks the stamp (:func:`check_images`); a tree without a current
 one gets a header check instead (each file opened and its format and size read, no pixel
-decoded), which finds missing, empty, truncated-at-the-header and non-image files in
-seconds, and one line says how to verify fully.
+decoded; a JPEG without its end marker is decoded in full), which finds missing, empty,
+truncated and non-image files in seconds, and one line says how to verify fully.
 
 Images the harness generates itself (the embedded synthetic set, packed into one array)
 and datasets held as arrays (Fashion-MNIST) have no image files and nothing to check here.
@@ -53,6 +53,8 @@ def tree_digest(root: Path, files: list[Path]) -> str:
             st = path.stat()
         except FileNotFoundError:
             raise HarnessError(f"image listed by the dataset is missing: {path}") from None
+        except OSError as err:  # a symlink loop, a folder without permission
+            raise HarnessError(f"broken image {path}: {err.strerror or err}") from None
         digest.update(f"{os.path.relpath(path, root)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
@@ -66,16 +68,31 @@ def stamp_is_current(root: Path, digest: str) -> bool:
     return isinstance(stamp, dict) and stamp.get("digest") == digest
 
 
+#: The end-of-image marker a complete JPEG file ends with, and how far from the end of the
+#: file it is looked for (some writers pad the file after it).
+JPEG_END, JPEG_END_WITHIN = b"\xff\xd9", 4096
+
+
 def _header_problem(path: Path) -> str | None:
-    """Why ``path`` is not an image PIL can read the header of (None when it is)."""
+    """Why ``path`` is not an image PIL can read the header of (None when it is). A JPEG
+    without its end-of-image marker near the end of the file (cut short by a copy or a
+    download) is decoded in full to tell."""
     try:
         with Image.open(path) as img:
             width, height = img.size
+            if img.format == "JPEG" and not _ends_a_jpeg(path):
+                img.load()
     except FileNotFoundError:
         return "missing"
     except Exception as err:  # PIL raises several types for broken files
         return f"{type(err).__name__}: {err}"
     return None if width > 0 and height > 0 else f"size {width}x{height}"
+
+
+def _ends_a_jpeg(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - JPEG_END_WITHIN))
+        return JPEG_END in fh.read()
 
 
 def _decode_problem(path: Path) -> str | None:
