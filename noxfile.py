@@ -88,21 +88,42 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
     published values. A smoke run's cells (other backbone and dataset) get their own rows
     and columns beside the paper's, and the caption says they are not comparable."""
     data = tomllib.loads((GRIDS / f"{grid}.toml").read_text())
-    experiment = (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke") if smoke \
+    experiment = (
+        (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke")
+        if smoke
         else data.get("experiment", data["name"])
+    )
     published = data.get("published", {})
     caption = data.get("description", grid)
     if smoke:
-        caption += (f" -- smoke run (experiment {experiment}, on {', '.join(data['smoke'].get('datasets', []))}): "
-                    "a pipeline check" + (", not comparable with the published columns" if published else ""))
+        caption += (
+            f" -- smoke run (experiment {experiment}, on {', '.join(data['smoke'].get('datasets', []))}): "
+            "a pipeline check"
+            + (", not comparable with the published columns" if published else "")
+        )
     for fmt, ext in (("latex", "tex"), ("markdown", "md")):
-        args = ["--experiment", experiment, "--format", fmt, "--out", f"results/tables/{data['name']}.{ext}",
-                "--caption", caption]
+        args = [
+            "--experiment",
+            experiment,
+            "--format",
+            fmt,
+            "--out",
+            f"results/tables/{data['name']}.{ext}",
+            "--caption",
+            caption,
+        ]
         if published:
-            args += ["--published", published["file"], "--table", ",".join(str(t) for t in published["tables"])]
+            args += [
+                "--published",
+                published["file"],
+                "--table",
+                ",".join(str(t) for t in published["tables"]),
+            ]
             for method, rows in published.get("rows", {}).items():  # rows told apart by `setting`
                 args += [arg for row in rows for arg in ("--published-row", f"{method}={row}")]
-            for reported, variant in published.get("metrics", {}).items():  # a paper's own definition
+            for reported, variant in published.get(
+                "metrics", {}
+            ).items():  # a paper's own definition
                 args += ["--published-metric", f"{reported}={variant}"]
         if data.get("metrics"):
             args += ["--metrics", ",".join(data["metrics"])]
@@ -161,11 +182,18 @@ def tables(session: nox.Session) -> None:
     smoke = "--smoke" in session.posargs
     for path in sorted(GRIDS.glob("*.toml")):
         data = tomllib.loads(path.read_text())
-        experiment = (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke") if smoke \
+        experiment = (
+            (data.get("smoke", {}).get("experiment") or f"{data['name']}-smoke")
+            if smoke
             else data.get("experiment", data["name"])
-        code = ("from harness.store.queries import experiment_exists; "
-                f"print('found' if experiment_exists({experiment!r}) else 'missing')")
+        )
+        code = (
+            "from harness.store.queries import experiment_exists; "
+            f"print('found' if experiment_exists({experiment!r}) else 'missing')"
+        )
         if "found" not in (session.run("python", "-c", code, silent=True) or ""):
-            session.log(f"{path.stem}: no experiment '{experiment}' in the tracking store yet; skipped")
+            session.log(
+                f"{path.stem}: no experiment '{experiment}' in the tracking store yet; skipped"
+            )
             continue
         _grid_tables(session, path.stem, smoke=smoke)

@@ -86,7 +86,9 @@ def make_data(n: int, classes: int, seed: int = 0):
 
 
 def make_head():
-    head = create_method("avsl", channels={"s8": 8, "s16": 16, "s32": 32}, embedding_size=R, reliability_gain=10.0)
+    head = create_method(
+        "avsl", channels={"s8": 8, "s16": 16, "s32": 32}, embedding_size=R, reliability_gain=10.0
+    )
     g = torch.Generator().manual_seed(1)
     for buf in head.edge_buffers():
         buf.copy_(torch.rand(R, R, generator=g))
@@ -102,8 +104,13 @@ def code_style(head, q_lev, q_cert, g_lev, g_cert) -> torch.Tensor:
         if hat is None:
             hat = delta
         else:
-            p = torch.sigmoid(head.reliability_gain * (q_cert[:, None, level] * g_cert[None, :, level]
-                                                       * head.alphas[level - 1] + head.betas[level - 1]))
+            p = torch.sigmoid(
+                head.reliability_gain
+                * (
+                    q_cert[:, None, level] * g_cert[None, :, level] * head.alphas[level - 1]
+                    + head.betas[level - 1]
+                )
+            )
             hat = delta * p + torch.matmul(hat, edges[level - 1].t()) * (1 - p)
     return torch.argsort(hat.sum(-1), dim=1)
 
@@ -125,23 +132,40 @@ def child(mode: str, n: int, queries: int, classes: int, slice_size: int) -> dic
 
             def masked(qi, gi):
                 s = inner(qi, gi)
-                return s.masked_fill(torch.as_tensor(gi)[None, :] == torch.as_tensor(qids[qi])[:, None], -torch.inf)
+                return s.masked_fill(
+                    torch.as_tensor(gi)[None, :] == torch.as_tensor(qids[qi])[:, None], -torch.inf
+                )
 
-            lists = np.concatenate([idx for _, _, idx in exhaustive_knn(queries, n, masked, k, query_chunk=chunks[0],
-                                                                         reference_chunk=chunks[1])])
+            lists = np.concatenate(
+                [
+                    idx
+                    for _, _, idx in exhaustive_knn(
+                        queries, n, masked, k, query_chunk=chunks[0], reference_chunk=chunks[1]
+                    )
+                ]
+            )
         else:
             keep = int(np.bincount(labels).max())
             lists = []
             for a in range(0, queries, slice_size):
-                order = code_style(head, levels[a:a + slice_size], cert[a:a + slice_size], levels, cert).numpy()
+                order = code_style(
+                    head, levels[a : a + slice_size], cert[a : a + slice_size], levels, cert
+                ).numpy()
                 lists += [row[row != a + q][:keep] for q, row in enumerate(order)]
             lists = np.stack(lists)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     working = (_status_kib("VmHWM") - before) / 1024
-    return {"mode": mode, "pairs": queries * n, "wall_s": wall, "cpu_s": cpu, "pairs_per_s": queries * n / wall,
-            "working_mib": working, "slice": slice_size if mode == "code" else None,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "first": lists[:, 0].tolist()}
+    return {
+        "mode": mode,
+        "pairs": queries * n,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "pairs_per_s": queries * n / wall,
+        "working_mib": working,
+        "slice": slice_size if mode == "code" else None,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "first": lists[:, 0].tolist(),
+    }
 
 
 def rerank_gap(n: int, queries: int, classes: int, ks=(100, 1000)) -> dict:
@@ -152,17 +176,30 @@ def rerank_gap(n: int, queries: int, classes: int, ks=(100, 1000)) -> dict:
     r = relevant_counts(labels[qids], labels, same_source=True)
     out = {}
     with torch.inference_mode():
-        full = torch.cat([-head.score_pairs({"levels": levels[a:a + 8], "certainty": cert[a:a + 8]},
-                                            {"levels": levels, "certainty": cert}) for a in range(0, queries, 8)])
+        full = torch.cat(
+            [
+                -head.score_pairs(
+                    {"levels": levels[a : a + 8], "certainty": cert[a : a + 8]},
+                    {"levels": levels, "certainty": cert},
+                )
+                for a in range(0, queries, 8)
+            ]
+        )
         full[qids, qids] = torch.inf
-        exhaustive = torch.sort(full, dim=1, stable=True).indices[:, :-1].numpy()  # ascending d^, self last
+        exhaustive = (
+            torch.sort(full, dim=1, stable=True).indices[:, :-1].numpy()
+        )  # ascending d^, self last
         cos = levels[:queries, -1] @ levels[:, -1].t()
         cos[qids, qids] = -torch.inf
         cos_order = torch.sort(cos, dim=1, descending=True, stable=True).indices[:, :-1].numpy()
 
         def score(lists):
-            m = retrieval_metrics(labels[lists], labels[qids], r, metrics=["precision_at_1",
-                                                                          "mean_average_precision_at_r"])
+            m = retrieval_metrics(
+                labels[lists],
+                labels[qids],
+                r,
+                metrics=["precision_at_1", "mean_average_precision_at_r"],
+            )
             return {"P@1": m["precision_at_1"], "MAP@R": m["mean_average_precision_at_r"]}
 
         out["exhaustive"] = score(exhaustive)
@@ -180,7 +217,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--images", type=int, default=5924)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--queries", type=int, default=256)
-    parser.add_argument("--slice", type=int, default=256, help="queries per slice of the released code's approach")
+    parser.add_argument(
+        "--slice", type=int, default=256, help="queries per slice of the released code's approach"
+    )
     parser.add_argument("--json", default="")
     parser.add_argument("--child", default="")
     args = parser.parse_args(argv)
@@ -189,30 +228,57 @@ def main(argv=None) -> dict:
         return {}
     results = {}
     for mode in ("harness", "code"):
-        cmd = [sys.executable, __file__, "--child", mode, "--images", str(args.images), "--queries",
-               str(args.queries), "--classes", str(args.classes), "--slice", str(args.slice)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip()
-                         .splitlines()[-1])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--images",
+            str(args.images),
+            "--queries",
+            str(args.queries),
+            "--classes",
+            str(args.classes),
+            "--slice",
+            str(args.slice),
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        res = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         results[mode] = res
         total = args.images * args.images / res["pairs_per_s"]
-        print(f"{mode:8s} {res['pairs']:,} pairs in {res['wall_s']:.1f} s wall ({res['cpu_s']:.1f} s CPU): "
-              f"{res['pairs_per_s']:,.0f} pairs/s (whole {args.images}^2 set ~{total / 60:.1f} min); "
-              f"ranking memory {res['working_mib']:,.0f} MiB (process peak {res['peak_rss_mib']:,.0f} MiB)")
+        print(
+            f"{mode:8s} {res['pairs']:,} pairs in {res['wall_s']:.1f} s wall ({res['cpu_s']:.1f} s CPU): "
+            f"{res['pairs_per_s']:,.0f} pairs/s (whole {args.images}^2 set ~{total / 60:.1f} min); "
+            f"ranking memory {res['working_mib']:,.0f} MiB (process peak {res['peak_rss_mib']:,.0f} MiB)"
+        )
     harness, code = results["harness"], results["code"]
     whole = code["working_mib"] * args.images / min(args.slice, args.queries)
-    print(f"memory: harness / code slice of {min(args.slice, args.queries)} = "
-          f"{harness['working_mib'] / code['working_mib']:.3f}; the code's whole-matrix ranking (one slice of "
-          f"{args.images}) would need ~{whole / 1024:,.0f} GiB (linear in the slice), harness / whole = "
-          f"{harness['working_mib'] / whole:.5f}")
+    print(
+        f"memory: harness / code slice of {min(args.slice, args.queries)} = "
+        f"{harness['working_mib'] / code['working_mib']:.3f}; the code's whole-matrix ranking (one slice of "
+        f"{args.images}) would need ~{whole / 1024:,.0f} GiB (linear in the slice), harness / whole = "
+        f"{harness['working_mib'] / whole:.5f}"
+    )
     print(f"time: harness / code = {code['pairs_per_s'] / harness['pairs_per_s']:.2f}")
     same = np.mean(np.array(results["harness"]["first"]) == np.array(results["code"]["first"]))
     print(f"same first result: {same:.3f}")
     gap = rerank_gap(args.images, args.queries, args.classes)
     for name, m in gap.items():
         print(f"{name:12s} P@1 {m['P@1']:.4f}  MAP@R {m['MAP@R']:.4f}")
-    out = {"args": vars(args), "code_whole_matrix_mib": whole, "runs": {k: {kk: vv for kk, vv in v.items() if kk != "first"} for k, v in results.items()},
-           "same_first": float(same), "rerank_gap": gap}
+    out = {
+        "args": vars(args),
+        "code_whole_matrix_mib": whole,
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "first"} for k, v in results.items()},
+        "same_first": float(same),
+        "rerank_gap": gap,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out

@@ -30,13 +30,22 @@ def build(method: str, backbone: str, size: int, options: dict, device: torch.de
     from harness.config.protocol import apply_overrides, load_protocol
     from harness.engine.model import build_model, build_optimizer
 
-    protocol, _ = apply_overrides(load_protocol("smoke"), {
-        "backbone.name": backbone, "backbone.pretrained": False, "image.size": size, "image.resize": size,
-        "embedding.size": 512})
+    protocol, _ = apply_overrides(
+        load_protocol("smoke"),
+        {
+            "backbone.name": backbone,
+            "backbone.pretrained": False,
+            "image.size": size,
+            "image.resize": size,
+            "embedding.size": 512,
+        },
+    )
     model = build_model(protocol, method, options).to(device).train()
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    loss = create_loss("margin", num_classes=8, embedding_size=model.head.metric_loss_dim).to(device)
+    loss = create_loss("margin", num_classes=8, embedding_size=model.head.metric_loss_dim).to(
+        device
+    )
     optimizer = build_optimizer(protocol, model, loss)
     return model, MetricLoss(loss, create_miner("distance_weighted")), optimizer
 
@@ -45,10 +54,17 @@ def step_fn(model, metric_loss, optimizer, images, labels):
     from methods import TrainingBatch
 
     def step() -> None:
-        with torch.autocast(device_type=images.device.type, enabled=images.device.type == "cuda",
-                            dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=images.device.type,
+            enabled=images.device.type == "cuda",
+            dtype=torch.bfloat16,
+        ):
             out = model(images)
-            loss = sum(model.head.loss_terms(out, TrainingBatch(labels, metric_loss, images, model)).values())
+            loss = sum(
+                model.head.loss_terms(
+                    out, TrainingBatch(labels, metric_loss, images, model)
+                ).values()
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -67,12 +83,16 @@ def flops_per_image(step, batch: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backbone", default="googlenet", help="the paper's (Sec. 4.1); any registered backbone")
+    parser.add_argument(
+        "--backbone", default="googlenet", help="the paper's (Sec. 4.1); any registered backbone"
+    )
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--option", action="append", default=[], help="DIABLO option, e.g. entries=16")
+    parser.add_argument(
+        "--option", action="append", default=[], help="DIABLO option, e.g. entries=16"
+    )
     args = parser.parse_args()
     from harness.config.protocol import _parse_value
     from harness.engine.training import resolve_device, seed_everything
@@ -99,14 +119,20 @@ def main() -> None:
                 torch.cuda.synchronize()
             times[method].append(time.perf_counter() - start)
     rate = {m: args.batch / statistics.median(t) for m, t in times.items()}
-    print(f"device {device} ({torch.get_num_threads()} threads), backbone {args.backbone} (random init), "
-          f"{args.size} px, batch {args.batch}, DIABLO options {options or 'defaults'}")
+    print(
+        f"device {device} ({torch.get_num_threads()} threads), backbone {args.backbone} (random init), "
+        f"{args.size} px, batch {args.batch}, DIABLO options {options or 'defaults'}"
+    )
     for m in steps:
-        print(f"{m:>7s}: {rate[m]:8.2f} training images/s, {flops[m] / 1e9:7.2f} GFLOP per training image")
+        print(
+            f"{m:>7s}: {rate[m]:8.2f} training images/s, {flops[m] / 1e9:7.2f} GFLOP per training image"
+        )
     flop_ratio = flops["diablo"] / flops["plain"]
     slowdown = rate["plain"] / rate["diablo"]
-    print(f"FLOP ratio diablo / plain: {flop_ratio:.2f}; measured slowdown: {slowdown:.2f}; "
-          f"slowdown / FLOP ratio: {slowdown / flop_ratio:.2f} (target <= 1.25)")
+    print(
+        f"FLOP ratio diablo / plain: {flop_ratio:.2f}; measured slowdown: {slowdown:.2f}; "
+        f"slowdown / FLOP ratio: {slowdown / flop_ratio:.2f} (target <= 1.25)"
+    )
 
 
 if __name__ == "__main__":

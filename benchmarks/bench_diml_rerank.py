@@ -75,15 +75,20 @@ EPS = 0.05
 def feature_maps(start: int, stop: int, seed: int) -> torch.Tensor:
     """Maps of images start..stop-1 (deterministic per image): relu(noise + bump * class code)."""
     out = torch.empty(stop - start, CHANNELS, SIZE, SIZE)
-    ys, xs = torch.meshgrid(torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(SIZE, dtype=torch.float32),
+        torch.arange(SIZE, dtype=torch.float32),
+        indexing="ij",
+    )
     for row, i in enumerate(range(start, stop)):
         cls = torch.Generator().manual_seed(seed * 1_000_003 + i // PER_CLASS)
-        code = torch.relu(torch.randn(CHANNELS, generator=cls)) * (torch.rand(CHANNELS, generator=cls) < 0.25)
+        code = torch.relu(torch.randn(CHANNELS, generator=cls)) * (
+            torch.rand(CHANNELS, generator=cls) < 0.25
+        )
         img = torch.Generator().manual_seed(seed * 7_919 + 10_000_019 + i)
         cy, cx = (torch.rand(2, generator=img) * (SIZE - 3) + 1.5).tolist()
         width = 1.0 + 1.5 * float(torch.rand(1, generator=img))
-        bump = torch.exp(-((ys - cy) ** 2 + (xs - cx) ** 2) / (2 * width ** 2))
+        bump = torch.exp(-((ys - cy) ** 2 + (xs - cx) ** 2) / (2 * width**2))
         noise = 0.6 * torch.randn(CHANNELS, SIZE, SIZE, generator=img)
         out[row] = torch.relu(noise + 2.0 * bump * code[:, None, None])
     return out
@@ -128,21 +133,41 @@ def harness_pipeline(head, num: int, seed: int, batch: int, device: torch.device
         s = torch.einsum("qid,qkjd->qkij", local[q], local[c]).reshape(-1, GRID * GRID, GRID * GRID)
         gq = F.relu(torch.einsum("qid,qkd->qki", local[q], emb[c])).reshape(-1, GRID * GRID) + 1e-5
         gc = F.relu(torch.einsum("qkjd,qd->qkj", local[c], emb[q])).reshape(-1, GRID * GRID) + 1e-5
-        _, its = sinkhorn(1 - s, gq / gq.sum(-1, keepdim=True), gc / gc.sum(-1, keepdim=True), eps=EPS,
-                          max_iter=head.max_iter, tol=head.tol, return_iterations=True)
+        _, its = sinkhorn(
+            1 - s,
+            gq / gq.sum(-1, keepdim=True),
+            gc / gc.sum(-1, keepdim=True),
+            eps=EPS,
+            max_iter=head.max_iter,
+            tol=head.tol,
+            return_iterations=True,
+        )
         iterations = its.float()
-    return {"emb": emb, "local": local, "knn": idx, "order": order, "generate_s": gen_s, "head_s": head_s,
-            "knn_s": knn_s, "rerank_s": rerank_s, "rerank_cpu_s": rerank_cpu,
-            "sinkhorn_iterations": {"mean": float(iterations.mean()), "median": float(iterations.median()),
-                                    "p99": float(torch.quantile(iterations, 0.99)),
-                                    "at_cap": float((iterations >= head.max_iter).float().mean())}}
+    return {
+        "emb": emb,
+        "local": local,
+        "knn": idx,
+        "order": order,
+        "generate_s": gen_s,
+        "head_s": head_s,
+        "knn_s": knn_s,
+        "rerank_s": rerank_s,
+        "rerank_cpu_s": rerank_cpu,
+        "sinkhorn_iterations": {
+            "mean": float(iterations.mean()),
+            "median": float(iterations.median()),
+            "p99": float(torch.quantile(iterations, 0.99)),
+            "at_cap": float((iterations >= head.max_iter).float().mean()),
+        },
+    }
 
 
 # --------------------------------------------------- (b) the released code's loop, restated
 
 
-def reference_embed(head, num: int, seed: int, batch: int,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+def reference_embed(
+    head, num: int, seed: int, batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Per location Linear, upsample to 4G (bilinear, corners aligned), G x G average pool,
     L2-normalise; global = the normalised GAP + Linear embedding."""
     bank, centres, spent = [], [], 0.0
@@ -153,7 +178,9 @@ def reference_embed(head, num: int, seed: int, batch: int,
             t = time.perf_counter()
             centres.append(F.normalize(head.project(maps.mean((2, 3))), dim=-1))
             per_point = head.project(maps.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-            per_point = F.interpolate(per_point, size=(4 * GRID, 4 * GRID), mode="bilinear", align_corners=True)
+            per_point = F.interpolate(
+                per_point, size=(4 * GRID, 4 * GRID), mode="bilinear", align_corners=True
+            )
             per_point = F.adaptive_avg_pool2d(per_point, GRID)
             bank.append(F.normalize(per_point.flatten(2), dim=1))  # B x D x G*G
             _sync(device)
@@ -174,7 +201,9 @@ def reference_sinkhorn(kernel, u, v):
     return r[:, :, None] * kernel * c[:, None, :], iterations
 
 
-def reference_loop(bank: torch.Tensor, centres: torch.Tensor, queries: int) -> tuple[np.ndarray, float, list[int]]:
+def reference_loop(
+    bank: torch.Tensor, centres: torch.Tensor, queries: int
+) -> tuple[np.ndarray, float, list[int]]:
     orders, counts = [], []
     t, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
@@ -184,8 +213,8 @@ def reference_loop(bank: torch.Tensor, centres: torch.Tensor, queries: int) -> t
             approx[q] = -100
             ranked = torch.argsort(approx, descending=True)
             top = ranked[:K]
-            anchor, cands = bank[q], bank[top]                      # D x R, K x D x R
-            sim = torch.einsum("dm,kds->ksm", anchor, cands)         # rows: candidate cells
+            anchor, cands = bank[q], bank[top]  # D x R, K x D x R
+            sim = torch.einsum("dm,kds->ksm", anchor, cands)  # rows: candidate cells
             kernel = torch.exp(-(1.0 - sim) / EPS)
             att = F.relu(torch.einsum("d,kdr->kr", centre, cands))
             u = att / (att.sum(1, keepdim=True) + 1e-5)
@@ -224,8 +253,13 @@ def main(argv=None) -> dict:
     except ImportError:  # pragma: no cover
         pass
     torch.manual_seed(args.seed)
-    head = create_method("diml", channels={"s32": CHANNELS}, embedding_size=DIM, grid=GRID, rerank_k=K,
-                         eps=EPS).eval().to(device)
+    head = (
+        create_method(
+            "diml", channels={"s32": CHANNELS}, embedding_size=DIM, grid=GRID, rerank_k=K, eps=EPS
+        )
+        .eval()
+        .to(device)
+    )
     pairs = args.queries * K
 
     a = harness_pipeline(head, args.queries, args.seed, args.batch, device)
@@ -237,36 +271,80 @@ def main(argv=None) -> dict:
     total_b = ref_embed_s + ref_loop_full
 
     ours = a["order"][:nref, :K]
-    tight = create_method("diml", channels={"s32": CHANNELS}, embedding_size=DIM, grid=GRID, rerank_k=K, eps=EPS,
-                          tol=1e-8, max_iter=2000).eval().to(device)
+    tight = (
+        create_method(
+            "diml",
+            channels={"s32": CHANNELS},
+            embedding_size=DIM,
+            grid=GRID,
+            rerank_k=K,
+            eps=EPS,
+            tol=1e-8,
+            max_iter=2000,
+        )
+        .eval()
+        .to(device)
+    )
     tight.load_state_dict(head.state_dict())
     fields = {"embedding": a["emb"], "local": a["local"]}
     ids = np.arange(nref)
     loose_scores = make_reranker(head, fields)(ids, a["knn"][:nref, :K])
     tight_scores = make_reranker(tight, fields)(ids, a["knn"][:nref, :K])
     tight_order = rerank_top_k(a["knn"][:nref], ids, make_reranker(tight, fields), K)[:, :K]
-    tolerance = {"max_abs_score_difference": float(np.abs(loose_scores - tight_scores).max()),
-                 "queries_with_identical_top_k_order": float((tight_order == ours).all(1).mean())}
-    agreement = {"top1": float((ours[:, 0] == ref_orders[:, 0]).mean()),
-                 "top10_overlap": float(np.mean([len(set(x[:10]) & set(y[:10])) / 10 for x, y in zip(ours, ref_orders, strict=True)])),
-                 "cosine_top1_unchanged_by_harness": float((ours[:, 0] == a["knn"][:nref, 0]).mean())}
+    tolerance = {
+        "max_abs_score_difference": float(np.abs(loose_scores - tight_scores).max()),
+        "queries_with_identical_top_k_order": float((tight_order == ours).all(1).mean()),
+    }
+    agreement = {
+        "top1": float((ours[:, 0] == ref_orders[:, 0]).mean()),
+        "top10_overlap": float(
+            np.mean(
+                [len(set(x[:10]) & set(y[:10])) / 10 for x, y in zip(ours, ref_orders, strict=True)]
+            )
+        ),
+        "cosine_top1_unchanged_by_harness": float((ours[:, 0] == a["knn"][:nref, 0]).mean()),
+    }
     result = {
-        "device": str(device), "threads": args.threads, "queries": args.queries, "k": K, "grid": GRID, "dim": DIM, "pairs": pairs,
-        "harness": {"embed_s": a["head_s"], "knn_s": a["knn_s"], "rerank_s": a["rerank_s"], "total_s": total_a,
-                    "pairs_per_s_total": pairs / total_a, "pairs_per_s_rerank": pairs / a["rerank_s"],
-                    "rerank_cpu_s": a["rerank_cpu_s"], "pairs_per_cpu_s_rerank": pairs / a["rerank_cpu_s"],
-                    "tol": head.tol, "max_iter": head.max_iter, "sinkhorn_iterations": a["sinkhorn_iterations"]},
-        "reference": {"embed_s": ref_embed_s, "loop_s_measured": ref_loop_s, "loop_queries": nref,
-                      "loop_s_extrapolated": ref_loop_full, "total_s": total_b,
-                      "pairs_per_s_total": pairs / total_b, "pairs_per_s_loop": pairs / ref_loop_full,
-                      "loop_cpu_s_measured": ref_loop_cpu,
-                      "pairs_per_cpu_s_loop": nref * K / ref_loop_cpu,
-                      "sinkhorn_iterations_mean": float(np.mean(ref_counts))},
+        "device": str(device),
+        "threads": args.threads,
+        "queries": args.queries,
+        "k": K,
+        "grid": GRID,
+        "dim": DIM,
+        "pairs": pairs,
+        "harness": {
+            "embed_s": a["head_s"],
+            "knn_s": a["knn_s"],
+            "rerank_s": a["rerank_s"],
+            "total_s": total_a,
+            "pairs_per_s_total": pairs / total_a,
+            "pairs_per_s_rerank": pairs / a["rerank_s"],
+            "rerank_cpu_s": a["rerank_cpu_s"],
+            "pairs_per_cpu_s_rerank": pairs / a["rerank_cpu_s"],
+            "tol": head.tol,
+            "max_iter": head.max_iter,
+            "sinkhorn_iterations": a["sinkhorn_iterations"],
+        },
+        "reference": {
+            "embed_s": ref_embed_s,
+            "loop_s_measured": ref_loop_s,
+            "loop_queries": nref,
+            "loop_s_extrapolated": ref_loop_full,
+            "total_s": total_b,
+            "pairs_per_s_total": pairs / total_b,
+            "pairs_per_s_loop": pairs / ref_loop_full,
+            "loop_cpu_s_measured": ref_loop_cpu,
+            "pairs_per_cpu_s_loop": nref * K / ref_loop_cpu,
+            "sinkhorn_iterations_mean": float(np.mean(ref_counts)),
+        },
         "speedup_total": total_b / total_a,
         "agreement_on_reference_queries": agreement,
         "tolerance_check": tolerance,
         "sop_minutes_at_harness_rate": 60_502 * K / (pairs / total_a) / 60,
-        "targets": {"not_slower_than_reference": total_a <= total_b, "at_least_20k_pairs_per_s": pairs / total_a >= 20_000},
+        "targets": {
+            "not_slower_than_reference": total_a <= total_b,
+            "at_least_20k_pairs_per_s": pairs / total_a >= 20_000,
+        },
     }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -47,7 +47,15 @@ import numpy as np
 THREADS = int(os.environ.get("BENCH_EVAL_THREADS", "2"))
 SOP_IMAGES, SOP_CLASSES, DIM = 60_502, 11_316, 512
 RECALL_K = (1, 10, 100, 1000)
-SUITE = ("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r", "map_at_c", "nmi", "f1")
+SUITE = (
+    "precision_at_1",
+    "recall_at_k",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "map_at_c",
+    "nmi",
+    "f1",
+)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -71,7 +79,9 @@ def make_data(scale: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     sizes = sop_like_class_sizes(rng, num_classes, max(2 * num_classes, round(SOP_IMAGES * scale)))
     labels = np.repeat(np.arange(num_classes), sizes)
     supers = rng.standard_normal((12, DIM), dtype=np.float32)
-    centres = supers[rng.integers(0, 12, num_classes)] + rng.standard_normal((num_classes, DIM), dtype=np.float32)
+    centres = supers[rng.integers(0, 12, num_classes)] + rng.standard_normal(
+        (num_classes, DIM), dtype=np.float32
+    )
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     spread = rng.uniform(1.5, 2.0, num_classes).astype(np.float32) / np.float32(np.sqrt(DIM))
     x = rng.standard_normal((len(labels), DIM), dtype=np.float32)
@@ -104,14 +114,20 @@ def child_kernels(x: np.ndarray, labels: np.ndarray) -> dict:
     t0 = time.perf_counter()
     index = faiss.IndexFlatIP(x.shape[1])
     index.add(x)
-    lists = [index.search(x[start:start + 4096], k + 1)[1] for start in range(0, len(x), 4096)]
+    lists = [index.search(x[start : start + 4096], k + 1)[1] for start in range(0, len(x), 4096)]
     t1 = time.perf_counter()
-    kmeans = faiss.Kmeans(x.shape[1], len(np.unique(labels)), niter=20, seed=0, min_points_per_centroid=1)
+    kmeans = faiss.Kmeans(
+        x.shape[1], len(np.unique(labels)), niter=20, seed=0, min_points_per_centroid=1
+    )
     kmeans.train(x)
     kmeans.index.search(x, 1)
     t2 = time.perf_counter()
-    return {"knn_s": t1 - t0, "kmeans_s": t2 - t1, "peak_rss_mb": _peak_rss_mb(),
-            "recall_from_k1000_lists": _recall_from_lists(np.concatenate(lists), labels)}
+    return {
+        "knn_s": t1 - t0,
+        "kmeans_s": t2 - t1,
+        "peak_rss_mb": _peak_rss_mb(),
+        "recall_from_k1000_lists": _recall_from_lists(np.concatenate(lists), labels),
+    }
 
 
 def _recall_from_lists(lists: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -133,9 +149,15 @@ def child_suite(x: np.ndarray, labels: np.ndarray) -> dict:
 
         torch.zeros(1, device="cuda")
     t0 = time.perf_counter()
-    result = evaluate_embeddings(x, labels, recall_k=RECALL_K, metrics=SUITE, chunk_size=4096, use_gpu=use_gpu)
-    return {"suite_s": time.perf_counter() - t0, "peak_rss_mb": _peak_rss_mb(), "metrics": result,
-            "use_gpu": use_gpu}
+    result = evaluate_embeddings(
+        x, labels, recall_k=RECALL_K, metrics=SUITE, chunk_size=4096, use_gpu=use_gpu
+    )
+    return {
+        "suite_s": time.perf_counter() - t0,
+        "peak_rss_mb": _peak_rss_mb(),
+        "metrics": result,
+        "use_gpu": use_gpu,
+    }
 
 
 def child_pml(x: np.ndarray, labels: np.ndarray) -> dict:
@@ -143,8 +165,11 @@ def child_pml(x: np.ndarray, labels: np.ndarray) -> dict:
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     torch.set_num_threads(THREADS)
-    calc = AccuracyCalculator(include=("precision_at_1", "r_precision", "mean_average_precision_at_r", "NMI"),
-                              k="max_bin_count", device=torch.device("cpu"))
+    calc = AccuracyCalculator(
+        include=("precision_at_1", "r_precision", "mean_average_precision_at_r", "NMI"),
+        k="max_bin_count",
+        device=torch.device("cpu"),
+    )
     t0 = time.perf_counter()
     result = calc.get_accuracy(x, labels)
     return {"pml_s": time.perf_counter() - t0, "peak_rss_mb": _peak_rss_mb(), "metrics": result}
@@ -158,15 +183,27 @@ def child_env(threads: int, device: str) -> dict[str, str]:
     ``sys.path``, so the child imports exactly what the parent found (a GPU machine's wheels
     installed on PYTHONPATH, a --target folder or a .pth file alike)."""
     path = [str(REPO), *(p for p in sys.path if p and Path(p).exists())]
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads), "BENCH_EVAL_THREADS": str(threads), "BENCH_EVAL_DEVICE": device,
-            "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "BENCH_EVAL_THREADS": str(threads),
+        "BENCH_EVAL_DEVICE": device,
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
+    }
 
 
 def run_child(name: str, data_dir: Path, *, threads: int = THREADS, device: str = "cpu") -> dict:
     env = child_env(threads, device)
-    out = subprocess.run([sys.executable, __file__, "--child", name, "--data", str(data_dir)], env=env,
-                         cwd=REPO, capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, "--data", str(data_dir)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{name} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -177,13 +214,21 @@ def run_child(name: str, data_dir: Path, *, threads: int = THREADS, device: str 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="fraction of SOP's size (default 1)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="fraction of SOP's size (default 1)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-pml", action="store_true", help="do not time AccuracyCalculator")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where (b) searches (cuda: as a CUDA run evaluates)")
-    parser.add_argument("--threads", type=int, default=THREADS, help="CPU threads per child (default 2)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where (b) searches (cuda: as a CUDA run evaluates)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=THREADS, help="CPU threads per child (default 2)"
+    )
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -197,13 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_eval_") as tmp:
         x, labels = make_data(args.scale, args.seed)
         sizes = np.bincount(labels)
-        print(f"data: {x.shape[0]} x {x.shape[1]} float32, {len(sizes)} classes, sizes {sizes.min()}-"
-              f"{sizes.max()} (mean {sizes.mean():.2f}); {args.threads} threads", flush=True)
+        print(
+            f"data: {x.shape[0]} x {x.shape[1]} float32, {len(sizes)} classes, sizes {sizes.min()}-"
+            f"{sizes.max()} (mean {sizes.mean():.2f}); {args.threads} threads",
+            flush=True,
+        )
         np.save(Path(tmp) / "x.npy", x)
         np.save(Path(tmp) / "labels.npy", labels)
         del x
         kernels = run_child("kernels", Path(tmp), threads=args.threads)
-        print(f"(a) kNN k=1000 {kernels['knn_s']:.1f} s, k-means {kernels['kmeans_s']:.1f} s", flush=True)
+        print(
+            f"(a) kNN k=1000 {kernels['knn_s']:.1f} s, k-means {kernels['kmeans_s']:.1f} s",
+            flush=True,
+        )
         suite = run_child("suite", Path(tmp), threads=args.threads, device=args.device)
         print(f"(b) full suite {suite['suite_s']:.1f} s ({args.device})", flush=True)
         pml = None if args.skip_pml else run_child("pml", Path(tmp), threads=args.threads)
@@ -219,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 def summarise(kernels: dict, suite: dict, pml: dict | None) -> dict:
     kernel_s = kernels["knn_s"] + kernels["kmeans_s"]
     ratio = suite["suite_s"] / kernel_s
-    rows = [("(a) faiss kNN, k=1000, chunked", kernels["knn_s"], kernels["peak_rss_mb"]),
-            ("(a) faiss k-means, 20 it + assign", kernels["kmeans_s"], None),
-            ("(b) full suite (harness.components.evaluation)", suite["suite_s"], suite["peak_rss_mb"])]
+    rows = [
+        ("(a) faiss kNN, k=1000, chunked", kernels["knn_s"], kernels["peak_rss_mb"]),
+        ("(a) faiss k-means, 20 it + assign", kernels["kmeans_s"], None),
+        ("(b) full suite (harness.components.evaluation)", suite["suite_s"], suite["peak_rss_mb"]),
+    ]
     if pml:
         rows.append(("(c) PML AccuracyCalculator (4 metrics)", pml["pml_s"], pml["peak_rss_mb"]))
     print(f"\n{'step':<42}{'seconds':>9}{'peak RSS MB':>13}")
@@ -229,20 +282,34 @@ def summarise(kernels: dict, suite: dict, pml: dict | None) -> dict:
         print(f"{name:<42}{seconds:>9.1f}{'' if rss is None else f'{rss:.0f}':>13}")
     print(f"\nratio suite / (kNN + k-means) = {ratio:.3f}  (target <= 1.25)")
     if pml:
-        print(f"ratio suite / AccuracyCalculator = {suite['suite_s'] / pml['pml_s']:.3f}  (target <= 1)")
+        print(
+            f"ratio suite / AccuracyCalculator = {suite['suite_s'] / pml['pml_s']:.3f}  (target <= 1)"
+        )
     print(f"suite peak RSS = {suite['peak_rss_mb'] / 1024:.2f} GB  (target < 4 GB)")
     check = kernels["recall_from_k1000_lists"]
     worst = max(abs(suite["metrics"][k] - v) for k, v in check.items())
     print(f"Recall@K of the suite vs the kernel's k=1000 lists: max difference {worst:.2e}")
     print("\nmetrics (suite" + (" | PML" if pml else "") + "):")
-    names = {"precision_at_1": "precision_at_1", "r_precision": "r_precision",
-             "mean_average_precision_at_r": "mean_average_precision_at_r", "nmi": "NMI"}
+    names = {
+        "precision_at_1": "precision_at_1",
+        "r_precision": "r_precision",
+        "mean_average_precision_at_r": "mean_average_precision_at_r",
+        "nmi": "NMI",
+    }
     for key, value in suite["metrics"].items():
         theirs = pml["metrics"].get(names.get(key, ""), None) if pml else None
-        print(f"  {key:<30}{value:>10.4f}" + ("" if theirs is None else f"{theirs:>10.4f}")
-              if isinstance(value, float) else f"  {key:<30}{value:>10}")
-    return {"kernels": kernels, "suite": suite, "pml": pml, "ratio_suite_over_kernels": ratio,
-            "ratio_suite_over_pml": suite["suite_s"] / pml["pml_s"] if pml else None}
+        print(
+            f"  {key:<30}{value:>10.4f}" + ("" if theirs is None else f"{theirs:>10.4f}")
+            if isinstance(value, float)
+            else f"  {key:<30}{value:>10}"
+        )
+    return {
+        "kernels": kernels,
+        "suite": suite,
+        "pml": pml,
+        "ratio_suite_over_kernels": ratio,
+        "ratio_suite_over_pml": suite["suite_s"] / pml["pml_s"] if pml else None,
+    }
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ def bare_backbone_rate(protocol, batches: int, device: torch.device) -> float:
     return batches * len(batch) / (time.perf_counter() - start)
 
 
-def loader_rate(protocol, dataset: str, data_root: Path | None, batches: int, workers: int) -> float:
+def loader_rate(
+    protocol, dataset: str, data_root: Path | None, batches: int, workers: int
+) -> float:
     """The training loader alone: images/s over ``batches`` batches after the first."""
     from torch.utils.data import DataLoader
 
@@ -134,9 +136,13 @@ def loader_rate(protocol, dataset: str, data_root: Path | None, batches: int, wo
 
     splits = prepare_splits(protocol, dataset, data_root, seed=0)
     classes, per_class, _ = adapted_sampling(protocol, len(np.unique(splits.train.labels)))
-    sampler = ClassBalancedBatchSampler(splits.train.labels, classes_per_batch=classes,
-                                        samples_per_class=per_class, batches_per_epoch=batches + 1,
-                                        sample_seeds=True)
+    sampler = ClassBalancedBatchSampler(
+        splits.train.labels,
+        classes_per_batch=classes,
+        samples_per_class=per_class,
+        batches_per_epoch=batches + 1,
+        sample_seeds=True,
+    )
     data = TransformedImages(splits.train, build_transform(protocol.image, train=True))
     loader = DataLoader(data, batch_sampler=sampler, num_workers=workers)
     seen, start = 0, None
@@ -148,8 +154,16 @@ def loader_rate(protocol, dataset: str, data_root: Path | None, batches: int, wo
     return seen / (time.perf_counter() - start)
 
 
-def harness_rate(protocol_name: str, dataset: str, data_root: Path | None, batches: int, epochs: int, device: str,
-                 workers: int | None, workdir: Path) -> dict:
+def harness_rate(
+    protocol_name: str,
+    dataset: str,
+    data_root: Path | None,
+    batches: int,
+    epochs: int,
+    device: str,
+    workers: int | None,
+    workdir: Path,
+) -> dict:
     import mlflow
 
     from harness.cli.main import main
@@ -157,20 +171,49 @@ def harness_rate(protocol_name: str, dataset: str, data_root: Path | None, batch
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     out = workdir / f"{dataset}.json"
     # Random initial weights (speed does not depend on them; a GPU machine may have none cached).
-    args = ["run", "--methods", "plain", "--protocol", protocol_name, "--dataset", dataset,
-            *(["--data-root", str(data_root)] if data_root is not None else []),
-            "--epochs", str(epochs), "--device", device, "--set", "backbone.pretrained=false",
-            "--checkpoint-root", str(workdir / "checkpoints"), "--json", str(out),
-            "--set", f"sampling.batches_per_epoch={batches}", "--set", "selection.mode=last",
-            *(["--workers", str(workers)] if workers is not None else [])]
+    args = [
+        "run",
+        "--methods",
+        "plain",
+        "--protocol",
+        protocol_name,
+        "--dataset",
+        dataset,
+        *(["--data-root", str(data_root)] if data_root is not None else []),
+        "--epochs",
+        str(epochs),
+        "--device",
+        device,
+        "--set",
+        "backbone.pretrained=false",
+        "--checkpoint-root",
+        str(workdir / "checkpoints"),
+        "--json",
+        str(out),
+        "--set",
+        f"sampling.batches_per_epoch={batches}",
+        "--set",
+        "selection.mode=last",
+        *(["--workers", str(workers)] if workers is not None else []),
+    ]
     with contextlib.chdir(workdir):
         code = main(args)
     if code != 0:
         raise SystemExit(f"harness run on {dataset} failed (exit {code})")
     run_id = json.loads(out.read_text())[0]["mlflow_run_id"]
     client = mlflow.MlflowClient()
-    rates = [m.value for m in sorted(client.get_metric_history(run_id, metric_key("system", "train_images_per_s")), key=lambda m: m.step)]
-    return {"per_epoch": rates, "steady": rates[-1], "amp": client.get_run(run_id).data.tags.get("amp")}
+    rates = [
+        m.value
+        for m in sorted(
+            client.get_metric_history(run_id, metric_key("system", "train_images_per_s")),
+            key=lambda m: m.step,
+        )
+    ]
+    return {
+        "per_epoch": rates,
+        "steady": rates[-1],
+        "amp": client.get_run(run_id).data.tags.get("amp"),
+    }
 
 
 # ---------------------------------------------------------------------------- main
@@ -180,10 +223,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--protocol", help="default: roth2020 on CUDA, smoke on the CPU")
-    parser.add_argument("--datasets", default="cub200,synthetic", help="cub200 (the JPEG tree) and/or synthetic")
-    parser.add_argument("--per-class", type=int, default=2, help="JPEGs per CUB class (200 classes)")
+    parser.add_argument(
+        "--datasets", default="cub200,synthetic", help="cub200 (the JPEG tree) and/or synthetic"
+    )
+    parser.add_argument(
+        "--per-class", type=int, default=2, help="JPEGs per CUB class (200 classes)"
+    )
     parser.add_argument("--batches", type=int, default=30, help="batches per epoch")
-    parser.add_argument("--epochs", type=int, default=2, help="the last one is the steady-state rate")
+    parser.add_argument(
+        "--epochs", type=int, default=2, help="the last one is the steady-state rate"
+    )
     parser.add_argument("--workers", type=int, help="loader processes (default: the run's default)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -197,30 +246,54 @@ def main(argv: list[str] | None = None) -> dict:
     workers = args.workers if args.workers is not None else (4 if device.type == "cuda" else 0)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     workdir = Path(tempfile.mkdtemp(prefix="bench-input-"))
-    result: dict = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                    "torch_threads": torch.get_num_threads(), "protocol": protocol_name, "workers": workers,
-                    "batches_per_epoch": args.batches, "epochs": args.epochs, "datasets": {}}
+    result: dict = {
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "protocol": protocol_name,
+        "workers": workers,
+        "batches_per_epoch": args.batches,
+        "epochs": args.epochs,
+        "datasets": {},
+    }
     try:
         data_root = workdir / "data"
         if "cub200" in datasets:
             t = time.perf_counter()
             write_cub_tree(data_root, args.per_class)
-            print(f"wrote {200 * args.per_class} JPEGs ({WIDTH} x {HEIGHT}, q{QUALITY}) in "
-                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
+            print(
+                f"wrote {200 * args.per_class} JPEGs ({WIDTH} x {HEIGHT}, q{QUALITY}) in "
+                f"{time.perf_counter() - t:.1f} s",
+                file=sys.stderr,
+            )
         for dataset in datasets:
             # synthetic lives in the usual data root (generated once, then reused).
             root = None if dataset == "synthetic" else data_root
             protocol = load_protocol(protocol_name).for_dataset(dataset)
             bare = bare_backbone_rate(protocol, args.batches, device)
             loader = loader_rate(protocol, dataset, root, args.batches, workers)
-            harness = harness_rate(protocol_name, dataset, root, args.batches, args.epochs,
-                                   device.type, args.workers, workdir)
-            result["datasets"][dataset] = {"bare_images_per_s": bare, "loader_images_per_s": loader,
-                                           "harness_images_per_s": harness["steady"],
-                                           "harness_per_epoch": harness["per_epoch"], "amp": harness["amp"],
-                                           "ratio_harness_over_bare": harness["steady"] / bare}
-            print(f"{dataset:10s} bare {bare:8.1f}  loader {loader:8.1f}  harness {harness['steady']:8.1f} "
-                  f"images/s  ratio {harness['steady'] / bare:.3f} (target >= 0.85)", file=sys.stderr)
+            harness = harness_rate(
+                protocol_name,
+                dataset,
+                root,
+                args.batches,
+                args.epochs,
+                device.type,
+                args.workers,
+                workdir,
+            )
+            result["datasets"][dataset] = {
+                "bare_images_per_s": bare,
+                "loader_images_per_s": loader,
+                "harness_images_per_s": harness["steady"],
+                "harness_per_epoch": harness["per_epoch"],
+                "amp": harness["amp"],
+                "ratio_harness_over_bare": harness["steady"] / bare,
+            }
+            print(
+                f"{dataset:10s} bare {bare:8.1f}  loader {loader:8.1f}  harness {harness['steady']:8.1f} "
+                f"images/s  ratio {harness['steady'] / bare:.3f} (target >= 0.85)",
+                file=sys.stderr,
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(result, indent=2))

@@ -30,18 +30,29 @@ import time
 import torch
 
 
-def build(method: str, backbone: str, size: int, options: dict, loss_name: str, device: torch.device):
+def build(
+    method: str, backbone: str, size: int, options: dict, loss_name: str, device: torch.device
+):
     from harness.components.losses import MetricLoss, create_loss, create_miner
     from harness.config.protocol import apply_overrides, load_protocol
     from harness.engine.model import build_model, build_optimizer
 
-    protocol, _ = apply_overrides(load_protocol("smoke"), {
-        "backbone.name": backbone, "backbone.pretrained": False, "image.size": size, "image.resize": size,
-        "embedding.size": 512})
+    protocol, _ = apply_overrides(
+        load_protocol("smoke"),
+        {
+            "backbone.name": backbone,
+            "backbone.pretrained": False,
+            "image.size": size,
+            "image.resize": size,
+            "embedding.size": 512,
+        },
+    )
     model = build_model(protocol, method, options).to(device).train()
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    loss = create_loss(loss_name, num_classes=8, embedding_size=model.head.metric_loss_dim).to(device)
+    loss = create_loss(loss_name, num_classes=8, embedding_size=model.head.metric_loss_dim).to(
+        device
+    )
     optimizer = build_optimizer(protocol, model, loss)
     return model, MetricLoss(loss, create_miner("distance_weighted")), optimizer
 
@@ -52,7 +63,11 @@ def step_fn(model, metric_loss, optimizer, images, labels):
     def step() -> None:
         with torch.autocast(device_type=images.device.type, enabled=images.device.type == "cuda"):
             out = model(images)
-            loss = sum(model.head.loss_terms(out, TrainingBatch(labels, metric_loss, images, model)).values())
+            loss = sum(
+                model.head.loss_terms(
+                    out, TrainingBatch(labels, metric_loss, images, model)
+                ).values()
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -83,7 +98,9 @@ def passes_per_step(model, step, batch: int, steps: int = 3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backbone", default="resnet50", help="the paper's (Sec. 4); any registered backbone")
+    parser.add_argument(
+        "--backbone", default="resnet50", help="the paper's (Sec. 4); any registered backbone"
+    )
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
@@ -102,7 +119,9 @@ def main() -> None:
     labels = (torch.arange(args.batch, device=device) // 2) % 8
     steps, flops, passes = {}, {}, {}
     for method, opts in (("plain", {}), (args.method, options)):
-        model, metric_loss, optimizer = build(method, args.backbone, args.size, opts, args.loss, device)
+        model, metric_loss, optimizer = build(
+            method, args.backbone, args.size, opts, args.loss, device
+        )
         step = step_fn(model, metric_loss, optimizer, images, labels)
         flops[method] = flops_per_image(step, args.batch)
         passes[method] = passes_per_step(model, step, args.batch)  # also the warm-up
@@ -118,16 +137,22 @@ def main() -> None:
                 torch.cuda.synchronize()
             times[method].append(time.perf_counter() - start)
     rate = {m: args.batch / statistics.median(t) for m, t in times.items()}
-    print(f"device {device} ({torch.get_num_threads()} threads), backbone {args.backbone} (random init), "
-          f"{args.size} px, batch {args.batch}, loss {args.loss} + distance-weighted miner, "
-          f"{args.method} options {options or 'defaults'}")
+    print(
+        f"device {device} ({torch.get_num_threads()} threads), backbone {args.backbone} (random init), "
+        f"{args.size} px, batch {args.batch}, loss {args.loss} + distance-weighted miner, "
+        f"{args.method} options {options or 'defaults'}"
+    )
     for m in steps:
-        print(f"{m:>15s}: {rate[m]:8.2f} training images/s, {flops[m] / 1e9:7.2f} GFLOP per training image, "
-              f"{passes[m]:.2f} backbone passes per batch")
+        print(
+            f"{m:>15s}: {rate[m]:8.2f} training images/s, {flops[m] / 1e9:7.2f} GFLOP per training image, "
+            f"{passes[m]:.2f} backbone passes per batch"
+        )
     slowdown = rate["plain"] / rate[args.method]
-    print(f"{args.method} / plain: measured slowdown {slowdown:.2f} (images/s ratio plain / {args.method}); "
-          f"FLOP ratio {flops[args.method] / flops['plain']:.2f}; pass ratio "
-          f"{passes[args.method] / passes['plain']:.2f}")
+    print(
+        f"{args.method} / plain: measured slowdown {slowdown:.2f} (images/s ratio plain / {args.method}); "
+        f"FLOP ratio {flops[args.method] / flops['plain']:.2f}; pass ratio "
+        f"{passes[args.method] / passes['plain']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -56,13 +56,23 @@ def build(protocol_name: str, overrides: list[str], method: str, steps: int, dev
     protocol = load_protocol(protocol_name).for_dataset("synthetic")
     protocol, _ = apply_overrides(protocol, [*overrides, f"sampling.batches_per_epoch={steps}"])
     splits = prepare_splits(protocol, "synthetic", None, seed=0)
-    cfg = RunConfig.build(protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    cfg = RunConfig.build(
+        protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
     trainer = Trainer.build(cfg, splits, recorder=NullRecorder(), device=device)
     generator = torch.Generator().manual_seed(0)
     size, batch = protocol.image.size, protocol.sampling.batch_size
-    labels = (torch.arange(batch) // protocol.sampling.samples_per_class) % len(set(splits.train.labels))
-    batches = [(torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
-                labels, torch.arange(batch)) for _ in range(steps)]
+    labels = (torch.arange(batch) // protocol.sampling.samples_per_class) % len(
+        set(splits.train.labels)
+    )
+    batches = [
+        (
+            torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=generator),
+            labels,
+            torch.arange(batch),
+        )
+        for _ in range(steps)
+    ]
     trainer.batches.loader = batches  # the harness loop reads its batches from here
     return trainer, batches
 
@@ -74,8 +84,13 @@ def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
 
     dtype = amp_dtype(device)
     image = trainer.cfg.protocol.image
-    ready = [(normalize_batch(images.to(device), image).contiguous(memory_format=torch.channels_last),
-              labels.to(device)) for images, labels, _ in batches]
+    ready = [
+        (
+            normalize_batch(images.to(device), image).contiguous(memory_format=torch.channels_last),
+            labels.to(device),
+        )
+        for images, labels, _ in batches
+    ]
     model, head, optimizer = trainer.model, trainer.model.head, trainer.parts.optimizer
 
     def run() -> None:
@@ -84,7 +99,11 @@ def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
                 out = model(images)
-                loss = sum(head.loss_terms(out, TrainingBatch(labels, trainer.metric_loss, images, model)).values())
+                loss = sum(
+                    head.loss_terms(
+                        out, TrainingBatch(labels, trainer.metric_loss, images, model)
+                    ).values()
+                )
             loss.backward()
             optimizer.step()
 
@@ -103,8 +122,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="protocol override")
-    parser.add_argument("--fast", action="store_true", help="cuDNN autotuning, non-deterministic kernels (run --fast)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="protocol override"
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="cuDNN autotuning, non-deterministic kernels (run --fast)",
+    )
     args = parser.parse_args()
     from harness.base.device import amp_name, configure_determinism
     from harness.engine.runtime import resolve_device
@@ -122,10 +147,12 @@ def main() -> None:
         for name, run in loops.items():
             seconds[name].append(timed(run, device))
     rate = {name: images / statistics.median(s) for name, s in seconds.items()}
-    print(f"device {device} ({torch.get_num_threads()} threads), protocol {protocol.name}: "
-          f"{protocol.backbone.name} at {protocol.image.size} px, batch {protocol.sampling.batch_size}, "
-          f"autocast {amp_name(device)}, method {args.method}, loss {protocol.loss.name}, "
-          f"sync_every {protocol.training.sync_every}, fast {args.fast}; {args.rounds} rounds of {args.steps} steps")
+    print(
+        f"device {device} ({torch.get_num_threads()} threads), protocol {protocol.name}: "
+        f"{protocol.backbone.name} at {protocol.image.size} px, batch {protocol.sampling.batch_size}, "
+        f"autocast {amp_name(device)}, method {args.method}, loss {protocol.loss.name}, "
+        f"sync_every {protocol.training.sync_every}, fast {args.fast}; {args.rounds} rounds of {args.steps} steps"
+    )
     print(f"bare loop:      {rate['bare']:9.1f} images/s")
     print(f"harness loop:   {rate['harness']:9.1f} images/s")
     print(f"harness / bare: {rate['harness'] / rate['bare']:9.3f}")

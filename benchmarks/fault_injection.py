@@ -34,10 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the random moments and offsets")
     parser.add_argument("--commands", default="run,sweep,tune,table")
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
-    parser.add_argument("--workdir", type=Path, help="folder for the scenarios (default: a temporary one)")
+    parser.add_argument(
+        "--workdir", type=Path, help="folder for the scenarios (default: a temporary one)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    parser.add_argument("--start", type=int, default=0, help="run the faults from this index on (the "
-                        "references always run): split one list over several processes")
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="run the faults from this index on (the "
+        "references always run): split one list over several processes",
+    )
     parser.add_argument("--stop", type=int, help="and stop before this index")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dml-faults-"))
@@ -57,16 +64,22 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if args.out:  # as it goes: a partial table survives an interrupted script
                 atomic_write_text(args.out, format_table(rows))
-            print(f"[{time.monotonic() - started:6.0f}s] {'ok  ' if row.ok else 'FAIL'} {row.command}: "
-                  f"{row.fault} at {row.point} {row.note}", file=sys.stderr, flush=True)
+            print(
+                f"[{time.monotonic() - started:6.0f}s] {'ok  ' if row.ok else 'FAIL'} {row.command}: "
+                f"{row.fault} at {row.point} {row.note}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         lab.close()
         if not args.keep and args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     table = format_table(rows)
-    summary = (f"{len(rows)} faults injected in {time.monotonic() - started:.0f} s (seed {args.seed}); "
-               f"{sum(r.ok for r in rows)} recovered with identical results, "
-               f"{sum(r.twice for r in rows)} cells run twice, {sum(r.running for r in rows)} runs left RUNNING.\n")
+    summary = (
+        f"{len(rows)} faults injected in {time.monotonic() - started:.0f} s (seed {args.seed}); "
+        f"{sum(r.ok for r in rows)} recovered with identical results, "
+        f"{sum(r.twice for r in rows)} cells run twice, {sum(r.running for r in rows)} runs left RUNNING.\n"
+    )
     print(table + "\n" + summary)
     if args.out:
         atomic_write_text(args.out, table + "\n" + summary)

@@ -38,5 +38,16 @@ def _import_plugins() -> None:
 
 _import_plugins()
 
-__all__ = ["METHODS", "HeadOutput", "Method", "PaperInfo", "TrainingBatch", "check_method_options",
-           "create_method", "list_methods", "register_method", "register_variant", "training_base"]
+__all__ = [
+    "METHODS",
+    "HeadOutput",
+    "Method",
+    "PaperInfo",
+    "TrainingBatch",
+    "check_method_options",
+    "create_method",
+    "list_methods",
+    "register_method",
+    "register_variant",
+    "training_base",
+]

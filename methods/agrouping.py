@@ -74,8 +74,17 @@ from torch import nn
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
 from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
-__all__ = ["GroupingHead", "SingleEmbeddingHead", "AttentiveGrouping", "MultiLinearGrouping",
-           "GateGrouping", "ChannelGrouping", "GROUPINGS", "diversity_loss", "PAPER"]
+__all__ = [
+    "GroupingHead",
+    "SingleEmbeddingHead",
+    "AttentiveGrouping",
+    "MultiLinearGrouping",
+    "GateGrouping",
+    "ChannelGrouping",
+    "GROUPINGS",
+    "diversity_loss",
+    "PAPER",
+]
 
 PAPER = PaperInfo(
     title="Towards Improved and Interpretable Deep Metric Learning via Attentive Grouping",
@@ -87,7 +96,8 @@ PAPER = PaperInfo(
     tables=("2", "3", "4"),
     published_selection=(
         "A-grouping: no validation split in the paper; the released code (DGML-master) keeps the checkpoint with the "
-        "best test-set score"),
+        "best test-set score"
+    ),
 )
 
 #: Binomial-deviance constants of the diversity loss (Table 1 and the code: alpha = 2, m = 0.5).
@@ -96,9 +106,14 @@ DIVERSITY_MARGIN = 0.5
 DIVERSITY_REDUCTIONS = ("mean", "dgml")
 
 
-def diversity_loss(groups: torch.Tensor, *, alpha: float = DIVERSITY_ALPHA,
-                   margin: float = DIVERSITY_MARGIN, beta: float = 25.0,
-                   reduction: str = "mean") -> torch.Tensor:
+def diversity_loss(
+    groups: torch.Tensor,
+    *,
+    alpha: float = DIVERSITY_ALPHA,
+    margin: float = DIVERSITY_MARGIN,
+    beta: float = 25.0,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """Eq. 4: binomial deviance on the cosine between two groups of the same image,
     negative pairs only: ``softplus(alpha * beta * (cos(g_i, g_j) - margin))``.
 
@@ -115,7 +130,7 @@ def diversity_loss(groups: torch.Tensor, *, alpha: float = DIVERSITY_ALPHA,
     if num < 2:
         return groups.sum() * 0
     unit = F.normalize(groups.to(torch.promote_types(groups.dtype, torch.float32)), dim=-1)
-    cos = unit @ unit.transpose(1, 2)                           # B x P x P
+    cos = unit @ unit.transpose(1, 2)  # B x P x P
     i, j = torch.triu_indices(num, num, offset=1, device=groups.device)
     pairs = F.softplus(alpha * beta * (cos[:, i, j] - margin))  # B x P(P-1)/2
     if reduction == "mean":
@@ -148,11 +163,13 @@ class AttentiveGrouping(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         b, _, h, w = x.shape
-        key = self.key(x).flatten(2)                                       # B x C/r x N  (Eq. 5)
-        value = self.value(x).flatten(2)                                   # B x d x N    (Eq. 6)
-        attention = torch.einsum("pk,bkn->bpn", self.queries, key).softmax(dim=-1)  # B x P x N (Eq. 7)
-        feats = torch.einsum("bpn,bdn->bpd", attention, value)             # B x P x d    (Eq. 8)
-        return feats, {"attention": attention.view(b, -1, h, w)}           # Eq. 9 (fold)
+        key = self.key(x).flatten(2)  # B x C/r x N  (Eq. 5)
+        value = self.value(x).flatten(2)  # B x d x N    (Eq. 6)
+        attention = torch.einsum("pk,bkn->bpn", self.queries, key).softmax(
+            dim=-1
+        )  # B x P x N (Eq. 7)
+        feats = torch.einsum("bpn,bdn->bpd", attention, value)  # B x P x d    (Eq. 8)
+        return feats, {"attention": attention.view(b, -1, h, w)}  # Eq. 9 (fold)
 
 
 class MultiLinearGrouping(nn.Module):
@@ -178,8 +195,9 @@ class GateGrouping(nn.Module):
     B x P x H x W, the spatial view used for explanations.
     """
 
-    def __init__(self, in_channels: int, groups: int, dim: int, *, reduction: int = 8,
-                 sigmoid: bool = True):
+    def __init__(
+        self, in_channels: int, groups: int, dim: int, *, reduction: int = 8, sigmoid: bool = True
+    ):
         super().__init__()
         self.groups, self.sigmoid = groups, sigmoid
         hidden = max(1, in_channels // reduction)
@@ -192,7 +210,7 @@ class GateGrouping(nn.Module):
         masks = self.masks(self.shared(x)).view(b, self.groups, c, h, w)
         if self.sigmoid:
             masks = masks.sigmoid()
-        pooled = (x.unsqueeze(1) * masks).mean(dim=(3, 4))                # B x P x C
+        pooled = (x.unsqueeze(1) * masks).mean(dim=(3, 4))  # B x P x C
         return self.project(pooled), {"gate_maps": masks.mean(dim=2)}
 
 
@@ -202,8 +220,12 @@ class _SqueezeExcite(nn.Module):
     def __init__(self, channels: int, reduction: int):
         super().__init__()
         hidden = max(1, channels // reduction)
-        self.fc = nn.Sequential(nn.Linear(channels, hidden, bias=False), nn.ReLU(inplace=True),
-                                nn.Linear(hidden, channels, bias=False), nn.Sigmoid())
+        self.fc = nn.Sequential(
+            nn.Linear(channels, hidden, bias=False),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, channels, bias=False),
+            nn.Sigmoid(),
+        )
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.fc(pooled)
@@ -221,8 +243,8 @@ class ChannelGrouping(nn.Module):
         self.project = nn.Linear(in_channels, dim, bias=True)
 
     def forward(self, x):
-        pooled = x.mean(dim=(2, 3))                                        # B x C
-        weights = torch.stack([se(pooled) for se in self.excite], dim=1)   # B x P x C
+        pooled = x.mean(dim=(2, 3))  # B x C
+        weights = torch.stack([se(pooled) for se in self.excite], dim=1)  # B x P x C
         return self.project(weights * pooled.unsqueeze(1)), {"channel_weights": weights}
 
 
@@ -255,20 +277,34 @@ class GroupingHead(Method):
     stages = ("s32",)
     revision = 2  # 2: one metric-loss instance per group (loss_per_group=True)
 
-    def __init__(self, *, channels, embedding_size, grouping: str = "attention", groups: int = 4,
-                 reduction: int | None = None, gate_sigmoid: bool = True,
-                 diversity_weight: float = 0.01, diversity_beta: float = 25.0,
-                 diversity_reduction: str = "mean",
-                 query_weight_decay: float = 0.001, head_weight_decay: float | None = None,
-                 loss_per_group: bool = True):
+    def __init__(
+        self,
+        *,
+        channels,
+        embedding_size,
+        grouping: str = "attention",
+        groups: int = 4,
+        reduction: int | None = None,
+        gate_sigmoid: bool = True,
+        diversity_weight: float = 0.01,
+        diversity_beta: float = 25.0,
+        diversity_reduction: str = "mean",
+        query_weight_decay: float = 0.001,
+        head_weight_decay: float | None = None,
+        loss_per_group: bool = True,
+    ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if grouping not in GROUPINGS:
             raise ValueError(f"grouping must be one of {tuple(GROUPINGS)}, got {grouping!r}")
         if groups < 1 or embedding_size % groups:
-            raise ValueError(f"groups must divide the embedding size {embedding_size}, got {groups}")
+            raise ValueError(
+                f"groups must divide the embedding size {embedding_size}, got {groups}"
+            )
         if diversity_reduction not in DIVERSITY_REDUCTIONS:
-            raise ValueError(f"diversity_reduction must be one of {DIVERSITY_REDUCTIONS}, "
-                             f"got {diversity_reduction!r}")
+            raise ValueError(
+                f"diversity_reduction must be one of {DIVERSITY_REDUCTIONS}, "
+                f"got {diversity_reduction!r}"
+            )
         if reduction is not None and reduction < 1:
             raise ValueError(f"reduction must be >= 1, got {reduction}")
         module, default_reduction = GROUPINGS[grouping]
@@ -288,10 +324,11 @@ class GroupingHead(Method):
 
     def embed(self, maps):
         feats, aux = self.grouping(maps[-1])
-        groups = F.normalize(feats, dim=-1)                                # B x P x d, unit rows
-        embedding = groups.flatten(1) / math.sqrt(self.groups)             # unit norm
-        return HeadOutput(embedding=embedding, groups=groups, attention=aux.pop("attention", None),
-                          extras=aux)
+        groups = F.normalize(feats, dim=-1)  # B x P x d, unit rows
+        embedding = groups.flatten(1) / math.sqrt(self.groups)  # unit norm
+        return HeadOutput(
+            embedding=embedding, groups=groups, attention=aux.pop("attention", None), extras=aux
+        )
 
     def loss_terms(self, output, batch):
         """Eq. 14 without the L2 term (that is weight decay, see :meth:`optimizer_groups`):
@@ -301,12 +338,17 @@ class GroupingHead(Method):
         already weighted (absent when P = 1 or lambda1 = 0)."""
         groups, metric_loss = output.groups, batch.metric_loss
         per_group = metric_loss.copies > 1
-        metric = torch.stack([metric_loss(groups[:, p].contiguous(), batch.labels, copy=p if per_group else 0)
-                              for p in range(groups.shape[1])]).mean()
+        metric = torch.stack(
+            [
+                metric_loss(groups[:, p].contiguous(), batch.labels, copy=p if per_group else 0)
+                for p in range(groups.shape[1])
+            ]
+        ).mean()
         terms = {"metric": metric}
         if groups.shape[1] > 1 and self.diversity_weight:
             terms["diversity"] = self.diversity_weight * diversity_loss(
-                groups, beta=self.diversity_beta, reduction=self.diversity_reduction)
+                groups, beta=self.diversity_beta, reduction=self.diversity_reduction
+            )
         return terms
 
     def optimizer_groups(self, lr, weight_decay):
@@ -318,8 +360,14 @@ class GroupingHead(Method):
         rest = [p for p in self.head_parameters() if p is not queries]
         out = [{"params": rest, "lr": lr, "weight_decay": head_decay, "name": "head"}]
         if queries is not None and queries.requires_grad:
-            out.append({"params": [queries], "lr": lr, "weight_decay": self.query_weight_decay,
-                        "name": "head.queries"})
+            out.append(
+                {
+                    "params": [queries],
+                    "lr": lr,
+                    "weight_decay": self.query_weight_decay,
+                    "name": "head.queries",
+                }
+            )
         return out
 
     def explain(self, images, output):
@@ -335,6 +383,7 @@ class GroupingHead(Method):
         """Eq. 9's raw maps (attention, or G-grouping's gates) of each image, weighted by each
         group's share of the pair's (dis)similarity (:func:`~harness.components.explanation.maps.grouped_pair_maps`);
         None for the M-, C- and N-grouping heads, which have no spatial maps."""
+
         def maps(out):
             return out.attention if out.attention is not None else out.extras.get("gate_maps")
 
@@ -352,12 +401,18 @@ class GroupingHead(Method):
         """P in {2, 4, 8} (only values dividing ``embedding_size``) and lambda1
         log-uniform in [1e-3, 1e-1]."""
         choices = [g for g in (2, 4, 8) if embedding_size % g == 0]
-        return {"groups": trial.suggest_categorical("groups", choices),
-                "diversity_weight": trial.suggest_float("diversity_weight", 1e-3, 1e-1, log=True)}
+        return {
+            "groups": trial.suggest_categorical("groups", choices),
+            "diversity_weight": trial.suggest_float("diversity_weight", 1e-3, 1e-1, log=True),
+        }
 
 
-@register_method("ngrouping", grouping="linear", groups=1,
-                 description="N-grouping: GAP + linear, one group (A-grouping's no-grouping baseline)")
+@register_method(
+    "ngrouping",
+    grouping="linear",
+    groups=1,
+    description="N-grouping: GAP + linear, one group (A-grouping's no-grouping baseline)",
+)
 class SingleEmbeddingHead(GroupingHead):
     """N-grouping (Table 3, "1 x 512"): the grouping head with one linear group, so the
     metric loss sees the whole embedding and there is no diversity term. A class of its
@@ -370,15 +425,31 @@ class SingleEmbeddingHead(GroupingHead):
         return {}
 
 
-register_variant("mgrouping", GroupingHead, grouping="linear", label="M-grouping",
-                 description="M-grouping: GAP + Linear(C -> D) split into P groups (BIER-style) "
-                             "+ diversity loss")
-register_variant("ggrouping", GroupingHead, grouping="gate", label="G-grouping",
-                 description="G-grouping: per-group gate masks, GAP(x * mask), shared Linear "
-                             "(ABE-style) + diversity loss")
-register_variant("cgrouping", GroupingHead, grouping="channel", label="C-grouping",
-                 description="C-grouping: per-group SE channel weights, GAP, shared Linear "
-                             "+ diversity loss")
+register_variant(
+    "mgrouping",
+    GroupingHead,
+    grouping="linear",
+    label="M-grouping",
+    description="M-grouping: GAP + Linear(C -> D) split into P groups (BIER-style) "
+    "+ diversity loss",
+)
+register_variant(
+    "ggrouping",
+    GroupingHead,
+    grouping="gate",
+    label="G-grouping",
+    description="G-grouping: per-group gate masks, GAP(x * mask), shared Linear "
+    "(ABE-style) + diversity loss",
+)
+register_variant(
+    "cgrouping",
+    GroupingHead,
+    grouping="channel",
+    label="C-grouping",
+    description="C-grouping: per-group SE channel weights, GAP, shared Linear + diversity loss",
+)
 # Registered after its baselines: tables list a block's rows in registration order.
-register_method("agrouping", description="A-grouping: learnable queries attend over positions, "
-                                         "P groups + diversity loss")(GroupingHead)
+register_method(
+    "agrouping",
+    description="A-grouping: learnable queries attend over positions, P groups + diversity loss",
+)(GroupingHead)

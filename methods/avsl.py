@@ -138,9 +138,22 @@ from methods.base import (
     register_method,
 )
 
-__all__ = ["AVSLHead", "PAPER", "similarity_nodes", "class_activation_maps", "cam_certainty", "edge_estimate",
-           "normalized_edges", "reliability", "rectified_distance", "attribution", "pair_distance_matrix",
-           "PairAttribution", "reliable_nodes_figure", "node_expansion_figure"]
+__all__ = [
+    "AVSLHead",
+    "PAPER",
+    "similarity_nodes",
+    "class_activation_maps",
+    "cam_certainty",
+    "edge_estimate",
+    "normalized_edges",
+    "reliability",
+    "rectified_distance",
+    "attribution",
+    "pair_distance_matrix",
+    "PairAttribution",
+    "reliable_nodes_figure",
+    "node_expansion_figure",
+]
 
 PAPER = PaperInfo(
     title="Attributable Visual Similarity Learning",
@@ -150,7 +163,8 @@ PAPER = PaperInfo(
     code_url="https://github.com/zbr17/AVSL",
     tables=("1", "2", "3"),
     published_selection=(
-        "AVSL: no validation split in the paper; the released code (zbr17/AVSL) stops early on the test set"),
+        "AVSL: no validation split in the paper; the released code (zbr17/AVSL) stops early on the test set"
+    ),
 )
 
 CAMS = ("decomposed", "linear")
@@ -169,8 +183,18 @@ FINAL_LOSSES = ("shared", "separate")
 #: Added to the top-k edge sums before normalising (the code's constant).
 EDGE_EPS = 1e-8
 #: Loss names the head trains with (the final loss needs a pair distance or `proxies`).
-SUPPORTED_LOSSES = ("margin", "multi_similarity", "contrastive", "triplet", "binomial_deviance", "circle",
-                    "lifted_structure", "ntxent", "proxy_anchor", "proxy_nca")
+SUPPORTED_LOSSES = (
+    "margin",
+    "multi_similarity",
+    "contrastive",
+    "triplet",
+    "binomial_deviance",
+    "circle",
+    "lifted_structure",
+    "ntxent",
+    "proxy_anchor",
+    "proxy_nca",
+)
 
 
 # ------------------------------------------------------------------ the graph's pieces
@@ -182,8 +206,13 @@ def similarity_nodes(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x - y).square()
 
 
-def class_activation_maps(fmap: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                          mode: str = "decomposed") -> torch.Tensor:
+def class_activation_maps(
+    fmap: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    mode: str = "decomposed",
+) -> torch.Tensor:
     """Eq. 2: u_i = sum_j a_ij z_j for every embedding dimension i (B x C x H x W -> B x r x H x W).
 
     ``weight``: r x C (the level's projection a_ij), ``bias``: r. ``mode="linear"`` is Eq. 2
@@ -251,35 +280,60 @@ def normalized_edges(edges: torch.Tensor, k: int, *, ties: str = "index") -> tor
     k = max(1, min(int(k), w.shape[1]))
     ranked = torch.sort(w, dim=1, descending=True, stable=True)  # ties: lower index first
     if ties == "code":
-        mask = (w >= ranked.values[:, k - 1:k] - EDGE_EPS).to(w.dtype)
+        mask = (w >= ranked.values[:, k - 1 : k] - EDGE_EPS).to(w.dtype)
     else:
         mask = torch.zeros_like(w).scatter_(1, ranked.indices[:, :k], 1.0)
     w = w * mask
     return w / (w.sum(1, keepdim=True) + EDGE_EPS)
 
 
-def reliability(cert_x: torch.Tensor, cert_y: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, *,
-                gain: float = 1.0) -> torch.Tensor:
+def reliability(
+    cert_x: torch.Tensor,
+    cert_y: torch.Tensor,
+    alpha: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    gain: float = 1.0,
+) -> torch.Tensor:
     """Eqs. 5-6: p_i = sigma(gain * (alpha_i eta_i + beta_i)), eta_i = std(u^_i(x)) std(u^_i(x')).
     Broadcasts (..., r); ``gain`` is the code's ``prob_gamma`` (10), 1 in the paper."""
     return torch.sigmoid(gain * (alpha * (cert_x * cert_y) + beta))
 
 
-def _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify, detach_nodes=False):
+def _rectify_terms(
+    x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify, detach_nodes=False
+):
     """Per level: nodes delta^l (..., r) and reliabilities p^l (levels >= 2)."""
     deltas, probs = [], []
     for level in range(x_levels.shape[-2]):
         delta = similarity_nodes(x_levels[..., level, :], y_levels[..., level, :])
         deltas.append(delta.detach() if detach_nodes else delta)
         if level and rectify:
-            probs.append(reliability(x_cert[..., level, :], y_cert[..., level, :], alphas[level - 1],
-                                     betas[level - 1], gain=gain))
+            probs.append(
+                reliability(
+                    x_cert[..., level, :],
+                    y_cert[..., level, :],
+                    alphas[level - 1],
+                    betas[level - 1],
+                    gain=gain,
+                )
+            )
     return deltas, probs
 
 
-def rectified_distance(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: torch.Tensor, y_cert: torch.Tensor,
-                       edges: Sequence[torch.Tensor], alphas: Sequence[torch.Tensor], betas: Sequence[torch.Tensor],
-                       *, gain: float = 1.0, rectify: bool = True, detach_nodes: bool = False) -> torch.Tensor:
+def rectified_distance(
+    x_levels: torch.Tensor,
+    y_levels: torch.Tensor,
+    x_cert: torch.Tensor,
+    y_cert: torch.Tensor,
+    edges: Sequence[torch.Tensor],
+    alphas: Sequence[torch.Tensor],
+    betas: Sequence[torch.Tensor],
+    *,
+    gain: float = 1.0,
+    rectify: bool = True,
+    detach_nodes: bool = False,
+) -> torch.Tensor:
     """Eqs. 8-9 and the overall distance d^ = sum_i delta^_i^L, broadcasting over leading axes.
 
     ``x_levels`` / ``y_levels``: (..., L, r) unit embeddings per level (e.g. Q x 1 x L x r
@@ -288,8 +342,9 @@ def rectified_distance(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: t
     the upper level); ``alphas`` / ``betas``: L-1 vectors (levels 2..L). The recursion
     delta^^l = P^l delta^l + (I - P^l) W~^l delta^^{l-1}, delta^^1 = delta^1. With
     ``rectify=False``, d^ = d^L (the top level's squared distance)."""
-    deltas, probs = _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify,
-                                   detach_nodes)
+    deltas, probs = _rectify_terms(
+        x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify, detach_nodes
+    )
     if not rectify:
         return deltas[-1].sum(-1)
     hat = deltas[0]
@@ -299,14 +354,25 @@ def rectified_distance(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: t
     return hat.sum(-1)
 
 
-def attribution(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: torch.Tensor, y_cert: torch.Tensor,
-                edges: Sequence[torch.Tensor], alphas: Sequence[torch.Tensor], betas: Sequence[torch.Tensor],
-                *, gain: float = 1.0, rectify: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def attribution(
+    x_levels: torch.Tensor,
+    y_levels: torch.Tensor,
+    x_cert: torch.Tensor,
+    y_cert: torch.Tensor,
+    edges: Sequence[torch.Tensor],
+    alphas: Sequence[torch.Tensor],
+    betas: Sequence[torch.Tensor],
+    *,
+    gain: float = 1.0,
+    rectify: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 11: the weights lambda^l (..., L, r) and contributions lambda_i^l delta_i^l (..., L, r).
 
     lambda^L = 1^T P^L, lambda^l = 1^T (I - P^L) W~^L ... (I - P^{l+1}) W~^{l+1} P^l (P^1 = I);
     the contributions sum to :func:`rectified_distance`."""
-    deltas, probs = _rectify_terms(x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify)
+    deltas, probs = _rectify_terms(
+        x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify
+    )
     num = len(deltas)
     lambdas = [torch.zeros_like(d) for d in deltas]
     if not rectify:
@@ -322,12 +388,22 @@ def attribution(x_levels: torch.Tensor, y_levels: torch.Tensor, x_cert: torch.Te
     return lam, lam * torch.stack(deltas, -2)
 
 
-def pair_distance_matrix(head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *,
-                         detach_nodes: bool = False) -> torch.Tensor:
+def pair_distance_matrix(
+    head: AVSLHead, x_levels, x_cert, y_levels, y_cert, *, detach_nodes: bool = False
+) -> torch.Tensor:
     """d^ of every (x, y) pair: (N x L x r, M x L x r) -> N x M, with the head's parameters."""
-    return rectified_distance(x_levels[:, None], y_levels[None], x_cert[:, None], y_cert[None], head.edge_matrices(),
-                              list(head.alphas), list(head.betas), gain=head.reliability_gain,
-                              rectify=head.rectify, detach_nodes=detach_nodes)
+    return rectified_distance(
+        x_levels[:, None],
+        y_levels[None],
+        x_cert[:, None],
+        y_cert[None],
+        head.edge_matrices(),
+        list(head.alphas),
+        list(head.betas),
+        gain=head.reliability_gain,
+        rectify=head.rectify,
+        detach_nodes=detach_nodes,
+    )
 
 
 @contextmanager
@@ -339,7 +415,9 @@ def _batch_class_proxies(loss: Any, labels: torch.Tensor):
     proxy_anchor_loss.py line 87). Only those rows of the proxies get a gradient."""
     proxies = getattr(loss, "proxies", None)
     if not isinstance(proxies, nn.Parameter):
-        raise HarnessError(f"AVSL's batch_proxies needs a proxy loss (proxy_anchor), got {type(loss).__name__}")
+        raise HarnessError(
+            f"AVSL's batch_proxies needs a proxy loss (proxy_anchor), got {type(loss).__name__}"
+        )
     classes, local = torch.unique(labels, return_inverse=True)
     num_classes = loss.num_classes
     del loss._parameters["proxies"]
@@ -367,8 +445,10 @@ def _neg_margin(loss: Any, margin: float | None):
         yield loss
         return
     if not hasattr(loss, "neg_margin"):
-        raise HarnessError(f"AVSL's final_neg_margin needs a loss with a negative margin (proxy_anchor), "
-                           f"got {type(loss).__name__}")
+        raise HarnessError(
+            f"AVSL's final_neg_margin needs a loss with a negative margin (proxy_anchor), "
+            f"got {type(loss).__name__}"
+        )
     old, loss.neg_margin = loss.neg_margin, margin
     try:
         yield loss
@@ -380,8 +460,11 @@ def _stacked(field) -> torch.Tensor:
     return torch.stack(list(field), 1) if isinstance(field, (list, tuple)) else field
 
 
-@register_method("avsl", description="AVSL: multi-level similarity nodes rectified through CAM-overlap edges, "
-                 "exhaustive ranking by the learned distance")
+@register_method(
+    "avsl",
+    description="AVSL: multi-level similarity nodes rectified through CAM-overlap edges, "
+    "exhaustive ranking by the learned distance",
+)
 class AVSLHead(Method):
     """Per level GAP + GMP and a 1x1 conv to r dims; nodes, CAM edges and reliabilities."""
 
@@ -391,21 +474,46 @@ class AVSLHead(Method):
     rerank_fields = ("levels", "certainty")
     supported_losses = SUPPORTED_LOSSES
 
-    def __init__(self, *, channels, embedding_size, levels: int = 3, topk: int = 128, momentum: float = 0.5,
-                 reliability_gain: float = 1.0, rectify: bool = True, cam: str = "decomposed",
-                 cam_shift: str = "map", level_weights: Sequence[float] | None = None, final_weight: float = 1.0,
-                 rank: str = "exhaustive", rerank_k: int = 100, inference_lr_scale: float = 1.0,
-                 distance: str = "euclidean", link_ties: str = "index", final_neg_margin: float | None = None,
-                 collector_lr: float = 0.0, proxies_in_collector: bool = False, batch_proxies: bool = False,
-                 level_miner: str = "protocol", hard_cutoff: float = 0.5, final_loss: str = "shared"):
+    def __init__(
+        self,
+        *,
+        channels,
+        embedding_size,
+        levels: int = 3,
+        topk: int = 128,
+        momentum: float = 0.5,
+        reliability_gain: float = 1.0,
+        rectify: bool = True,
+        cam: str = "decomposed",
+        cam_shift: str = "map",
+        level_weights: Sequence[float] | None = None,
+        final_weight: float = 1.0,
+        rank: str = "exhaustive",
+        rerank_k: int = 100,
+        inference_lr_scale: float = 1.0,
+        distance: str = "euclidean",
+        link_ties: str = "index",
+        final_neg_margin: float | None = None,
+        collector_lr: float = 0.0,
+        proxies_in_collector: bool = False,
+        batch_proxies: bool = False,
+        level_miner: str = "protocol",
+        hard_cutoff: float = 0.5,
+        final_loss: str = "shared",
+    ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         all_stages = ("s8", "s16", "s32")
         if not 1 <= int(levels) <= 3:
             raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
-        for option, value, valid in (("cam", cam, CAMS), ("cam_shift", cam_shift, CAM_SHIFTS),
-                                     ("rank", rank, RANKS), ("distance", distance, DISTANCES),
-                                     ("link_ties", link_ties, LINK_TIES), ("level_miner", level_miner, LEVEL_MINERS),
-                                     ("final_loss", final_loss, FINAL_LOSSES)):
+        for option, value, valid in (
+            ("cam", cam, CAMS),
+            ("cam_shift", cam_shift, CAM_SHIFTS),
+            ("rank", rank, RANKS),
+            ("distance", distance, DISTANCES),
+            ("link_ties", link_ties, LINK_TIES),
+            ("level_miner", level_miner, LEVEL_MINERS),
+            ("final_loss", final_loss, FINAL_LOSSES),
+        ):
             if value not in valid:
                 raise ValueError(f"{option} must be one of {', '.join(valid)}; got {value!r}")
         if not 0 <= momentum < 1:
@@ -413,14 +521,18 @@ class AVSLHead(Method):
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
         if collector_lr < 0:
-            raise ValueError(f"collector_lr must be >= 0 (0: lr_head x inference_lr_scale), got {collector_lr}")
+            raise ValueError(
+                f"collector_lr must be >= 0 (0: lr_head x inference_lr_scale), got {collector_lr}"
+            )
         if rank == "rerank" and rerank_k < 1:
             raise ValueError(f"rerank_k must be at least 1 with rank='rerank', got {rerank_k}")
-        weights = [1.0] * int(levels) if level_weights is None else [float(w) for w in level_weights]
+        weights = (
+            [1.0] * int(levels) if level_weights is None else [float(w) for w in level_weights]
+        )
         if len(weights) != int(levels):
             raise ValueError(f"level_weights needs {levels} values, got {len(weights)}")
         self.num_levels = int(levels)
-        self.stages = all_stages[3 - self.num_levels:]
+        self.stages = all_stages[3 - self.num_levels :]
         self.topk = min(int(topk), embedding_size)
         self.momentum = float(momentum)
         self.reliability_gain = float(reliability_gain)
@@ -434,8 +546,15 @@ class AVSLHead(Method):
         self.distance, self.link_ties = distance, link_ties
         self.final_neg_margin = None if final_neg_margin is None else float(final_neg_margin)
         self.collector_lr = float(collector_lr)
-        self.proxies_in_collector, self.batch_proxies = bool(proxies_in_collector), bool(batch_proxies)
-        self.level_miner, self.hard_cutoff, self.final_loss = level_miner, float(hard_cutoff), final_loss
+        self.proxies_in_collector, self.batch_proxies = (
+            bool(proxies_in_collector),
+            bool(batch_proxies),
+        )
+        self.level_miner, self.hard_cutoff, self.final_loss = (
+            level_miner,
+            float(hard_cutoff),
+            final_loss,
+        )
         separate = final_loss == "separate" and self.rectify and self.final_weight != 0
         self.metric_loss_copies = self.num_levels + (1 if separate else 0)
         self.project = nn.ModuleList()
@@ -445,10 +564,16 @@ class AVSLHead(Method):
             init.zeros_(conv.bias)
             self.project.append(conv)
         r = embedding_size
-        self.alphas = nn.ParameterList([nn.Parameter(torch.ones(r)) for _ in range(self.num_levels - 1)])
-        self.betas = nn.ParameterList([nn.Parameter(torch.zeros(r)) for _ in range(self.num_levels - 1)])
+        self.alphas = nn.ParameterList(
+            [nn.Parameter(torch.ones(r)) for _ in range(self.num_levels - 1)]
+        )
+        self.betas = nn.ParameterList(
+            [nn.Parameter(torch.zeros(r)) for _ in range(self.num_levels - 1)]
+        )
         for level in range(1, self.num_levels):
-            self.register_buffer(f"edges_{level}", torch.zeros(r, r))  # rows: level l nodes, cols: l-1
+            self.register_buffer(
+                f"edges_{level}", torch.zeros(r, r)
+            )  # rows: level l nodes, cols: l-1
         self.edge_updates: torch.Tensor
         self.register_buffer("edge_updates", torch.zeros((), dtype=torch.long))
 
@@ -480,33 +605,56 @@ class AVSLHead(Method):
             pooled = fmap.mean(dim=(2, 3)) + fmap.amax(dim=(2, 3))
             levels.append(F.normalize(conv(pooled), dim=-1))
             with torch.no_grad(), torch.autocast(device_type=fmap.device.type, enabled=False):
-                cam = class_activation_maps(fmap.detach().float(), conv.weight.float(), conv.bias.float(),
-                                            mode=self.cam)
+                cam = class_activation_maps(
+                    fmap.detach().float(), conv.weight.float(), conv.bias.float(), mode=self.cam
+                )
                 cams.append(cam)
                 certs.append(cam_certainty(cam, shift=self.cam_shift))
         if self.training and self.num_levels > 1:
             self.update_edges(cams)
-        return HeadOutput(embedding=levels[-1], levels=levels, cams=cams,
-                          extras={"certainty": torch.stack(certs, 1)})
+        return HeadOutput(
+            embedding=levels[-1],
+            levels=levels,
+            cams=cams,
+            extras={"certainty": torch.stack(certs, 1)},
+        )
 
     # ------------------------------------------------------------------ evaluation
 
-    def score_pairs(self, query: Mapping[str, torch.Tensor], gallery: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def score_pairs(
+        self, query: Mapping[str, torch.Tensor], gallery: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
         """-d^ of every (query, gallery) pair: Q x G from Q x L x r and G x L x r fields."""
         q_lev, g_lev = _stacked(query["levels"]).float(), _stacked(gallery["levels"]).float()
-        q_cert, g_cert = _stacked(query["certainty"]).float(), _stacked(gallery["certainty"]).float()
+        q_cert, g_cert = (
+            _stacked(query["certainty"]).float(),
+            _stacked(gallery["certainty"]).float(),
+        )
         return -pair_distance_matrix(self, q_lev, q_cert, g_lev, g_cert)
 
     def rerank_similarity(self, query, candidates):
         """-d^ of Q x K pairs (query fields Q x L x r, candidates Q x K x L x r)."""
         q_lev, c_lev = _stacked(query["levels"]).float(), _stacked(candidates["levels"]).float()
-        q_cert, c_cert = _stacked(query["certainty"]).float(), _stacked(candidates["certainty"]).float()
-        d = rectified_distance(q_lev[:, None], c_lev, q_cert[:, None], c_cert, self.edge_matrices(),
-                               list(self.alphas), list(self.betas), gain=self.reliability_gain,
-                               rectify=self.rectify)
+        q_cert, c_cert = (
+            _stacked(query["certainty"]).float(),
+            _stacked(candidates["certainty"]).float(),
+        )
+        d = rectified_distance(
+            q_lev[:, None],
+            c_lev,
+            q_cert[:, None],
+            c_cert,
+            self.edge_matrices(),
+            list(self.alphas),
+            list(self.betas),
+            gain=self.reliability_gain,
+            rectify=self.rectify,
+        )
         return -d
 
-    def attribute_pair(self, query: HeadOutput, gallery: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    def attribute_pair(
+        self, query: HeadOutput, gallery: HeadOutput
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 11 for one pair (batches of one): lambda (L x r) and contributions (L x r)."""
         record = self.pair_attribution(query, gallery)
         return record.lambdas, record.contributions
@@ -515,28 +663,48 @@ class AVSLHead(Method):
     def pair_attribution(self, query: HeadOutput, gallery: HeadOutput) -> PairAttribution:
         """Eq. 11 for one pair (batches of one) with what Figs. 6-7 show: per level the
         nodes delta, reliabilities p (levels >= 2), lambda and contributions lambda * delta."""
+
         def fields(out):
             return _stacked(out.levels)[0].float(), out.extras["certainty"][0].float()
 
         (xl, xc), (yl, yc) = fields(query), fields(gallery)
         args = (self.edge_matrices(), list(self.alphas), list(self.betas))
         deltas, probs = _rectify_terms(xl, yl, xc, yc, *args, self.reliability_gain, True)
-        lam, contrib = attribution(xl, yl, xc, yc, *args, gain=self.reliability_gain, rectify=self.rectify)
-        return PairAttribution(deltas=torch.stack(deltas), reliability=[p.cpu() for p in probs],
-                               lambdas=lam.cpu(), contributions=contrib.cpu(),
-                               edges=[e.cpu() for e in args[0]], distance=float(contrib.sum()))
+        lam, contrib = attribution(
+            xl, yl, xc, yc, *args, gain=self.reliability_gain, rectify=self.rectify
+        )
+        return PairAttribution(
+            deltas=torch.stack(deltas),
+            reliability=[p.cpu() for p in probs],
+            lambdas=lam.cpu(),
+            contributions=contrib.cpu(),
+            edges=[e.cpu() for e in args[0]],
+            distance=float(contrib.sum()),
+        )
 
     def figures(self, kind, images, outputs):
         """Figs. 6 and 7 for a (query, nearest neighbour) pair (:func:`reliable_nodes_figure`,
         :func:`node_expansion_figure`), and the pair's attribution as data (JSON)."""
         query, gallery = outputs
-        if not query.levels or not query.cams or "certainty" not in query.extras or self.num_levels < 2:
+        if (
+            not query.levels
+            or not query.cams
+            or "certainty" not in query.extras
+            or self.num_levels < 2
+        ):
             return None
         record = self.pair_attribution(query, gallery)
-        cams = ([c[0].float().cpu() for c in query.cams], [c[0].float().cpu() for c in gallery.cams])
-        return FigureSet(figures=(reliable_nodes_figure(*images, cams, record),
-                                  node_expansion_figure(*images, cams, record)),
-                         records={"_avsl_attribution": record.to_dict()})
+        cams = (
+            [c[0].float().cpu() for c in query.cams],
+            [c[0].float().cpu() for c in gallery.cams],
+        )
+        return FigureSet(
+            figures=(
+                reliable_nodes_figure(*images, cams, record),
+                node_expansion_figure(*images, cams, record),
+            ),
+            records={"_avsl_attribution": record.to_dict()},
+        )
 
     @torch.no_grad()
     def pair_maps(self, query, gallery, same):
@@ -548,23 +716,37 @@ class AVSLHead(Method):
         lambda_i^l delta_i^l (Eq. 11, summing to d^); a same-class pair by lambda_i^l
         relu(e_i e'_i), the node's term of the cosine (for unit vectors d^l = 2 - 2 sum_i
         e_i e'_i): a harness choice, the paper attributes the distance only."""
+
         def fields(out):
             return _stacked(out.levels).float(), out.extras["certainty"].float()
 
         (xl, xc), (yl, yc) = fields(query), fields(gallery)
-        lam, contributions = attribution(xl, yl, xc, yc, self.edge_matrices(), list(self.alphas),
-                                         list(self.betas), gain=self.reliability_gain, rectify=self.rectify)
+        lam, contributions = attribution(
+            xl,
+            yl,
+            xc,
+            yc,
+            self.edge_matrices(),
+            list(self.alphas),
+            list(self.betas),
+            gain=self.reliability_gain,
+            rectify=self.rectify,
+        )
         same = torch.as_tensor(same, device=lam.device)[:, None, None]
-        weights = torch.where(same, lam * (xl * yl).clamp_min(0), contributions).clamp_min(0)  # P x L x r
+        weights = torch.where(same, lam * (xl * yl).clamp_min(0), contributions).clamp_min(
+            0
+        )  # P x L x r
         size = tuple(query.cams[0].shape[-2:])
 
         def draw(cams):
             total = 0
             for level, cam in enumerate(cams):
                 u = cam.float().flatten(2)
-                u = F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)          # P x r x hw
+                u = F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)  # P x r x hw
                 m = torch.einsum("pr,prk->pk", weights[:, level], u).view(-1, 1, *cam.shape[-2:])
-                total = total + F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
+                total = (
+                    total + F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
+                )
             return total
 
         return draw(query.cams), draw(gallery.cams)
@@ -577,7 +759,11 @@ class AVSLHead(Method):
         out = []
         for cam in output.cams:
             u = cam.float().flatten(2)
-            u = F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1).mean(1).view(cam.shape[0], 1, *cam.shape[2:])
+            u = (
+                F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)
+                .mean(1)
+                .view(cam.shape[0], 1, *cam.shape[2:])
+            )
             out.append(F.interpolate(u, size=size, mode="bilinear", align_corners=False))
         maps = torch.cat(out, 1)
         lo = maps.amin(dim=(-2, -1), keepdim=True)
@@ -588,9 +774,11 @@ class AVSLHead(Method):
 
     @classmethod
     def cross_process_refusal(cls, options):
-        return ("its CAM edges are momentum buffers updated from each batch: each process would "
-                "update them from its share, and DistributedDataParallel would overwrite them with "
-                "process 0's; train it in one process")
+        return (
+            "its CAM edges are momentum buffers updated from each batch: each process would "
+            "update them from its share, and DistributedDataParallel would overwrite them with "
+            "process 0's; train it in one process"
+        )
 
     def loss_terms(self, output, batch):
         """Eq. 10: sum_l w_l L^m(level l) + w_f L^f(d^) (see the module docstring)."""
@@ -599,9 +787,14 @@ class AVSLHead(Method):
         terms = {}
         for level, emb in enumerate(output.levels):
             copy = level if metric.copies > 1 else 0
-            with self._level_distance(metric.module(copy)) as module, self._proxies(module, labels) as targets:
+            with (
+                self._level_distance(metric.module(copy)) as module,
+                self._proxies(module, labels) as targets,
+            ):
                 if self._mines_hard(module):
-                    indices = self._hard_tuples(metric, module.distance(emb.detach().float()), targets, module)
+                    indices = self._hard_tuples(
+                        metric, module.distance(emb.detach().float()), targets, module
+                    )
                     loss = metric(emb, targets, copy=copy, indices=indices)
                 else:
                     loss = metric(emb, targets, copy=copy)
@@ -636,9 +829,13 @@ class AVSLHead(Method):
     def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: Any):
         """:func:`hard_triplets` on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
         if getattr(loss, "distance", None) is None or loss.distance.is_inverted:
-            raise HarnessError("AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
-                               "loss (margin)")
-        return metric.seeded(lambda d, y: hard_triplets(d, y, cutoff=self.hard_cutoff), dist, labels)
+            raise HarnessError(
+                "AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
+                "loss (margin)"
+            )
+        return metric.seeded(
+            lambda d, y: hard_triplets(d, y, cutoff=self.hard_cutoff), dist, labels
+        )
 
     def _final_loss(self, output, batch) -> torch.Tensor:
         metric = batch.metric_loss
@@ -646,12 +843,16 @@ class AVSLHead(Method):
         loss = metric.module(top)
         distance = getattr(loss, "distance", None)
         if distance is None:
-            raise HarnessError(f"AVSL's final loss needs a PML loss with a distance, got {type(loss).__name__}")
+            raise HarnessError(
+                f"AVSL's final loss needs a PML loss with a distance, got {type(loss).__name__}"
+            )
         with torch.autocast(device_type=output.embedding.device.type, enabled=False):
             levels = _stacked(output.levels).float()
             cert = output.extras["certainty"].float()
-            found = [getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
-                     for c in range(self.num_levels)]
+            found = [
+                getattr(metric.module(min(c, metric.copies - 1)), "proxies", None)
+                for c in range(self.num_levels)
+            ]
             proxies = [p for p in found if p is not None]
             labels = batch.labels
             if len(proxies) == len(found):  # the code: compare with each level's proxies
@@ -659,28 +860,41 @@ class AVSLHead(Method):
                     classes, labels = torch.unique(labels, return_inverse=True)
                     proxies = [p[classes] for p in proxies]
                 ref = torch.stack([F.normalize(p.float(), dim=-1) for p in proxies], 1)
-                ref_cert = cert.mean(dim=(0, 2))[None, :, None].expand(ref.shape[0], -1, ref.shape[2])
+                ref_cert = cert.mean(dim=(0, 2))[None, :, None].expand(
+                    ref.shape[0], -1, ref.shape[2]
+                )
                 d = pair_distance_matrix(self, levels, cert, ref, ref_cert, detach_nodes=True)
             else:
                 d = pair_distance_matrix(self, levels, cert, levels, cert, detach_nodes=True)
             if distance.is_inverted:
                 if not isinstance(distance, CosineSimilarity):
-                    raise HarnessError(f"AVSL's final loss needs a cosine or Euclidean loss distance, "
-                                       f"got {type(distance).__name__}")
+                    raise HarnessError(
+                        f"AVSL's final loss needs a cosine or Euclidean loss distance, "
+                        f"got {type(distance).__name__}"
+                    )
                 matrix = 1 - d / 2
             else:
                 if not isinstance(distance, LpDistance) or distance.p != 2:
-                    raise HarnessError(f"AVSL's final loss needs a cosine or Euclidean loss distance, "
-                                       f"got {type(distance).__name__}")
+                    raise HarnessError(
+                        f"AVSL's final loss needs a cosine or Euclidean loss distance, "
+                        f"got {type(distance).__name__}"
+                    )
                 squared = distance.power == 2 or self.distance == "squared"
                 matrix = d if squared else d.clamp_min(1e-12).sqrt() ** distance.power
             emb = output.embedding.float()
-            if self._mines_hard(loss):  # the code's fourth HardSelector, on d^ (link_avsl_margin.yaml)
+            if self._mines_hard(
+                loss
+            ):  # the code's fourth HardSelector, on d^ (link_avsl_margin.yaml)
                 indices = self._hard_tuples(metric, matrix, batch.labels, loss)
             else:
                 indices = metric.mine(emb, batch.labels)
-            with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)), \
-                    _neg_margin(loss, self.final_neg_margin), self._proxies(loss, batch.labels) as targets:
+            with (
+                distance_replaced(
+                    loss, PrecomputedDistance(matrix, is_inverted=distance.is_inverted)
+                ),
+                _neg_margin(loss, self.final_neg_margin),
+                self._proxies(loss, batch.labels) as targets,
+            ):
                 return loss(emb, targets, indices)
 
     def _collector_lr(self, lr_head: float) -> float:
@@ -691,11 +905,23 @@ class AVSLHead(Method):
     def optimizer_groups(self, lr, weight_decay):
         inference = list(self.alphas.parameters()) + list(self.betas.parameters())
         ids = {id(p) for p in inference}
-        groups = [{"params": [p for p in self.head_parameters() if id(p) not in ids], "lr": lr,
-                   "weight_decay": weight_decay, "name": "head"}]
+        groups = [
+            {
+                "params": [p for p in self.head_parameters() if id(p) not in ids],
+                "lr": lr,
+                "weight_decay": weight_decay,
+                "name": "head",
+            }
+        ]
         if inference:
-            groups.append({"params": inference, "lr": self._collector_lr(lr), "weight_decay": weight_decay,
-                           "name": "inference"})
+            groups.append(
+                {
+                    "params": inference,
+                    "lr": self._collector_lr(lr),
+                    "weight_decay": weight_decay,
+                    "name": "inference",
+                }
+            )
         return groups
 
     def loss_optimizer_groups(self, loss_fn, optimizer):
@@ -706,30 +932,56 @@ class AVSLHead(Method):
         (a margin beta) stay in the loss group."""
         if not self.proxies_in_collector:
             return super().loss_optimizer_groups(loss_fn, optimizer)
-        proxies = [p for name, p in loss_fn.named_parameters() if p.requires_grad and name.split(".")[-1] == "proxies"]
+        proxies = [
+            p
+            for name, p in loss_fn.named_parameters()
+            if p.requires_grad and name.split(".")[-1] == "proxies"
+        ]
         ids = {id(p) for p in proxies}
         rest = [p for p in loss_fn.parameters() if p.requires_grad and id(p) not in ids]
-        groups = [{"params": rest, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
-                   "name": "loss"}] if rest else []
+        groups = (
+            [
+                {
+                    "params": rest,
+                    "lr": optimizer.lr_loss,
+                    "weight_decay": optimizer.loss_weight_decay,
+                    "name": "loss",
+                }
+            ]
+            if rest
+            else []
+        )
         if proxies:
-            groups.append({"params": proxies, "lr": self._collector_lr(optimizer.lr_head),
-                           "weight_decay": optimizer.weight_decay, "name": "proxies"})
+            groups.append(
+                {
+                    "params": proxies,
+                    "lr": self._collector_lr(optimizer.lr_head),
+                    "weight_decay": optimizer.weight_decay,
+                    "name": "proxies",
+                }
+            )
         return groups
 
     def step_host_reads(self) -> str:
         reasons = []
         if self.batch_proxies:
-            reasons.append("batch_proxies: the batch's classes (torch.unique) size the proxies the loss sees")
+            reasons.append(
+                "batch_proxies: the batch's classes (torch.unique) size the proxies the loss sees"
+            )
         if self.level_miner == "hard":
-            reasons.append("level_miner='hard': the anchors with a positive (torch.nonzero) size the tuples")
+            reasons.append(
+                "level_miner='hard': the anchors with a positive (torch.nonzero) size the tuples"
+            )
         return "; ".join(reasons)
 
     @classmethod
     def search_space(cls, trial, *, embedding_size) -> dict[str, Any]:
         ks = sorted({min(k, embedding_size) for k in (32, 64, 128, 256)})
-        return {"topk": trial.suggest_categorical("topk", ks),
-                "momentum": trial.suggest_float("momentum", 0.3, 0.9),
-                "reliability_gain": trial.suggest_categorical("reliability_gain", [1.0, 10.0])}
+        return {
+            "topk": trial.suggest_categorical("topk", ks),
+            "momentum": trial.suggest_float("momentum", 0.3, 0.9),
+            "reliability_gain": trial.suggest_categorical("reliability_gain", [1.0, 10.0]),
+        }
 
 
 # ------------------------------------------------------------- attribution figures
@@ -750,31 +1002,55 @@ class PairAttribution:
     distance: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"distance": self.distance, "deltas": self.deltas.cpu().tolist(),
-                "reliability": [p.tolist() for p in self.reliability], "lambdas": self.lambdas.tolist(),
-                "contributions": self.contributions.tolist(),
-                "note": "AVSL Eq. 11; levels lowest first; reliability for levels 2..L; "
-                        "contributions sum to the rectified distance d^ (Eq. 9)"}
+        return {
+            "distance": self.distance,
+            "deltas": self.deltas.cpu().tolist(),
+            "reliability": [p.tolist() for p in self.reliability],
+            "lambdas": self.lambdas.tolist(),
+            "contributions": self.contributions.tolist(),
+            "note": "AVSL Eq. 11; levels lowest first; reliability for levels 2..L; "
+            "contributions sum to the rectified distance d^ (Eq. 9)",
+        }
 
 
-def reliable_nodes_figure(query_image, gallery_image, cams, record: PairAttribution, nodes: int = 4) -> FigureData:
+def reliable_nodes_figure(
+    query_image, gallery_image, cams, record: PairAttribution, nodes: int = 4
+) -> FigureData:
     """Fig. 6 style: the top level's most reliable nodes (the ``2 * nodes`` highest p^L),
     ranked by their contribution lambda_i delta_i to d^, each with its CAM on the query
     (top row) and the gallery image (bottom row)."""
     top = len(record.lambdas) - 1
     p = record.reliability[-1]
     reliable = torch.argsort(p, descending=True)[: 2 * nodes]
-    ranked = reliable[torch.argsort(record.contributions[top, reliable], descending=True)][:nodes].tolist()
-    titles = [f"node {i}: p {float(p[i]):.2f}, " + "\u03bb\u03b4" + f" {float(record.contributions[top, i]):.3g}"
-              for i in ranked]
-    panels = ((Panel(query_image, title="query"),
-               *(Panel(query_image, cams[0][top][i], t) for i, t in zip(ranked, titles, strict=True))),
-              (Panel(gallery_image, title="gallery"), *(Panel(gallery_image, cams[1][top][i]) for i in ranked)))
-    return FigureData(panels, suffix="_fig6",
-                      title=f"AVSL Fig. 6: most reliable top-level nodes by contribution; d^ = {record.distance:.3f}")
+    ranked = reliable[torch.argsort(record.contributions[top, reliable], descending=True)][
+        :nodes
+    ].tolist()
+    titles = [
+        f"node {i}: p {float(p[i]):.2f}, "
+        + "\u03bb\u03b4"
+        + f" {float(record.contributions[top, i]):.3g}"
+        for i in ranked
+    ]
+    panels = (
+        (
+            Panel(query_image, title="query"),
+            *(Panel(query_image, cams[0][top][i], t) for i, t in zip(ranked, titles, strict=True)),
+        ),
+        (
+            Panel(gallery_image, title="gallery"),
+            *(Panel(gallery_image, cams[1][top][i]) for i in ranked),
+        ),
+    )
+    return FigureData(
+        panels,
+        suffix="_fig6",
+        title=f"AVSL Fig. 6: most reliable top-level nodes by contribution; d^ = {record.distance:.3f}",
+    )
 
 
-def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribution, expand: int = 3) -> FigureData:
+def node_expansion_figure(
+    query_image, gallery_image, cams, record: PairAttribution, expand: int = 3
+) -> FigureData:
     """Fig. 7 style: the top level's most similar node (smallest delta among the more
     reliable half) and most dissimilar node (largest contribution), and its least reliable
     node expanded into the ``expand`` lower-level nodes it draws on most (largest omega~
@@ -786,14 +1062,31 @@ def node_expansion_figure(query_image, gallery_image, cams, record: PairAttribut
     dissimilar = int(record.contributions[top].argmax())
     unreliable = int(p.argmin())
     lower = torch.argsort(record.edges[-1][unreliable], descending=True)[:expand].tolist()
-    columns = [(top, similar, "most similar"), (top, dissimilar, "most dissimilar"),
-               (top, unreliable, "least reliable")] + [(top - 1, j, f"-> level {top} node") for j in lower]
+    columns = [
+        (top, similar, "most similar"),
+        (top, dissimilar, "most dissimilar"),
+        (top, unreliable, "least reliable"),
+    ] + [(top - 1, j, f"-> level {top} node") for j in lower]
     lam = "\u03bb"
     titles = []
     for level, i, what in columns:
-        extra = f", p {float(p[i]):.2f}" if level == top else f", w {float(record.edges[-1][unreliable, i]):.2f}"
-        titles.append(f"{what}\nL{level + 1} #{i}: {lam} {float(record.lambdas[level, i]):.2f}{extra}")
-    panels = (tuple(Panel(query_image, cams[0][level][i], t) for (level, i, _), t in zip(columns, titles, strict=True)),
-              tuple(Panel(gallery_image, cams[1][level][i]) for level, i, _ in columns))
-    return FigureData(panels, suffix="_fig7",
-                      title="AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below")
+        extra = (
+            f", p {float(p[i]):.2f}"
+            if level == top
+            else f", w {float(record.edges[-1][unreliable, i]):.2f}"
+        )
+        titles.append(
+            f"{what}\nL{level + 1} #{i}: {lam} {float(record.lambdas[level, i]):.2f}{extra}"
+        )
+    panels = (
+        tuple(
+            Panel(query_image, cams[0][level][i], t)
+            for (level, i, _), t in zip(columns, titles, strict=True)
+        ),
+        tuple(Panel(gallery_image, cams[1][level][i]) for level, i, _ in columns),
+    )
+    return FigureData(
+        panels,
+        suffix="_fig7",
+        title="AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below",
+    )

@@ -16,11 +16,11 @@ gallery items, P pairs):
 | `loss_terms` | named loss terms of a `TrainingBatch`, summed by the trainer |
 | `optimizer_groups` | the head's optimizer parameter groups |
 | `rerank_similarity` | Q x K scores that replace the cosine on each query's top `rerank_k` candidates |
-| `rerank_by_ids` | the same from stored fields and ids: what the evaluation calls (default: gathers, then `rerank_similarity`) |
-| `score_pairs` | Q x G scores of every pair, for a head that declares `exhaustive_pairs` (default: from `rerank_similarity`) |
+| `rerank_by_ids` | the same from stored fields and ids, what the evaluation calls (default: `rerank_similarity`) |
+| `score_pairs` | Q x G scores of every pair, for a head with `exhaustive_pairs` (default: `rerank_similarity`) |
 | `explain` | B x K x H x W maps, drawn on test images after training |
-| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `python -m harness explain` (`explains_pairs`: whether it gives any) |
-| `figures` | a paper figure of a tuple of test images (`figure_tuples`), as data (`FigureSet`); the engine draws and writes it |
+| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `harness explain` (`explains_pairs`: any?) |
+| `figures` | a paper figure of a test tuple (`figure_tuples`) as data (`FigureSet`); the engine draws it |
 | `search_space` | the Optuna search space over the method's options |
 | `cross_process_refusal` | why the method cannot train across processes, or "" |
 | `trains_as` | the method whose training is this one's (test-time methods) |
@@ -52,10 +52,25 @@ if TYPE_CHECKING:
     from harness.components.backbones import Backbone
     from harness.components.losses import MetricLoss
 
-__all__ = ["HeadOutput", "Method", "MethodEntry", "PaperInfo", "TrainingBatch", "METHODS",
-           "PLUGIN_GROUP", "Panel", "Link", "FigureData", "FigureSet", "FIGURE_TUPLES",
-           "register_method", "register_variant", "create_method", "check_method_options",
-           "list_methods"]
+__all__ = [
+    "HeadOutput",
+    "Method",
+    "MethodEntry",
+    "PaperInfo",
+    "TrainingBatch",
+    "METHODS",
+    "PLUGIN_GROUP",
+    "Panel",
+    "Link",
+    "FigureData",
+    "FigureSet",
+    "FIGURE_TUPLES",
+    "register_method",
+    "register_variant",
+    "create_method",
+    "check_method_options",
+    "list_methods",
+]
 
 
 @dataclass(frozen=True)
@@ -97,15 +112,22 @@ class HeadOutput:
     def select(self, index: int) -> HeadOutput:
         """Item ``index`` as a batch of one: every tensor field, list of tensors and tensor
         in ``extras`` sliced along its first (batch) axis."""
+
         def one(value):
             if isinstance(value, torch.Tensor):
-                return value[index:index + 1]
+                return value[index : index + 1]
             if isinstance(value, (list, tuple)):
                 return [one(v) for v in value]
             return value
 
-        return HeadOutput(**{name: one(getattr(self, name)) for name in self.__dataclass_fields__
-                             if name != "extras"}, extras={k: one(v) for k, v in self.extras.items()})
+        return HeadOutput(
+            **{
+                name: one(getattr(self, name))
+                for name in self.__dataclass_fields__
+                if name != "extras"
+            },
+            extras={k: one(v) for k, v in self.extras.items()},
+        )
 
     def field(self, name: str) -> torch.Tensor:
         """A stored field by name, as one tensor: an attribute (a list such as ``levels`` is
@@ -251,7 +273,9 @@ class Method(nn.Module):
         """``maps``: one B x C_s x H_s x W_s tensor per entry of ``stages``; checks them and
         the B x D embedding :meth:`embed` returns."""
         if len(maps) != len(self.stages):
-            raise ValueError(f"{type(self).__name__} expects {len(self.stages)} feature maps, got {len(maps)}")
+            raise ValueError(
+                f"{type(self).__name__} expects {len(self.stages)} feature maps, got {len(maps)}"
+            )
         out = self.embed(maps)
         batch = maps[-1].shape[0]
         if out.embedding.shape != (batch, self.embedding_size):
@@ -282,7 +306,9 @@ class Method(nn.Module):
     @property
     def backbone(self) -> Backbone:
         if self._backbone is None:
-            raise HarnessError(f"{type(self).__name__} was not set up with a backbone (call setup first)")
+            raise HarnessError(
+                f"{type(self).__name__} was not set up with a backbone (call setup first)"
+            )
         return self._backbone
 
     # ------------------------------------------------------------------ training
@@ -305,7 +331,14 @@ class Method(nn.Module):
         """Parameter groups of the head (``{"params", "lr", "weight_decay", "name"}``) at the
         protocol's head ``lr`` and ``weight_decay``; override for per-part rates. The
         ``pretrained`` copies are not here: the trainer puts them in the backbone's group."""
-        return [{"params": self.head_parameters(), "lr": lr, "weight_decay": weight_decay, "name": "head"}]
+        return [
+            {
+                "params": self.head_parameters(),
+                "lr": lr,
+                "weight_decay": weight_decay,
+                "name": "head",
+            }
+        ]
 
     def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer) -> list[dict[str, Any]]:
         """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
@@ -314,8 +347,18 @@ class Method(nn.Module):
         :class:`~harness.config.protocol.OptimizerSpec`; override to train them elsewhere
         (AVSL's code keeps its proxies in its collector)."""
         params = [p for p in loss_fn.parameters() if p.requires_grad]
-        return [{"params": params, "lr": optimizer.lr_loss, "weight_decay": optimizer.loss_weight_decay,
-                 "name": "loss"}] if params else []
+        return (
+            [
+                {
+                    "params": params,
+                    "lr": optimizer.lr_loss,
+                    "weight_decay": optimizer.loss_weight_decay,
+                    "name": "loss",
+                }
+            ]
+            if params
+            else []
+        )
 
     def step_host_reads(self) -> str:
         """Why this head's training step reads values from the device, where by its design
@@ -355,16 +398,22 @@ class Method(nn.Module):
 
     # ------------------------------------------------------------------ evaluation
 
-    def rerank_similarity(self, query: dict[str, torch.Tensor],
-                          candidates: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def rerank_similarity(
+        self, query: dict[str, torch.Tensor], candidates: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
         """Scores (higher = closer) of Q x K (query, candidate) pairs from the
         ``rerank_fields`` (query: Q x ..., candidates: Q x K x ...), or None when the method
         does not re-rank. The evaluation orders each query's top ``rerank_k`` cosine
         candidates by them (logging the cosine ranking's metrics as ``global_*``)."""
         return None
 
-    def rerank_by_ids(self, query_fields: Mapping[str, torch.Tensor], gallery_fields: Mapping[str, torch.Tensor],
-                      query_ids, candidate_ids) -> torch.Tensor:
+    def rerank_by_ids(
+        self,
+        query_fields: Mapping[str, torch.Tensor],
+        gallery_fields: Mapping[str, torch.Tensor],
+        query_ids,
+        candidate_ids,
+    ) -> torch.Tensor:
         """What the evaluation calls to re-rank: :meth:`rerank_similarity` from the stored
         ``rerank_fields`` of every query and gallery item (N x ... each) and ids, Q
         ``query_ids`` and Q x K ``candidate_ids``; returns Q x K scores. The default gathers
@@ -372,18 +421,29 @@ class Method(nn.Module):
         grids are never built)."""
         q_ids = torch.as_tensor(query_ids, dtype=torch.long)
         c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
-        return typing.cast(torch.Tensor, self.rerank_similarity({k: query_fields[k][q_ids] for k in self.rerank_fields},
-                                                                {k: gallery_fields[k][c_ids] for k in self.rerank_fields}))
+        return typing.cast(
+            torch.Tensor,
+            self.rerank_similarity(
+                {k: query_fields[k][q_ids] for k in self.rerank_fields},
+                {k: gallery_fields[k][c_ids] for k in self.rerank_fields},
+            ),
+        )
 
-    def score_pairs(self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]) -> torch.Tensor:
+    def score_pairs(
+        self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """Scores (higher = closer) of every (query, gallery) pair, Q x G, from the
         ``rerank_fields`` of Q queries and G gallery items; the evaluation calls it chunk by
         chunk when the head declares ``exhaustive_pairs``. The default expands the gallery
         to Q x G candidates for :meth:`rerank_similarity`; override for a cheaper form."""
         q = len(next(iter(query.values())))
-        out = self.rerank_similarity(query, {k: v.unsqueeze(0).expand(q, *v.shape) for k, v in gallery.items()})
+        out = self.rerank_similarity(
+            query, {k: v.unsqueeze(0).expand(q, *v.shape) for k, v in gallery.items()}
+        )
         if out is None:
-            raise HarnessError(f"{type(self).__name__} declares exhaustive_pairs but scores no pairs")
+            raise HarnessError(
+                f"{type(self).__name__} declares exhaustive_pairs but scores no pairs"
+            )
         return out
 
     # ------------------------------------------------------------------ explanation
@@ -395,8 +455,9 @@ class Method(nn.Module):
         with part masks, logs each map's share of mass on each part."""
         return None
 
-    def pair_maps(self, query: HeadOutput, gallery: HeadOutput,
-                  same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Maps explaining P (query, gallery) pairs, or None (the method has none);
         ``python -m harness explain`` scores them against a Grad-CAM baseline.
 
@@ -413,7 +474,9 @@ class Method(nn.Module):
         overrides it. A head whose maps depend on its options overrides this too."""
         return type(self).pair_maps is not Method.pair_maps
 
-    def figures(self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]) -> FigureSet | None:
+    def figures(
+        self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]
+    ) -> FigureSet | None:
         """A paper figure explaining a tuple of test images, as data, or None. The engine
         calls it after training for each ``kind`` in ``figure_tuples`` (:data:`FIGURE_TUPLES`:
         ``"pair"``, a query and its nearest neighbour; ``"triplet"``, anchor, positive and
@@ -453,9 +516,13 @@ class MethodEntry:
     def options(self) -> dict[str, Any]:
         """All options with their defaults: the class signature, then the preset."""
         sig = inspect.signature(self.cls.__init__)
-        defaults = {k: p.default for k, p in sig.parameters.items()
-                    if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
-                    and k not in ("channels", "embedding_size")}
+        defaults = {
+            k: p.default
+            for k, p in sig.parameters.items()
+            if p.kind is p.KEYWORD_ONLY
+            and p.default is not p.empty
+            and k not in ("channels", "embedding_size")
+        }
         return {**defaults, **self.preset}
 
     def option_types(self) -> dict[str, Any]:
@@ -486,15 +553,25 @@ METHODS: Registry[MethodEntry] = Registry("method", entry_point_group=PLUGIN_GRO
 
 def register_method(name: str, *, description: str = "", **preset):
     """Class decorator: register the configurable class under ``name``."""
+
     def add(cls: type[Method]) -> type[Method]:
-        METHODS.register(name)(MethodEntry(name, cls, preset, description or (cls.__doc__ or "").split("\n")[0]))
+        METHODS.register(name)(
+            MethodEntry(name, cls, preset, description or (cls.__doc__ or "").split("\n")[0])
+        )
         return cls
 
     return add
 
 
-def register_variant(name: str, cls: type[Method], *, description: str = "", ablation: bool = False,
-                     label: str = "", **preset) -> None:
+def register_variant(
+    name: str,
+    cls: type[Method],
+    *,
+    description: str = "",
+    ablation: bool = False,
+    label: str = "",
+    **preset,
+) -> None:
     """A thin named variant: the same class with preset options (like timm's variants).
     ``ablation=True`` marks a component-study variant, left out of ``--methods all``;
     ``label``: its row label in tables (a :attr:`Method.label` template), when not the class's."""
@@ -506,8 +583,7 @@ def list_methods(pattern: str = "*", *, ablations: bool = True) -> list[str]:
     return [n for n in METHODS.list(pattern) if ablations or not METHODS.get(n).ablation]
 
 
-def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
-                  **options) -> Method:
+def create_method(name: str, *, channels: dict[str, int], embedding_size: int, **options) -> Method:
     """Build a registered method; an unknown option or a bad value is a
     :class:`~harness.base.errors.HarnessError` naming the method and the option.
 
@@ -519,9 +595,13 @@ def create_method(name: str, *, channels: dict[str, int], embedding_size: int,
     options = {k: v for k, v in options.items() if v is not None}
     for key in options:
         if key not in valid:
-            raise HarnessError(f"unknown option '{key}' for method '{name}'; valid: {', '.join(sorted(valid)) or 'none'}")
+            raise HarnessError(
+                f"unknown option '{key}' for method '{name}'; valid: {', '.join(sorted(valid)) or 'none'}"
+            )
     try:
-        model = entry.cls(channels=channels, embedding_size=embedding_size, **{**entry.preset, **options})
+        model = entry.cls(
+            channels=channels, embedding_size=embedding_size, **{**entry.preset, **options}
+        )
     except (ValueError, TypeError) as err:  # a constructor's check of a value
         raise HarnessError(f"method '{name}': {err}") from None
     model.registry_name = name
@@ -532,6 +612,7 @@ def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str
     """The method whose training is ``name``'s under a protocol's method options
     (``protocol.methods``): what its :meth:`Method.trains_as` declares, when that method's
     own resolved options match the declared ones; "" when it trains its own way."""
+
     def resolved(method: str) -> dict[str, Any]:
         return {**METHODS.get(method).options(), **protocol_options.get(method, {})}
 
@@ -547,10 +628,16 @@ def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str
 _PLACEHOLDER_CHANNELS = {"s8": 8, "s16": 16, "s32": 32}
 
 
-def check_method_options(name: str, options: dict[str, Any], *, embedding_size: int, loss: str = "") -> None:
+def check_method_options(
+    name: str, options: dict[str, Any], *, embedding_size: int, loss: str = ""
+) -> None:
     """Build the method once on placeholder channels, so that a bad option value (or a
     loss the head cannot train with) is one clear error before any dataset or backbone loads."""
-    head = create_method(name, channels=_PLACEHOLDER_CHANNELS, embedding_size=embedding_size, **options)
+    head = create_method(
+        name, channels=_PLACEHOLDER_CHANNELS, embedding_size=embedding_size, **options
+    )
     if loss and head.supported_losses is not None and loss not in head.supported_losses:
-        raise HarnessError(f"method '{name}' cannot train with loss '{loss}' with these options; "
-                           f"valid: {', '.join(head.supported_losses)}")
+        raise HarnessError(
+            f"method '{name}' cannot train with loss '{loss}' with these options; "
+            f"valid: {', '.join(head.supported_losses)}"
+        )

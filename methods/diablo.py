@@ -75,8 +75,16 @@ from harness.base.errors import HarnessError
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
 from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
-__all__ = ["DiabloHead", "PAPER", "SELECTIONS", "PLACEMENTS", "feature_wise_attention",
-           "dimension_wise_attention", "merge", "feature_energy_share"]
+__all__ = [
+    "DiabloHead",
+    "PAPER",
+    "SELECTIONS",
+    "PLACEMENTS",
+    "feature_wise_attention",
+    "dimension_wise_attention",
+    "merge",
+    "feature_energy_share",
+]
 
 PAPER = PaperInfo(
     title="DIABLO: Dictionary-based attention block for deep metric learning",
@@ -86,14 +94,17 @@ PAPER = PaperInfo(
     tables=("1", "2", "3", "4"),
     published_selection=(
         "DIABLO: Tables 1-2 name no validation split and no code was released (test-set selection cannot be "
-        "excluded); Tables 3-4 select on a random half of the training classes"),
+        "excluded); Tables 3-4 select on a random half of the training classes"
+    ),
 )
 
 SELECTIONS = ("feature", "dimension")
 PLACEMENTS = ("pre", "post")
 
 
-def feature_wise_attention(phi: torch.Tensor, dictionary: torch.Tensor, alpha: float) -> torch.Tensor:
+def feature_wise_attention(
+    phi: torch.Tensor, dictionary: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """Eqs. 5 and 7: ``phi`` B x m x h x w, ``dictionary`` N x m -> A: B x N x 1 x h x w,
     the soft-max over the N entries of alpha times the cosine of phi(f_ij) with d^(n).
     The singleton channel axis says that one weight serves every channel (Eq. 8)."""
@@ -101,10 +112,14 @@ def feature_wise_attention(phi: torch.Tensor, dictionary: torch.Tensor, alpha: f
     return (alpha * cosine).softmax(dim=1)[:, :, None]
 
 
-def dimension_wise_attention(phi: torch.Tensor, directions: torch.Tensor, alpha: float) -> torch.Tensor:
+def dimension_wise_attention(
+    phi: torch.Tensor, directions: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """Eqs. 10-11: ``phi`` B x m x h x w, ``directions`` N x c x m -> A: B x N x c x h x w,
     for each channel k the soft-max over the N entries of alpha cos(phi(f_ij), d_k^(n))."""
-    cosine = torch.einsum("bmhw,ncm->bnchw", F.normalize(phi, dim=1), F.normalize(directions, dim=-1))
+    cosine = torch.einsum(
+        "bmhw,ncm->bnchw", F.normalize(phi, dim=1), F.normalize(directions, dim=-1)
+    )
     return (alpha * cosine).softmax(dim=1)
 
 
@@ -114,7 +129,9 @@ def merge(features: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     return attention * features[:, None]
 
 
-def feature_energy_share(features: torch.Tensor, attention: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+def feature_energy_share(
+    features: torch.Tensor, attention: torch.Tensor, eps: float = 1e-12
+) -> torch.Tensor:
     """Each entry's share of the feature energy at every location: sum_k (A^(n)_ijk F_ijk)^2 /
     sum_k F_ijk^2, B x N x h x w (the dimension-wise explanation)."""
     energy = features.pow(2)
@@ -130,8 +147,11 @@ def _resize(attention: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return flat.view(b, n, c, *size)
 
 
-@register_method("diablo", description="DIABLO: dictionary attention (dimension-wise, pre-attention, N = 8), "
-                                       "psi run per entry, N branches of D/N")
+@register_method(
+    "diablo",
+    description="DIABLO: dictionary attention (dimension-wise, pre-attention, N = 8), "
+    "psi run per entry, N branches of D/N",
+)
 class DiabloHead(Method):
     """Dictionary-based attention head (see the module docstring).
 
@@ -146,16 +166,27 @@ class DiabloHead(Method):
     label = "+ DIABLO (N = {entries})"
     paper = PAPER
 
-    def __init__(self, *, channels, embedding_size, selection: str = "dimension", placement: str = "pre",
-                 entries: int = 8, temperature: float = 10.0, rescale: bool = True):
+    def __init__(
+        self,
+        *,
+        channels,
+        embedding_size,
+        selection: str = "dimension",
+        placement: str = "pre",
+        entries: int = 8,
+        temperature: float = 10.0,
+        rescale: bool = True,
+    ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if selection not in SELECTIONS:
             raise HarnessError(f"DIABLO selection must be one of {SELECTIONS}, got {selection!r}")
         if placement not in PLACEMENTS:
             raise HarnessError(f"DIABLO placement must be one of {PLACEMENTS}, got {placement!r}")
         if not isinstance(entries, int) or entries < 1 or embedding_size % entries:
-            raise HarnessError(f"DIABLO entries (N) must be a positive divisor of the embedding size "
-                               f"{embedding_size}, got {entries}")
+            raise HarnessError(
+                f"DIABLO entries (N) must be a positive divisor of the embedding size "
+                f"{embedding_size}, got {entries}"
+            )
         if not temperature > 0:
             raise HarnessError(f"DIABLO temperature (alpha) must be > 0, got {temperature}")
         self.selection, self.placement, self.entries = selection, placement, entries
@@ -172,7 +203,9 @@ class DiabloHead(Method):
         stage = "s16" if self.placement == "pre" else "s32"
         start = backbone.stage_input(stage)
         if start is None:
-            raise HarnessError(f"DIABLO cannot cut backbone '{backbone.name}' before its {stage} stage")
+            raise HarnessError(
+                f"DIABLO cannot cut backbone '{backbone.name}' before its {stage} stage"
+            )
         self.input_point, self.stages = start, (start,)
         self.pretrained["phi"] = backbone.segment(start, stage)
         m = backbone.channels[stage]
@@ -182,8 +215,12 @@ class DiabloHead(Method):
         self.dictionary = nn.Parameter(torch.randn(shape))
         width = backbone.channels["s32"]
         bound = 1 / math.sqrt(width)  # nn.Linear's default initialisation, per branch
-        self.branch_weight = nn.Parameter(torch.empty(self.entries, width, self.branch_dim).uniform_(-bound, bound))
-        self.branch_bias = nn.Parameter(torch.empty(self.entries, self.branch_dim).uniform_(-bound, bound))
+        self.branch_weight = nn.Parameter(
+            torch.empty(self.entries, width, self.branch_dim).uniform_(-bound, bound)
+        )
+        self.branch_bias = nn.Parameter(
+            torch.empty(self.entries, self.branch_dim).uniform_(-bound, bound)
+        )
 
     # ---------------------------------------------------------------------- forward
 
@@ -200,26 +237,31 @@ class DiabloHead(Method):
         b = features.shape[0]
         if self.placement == "pre":
             attention = _resize(self.attention(features), features.shape[-2:])
-            weighted = merge(features.float(), attention)                               # Eq. 3
+            weighted = merge(features.float(), attention)  # Eq. 3
             if self.rescale:  # uniform attention hands psi F itself (see the module docstring)
                 weighted = weighted * self.entries
             weighted = weighted.to(features.dtype)
-            refined = self.backbone.run(weighted.flatten(0, 1), start=self.input_point)  # Eq. 4, psi per entry
+            refined = self.backbone.run(
+                weighted.flatten(0, 1), start=self.input_point
+            )  # Eq. 4, psi per entry
             pooled = refined.mean(dim=(2, 3)).view(b, self.entries, -1)
             explained_on = features
         else:
-            refined = self.backbone.run(features, start=self.input_point)               # Eq. 1
+            refined = self.backbone.run(features, start=self.input_point)  # Eq. 1
             attention = _resize(self.attention(features), refined.shape[-2:])
-            pooled = merge(refined.float(), attention).mean(dim=(-2, -1))             # Eq. 2, then GAP
+            pooled = merge(refined.float(), attention).mean(dim=(-2, -1))  # Eq. 2, then GAP
             explained_on = refined
-        branches = torch.einsum("bnc,ncd->bnd", pooled.to(self.branch_weight.dtype), self.branch_weight)
-        branches = F.normalize(branches + self.branch_bias, dim=-1)                     # B x N x D/N
+        branches = torch.einsum(
+            "bnc,ncd->bnd", pooled.to(self.branch_weight.dtype), self.branch_weight
+        )
+        branches = F.normalize(branches + self.branch_bias, dim=-1)  # B x N x D/N
         if self.selection == "feature":  # the N attention maps themselves
             maps = attention[:, :, 0].detach()
         else:
             maps = feature_energy_share(explained_on.float().detach(), attention.detach())
-        return HeadOutput(embedding=branches.flatten(1) / math.sqrt(self.entries), groups=branches,
-                          attention=maps)
+        return HeadOutput(
+            embedding=branches.flatten(1) / math.sqrt(self.entries), groups=branches, attention=maps
+        )
 
     def loss_terms(self, output, batch):
         """One metric loss on the concatenation of the N branches (Sec. 3.1), at unit norm."""
@@ -237,26 +279,52 @@ class DiabloHead(Method):
         """The N entries' maps of each image (the ones :meth:`explain` draws), weighted by
         each branch's share of the pair's (dis)similarity: the embedding's cosine is the mean
         of the N branch cosines (:func:`~harness.components.explanation.maps.grouped_pair_maps`)."""
-        return grouped_pair_maps(query.attention, gallery.attention, query.groups, gallery.groups, same)
+        return grouped_pair_maps(
+            query.attention, gallery.attention, query.groups, gallery.groups, same
+        )
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
         """alpha log-uniform in [1, 50]; N in {2, 4, 8, 16} dividing the embedding size;
         psi's input rescaled or not."""
         entries = [n for n in (2, 4, 8, 16) if embedding_size % n == 0]
-        return {"temperature": trial.suggest_float("temperature", 1.0, 50.0, log=True),
-                "entries": trial.suggest_categorical("entries", entries),
-                "rescale": trial.suggest_categorical("rescale", [True, False])}
+        return {
+            "temperature": trial.suggest_float("temperature", 1.0, 50.0, log=True),
+            "entries": trial.suggest_categorical("entries", entries),
+            "rescale": trial.suggest_categorical("rescale", [True, False]),
+        }
 
 
-register_variant("diablo_n16", DiabloHead, ablation=True, entries=16,
-                 description="DIABLO Table 1 (binomial): dimension-wise, pre-attention, N = 16")
-register_variant("diablo_feature_pre", DiabloHead, ablation=True, selection="feature", placement="pre",
-                 label="+ DIABLO (feature-wise, pre-attention, N = {entries})",
-                 description="DIABLO Table 3: feature-wise selection, pre-attention, N = 8")
-register_variant("diablo_feature_post", DiabloHead, ablation=True, selection="feature", placement="post",
-                 label="+ DIABLO (feature-wise, post-attention, N = {entries})",
-                 description="DIABLO Tables 3-4: feature-wise selection, post-attention, N = 8")
-register_variant("diablo_dimension_post", DiabloHead, ablation=True, placement="post",
-                 label="+ DIABLO (dimension-wise, post-attention, N = {entries})",
-                 description="DIABLO Table 3: dimension-wise selection, post-attention, N = 8")
+register_variant(
+    "diablo_n16",
+    DiabloHead,
+    ablation=True,
+    entries=16,
+    description="DIABLO Table 1 (binomial): dimension-wise, pre-attention, N = 16",
+)
+register_variant(
+    "diablo_feature_pre",
+    DiabloHead,
+    ablation=True,
+    selection="feature",
+    placement="pre",
+    label="+ DIABLO (feature-wise, pre-attention, N = {entries})",
+    description="DIABLO Table 3: feature-wise selection, pre-attention, N = 8",
+)
+register_variant(
+    "diablo_feature_post",
+    DiabloHead,
+    ablation=True,
+    selection="feature",
+    placement="post",
+    label="+ DIABLO (feature-wise, post-attention, N = {entries})",
+    description="DIABLO Tables 3-4: feature-wise selection, post-attention, N = 8",
+)
+register_variant(
+    "diablo_dimension_post",
+    DiabloHead,
+    ablation=True,
+    placement="post",
+    label="+ DIABLO (dimension-wise, post-attention, N = {entries})",
+    description="DIABLO Table 3: dimension-wise selection, post-attention, N = 8",
+)

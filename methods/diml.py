@@ -101,11 +101,26 @@ from methods.base import (
 )
 from methods.plain import PlainHead
 
-__all__ = ["DIMLHead", "PAPER", "MARGINALS", "GRIDS", "SINKHORN_STOPS", "sinkhorn", "sinkhorn_diml_code",
-           "local_similarity", "uniform_marginals",
-           "cross_correlation_marginals", "transport_plans", "structural_similarity",
-           "structural_distance", "pairwise_matching", "PrecomputedDistance", "PairExplanation",
-           "explain_pair", "pair_figure"]
+__all__ = [
+    "DIMLHead",
+    "PAPER",
+    "MARGINALS",
+    "GRIDS",
+    "SINKHORN_STOPS",
+    "sinkhorn",
+    "sinkhorn_diml_code",
+    "local_similarity",
+    "uniform_marginals",
+    "cross_correlation_marginals",
+    "transport_plans",
+    "structural_similarity",
+    "structural_distance",
+    "pairwise_matching",
+    "PrecomputedDistance",
+    "PairExplanation",
+    "explain_pair",
+    "pair_figure",
+]
 
 PAPER = PaperInfo(
     title="Towards Interpretable Deep Metric Learning with Structural Matching",
@@ -119,7 +134,8 @@ PAPER = PaperInfo(
     tables=("1", "2", "3", "4", "5", "6"),
     published_selection=(
         "DIML: no validation split in the paper; the released code (wl-zhao/DIML) reports the best test-set "
-        "epoch, and evaluates with the query counted in R for RP and MAP@R"),
+        "epoch, and evaluates with the query counted in R for RP and MAP@R"
+    ),
 )
 
 MARGINALS = ("cross_correlation", "uniform")
@@ -147,9 +163,16 @@ SINKHORN_BLOCK = 128
 # ------------------------------------------------------------------ optimal transport
 
 
-def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: float = 0.05,
-             max_iter: int = 100, tol: float = 1e-6,
-             return_iterations: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def sinkhorn(
+    cost: torch.Tensor,
+    mu: torch.Tensor,
+    nu: torch.Tensor,
+    *,
+    eps: float = 0.05,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    return_iterations: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Entropic optimal transport plans of a batch of problems (App. A.1, Eqs. 12-14).
 
     ``cost``: B x n x m, ``mu``: B x n, ``nu``: B x m (non-negative, each summing to 1).
@@ -180,7 +203,9 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
         raise ValueError(f"cost must be B x n x m, got shape {tuple(cost.shape)}")
     b, n, m = cost.shape
     if mu.shape != (b, n) or nu.shape != (b, m):
-        raise ValueError(f"marginals must be {b} x {n} and {b} x {m}, got {tuple(mu.shape)} and {tuple(nu.shape)}")
+        raise ValueError(
+            f"marginals must be {b} x {n} and {b} x {m}, got {tuple(mu.shape)} and {tuple(nu.shape)}"
+        )
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     if max_iter < 1:
@@ -193,17 +218,28 @@ def sinkhorn(cost: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *, eps: flo
     plans, iterations = [], []
     for start in range(0, b, window):  # each pair's plan is its own: the windows only bound memory
         rows = slice(start, start + window)
-        u, kernel, v, its = _sinkhorn_frozen(log_kernel[rows], mu[rows], nu[rows], max_iter=max_iter, tol=tol)
+        u, kernel, v, its = _sinkhorn_frozen(
+            log_kernel[rows], mu[rows], nu[rows], max_iter=max_iter, tol=tol
+        )
         plans.append(u[:, :, None] * kernel * v[:, None, :])
         iterations.append(its)
     if b == 0:
-        plans, iterations = [cost.new_empty(0, n, m)], [torch.empty(0, dtype=torch.long, device=cost.device)]
+        plans, iterations = (
+            [cost.new_empty(0, n, m)],
+            [torch.empty(0, dtype=torch.long, device=cost.device)],
+        )
     plan, its = torch.cat(plans), torch.cat(iterations)
     return (plan, its) if return_iterations else plan
 
 
-def sinkhorn_diml_code(log_kernel: torch.Tensor, mu: torch.Tensor, nu: torch.Tensor, *,
-                       max_iter: int = 100, threshold: float = DIML_CODE_THRESHOLD) -> torch.Tensor:
+def sinkhorn_diml_code(
+    log_kernel: torch.Tensor,
+    mu: torch.Tensor,
+    nu: torch.Tensor,
+    *,
+    max_iter: int = 100,
+    threshold: float = DIML_CODE_THRESHOLD,
+) -> torch.Tensor:
     """Sinkhorn with the released code's stopping rule (wl-zhao/DIML utilities/diml.py,
     ``Sinkhorn``, lines 4-16), for Q groups of K problems solved together.
 
@@ -237,8 +273,9 @@ def _divide(marginal: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
     return torch.where(marginal > 0, marginal / sums, torch.zeros_like(sums))
 
 
-def _exact_step(lk: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def _exact_step(
+    lk: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One Sinkhorn iteration in the log domain (Eqs. 13-14 with ``logsumexp``) from the
     column potential g: the new g and the kernel ``exp(lk + f_i + g_j)`` of its plan."""
     f = a.log() - torch.logsumexp(lk + g[:, None, :], dim=-1)
@@ -246,9 +283,14 @@ def _exact_step(lk: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Ten
     return g, torch.exp(lk + f[:, :, None] + g[:, None, :])
 
 
-def _first_step(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, tiny: float,
-                divide: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _divide
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _first_step(
+    lk: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    tiny: float,
+    divide: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _divide,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first iteration (from g = 0) with a single exp, shifted by each pair's largest
     log-kernel entry: (g, kernel, bad), ``bad`` marking the pairs with a row or column sum
     at most ``tiny`` (underflow), whose g and kernel :func:`_exact_step` must give instead.
@@ -272,11 +314,12 @@ def _first_step(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, tiny: flo
 def _safe_range(dtype: torch.dtype) -> tuple[float, float]:
     """(limit, tiny): scalings beyond [1 / limit, limit] are absorbed into the potentials,
     and a first-step sum at most ``tiny`` counts as underflowed."""
-    return torch.finfo(dtype).max ** 0.25, torch.finfo(dtype).tiny * 2 ** 10
+    return torch.finfo(dtype).max ** 0.25, torch.finfo(dtype).tiny * 2**10
 
 
-def _sinkhorn_frozen(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, max_iter: int, tol: float
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sinkhorn_frozen(
+    lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, max_iter: int, tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The solver behind :func:`sinkhorn`: P problems iterated together on their device,
     with no value read back to the host (a training step's Sinkhorn never waits for it).
 
@@ -307,8 +350,12 @@ def _sinkhorn_frozen(lk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, max_
         running = running & ~((u * rows - a).abs().sum(-1) <= tol)  # NaN error: runs to max_iter
         u_new = _divide(a, rows)
         v_new = _divide(b, (kernel * u_new[:, :, None]).sum(-2))
-        safe = _within(torch.where(a > 0, u_new, 1.0), limit) & _within(torch.where(b > 0, v_new, 1.0), limit)
-        g_abs, kernel_abs = _exact_step(lk, g + v.log(), a, b)  # absorb the scalings, iterate exactly
+        safe = _within(torch.where(a > 0, u_new, 1.0), limit) & _within(
+            torch.where(b > 0, v_new, 1.0), limit
+        )
+        g_abs, kernel_abs = _exact_step(
+            lk, g + v.log(), a, b
+        )  # absorb the scalings, iterate exactly
         scale, absorb = (running & safe)[:, None], (running & ~safe)[:, None]
         u = torch.where(scale, u_new, torch.where(absorb, 1.0, u))
         v = torch.where(scale, v_new, torch.where(absorb, 1.0, v))
@@ -324,8 +371,14 @@ def _within(scalings: torch.Tensor, limit: float) -> torch.Tensor:
     return (hi < limit) & (lo > 1 / limit)
 
 
-def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
-                     sink: Callable[..., None], *, max_iter: int, tol: float, window: int | None = None) -> None:
+def _sinkhorn_stream(
+    source: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
+    sink: Callable[..., None],
+    *,
+    max_iter: int,
+    tol: float,
+    window: int | None = None,
+) -> None:
     """The re-ranking's solver (evaluation): Sinkhorn on a stream of pairs.
 
     ``source(count)`` returns the next (about ``count``) pairs as ``(log_kernel P x n x m
@@ -370,9 +423,22 @@ def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, t
                 g, kernel = first_step(lk, a, b)
                 ids = torch.arange(admitted, admitted + len(lk), device=lk.device)
                 admitted += len(lk)
-                fresh = dict(ids=ids, lk=lk, a=a, b=b, g=g, kernel=kernel, u=torch.ones_like(a),
-                             v=torch.ones_like(b), its=torch.ones_like(ids))
-                state = fresh if state is None else {k: torch.cat([state[k], t]) for k, t in fresh.items()}
+                fresh = dict(
+                    ids=ids,
+                    lk=lk,
+                    a=a,
+                    b=b,
+                    g=g,
+                    kernel=kernel,
+                    u=torch.ones_like(a),
+                    v=torch.ones_like(b),
+                    its=torch.ones_like(ids),
+                )
+                state = (
+                    fresh
+                    if state is None
+                    else {k: torch.cat([state[k], t]) for k, t in fresh.items()}
+                )
         if state is None:
             if exhausted:
                 return
@@ -388,8 +454,12 @@ def _sinkhorn_stream(source: Callable[[int], tuple[torch.Tensor, torch.Tensor, t
             continue
         if 4 * count >= len(done):  # retire the converged pairs
             sel = done.nonzero().squeeze(1)
-            sink(*(t.index_select(0, sel) for t in (st["ids"], st["u"], st["kernel"], st["v"], rows, st["lk"],
-                                                      st["its"])))
+            sink(
+                *(
+                    t.index_select(0, sel)
+                    for t in (st["ids"], st["u"], st["kernel"], st["v"], rows, st["lk"], st["its"])
+                )
+            )
             keep = (~done).nonzero().squeeze(1)
             state = st = {k: t.index_select(0, keep) for k, t in st.items()}
             rows, done = rows.index_select(0, keep), done.index_select(0, keep)
@@ -423,9 +493,14 @@ def uniform_marginals(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, t
     return mu, nu
 
 
-def cross_correlation_marginals(x: torch.Tensor, y: torch.Tensor, x_global: torch.Tensor,
-                                y_global: torch.Tensor, *, delta: float = CC_DELTA
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+def cross_correlation_marginals(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_global: torch.Tensor,
+    y_global: torch.Tensor,
+    *,
+    delta: float = CC_DELTA,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 8-9: each location of one image is weighted by its cosine with the *other*
     image's global embedding, negative values cut to zero, normalised to sum 1.
 
@@ -452,10 +527,18 @@ def _marginals(kind: str, x, y, x_global, y_global):
     raise ValueError(f"marginals must be one of {MARGINALS}, got {kind!r}")
 
 
-def transport_plans(x: torch.Tensor, y: torch.Tensor, x_global: torch.Tensor | None = None,
-                    y_global: torch.Tensor | None = None, *, marginals: str = "cross_correlation",
-                    eps: float = 0.05, max_iter: int = 100, tol: float = 1e-6,
-                    plan_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def transport_plans(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_global: torch.Tensor | None = None,
+    y_global: torch.Tensor | None = None,
+    *,
+    marginals: str = "cross_correlation",
+    eps: float = 0.05,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    plan_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The matching of pairs of grids: ``x``: P x n x D, ``y``: P x m x D (L2-normalised),
     globals P x D. Returns (plan P x n x m, S P x n x m, mu P x n, nu P x m) with the plan
     solving Eq. 4 (entropic, cost 1 - S). ``plan_grad=False`` treats the plan as a
@@ -466,7 +549,12 @@ def transport_plans(x: torch.Tensor, y: torch.Tensor, x_global: torch.Tensor | N
         plan = cast(torch.Tensor, sinkhorn(1 - s, mu, nu, eps=eps, max_iter=max_iter, tol=tol))
     else:
         with torch.no_grad():
-            plan = cast(torch.Tensor, sinkhorn(1 - s.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol))
+            plan = cast(
+                torch.Tensor,
+                sinkhorn(
+                    1 - s.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol
+                ),
+            )
     return plan, s, mu, nu
 
 
@@ -486,9 +574,16 @@ def structural_distance(plan: torch.Tensor, similarity: torch.Tensor) -> torch.T
     return (plan * _euclidean_from_cosine(similarity)).sum((-2, -1))
 
 
-def pairwise_matching(local: torch.Tensor, embedding: torch.Tensor, *, marginals: str = "cross_correlation",
-                      eps: float = 0.05, max_iter: int = 100, tol: float = 1e-6,
-                      plan_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def pairwise_matching(
+    local: torch.Tensor,
+    embedding: torch.Tensor,
+    *,
+    marginals: str = "cross_correlation",
+    eps: float = 0.05,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    plan_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """All pairs of a batch (training, App. A.3): ``local`` B x N x D, ``embedding`` B x D.
     Returns (plans B x B x N x N, local similarities S B x B x N x N) with pair (a, b)
     matching a's grid (rows) to b's grid (columns)."""
@@ -505,12 +600,21 @@ def pairwise_matching(local: torch.Tensor, embedding: torch.Tensor, *, marginals
         nu = mu.transpose(0, 1)
     else:
         raise ValueError(f"marginals must be one of {MARGINALS}, got {marginals!r}")
-    cost, mu, nu = (1 - s).reshape(bsz * bsz, n, n), mu.reshape(bsz * bsz, n), nu.reshape(bsz * bsz, n)
+    cost, mu, nu = (
+        (1 - s).reshape(bsz * bsz, n, n),
+        mu.reshape(bsz * bsz, n),
+        nu.reshape(bsz * bsz, n),
+    )
     if plan_grad:
         plan = cast(torch.Tensor, sinkhorn(cost, mu, nu, eps=eps, max_iter=max_iter, tol=tol))
     else:
         with torch.no_grad():
-            plan = cast(torch.Tensor, sinkhorn(cost.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol))
+            plan = cast(
+                torch.Tensor,
+                sinkhorn(
+                    cost.detach(), mu.detach(), nu.detach(), eps=eps, max_iter=max_iter, tol=tol
+                ),
+            )
     return plan.view(bsz, bsz, n, n), s
 
 
@@ -519,18 +623,40 @@ def pairwise_matching(local: torch.Tensor, embedding: torch.Tensor, *, marginals
 
 #: Harness loss names whose PML loss compares the images of a batch pairwise (Eqs. 15-19
 #: apply); proxy losses would need G x G proxies (Eq. 21) and are not supported.
-STRUCTURAL_LOSSES = ("margin", "multi_similarity", "contrastive", "triplet", "binomial_deviance",
-                     "circle", "lifted_structure")
-_PROXY_LOSSES = tuple(getattr(pml_losses, name) for name in (
-    "ProxyAnchorLoss", "ProxyNCALoss", "ArcFaceLoss", "NormalizedSoftmaxLoss", "SoftTripleLoss",
-    "LargeMarginSoftmaxLoss", "CosFaceLoss", "SphereFaceLoss", "SubCenterArcFaceLoss") if hasattr(pml_losses, name))
+STRUCTURAL_LOSSES = (
+    "margin",
+    "multi_similarity",
+    "contrastive",
+    "triplet",
+    "binomial_deviance",
+    "circle",
+    "lifted_structure",
+)
+_PROXY_LOSSES = tuple(
+    getattr(pml_losses, name)
+    for name in (
+        "ProxyAnchorLoss",
+        "ProxyNCALoss",
+        "ArcFaceLoss",
+        "NormalizedSoftmaxLoss",
+        "SoftTripleLoss",
+        "LargeMarginSoftmaxLoss",
+        "CosFaceLoss",
+        "SphereFaceLoss",
+        "SubCenterArcFaceLoss",
+    )
+    if hasattr(pml_losses, name)
+)
 
 
 # ---------------------------------------------------------------------------- head
 
 
-@register_method("diml", description="DIML: optimal-transport matching of G x G local embeddings, "
-                 "cross-correlation marginals, top-K re-ranking")
+@register_method(
+    "diml",
+    description="DIML: optimal-transport matching of G x G local embeddings, "
+    "cross-correlation marginals, top-K re-ranking",
+)
 class DIMLHead(PlainHead):
     """The plain head (GAP + Linear, L2-normalised) plus DIML's grid of local embeddings.
 
@@ -561,10 +687,22 @@ class DIMLHead(PlainHead):
     #: each pair's Sinkhorn stops at its own convergence (plans within ``tol`` of 3's).
     revision = 4
 
-    def __init__(self, *, channels, embedding_size, grid: int = 4, rerank_k: int = 100, eps: float = 0.05,
-                 marginals: str = "cross_correlation", add_global: bool = True, max_iter: int = 100,
-                 tol: float = 1e-4, train_structural: bool = False, plan_grad: bool = False,
-                 sinkhorn_stop: str = "diml_code"):
+    def __init__(
+        self,
+        *,
+        channels,
+        embedding_size,
+        grid: int = 4,
+        rerank_k: int = 100,
+        eps: float = 0.05,
+        marginals: str = "cross_correlation",
+        add_global: bool = True,
+        max_iter: int = 100,
+        tol: float = 1e-4,
+        train_structural: bool = False,
+        plan_grad: bool = False,
+        sinkhorn_stop: str = "diml_code",
+    ):
         super().__init__(channels=channels, embedding_size=embedding_size, pool="avg")
         if grid not in GRIDS:
             raise HarnessError(f"DIML grid must be one of {GRIDS} (Table 6), got {grid}")
@@ -573,9 +711,13 @@ class DIMLHead(PlainHead):
         if rerank_k < 0:
             raise HarnessError(f"DIML rerank_k must be >= 0, got {rerank_k}")
         if not eps > 0 or max_iter < 1 or not tol >= 0:
-            raise HarnessError(f"DIML needs eps > 0, max_iter >= 1 and tol >= 0 (got {eps}, {max_iter}, {tol})")
+            raise HarnessError(
+                f"DIML needs eps > 0, max_iter >= 1 and tol >= 0 (got {eps}, {max_iter}, {tol})"
+            )
         if sinkhorn_stop not in SINKHORN_STOPS:
-            raise ValueError(f"sinkhorn_stop must be one of {', '.join(SINKHORN_STOPS)}; got {sinkhorn_stop!r}")
+            raise ValueError(
+                f"sinkhorn_stop must be one of {', '.join(SINKHORN_STOPS)}; got {sinkhorn_stop!r}"
+            )
         self.sinkhorn_stop = sinkhorn_stop
         self.grid, self.rerank_k, self.eps, self.marginals = grid, rerank_k, eps, marginals
         self.add_global, self.max_iter, self.tol = add_global, max_iter, tol
@@ -590,8 +732,12 @@ class DIMLHead(PlainHead):
         L2-normalised."""
         bsz, _, h, w = fmap.shape
         boxes = fmap.new_tensor([0.0, 0.0, float(w), float(h)]).expand(bsz, 4)
-        boxes = torch.cat([torch.arange(bsz, device=fmap.device, dtype=fmap.dtype)[:, None], boxes], dim=1)
-        pooled = roi_align(fmap, boxes, output_size=self.grid, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        boxes = torch.cat(
+            [torch.arange(bsz, device=fmap.device, dtype=fmap.dtype)[:, None], boxes], dim=1
+        )
+        pooled = roi_align(
+            fmap, boxes, output_size=self.grid, spatial_scale=1.0, sampling_ratio=-1, aligned=True
+        )
         return F.normalize(self.project(pooled.flatten(2).transpose(1, 2)), dim=-1)
 
     def embed(self, maps):
@@ -602,7 +748,12 @@ class DIMLHead(PlainHead):
     # ---------------------------------------------------------------- re-ranking
 
     def _options(self) -> dict[str, Any]:
-        return {"marginals": self.marginals, "eps": self.eps, "max_iter": self.max_iter, "tol": self.tol}
+        return {
+            "marginals": self.marginals,
+            "eps": self.eps,
+            "max_iter": self.max_iter,
+            "tol": self.tol,
+        }
 
     @torch.no_grad()
     def rerank_similarity(self, query, candidates):
@@ -618,10 +769,17 @@ class DIMLHead(PlainHead):
         q_emb, q_loc = query["embedding"], query["local"]
         c_emb, c_loc = candidates["embedding"], candidates["local"]
         nq, k = c_emb.shape[:2]
-        if q_loc.dim() != 3 or c_loc.dim() != 4 or c_loc.shape[:2] != (nq, k) or q_emb.shape[0] != nq \
-                or q_loc.shape[0] != nq:
-            raise ValueError(f"rerank_similarity expects query local Q x N x D and candidate local Q x K x N x D; "
-                             f"got {tuple(q_loc.shape)} and {tuple(c_loc.shape)}")
+        if (
+            q_loc.dim() != 3
+            or c_loc.dim() != 4
+            or c_loc.shape[:2] != (nq, k)
+            or q_emb.shape[0] != nq
+            or q_loc.shape[0] != nq
+        ):
+            raise ValueError(
+                f"rerank_similarity expects query local Q x N x D and candidate local Q x K x N x D; "
+                f"got {tuple(q_loc.shape)} and {tuple(c_loc.shape)}"
+            )
         return self._stream_scores(q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k)
 
     def figures(self, kind, images, outputs):
@@ -631,29 +789,49 @@ class DIMLHead(PlainHead):
         return FigureSet(figures=(pair_figure(*images, explanation),))
 
     @torch.no_grad()
-    def rerank_by_ids(self, query_fields: Mapping[str, torch.Tensor], gallery_fields: Mapping[str, torch.Tensor],
-                      query_ids, candidate_ids) -> torch.Tensor:
+    def rerank_by_ids(
+        self,
+        query_fields: Mapping[str, torch.Tensor],
+        gallery_fields: Mapping[str, torch.Tensor],
+        query_ids,
+        candidate_ids,
+    ) -> torch.Tensor:
         """:meth:`rerank_similarity` from stored fields and ids (``query_ids`` (Q,),
         ``candidate_ids`` Q x K): the candidates of a few queries are gathered only when
         the solver takes them in, so the Q x K x N x D candidate grids are never built and
         each gathered block is used while it is still in cache."""
         g_emb, g_loc = gallery_fields["embedding"], gallery_fields["local"]
         # Ids go where the fields are (on a GPU run, the whole re-ranking stays on it).
-        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long).to(query_fields["local"].device)
+        q_ids = torch.as_tensor(np.asarray(query_ids), dtype=torch.long).to(
+            query_fields["local"].device
+        )
         c_ids = torch.as_tensor(np.asarray(candidate_ids), dtype=torch.long).to(g_loc.device)
         nq, k = c_ids.shape
         flat = g_loc.reshape(len(g_loc), -1)
 
         def candidates(rows: slice):
             ids = c_ids[rows].reshape(-1)
-            return (g_emb.index_select(0, ids).view(-1, k, g_emb.shape[-1]),
-                    flat.index_select(0, ids).view(-1, k, *g_loc.shape[1:]))
+            return (
+                g_emb.index_select(0, ids).view(-1, k, g_emb.shape[-1]),
+                flat.index_select(0, ids).view(-1, k, *g_loc.shape[1:]),
+            )
 
-        return self._stream_scores(query_fields["embedding"].index_select(0, q_ids),
-                                   query_fields["local"].index_select(0, q_ids), candidates, nq, k)
+        return self._stream_scores(
+            query_fields["embedding"].index_select(0, q_ids),
+            query_fields["local"].index_select(0, q_ids),
+            candidates,
+            nq,
+            k,
+        )
 
-    def _stream_scores(self, q_emb, q_loc, candidates: Callable[[slice], tuple[torch.Tensor, torch.Tensor]],
-                       nq: int, k: int) -> torch.Tensor:
+    def _stream_scores(
+        self,
+        q_emb,
+        q_loc,
+        candidates: Callable[[slice], tuple[torch.Tensor, torch.Tensor]],
+        nq: int,
+        k: int,
+    ) -> torch.Tensor:
         """Scores (Q x K) of every query against its K candidates, solved as one stream: a
         few queries' similarity matrices and marginals are built whenever the solver's
         working set has room (about ``SINKHORN_WINDOW`` pairs), and a pair's score is
@@ -688,15 +866,23 @@ class DIMLHead(PlainHead):
                 lk, mu, nu = got
                 ids = torch.arange(start * k - len(lk), start * k, device=lk.device)
                 shape = (-1, k) + lk.shape[1:]
-                plan = sinkhorn_diml_code(lk.view(shape), mu.view(-1, k, mu.shape[-1]), nu.view(-1, k, nu.shape[-1]),
-                                          max_iter=self.max_iter).flatten(0, 1)
-                structural[ids] = (plan * (1 + self.eps * lk)).sum((-2, -1))  # Eq. 5, S = 1 + eps lk
+                plan = sinkhorn_diml_code(
+                    lk.view(shape),
+                    mu.view(-1, k, mu.shape[-1]),
+                    nu.view(-1, k, nu.shape[-1]),
+                    max_iter=self.max_iter,
+                ).flatten(0, 1)
+                structural[ids] = (plan * (1 + self.eps * lk)).sum(
+                    (-2, -1)
+                )  # Eq. 5, S = 1 + eps lk
         elif nq and k:
             _sinkhorn_stream(source, sink, max_iter=self.max_iter, tol=self.tol, window=window)
         score = structural.view(nq, k)
         return score + cosine if self.add_global else score
 
-    def _pair_terms(self, q_emb, q_loc, c_emb, c_loc) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _pair_terms(
+        self, q_emb, q_loc, c_emb, c_loc
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Similarities and marginals of the pairs of a few queries, as transposed problems
         (rows: the candidate's cells, columns: the query's, as in the code; the plan of the
         transposed problem is the transposed plan): S^T (q*K x n x m), the candidate's
@@ -720,8 +906,10 @@ class DIMLHead(PlainHead):
     @classmethod
     def cross_process_refusal(cls, options):
         if options.get("train_structural"):
-            return ("its training mode builds the structural pair matrix from the local batch, so the "
-                    "pairs between processes' shares would be missing; train it in one process")
+            return (
+                "its training mode builds the structural pair matrix from the local batch, so the "
+                "pairs between processes' shares would be missing; train it in one process"
+            )
         return ""
 
     @classmethod
@@ -747,27 +935,49 @@ class DIMLHead(PlainHead):
         loss = self._structural_loss(batch.metric_loss)
         emb = output.embedding.float()
         with torch.autocast(device_type=emb.device.type, enabled=False):  # matching in float32
-            plan, s = pairwise_matching(output.local.float(), emb, marginals=self.marginals, eps=self.eps,
-                                        max_iter=self.max_iter, tol=self.tol, plan_grad=self.plan_grad)
+            plan, s = pairwise_matching(
+                output.local.float(),
+                emb,
+                marginals=self.marginals,
+                eps=self.eps,
+                max_iter=self.max_iter,
+                tol=self.tol,
+                plan_grad=self.plan_grad,
+            )
             cos = emb @ emb.t()
         if loss.distance.is_inverted:
             if not isinstance(loss.distance, CosineSimilarity):
-                raise HarnessError(f"DIML training needs a cosine or Euclidean loss distance, got "
-                                   f"{type(loss.distance).__name__}")
+                raise HarnessError(
+                    f"DIML training needs a cosine or Euclidean loss distance, got "
+                    f"{type(loss.distance).__name__}"
+                )
             matrix = (cos + structural_similarity(plan, s)) / 2  # Eq. 19
         else:
             if not isinstance(loss.distance, LpDistance) or loss.distance.p != 2:
-                raise HarnessError(f"DIML training needs a cosine or Euclidean loss distance, got "
-                                   f"{type(loss.distance).__name__}")
+                raise HarnessError(
+                    f"DIML training needs a cosine or Euclidean loss distance, got "
+                    f"{type(loss.distance).__name__}"
+                )
             matrix = (_euclidean_from_cosine(cos) + structural_distance(plan, s)) / 2  # Eq. 16
             if loss.distance.power != 1:
-                matrix = matrix ** loss.distance.power
-        indices = self._mine(batch.metric_loss, emb, labels, matrix, inverted=loss.distance.is_inverted)
-        with distance_replaced(loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)):
+                matrix = matrix**loss.distance.power
+        indices = self._mine(
+            batch.metric_loss, emb, labels, matrix, inverted=loss.distance.is_inverted
+        )
+        with distance_replaced(
+            loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)
+        ):
             return {"metric": loss(emb, labels, indices)}
 
     @staticmethod
-    def _mine(metric_loss, emb: torch.Tensor, labels: torch.Tensor, matrix: torch.Tensor, *, inverted: bool):
+    def _mine(
+        metric_loss,
+        emb: torch.Tensor,
+        labels: torch.Tensor,
+        matrix: torch.Tensor,
+        *,
+        inverted: bool,
+    ):
         """The miner's tuples for DIML training.
 
         Multi-similarity's pair mining is part of the loss (Eq. 18: s* keeps the pairs whose
@@ -782,17 +992,23 @@ class DIMLHead(PlainHead):
         if not isinstance(miner, pml_miners.MultiSimilarityMiner):
             return metric_loss.mine(emb, labels)
         if miner.distance.is_inverted != inverted:
-            raise HarnessError("DIML training mines multi-similarity pairs on the loss's combined matrix; the "
-                               "miner and the loss must both use a similarity (or both a distance)")
+            raise HarnessError(
+                "DIML training mines multi-similarity pairs on the loss's combined matrix; the "
+                "miner and the loss must both use a similarity (or both a distance)"
+            )
         # A copy: PML's MultiSimilarityMiner writes its sort sentinels into the matrix it gets.
-        with distance_replaced(miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)):
+        with distance_replaced(
+            miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)
+        ):
             return metric_loss.mine(emb, labels)
 
     def _structural_loss(self, metric_loss) -> torch.nn.Module:
         loss = metric_loss.module()
         if isinstance(loss, _PROXY_LOSSES) or getattr(loss, "distance", None) is None:
-            raise HarnessError(f"DIML's training mode needs a pair- or triplet-based loss "
-                               f"({', '.join(STRUCTURAL_LOSSES)}), got {type(loss).__name__}")
+            raise HarnessError(
+                f"DIML's training mode needs a pair- or triplet-based loss "
+                f"({', '.join(STRUCTURAL_LOSSES)}), got {type(loss).__name__}"
+            )
         return loss
 
     # ---------------------------------------------------------------- explanation
@@ -804,7 +1020,9 @@ class DIMLHead(PlainHead):
             return None
         weights = F.relu(torch.einsum("bnd,bd->bn", output.local.float(), output.embedding.float()))
         maps = weights.view(-1, 1, self.grid, self.grid)
-        maps = F.interpolate(maps, size=tuple(images.shape[-2:]), mode="bilinear", align_corners=False)
+        maps = F.interpolate(
+            maps, size=tuple(images.shape[-2:]), mode="bilinear", align_corners=False
+        )
         lo = maps.amin(dim=(-2, -1), keepdim=True)
         hi = maps.amax(dim=(-2, -1), keepdim=True)
         return ((maps - lo) / (hi - lo).clamp_min(1e-12)).clamp(0, 1)
@@ -819,8 +1037,14 @@ class DIMLHead(PlainHead):
         maps."""
         if query.local is None or gallery.local is None:
             return None
-        plan, s, _, _ = transport_plans(query.local.float(), gallery.local.float(), query.embedding.float(),
-                                        gallery.embedding.float(), plan_grad=False, **self._options())
+        plan, s, _, _ = transport_plans(
+            query.local.float(),
+            gallery.local.float(),
+            query.embedding.float(),
+            gallery.embedding.float(),
+            plan_grad=False,
+            **self._options(),
+        )
         same = torch.as_tensor(same, device=s.device)[:, None, None]
         parts = (plan * torch.where(same, s, 1 - s)).clamp_min(0)
         g = self.grid
@@ -832,17 +1056,37 @@ class DIMLHead(PlainHead):
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
-        return {"grid": trial.suggest_categorical("grid", [2, 4, 7]),
-                "eps": trial.suggest_float("eps", 0.02, 0.2, log=True),
-                "marginals": trial.suggest_categorical("marginals", list(MARGINALS))}
+        return {
+            "grid": trial.suggest_categorical("grid", [2, 4, 7]),
+            "eps": trial.suggest_float("eps", 0.02, 0.2, log=True),
+            "marginals": trial.suggest_categorical("marginals", list(MARGINALS)),
+        }
 
 
-register_variant("diml_ss", DIMLHead, ablation=True, marginals="uniform", add_global=False, label="DIML (SS)",
-                 description="DIML Table 2 row SS: structural similarity alone, uniform marginals")
-register_variant("diml_ss_mm", DIMLHead, ablation=True, marginals="uniform", label="DIML (SS+MM)",
-                 description="DIML Table 2 row SS+MM: cosine + structural similarity, uniform marginals")
-register_variant("diml_train", DIMLHead, train_structural=True, label="DIML (train)",
-                 description="DIML Table 3 (train): structural matching also inside the metric loss")
+register_variant(
+    "diml_ss",
+    DIMLHead,
+    ablation=True,
+    marginals="uniform",
+    add_global=False,
+    label="DIML (SS)",
+    description="DIML Table 2 row SS: structural similarity alone, uniform marginals",
+)
+register_variant(
+    "diml_ss_mm",
+    DIMLHead,
+    ablation=True,
+    marginals="uniform",
+    label="DIML (SS+MM)",
+    description="DIML Table 2 row SS+MM: cosine + structural similarity, uniform marginals",
+)
+register_variant(
+    "diml_train",
+    DIMLHead,
+    train_structural=True,
+    label="DIML (train)",
+    description="DIML Table 3 (train): structural matching also inside the metric loss",
+)
 
 
 # ----------------------------------------------------------------- explanation of a pair
@@ -872,33 +1116,53 @@ class PairExplanation:
     def score(self) -> float:
         return self.global_similarity + self.structural_similarity
 
-    def top_pairs(self, count: int = 2, *, largest: bool = True) -> list[tuple[int, int, float, float, float]]:
+    def top_pairs(
+        self, count: int = 2, *, largest: bool = True
+    ) -> list[tuple[int, int, float, float, float]]:
         """The ``count`` cell pairs with the largest (or smallest) contribution as
         ``(i, j, G^4 T_ij, S_ij, T_ij S_ij)``; G^4 T is Fig. 5's rescaled flow (1 = uniform)."""
         flat = self.contributions.flatten()
         order = torch.argsort(flat, descending=largest)[:count]
         n = self.plan.shape[1]
-        scale = self.grid ** 4
-        return [(int(idx) // n, int(idx) % n, float(self.plan.flatten()[idx]) * scale,
-                 float(self.similarity.flatten()[idx]), float(flat[idx])) for idx in order]
+        scale = self.grid**4
+        return [
+            (
+                int(idx) // n,
+                int(idx) % n,
+                float(self.plan.flatten()[idx]) * scale,
+                float(self.similarity.flatten()[idx]),
+                float(flat[idx]),
+            )
+            for idx in order
+        ]
 
 
-def _single(out: HeadOutput | Mapping[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _single(
+    out: HeadOutput | Mapping[str, torch.Tensor], name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     local = out.local if isinstance(out, HeadOutput) else out["local"]
     emb = out.embedding if isinstance(out, HeadOutput) else out["embedding"]
     if local is None:
         raise ValueError(f"{name} has no local embeddings (is it a DIML head's output?)")
     if local.dim() == 3:
         if local.shape[0] != 1:
-            raise ValueError(f"{name} holds {local.shape[0]} images; pass one (index the batch first)")
+            raise ValueError(
+                f"{name} holds {local.shape[0]} images; pass one (index the batch first)"
+            )
         local, emb = local[0], emb.reshape(-1)
     return local.detach().float(), emb.detach().float().reshape(-1)
 
 
 @torch.no_grad()
-def explain_pair(query_out: HeadOutput | Mapping[str, torch.Tensor],
-                 gallery_out: HeadOutput | Mapping[str, torch.Tensor], *, marginals: str = "cross_correlation",
-                 eps: float = 0.05, max_iter: int = 100, tol: float = 1e-6) -> PairExplanation:
+def explain_pair(
+    query_out: HeadOutput | Mapping[str, torch.Tensor],
+    gallery_out: HeadOutput | Mapping[str, torch.Tensor],
+    *,
+    marginals: str = "cross_correlation",
+    eps: float = 0.05,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+) -> PairExplanation:
     """Decompose the structural similarity of one pair (Fig. 5).
 
     ``query_out`` / ``gallery_out``: a DIML head's output for one image each (a
@@ -909,19 +1173,36 @@ def explain_pair(query_out: HeadOutput | Mapping[str, torch.Tensor],
     g_loc, g_emb = _single(gallery_out, "gallery_out")
     grid = math.isqrt(q_loc.shape[0])
     if grid * grid != q_loc.shape[0] or g_loc.shape[0] != q_loc.shape[0]:
-        raise ValueError(f"expected two square grids of the same size, got {q_loc.shape[0]} and {g_loc.shape[0]} cells")
-    plan, s, mu, nu = transport_plans(q_loc[None], g_loc[None], q_emb[None], g_emb[None], marginals=marginals,
-                                      eps=eps, max_iter=max_iter, tol=tol)
+        raise ValueError(
+            f"expected two square grids of the same size, got {q_loc.shape[0]} and {g_loc.shape[0]} cells"
+        )
+    plan, s, mu, nu = transport_plans(
+        q_loc[None],
+        g_loc[None],
+        q_emb[None],
+        g_emb[None],
+        marginals=marginals,
+        eps=eps,
+        max_iter=max_iter,
+        tol=tol,
+    )
     plan, s = plan[0], s[0]
     contributions = plan * s
-    return PairExplanation(grid=grid, query_marginal=mu[0].view(grid, grid), gallery_marginal=nu[0].view(grid, grid),
-                           plan=plan, similarity=s, contributions=contributions,
-                           structural_similarity=float(contributions.sum()),
-                           global_similarity=float(q_emb @ g_emb))
+    return PairExplanation(
+        grid=grid,
+        query_marginal=mu[0].view(grid, grid),
+        gallery_marginal=nu[0].view(grid, grid),
+        plan=plan,
+        similarity=s,
+        contributions=contributions,
+        structural_similarity=float(contributions.sum()),
+        global_similarity=float(q_emb @ g_emb),
+    )
 
 
-def pair_figure(query_image, gallery_image, explanation: PairExplanation, *, top: int = 2,
-                bottom: int = 1) -> FigureData:
+def pair_figure(
+    query_image, gallery_image, explanation: PairExplanation, *, top: int = 2, bottom: int = 1
+) -> FigureData:
     """The paper's Fig. 5 as data (the engine draws it).
 
     The two images side by side, each with its marginal (cross-correlation heat map) over
@@ -936,11 +1217,23 @@ def pair_figure(query_image, gallery_image, explanation: PairExplanation, *, top
         r, c = divmod(cell, g)
         return 0, column, (c + 0.5) / g, (r + 0.5) / g
 
-    pairs = [(p, "red") for p in explanation.top_pairs(top)] + \
-            [(p, "blue") for p in explanation.top_pairs(bottom, largest=False)]
-    links = tuple(Link(centre(0, i), centre(1, j), colour, f"{t_hat:.2f} x {s_ij:.2f}")
-                  for (i, j, t_hat, s_ij, _), colour in pairs)
-    panels = ((Panel(query_image, explanation.query_marginal, "query"),
-               Panel(gallery_image, explanation.gallery_marginal, "gallery")),)
-    return FigureData(panels, title=f"cosine {explanation.global_similarity:.3f} -> structural "
-                                    f"{explanation.structural_similarity:.3f}", grid=g, links=links)
+    pairs = [(p, "red") for p in explanation.top_pairs(top)] + [
+        (p, "blue") for p in explanation.top_pairs(bottom, largest=False)
+    ]
+    links = tuple(
+        Link(centre(0, i), centre(1, j), colour, f"{t_hat:.2f} x {s_ij:.2f}")
+        for (i, j, t_hat, s_ij, _), colour in pairs
+    )
+    panels = (
+        (
+            Panel(query_image, explanation.query_marginal, "query"),
+            Panel(gallery_image, explanation.gallery_marginal, "gallery"),
+        ),
+    )
+    return FigureData(
+        panels,
+        title=f"cosine {explanation.global_similarity:.3f} -> structural "
+        f"{explanation.structural_similarity:.3f}",
+        grid=g,
+        links=links,
+    )

@@ -108,9 +108,10 @@ Explanation (not a training choice): :meth:`SAMHead.explain` gives, per image, t
 similarity attention of the image with its nearest neighbour in the batch under the
 Siamese positive-pair weight w = 1 - |f - f_nn| (why the retrieval's top-1 is similar; an
 image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the same for
-(query, gallery) pairs as data (what ``harness explain`` scores), :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive /
-negative maps under the triplet weight, both in closed form on the last map; the run logs
-them as figures (:meth:`SAMHead.figures`).
+(query, gallery) pairs as data (what ``harness explain`` scores),
+:meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive / negative maps under the triplet
+weight, both in closed form on the last map; the run logs them as figures
+(:meth:`SAMHead.figures`).
 """
 
 from __future__ import annotations
@@ -137,10 +138,25 @@ from methods.base import (
     register_variant,
 )
 
-__all__ = ["SAMHead", "PAPER", "FORMS", "TUPLE_SIZE", "triplet_weights", "pair_weights",
-           "quadruplet_weights", "tuple_weights", "eq1_attention", "closed_form_attention",
-           "autograd_attention", "soft_mask", "normalize_attention", "similarity_mining_loss",
-           "candidate_tuples", "select_tuples", "attention_row"]
+__all__ = [
+    "SAMHead",
+    "PAPER",
+    "FORMS",
+    "TUPLE_SIZE",
+    "triplet_weights",
+    "pair_weights",
+    "quadruplet_weights",
+    "tuple_weights",
+    "eq1_attention",
+    "closed_form_attention",
+    "autograd_attention",
+    "soft_mask",
+    "normalize_attention",
+    "similarity_mining_loss",
+    "candidate_tuples",
+    "select_tuples",
+    "attention_row",
+]
 
 # The text transcribed here is titled "Visual Similarity Attention" and set in IJCAI's
 # template (2022); arXiv 1911.07381 is the same work, first posted as "Learning Similarity
@@ -154,7 +170,8 @@ PAPER = PaperInfo(
     tables=("1", "2"),
     published_selection=(
         "SAM: the paper names no validation split and no code was released (test-set selection cannot be "
-        "excluded)"),
+        "excluded)"
+    ),
 )
 
 FORMS = ("triplet", "siamese", "quadruplet")
@@ -182,7 +199,9 @@ def pair_weights(f_1: torch.Tensor, f_2: torch.Tensor, same) -> torch.Tensor:
     return torch.where(torch.as_tensor(same, device=diff.device)[..., None], 1 - diff, diff)
 
 
-def quadruplet_weights(f_a: torch.Tensor, f_p: torch.Tensor, f_n1: torch.Tensor, f_n2: torch.Tensor) -> torch.Tensor:
+def quadruplet_weights(
+    f_a: torch.Tensor, f_p: torch.Tensor, f_n1: torch.Tensor, f_n2: torch.Tensor
+) -> torch.Tensor:
     """Sec. 3.1.1, quadruplet: w = (1 - |f_a - f_p|) * |f_a - f_n1| * |f_a - f_n2|."""
     return (1 - (f_a - f_p).abs()) * (f_a - f_n1).abs() * (f_a - f_n2).abs()
 
@@ -209,8 +228,9 @@ def eq1_attention(maps: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
     return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
 
 
-def closed_form_attention(maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor,
-                          weight: torch.Tensor) -> torch.Tensor:
+def closed_form_attention(
+    maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """Eq. 1 on the last map under GAP -> Linear (``weight`` D x C) -> L2, without autograd.
 
     ``maps`` N x C x h x w, ``e`` N x D (before the L2 normalisation), ``f = e / |e|``,
@@ -222,13 +242,14 @@ def closed_form_attention(maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, 
     return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
 
 
-def autograd_attention(maps: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *,
-                       create_graph: bool) -> torch.Tensor:
+def autograd_attention(
+    maps: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *, create_graph: bool
+) -> torch.Tensor:
     """Eq. 1 by autograd: ds/dA is the vector-Jacobian product of f (computed from ``maps``)
     with w (w held constant in the derivative; with ``create_graph`` the result stays
     differentiable in the parameters, the maps and w). Rows must not interact (BatchNorm
     frozen or in eval mode, as the protocols run it)."""
-    grads, = torch.autograd.grad(f, maps, grad_outputs=w, create_graph=create_graph)
+    (grads,) = torch.autograd.grad(f, maps, grad_outputs=w, create_graph=create_graph)
     return eq1_attention(maps, grads)
 
 
@@ -269,8 +290,10 @@ def similarity_mining_loss(features: torch.Tensor, form: str) -> torch.Tensor:
     if form == "triplet":
         return (d_ap - _norm(features[:, 0] - features[:, 2])).abs().mean()
     if form == "quadruplet":
-        return ((d_ap - _norm(features[:, 0] - features[:, 2])).abs()
-                + (d_ap - _norm(features[:, 0] - features[:, 3])).abs()).mean()
+        return (
+            (d_ap - _norm(features[:, 0] - features[:, 2])).abs()
+            + (d_ap - _norm(features[:, 0] - features[:, 3])).abs()
+        ).mean()
     raise ValueError(f"form must be one of {FORMS}, got {form!r}")
 
 
@@ -288,8 +311,13 @@ def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
     return torch.stack([a, p, n], 1)
 
 
-def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Tensor | None = None,
-                  mining: str = "random") -> torch.Tensor:
+def select_tuples(
+    indices,
+    labels: torch.Tensor,
+    form: str,
+    embeddings: torch.Tensor | None = None,
+    mining: str = "random",
+) -> torch.Tensor:
     """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
     greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
     second negative to a mined triplet (see the module docstring). Random choices use
@@ -318,18 +346,25 @@ def select_tuples(indices, labels: torch.Tensor, form: str, embeddings: torch.Te
         hardest_first = torch.argsort(-hard, stable=True)
     # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
     quadruplet = form == "quadruplet"
-    rows, y, order, dist_rows = _to_host(cand, labels if quadruplet else None, hardest_first,
-                                         dist if quadruplet else None)
+    rows, y, order, dist_rows = _to_host(
+        cand, labels if quadruplet else None, hardest_first, dist if quadruplet else None
+    )
     if order is None:
         order = _random_order(len(rows))
-    chosen = _greedy_disjoint(rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining)
+    chosen = _greedy_disjoint(
+        rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining
+    )
     if not chosen:
         return empty
     return torch.tensor(chosen, dtype=torch.long, device=labels.device)
 
 
-def _to_host(cand: torch.Tensor, labels: torch.Tensor | None, order: torch.Tensor | None,
-             dist: torch.Tensor | None) -> tuple[list[list[int]], list[int], list[int] | None, list[list[float]]]:
+def _to_host(
+    cand: torch.Tensor,
+    labels: torch.Tensor | None,
+    order: torch.Tensor | None,
+    dist: torch.Tensor | None,
+) -> tuple[list[list[int]], list[int], list[int] | None, list[list[float]]]:
     """One device-to-host transfer of what the greedy pass reads: the candidates (T x k)
     and, where given, the labels, the order and the distance matrix, packed into one float64
     vector (exact: indices and class ids are integers far below 2^53, and every float32
@@ -337,16 +372,16 @@ def _to_host(cand: torch.Tensor, labels: torch.Tensor | None, order: torch.Tenso
     parts = [t.flatten() for t in (cand, labels, order, dist) if t is not None]
     flat = torch.cat([t.to(torch.float64) for t in parts]).tolist()
     count, k = cand.shape
-    rows = [[int(i) for i in flat[r * k:(r + 1) * k]] for r in range(count)]
+    rows = [[int(i) for i in flat[r * k : (r + 1) * k]] for r in range(count)]
     pos = count * k
     y: list[int] = []
     if labels is not None:
-        y, pos = [int(c) for c in flat[pos:pos + len(labels)]], pos + len(labels)
+        y, pos = [int(c) for c in flat[pos : pos + len(labels)]], pos + len(labels)
     host_order = None
     if order is not None:
-        host_order, pos = [int(t) for t in flat[pos:pos + count]], pos + count
+        host_order, pos = [int(t) for t in flat[pos : pos + count]], pos + count
     batch = 0 if dist is None else len(dist)
-    dist_rows = [flat[pos + i * batch:pos + (i + 1) * batch] for i in range(batch)]
+    dist_rows = [flat[pos + i * batch : pos + (i + 1) * batch] for i in range(batch)]
     return rows, y, host_order, dist_rows
 
 
@@ -361,8 +396,16 @@ def _random_index(count: int) -> int:
     return int(torch.randint(count, ()))
 
 
-def _greedy_disjoint(rows: list[list[int]], y: list[int], order: list[int], dist: list[list[float]], *,
-                     batch: int, form: str, mining: str) -> list[list[int]]:
+def _greedy_disjoint(
+    rows: list[list[int]],
+    y: list[int],
+    order: list[int],
+    dist: list[list[float]],
+    *,
+    batch: int,
+    form: str,
+    mining: str,
+) -> list[list[int]]:
     """The candidates ``rows`` in ``order``, each kept when it shares no image with one kept
     before; a quadruplet adds the nearest (hardest first) or a random unused image of a third
     class (``y``) as n2; stops when fewer than k images are left."""
@@ -374,10 +417,18 @@ def _greedy_disjoint(rows: list[list[int]], y: list[int], order: list[int], dist
             continue
         if form == "quadruplet":
             a, n1 = members[0], members[2]
-            pool = [j for j in range(batch) if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]]
+            pool = [
+                j
+                for j in range(batch)
+                if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
+            ]
             if not pool:
                 continue
-            n2 = min(pool, key=lambda j: dist[a][j]) if mining == "hardest" else pool[_random_index(len(pool))]
+            n2 = (
+                min(pool, key=lambda j: dist[a][j])
+                if mining == "hardest"
+                else pool[_random_index(len(pool))]
+            )
             members = members + [n2]
         chosen.append(members)
         for i in members:
@@ -397,8 +448,11 @@ def _grid(n: int, height: int, width: int) -> tuple[int, int]:
 # ------------------------------------------------------------------ the head
 
 
-@register_method("sam", description="SAM: similarity attention + similarity mining on soft-masked images "
-                                     "(triplet form), GAP + linear head")
+@register_method(
+    "sam",
+    description="SAM: similarity attention + similarity mining on soft-masked images "
+    "(triplet form), GAP + linear head",
+)
 class SAMHead(Method):
     """The plain head (GAP -> Linear -> L2) trained with SAM's similarity mining (see the
     module docstring). Options: ``form`` (``"triplet"`` | ``"siamese"`` | ``"quadruplet"``),
@@ -410,9 +464,20 @@ class SAMHead(Method):
     figure_tuples = ("pair", "triplet")
     paper = PAPER
 
-    def __init__(self, *, channels, embedding_size, form: str = "triplet", stage: str = "s32",
-                 alpha: float = 10.0, beta: float = 0.5, gamma: float = 0.2, normalize: str = "max",
-                 detach_weights: bool = False, mining: str = "random"):
+    def __init__(
+        self,
+        *,
+        channels,
+        embedding_size,
+        form: str = "triplet",
+        stage: str = "s32",
+        alpha: float = 10.0,
+        beta: float = 0.5,
+        gamma: float = 0.2,
+        normalize: str = "max",
+        detach_weights: bool = False,
+        mining: str = "random",
+    ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
@@ -421,7 +486,9 @@ class SAMHead(Method):
         if not alpha > 0:
             raise ValueError(f"alpha (mask sharpness) must be > 0, got {alpha}")
         if not 0 <= beta <= 1:
-            raise ValueError(f"beta (mask threshold on the normalised map) must be in [0, 1], got {beta}")
+            raise ValueError(
+                f"beta (mask threshold on the normalised map) must be in [0, 1], got {beta}"
+            )
         if not gamma >= 0:
             raise ValueError(f"gamma (Eq. 3) must be >= 0, got {gamma}")
         if normalize not in NORMALIZATIONS:
@@ -447,15 +514,23 @@ class SAMHead(Method):
     # ---------------------------------------------------------------------- forward
 
     def _last_map(self, fmap: torch.Tensor) -> torch.Tensor:
-        return fmap if self.stage == "s32" else cast(torch.Tensor, self.backbone.run(fmap, start=self.stage))
+        return (
+            fmap
+            if self.stage == "s32"
+            else cast(torch.Tensor, self.backbone.run(fmap, start=self.stage))
+        )
 
     def embed(self, maps):
         fmap = maps[-1]
         last = self._last_map(fmap)
         e = self.project(last.mean(dim=(2, 3)))
         out = HeadOutput(embedding=F.normalize(e, dim=-1), extras={"map": fmap})
-        if not self.training:  # per-location embeddings W A_ij, for the closed-form explanation maps
-            out.local = torch.einsum("bchw,dc->bhwd", last, self.project.weight.to(last.dtype)).flatten(1, 2)
+        if (
+            not self.training
+        ):  # per-location embeddings W A_ij, for the closed-form explanation maps
+            out.local = torch.einsum(
+                "bchw,dc->bhwd", last, self.project.weight.to(last.dtype)
+            ).flatten(1, 2)
         return out
 
     # ---------------------------------------------------------------------- Eq. 1
@@ -464,11 +539,21 @@ class SAMHead(Method):
         """(e, f) in float32 from maps of ``stage`` (call with autocast disabled): the head
         (and, for an earlier stage, the rest of the backbone) run again in float32."""
         last = self._last_map(maps)
-        e = F.linear(last.float().mean(dim=(2, 3)), self.project.weight.float(), self.project.bias.float())
+        e = F.linear(
+            last.float().mean(dim=(2, 3)), self.project.weight.float(), self.project.bias.float()
+        )
         return e, F.normalize(e, dim=-1)
 
-    def attention(self, maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *,
-                  closed_form: bool | None = None, create_graph: bool = True) -> torch.Tensor:
+    def attention(
+        self,
+        maps: torch.Tensor,
+        e: torch.Tensor,
+        f: torch.Tensor,
+        w: torch.Tensor,
+        *,
+        closed_form: bool | None = None,
+        create_graph: bool = True,
+    ) -> torch.Tensor:
         """Eq. 1 for N rows: ``maps`` (float32, of ``stage``), (e, f) = :meth:`features32` of
         them, ``w`` N x D. Closed form on ``s32`` (``closed_form`` None), else autograd
         (``maps`` must then require grad and (e, f) come from them)."""
@@ -481,13 +566,14 @@ class SAMHead(Method):
     def _fp32(self, device: torch.device):
         return torch.autocast(device_type=device.type, enabled=False)
 
-    def tuple_attention(self, maps: torch.Tensor, form: str | None = None,
-                        create_graph: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def tuple_attention(
+        self, maps: torch.Tensor, form: str | None = None, create_graph: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention maps of T tuples' images: ``maps`` (T*k) x C x h x w, rows tuple by tuple
         in role order. Returns (M (T*k) x h x w, w T x D), float32 under any autocast."""
         form = form or self.form
         k = TUPLE_SIZE[form]
-        with self._fp32(maps.device), (nullcontext() if self.closed_form else torch.enable_grad()):
+        with self._fp32(maps.device), nullcontext() if self.closed_form else torch.enable_grad():
             a = maps.float()
             if not self.closed_form and not a.requires_grad:
                 a = a.detach().requires_grad_()
@@ -502,19 +588,25 @@ class SAMHead(Method):
 
     def masks(self, attention: torch.Tensor, size) -> torch.Tensor:
         """N x h x w attention -> N x 1 x H x W soft masks 1 - Sigma(M) at image size."""
-        up = F.interpolate(attention[:, None], size=tuple(size), mode="bilinear", align_corners=False)
+        up = F.interpolate(
+            attention[:, None], size=tuple(size), mode="bilinear", align_corners=False
+        )
         return soft_mask(normalize_attention(up, self.normalize), self.alpha, self.beta)
 
     @classmethod
     def cross_process_refusal(cls, options):
-        return ("its similarity mining runs a second pass of the model on masked images and "
-                "differentiates the similarity with autograd.grad, which DistributedDataParallel "
-                "does not support; train it in one process")
+        return (
+            "its similarity mining runs a second pass of the model on masked images and "
+            "differentiates the similarity with autograd.grad, which DistributedDataParallel "
+            "does not support; train it in one process"
+        )
 
     def step_host_reads(self):
-        return ("similarity mining selects disjoint tuples greedily on the host (select_tuples): the "
-                "mined candidates, and for quadruplets the labels and the distances they need, come "
-                "over in one transfer per step; the random order is drawn on the host")
+        return (
+            "similarity mining selects disjoint tuples greedily on the host (select_tuples): the "
+            "mined candidates, and for quadruplets the labels and the distances they need, come "
+            "over in one transfer per step; the random order is drawn on the host"
+        )
 
     def loss_terms(self, output, batch):
         """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of
@@ -523,10 +615,14 @@ class SAMHead(Method):
         indices = batch.metric_loss.mine(f, labels)
         terms = {"metric": batch.metric_loss(f, labels, indices=indices)}
         if batch.images is None or batch.model is None:
-            raise HarnessError("SAM's similarity mining needs the batch's images and model (a second pass)")
+            raise HarnessError(
+                "SAM's similarity mining needs the batch's images and model (a second pass)"
+            )
         fmap = output.extras.get("map")
         if fmap is None:
-            raise HarnessError("SAM's loss needs the feature map its embed keeps (output.extras['map'])")
+            raise HarnessError(
+                "SAM's loss needs the feature map its embed keeps (output.extras['map'])"
+            )
         tuples = select_tuples(indices, labels, self.form, f, self.mining)
         if len(tuples) == 0:
             terms["similarity_mining"] = f.sum() * 0
@@ -578,11 +674,15 @@ class SAMHead(Method):
             leaves = [m.detach().clone().float().requires_grad_(not self.closed_form) for m in maps]
             (e_q, f_q), (e_g, f_g) = (self.features32(a) for a in leaves)
             w = pair_weights(f_q.detach(), f_g.detach(), torch.as_tensor(same, device=f_q.device))
-            return tuple(self.attention(a, e, f, w, create_graph=False).detach()
-                         for a, e, f in ((leaves[0], e_q, f_q), (leaves[1], e_g, f_g)))
+            return tuple(
+                self.attention(a, e, f, w, create_graph=False).detach()
+                for a, e, f in ((leaves[0], e_q, f_q), (leaves[1], e_g, f_g))
+            )
 
     @torch.no_grad()
-    def local_attention(self, outputs: list[HeadOutput], w: torch.Tensor, image_size=(1, 1)) -> list[torch.Tensor]:
+    def local_attention(
+        self, outputs: list[HeadOutput], w: torch.Tensor, image_size=(1, 1)
+    ) -> list[torch.Tensor]:
         """Eq. 1 in closed form for each image of a tuple under the tuple's weight ``w``,
         from the per-location embeddings of the last map (``local``: W A_ij, eval mode):
         with e = mean_ij W A_ij + b and f = e / |e|, ds/dA_ij = W^T g / HW for
@@ -603,11 +703,14 @@ class SAMHead(Method):
 
     def _unit(self, out: HeadOutput) -> torch.Tensor:
         assert out.local is not None  # the head keeps its local embeddings
-        return F.normalize(out.local[0].detach().float().cpu().mean(0) + self.project.bias.detach().float().cpu(),
-                           dim=-1)
+        return F.normalize(
+            out.local[0].detach().float().cpu().mean(0) + self.project.bias.detach().float().cpu(),
+            dim=-1,
+        )
 
-    def local_pair_maps(self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
-                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def local_pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """One (query, gallery) pair's similarity attention in closed form from ``local``
         (what the run's figure draws): two h x w maps under the Siamese weight (w = 1 -
         |f_q - f_g| for ``same``, else |f_q - f_g|)."""
@@ -617,8 +720,9 @@ class SAMHead(Method):
         q, g = self.local_attention([query, gallery], w, image_size)
         return q, g
 
-    def triplet_maps(self, anchor: HeadOutput, positive: HeadOutput, negative: HeadOutput, image_size=(1, 1)
-                     ) -> list[torch.Tensor] | None:
+    def triplet_maps(
+        self, anchor: HeadOutput, positive: HeadOutput, negative: HeadOutput, image_size=(1, 1)
+    ) -> list[torch.Tensor] | None:
         """Fig. 4's maps as data: anchor, positive and negative attention under the triplet
         weight w = (1 - |f_a - f_p|) * |f_a - f_n| (Sec. 3.1)."""
         if any(o.local is None for o in (anchor, positive, negative)):
@@ -645,31 +749,53 @@ class SAMHead(Method):
             return None
         names = ["anchor", "positive", "negative"]
         title = "SAM Fig. 4: triplet attention, w = (1 - |f_a - f_p|) * |f_a - f_n|"
-        return FigureSet(figures=(attention_row(images, maps, names, title),),
-                         arrays={"": dict(zip(names, maps, strict=True))})
+        return FigureSet(
+            figures=(attention_row(images, maps, names, title),),
+            arrays={"": dict(zip(names, maps, strict=True))},
+        )
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
         """The paper-silent choices: stage, alpha, beta, gamma, M's normalisation, w held
         constant or not, which mined tuples are masked."""
-        return {"stage": trial.suggest_categorical("stage", ["s16", "s32"]),
-                "alpha": trial.suggest_float("alpha", 2.0, 50.0, log=True),
-                "beta": trial.suggest_float("beta", 0.2, 0.8),
-                "gamma": trial.suggest_float("gamma", 0.01, 1.0, log=True),
-                "normalize": trial.suggest_categorical("normalize", list(NORMALIZATIONS)),
-                "detach_weights": trial.suggest_categorical("detach_weights", [False, True]),
-                "mining": trial.suggest_categorical("mining", list(MININGS))}
+        return {
+            "stage": trial.suggest_categorical("stage", ["s16", "s32"]),
+            "alpha": trial.suggest_float("alpha", 2.0, 50.0, log=True),
+            "beta": trial.suggest_float("beta", 0.2, 0.8),
+            "gamma": trial.suggest_float("gamma", 0.01, 1.0, log=True),
+            "normalize": trial.suggest_categorical("normalize", list(NORMALIZATIONS)),
+            "detach_weights": trial.suggest_categorical("detach_weights", [False, True]),
+            "mining": trial.suggest_categorical("mining", list(MININGS)),
+        }
 
 
 def attention_row(images, maps, names, title: str = "") -> FigureData:
     """Fig. 4's layout as data: images side by side, each with its attention map (h x w)
     over it, titled by ``names``. Images: 3 x H x W in [0, 1]."""
-    return FigureData((tuple(Panel(image, heat, name) for image, heat, name in zip(images, maps, names, strict=True)),),
-                      title=title)
+    return FigureData(
+        (
+            tuple(
+                Panel(image, heat, name)
+                for image, heat, name in zip(images, maps, names, strict=True)
+            ),
+        ),
+        title=title,
+    )
 
 
-register_variant("sam_siamese", SAMHead, ablation=True, form="siamese", label="SAM (Siamese)",
-                 description="SAM Table 1: Siamese form (positive pairs masked; L_sm = -||f*1 - f*2||)")
-register_variant("sam_quadruplet", SAMHead, ablation=True, form="quadruplet",
-                 label="SAM (quadruplet)",
-                 description="SAM Table 1: quadruplet form (L_sm = Eq. 2 on (a, p, n1) + on (a, p, n2))")
+register_variant(
+    "sam_siamese",
+    SAMHead,
+    ablation=True,
+    form="siamese",
+    label="SAM (Siamese)",
+    description="SAM Table 1: Siamese form (positive pairs masked; L_sm = -||f*1 - f*2||)",
+)
+register_variant(
+    "sam_quadruplet",
+    SAMHead,
+    ablation=True,
+    form="quadruplet",
+    label="SAM (quadruplet)",
+    description="SAM Table 1: quadruplet form (L_sm = Eq. 2 on (a, p, n1) + on (a, p, n2))",
+)

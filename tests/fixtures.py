@@ -39,8 +39,15 @@ def make_cars(root: Path, classes: int = 196, per_class: int = 2) -> Path:
     from scipy.io import savemat
 
     base = root / "cars196"
-    dtype = [("relative_im_path", "O"), ("bbox_x1", "O"), ("bbox_y1", "O"), ("bbox_x2", "O"),
-             ("bbox_y2", "O"), ("class", "O"), ("test", "O")]
+    dtype = [
+        ("relative_im_path", "O"),
+        ("bbox_x1", "O"),
+        ("bbox_y1", "O"),
+        ("bbox_x2", "O"),
+        ("bbox_y2", "O"),
+        ("class", "O"),
+        ("test", "O"),
+    ]
     rows = []
     n = 0
     for c in range(1, classes + 1):
@@ -51,8 +58,13 @@ def make_cars(root: Path, classes: int = 196, per_class: int = 2) -> Path:
             # The official `test` flag mixes classes; DML ignores it.
             rows.append((rel, 1, 1, 20, 20, c, i % 2))
     annotations = np.array(rows, dtype=dtype)
-    savemat(base / "cars_annos.mat", {"annotations": annotations.reshape(1, -1),
-                                      "class_names": np.array([f"car {c}" for c in range(1, classes + 1)], dtype=object)})
+    savemat(
+        base / "cars_annos.mat",
+        {
+            "annotations": annotations.reshape(1, -1),
+            "class_names": np.array([f"car {c}" for c in range(1, classes + 1)], dtype=object),
+        },
+    )
     return base
 
 
@@ -78,8 +90,11 @@ def make_inshop(root: Path) -> Path:
     """list_eval_partition.txt: a count, the header, rows with train/query/gallery."""
     base = root / "inshop"
     rows = []
-    spec = {"train": [(1, 3), (2, 2), (3, 2)], "query": [(4, 1), (5, 2), (6, 1)],
-            "gallery": [(4, 2), (5, 1), (6, 2), (7, 1)]}
+    spec = {
+        "train": [(1, 3), (2, 2), (3, 2)],
+        "query": [(4, 1), (5, 2), (6, 1)],
+        "gallery": [(4, 2), (5, 1), (6, 2), (7, 1)],
+    }
     n = 0
     for status, items in spec.items():
         for item, count in items:
@@ -94,7 +109,9 @@ def make_inshop(root: Path) -> Path:
 
 
 def _idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape
+    )
     with gzip.open(path, "wb") as fh:
         fh.write(header + array.astype(np.uint8).tobytes())
 

@@ -45,7 +45,9 @@ def all_runs() -> set[str]:
     experiments = [e.experiment_id for e in client.search_experiments(view_type=3)]
     if not experiments:
         return set()
-    return {r.info.run_id for r in client.search_runs(experiments, run_view_type=3, max_results=50000)}
+    return {
+        r.info.run_id for r in client.search_runs(experiments, run_view_type=3, max_results=50000)
+    }
 
 
 def assert_refused(argv: list[str], match: str, capsys, watched: Iterable[Path]) -> str:

@@ -71,7 +71,9 @@ def test_attention_matches_equations_5_to_8():
     A = torch.softmax(torch.einsum("pk,bkn->bpn", g.queries, K), dim=-1)
     F_ = torch.einsum("bpn,bdn->bpd", A, V)
     out = head([x])
-    torch.testing.assert_close(out.groups, torch.nn.functional.normalize(F_, dim=-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        out.groups, torch.nn.functional.normalize(F_, dim=-1), rtol=1e-5, atol=1e-6
+    )
     assert g.key.bias is None and g.value.bias is None
     assert g.key.out_channels == 64 // 8 and g.value.out_channels == EMB // 2
 
@@ -150,7 +152,9 @@ def _hand_diversity(groups, alpha=2.0, margin=0.5, beta=25.0, reduction="mean"):
     total = 0.0
     for i in range(p):
         for j in range(i + 1, p):
-            total += sum(softplus(alpha * beta * (cos(g[b][i], g[b][j]) - margin)) for b in range(n)) / n
+            total += (
+                sum(softplus(alpha * beta * (cos(g[b][i], g[b][j]) - margin)) for b in range(n)) / n
+            )
     return total / (p - 1)
 
 
@@ -170,8 +174,8 @@ def test_diversity_loss_single_group_is_zero_with_graph():
 
 
 def test_diversity_is_orthogonality_seeking():
-    orthogonal = torch.eye(4).unsqueeze(0)            # 1 x 4 groups x 4 dims, cos = 0
-    collapsed = torch.ones(1, 4, 4)                   # all groups equal, cos = 1
+    orthogonal = torch.eye(4).unsqueeze(0)  # 1 x 4 groups x 4 dims, cos = 0
+    collapsed = torch.ones(1, 4, 4)  # all groups equal, cos = 1
     assert diversity_loss(orthogonal) < 1e-10 < diversity_loss(collapsed)
 
 
@@ -234,9 +238,13 @@ def test_optimizer_groups_give_the_queries_their_own_weight_decay():
     assert sorted(ids) == sorted(id(p) for p in head.parameters()) and len(set(ids)) == len(ids)
     torch.optim.Adam(list(groups.values()))  # valid parameter groups
 
-    custom = {g["name"]: g for g in make(query_weight_decay=0.01, head_weight_decay=0.003)
-              .optimizer_groups(1e-3, 4e-4)}
-    assert custom["head.queries"]["weight_decay"] == 0.01 and custom["head"]["weight_decay"] == 0.003
+    custom = {
+        g["name"]: g
+        for g in make(query_weight_decay=0.01, head_weight_decay=0.003).optimizer_groups(1e-3, 4e-4)
+    }
+    assert (
+        custom["head.queries"]["weight_decay"] == 0.01 and custom["head"]["weight_decay"] == 0.003
+    )
 
 
 def test_baselines_have_one_head_group():
@@ -260,8 +268,10 @@ def test_explain_attention_maps_at_image_size():
     torch.testing.assert_close(maps, expected)
 
 
-@pytest.mark.parametrize("name,has_maps", [("ggrouping", True), ("mgrouping", False),
-                                           ("cgrouping", False), ("ngrouping", False)])
+@pytest.mark.parametrize(
+    "name,has_maps",
+    [("ggrouping", True), ("mgrouping", False), ("cgrouping", False), ("ngrouping", False)],
+)
 def test_explain_baselines(name, has_maps):
     head = make(name)
     out = head([fmap()])
@@ -276,14 +286,16 @@ def test_part_attention_mass_hand_example():
     # one image, 2 x 2 map; parts: 0 background (top-left), 1 (top-right), 2 (bottom row)
     part = np.array([[[0, 1], [2, 2]]])
     maps = np.zeros((1, 3, 2, 2))
-    maps[0, 0] = [[1, 0], [0, 0]]          # all on background
-    maps[0, 1] = [[0, 1], [1, 2]]          # 1/4 on part 1, 3/4 on part 2
+    maps[0, 0] = [[1, 0], [0, 0]]  # all on background
+    maps[0, 1] = [[0, 1], [1, 2]]  # 1/4 on part 1, 3/4 on part 2
     maps[0, 2] = [[0.5, 0.5], [0.5, 0.5]]  # uniform: 1/4, 1/4, 1/2
     got = part_attention_mass(torch.tensor(maps), part)
     expected = np.array([[1, 0, 0], [0, 0.25, 0.75], [0.25, 0.25, 0.5]])
     np.testing.assert_allclose(got, expected)
     # pooled over images, absent parts kept with num_parts
-    two = part_attention_mass(np.concatenate([maps, maps]), np.concatenate([part, part]), num_parts=4)
+    two = part_attention_mass(
+        np.concatenate([maps, maps]), np.concatenate([part, part]), num_parts=4
+    )
     assert two.shape == (3, 5)
     np.testing.assert_allclose(two[:, :3], expected)
     np.testing.assert_allclose(two.sum(axis=1), 1.0)
@@ -297,7 +309,9 @@ def test_attention_figure_writes_png(tmp_path):
     images = torch.rand(6, 3, 24, 20)
     maps = head.explain(images, out)
     for rank_by in ("mass", "max", "concentration", out.attention.amax(dim=(2, 3))):
-        path = attention_figure(images, maps, tmp_path / "fig" / "attention.png", top=3, rank_by=rank_by)
+        path = attention_figure(
+            images, maps, tmp_path / "fig" / "attention.png", top=3, rank_by=rank_by
+        )
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="maps"):
         attention_figure(images, maps[:, :, :10], tmp_path / "bad.png")
@@ -317,7 +331,10 @@ def test_paper_metadata_and_registry():
 
 def test_search_space():
     trial = optuna.trial.FixedTrial({"groups": 8, "diversity_weight": 0.02})
-    assert GroupingHead.search_space(trial, embedding_size=512) == {"groups": 8, "diversity_weight": 0.02}
+    assert GroupingHead.search_space(trial, embedding_size=512) == {
+        "groups": 8,
+        "diversity_weight": 0.02,
+    }
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = study.ask()
     params = GroupingHead.search_space(trial, embedding_size=12)
@@ -336,7 +353,10 @@ def test_each_group_has_its_own_loss_instance_when_the_trainer_holds_one_per_gro
     assert make(loss_per_group=False).metric_loss_copies == 1
     out = head([fmap()])
     y = labels()
-    losses = [pml_losses.MarginLoss(num_classes=int(y.max()) + 1, learn_beta=True, beta=1.2) for _ in range(4)]
+    losses = [
+        pml_losses.MarginLoss(num_classes=int(y.max()) + 1, learn_beta=True, beta=1.2)
+        for _ in range(4)
+    ]
     used = []
     for p, loss in enumerate(losses):
         loss.register_forward_pre_hook(lambda _module, _args, p=p: used.append(p))
@@ -355,8 +375,24 @@ def test_runs_hold_a_loss_per_group_sized_for_the_groups(workdir, tiny_protocol)
     from harness.cli.main import main
 
     out = workdir / "out.json"
-    assert main(["run", "--methods", "agrouping", "--protocol", str(tiny_protocol), "--loss", "proxy_anchor",
-                 "--epochs", "1", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--methods",
+                "agrouping",
+                "--protocol",
+                str(tiny_protocol),
+                "--loss",
+                "proxy_anchor",
+                "--epochs",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (checkpoint,) = workdir.glob("results/checkpoints/*/last.pt")
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["loss"]
     proxies = [state[f"{p}.proxies"] for p in range(4)]

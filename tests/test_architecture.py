@@ -40,7 +40,9 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
         for name in names:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
@@ -68,10 +70,18 @@ def test_only_the_store_imports_mlflow():
         if module == "harness.store" or module.startswith("harness.store."):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            offenders += [f"{module}:{node.lineno} {name}" for name in names
-                          if name == "mlflow" or name.startswith("mlflow.")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            offenders += [
+                f"{module}:{node.lineno} {name}"
+                for name in names
+                if name == "mlflow" or name.startswith("mlflow.")
+            ]
     assert offenders == []
 
 
@@ -95,8 +105,11 @@ def test_no_module_imports_itself_through_others():
 def test_every_layer_is_a_folder_and_every_module_sits_in_one():
     """Nothing of the engine lives beside the layers: ``harness/`` holds only the entry
     points and the layer folders."""
-    loose = sorted(p.name for p in (REPO / "harness").glob("*.py")
-                   if p.name not in ("__init__.py", "__main__.py"))
+    loose = sorted(
+        p.name
+        for p in (REPO / "harness").glob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    )
     assert loose == []
 
 
@@ -107,11 +120,16 @@ def test_no_engine_function_is_longer_than_60_lines():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_ENGINE_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)")
+                    long.append(
+                        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)"
+                    )
     assert long == []
 
 
 def test_no_engine_module_is_longer_than_600_lines():
-    long = [f"{path.relative_to(REPO)} ({n} lines)" for path in sorted((REPO / "harness" / "engine").rglob("*.py"))
-            if (n := len(path.read_text().splitlines())) > MAX_ENGINE_MODULE_LINES]
+    long = [
+        f"{path.relative_to(REPO)} ({n} lines)"
+        for path in sorted((REPO / "harness" / "engine").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_ENGINE_MODULE_LINES
+    ]
     assert long == []

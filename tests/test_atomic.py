@@ -16,17 +16,20 @@ def test_a_writer_failing_midway_leaves_neither_the_target_nor_a_temporary_file(
     target = tmp_path / "out" / "result.json"
 
     def half_then_fail(fh):
-        fh.write(b"{\"half\": ")
+        fh.write(b'{"half": ')
         raise OSError("disk full")
 
     from harness.base.errors import HarnessError
 
-    with pytest.raises(HarnessError, match=r"cannot write .*result.json: disk full"):  # one line, naming it
+    with pytest.raises(
+        HarnessError, match=r"cannot write .*result.json: disk full"
+    ):  # one line, naming it
         atomic_write(target, half_then_fail)
     assert list(target.parent.iterdir()) == []
 
     target.write_bytes(b"old")  # an existing target keeps its content
     for error in (RuntimeError("boom"), KeyboardInterrupt()):
+
         def fail(fh, error=error):
             fh.write(b"new, cut short")
             raise error
@@ -86,8 +89,13 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_file(tmp_pat
     with pytest.raises(HarnessError) as caught:
         atomic_write_text(target, "new\n" * 1000)
     message = str(caught.value)
-    assert message.startswith(f"cannot write {target}: No space left on device") and "\n" not in message
-    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["table.md"]
+    assert (
+        message.startswith(f"cannot write {target}: No space left on device")
+        and "\n" not in message
+    )
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "table.md"
+    ]
     atomic_write_text(target, "new\n")  # only the first arrival fails
     assert target.read_text() == "new\n"
 
@@ -125,7 +133,8 @@ def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp
     assert not orphan.exists()
     assert live.exists() and elsewhere.exists() and other_target.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == sorted(
-        p.name for p in (live, elsewhere, other_target))
+        p.name for p in (live, elsewhere, other_target)
+    )
 
 
 def test_the_writer_never_replaces_a_special_file_or_a_database(tmp_path):
@@ -138,7 +147,9 @@ def test_the_writer_never_replaces_a_special_file_or_a_database(tmp_path):
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    with pytest.raises(HarnessError, match=r"pipe: it is a FIFO, not a regular file; nothing written"):
+    with pytest.raises(
+        HarnessError, match=r"pipe: it is a FIFO, not a regular file; nothing written"
+    ):
         atomic_write_bytes(fifo, b"{}")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
@@ -165,14 +176,18 @@ def test_output_paths_refuse_the_store_and_special_files(tmp_path):
     from harness.base.errors import HarnessError
     from harness.base.paths import ReservedPath, writable_file, writable_folder
 
-    store = (ReservedPath(tmp_path / "mlflow.db", "the store's database"),
-             ReservedPath(tmp_path / "mlartifacts", "the store's artifacts", folder=True))
+    store = (
+        ReservedPath(tmp_path / "mlflow.db", "the store's database"),
+        ReservedPath(tmp_path / "mlartifacts", "the store's artifacts", folder=True),
+    )
     for name in ("mlflow.db", "mlflow.db-wal", "mlflow.db-journal"):
         with pytest.raises(HarnessError, match=f"--json .*{name} is the store's database"):
             writable_file(tmp_path / name, "--json", reserved=store)
     with pytest.raises(HarnessError, match="is inside the store's artifacts"):
         writable_file(tmp_path / "mlartifacts" / "1" / "a.json", "--json", reserved=store)
-    with pytest.raises(HarnessError, match="--out .* is inside the store's artifacts; give a folder outside"):
+    with pytest.raises(
+        HarnessError, match="--out .* is inside the store's artifacts; give a folder outside"
+    ):
         writable_folder(tmp_path / "mlartifacts" / "x", "--out", reserved=store)
     # Beside the store is fine: a name that merely starts like the database's, another folder.
     assert writable_file(tmp_path / "mlflow.db.json", "--json", reserved=store) is not None

@@ -43,7 +43,9 @@ def test_similarity_nodes_are_eq_1_and_sum_to_the_squared_distance():
     delta = similarity_nodes(x, y)
     for b in range(3):
         for i in range(5):
-            assert float(delta[b, i]) == pytest.approx((float(x[b, i]) - float(y[b, i])) ** 2, rel=1e-6)
+            assert float(delta[b, i]) == pytest.approx(
+                (float(x[b, i]) - float(y[b, i])) ** 2, rel=1e-6
+            )
     torch.testing.assert_close(delta.sum(-1), 2 - 2 * (x * y).sum(-1))
 
 
@@ -92,10 +94,14 @@ def test_edge_estimate_is_eq_3_by_hand():
 def test_normalized_edges_are_eqs_7_8_by_hand():
     edges = torch.tensor([[0.5, 0.1, 0.3, -0.2], [-0.1, -0.3, 0.2, 0.6], [0.1, 0.1, 0.1, 0.0]])
     got = normalized_edges(edges, 2)
-    expect = torch.tensor([[0.5 / 0.8, 0, 0.3 / 0.8, 0], [0, 0, 0.2 / 0.8, 0.6 / 0.8], [0.5, 0.5, 0, 0]])
+    expect = torch.tensor(
+        [[0.5 / 0.8, 0, 0.3 / 0.8, 0], [0, 0, 0.2 / 0.8, 0.6 / 0.8], [0.5, 0.5, 0, 0]]
+    )
     torch.testing.assert_close(got, expect, rtol=1e-6, atol=1e-6)
     # k is clipped to the number of nodes; rows sum to 1 where any edge is positive.
-    torch.testing.assert_close(normalized_edges(edges, 99).sum(1), torch.ones(3), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        normalized_edges(edges, 99).sum(1), torch.ones(3), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_reliability_is_eqs_5_6_by_hand():
@@ -128,10 +134,20 @@ def test_rectified_distance_is_eqs_8_9_by_hand():
     for level in (1, 2):
         new = []
         for i in range(r):
-            p = 1 / (1 + math.exp(-gain * (float(alphas[level - 1][i]) * float(cx[level, i]) * float(cy[level, i])
-                                           + float(betas[level - 1][i]))))
+            p = 1 / (
+                1
+                + math.exp(
+                    -gain
+                    * (
+                        float(alphas[level - 1][i]) * float(cx[level, i]) * float(cy[level, i])
+                        + float(betas[level - 1][i])
+                    )
+                )
+            )
             delta = (float(x[level, i]) - float(y[level, i])) ** 2
-            new.append(p * delta + (1 - p) * sum(float(edges[level - 1][i, j]) * hat[j] for j in range(r)))
+            new.append(
+                p * delta + (1 - p) * sum(float(edges[level - 1][i, j]) * hat[j] for j in range(r))
+            )
         hat = new
     assert got == pytest.approx(sum(hat), rel=1e-5)
     # Without rectification the distance is the top level's squared distance.
@@ -158,7 +174,11 @@ def test_distance_broadcasts_over_pairs():
     xs = F.normalize(torch.randn(3, 2, 4, generator=g), dim=-1)
     ys = F.normalize(torch.randn(5, 2, 4, generator=g), dim=-1)
     cx, cy = torch.rand(3, 2, 4, generator=g), torch.rand(5, 2, 4, generator=g)
-    edges, alphas, betas = [normalized_edges(torch.randn(4, 4, generator=g), 3)], [torch.ones(4)], [torch.zeros(4)]
+    edges, alphas, betas = (
+        [normalized_edges(torch.randn(4, 4, generator=g), 3)],
+        [torch.ones(4)],
+        [torch.zeros(4)],
+    )
     mat = rectified_distance(xs[:, None], ys[None], cx[:, None], cy[None], edges, alphas, betas)
     for a in range(3):
         for b in range(5):
@@ -208,7 +228,11 @@ def test_head_outputs_and_options():
         out = model(images())
     assert len(out.levels) == 3 and all(e.shape == (BATCH, EMB) for e in out.levels)
     torch.testing.assert_close(out.embedding, out.levels[-1])
-    assert out.field("levels").shape == (BATCH, 3, EMB) and out.field("certainty").shape == (BATCH, 3, EMB)
+    assert out.field("levels").shape == (BATCH, 3, EMB) and out.field("certainty").shape == (
+        BATCH,
+        3,
+        EMB,
+    )
     rr = build("avsl", rank="rerank", rerank_k=5).head
     assert not rr.exhaustive_pairs and rr.rerank_k == 5
     one = build("avsl", levels=1).head
@@ -226,13 +250,21 @@ def test_pair_scores_agree_between_hooks():
     full = make_pair_scorer(head, fields)(np.arange(BATCH), np.arange(BATCH))
     cands = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(BATCH)])
     some = make_reranker(head, fields, queries_per_call=3)(np.arange(BATCH), cands)
-    np.testing.assert_allclose(some, np.take_along_axis(full.numpy(), cands, 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        some, np.take_along_axis(full.numpy(), cands, 1), rtol=1e-5, atol=1e-6
+    )
     assert (full.diagonal().abs() < 1e-6).all()  # d^(x, x) = 0
     # Eq. 11 for one pair sums to the pair's distance.
-    q = type(out)(embedding=out.embedding[:1], levels=[e[:1] for e in out.levels],
-                  extras={"certainty": out.extras["certainty"][:1]})
-    g = type(out)(embedding=out.embedding[2:3], levels=[e[2:3] for e in out.levels],
-                  extras={"certainty": out.extras["certainty"][2:3]})
+    q = type(out)(
+        embedding=out.embedding[:1],
+        levels=[e[:1] for e in out.levels],
+        extras={"certainty": out.extras["certainty"][:1]},
+    )
+    g = type(out)(
+        embedding=out.embedding[2:3],
+        levels=[e[2:3] for e in out.levels],
+        extras={"certainty": out.extras["certainty"][2:3]},
+    )
     _, contrib = head.attribute_pair(q, g)
     assert float(contrib.sum()) == pytest.approx(-float(full[0, 2]), rel=1e-5)
 
@@ -287,19 +319,40 @@ def test_chunked_exhaustive_ranking_equals_a_brute_force_loop(same):
     brute = _brute_lists(scores, same)
     for qc, gc in ((1, 1), (4, 7), (64, 1024)):
         for k in (1, 5, brute.shape[1]):
-            got = np.concatenate([idx for _, _, idx in exhaustive_knn(nq, None if same else ng, scorer, k,
-                                                                      query_chunk=qc, reference_chunk=gc)])
+            got = np.concatenate(
+                [
+                    idx
+                    for _, _, idx in exhaustive_knn(
+                        nq, None if same else ng, scorer, k, query_chunk=qc, reference_chunk=gc
+                    )
+                ]
+            )
             np.testing.assert_array_equal(got, brute[:, :k])
     # The metrics of evaluate_embeddings equal those of the brute-force lists.
     q_labels = rng.integers(0, 4, nq)
     g_labels = q_labels if same else rng.integers(0, 4, ng)
     dummy_q = rng.normal(size=(nq, 3)).astype(np.float32)
     dummy_g = None if same else rng.normal(size=(ng, 3)).astype(np.float32)
-    names = ["precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r", "map_at_c"]
-    got = evaluate_embeddings(dummy_q, q_labels, dummy_g, None if same else g_labels, pair_scorer=scorer,
-                              pair_chunks=(4, 7), metrics=names)
+    names = [
+        "precision_at_1",
+        "recall_at_k",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "map_at_c",
+    ]
+    got = evaluate_embeddings(
+        dummy_q,
+        q_labels,
+        dummy_g,
+        None if same else g_labels,
+        pair_scorer=scorer,
+        pair_chunks=(4, 7),
+        metrics=names,
+    )
     r = relevant_counts(q_labels, g_labels, same_source=same)
-    expect = retrieval_metrics(g_labels[brute], q_labels, r, recall_k=(1, 2, 4, 8), same_source=same, metrics=names)
+    expect = retrieval_metrics(
+        g_labels[brute], q_labels, r, recall_k=(1, 2, 4, 8), same_source=same, metrics=names
+    )
     assert got == pytest.approx(expect, nan_ok=True)
 
 
@@ -311,9 +364,16 @@ def test_one_level_without_rectification_ranks_like_the_cosine():
     fields = {f: out.field(f) for f in head.rerank_fields}
     labels = np.arange(24) % 5
     emb = out.embedding.numpy()
-    cosine = evaluate_embeddings(emb, labels, metrics=["precision_at_1", "recall_at_k", "mean_average_precision_at_r"])
-    ranked = evaluate_embeddings(emb, labels, pair_scorer=make_pair_scorer(head, fields), pair_chunks=(5, 7),
-                                 metrics=["precision_at_1", "recall_at_k", "mean_average_precision_at_r"])
+    cosine = evaluate_embeddings(
+        emb, labels, metrics=["precision_at_1", "recall_at_k", "mean_average_precision_at_r"]
+    )
+    ranked = evaluate_embeddings(
+        emb,
+        labels,
+        pair_scorer=make_pair_scorer(head, fields),
+        pair_chunks=(5, 7),
+        metrics=["precision_at_1", "recall_at_k", "mean_average_precision_at_r"],
+    )
     assert ranked == pytest.approx(cosine)
     # -d^ = 2 cos - 2 exactly: the same order.
     d = make_pair_scorer(head, fields)(np.arange(24), np.arange(24)).numpy()
@@ -330,16 +390,24 @@ def test_pair_figures_6_and_7_and_the_attribution_as_data(tmp_path):
         model.eval()
         out = model(images(1))
     pictures = torch.rand(BATCH, 3, 32, 32)
-    written = write_tuple_figures(model.head, "pair", [pictures[0], pictures[2]], [out.select(0), out.select(2)],
-                                  tmp_path)
+    written = write_tuple_figures(
+        model.head, "pair", [pictures[0], pictures[2]], [out.select(0), out.select(2)], tmp_path
+    )
     names = sorted(p.name for p in written)
     assert names == ["pair_avsl_attribution.json", "pair_fig6.png", "pair_fig7.png"]
     assert all(p.stat().st_size > 1000 for p in written)
     record = json.loads((tmp_path / "pair_avsl_attribution.json").read_text())
-    distance = -float(make_pair_scorer(model.head, {f: out.field(f) for f in model.head.rerank_fields})(
-        np.array([0]), np.array([2]))[0, 0])
+    distance = -float(
+        make_pair_scorer(model.head, {f: out.field(f) for f in model.head.rerank_fields})(
+            np.array([0]), np.array([2])
+        )[0, 0]
+    )
     assert record["distance"] == pytest.approx(distance, rel=1e-5)
     assert sum(map(sum, record["contributions"])) == pytest.approx(distance, rel=1e-4)
     assert len(record["reliability"]) == 2 and len(record["lambdas"]) == 3
-    assert build("avsl", levels=1).head.figures("pair", [pictures[0], pictures[2]],
-                                                [out.select(0), out.select(2)]) is None
+    assert (
+        build("avsl", levels=1).head.figures(
+            "pair", [pictures[0], pictures[2]], [out.select(0), out.select(2)]
+        )
+        is None
+    )

@@ -40,7 +40,10 @@ def _grads(scale: float) -> torch.optim.Optimizer:
 def test_clip_grad_norm_clips_each_parameter_group_to_the_norm():
     opt = _grads(5.0)  # group norms 35.4 and 22.9
     clip_gradients(opt, 10.0)
-    norms = [torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]])) for g in opt.param_groups]
+    norms = [
+        torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in g["params"]]))
+        for g in opt.param_groups
+    ]
     assert all(abs(float(n) - 10.0) < 1e-4 for n in norms)
     small = _grads(0.1)  # under the norm: untouched
     clip_gradients(small, 10.0)
@@ -53,7 +56,9 @@ def test_clip_grad_norm_clips_each_parameter_group_to_the_norm():
 def test_the_avsl_protocol_clips_at_10_and_the_default_leaves_fingerprints_alone():
     assert load_protocol("avsl").optimizer.clip_grad_norm == 10.0
     base = load_protocol("roth2020")
-    assert base.optimizer.clip_grad_norm == 0.0 and "clip_grad_norm" not in base.to_dict()["optimizer"]
+    assert (
+        base.optimizer.clip_grad_norm == 0.0 and "clip_grad_norm" not in base.to_dict()["optimizer"]
+    )
     clipped, deviations = apply_overrides(base, {"optimizer.clip_grad_norm": 10.0})
     assert clipped.to_dict()["optimizer"]["clip_grad_norm"] == 10.0 and len(deviations) == 1
     assert fingerprint(clipped, "d") != fingerprint(base, "d")
@@ -64,15 +69,24 @@ def test_the_avsl_protocol_clips_at_10_and_the_default_leaves_fingerprints_alone
 # --------------------------------------------- 6: the proxies in the collector's group
 
 
-@pytest.mark.parametrize(("dataset", "rate"), [("cub200", 1.1e-4), ("cars196", 0.09918213648327627), ("sop", 0.06)])
+@pytest.mark.parametrize(
+    ("dataset", "rate"), [("cub200", 1.1e-4), ("cars196", 0.09918213648327627), ("sop", 0.06)]
+)
 def test_avsl_proxies_train_at_the_collector_rate_with_weight_decay(dataset, rate):
     protocol = load_protocol("avsl").for_dataset(dataset)
     head = build("avsl", **protocol.methods["avsl"]).head
-    losses = nn.ModuleList(create_loss("proxy_anchor", num_classes=5, embedding_size=EMB)
-                           for _ in range(head.metric_loss_copies))
-    groups = {g["name"]: g for g in head.optimizer_groups(protocol.optimizer.lr_head, protocol.optimizer.weight_decay)
-              + head.loss_optimizer_groups(losses, protocol.optimizer)}
-    assert groups["proxies"]["lr"] == pytest.approx(rate) and groups["proxies"]["weight_decay"] == 1e-4
+    losses = nn.ModuleList(
+        create_loss("proxy_anchor", num_classes=5, embedding_size=EMB)
+        for _ in range(head.metric_loss_copies)
+    )
+    groups = {
+        g["name"]: g
+        for g in head.optimizer_groups(protocol.optimizer.lr_head, protocol.optimizer.weight_decay)
+        + head.loss_optimizer_groups(losses, protocol.optimizer)
+    }
+    assert (
+        groups["proxies"]["lr"] == pytest.approx(rate) and groups["proxies"]["weight_decay"] == 1e-4
+    )
     assert {id(p) for p in groups["proxies"]["params"]} == {id(m.proxies) for m in losses}
     assert "loss" not in groups  # ProxyAnchor has no other parameter
     assert groups["inference"]["lr"] == pytest.approx(rate)  # alpha, beta: the same collector
@@ -85,8 +99,10 @@ def test_avsl_proxies_train_at_the_collector_rate_with_weight_decay(dataset, rat
 def test_margin_beta_stays_in_the_loss_group_at_the_protocol_loss_rate_and_decay():
     protocol = load_protocol("avsl").for_dataset("cub200")
     head = build("avsl", **protocol.methods["avsl"]).head
-    losses = nn.ModuleList(create_loss("margin", num_classes=5, embedding_size=EMB)
-                           for _ in range(head.metric_loss_copies))
+    losses = nn.ModuleList(
+        create_loss("margin", num_classes=5, embedding_size=EMB)
+        for _ in range(head.metric_loss_copies)
+    )
     (group,) = head.loss_optimizer_groups(losses, protocol.optimizer)
     assert group["name"] == "loss" and group["lr"] == 0.01 and group["weight_decay"] == 1e-4
     assert len(group["params"]) == 4  # four margin losses, a beta each
@@ -99,7 +115,10 @@ def _proxy_step(**options):
     torch.manual_seed(0)
     model = build("avsl", **options).train()
     head = model.head
-    losses = [create_loss("proxy_anchor", num_classes=12, embedding_size=EMB) for _ in range(head.metric_loss_copies)]
+    losses = [
+        create_loss("proxy_anchor", num_classes=12, embedding_size=EMB)
+        for _ in range(head.metric_loss_copies)
+    ]
     metric = MetricLoss(nn.ModuleList(losses))
     labels = torch.tensor([1, 1, 4, 4, 7, 7, 9, 9])
     x = images()
@@ -145,13 +164,17 @@ def _crop_areas(pipeline, image, draws=400) -> np.ndarray:
     """Fractions of the (resized) image's area that the pipeline's RandomResizedCrop takes."""
     ops = pipeline.transforms
     crop = next(op for op in ops if type(op).__name__ == "RandomResizedCrop")
-    before = ops[:ops.index(crop)]
+    before = ops[: ops.index(crop)]
     for op in before:
         image = op(image)
     width, height = image.size
     torch.manual_seed(0)
-    return np.array([h * w / (height * width) for _, _, h, w in
-                     (crop.get_params(image, crop.scale, crop.ratio) for _ in range(draws))])
+    return np.array(
+        [
+            h * w / (height * width)
+            for _, _, h, w in (crop.get_params(image, crop.scale, crop.ratio) for _ in range(draws))
+        ]
+    )
 
 
 def test_avsl_training_transform_resizes_to_256_then_crops_16_to_100_percent():
@@ -177,7 +200,9 @@ def test_proxy_anchor_batches_are_shuffled_and_margin_batches_class_balanced():
     kw = dict(classes_per_batch=45, samples_per_class=4, seed=0)
     shuffled = batch_sampler(sampling, labels, loss="proxy_anchor", **kw)
     balanced = batch_sampler(sampling, labels, loss="margin", **kw)
-    assert isinstance(shuffled, ShuffledBatchSampler) and isinstance(balanced, ClassBalancedBatchSampler)
+    assert isinstance(shuffled, ShuffledBatchSampler) and isinstance(
+        balanced, ClassBalancedBatchSampler
+    )
     batches = list(shuffled)
     assert len(batches) == 1000 // 180 and all(len(b) == 180 for b in batches)
     flat = np.concatenate(batches)
@@ -196,7 +221,10 @@ def test_proxy_anchor_batches_are_shuffled_and_margin_batches_class_balanced():
 def test_shuffled_shares_split_the_global_batch_in_rank_order():
     labels = np.repeat(np.arange(20), 9)
     whole = list(ShuffledBatchSampler(labels, batch_size=40, seed=3))
-    shares = [list(ShuffledBatchSampler(labels, batch_size=40, seed=3, rank=r, world_size=2)) for r in range(2)]
+    shares = [
+        list(ShuffledBatchSampler(labels, batch_size=40, seed=3, rank=r, world_size=2))
+        for r in range(2)
+    ]
     assert [a + b for a, b in zip(*shares, strict=True)] == whole
 
 
@@ -205,11 +233,15 @@ def test_shuffled_shares_split_the_global_batch_in_rank_order():
 
 def test_hard_triplets_are_gedmls_hard_selector_by_hand():
     labels = torch.tensor([0, 0, 1, 1, 2])
-    dist = torch.tensor([[0.0, 0.3, 0.9, 0.2, 0.1],
-                         [0.3, 0.0, 0.6, 0.7, 0.8],
-                         [0.9, 0.6, 0.0, 0.4, 0.2],
-                         [0.2, 0.7, 0.4, 0.0, 0.5],
-                         [0.1, 0.8, 0.2, 0.5, 0.0]])
+    dist = torch.tensor(
+        [
+            [0.0, 0.3, 0.9, 0.2, 0.1],
+            [0.3, 0.0, 0.6, 0.7, 0.8],
+            [0.9, 0.6, 0.0, 0.4, 0.2],
+            [0.2, 0.7, 0.4, 0.0, 0.5],
+            [0.1, 0.8, 0.2, 0.5, 0.0],
+        ]
+    )
     a, p, n = hard_triplets(dist, labels, cutoff=0.5)
     # Largest positive distance 0.4 < 0.5: negatives are clamped at 0.4 from below.
     assert a.tolist() == [0, 1, 2, 3]  # item 4 has no positive
@@ -237,7 +269,10 @@ def _margin_step(**options):
     torch.manual_seed(0)
     model = build("avsl", **options).train()
     head = model.head
-    losses = [create_loss("margin", num_classes=4, embedding_size=EMB) for _ in range(head.metric_loss_copies)]
+    losses = [
+        create_loss("margin", num_classes=4, embedding_size=EMB)
+        for _ in range(head.metric_loss_copies)
+    ]
     metric = MetricLoss(nn.ModuleList(losses))
     labels = torch.arange(BATCH) // 2
     x = images()
@@ -248,7 +283,9 @@ def _margin_step(**options):
 
 
 def test_margin_avsl_has_four_margin_losses_and_mines_hard_negatives():
-    head, losses, terms = _margin_step(level_miner="hard", final_loss="separate", distance="squared")
+    head, losses, terms = _margin_step(
+        level_miner="hard", final_loss="separate", distance="squared"
+    )
     assert head.metric_loss_copies == 4
     terms["final"].backward()
     assert losses[3].beta.grad is not None and losses[3].beta.grad.abs().sum() > 0
@@ -311,7 +348,9 @@ def test_reproduce_protocols_with_released_code_run_fp32_and_the_others_declare_
         assert cell.protocol.numerics.precision == "fp32"
     for name in ("roth2020", "diablo", "diablo-ablation", "sam"):
         protocol = load_protocol(name)
-        assert protocol.numerics.precision == "bf16" and "mixed_precision" in protocol.deviations, name
+        assert protocol.numerics.precision == "bf16" and "mixed_precision" in protocol.deviations, (
+            name
+        )
         assert "numerics" not in protocol.to_dict()  # the default: fingerprints as before
 
 
@@ -328,14 +367,24 @@ def _engine_step(overrides: dict):
 
     protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)
     splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
-    cfg = training.RunConfig.build(protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0)
+    cfg = training.RunConfig.build(
+        protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0
+    )
     trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
     norms = []
     step = trainer.parts.scaler.step
 
     def spy(optimizer):
-        norms.append({g["name"]: float(torch.linalg.vector_norm(torch.cat(
-            [p.grad.flatten() for p in g["params"] if p.grad is not None]))) for g in optimizer.param_groups})
+        norms.append(
+            {
+                g["name"]: float(
+                    torch.linalg.vector_norm(
+                        torch.cat([p.grad.flatten() for p in g["params"] if p.grad is not None])
+                    )
+                )
+                for g in optimizer.param_groups
+            }
+        )
         return step(optimizer)
 
     trainer.parts.scaler.step = spy
@@ -345,8 +394,12 @@ def _engine_step(overrides: dict):
 
 
 def test_the_training_step_clips_samples_and_groups_as_the_protocol_says():
-    recipe = {"optimizer.clip_grad_norm": 0.01, "sampling.loss_samplers": {"proxy_anchor": "shuffle"},
-              "methods.avsl.proxies_in_collector": True, "methods.avsl.collector_lr": 0.05}
+    recipe = {
+        "optimizer.clip_grad_norm": 0.01,
+        "sampling.loss_samplers": {"proxy_anchor": "shuffle"},
+        "methods.avsl.proxies_in_collector": True,
+        "methods.avsl.collector_lr": 0.05,
+    }
     trainer, norms = _engine_step(recipe)
     assert isinstance(trainer.batches.sampler, ShuffledBatchSampler)
     groups = {g["name"]: g for g in trainer.parts.optimizer.param_groups}

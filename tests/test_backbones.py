@@ -62,7 +62,9 @@ def test_frozen_bn_stays_in_eval_mode_but_keeps_training_affine():
 
 def test_unavailable_pretrained_weights_fail_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HarnessError, match="pretrained weights for backbone 'resnet50' are not available offline"):
+    with pytest.raises(
+        HarnessError, match="pretrained weights for backbone 'resnet50' are not available offline"
+    ):
         create_backbone("resnet50", pretrained=True)
 
 

@@ -41,8 +41,13 @@ def _write(name: str, text: str) -> Callable[[Path], object]:
 
 def _grid(body: str) -> str:
     """A grid file on the tiny protocol with ``body`` appended (or replacing an axis)."""
-    axes = {"methods": '["plain"]', "losses": '["margin"]', "backbones": '["efficientnet_lite0"]',
-            "datasets": '["synthetic"]', "seeds": "[0]"}
+    axes = {
+        "methods": '["plain"]',
+        "losses": '["margin"]',
+        "backbones": '["efficientnet_lite0"]',
+        "datasets": '["synthetic"]',
+        "seeds": "[0]",
+    }
     lines = [f'protocol = "{TINY_PROTOCOL}"']
     lines += [f"{axis} = {value}" for axis, value in axes.items() if f"{axis} =" not in body]
     return "\n".join([*lines, body]) + "\n"
@@ -63,10 +68,12 @@ def _fifo(name: str) -> Callable[[Path], object]:
 
 def _sqlite(name: str) -> Callable[[Path], object]:
     """A ``prepare`` step: an SQLite database ``name`` with one table (another store, a study)."""
+
     def make(folder: Path) -> None:
         with contextlib.closing(sqlite3.connect(folder / name)) as db:
             db.execute("CREATE TABLE runs (id TEXT)")
             db.commit()
+
     return make
 
 
@@ -78,180 +85,526 @@ EXPLAIN = ("explain", "--run", "0123456789abcdef")
 REFUSALS = [
     # Output paths that would destroy data: the store's database and artifacts, devices,
     # FIFOs, folders, other databases. Each is refused before any work.
-    Refusal((*RUN, "--json", "{store}/mlflow.db"), "--json {store}/mlflow.db is the tracking store's database"),
+    Refusal(
+        (*RUN, "--json", "{store}/mlflow.db"),
+        "--json {store}/mlflow.db is the tracking store's database",
+    ),
     Refusal((*RUN, "--json", "{store}/mlflow.db-wal"), "is the tracking store's database"),
-    Refusal((*RUN, "--json", "{store}/mlartifacts/1/x.json"), "is inside the tracking store's artifact folder"),
-    Refusal((*RUN, "--checkpoint-root", "{store}/mlartifacts/ckpt"), "--checkpoint-root {store}/mlartifacts/ckpt is "
-            "inside the tracking store's artifact folder"),
-    Refusal((*RUN, "--json", "{dir}/other.db"), "is an SQLite database (a tracking store, study or queue)",
-            _sqlite("other.db")),
-    Refusal((*RUN, "--json", "{dir}/pipe"), "--json {dir}/pipe is a FIFO, not a regular file", _fifo("pipe")),
-    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/full"),
-            "--json /dev/full is a character device, not a regular file"),
-    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/null"),
-            "--json /dev/null is a character device"),
-    Refusal(("table", "--experiment", "x", "--out", "{store}/mlflow.db"), "--out {store}/mlflow.db is the tracking store's"),
-    Refusal(("table", "--experiment", "x", "--out", "{store}/mlartifacts/t.md"), "is inside the tracking store's artifact"),
-    Refusal(("table", "--experiment", "x", "--out", "{dir}/t.tex"), "--out (forest plot) {dir}/t.forest.png is a FIFO",
-            _fifo("t.forest.png")),
-    Refusal(("explain-table", "--experiment", "x", "--out", "{store}/mlartifacts/e"), "is inside the tracking store's"),
-    Refusal(("explain-table", "--experiment", "x", "--out", "{dir}/e"), "--out {dir}/e.md is a FIFO", _fifo("e.md")),
-    Refusal((*EXPLAIN, "--json", "{store}/mlflow.db"), "--json {store}/mlflow.db is the tracking store's database"),
-    Refusal((*EXPLAIN, "--out", "{store}/mlartifacts"), "--out {store}/mlartifacts is the tracking store's artifact"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--storage", "sqlite:///{store}/mlflow.db"),
-            "--storage sqlite:///{store}/mlflow.db is the tracking store's database"),
-    Refusal(("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
-            "is the tracking store's database"),
+    Refusal(
+        (*RUN, "--json", "{store}/mlartifacts/1/x.json"),
+        "is inside the tracking store's artifact folder",
+    ),
+    Refusal(
+        (*RUN, "--checkpoint-root", "{store}/mlartifacts/ckpt"),
+        "--checkpoint-root {store}/mlartifacts/ckpt is inside the tracking store's artifact folder",
+    ),
+    Refusal(
+        (*RUN, "--json", "{dir}/other.db"),
+        "is an SQLite database (a tracking store, study or queue)",
+        _sqlite("other.db"),
+    ),
+    Refusal(
+        (*RUN, "--json", "{dir}/pipe"),
+        "--json {dir}/pipe is a FIFO, not a regular file",
+        _fifo("pipe"),
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/full"),
+        "--json /dev/full is a character device, not a regular file",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "/dev/null"),
+        "--json /dev/null is a character device",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--out", "{store}/mlflow.db"),
+        "--out {store}/mlflow.db is the tracking store's",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--out", "{store}/mlartifacts/t.md"),
+        "is inside the tracking store's artifact",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--out", "{dir}/t.tex"),
+        "--out (forest plot) {dir}/t.forest.png is a FIFO",
+        _fifo("t.forest.png"),
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "x", "--out", "{store}/mlartifacts/e"),
+        "is inside the tracking store's",
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "x", "--out", "{dir}/e"),
+        "--out {dir}/e.md is a FIFO",
+        _fifo("e.md"),
+    ),
+    Refusal(
+        (*EXPLAIN, "--json", "{store}/mlflow.db"),
+        "--json {store}/mlflow.db is the tracking store's database",
+    ),
+    Refusal(
+        (*EXPLAIN, "--out", "{store}/mlartifacts"),
+        "--out {store}/mlartifacts is the tracking store's artifact",
+    ),
+    Refusal(
+        ("tune", "--method", "plain", "--trials", "1", "--storage", "sqlite:///{store}/mlflow.db"),
+        "--storage sqlite:///{store}/mlflow.db is the tracking store's database",
+    ),
+    Refusal(
+        ("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
+        "is the tracking store's database",
+    ),
     # Values of protocol keys (--set): type, range, finiteness, rules across keys.
-    Refusal((*RUN, "--set", "optimizer.lr_head=nan"), "protocol key 'optimizer.lr_head' = nan: expected a finite number > 0"),
-    Refusal((*RUN, "--set", "training.sync_every=0"), "protocol key 'training.sync_every' = 0: expected an integer > 0"),
+    Refusal(
+        (*RUN, "--set", "optimizer.lr_head=nan"),
+        "protocol key 'optimizer.lr_head' = nan: expected a finite number > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "training.sync_every=0"),
+        "protocol key 'training.sync_every' = 0: expected an integer > 0",
+    ),
     Refusal((*RUN, "--fast", "--deterministic"), "--deterministic and --fast exclude each other"),
-    Refusal((*RUN, "--register", ""), "run: argument --register: expected a model name without '/' or ':', got ''"),
-    Refusal((*RUN, "--register", "team/embedder"), "expected a model name without '/' or ':', got 'team/embedder'"),
-    Refusal((*RUN, "--set", "optimizer.lr_backbone=inf"), "'optimizer.lr_backbone' = inf: expected a finite number >= 0"),
-    Refusal((*RUN, "--set", "optimizer.lr_head=-1e-4"), "'optimizer.lr_head' = -0.0001: expected a finite number > 0"),
-    Refusal((*RUN, "--set", "optimizer.weight_decay=-0.1"), "'optimizer.weight_decay' = -0.1: expected a finite number >= 0"),
-    Refusal((*RUN, "--set", "optimizer.momentum=1.5"), "'optimizer.momentum' = 1.5: expected a finite number >= 0 and < 1"),
-    Refusal((*RUN, "--set", 'optimizer.name="adm"'), "'optimizer.name' = \"adm\": expected one of \"adam\", \"adamw\""),
-    Refusal((*RUN, "--set", "schedule.gamma=nan"), "'schedule.gamma' = nan: expected a finite number > 0"),
-    Refusal((*RUN, "--set", "sampling.batches_per_epoch=-5"), "'sampling.batches_per_epoch' = -5: expected an integer >= 0"),
-    Refusal((*RUN, "--set", "sampling.samples_per_class=1"), "'sampling.samples_per_class' = 1: expected an integer >= 2"),
-    Refusal((*RUN, "--set", "sampling.classes_per_batch=2.5"), "'sampling.classes_per_batch' = 2.5: expected an integer >= 2"),
-    Refusal((*RUN, "--set", "selection.evaluate_every=0"), "'selection.evaluate_every' = 0: expected an integer >= 1"),
-    Refusal((*RUN, "--set", "evaluation.batch_size=0"), "'evaluation.batch_size' = 0: expected an integer > 0"),
-    Refusal((*RUN, "--set", "evaluation.metrics=[]"), "'evaluation.metrics' = []: expected a non-empty list of strings"),
-    Refusal((*RUN, "--set", "splits.max_train_images_per_class=-1"),
-            "'splits.max_train_images_per_class' = -1: expected an integer >= 0"),
-    Refusal((*RUN, "--set", "splits.validation_classes=1.0"), "'splits.validation_classes' = 1.0: expected a finite number >= 0 and < 1"),
-    Refusal((*RUN, "--set", "embedding.size=0"), "'embedding.size' = 0: expected an integer >= 2 and <= 8192"),
-    Refusal((*RUN, "--set", 'image.size="big"'), "'image.size' = \"big\": expected an integer >= 32 and <= 1024"),
+    Refusal(
+        (*RUN, "--register", ""),
+        "run: argument --register: expected a model name without '/' or ':', got ''",
+    ),
+    Refusal(
+        (*RUN, "--register", "team/embedder"),
+        "expected a model name without '/' or ':', got 'team/embedder'",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimizer.lr_backbone=inf"),
+        "'optimizer.lr_backbone' = inf: expected a finite number >= 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimizer.lr_head=-1e-4"),
+        "'optimizer.lr_head' = -0.0001: expected a finite number > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimizer.weight_decay=-0.1"),
+        "'optimizer.weight_decay' = -0.1: expected a finite number >= 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimizer.momentum=1.5"),
+        "'optimizer.momentum' = 1.5: expected a finite number >= 0 and < 1",
+    ),
+    Refusal(
+        (*RUN, "--set", 'optimizer.name="adm"'),
+        '\'optimizer.name\' = "adm": expected one of "adam", "adamw"',
+    ),
+    Refusal(
+        (*RUN, "--set", "schedule.gamma=nan"),
+        "'schedule.gamma' = nan: expected a finite number > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "sampling.batches_per_epoch=-5"),
+        "'sampling.batches_per_epoch' = -5: expected an integer >= 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "sampling.samples_per_class=1"),
+        "'sampling.samples_per_class' = 1: expected an integer >= 2",
+    ),
+    Refusal(
+        (*RUN, "--set", "sampling.classes_per_batch=2.5"),
+        "'sampling.classes_per_batch' = 2.5: expected an integer >= 2",
+    ),
+    Refusal(
+        (*RUN, "--set", "selection.evaluate_every=0"),
+        "'selection.evaluate_every' = 0: expected an integer >= 1",
+    ),
+    Refusal(
+        (*RUN, "--set", "evaluation.batch_size=0"),
+        "'evaluation.batch_size' = 0: expected an integer > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "evaluation.metrics=[]"),
+        "'evaluation.metrics' = []: expected a non-empty list of strings",
+    ),
+    Refusal(
+        (*RUN, "--set", "splits.max_train_images_per_class=-1"),
+        "'splits.max_train_images_per_class' = -1: expected an integer >= 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "splits.validation_classes=1.0"),
+        "'splits.validation_classes' = 1.0: expected a finite number >= 0 and < 1",
+    ),
+    Refusal(
+        (*RUN, "--set", "embedding.size=0"),
+        "'embedding.size' = 0: expected an integer >= 2 and <= 8192",
+    ),
+    Refusal(
+        (*RUN, "--set", 'image.size="big"'),
+        "'image.size' = \"big\": expected an integer >= 32 and <= 1024",
+    ),
     Refusal((*RUN, "--set", "image.resize=10"), "'image.resize' = 10: expected >= image.size (32)"),
-    Refusal((*RUN, "--set", "image.crop_scale=[0.5]"), "'image.crop_scale' = [0.5]: expected a list of 2 finite numbers"),
-    Refusal((*RUN, "--set", "image.std=[0.5, 0.0, 0.5]"), "'image.std[1]' = 0.0: expected a finite number > 0"),
-    Refusal((*RUN, "--set", "seeds=[]"), "protocol key 'seeds' = []: expected a non-empty list of integers >= 0"),
-    Refusal((*RUN, "--set", "backbone.pretrained=1"), "'backbone.pretrained' = 1: expected true or false"),
-    Refusal((*RUN, "--set", "loss.args.margin.margin=-0.2", "--protocol", "smoke"),
-            "protocol key 'loss.args.margin.margin' = -0.2: expected a finite number >= 0"),
-    Refusal(("run", "--set", "loss.args.proxy_anchor.alpha=inf"), "'loss.args.proxy_anchor.alpha' = inf: expected a finite number > 0"),
-    Refusal((*RUN, "--set", "optimizer.lr=1"), "unknown protocol key 'optimizer.lr' (did you mean 'optimizer.lr_"),
-    Refusal((*RUN, "--set", "optimiser.lr_head=1"), "unknown protocol key 'optimiser.lr_head' (did you mean 'optimizer'?)"),
+    Refusal(
+        (*RUN, "--set", "image.crop_scale=[0.5]"),
+        "'image.crop_scale' = [0.5]: expected a list of 2 finite numbers",
+    ),
+    Refusal(
+        (*RUN, "--set", "image.std=[0.5, 0.0, 0.5]"),
+        "'image.std[1]' = 0.0: expected a finite number > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "seeds=[]"),
+        "protocol key 'seeds' = []: expected a non-empty list of integers >= 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "backbone.pretrained=1"),
+        "'backbone.pretrained' = 1: expected true or false",
+    ),
+    Refusal(
+        (*RUN, "--set", "loss.args.margin.margin=-0.2", "--protocol", "smoke"),
+        "protocol key 'loss.args.margin.margin' = -0.2: expected a finite number >= 0",
+    ),
+    Refusal(
+        ("run", "--set", "loss.args.proxy_anchor.alpha=inf"),
+        "'loss.args.proxy_anchor.alpha' = inf: expected a finite number > 0",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimizer.lr=1"),
+        "unknown protocol key 'optimizer.lr' (did you mean 'optimizer.lr_",
+    ),
+    Refusal(
+        (*RUN, "--set", "optimiser.lr_head=1"),
+        "unknown protocol key 'optimiser.lr_head' (did you mean 'optimizer'?)",
+    ),
     Refusal((*RUN, "--set", "schedule.epochs.x=1"), "unknown protocol key 'schedule.epochs.x'"),
-    Refusal((*RUN, "--set", "optimizer.lr_head"), "override 'optimizer.lr_head' must look like key.path=value"),
+    Refusal(
+        (*RUN, "--set", "optimizer.lr_head"),
+        "override 'optimizer.lr_head' must look like key.path=value",
+    ),
     Refusal((*RUN, "--set", "deviations.x.why=1"), "documents the protocol and is not a setting"),
-    Refusal(("run", "--protocol", "agrouping", "--set", 'loss.args.margin.reduction="mean"'),
-            "loss 'margin': unknown reduction 'mean' valid: dgml, pml"),
+    Refusal(
+        ("run", "--protocol", "agrouping", "--set", 'loss.args.margin.reduction="mean"'),
+        "loss 'margin': unknown reduction 'mean' valid: dgml, pml",
+    ),
     # Method options: declared types for every method the protocol configures, run or not.
-    Refusal((*RUN, "--methods", "plain", "--set", "methods.agrouping.diversity_weight=nan"),
-            "protocol key 'methods.agrouping.diversity_weight' = nan: expected a finite number"),
-    Refusal((*RUN, "--methods", "plain", "--set", 'methods.agrouping.groups="4"'),
-            "protocol key 'methods.agrouping.groups' = \"4\": expected an integer"),
-    Refusal((*RUN, "--methods", "plain", "--set", 'methods.diml.add_global="yes"'),
-            "protocol key 'methods.diml.add_global' = \"yes\": expected true or false"),
-    Refusal(("run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3"),
-            "method 'agrouping': groups must divide the embedding size 128, got 3"),
-    Refusal(("run", "--methods", "diablo", "--set", "methods.diablo.entries=7"), "DIABLO entries (N) must be a positive divisor"),
-    Refusal(("run", "--methods", "plain", "--set", "methods.plain.groups=2"), "unknown option 'groups' for method 'plain'"),
-    Refusal(("run", "--methods", "diml_train", "--loss", "proxy_anchor"), "method 'diml_train' cannot train with loss 'proxy_anchor'"),
+    Refusal(
+        (*RUN, "--methods", "plain", "--set", "methods.agrouping.diversity_weight=nan"),
+        "protocol key 'methods.agrouping.diversity_weight' = nan: expected a finite number",
+    ),
+    Refusal(
+        (*RUN, "--methods", "plain", "--set", 'methods.agrouping.groups="4"'),
+        "protocol key 'methods.agrouping.groups' = \"4\": expected an integer",
+    ),
+    Refusal(
+        (*RUN, "--methods", "plain", "--set", 'methods.diml.add_global="yes"'),
+        "protocol key 'methods.diml.add_global' = \"yes\": expected true or false",
+    ),
+    Refusal(
+        ("run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3"),
+        "method 'agrouping': groups must divide the embedding size 128, got 3",
+    ),
+    Refusal(
+        ("run", "--methods", "diablo", "--set", "methods.diablo.entries=7"),
+        "DIABLO entries (N) must be a positive divisor",
+    ),
+    Refusal(
+        ("run", "--methods", "plain", "--set", "methods.plain.groups=2"),
+        "unknown option 'groups' for method 'plain'",
+    ),
+    Refusal(
+        ("run", "--methods", "diml_train", "--loss", "proxy_anchor"),
+        "method 'diml_train' cannot train with loss 'proxy_anchor'",
+    ),
     # The batch against the dataset's training split (read, then refused before a run is tracked).
-    Refusal((*RUN, "--methods", "plain", "--data-root", "{dir}", "--set", "sampling.classes_per_batch=1000"),
-            "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class (1000 x 2 = 2000) "
-            "<= the 24 training images of synthetic (6 classes)", _small_synthetic),
+    Refusal(
+        (
+            *RUN,
+            "--methods",
+            "plain",
+            "--data-root",
+            "{dir}",
+            "--set",
+            "sampling.classes_per_batch=1000",
+        ),
+        "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class (1000 x 2 = 2000) "
+        "<= the 24 training images of synthetic (6 classes)",
+        _small_synthetic,
+    ),
     # run's own flags and names.
-    Refusal((*RUN, "--seeds", ","), "run: argument --seeds: expected comma-separated integers >= 0"),
-    Refusal((*RUN, "--seeds", "0,x"), "run: argument --seeds: expected comma-separated integers >= 0 like 0,1,2, got '0,x'"),
-    Refusal((*RUN, "--seeds", "-1"), "run: argument --seeds: expected comma-separated integers >= 0"),
-    Refusal((*RUN, "--methods", ","), "run: argument --methods: expected one or more comma-separated names, got ','"),
+    Refusal(
+        (*RUN, "--seeds", ","), "run: argument --seeds: expected comma-separated integers >= 0"
+    ),
+    Refusal(
+        (*RUN, "--seeds", "0,x"),
+        "run: argument --seeds: expected comma-separated integers >= 0 like 0,1,2, got '0,x'",
+    ),
+    Refusal(
+        (*RUN, "--seeds", "-1"), "run: argument --seeds: expected comma-separated integers >= 0"
+    ),
+    Refusal(
+        (*RUN, "--methods", ","),
+        "run: argument --methods: expected one or more comma-separated names, got ','",
+    ),
     Refusal((*RUN, "--methods", "plain,agroupin"), "unknown method 'agroupin'"),
-    Refusal((*RUN, "--workers", "-2"), "run: argument --workers: expected an integer >= 0, got '-2'"),
+    Refusal(
+        (*RUN, "--workers", "-2"), "run: argument --workers: expected an integer >= 0, got '-2'"
+    ),
     Refusal((*RUN, "--workers", "x"), "run: argument --workers: expected an integer >= 0, got 'x'"),
-    Refusal((*RUN, "--epochs", "-1"), "run: argument --epochs: expected an integer >= 0 and <= 100000, got '-1'"),
+    Refusal(
+        (*RUN, "--epochs", "-1"),
+        "run: argument --epochs: expected an integer >= 0 and <= 100000, got '-1'",
+    ),
     Refusal((*RUN, "--bogus"), "unrecognized arguments: --bogus"),
-    Refusal(("run", "--dataset", "cub"), "unknown dataset 'cub'; did you mean 'cub200'? valid: cars196, cub200"),
-    Refusal(("run", "--loss", "tripplet"), "unknown loss 'tripplet'; did you mean 'triplet'? valid:"),
-    Refusal(("run", "--protocol", "rot2020"), "unknown protocol 'rot2020'; did you mean 'roth2020'? valid:"),
-    Refusal(("run", "--dataset", "cub200", "--data-root", "/nonexistent/dir"), "--data-root /nonexistent/dir does not exist"),
-    Refusal((*RUN, "--evaluate-only"), "--evaluate-only evaluates the weights of a finished run: give --init-from"),
+    Refusal(
+        ("run", "--dataset", "cub"),
+        "unknown dataset 'cub'; did you mean 'cub200'? valid: cars196, cub200",
+    ),
+    Refusal(
+        ("run", "--loss", "tripplet"), "unknown loss 'tripplet'; did you mean 'triplet'? valid:"
+    ),
+    Refusal(
+        ("run", "--protocol", "rot2020"),
+        "unknown protocol 'rot2020'; did you mean 'roth2020'? valid:",
+    ),
+    Refusal(
+        ("run", "--dataset", "cub200", "--data-root", "/nonexistent/dir"),
+        "--data-root /nonexistent/dir does not exist",
+    ),
+    Refusal(
+        (*RUN, "--evaluate-only"),
+        "--evaluate-only evaluates the weights of a finished run: give --init-from",
+    ),
     # Protocol files: a missing file, a folder, a syntax error, bad values, misspelt names.
     Refusal(("run", "--protocol", "{dir}/none.toml"), "protocol file not found"),
-    Refusal(("run", "--protocol", "{dir}/folder.toml"), "protocol file not found",
-            lambda folder: (folder / "folder.toml").mkdir()),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "malformed protocol file", _write("p.toml", "[optimizer\nlr_head = 1\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'optimizer.lr_head' = \"fast\": expected a finite number > 0",
-            _write("p.toml", '[optimizer]\nlr_head = "fast"\n')),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'optimizer.lr_head' = nan",
-            _write("p.toml", "[optimizer]\nlr_head = nan\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'backbone' = 3: expected a table",
-            _write("p.toml", "backbone = 3\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'evaluation.recall_k.default' = []: expected a non-empty list",
-            _write("p.toml", "[evaluation.recall_k]\ndefault = []\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"),
-            "unknown protocol key 'sampling.classes_per_bach' (did you mean 'classes_per_batch'?)",
-            _write("p.toml", "[sampling]\nclasses_per_bach = 8\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"),
-            "protocol key 'methods.agroupng': unknown method 'agroupng'; did you mean 'agrouping'?",
-            _write("p.toml", "[methods.agroupng]\ngroups = 4\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"),
-            "protocol key 'loss.args.margn': unknown loss 'margn'; did you mean 'margin'?",
-            _write("p.toml", "[loss.args.margn]\nmargin = 0.1\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml",
-            _write("p.toml", '[loss.args.margin]\nreduction = "dgm"\n')),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "protocol key 'loss.miners.margin' must be a table with a miner 'name'",
-            _write("p.toml", "[loss.miners.margin]\n")),
-    Refusal(("run", "--protocol", "{dir}/p.toml"), "section datasets.sop: protocol key 'schedule.epochs' = -1",
-            _write("p.toml", "[datasets.sop.schedule]\nepochs = -1\n")),
+    Refusal(
+        ("run", "--protocol", "{dir}/folder.toml"),
+        "protocol file not found",
+        lambda folder: (folder / "folder.toml").mkdir(),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "malformed protocol file",
+        _write("p.toml", "[optimizer\nlr_head = 1\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'optimizer.lr_head' = \"fast\": expected a finite number > 0",
+        _write("p.toml", '[optimizer]\nlr_head = "fast"\n'),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'optimizer.lr_head' = nan",
+        _write("p.toml", "[optimizer]\nlr_head = nan\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'backbone' = 3: expected a table",
+        _write("p.toml", "backbone = 3\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'evaluation.recall_k.default' = []: expected a non-empty list",
+        _write("p.toml", "[evaluation.recall_k]\ndefault = []\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "unknown protocol key 'sampling.classes_per_bach' (did you mean 'classes_per_batch'?)",
+        _write("p.toml", "[sampling]\nclasses_per_bach = 8\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'methods.agroupng': unknown method 'agroupng'; did you mean 'agrouping'?",
+        _write("p.toml", "[methods.agroupng]\ngroups = 4\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'loss.args.margn': unknown loss 'margn'; did you mean 'margin'?",
+        _write("p.toml", "[loss.args.margn]\nmargin = 0.1\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml",
+        _write("p.toml", '[loss.args.margin]\nreduction = "dgm"\n'),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "protocol key 'loss.miners.margin' must be a table with a miner 'name'",
+        _write("p.toml", "[loss.miners.margin]\n"),
+    ),
+    Refusal(
+        ("run", "--protocol", "{dir}/p.toml"),
+        "section datasets.sop: protocol key 'schedule.epochs' = -1",
+        _write("p.toml", "[datasets.sop.schedule]\nepochs = -1\n"),
+    ),
     # sweep: grid files and flags, refused before a trial is queued.
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "protocol key 'optimizer.lr_head' = -0.001: expected a finite number > 0",
-            _write("g.toml", _grid('set = { "optimizer.lr_head" = -1e-3 }'))),
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "grid key 'methods' = []: expected a non-empty list of strings",
-            _write("g.toml", _grid("methods = []"))),
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "grid key 'seeds[0]' = \"0\": expected an integer >= 0",
-            _write("g.toml", _grid('seeds = ["0"]'))),
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "unknown grid key 'methdos' (did you mean 'methods'?)",
-            _write("g.toml", _grid('methdos = ["plain"]'))),
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "malformed grid file", _write("g.toml", _grid("[smoke"))),
-    Refusal(("sweep", "--grid", "{dir}/g.toml"), "grid key 'protocol' is missing", _write("g.toml", 'methods = ["plain"]\n')),
-    Refusal(("sweep", "--grid", "{dir}/g.toml", "--smoke"), "has no [smoke] table; --smoke needs one",
-            _write("g.toml", _grid("[smoke]"))),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "protocol key 'optimizer.lr_head' = -0.001: expected a finite number > 0",
+        _write("g.toml", _grid('set = { "optimizer.lr_head" = -1e-3 }')),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'methods' = []: expected a non-empty list of strings",
+        _write("g.toml", _grid("methods = []")),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'seeds[0]' = \"0\": expected an integer >= 0",
+        _write("g.toml", _grid('seeds = ["0"]')),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "unknown grid key 'methdos' (did you mean 'methods'?)",
+        _write("g.toml", _grid('methdos = ["plain"]')),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "malformed grid file",
+        _write("g.toml", _grid("[smoke")),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'protocol' is missing",
+        _write("g.toml", 'methods = ["plain"]\n'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml", "--smoke"),
+        "has no [smoke] table; --smoke needs one",
+        _write("g.toml", _grid("[smoke]")),
+    ),
     Refusal(("sweep", "--grid", "nope"), "unknown grid 'nope'"),
     Refusal(("sweep", "--grid", "{dir}/none.toml"), "grid file not found"),
-    Refusal(("sweep", "--grid", "fair-roth2020", "--loader-workers", "-1"), "sweep: argument --loader-workers: expected an integer >= 0"),
-    Refusal(("sweep", "--grid", "fair-roth2020", "--workers", "0"), "sweep: argument --workers: expected an integer >= 1"),
-    Refusal(("sweep", "--grid", "fair-roth2020", "--heartbeat", "0"), "sweep: argument --heartbeat: expected an integer >= 1"),
-    Refusal(("sweep", "--grid", "fair-roth2020", "--grace", "x"), "sweep: argument --grace: expected an integer >= 1"),
+    Refusal(
+        ("sweep", "--grid", "fair-roth2020", "--loader-workers", "-1"),
+        "sweep: argument --loader-workers: expected an integer >= 0",
+    ),
+    Refusal(
+        ("sweep", "--grid", "fair-roth2020", "--workers", "0"),
+        "sweep: argument --workers: expected an integer >= 1",
+    ),
+    Refusal(
+        ("sweep", "--grid", "fair-roth2020", "--heartbeat", "0"),
+        "sweep: argument --heartbeat: expected an integer >= 1",
+    ),
+    Refusal(
+        ("sweep", "--grid", "fair-roth2020", "--grace", "x"),
+        "sweep: argument --grace: expected an integer >= 1",
+    ),
     Refusal(("sweep",), "sweep: the following arguments are required: --grid"),
     # tune.
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--space", "optimizer.lr_hed"),
-            "--space: unknown protocol field 'optimizer.lr_hed'; did you mean 'optimizer.lr_head'?"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--space", "schedule.epochs"),
-            "--space: 'schedule.epochs' = 2; only positive float fields are tunable"),
-    Refusal(("tune", "--method", "plain", "--trials", "-1"), "tune: argument --trials: expected an integer >= 1"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--seeds", "1,a"), "tune: argument --seeds: expected comma-separated"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--loader-workers", "-1"), "tune: argument --loader-workers"),
+    Refusal(
+        (
+            "tune",
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            str(TINY_PROTOCOL),
+            "--space",
+            "optimizer.lr_hed",
+        ),
+        "--space: unknown protocol field 'optimizer.lr_hed'; did you mean 'optimizer.lr_head'?",
+    ),
+    Refusal(
+        (
+            "tune",
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            str(TINY_PROTOCOL),
+            "--space",
+            "schedule.epochs",
+        ),
+        "--space: 'schedule.epochs' = 2; only positive float fields are tunable",
+    ),
+    Refusal(
+        ("tune", "--method", "plain", "--trials", "-1"),
+        "tune: argument --trials: expected an integer >= 1",
+    ),
+    Refusal(
+        ("tune", "--method", "plain", "--trials", "1", "--seeds", "1,a"),
+        "tune: argument --seeds: expected comma-separated",
+    ),
+    Refusal(
+        ("tune", "--method", "plain", "--trials", "1", "--loader-workers", "-1"),
+        "tune: argument --loader-workers",
+    ),
     Refusal(("tune", "--method", "nope", "--trials", "1"), "unknown method 'nope'"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--data-root", "{dir}",
-             "--set", "sampling.classes_per_batch=1000"),
-            "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class", _small_synthetic),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL), "--set", "optimizer.lr_head=nan"),
-            "protocol key 'optimizer.lr_head' = nan"),
+    Refusal(
+        (
+            "tune",
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            str(TINY_PROTOCOL),
+            "--data-root",
+            "{dir}",
+            "--set",
+            "sampling.classes_per_batch=1000",
+        ),
+        "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class",
+        _small_synthetic,
+    ),
+    Refusal(
+        (
+            "tune",
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            str(TINY_PROTOCOL),
+            "--set",
+            "optimizer.lr_head=nan",
+        ),
+        "protocol key 'optimizer.lr_head' = nan",
+    ),
     # evaluate, table, explain, explain-table, deviations, methods, datasets, schema.
-    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--chunk-size", "0"),
-            "evaluate: argument --chunk-size: expected an integer >= 1, got '0'"),
-    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--seed", "-1"), "evaluate: argument --seed"),
-    Refusal(("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--device", "tpu"), "evaluate: argument --device: invalid choice"),
-    Refusal(("evaluate", "--embeddings", "{dir}/e.npy", "--labels", "{dir}/l.npy", "--recall-k", "0"),
-            "--recall-k expects positive integers"),
-    Refusal(("evaluate", "--labels", "l.npy"), "evaluate: the following arguments are required: --embeddings"),
-    Refusal(("table", "--experiment", "x", "--format", "html"), "table: argument --format: invalid choice: 'html'"),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--chunk-size", "0"),
+        "evaluate: argument --chunk-size: expected an integer >= 1, got '0'",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--seed", "-1"),
+        "evaluate: argument --seed",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--device", "tpu"),
+        "evaluate: argument --device: invalid choice",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "{dir}/e.npy", "--labels", "{dir}/l.npy", "--recall-k", "0"),
+        "--recall-k expects positive integers",
+    ),
+    Refusal(
+        ("evaluate", "--labels", "l.npy"),
+        "evaluate: the following arguments are required: --embeddings",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--format", "html"),
+        "table: argument --format: invalid choice: 'html'",
+    ),
     Refusal(("table", "--experiment", "x", "--table", "3"), "--table needs --published"),
-    Refusal((*EXPLAIN, "--pairs", "0"), "explain: argument --pairs: expected an integer >= 1, got '0'"),
-    Refusal((*EXPLAIN, "--curve-pairs", "-3"), "explain: argument --curve-pairs: expected an integer >= 1"),
+    Refusal(
+        (*EXPLAIN, "--pairs", "0"), "explain: argument --pairs: expected an integer >= 1, got '0'"
+    ),
+    Refusal(
+        (*EXPLAIN, "--curve-pairs", "-3"),
+        "explain: argument --curve-pairs: expected an integer >= 1",
+    ),
     Refusal((*EXPLAIN, "--seed", "x"), "explain: argument --seed: expected an integer >= 0"),
-    Refusal(("explain-table",), "explain-table: the following arguments are required: --experiment"),
+    Refusal(
+        ("explain-table",), "explain-table: the following arguments are required: --experiment"
+    ),
     Refusal(("deviations", "--grid", "nope"), "unknown grid 'nope'"),
     Refusal(("deviations", "--protocol", "nope"), "unknown protocol 'nope'"),
     Refusal(("methods", "--bogus"), "unrecognized arguments: --bogus"),
-    Refusal(("datasets", "fetch", "cub200", "--timeout", "0"), "fetch: argument --timeout: expected a finite number > 0"),
-    Refusal(("datasets", "fetch", "cub200", "--timeout", "nan"), "fetch: argument --timeout: expected a finite number > 0"),
+    Refusal(
+        ("datasets", "fetch", "cub200", "--timeout", "0"),
+        "fetch: argument --timeout: expected a finite number > 0",
+    ),
+    Refusal(
+        ("datasets", "fetch", "cub200", "--timeout", "nan"),
+        "fetch: argument --timeout: expected a finite number > 0",
+    ),
     Refusal(("schema", "yaml"), "schema: argument kind: invalid choice: 'yaml'"),
     Refusal(("bogus",), "argument command: invalid choice: 'bogus'"),
     Refusal(("--debug",), "the following arguments are required: command"),
@@ -260,14 +613,26 @@ REFUSALS = [
 
 def test_the_table_walks_every_subcommand():
     commands = {case.argv[0] for case in REFUSALS}
-    assert {"run", "sweep", "tune", "evaluate", "table", "explain", "explain-table", "deviations", "methods",
-            "datasets", "schema"} <= commands
+    assert {
+        "run",
+        "sweep",
+        "tune",
+        "evaluate",
+        "table",
+        "explain",
+        "explain-table",
+        "deviations",
+        "methods",
+        "datasets",
+        "schema",
+    } <= commands
     assert len(REFUSALS) >= 100
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=str)
-def test_every_bad_input_is_refused_with_one_line(case, workdir, data_root, tracking_dir, capsys,
-                                                  tmp_path_factory):
+def test_every_bad_input_is_refused_with_one_line(
+    case, workdir, data_root, tracking_dir, capsys, tmp_path_factory
+):
     """No case reads the synthetic dataset (each is refused first), so data_root stays as it was."""
     folder = tmp_path_factory.mktemp("input")
     if case.prepare is not None:
@@ -277,14 +642,28 @@ def test_every_bad_input_is_refused_with_one_line(case, workdir, data_root, trac
         return text.replace("{dir}", str(folder)).replace("{store}", str(tracking_dir))
 
     argv = [fill(arg) for arg in case.argv]
-    assert_refused(argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir])
+    assert_refused(
+        argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir]
+    )
 
 
 def test_missing_data_root_names_the_expected_file(workdir, capsys, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    line = _fails(capsys, ["run", "--dataset", "cub200", "--data-root", str(empty), "--json",
-                           str(workdir / "o.json")], "dataset 'cub200' not found: expected", workdir / "o.json")
+    line = _fails(
+        capsys,
+        [
+            "run",
+            "--dataset",
+            "cub200",
+            "--data-root",
+            str(empty),
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "dataset 'cub200' not found: expected",
+        workdir / "o.json",
+    )
     assert str(empty / "CUB_200_2011" / "images.txt") in line
 
 
@@ -292,10 +671,28 @@ def test_corrupt_image_names_its_path(workdir, capsys, tmp_path, tiny_protocol):
     base = make_cub(tmp_path / "cub")
     corrupt = base / "images" / "150.Bird_150" / "Bird_150_0000.jpg"
     corrupt.write_bytes(b"this is not a jpeg")
-    line = _fails(capsys, ["run", "--methods", "plain", "--dataset", "cub200", "--data-root",
-                           str(tmp_path / "cub"), "--protocol", str(tiny_protocol), "--epochs", "0",
-                           "--set", "splits.max_test_images_per_class=0", "--json", str(workdir / "o.json")],
-                  "corrupt image", workdir / "o.json")
+    line = _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "plain",
+            "--dataset",
+            "cub200",
+            "--data-root",
+            str(tmp_path / "cub"),
+            "--protocol",
+            str(tiny_protocol),
+            "--epochs",
+            "0",
+            "--set",
+            "splits.max_test_images_per_class=0",
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "corrupt image",
+        workdir / "o.json",
+    )
     assert str(corrupt) in line
 
 
@@ -303,21 +700,30 @@ class NanHead(PlainHead):
     """A plain head whose loss becomes NaN (test only)."""
 
     def loss_terms(self, output: HeadOutput, batch):
-        return {"metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))}
+        return {
+            "metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))
+        }
 
 
 def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protocol, monkeypatch):
     monkeypatch.setitem(METHODS._entries, "nan-test", MethodEntry("nan-test", NanHead, {}))
     out = workdir / "o.json"
-    _fails(capsys, ["run", "--methods", "nan-test", "--protocol", str(tiny_protocol), "--json", str(out)],
-           "loss is nan at epoch 1, batch 1", out)
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.method = 'nan-test'",
-                              output_format="list")
+    _fails(
+        capsys,
+        ["run", "--methods", "nan-test", "--protocol", str(tiny_protocol), "--json", str(out)],
+        "loss is nan at epoch 1, batch 1",
+        out,
+    )
+    runs = mlflow.search_runs(
+        search_all_experiments=True, filter_string="tags.method = 'nan-test'", output_format="list"
+    )
     assert runs and all(r.info.status == "FAILED" for r in runs)
     assert "loss is nan" in runs[0].data.tags["failure"]
 
 
-def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys, tiny_protocol, monkeypatch):
+def test_a_selection_metric_that_is_never_a_number_fails_the_run(
+    workdir, capsys, tiny_protocol, monkeypatch
+):
     import harness.engine.trainer as trainer
 
     def no_scores(*args, metrics=None, **kwargs):
@@ -325,8 +731,22 @@ def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys
 
     monkeypatch.setattr(trainer, "evaluate_split", no_scores)
     out = workdir / "o.json"
-    _fails(capsys, ["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
-                    "--json", str(out)], "was NaN at every evaluation", out)
+    _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "plain",
+            "--protocol",
+            str(tiny_protocol),
+            "--epochs",
+            "1",
+            "--json",
+            str(out),
+        ],
+        "was NaN at every evaluation",
+        out,
+    )
 
 
 def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsys, monkeypatch):
@@ -335,21 +755,67 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
     import harness.engine.training as training
 
     monkeypatch.setattr(training, "prepare_splits", lambda *a, **k: pytest.fail("dataset loaded"))
-    _fails(capsys, ["run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3",
-                    "--json", str(workdir / "o.json")],
-           "method 'agrouping': groups must divide the embedding size 128, got 3", workdir / "o.json")
-    _fails(capsys, ["run", "--methods", "diablo", "--set", "methods.diablo.entries=7",
-                    "--json", str(workdir / "o.json")], "DIABLO entries (N) must be a positive divisor",
-           workdir / "o.json")
-    _fails(capsys, ["run", "--methods", "plain", "--set", "methods.plain.groups=2",
-                    "--json", str(workdir / "o.json")], "unknown option 'groups' for method 'plain'",
-           workdir / "o.json")
-    _fails(capsys, ["run", "--methods", "diml_train", "--loss", "proxy_anchor",
-                    "--json", str(workdir / "o.json")], "method 'diml_train' cannot train with loss 'proxy_anchor'",
-           workdir / "o.json")
+    _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "agrouping",
+            "--set",
+            "methods.agrouping.groups=3",
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "method 'agrouping': groups must divide the embedding size 128, got 3",
+        workdir / "o.json",
+    )
+    _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "diablo",
+            "--set",
+            "methods.diablo.entries=7",
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "DIABLO entries (N) must be a positive divisor",
+        workdir / "o.json",
+    )
+    _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "plain",
+            "--set",
+            "methods.plain.groups=2",
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "unknown option 'groups' for method 'plain'",
+        workdir / "o.json",
+    )
+    _fails(
+        capsys,
+        [
+            "run",
+            "--methods",
+            "diml_train",
+            "--loss",
+            "proxy_anchor",
+            "--json",
+            str(workdir / "o.json"),
+        ],
+        "method 'diml_train' cannot train with loss 'proxy_anchor'",
+        workdir / "o.json",
+    )
 
 
-def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(workdir, capsys, monkeypatch):
+def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(
+    workdir, capsys, monkeypatch
+):
     """A bug (not a user's mistake) exits 1 with one line; ``--debug`` raises it with its
     traceback, before or after the subcommand."""
     import harness.cli.listings as listings
@@ -360,7 +826,9 @@ def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(workdir
     monkeypatch.setattr(listings, "cmd_methods", broken)
     assert main(["methods"]) == 1
     err = capsys.readouterr().err
-    assert err == ("error: internal error: RuntimeError: a bug (run again with --debug for the traceback)\n")
+    assert err == (
+        "error: internal error: RuntimeError: a bug (run again with --debug for the traceback)\n"
+    )
     for argv in (["--debug", "methods"], ["methods", "--debug"]):
         with pytest.raises(RuntimeError, match="a bug"):
             main(argv)

@@ -36,28 +36,33 @@ RUN = ("run", "--methods", "plain", "--protocol", TINY, "--epochs", "1")
 def a_file(name: str = "afile"):
     def prepare(where: Path) -> None:
         (where / name).write_text("not a folder\n")
+
     return prepare
 
 
 def a_folder(name: str = "adir"):
     def prepare(where: Path) -> None:
         (where / name).mkdir()
+
     return prepare
 
 
 def unwritable(name: str = "ro"):
     """A folder no file can be created in, for any user."""
+
     def prepare(where: Path) -> None:
         if os.geteuid() == 0:
             (where / name).symlink_to("/proc", target_is_directory=True)
         else:
             (where / name).mkdir()
             (where / name).chmod(0o500)
+
     return prepare
 
 
 def embeddings(labels: list[int], query_labels: list[int] | None = None):
     """``emb.npy``/``lab.npy`` (and ``q.npy``/``ql.npy``) of random embeddings."""
+
     def prepare(where: Path) -> None:
         rng = np.random.default_rng(0)
         np.save(where / "emb.npy", rng.normal(size=(len(labels), 4)).astype(np.float32))
@@ -65,28 +70,39 @@ def embeddings(labels: list[int], query_labels: list[int] | None = None):
         if query_labels is not None:
             np.save(where / "q.npy", rng.normal(size=(len(query_labels), 4)).astype(np.float32))
             np.save(where / "ql.npy", np.array(query_labels))
+
     return prepare
 
 
 def cub(damage):
     """A CUB tree in the official layout under ``cub/``, then ``damage(tree)``."""
+
     def prepare(where: Path) -> None:
         damage(make_cub(where / "cub", classes=200, per_class=1))
+
     return prepare
 
 
 def sop(damage):
     def prepare(where: Path) -> None:
         damage(make_sop(where / "sop"))
+
     return prepare
 
 
 def grid_on_cub(damage):
     """``cub-grid.toml``: the tiny grid on cub200, whose tree under ``cub/`` is damaged."""
+
     def prepare(where: Path) -> None:
-        grid = Path(GRID).read_text().replace('"synthetic"', '"cub200"').replace("../protocols/tiny.toml", TINY)
+        grid = (
+            Path(GRID)
+            .read_text()
+            .replace('"synthetic"', '"cub200"')
+            .replace("../protocols/tiny.toml", TINY)
+        )
         (where / "cub-grid.toml").write_text(grid)
         cub(damage)(where)
+
     return prepare
 
 
@@ -95,7 +111,15 @@ def _rewrite(path: Path, old: str, new: str) -> None:
 
 
 EVALUATE = ("evaluate", "--embeddings", "emb.npy", "--labels", "lab.npy")
-CUB_RUN = (*RUN, "--dataset", "cub200", "--data-root", "cub", "--set", "splits.max_test_images_per_class=0")
+CUB_RUN = (
+    *RUN,
+    "--dataset",
+    "cub200",
+    "--data-root",
+    "cub",
+    "--set",
+    "splits.max_test_images_per_class=0",
+)
 SOP_RUN = (*RUN, "--dataset", "sop", "--data-root", "sop")
 
 CASES = [
@@ -105,80 +129,208 @@ CASES = [
     Refusal((*RUN, "--json", "newdir/"), "--json newdir/ is a folder"),
     Refusal((*RUN, "--json", "ro/o.json"), "cannot write in ro", unwritable()),
     Refusal((*RUN, "--json", ""), "--json is empty"),
-    Refusal((*RUN, "--checkpoint-root", "afile"), "--checkpoint-root afile is a file, not a folder", a_file()),
-    Refusal((*RUN, "--checkpoint-root", "afile/ckpt"), "--checkpoint-root afile/ckpt: afile is a file", a_file()),
-    Refusal((*RUN, "--checkpoint-root", "ro/ckpt"), "--checkpoint-root ro/ckpt: cannot write in ro", unwritable()),
+    Refusal(
+        (*RUN, "--checkpoint-root", "afile"),
+        "--checkpoint-root afile is a file, not a folder",
+        a_file(),
+    ),
+    Refusal(
+        (*RUN, "--checkpoint-root", "afile/ckpt"),
+        "--checkpoint-root afile/ckpt: afile is a file",
+        a_file(),
+    ),
+    Refusal(
+        (*RUN, "--checkpoint-root", "ro/ckpt"),
+        "--checkpoint-root ro/ckpt: cannot write in ro",
+        unwritable(),
+    ),
     Refusal((*EVALUATE, "--json", "adir"), "--json adir is a folder", a_folder()),
     Refusal((*EVALUATE, "--json", "ro/r.json"), "cannot write in ro", unwritable()),
-    Refusal(("explain", "--run", "0" * 32, "--json", "adir"), "--json adir is a folder", a_folder()),
-    Refusal(("explain", "--run", "0" * 32, "--json", "ro/x.json"), "--json ro/x.json: cannot write in ro",
-            unwritable()),
-    Refusal(("explain", "--run", "0" * 32, "--out", "afile"), "--out afile is a file, not a folder", a_file()),
-    Refusal(("explain", "--run", "0" * 32, "--out", "ro/figures"), "cannot write in ro", unwritable()),
-    Refusal(("explain-table", "--experiment", "e", "--out", "adir/"), "--out adir/ is a folder", a_folder()),
-    Refusal(("explain-table", "--experiment", "e", "--out", "adir"), "--out adir is a folder", a_folder()),
-    Refusal(("explain-table", "--experiment", "e", "--out", "afile/t"), "afile is a file", a_file()),
+    Refusal(
+        ("explain", "--run", "0" * 32, "--json", "adir"), "--json adir is a folder", a_folder()
+    ),
+    Refusal(
+        ("explain", "--run", "0" * 32, "--json", "ro/x.json"),
+        "--json ro/x.json: cannot write in ro",
+        unwritable(),
+    ),
+    Refusal(
+        ("explain", "--run", "0" * 32, "--out", "afile"),
+        "--out afile is a file, not a folder",
+        a_file(),
+    ),
+    Refusal(
+        ("explain", "--run", "0" * 32, "--out", "ro/figures"), "cannot write in ro", unwritable()
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "e", "--out", "adir/"),
+        "--out adir/ is a folder",
+        a_folder(),
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "e", "--out", "adir"),
+        "--out adir is a folder",
+        a_folder(),
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "e", "--out", "afile/t"), "afile is a file", a_file()
+    ),
     Refusal(("table", "--experiment", "e", "--out", "adir"), "--out adir is a folder", a_folder()),
-    Refusal(("table", "--experiment", "e", "--out", "ro/t.tex"), "cannot write in ro", unwritable()),
+    Refusal(
+        ("table", "--experiment", "e", "--out", "ro/t.tex"), "cannot write in ro", unwritable()
+    ),
     Refusal(("table", "--experiment", "e", "--out", "afile/t.tex"), "afile is a file", a_file()),
-    Refusal(("sweep", "--grid", GRID, "--smoke", "--checkpoint-root", "afile"), "--checkpoint-root afile is a file",
-            a_file()),
+    Refusal(
+        ("sweep", "--grid", GRID, "--smoke", "--checkpoint-root", "afile"),
+        "--checkpoint-root afile is a file",
+        a_file(),
+    ),
     # --- datasets: index files, images, data roots (item 2)
-    Refusal(CUB_RUN, "expected the index file", cub(lambda t: (t / "image_class_labels.txt").unlink())),
-    Refusal(CUB_RUN, "corrupt image", cub(lambda t: (t / "images/150.Bird_150/Bird_150_0000.jpg")
-                                          .write_bytes(b"not a jpeg"))),
-    Refusal(CUB_RUN, "corrupt image", cub(lambda t: (t / "images/007.Bird_7/Bird_7_0000.jpg").write_bytes(b""))),
-    Refusal(CUB_RUN, "image listed by the dataset is missing",
-            cub(lambda t: (t / "images/160.Bird_160/Bird_160_0000.jpg").unlink())),
-    Refusal(CUB_RUN, "has no row in", cub(lambda t: _rewrite(t / "image_class_labels.txt", "1 1\n", ""))),
-    Refusal(CUB_RUN, "malformed class id", cub(lambda t: _rewrite(t / "image_class_labels.txt", "1 1\n", "1 one\n"))),
+    Refusal(
+        CUB_RUN, "expected the index file", cub(lambda t: (t / "image_class_labels.txt").unlink())
+    ),
+    Refusal(
+        CUB_RUN,
+        "corrupt image",
+        cub(lambda t: (t / "images/150.Bird_150/Bird_150_0000.jpg").write_bytes(b"not a jpeg")),
+    ),
+    Refusal(
+        CUB_RUN,
+        "corrupt image",
+        cub(lambda t: (t / "images/007.Bird_7/Bird_7_0000.jpg").write_bytes(b"")),
+    ),
+    Refusal(
+        CUB_RUN,
+        "image listed by the dataset is missing",
+        cub(lambda t: (t / "images/160.Bird_160/Bird_160_0000.jpg").unlink()),
+    ),
+    Refusal(
+        CUB_RUN, "has no row in", cub(lambda t: _rewrite(t / "image_class_labels.txt", "1 1\n", ""))
+    ),
+    Refusal(
+        CUB_RUN,
+        "malformed class id",
+        cub(lambda t: _rewrite(t / "image_class_labels.txt", "1 1\n", "1 one\n")),
+    ),
     Refusal(SOP_RUN, "expected the index file", sop(lambda t: (t / "Ebay_test.txt").unlink())),
-    Refusal(SOP_RUN, "expected header 'image_id class_id super_class_id path'",
-            sop(lambda t: _rewrite(t / "Ebay_test.txt", "image_id", "id"))),
-    Refusal((*RUN, "--dataset", "cars196", "--data-root", "cars"), "cannot read",
-            lambda w: make_cars(w / "cars", classes=196, per_class=1).joinpath("cars_annos.mat").write_bytes(b"x")),
-    Refusal((*RUN, "--dataset", "inshop", "--data-root", "shop"), "expected a count on line 1",
-            lambda w: _rewrite(make_inshop(w / "shop") / "list_eval_partition.txt", "image_name", "name")),
-    Refusal((*RUN, "--data-root", "afile"), "--data-root afile does not exist or is not a folder", a_file()),
-    Refusal(("datasets", "--data-root", "/nonexistent/data"), "--data-root /nonexistent/data does not exist"),
+    Refusal(
+        SOP_RUN,
+        "expected header 'image_id class_id super_class_id path'",
+        sop(lambda t: _rewrite(t / "Ebay_test.txt", "image_id", "id")),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "cars196", "--data-root", "cars"),
+        "cannot read",
+        lambda w: (
+            make_cars(w / "cars", classes=196, per_class=1)
+            .joinpath("cars_annos.mat")
+            .write_bytes(b"x")
+        ),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "inshop", "--data-root", "shop"),
+        "expected a count on line 1",
+        lambda w: _rewrite(
+            make_inshop(w / "shop") / "list_eval_partition.txt", "image_name", "name"
+        ),
+    ),
+    Refusal(
+        (*RUN, "--data-root", "afile"),
+        "--data-root afile does not exist or is not a folder",
+        a_file(),
+    ),
+    Refusal(
+        ("datasets", "--data-root", "/nonexistent/data"),
+        "--data-root /nonexistent/data does not exist",
+    ),
     Refusal(("datasets", "verify", "cub"), "unknown dataset 'cub'; did you mean 'cub200'?"),
-    Refusal(("datasets", "verify", "cub200", "--data-root", "afile"), "does not exist or is not a folder", a_file()),
-    Refusal(("datasets", "verify", "cub200", "--data-root", "adir"), "dataset 'cub200' not found", a_folder()),
+    Refusal(
+        ("datasets", "verify", "cub200", "--data-root", "afile"),
+        "does not exist or is not a folder",
+        a_file(),
+    ),
+    Refusal(
+        ("datasets", "verify", "cub200", "--data-root", "adir"),
+        "dataset 'cub200' not found",
+        a_folder(),
+    ),
     Refusal(("datasets", "verify", "sop", "--threads", "0"), "--threads must be >= 1"),
-    Refusal(("datasets", "verify", "cub200", "--data-root", "cub"), "corrupt image",
-            cub(lambda t: (t / "images/003.Bird_3/Bird_3_0000.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated"))),
+    Refusal(
+        ("datasets", "verify", "cub200", "--data-root", "cub"),
+        "corrupt image",
+        cub(
+            lambda t: (t / "images/003.Bird_3/Bird_3_0000.jpg").write_bytes(
+                b"\xff\xd8\xff\xe0 truncated"
+            )
+        ),
+    ),
     # --- ports (item 4)
     Refusal(("ui", "--port", "99999"), "--port 99999 is out of range; give a port from 1 to 65535"),
     Refusal(("ui", "--port", "0"), "--port 0 is out of range"),
     Refusal(("ui", "--port", "-80"), "--port -80 is out of range"),
-    Refusal(("ui", "--host", "no-such-host.invalid"), "--host no-such-host.invalid is not an address"),
+    Refusal(
+        ("ui", "--host", "no-such-host.invalid"), "--host no-such-host.invalid is not an address"
+    ),
     # --- evaluate (item 5) and other input files
     Refusal(EVALUATE, "all 5 labels are distinct", embeddings([0, 1, 2, 3, 4])),
-    Refusal((*EVALUATE, "--query-embeddings", "q.npy", "--query-labels", "ql.npy"), "none of the 2 queries",
-            embeddings([0, 0, 1, 1], [5, 6])),
+    Refusal(
+        (*EVALUATE, "--query-embeddings", "q.npy", "--query-labels", "ql.npy"),
+        "none of the 2 queries",
+        embeddings([0, 0, 1, 1], [5, 6]),
+    ),
     Refusal(("evaluate", "--embeddings", "missing.npy", "--labels", "lab.npy"), "missing.npy"),
     Refusal(("evaluate", "--embeddings", "adir", "--labels", "lab.npy"), "adir", a_folder()),
-    Refusal(("evaluate", "--embeddings", "empty.npy", "--labels", "lab.npy"), "empty.npy",
-            lambda w: (w / "empty.npy").write_bytes(b"")),
+    Refusal(
+        ("evaluate", "--embeddings", "empty.npy", "--labels", "lab.npy"),
+        "empty.npy",
+        lambda w: (w / "empty.npy").write_bytes(b""),
+    ),
     # --- tables (item 6) and the store
-    Refusal(("table", "--experiment", "e", "--baseline", "nosuch"), "unknown --baseline method 'nosuch'"),
+    Refusal(
+        ("table", "--experiment", "e", "--baseline", "nosuch"), "unknown --baseline method 'nosuch'"
+    ),
     Refusal(("table", "--experiment", "e", "--baseline", "plian"), "did you mean 'plain'?"),
     Refusal(("table", "--experiment", "no-such-experiment"), "no-such-experiment"),
     Refusal(("table", "--experiment", "e", "--published", "missing.csv"), "missing.csv"),
     Refusal(("table", "--experiment", "e", "--published", "adir"), "adir", a_folder()),
     Refusal(("explain-table", "--experiment", "no-such-experiment"), "no-such-experiment"),
     Refusal(("explain", "--run", "0" * 32), "0" * 32),
-    Refusal(("explain", "--run", "0" * 32, "--data-root", "afile"), "--data-root afile does not exist", a_file()),
+    Refusal(
+        ("explain", "--run", "0" * 32, "--data-root", "afile"),
+        "--data-root afile does not exist",
+        a_file(),
+    ),
     Refusal((*RUN, "--init-from", "0" * 32), "0" * 32),
     Refusal(("run", "--protocol", "missing.toml"), "missing.toml"),
-    Refusal(("tune", "--method", "plain", "--trials", "1", "--protocol", TINY, "--storage", "sqlite:///afile/o.db"),
-            "cannot open the Optuna storage", a_file()),
-    Refusal(("sweep", "--grid", GRID, "--smoke", "--storage", "sqlite:///afile/o.db"),
-            "cannot open the Optuna storage", a_file()),
+    Refusal(
+        (
+            "tune",
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            TINY,
+            "--storage",
+            "sqlite:///afile/o.db",
+        ),
+        "cannot open the Optuna storage",
+        a_file(),
+    ),
+    Refusal(
+        ("sweep", "--grid", GRID, "--smoke", "--storage", "sqlite:///afile/o.db"),
+        "cannot open the Optuna storage",
+        a_file(),
+    ),
     Refusal(("sweep", "--grid", "missing-grid.toml"), "missing-grid"),
-    Refusal(("sweep", "--grid", "cub-grid.toml", "--data-root", "cub"), "expected the index file", grid_on_cub(
-        lambda t: (t / "image_class_labels.txt").unlink())),
-    Refusal(("datasets", "fetch", "cub200", "--data-root", ".", "--from", "missing.tgz"), "missing.tgz"),
+    Refusal(
+        ("sweep", "--grid", "cub-grid.toml", "--data-root", "cub"),
+        "expected the index file",
+        grid_on_cub(lambda t: (t / "image_class_labels.txt").unlink()),
+    ),
+    Refusal(
+        ("datasets", "fetch", "cub200", "--data-root", ".", "--from", "missing.tgz"), "missing.tgz"
+    ),
 ]
 
 
@@ -214,21 +366,39 @@ def test_refused(case, workdir, data_root, capsys, store_settled):
 
 
 ENV_CASES = [
-    ({"DML_HARNESS_CHECKPOINTS": "afile"}, RUN, "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else "
-     "results/checkpoints) afile is a file"),
-    ({"DML_HARNESS_CHECKPOINTS": "ro/ckpt"}, ("tune", "--method", "plain", "--trials", "1", "--protocol", TINY),
-     "cannot write in ro"),
-    ({"MLFLOW_TRACKING_URI": "sqlite:///{w}/afile/mlflow.db"}, ("table", "--experiment", "e"),
-     "afile, a file (MLFLOW_TRACKING_URI)"),
-    ({"MLFLOW_TRACKING_URI": "sqlite:///{w}/adir"}, ("table", "--experiment", "e"),
-     "is a folder, not a database file (MLFLOW_TRACKING_URI)"),
-    ({"MLFLOW_TRACKING_URI": "sqlite:///{w}/afile/mlflow.db"}, ("explain-table", "--experiment", "e"),
-     "afile, a file"),
+    (
+        {"DML_HARNESS_CHECKPOINTS": "afile"},
+        RUN,
+        "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else results/checkpoints) afile is a file",
+    ),
+    (
+        {"DML_HARNESS_CHECKPOINTS": "ro/ckpt"},
+        ("tune", "--method", "plain", "--trials", "1", "--protocol", TINY),
+        "cannot write in ro",
+    ),
+    (
+        {"MLFLOW_TRACKING_URI": "sqlite:///{w}/afile/mlflow.db"},
+        ("table", "--experiment", "e"),
+        "afile, a file (MLFLOW_TRACKING_URI)",
+    ),
+    (
+        {"MLFLOW_TRACKING_URI": "sqlite:///{w}/adir"},
+        ("table", "--experiment", "e"),
+        "is a folder, not a database file (MLFLOW_TRACKING_URI)",
+    ),
+    (
+        {"MLFLOW_TRACKING_URI": "sqlite:///{w}/afile/mlflow.db"},
+        ("explain-table", "--experiment", "e"),
+        "afile, a file",
+    ),
 ]
 
 
-@pytest.mark.parametrize("env, argv, match", ENV_CASES, ids=[" ".join(c[1][:1]) + " " + next(iter(c[0]))
-                                                            for c in ENV_CASES])
+@pytest.mark.parametrize(
+    "env, argv, match",
+    ENV_CASES,
+    ids=[" ".join(c[1][:1]) + " " + next(iter(c[0])) for c in ENV_CASES],
+)
 def test_refused_settings(env, argv, match, workdir, data_root, capsys, monkeypatch, store_settled):
     """Bad stores and checkpoint roots given by environment variable; the refusal's own
     store look-ups keep the session store (set in MLflow before the variable changes)."""
@@ -248,8 +418,12 @@ def test_a_port_in_use_is_refused_with_a_hint(workdir, data_root, capsys, store_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        line = assert_refused(["ui", "--port", str(port)], f"--port {port}: cannot listen on 127.0.0.1:{port}",
-                              capsys, [workdir])
+        line = assert_refused(
+            ["ui", "--port", str(port)],
+            f"--port {port}: cannot listen on 127.0.0.1:{port}",
+            capsys,
+            [workdir],
+        )
     assert "--port" in line.split(";")[-1]
 
 
@@ -257,18 +431,42 @@ class FailingHead(PlainHead):
     """A plain head whose loss is NaN: every trial of a study over it fails (test only)."""
 
     def loss_terms(self, output: HeadOutput, batch):
-        return {"metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))}
+        return {
+            "metric": batch.metric_loss(output.embedding, batch.labels) * torch.tensor(float("nan"))
+        }
 
 
 @pytest.mark.slow  # about a minute: two stores created, the synthetic set loaded, one trial
-def test_tune_whose_trials_all_fail_is_an_error_saying_where_to_look(workdir, capsys, monkeypatch, store_settled):
-    monkeypatch.setitem(METHODS._entries, "failing-test", MethodEntry("failing-test", FailingHead, {}))
+def test_tune_whose_trials_all_fail_is_an_error_saying_where_to_look(
+    workdir, capsys, monkeypatch, store_settled
+):
+    monkeypatch.setitem(
+        METHODS._entries, "failing-test", MethodEntry("failing-test", FailingHead, {})
+    )
     experiment = "tune-all-fail"
-    code = main(["tune", "--method", "failing-test", "--trials", "1", "--protocol", TINY, "--space", "",
-                 "--storage", f"sqlite:///{workdir / 'optuna.db'}", "--experiment", experiment, "--no-reproduce"])
+    code = main(
+        [
+            "tune",
+            "--method",
+            "failing-test",
+            "--trials",
+            "1",
+            "--protocol",
+            TINY,
+            "--space",
+            "",
+            "--storage",
+            f"sqlite:///{workdir / 'optuna.db'}",
+            "--experiment",
+            experiment,
+            "--no-reproduce",
+        ]
+    )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    assert last.startswith("error: all 1 trial(s) of study ") and f"experiment '{experiment}'" in last
+    assert (
+        last.startswith("error: all 1 trial(s) of study ") and f"experiment '{experiment}'" in last
+    )
 
 
 def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
@@ -285,12 +483,21 @@ def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
     space = {"lr": FloatDistribution(1e-5, 1e-2)}
     study.add_trial(create_trial(params={"lr": 1e-3}, distributions=space, value=0.5))
     study.add_trial(create_trial(params={"lr": 1e-2}, distributions=space, state=TrialState.FAIL))
-    study.add_trial(create_trial(params={"lr": 1e-4}, distributions=space, state=TrialState.FAIL,
-                                 user_attrs={"interrupted": True}))
+    study.add_trial(
+        create_trial(
+            params={"lr": 1e-4},
+            distributions=space,
+            state=TrialState.FAIL,
+            user_attrs={"interrupted": True},
+        )
+    )
     setup = SimpleNamespace(name="tune:plain", experiment="tune-plain")
     assert _failures_status(setup, study) == 1
     line = capsys.readouterr().err.strip()
-    assert line.startswith("1 of 3 trial(s) failed (numbers 1); ") and "experiment 'tune-plain'" in line
+    assert (
+        line.startswith("1 of 3 trial(s) failed (numbers 1); ")
+        and "experiment 'tune-plain'" in line
+    )
 
     clean = optuna.create_study(direction="maximize")
     clean.add_trial(create_trial(params={"lr": 1e-3}, distributions=space, value=0.5))

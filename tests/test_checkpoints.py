@@ -27,8 +27,15 @@ def _records(path: Path) -> list[dict]:
 
 def _checkpoint(epoch: int) -> dict:
     model = torch.nn.Linear(4, 2)
-    return {"epoch": epoch, "model": model.state_dict(), "loss": {}, "optimizer": {}, "scheduler": {},
-            "history": [{"epoch": epoch}], "best": {"epoch": epoch, "score": 0.5, "state": None}}
+    return {
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "loss": {},
+        "optimizer": {},
+        "scheduler": {},
+        "history": [{"epoch": epoch}],
+        "best": {"epoch": epoch, "score": 0.5, "state": None},
+    }
 
 
 def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
@@ -40,7 +47,16 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
     assert file.load()["epoch"] == 1 and file.digest == digest
     whole = path.read_bytes()
     rng = random.Random(17)  # seeded: the same offsets every run
-    cuts = sorted({0, 1, 100, len(whole) // 2, len(whole) - 1, *(rng.randrange(len(whole)) for _ in range(12))})
+    cuts = sorted(
+        {
+            0,
+            1,
+            100,
+            len(whole) // 2,
+            len(whole) - 1,
+            *(rng.randrange(len(whole)) for _ in range(12)),
+        }
+    )
     for cut in cuts:
         for with_sidecar in (True, False):  # without: a checkpoint of an older harness
             path.write_bytes(whole[:cut])
@@ -70,12 +86,17 @@ def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
         capsys.readouterr()
         assert CheckpointFile(path).load() is None, at
         (line,) = capsys.readouterr().err.strip().splitlines()
-        assert line.startswith(f"checkpoint {path} is unreadable (") and "not a digest recorded" in line
+        assert (
+            line.startswith(f"checkpoint {path} is unreadable (")
+            and "not a digest recorded" in line
+        )
     path.write_bytes(whole)
     assert CheckpointFile(path).load()["epoch"] == 1
 
 
-def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(tmp_path, monkeypatch):
+def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(
+    tmp_path, monkeypatch
+):
     from harness.engine.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
@@ -99,7 +120,8 @@ def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_val
 
 
 def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterrupted_metrics(
-        workdir, tiny_protocol, capsys):
+    workdir, tiny_protocol, capsys
+):
     from harness.engine.checkpoints import CheckpointFile
 
     common = ("--methods", "plain", "--protocol", str(tiny_protocol))

@@ -54,21 +54,28 @@ def gedml_margin_loss(metric_mat, labels, beta, alpha=0.2):
 
 @pytest.mark.parametrize("distance", ["squared", "euclidean"])
 def test_avsl_level_margin_loss_runs_on_the_codes_squared_distance(distance):
-    head = create_method("avsl", channels=CHANNELS, embedding_size=EMB, distance=distance, final_weight=0.0)
+    head = create_method(
+        "avsl", channels=CHANNELS, embedding_size=EMB, distance=distance, final_weight=0.0
+    )
     labels = torch.arange(8) // 2
     levels = [unit(8, EMB, seed=s).requires_grad_() for s in (1, 2, 3)]
-    losses = nn.ModuleList(create_loss("margin", num_classes=4, embedding_size=EMB) for _ in range(3))
+    losses = nn.ModuleList(
+        create_loss("margin", num_classes=4, embedding_size=EMB) for _ in range(3)
+    )
     out = HeadOutput(embedding=levels[-1], levels=levels)
     terms = head.loss_terms(out, TrainingBatch(labels, MetricLoss(losses)))
     for level, emb in enumerate(levels):
         mine = torch.autograd.grad(terms[f"metric_level{level + 1}"], emb, retain_graph=True)[0]
         x = emb.detach().clone().requires_grad_()
         e = F.normalize(x, dim=-1)  # avsl_collector.py line 227
-        code = gedml_margin_loss((e[:, None] - e[None]).square().sum(-1), labels,
-                                 losses[level].beta.detach().double())
+        code = gedml_margin_loss(
+            (e[:, None] - e[None]).square().sum(-1), labels, losses[level].beta.detach().double()
+        )
         (grad,) = torch.autograd.grad(code, x)
         if distance == "squared":
-            torch.testing.assert_close(terms[f"metric_level{level + 1}"].double(), code, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                terms[f"metric_level{level + 1}"].double(), code, atol=1e-5, rtol=1e-5
+            )
             torch.testing.assert_close(mine.double(), grad, atol=1e-5, rtol=1e-5)
         else:  # the Euclidean reading is a different number on the same triplets
             assert abs(float(terms[f"metric_level{level + 1}"].detach()) - float(code)) > 1e-2
@@ -107,7 +114,9 @@ def test_sop_proxy_anchor_has_the_codes_two_margins():
     """samples_avsl.sh line 10: --pa_alpha 16 --pa_pos_margin 1.8 --pa_neg_margin 2.4 (levels),
     --final_pa_neg_margin 2.2 (the final loss), on squared distances of unit vectors."""
     protocol = load_protocol("avsl").for_dataset("sop")
-    loss = create_loss("proxy_anchor", protocol.loss_args("proxy_anchor"), num_classes=5, embedding_size=EMB)
+    loss = create_loss(
+        "proxy_anchor", protocol.loss_args("proxy_anchor"), num_classes=5, embedding_size=EMB
+    )
     loss.proxies.data = torch.randn(5, EMB, generator=gen(4)).double()
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     emb = unit(8, EMB, seed=5).requires_grad_()
@@ -116,7 +125,9 @@ def test_sop_proxy_anchor_has_the_codes_two_margins():
     x = emb.detach().clone().requires_grad_()
     proxies = loss.proxies.detach().clone().requires_grad_()
     # avsl_collector.py line 227: both sides normalised, then lines 231-234
-    squared = (F.normalize(x, dim=-1)[:, None] - F.normalize(proxies, dim=-1)[None]).square().sum(-1)
+    squared = (
+        (F.normalize(x, dim=-1)[:, None] - F.normalize(proxies, dim=-1)[None]).square().sum(-1)
+    )
     code = gedml_proxy_anchor(squared, labels, 5, alpha=16.0, pos_margin=1.8, neg_margin=2.4)
     g_code = torch.autograd.grad(code, [x, proxies])
     torch.testing.assert_close(mine, code, atol=1e-5, rtol=1e-5)
@@ -125,7 +136,9 @@ def test_sop_proxy_anchor_has_the_codes_two_margins():
     # The final loss's margin 2.2: 16 (2.2 - d^2) = 32 (cos + 0.1).
     assert protocol.methods["avsl"]["final_neg_margin"] == pytest.approx((2.2 - 2.0) / 2)
     # CUB and Cars: one margin, PML's loss unchanged.
-    assert load_protocol("avsl").for_dataset("cub200").loss_args("proxy_anchor")["neg_margin"] == 0.1
+    assert (
+        load_protocol("avsl").for_dataset("cub200").loss_args("proxy_anchor")["neg_margin"] == 0.1
+    )
 
 
 # ----------------------------------------------------------------- AVSL 4c: link ties
@@ -158,11 +171,14 @@ def test_link_ties_code_keeps_every_edge_tied_at_the_kth():
 # ----------------------------------------------------------------- AVSL 4d: collector rates
 
 
-@pytest.mark.parametrize(("dataset", "collector"), [
-    ("cub200", 0.00011),                  # samples_avsl.sh line 2
-    ("cars196", 0.09918213648327627),     # samples_avsl.sh line 6
-    ("sop", 0.06),                        # samples_avsl.sh line 10
-])
+@pytest.mark.parametrize(
+    ("dataset", "collector"),
+    [
+        ("cub200", 0.00011),  # samples_avsl.sh line 2
+        ("cars196", 0.09918213648327627),  # samples_avsl.sh line 6
+        ("sop", 0.06),  # samples_avsl.sh line 10
+    ],
+)
 def test_the_collector_trains_at_the_scripts_rate(dataset, collector):
     """The collector's parameters (alpha, beta) train at the scripts' ``--lr_collector``,
     whatever the head's rate."""
@@ -186,9 +202,12 @@ def test_cam_shift_width_min_is_the_codes_certainty():
 
 
 def test_unknown_option_values_list_the_valid_ones():
-    for method, option, valid in (("avsl", "link_ties", "index, code"), ("avsl", "distance", "euclidean, squared"),
-                                  ("avsl", "cam_shift", "map, width_min"),
-                                  ("diml", "sinkhorn_stop", "converged, diml_code")):
+    for method, option, valid in (
+        ("avsl", "link_ties", "index, code"),
+        ("avsl", "distance", "euclidean, squared"),
+        ("avsl", "cam_shift", "map, width_min"),
+        ("diml", "sinkhorn_stop", "converged, diml_code"),
+    ):
         with pytest.raises(HarnessError, match=valid) as err:
             create_method(method, channels=CHANNELS, embedding_size=EMB, **{option: "bogus"})
         assert "\n" not in str(err.value)
@@ -199,7 +218,12 @@ def test_unknown_option_values_list_the_valid_ones():
 
 def test_sam_protocol_prints_sop_recall_at_1000():
     """SAM Table 2 prints Recall@1000 on SOP (results/published/sam.csv)."""
-    assert load_protocol("sam").for_dataset("sop").evaluation.recall_k_for("sop") == (1, 10, 100, 1000)
+    assert load_protocol("sam").for_dataset("sop").evaluation.recall_k_for("sop") == (
+        1,
+        10,
+        100,
+        1000,
+    )
 
 
 # --------------------------------------------------------------- DIABLO 6: renormalize
@@ -210,12 +234,24 @@ def test_diablo_has_no_renormalize_option_because_every_loss_normalises():
         build("diablo", renormalize=False)
     emb = unit(8, EMB, seed=8, dtype=torch.float32)
     labels = torch.arange(8) // 2
-    for name in ("margin", "contrastive", "triplet", "multi_similarity", "proxy_anchor", "binomial_deviance",
-                 "circle", "lifted_structure", "ntxent", "proxy_nca"):
+    for name in (
+        "margin",
+        "contrastive",
+        "triplet",
+        "multi_similarity",
+        "proxy_anchor",
+        "binomial_deviance",
+        "circle",
+        "lifted_structure",
+        "ntxent",
+        "proxy_nca",
+    ):
         torch.manual_seed(0)
         loss = create_loss(name, num_classes=4, embedding_size=EMB)
         # the raw concatenation of N = 8 unit branches has norm sqrt(8)
-        assert float(loss(emb * math.sqrt(8), labels)) == pytest.approx(float(loss(emb, labels)), rel=1e-5), name
+        assert float(loss(emb * math.sqrt(8), labels)) == pytest.approx(
+            float(loss(emb, labels)), rel=1e-5
+        ), name
 
 
 # --------------------------------------------------------- DIML 8: Sinkhorn stopping
@@ -240,8 +276,12 @@ def test_diml_code_stopping_rule_gives_the_codes_structural_scores():
     on the harness's marginals (Eqs. 8-9 with its delta, so only the stopping rule differs)."""
     q, k, n = 3, 5, 16
     base = unit(1, 1, 1, EMB, seed=9)
-    q_loc = F.normalize(base[0] + 0.08 * torch.randn(q, n, EMB, generator=gen(10), dtype=torch.float64), dim=-1)
-    c_loc = F.normalize(base + 0.08 * torch.randn(q, k, n, EMB, generator=gen(11), dtype=torch.float64), dim=-1)
+    q_loc = F.normalize(
+        base[0] + 0.08 * torch.randn(q, n, EMB, generator=gen(10), dtype=torch.float64), dim=-1
+    )
+    c_loc = F.normalize(
+        base + 0.08 * torch.randn(q, k, n, EMB, generator=gen(11), dtype=torch.float64), dim=-1
+    )
     q_emb, c_emb = F.normalize(q_loc.mean(1), dim=-1), F.normalize(c_loc.mean(2), dim=-1)
     kw = dict(channels=CHANNELS, embedding_size=EMB, add_global=False)
     fields = ({"embedding": q_emb, "local": q_loc}, {"embedding": c_emb, "local": c_loc})
@@ -250,10 +290,14 @@ def test_diml_code_stopping_rule_gives_the_codes_structural_scores():
     assert create_method("diml", **kw).sinkhorn_stop == "diml_code"  # the reproduction's default
     code = torch.empty(q, k, dtype=torch.float64)
     for i in range(q):
-        sim = torch.einsum("cm,ncs->nsm", q_loc[i].t(), c_loc[i].transpose(1, 2))  # N x cand cell x query cell
+        sim = torch.einsum(
+            "cm,ncs->nsm", q_loc[i].t(), c_loc[i].transpose(1, 2)
+        )  # N x cand cell x query cell
         u = F.relu(torch.einsum("c,ncr->nr", q_emb[i], c_loc[i].transpose(1, 2))) + 1e-5
         v = F.relu(torch.einsum("cr,nc->nr", q_loc[i].t(), c_emb[i])) + 1e-5
-        plan = diml_code_sinkhorn(torch.exp(-(1 - sim) / 0.05), u / u.sum(1, keepdim=True), v / v.sum(1, keepdim=True))
+        plan = diml_code_sinkhorn(
+            torch.exp(-(1 - sim) / 0.05), u / u.sum(1, keepdim=True), v / v.sum(1, keepdim=True)
+        )
         code[i] = (plan * sim).sum((1, 2))
     torch.testing.assert_close(got, code, atol=1e-5, rtol=0)
     assert (converged - code).abs().max() > 1e-5  # the converged rule is another number

@@ -40,8 +40,11 @@ IMAGE = (96, 80)
 
 
 def _block(cin: int, cout: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
-                         nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(),
+    )
 
 
 def toy_backbone(seed: int = 0) -> Backbone:
@@ -145,7 +148,9 @@ def test_explain_and_rerank(name):
         assert torch.isfinite(maps).all() and maps.min() >= 0 and maps.max() <= 1
     if head.rerank_fields:
         fields = {f: out.field(f) for f in head.rerank_fields}
-        candidates = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(1, BATCH + 1)])[:BATCH]
+        candidates = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(1, BATCH + 1)])[
+            :BATCH
+        ]
         scores = make_reranker(head, fields, queries_per_call=3)(np.arange(BATCH), candidates)
         assert scores.shape == (BATCH, 3) and np.isfinite(scores).all()
 
@@ -189,8 +194,10 @@ def test_a_method_that_trains_as_another_trains_step_for_step_like_it(name):
         torch.testing.assert_close(p.grad, grads[key].grad, rtol=0, atol=0)
 
     def layout(head):
-        return [(g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]])
-                for g in head.optimizer_groups(1e-3, 1e-4)]
+        return [
+            (g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]])
+            for g in head.optimizer_groups(1e-3, 1e-4)
+        ]
 
     assert layout(model.head) == layout(reference.head)
 

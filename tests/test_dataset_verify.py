@@ -46,17 +46,41 @@ def test_verify_names_an_image_that_does_not_decode_and_writes_no_stamp(tmp_path
     broken = root / "images" / "120.Bird_120" / "Bird_120_0000.jpg"
     _truncate(broken)
     with pytest.raises(HarnessError, match=f"corrupt image {re.escape(str(broken))}: "):
-        check_images("cub200", tmp_path, say=lambda line: None)  # no end marker: decoded, and refused
-    assert main(["datasets", "verify", "cub200", "--data-root", str(tmp_path), "--threads", "2"]) == 2
+        check_images(
+            "cub200", tmp_path, say=lambda line: None
+        )  # no end marker: decoded, and refused
+    assert (
+        main(["datasets", "verify", "cub200", "--data-root", str(tmp_path), "--threads", "2"]) == 2
+    )
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"error: corrupt image {broken}: ") and "not verified" in line
     assert not (root / STAMP).exists()
 
 
-def test_run_on_an_unstamped_tree_checks_headers_and_says_how_to_verify(workdir, tmp_path, tiny_protocol, capsys):
+def test_run_on_an_unstamped_tree_checks_headers_and_says_how_to_verify(
+    workdir, tmp_path, tiny_protocol, capsys
+):
     make_cub(tmp_path, classes=200, per_class=1)
-    assert main(["run", "--methods", "plain", "--dataset", "cub200", "--data-root", str(tmp_path), "--protocol",
-                 str(tiny_protocol), "--epochs", "0", "--set", "evaluation.metrics=[\"precision_at_1\"]"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--methods",
+                "plain",
+                "--dataset",
+                "cub200",
+                "--data-root",
+                str(tmp_path),
+                "--protocol",
+                str(tiny_protocol),
+                "--epochs",
+                "0",
+                "--set",
+                'evaluation.metrics=["precision_at_1"]',
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "dataset 'cub200': 200 image headers checked, pixels not decoded" in err
     assert f"python -m harness datasets verify cub200 --data-root {tmp_path}" in err

@@ -65,8 +65,15 @@ def test_inshop_query_against_gallery(tmp_path):
     splits.gallery.read(0)
 
 
-@pytest.mark.parametrize("name, marker", [("cub200", "images.txt"), ("cars196", "cars_annos.mat"),
-                                          ("sop", "Ebay_train.txt"), ("inshop", "list_eval_partition.txt")])
+@pytest.mark.parametrize(
+    "name, marker",
+    [
+        ("cub200", "images.txt"),
+        ("cars196", "cars_annos.mat"),
+        ("sop", "Ebay_train.txt"),
+        ("inshop", "list_eval_partition.txt"),
+    ],
+)
 def test_missing_dataset_names_the_expected_file(tmp_path, name, marker):
     with pytest.raises(HarnessError, match=f"dataset '{name}' not found: expected .*{marker}"):
         DATASETS.get(name).load(tmp_path)
@@ -118,8 +125,10 @@ def test_cap_per_class(tmp_path):
 
 def test_seen_class_control_trains_on_other_images_of_the_test_classes(tmp_path):
     make_fashion_mnist(tmp_path)  # 6 images per class
-    protocol, _ = apply_overrides(load_protocol("smoke"), ["splits.max_test_images_per_class=4",
-                                                           "splits.max_train_images_per_class=2"])
+    protocol, _ = apply_overrides(
+        load_protocol("smoke"),
+        ["splits.max_test_images_per_class=4", "splits.max_train_images_per_class=2"],
+    )
     real = prepare_splits(protocol, "fashion-mnist", tmp_path)
     control = prepare_splits(protocol, "fashion-mnist", tmp_path, control=True)
     assert list(control.test.keys()) == list(real.test.keys())
@@ -149,7 +158,11 @@ def test_synthetic_is_deterministic_and_has_part_masks(tmp_path):
         assert (a / rel).read_bytes() == (b / rel).read_bytes()
     mask = load_part_mask(a, "masks/000/000.png")
     assert mask.shape == (48, 48)
-    assert set(np.unique(mask)) <= set(range(len(PARTS) + 1)) and (mask > 0).any() and (mask == 0).any()
+    assert (
+        set(np.unique(mask)) <= set(range(len(PARTS) + 1))
+        and (mask > 0).any()
+        and (mask == 0).any()
+    )
     assert not list(tmp_path.glob(".tmp-*"))  # nothing half-written left behind
 
 
@@ -171,9 +184,13 @@ def test_a_class_in_both_train_and_test_is_refused(tmp_path):
     test_file = base / "Ebay_test.txt"
     lines = test_file.read_text().splitlines()
     image_id, _, super_id, path = lines[1].split()
-    test_file.write_text("\n".join([*lines, f"{int(image_id) + 1000} 1 {super_id} {path}"]) + "\n")  # class 1 trains
-    with pytest.raises(HarnessError, match="1 class\\(es\\) are in both the training and the test split "
-                                           "\\(e.g. class 1\\)"):
+    test_file.write_text(
+        "\n".join([*lines, f"{int(image_id) + 1000} 1 {super_id} {path}"]) + "\n"
+    )  # class 1 trains
+    with pytest.raises(
+        HarnessError,
+        match="1 class\\(es\\) are in both the training and the test split \\(e.g. class 1\\)",
+    ):
         DATASETS.get("sop").load(tmp_path)
     inshop = make_inshop(tmp_path / "shop")
     listing = inshop / "list_eval_partition.txt"
@@ -205,22 +222,37 @@ def test_a_full_tree_must_have_the_official_counts(tmp_path, capsys):
     splits = DATASETS.get("cub200").load(tmp_path / "ok")
     assert (len(splits.train), len(splits.test)) == (5_864, 5_924)
     assert capsys.readouterr().err == ""
-    moved = [*official[:99], official[99] - 1, official[100] + 1, *official[101:]]  # one image, other class
+    moved = [
+        *official[:99],
+        official[99] - 1,
+        official[100] + 1,
+        *official[101:],
+    ]  # one image, other class
     _cub_index(tmp_path / "moved", moved)
-    with pytest.raises(HarnessError, match="lists 11,788 images, a full release, but not the official splits: "
-                                           "train images 5,863 \\(official 5,864\\), test images 5,925"):
+    with pytest.raises(
+        HarnessError,
+        match="lists 11,788 images, a full release, but not the official splits: "
+        "train images 5,863 \\(official 5,864\\), test images 5,925",
+    ):
         DATASETS.get("cub200").load(tmp_path / "moved")
     _cub_index(tmp_path / "more", [*official[:-1], official[-1] + 5])
     with pytest.raises(HarnessError, match="test images 5,929 \\(official 5,924\\)"):
         DATASETS.get("cub200").load(tmp_path / "more")
     make_cub(tmp_path / "fixture")
     DATASETS.get("cub200").load(tmp_path / "fixture")
-    assert "400 of the official release's 11,788 images listed (a partial tree)" in capsys.readouterr().err
+    assert (
+        "400 of the official release's 11,788 images listed (a partial tree)"
+        in capsys.readouterr().err
+    )
 
 
 def test_official_counts_match_the_seed_papers():
     """DIML / AVSL / A-grouping Sec. 4.1, DIABLO Sec. 5; In-Shop: Liu et al. 2016."""
     counts = {name: DATASETS.get(name).official for name in ("cub200", "cars196", "sop", "inshop")}
     assert {n: (c.images, c.train_classes + c.test_classes) for n, c in counts.items()} == {
-        "cub200": (11_788, 200), "cars196": (16_185, 196), "sop": (120_053, 22_634), "inshop": (52_712, 7_982)}
+        "cub200": (11_788, 200),
+        "cars196": (16_185, 196),
+        "sop": (120_053, 22_634),
+        "inshop": (52_712, 7_982),
+    }
     assert (counts["inshop"].test_images, counts["inshop"].gallery_images) == (14_218, 12_612)

@@ -36,18 +36,28 @@ def test_a_run_of_a_dead_process_is_failed_by_the_next_command(workdir, capsys):
     dead = _dead_pid()
     host = socket.gethostname()
     orphan = client.create_run(experiment, tags={"harness_worker": f"{host}:{dead}"}).info.run_id
-    alive = client.create_run(experiment, tags={"harness_worker": f"{host}:{os.getpid()}"}).info.run_id
-    elsewhere = client.create_run(experiment, tags={"harness_worker": f"other-host.invalid:{dead}"}).info.run_id
+    alive = client.create_run(
+        experiment, tags={"harness_worker": f"{host}:{os.getpid()}"}
+    ).info.run_id
+    elsewhere = client.create_run(
+        experiment, tags={"harness_worker": f"other-host.invalid:{dead}"}
+    ).info.run_id
 
-    assert main(["table", "--experiment", "no-such-experiment"]) == 2  # opens the store, then refuses
+    assert (
+        main(["table", "--experiment", "no-such-experiment"]) == 2
+    )  # opens the store, then refuses
 
     run = client.get_run(orphan)
     assert run.info.status == "FAILED"
-    assert run.data.tags["failure"] == (f"process {dead} on {host} ended without finishing the run "
-                                        f"(killed, out of memory or power lost)")
+    assert run.data.tags["failure"] == (
+        f"process {dead} on {host} ended without finishing the run "
+        f"(killed, out of memory or power lost)"
+    )
     assert f"run {orphan} was left RUNNING" in capsys.readouterr().err
     assert client.get_run(alive).info.status == "RUNNING"  # its process (this one) still runs
-    assert client.get_run(elsewhere).info.status == "RUNNING"  # another host's pid cannot be checked
+    assert (
+        client.get_run(elsewhere).info.status == "RUNNING"
+    )  # another host's pid cannot be checked
     for run_id in (alive, elsewhere):
         client.set_terminated(run_id, status="FINISHED")
 
@@ -56,29 +66,59 @@ def test_a_run_of_a_dead_process_is_failed_by_the_next_command(workdir, capsys):
 def test_a_killed_run_is_failed_by_the_next_command_and_resumes(workdir, tiny_protocol):
     """SIGKILL lands in epoch 2 (batch 4 of 3 per epoch), after epoch 1's checkpoint."""
     experiment = f"killed-{uuid.uuid4().hex[:8]}"
-    argv = [sys.executable, "-m", "harness", "run", "--methods", "plain", "--protocol", str(tiny_protocol),
-            "--experiment", experiment]
-    killed = subprocess.Popen(argv, cwd=workdir, env={**os.environ, FAULT_ENV: "train_batch:4:kill"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        "--methods",
+        "plain",
+        "--protocol",
+        str(tiny_protocol),
+        "--experiment",
+        experiment,
+    ]
+    killed = subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env={**os.environ, FAULT_ENV: "train_batch:4:kill"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, err = killed.communicate(timeout=600)
     assert killed.returncode == -9, err
-    assert list((workdir / "results" / "checkpoints").glob("*/last.pt")), "no checkpoint before the kill"
+    assert list((workdir / "results" / "checkpoints").glob("*/last.pt")), (
+        "no checkpoint before the kill"
+    )
     client = _client()
     [run] = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert run.info.status == "RUNNING"  # nothing ran after SIGKILL to end it
 
-    listed = subprocess.run([sys.executable, "-m", "harness", "explain-table", "--experiment", experiment],
-                            cwd=workdir, capture_output=True, text=True, timeout=300)
+    listed = subprocess.run(
+        [sys.executable, "-m", "harness", "explain-table", "--experiment", experiment],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert f"run {run.info.run_id} was left RUNNING" in listed.stderr
     failed = client.get_run(run.info.run_id)
     assert failed.info.status == "FAILED"
-    assert failed.data.tags["failure"] == (f"process {killed.pid} on {socket.gethostname()} ended without "
-                                           f"finishing the run (killed, out of memory or power lost)")
+    assert failed.data.tags["failure"] == (
+        f"process {killed.pid} on {socket.gethostname()} ended without "
+        f"finishing the run (killed, out of memory or power lost)"
+    )
 
-    resumed = subprocess.run([*argv, "--resume"], cwd=workdir, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [*argv, "--resume"], cwd=workdir, capture_output=True, text=True, timeout=600
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming plain seed 0 after epoch 1" in resumed.stderr
     finished = client.get_run(run.info.run_id)  # the same MLflow run, continued
     assert finished.info.status == "FINISHED"
     assert "failure" not in finished.data.tags
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/epoch_loss")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/epoch_loss")] == [
+        1,
+        2,
+    ]

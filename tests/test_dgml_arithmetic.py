@@ -46,7 +46,9 @@ def roth_triplets(unit: torch.Tensor, labels: torch.Tensor, seed: int):
         return RothDistanceWeightedMiner()(unit.detach(), labels)
 
 
-def protocol_loss(name: str, *, protocol: str = "agrouping", num_classes: int = CLASSES, dim: int = DIM):
+def protocol_loss(
+    name: str, *, protocol: str = "agrouping", num_classes: int = CLASSES, dim: int = DIM
+):
     """Loss ``name`` as the protocol's ``[loss.args.<name>]`` table builds it."""
     args = load_protocol(protocol).loss_args(name)
     return create_loss(name, args, num_classes=num_classes, embedding_size=dim)
@@ -63,7 +65,9 @@ def grads(value: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]
 
 def assert_same_loss_and_gradients(ours, our_inputs, reference, reference_inputs):
     torch.testing.assert_close(ours, reference, **TOL)
-    for got, expected in zip(grads(ours, our_inputs), grads(reference, reference_inputs), strict=True):
+    for got, expected in zip(
+        grads(ours, our_inputs), grads(reference, reference_inputs), strict=True
+    ):
         torch.testing.assert_close(got, expected, **TOL)
 
 
@@ -77,36 +81,36 @@ def code_margin(unit, labels, triplets, beta, margin):
         return unit.sum() * 0
     d_ap = ((unit[a] - unit[p]).pow(2).sum(dim=1) + 1e-8).sqrt()  # l. 60
     d_an = ((unit[a] - unit[n]).pow(2).sum(dim=1) + 1e-8).sqrt()  # l. 61
-    anchor_beta = beta[labels[a]]                                 # l. 46: the anchor's class
-    pos = F.relu(d_ap - anchor_beta + margin)                     # l. 67
-    neg = F.relu(anchor_beta - d_an + margin)                     # l. 68
+    anchor_beta = beta[labels[a]]  # l. 46: the anchor's class
+    pos = F.relu(d_ap - anchor_beta + margin)  # l. 67
+    neg = F.relu(anchor_beta - d_an + margin)  # l. 68
     # l. 70: (pos > 0) + (neg > 0) adds two boolean tensors, a logical or: triplets counted.
     active = ((pos > 0) | (neg > 0)).sum()
     total = (pos + neg).sum()
-    return total / active if active > 0 else total                # l. 72-75
+    return total / active if active > 0 else total  # l. 72-75
 
 
 def code_contrastive(unit, triplets, pos_margin, neg_margin):
     """``criteria/contrastive.py``, ``Criterion.contrastive`` (l. 29-41) on normalised
     embeddings (l. 44). ``nn.PairwiseDistance(p=2)`` adds its eps 1e-6 to the difference."""
     a, p, n = triplets
-    d_ap = (unit[a] - unit[p] + 1e-6).norm(dim=1)                 # l. 36
-    d_an = (unit[a] - unit[n] + 1e-6).norm(dim=1)                 # l. 38
+    d_ap = (unit[a] - unit[p] + 1e-6).norm(dim=1)  # l. 36
+    d_an = (unit[a] - unit[n] + 1e-6).norm(dim=1)  # l. 38
     return F.relu(d_ap - pos_margin).mean() + F.relu(neg_margin - d_an).mean()  # l. 35-40
 
 
 def code_binomial_deviance(features, labels, alpha, margin, neg_scale):
     """``criteria/binomial_deviance.py``, ``bd_loss`` (l. 9-22) with the masks of
     ``pair_mask(False, labels, labels)`` (l. 25-41, called at l. 57)."""
-    unit = F.normalize(features, p=2, dim=-1)                     # l. 12
-    sim = unit @ unit.T                                           # l. 13
+    unit = F.normalize(features, p=2, dim=-1)  # l. 12
+    sim = unit @ unit.T  # l. 13
     # l. 28, 37: label equality, the diagonal kept (self_compare False, l. 33-36 skipped).
     same = (labels[:, None] == labels[None, :]).to(sim.dtype)
-    other = 1.0 - same                                            # l. 39-40
+    other = 1.0 - same  # l. 39-40
     act = alpha * (sim - margin) * (-1.0 * same + neg_scale * other)  # l. 15-16
     floor = torch.tensor(1e-5, dtype=sim.dtype)
     weight = same / torch.max(floor, same.sum()) + other / torch.max(floor, other.sum())  # l. 18-20
-    return (torch.log(torch.exp(act) + 1.0) * weight).sum()       # l. 21-22
+    return (torch.log(torch.exp(act) + 1.0) * weight).sum()  # l. 21-22
 
 
 # ------------------------------------------------------------------- one loss each
@@ -119,8 +123,13 @@ def test_margin_equals_the_codes_margin_loss(seed):
     triplets = roth_triplets(unit, labels, seed)
     loss = protocol_loss("margin").double()
     with torch.no_grad():  # per-class betas spread around 1.2, as after some training
-        loss.beta.copy_(1.2 + 0.15 * torch.randn(CLASSES, generator=torch.Generator().manual_seed(seed),
-                                                 dtype=torch.float64))
+        loss.beta.copy_(
+            1.2
+            + 0.15
+            * torch.randn(
+                CLASSES, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+            )
+        )
     ours = loss(unit, labels, triplets)
     beta = loss.beta.detach().clone().requires_grad_()
     reference = code_margin(unit, labels, triplets, beta, margin=0.2)
@@ -173,10 +182,21 @@ def test_the_agrouping_metric_term_equals_the_codes_margin_forward():
     as the trainer runs the loss; gradients reach the feature map through the head."""
     torch.manual_seed(0)
     groups = 4
-    head = create_method("agrouping", channels={"s32": 16}, embedding_size=groups * DIM, groups=groups,
-                         diversity_weight=0.0)
-    fmap = torch.randn(CLASSES * PER_CLASS, 16, 3, 3, generator=torch.Generator().manual_seed(1),
-                       requires_grad=True)
+    head = create_method(
+        "agrouping",
+        channels={"s32": 16},
+        embedding_size=groups * DIM,
+        groups=groups,
+        diversity_weight=0.0,
+    )
+    fmap = torch.randn(
+        CLASSES * PER_CLASS,
+        16,
+        3,
+        3,
+        generator=torch.Generator().manual_seed(1),
+        requires_grad=True,
+    )
     labels = torch.arange(CLASSES * PER_CLASS) // PER_CLASS
     losses = torch.nn.ModuleList(protocol_loss("margin") for _ in range(groups))
     with torch.no_grad():
@@ -186,9 +206,16 @@ def test_the_agrouping_metric_term_equals_the_codes_margin_forward():
     out = head([fmap])
     ours = head.loss_terms(out, TrainingBatch(labels, MetricLoss(losses, miner)))["metric"]
     betas = [loss.beta.detach().clone().requires_grad_() for loss in losses]
-    reference = sum(code_margin(out.groups[:, p], labels, miner.draws[p], betas[p], margin=0.2)
-                    for p in range(groups)) / groups
-    assert_same_loss_and_gradients(ours, [fmap, *(loss.beta for loss in losses)], reference, [fmap, *betas])
+    reference = (
+        sum(
+            code_margin(out.groups[:, p], labels, miner.draws[p], betas[p], margin=0.2)
+            for p in range(groups)
+        )
+        / groups
+    )
+    assert_same_loss_and_gradients(
+        ours, [fmap, *(loss.beta for loss in losses)], reference, [fmap, *betas]
+    )
 
 
 # ------------------------------------------------------------ where it is selected
@@ -197,8 +224,9 @@ def test_the_agrouping_metric_term_equals_the_codes_margin_forward():
 @pytest.mark.parametrize("protocol", AGROUPING_PROTOCOLS)
 def test_agrouping_protocols_select_the_codes_arithmetic(protocol):
     loaded = load_protocol(protocol)
-    assert {loss: loaded.loss_args(loss).get("reduction") for loss in DGML_LOSSES} == dict.fromkeys(DGML_LOSSES,
-                                                                                                    "dgml")
+    assert {loss: loaded.loss_args(loss).get("reduction") for loss in DGML_LOSSES} == dict.fromkeys(
+        DGML_LOSSES, "dgml"
+    )
 
 
 @pytest.mark.parametrize("protocol", ["smoke", "roth2020"])
@@ -217,17 +245,26 @@ def test_reductions_offered():
     # "roth": Roth et al.'s criteria as DIML ships them (the margin and contrastive ones, and
     # multi-similarity's; DGML has no binomial deviance counterpart there)
     assert {loss: loss_reductions(loss) for loss in DGML_LOSSES} == {
-        "margin": ["pml", "dgml", "roth"], "contrastive": ["pml", "dgml", "roth"],
-        "binomial_deviance": ["pml", "dgml"]}
+        "margin": ["pml", "dgml", "roth"],
+        "contrastive": ["pml", "dgml", "roth"],
+        "binomial_deviance": ["pml", "dgml"],
+    }
     assert loss_reductions("multi_similarity") == ["pml", "roth"]
     assert loss_reductions("triplet") == ["pml"]
 
 
-@pytest.mark.parametrize("loss, args, message", [
-    ("margin", {"reduction": "dgm"}, "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml, roth"),
-    ("triplet", {"reduction": "dgml"}, "loss 'triplet': unknown reduction 'dgml' valid: pml"),
-    ("margin", {"reduction": "dgml", "nu": 0.1}, "no beta regulariser: nu must be 0, got 0.1"),
-])
+@pytest.mark.parametrize(
+    "loss, args, message",
+    [
+        (
+            "margin",
+            {"reduction": "dgm"},
+            "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml, roth",
+        ),
+        ("triplet", {"reduction": "dgml"}, "loss 'triplet': unknown reduction 'dgml' valid: pml"),
+        ("margin", {"reduction": "dgml", "nu": 0.1}, "no beta regulariser: nu must be 0, got 0.1"),
+    ],
+)
 def test_a_reduction_the_loss_does_not_offer_is_an_error(loss, args, message):
     with pytest.raises(HarnessError, match=message.replace("?", r"\?")):
         create_loss(loss, args, num_classes=CLASSES, embedding_size=DIM)

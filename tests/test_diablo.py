@@ -47,7 +47,9 @@ def test_feature_wise_attention_is_eq_7_by_hand():
                 s = [float(f @ d / (f.norm() * d.norm())) for d in dictionary]
                 z = sum(math.exp(alpha * v) for v in s)
                 for n in range(3):
-                    assert float(got[b, n, 0, i, j]) == pytest.approx(math.exp(alpha * s[n]) / z, rel=1e-5)
+                    assert float(got[b, n, 0, i, j]) == pytest.approx(
+                        math.exp(alpha * s[n]) / z, rel=1e-5
+                    )
     # Each location's weights sum to 1 over the N entries.
     torch.testing.assert_close(got.sum(1), torch.ones(2, 1, 3, 4))
 
@@ -91,13 +93,16 @@ def test_merged_branches_sum_back_to_the_input_map(select):
     torch.testing.assert_close(merged.sum(1), features)
     # Eq. 12 element by element; for feature-wise one weight serves every channel (Eq. 8).
     k = 2
-    torch.testing.assert_close(merged[:, 1, k], attention[:, 1, 0 if select == "feature" else k] * features[:, k])
+    torch.testing.assert_close(
+        merged[:, 1, k], attention[:, 1, 0 if select == "feature" else k] * features[:, k]
+    )
 
 
 def test_energy_shares_sum_to_one_over_the_entries():
     features = torch.randn(2, 4, 3, 3, generator=gen(9))
-    attention = dimension_wise_attention(torch.randn(2, 5, 3, 3, generator=gen(10)),
-                                         torch.randn(3, 4, 5, generator=gen(11)), 2.0)
+    attention = dimension_wise_attention(
+        torch.randn(2, 5, 3, 3, generator=gen(10)), torch.randn(3, 4, 5, generator=gen(11)), 2.0
+    )
     share = feature_energy_share(features, attention)
     assert share.shape == (2, 3, 3, 3) and (share >= 0).all()
     # sum_n A_n^2 <= 1 with equality for one-hot: shares sum to at most 1; one-hot gives exactly 1.
@@ -120,8 +125,11 @@ def test_pre_attention_with_uniform_attention_is_the_backbone():
         features = model.backbone(x)[0]
         full = model.backbone.run(features, start=head.input_point)
         out = model(x)
-        expected = F.normalize(torch.einsum("bc,ncd->bnd", full.mean(dim=(2, 3)), head.branch_weight)
-                               + head.branch_bias, dim=-1)
+        expected = F.normalize(
+            torch.einsum("bc,ncd->bnd", full.mean(dim=(2, 3)), head.branch_weight)
+            + head.branch_bias,
+            dim=-1,
+        )
     torch.testing.assert_close(out.groups, expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.embedding, expected.flatten(1) / 2)  # concatenation / sqrt(N)
 
@@ -131,21 +139,27 @@ def test_post_attention_runs_psi_once_and_weighs_its_output():
     model = build("diablo", placement="post", entries=2, temperature=1e-9).eval()
     head = model.head
     calls = []
-    head.backbone.body.stage4.register_forward_hook(lambda _m, inp, _o: calls.append(inp[0].shape[0]))
+    head.backbone.body.stage4.register_forward_hook(
+        lambda _m, inp, _o: calls.append(inp[0].shape[0])
+    )
     x = images(4)
     with torch.no_grad():
         out = model(x)
         g = model.backbone.run(model.backbone(x)[0], start=head.input_point)
     assert calls[0] == x.shape[0]  # psi on the batch, not on N x batch
-    expected = F.normalize(torch.einsum("bc,ncd->bnd", g.mean(dim=(2, 3)) / 2, head.branch_weight)
-                           + head.branch_bias, dim=-1)
+    expected = F.normalize(
+        torch.einsum("bc,ncd->bnd", g.mean(dim=(2, 3)) / 2, head.branch_weight) + head.branch_bias,
+        dim=-1,
+    )
     torch.testing.assert_close(out.groups, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_pre_attention_runs_psi_once_per_entry():
     model = build("diablo", entries=8).eval()
     calls = []
-    model.head.backbone.body.stage4.register_forward_hook(lambda _m, inp, _o: calls.append(inp[0].shape[0]))
+    model.head.backbone.body.stage4.register_forward_hook(
+        lambda _m, inp, _o: calls.append(inp[0].shape[0])
+    )
     with torch.no_grad():
         model(images())
     assert calls == [8 * images().shape[0]]
@@ -177,41 +191,56 @@ def test_phi_starts_with_the_backbone_weights_and_trains_at_the_backbone_rate():
     head, backbone = model.head, model.backbone
     phi = head.pretrained["phi"]
     source = backbone.body.stage3  # the s16 stage (pre-attention: phi = a copy of it)
-    for (name, a), (_, b) in zip(phi[0].state_dict().items(), source.state_dict().items(), strict=True):
+    for (name, a), (_, b) in zip(
+        phi[0].state_dict().items(), source.state_dict().items(), strict=True
+    ):
         torch.testing.assert_close(a, b, msg=name)
     # A copy, not the same tensors: training phi leaves the backbone's stage alone.
     assert all(p.data_ptr() != q.data_ptr() for p in phi.parameters() for q in source.parameters())
     # BatchNorm of the copy follows the backbone's freeze_bn.
     model.train()
     assert not any(m.training for m in phi.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    protocol, _ = apply_overrides(load_protocol("smoke"), {"optimizer.lr_backbone": 1e-5, "optimizer.lr_head": 1e-3})
+    protocol, _ = apply_overrides(
+        load_protocol("smoke"), {"optimizer.lr_backbone": 1e-5, "optimizer.lr_head": 1e-3}
+    )
     groups = build_optimizer(protocol, model, torch.nn.Module()).param_groups
     by_param = {id(p): g for g in groups for p in g["params"]}
-    assert all(by_param[id(p)]["lr"] == 1e-5 and by_param[id(p)]["name"] == "backbone" for p in phi.parameters())
+    assert all(
+        by_param[id(p)]["lr"] == 1e-5 and by_param[id(p)]["name"] == "backbone"
+        for p in phi.parameters()
+    )
     assert by_param[id(head.dictionary)]["lr"] == 1e-3
 
 
 # ---------------------------------------------------------------- Sec. 4.1 wiring
 
 
-@pytest.mark.parametrize("placement, point, phi_first, phi_last, width", [
-    ("pre", "pool3", "inception4a", "inception4e", 832),
-    ("post", "pool4", "inception5a", "inception5b", 1024),
-])
+@pytest.mark.parametrize(
+    "placement, point, phi_first, phi_last, width",
+    [
+        ("pre", "pool3", "inception4a", "inception4e", 832),
+        ("post", "pool4", "inception5a", "inception5b", 1024),
+    ],
+)
 def test_googlenet_wiring_is_section_4_1(placement, point, phi_first, phi_last, width):
     """Pre: F after maxpool3 (14 x 14 x 480), phi = a copy of 4a-4e (m = 832), psi = 4a-5b.
     Post: F after maxpool4, phi = a copy of 5a-5b, psi = the backbone's 5a-5b."""
     torch.manual_seed(0)
     backbone = create_backbone("googlenet", pretrained=False)
-    head = create_method("diablo", channels=backbone.channels, embedding_size=512, placement=placement)
+    head = create_method(
+        "diablo", channels=backbone.channels, embedding_size=512, placement=placement
+    )
     head.setup(backbone)
     backbone.set_outputs(head.stages)
     assert head.stages == (point,) and backbone.out_stages == (point,)
     phi = head.pretrained["phi"]
     names = [n for n, _ in backbone.body.named_children()]
     copied = [type(m).__name__ for m in phi]
-    assert copied == [type(getattr(backbone.body, n)).__name__
-                      for n in names[names.index(phi_first):names.index(phi_last) + 1] if n != "maxpool4"]
+    assert copied == [
+        type(getattr(backbone.body, n)).__name__
+        for n in names[names.index(phi_first) : names.index(phi_last) + 1]
+        if n != "maxpool4"
+    ]
     m = head.dictionary.shape[-1]
     assert m == width
     c = 480 if placement == "pre" else 1024
@@ -219,8 +248,12 @@ def test_googlenet_wiring_is_section_4_1(placement, point, phi_first, phi_last, 
     model = EmbeddingModel(backbone, head).eval()
     with torch.no_grad():
         out = model(torch.randn(2, 3, 224, 224))
-    assert out.embedding.shape == (2, 512) and out.attention.shape == (2, 8, 14 if placement == "pre" else 7,
-                                                                       14 if placement == "pre" else 7)
+    assert out.embedding.shape == (2, 512) and out.attention.shape == (
+        2,
+        8,
+        14 if placement == "pre" else 7,
+        14 if placement == "pre" else 7,
+    )
 
 
 def test_resnet_wiring_is_the_harness_design():
@@ -228,8 +261,9 @@ def test_resnet_wiring_is_the_harness_design():
     post F = layer3's output, phi = a copy of layer4."""
     backbone = create_backbone("resnet18", pretrained=False)
     for placement, point, stage in (("pre", "s8", "s16"), ("post", "s16", "s32")):
-        head = create_method("diablo", channels=backbone.channels, embedding_size=64, placement=placement,
-                             entries=4)
+        head = create_method(
+            "diablo", channels=backbone.channels, embedding_size=64, placement=placement, entries=4
+        )
         head.setup(backbone)
         assert head.stages == (point,)
         assert head.dictionary.shape[-1] == backbone.channels[stage]
@@ -239,10 +273,12 @@ def test_resnet_wiring_is_the_harness_design():
 
 
 def test_bad_options_are_one_clear_error():
-    for options, match in (({"entries": 3}, "positive divisor of the embedding size 32"),
-                           ({"selection": "channel"}, "selection must be one of"),
-                           ({"placement": "middle"}, "placement must be one of"),
-                           ({"temperature": 0.0}, "temperature")):
+    for options, match in (
+        ({"entries": 3}, "positive divisor of the embedding size 32"),
+        ({"selection": "channel"}, "selection must be one of"),
+        ({"placement": "middle"}, "placement must be one of"),
+        ({"temperature": 0.0}, "temperature"),
+    ):
         with pytest.raises(HarnessError, match=match):
             create_method("diablo", channels=toy_backbone().channels, embedding_size=EMB, **options)
 

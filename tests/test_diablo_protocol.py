@@ -20,13 +20,26 @@ from .fixtures import make_cub
 def test_diablo_protocol_is_sec_3_5():
     p = load_protocol("diablo")
     assert (p.backbone.name, p.backbone.pretrained, p.embedding.size) == ("googlenet", True, 512)
-    assert (p.optimizer.name, p.optimizer.lr_backbone, p.optimizer.lr_head, p.optimizer.weight_decay) == \
-        ("adam", 1e-5, 1e-5, 0.0)
+    assert (
+        p.optimizer.name,
+        p.optimizer.lr_backbone,
+        p.optimizer.lr_head,
+        p.optimizer.weight_decay,
+    ) == ("adam", 1e-5, 1e-5, 0.0)
     assert p.loss_args("triplet") == {"margin": 0.1}
     assert p.loss_args("contrastive")["neg_margin"] == 0.5
-    assert p.loss_args("binomial_deviance") == {"alpha": 2.0, "margin": 0.5, "pos_scale": 1.0, "neg_scale": 25.0}
-    assert (p.image.size, p.image.train_transform, p.image.multiscale_range, p.image.eval_transform) == \
-        (256, "multiscale_crop_flip", (0.8, 1.8), "resize")
+    assert p.loss_args("binomial_deviance") == {
+        "alpha": 2.0,
+        "margin": 0.5,
+        "pos_scale": 1.0,
+        "neg_scale": 25.0,
+    }
+    assert (
+        p.image.size,
+        p.image.train_transform,
+        p.image.multiscale_range,
+        p.image.eval_transform,
+    ) == (256, "multiscale_crop_flip", (0.8, 1.8), "resize")
     assert p.evaluation.recall_k_for("cub200") == (1, 2, 4, 8, 16, 32)
     assert p.evaluation.recall_k_for("sop") == (1, 10, 100, 1000)
     assert p.evaluation.recall_k_for("inshop") == (1, 10, 20, 30, 40, 50)
@@ -42,7 +55,11 @@ def test_the_ablation_protocol_is_diablo_with_sec_4_2_selection():
     own = ("name", "description", "source", "seeds", "splits", "selection", "datasets")
     assert _without(ablation, *own) == _without(diablo, *own)
     assert ablation["seeds"] == list(range(10))
-    assert ablation["splits"] == {**diablo["splits"], "validation_classes": 0.5, "validation_by_run_seed": True}
+    assert ablation["splits"] == {
+        **diablo["splits"],
+        "validation_classes": 0.5,
+        "validation_by_run_seed": True,
+    }
     assert ablation["selection"] == {**diablo["selection"], "metric": "recall_at_1"}
 
 
@@ -63,13 +80,18 @@ def test_new_keys_leave_other_protocols_fingerprints_alone(name):
     """multiscale_range and validation_by_run_seed are absent from the canonical form at
     their defaults, so existing runs and sweep cells keep their fingerprints and keys."""
     data = load_protocol(name).to_dict()
-    assert "multiscale_range" not in data["image"] and "validation_by_run_seed" not in data["splits"]
+    assert (
+        "multiscale_range" not in data["image"] and "validation_by_run_seed" not in data["splits"]
+    )
 
 
 def test_run_seeded_carve_is_an_overridable_recorded_key():
     smoke = load_protocol("smoke")
     changed, deviations = apply_overrides(smoke, ["splits.validation_by_run_seed=true"])
-    assert changed.splits.validation_by_run_seed and changed.to_dict()["splits"]["validation_by_run_seed"]
+    assert (
+        changed.splits.validation_by_run_seed
+        and changed.to_dict()["splits"]["validation_by_run_seed"]
+    )
     assert [str(d) for d in deviations] == ["splits.validation_by_run_seed: False -> True"]
     assert fingerprint(changed, "x") != fingerprint(smoke, "x")
 
@@ -102,7 +124,9 @@ def test_multiscale_crop_samples_the_scale_uniformly_in_its_range_and_outputs_th
 def test_multiscale_crop_pads_with_the_mean_below_scale_one_and_crops_the_image_above():
     """s < 1: the whole resized image on a mean-coloured canvas (zero after normalisation);
     s > 1: a crop of the resized image, no padding."""
-    spec = ImageSpec(size=40, resize=40, train_transform="multiscale_crop_flip", multiscale_range=(0.5, 0.5))
+    spec = ImageSpec(
+        size=40, resize=40, train_transform="multiscale_crop_flip", multiscale_range=(0.5, 0.5)
+    )
     pipeline = build_transform(spec, train=True)
     torch.manual_seed(0)
     out = pipeline(Image.new("RGB", (64, 48), (255, 255, 255)))
@@ -111,7 +135,9 @@ def test_multiscale_crop_pads_with_the_mean_below_scale_one_and_crops_the_image_
     assert int(white.sum()) == 20 * 20  # the image, resized to 20 x 20, all of it
     mean = torch.tensor([round(255 * m) for m in spec.mean], dtype=out.dtype).view(3, 1)
     assert (out.flatten(1)[:, ~white.flatten()] == mean).all()
-    spec = ImageSpec(size=40, resize=40, train_transform="multiscale_crop_flip", multiscale_range=(1.5, 1.5))
+    spec = ImageSpec(
+        size=40, resize=40, train_transform="multiscale_crop_flip", multiscale_range=(1.5, 1.5)
+    )
     out = build_transform(spec, train=True)(Image.new("RGB", (64, 48), (255, 255, 255)))
     assert tuple(out.shape) == (3, 40, 40) and (out == 255).all()
 
@@ -134,23 +160,30 @@ def test_run_seeded_carves_are_random_class_disjoint_halves_one_per_seed(tmp_pat
     a, a_again, b = (prepare_splits(protocol, "cub200", tmp_path, seed=s) for s in (0, 0, 1))
     for splits in (a, b):
         train, val = _classes(splits.train), _classes(splits.val)
-        assert len(train) == len(val) == 50 and not train & val and train | val == set(range(1, 101))
+        assert (
+            len(train) == len(val) == 50 and not train & val and train | val == set(range(1, 101))
+        )
         assert _classes(splits.test) == set(range(101, 201))
     assert _classes(a.val) != _classes(b.val)  # two seeds: two splits
-    assert _classes(a_again.val) == _classes(a.val) and a_again.digest() == a.digest()  # same seed: same
+    assert (
+        _classes(a_again.val) == _classes(a.val) and a_again.digest() == a.digest()
+    )  # same seed: same
     assert a.test.keys() == b.test.keys()  # one test set for every seed
     digests = {a.digest(), b.digest()}
     assert len(digests) == 2
     assert len({fingerprint(protocol, d) for d in digests}) == 2  # each split its own fingerprint
     # The fixed carve (splits.seed) ignores the run's seed.
     fixed, _ = apply_overrides(protocol, ["splits.validation_by_run_seed=false"])
-    assert _classes(prepare_splits(fixed, "cub200", tmp_path, seed=1).val) == \
-        _classes(prepare_splits(fixed, "cub200", tmp_path, seed=0).val)
+    assert _classes(prepare_splits(fixed, "cub200", tmp_path, seed=1).val) == _classes(
+        prepare_splits(fixed, "cub200", tmp_path, seed=0).val
+    )
     with pytest.raises(HarnessError, match="need the seed of the run"):
         prepare_splits(protocol, "cub200", tmp_path)
 
 
-def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(tmp_path, monkeypatch):
+def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(
+    tmp_path, monkeypatch
+):
     """The sweep caches splits per (split, seed) and ``run`` re-carves per seed: each run
     trains on its own seed's split (stubs stand in for the dataset and the training)."""
     from harness.cli import main as cli
@@ -174,12 +207,22 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
 
     def fake_run(cfg, splits=None):
         used.append((cfg.seed, splits.seed))
-        return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
-                "mlflow_run_id": "r", "metrics": {}, "protocol": cfg.protocol.name, "fingerprint": "f",
-                "selection": "validation"}
+        return {
+            "method": cfg.method,
+            "dataset": cfg.dataset,
+            "loss": cfg.loss,
+            "seed": cfg.seed,
+            "mlflow_run_id": "r",
+            "metrics": {},
+            "protocol": cfg.protocol.name,
+            "fingerprint": "f",
+            "selection": "validation",
+        }
 
     monkeypatch.setattr(training, "prepare_splits", fake_prepare)
-    monkeypatch.setattr("harness.cli.run.ensure_dataset", lambda *a, **k: None)  # no CUB tree: splits are stubbed
+    monkeypatch.setattr(
+        "harness.cli.run.ensure_dataset", lambda *a, **k: None
+    )  # no CUB tree: splits are stubbed
     monkeypatch.setattr("harness.cli.run.check_dataset", lambda *a, **k: None)
     monkeypatch.setattr(training, "check_training_split", lambda *a, **k: None)
     monkeypatch.setattr(training, "run_training", fake_run)
@@ -187,8 +230,10 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
     monkeypatch.setattr(sweep, "tag_cell", lambda *a: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     grid_file = tmp_path / "g.toml"
-    grid_file.write_text('protocol = "diablo-ablation"\nmethods = ["plain"]\nlosses = ["binomial_deviance"]\n'
-                         'backbones = ["googlenet"]\ndatasets = ["cub200"]\nseeds = [0, 1]\n')
+    grid_file.write_text(
+        'protocol = "diablo-ablation"\nmethods = ["plain"]\nlosses = ["binomial_deviance"]\n'
+        'backbones = ["googlenet"]\ndatasets = ["cub200"]\nseeds = [0, 1]\n'
+    )
     grid = load_grid(grid_file)
     cache: dict = {}
     for cell in [*grid.cells, *grid.cells]:  # twice: the second pass is served by the cache
@@ -198,6 +243,22 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(t
     calls.clear()
     used.clear()
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["run", "--methods", "plain", "--dataset", "cub200", "--protocol", "diablo-ablation",
-                     "--seeds", "3,4", "--loss", "binomial_deviance"]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--methods",
+                "plain",
+                "--dataset",
+                "cub200",
+                "--protocol",
+                "diablo-ablation",
+                "--seeds",
+                "3,4",
+                "--loss",
+                "binomial_deviance",
+            ]
+        )
+        == 0
+    )
     assert calls == [3, 4] and used == [(3, 3), (4, 4)]

@@ -64,11 +64,15 @@ def clustered_maps(num, *, classes=6, size=5, seed=0, dtype=torch.float32):
     g = gen(seed)
     codes = torch.relu(torch.randn(classes, C, generator=g, dtype=dtype))
     labels = torch.arange(num) % classes
-    ys, xs = torch.meshgrid(torch.arange(size, dtype=dtype), torch.arange(size, dtype=dtype), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(size, dtype=dtype), torch.arange(size, dtype=dtype), indexing="ij"
+    )
     centres = torch.rand(num, 2, generator=g, dtype=dtype) * (size - 1)
     bumps = torch.exp(-((ys - centres[:, :1, None]) ** 2 + (xs - centres[:, 1:, None]) ** 2) / 2)
-    maps = torch.relu(0.7 * torch.randn(num, C, size, size, generator=g, dtype=dtype)
-                      + 2 * bumps[:, None] * codes[labels][:, :, None, None])
+    maps = torch.relu(
+        0.7 * torch.randn(num, C, size, size, generator=g, dtype=dtype)
+        + 2 * bumps[:, None] * codes[labels][:, :, None, None]
+    )
     return maps, labels
 
 
@@ -91,7 +95,9 @@ def test_plans_agree_with_pot(eps):
     cost, mu, nu = problems(6, 5, 7, seed=2)
     plan = sinkhorn(cost, mu, nu, eps=eps, max_iter=100_000, tol=1e-13).numpy()
     for i in range(len(cost)):
-        ref = pot().sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), eps, numItermax=100_000, stopThr=1e-14)
+        ref = pot().sinkhorn(
+            mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), eps, numItermax=100_000, stopThr=1e-14
+        )
         np.testing.assert_allclose(plan[i], ref, rtol=0, atol=1e-5)
 
 
@@ -102,8 +108,11 @@ def test_entropic_objective_is_pots():
     eps = 0.2
     plan = sinkhorn(cost, mu, nu, eps=eps, max_iter=100_000, tol=1e-13)[0]
     value = float((plan * cost[0]).sum() + eps * (plan * (plan.log() - 1)).sum())
-    ref_plan = torch.as_tensor(pot().sinkhorn(mu[0].numpy(), nu[0].numpy(), cost[0].numpy(), eps, stopThr=1e-14,
-                                           numItermax=100_000))
+    ref_plan = torch.as_tensor(
+        pot().sinkhorn(
+            mu[0].numpy(), nu[0].numpy(), cost[0].numpy(), eps, stopThr=1e-14, numItermax=100_000
+        )
+    )
     ref = float((ref_plan * cost[0]).sum() + eps * (ref_plan * (ref_plan.log() - 1)).sum())
     assert value == pytest.approx(ref, abs=1e-9)
 
@@ -122,8 +131,15 @@ def test_small_eps_agrees_with_pots_log_domain_solver():
     cost, mu, nu = problems(3, 6, 5, seed=5, scale=2.0)
     plan = sinkhorn(cost, mu, nu, eps=0.01, max_iter=100_000, tol=1e-11).numpy()
     for i in range(3):
-        ref = pot().sinkhorn(mu[i].numpy(), nu[i].numpy(), cost[i].numpy(), 0.01, method="sinkhorn_log",
-                          numItermax=100_000, stopThr=1e-13)
+        ref = pot().sinkhorn(
+            mu[i].numpy(),
+            nu[i].numpy(),
+            cost[i].numpy(),
+            0.01,
+            method="sinkhorn_log",
+            numItermax=100_000,
+            stopThr=1e-13,
+        )
         np.testing.assert_allclose(plan[i], ref, rtol=0, atol=1e-5)
 
 
@@ -300,9 +316,13 @@ def test_structural_similarity_and_distance_eqs_5_6():
     g = gen(11)
     x = F.normalize(torch.randn(2, 4, 6, generator=g, dtype=torch.float64), dim=-1)
     y = F.normalize(torch.randn(2, 4, 6, generator=g, dtype=torch.float64), dim=-1)
-    plan, s, mu, nu = transport_plans(x, y, marginals="uniform", eps=0.05, tol=1e-12, max_iter=10_000)
+    plan, s, mu, nu = transport_plans(
+        x, y, marginals="uniform", eps=0.05, tol=1e-12, max_iter=10_000
+    )
     manual_sim = sum(plan[0, i, j] * (x[0, i] @ y[0, j]) for i in range(4) for j in range(4))
-    manual_dist = sum(plan[0, i, j] * (x[0, i] - y[0, j]).norm() for i in range(4) for j in range(4))
+    manual_dist = sum(
+        plan[0, i, j] * (x[0, i] - y[0, j]).norm() for i in range(4) for j in range(4)
+    )
     assert float(structural_similarity(plan, s)[0]) == pytest.approx(float(manual_sim), abs=1e-12)
     assert float(structural_distance(plan, s)[0]) == pytest.approx(float(manual_dist), abs=1e-9)
     torch.testing.assert_close(mu, torch.full((2, 4), 0.25, dtype=torch.float64))
@@ -339,9 +359,19 @@ def loop_reference(head, query, candidates):
         for j in range(k):
             x, y = query["local"][q][None], candidates["local"][q, j][None]
             xg, yg = query["embedding"][q][None], candidates["embedding"][q, j][None]
-            plan, s, _, _ = transport_plans(x, y, xg, yg, marginals=head.marginals, eps=head.eps,
-                                            max_iter=head.max_iter, tol=head.tol)
-            out[q, j] = structural_similarity(plan, s)[0] + (xg[0] @ yg[0] if head.add_global else 0)
+            plan, s, _, _ = transport_plans(
+                x,
+                y,
+                xg,
+                yg,
+                marginals=head.marginals,
+                eps=head.eps,
+                max_iter=head.max_iter,
+                tol=head.tol,
+            )
+            out[q, j] = structural_similarity(plan, s)[0] + (
+                xg[0] @ yg[0] if head.add_global else 0
+            )
     return out
 
 
@@ -361,7 +391,9 @@ def test_batched_rerank_equals_a_per_pair_loop(marginals):
     by_ids = head.rerank_by_ids(fields, fields, qi.numpy(), ci.numpy())
     torch.testing.assert_close(by_ids, batched, rtol=0, atol=1e-12)
     reranker = make_reranker(head, fields)
-    np.testing.assert_allclose(reranker(qi.numpy(), ci.numpy()), batched.float().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        reranker(qi.numpy(), ci.numpy()), batched.float().numpy(), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
@@ -376,7 +408,9 @@ def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
     monkeypatch.setattr(diml, "SINKHORN_WINDOW", 64)  # many admissions and retirements
     small = head.rerank_similarity(query, cands)
     monkeypatch.undo()
-    ref = head.rerank_similarity({k: v.double() for k, v in query.items()}, {k: v.double() for k, v in cands.items()})
+    ref = head.rerank_similarity(
+        {k: v.double() for k, v in query.items()}, {k: v.double() for k, v in cands.items()}
+    )
     assert small.dtype == torch.float32
     torch.testing.assert_close(small.double(), ref, rtol=0, atol=1e-5)
 
@@ -419,15 +453,26 @@ def test_k_zero_gives_exactly_the_baseline_metrics():
         return reranker(q, c)
 
     emb = out.embedding.numpy()
-    base = evaluate_embeddings(emb, labels.numpy(), metrics=["precision_at_1", "r_precision",
-                                                               "mean_average_precision_at_r", "recall_at_k"])
-    zero = evaluate_embeddings(emb, labels.numpy(), metrics=["precision_at_1", "r_precision",
-                                                               "mean_average_precision_at_r", "recall_at_k"],
-                               reranker=spy, rerank_k=0)
+    base = evaluate_embeddings(
+        emb,
+        labels.numpy(),
+        metrics=["precision_at_1", "r_precision", "mean_average_precision_at_r", "recall_at_k"],
+    )
+    zero = evaluate_embeddings(
+        emb,
+        labels.numpy(),
+        metrics=["precision_at_1", "r_precision", "mean_average_precision_at_r", "recall_at_k"],
+        reranker=spy,
+        rerank_k=0,
+    )
     assert zero == base and not calls
-    reranked = evaluate_embeddings(emb, labels.numpy(), metrics=["precision_at_1", "r_precision",
-                                                                   "mean_average_precision_at_r", "recall_at_k"],
-                                   reranker=spy, rerank_k=20)
+    reranked = evaluate_embeddings(
+        emb,
+        labels.numpy(),
+        metrics=["precision_at_1", "r_precision", "mean_average_precision_at_r", "recall_at_k"],
+        reranker=spy,
+        rerank_k=20,
+    )
     assert calls and reranked != base
 
 
@@ -439,8 +484,9 @@ def test_reranking_never_promotes_an_item_from_beyond_the_top_k():
     np.fill_diagonal(sims, -np.inf)
     idx = np.argsort(-sims, axis=1, kind="stable")[:, :30]
     k = 10
-    reranked = rerank_top_k(idx, np.arange(50), make_reranker(head, {"embedding": out.embedding,
-                                                                      "local": out.local}), k)
+    reranked = rerank_top_k(
+        idx, np.arange(50), make_reranker(head, {"embedding": out.embedding, "local": out.local}), k
+    )
     for row, new in zip(idx, reranked, strict=True):
         assert set(new[:k]) == set(row[:k])
         np.testing.assert_array_equal(new[k:], row[k:])
@@ -451,12 +497,19 @@ def test_structural_only_variant_and_empty_input():
     head = create_method("diml_ss", channels={"s32": C}, embedding_size=EMB).eval()
     out, _ = embedded(head)
     query = {"embedding": out.embedding[:3], "local": out.local[:3]}
-    cands = {"embedding": out.embedding[3:9].view(3, 2, EMB), "local": out.local[3:9].view(3, 2, 16, EMB)}
+    cands = {
+        "embedding": out.embedding[3:9].view(3, 2, EMB),
+        "local": out.local[3:9].view(3, 2, 16, EMB),
+    }
     full = make(marginals="uniform")
     full.load_state_dict(head.state_dict())
     cos = torch.einsum("qd,qkd->qk", query["embedding"], cands["embedding"])
-    torch.testing.assert_close(full.rerank_similarity(query, cands) - head.rerank_similarity(query, cands), cos)
-    empty = head.rerank_similarity(query, {"embedding": cands["embedding"][:, :0], "local": cands["local"][:, :0]})
+    torch.testing.assert_close(
+        full.rerank_similarity(query, cands) - head.rerank_similarity(query, cands), cos
+    )
+    empty = head.rerank_similarity(
+        query, {"embedding": cands["embedding"][:, :0], "local": cands["local"][:, :0]}
+    )
     assert empty.shape == (3, 0)
 
 
@@ -466,8 +519,12 @@ def test_structural_only_variant_and_empty_input():
 def hand_batch():
     """Four images, two classes; grids of one cell (G = 1: the plan is [1] whatever the
     marginals), deliberately different from the embeddings."""
-    emb = F.normalize(torch.tensor([[1.0, 0.2, 0.0], [0.8, 0.5, 0.1], [0.1, 1.0, 0.3], [0.0, 0.7, 0.9]]), dim=-1)
-    loc = F.normalize(torch.tensor([[0.9, 0.0, 0.4], [0.2, 0.9, 0.1], [0.5, 0.5, 0.5], [0.0, 0.2, 1.0]]), dim=-1)
+    emb = F.normalize(
+        torch.tensor([[1.0, 0.2, 0.0], [0.8, 0.5, 0.1], [0.1, 1.0, 0.3], [0.0, 0.7, 0.9]]), dim=-1
+    )
+    loc = F.normalize(
+        torch.tensor([[0.9, 0.0, 0.4], [0.2, 0.9, 0.1], [0.5, 0.5, 0.5], [0.0, 0.2, 1.0]]), dim=-1
+    )
     return HeadOutput(embedding=emb, local=loc[:, None]), torch.tensor([0, 0, 1, 1])
 
 
@@ -536,7 +593,10 @@ def test_multi_similarity_mines_on_the_combined_similarity_by_hand():
         for a in range(8):
             pos = [p for p in range(8) if p != a and labels[p] == labels[a]]
             neg = [n for n in range(8) if labels[n] != labels[a]]
-            hardest_neg, hardest_pos = max(mine_on(a, n) for n in neg), min(mine_on(a, p) for p in pos)
+            hardest_neg, hardest_pos = (
+                max(mine_on(a, n) for n in neg),
+                min(mine_on(a, p) for p in pos),
+            )
             kept_pos = [combined(a, p) for p in pos if mine_on(a, p) - eps < hardest_neg]
             kept_neg = [combined(a, n) for n in neg if mine_on(a, n) + eps > hardest_pos]
             total += math.log(1 + sum(math.exp(-alpha * (s - base)) for s in kept_pos)) / alpha
@@ -555,8 +615,11 @@ def test_structural_training_loss_reduces_to_the_plain_loss_when_grids_are_the_e
     head = make(grid=1, train_structural=True)
     maps, labels = clustered_maps(12, classes=4, seed=3)
     out = head([maps])
-    loss = (pml_losses.MarginLoss(margin=0.2, beta=1.2, num_classes=4, learn_beta=True) if name == "margin"
-            else pml_losses.MultiSimilarityLoss())
+    loss = (
+        pml_losses.MarginLoss(margin=0.2, beta=1.2, num_classes=4, learn_beta=True)
+        if name == "margin"
+        else pml_losses.MultiSimilarityLoss()
+    )
     miner = pml_miners.MultiSimilarityMiner(0.1) if name == "multi_similarity" else None
     got = head.loss_terms(out, batch(labels, loss, miner))["metric"]
     plain = loss(out.embedding, labels, miner(out.embedding, labels) if miner else None)
@@ -567,9 +630,11 @@ def test_precomputed_distance_reproduces_pml_on_the_global_matrix():
     g = gen(14)
     emb = F.normalize(torch.randn(16, 8, generator=g), dim=-1)
     labels = torch.arange(16) % 4
-    for loss, matrix, inverted in ((pml_losses.MarginLoss(), torch.cdist(emb, emb), False),
-                                   (pml_losses.MultiSimilarityLoss(), emb @ emb.t(), True),
-                                   (pml_losses.ContrastiveLoss(), torch.cdist(emb, emb), False)):
+    for loss, matrix, inverted in (
+        (pml_losses.MarginLoss(), torch.cdist(emb, emb), False),
+        (pml_losses.MultiSimilarityLoss(), emb @ emb.t(), True),
+        (pml_losses.ContrastiveLoss(), torch.cdist(emb, emb), False),
+    ):
         expected = loss(emb, labels)
         old = loss.distance
         loss.distance = PrecomputedDistance(matrix, is_inverted=inverted)
@@ -593,7 +658,9 @@ def test_training_mode_trains_with_the_runs_loss():
     head2.loss_terms(out2, batch(labels, pml_losses.MarginLoss()))["metric"].backward()
     assert torch.isfinite(head2.project.weight.grad).all()
     with pytest.raises(HarnessError, match="pair- or triplet-based"):
-        head.loss_terms(out, batch(labels, pml_losses.ProxyAnchorLoss(num_classes=4, embedding_size=EMB)))
+        head.loss_terms(
+            out, batch(labels, pml_losses.ProxyAnchorLoss(num_classes=4, embedding_size=EMB))
+        )
 
 
 # ---------------------------------------------------------------- explanation, meta
@@ -602,21 +669,30 @@ def test_training_mode_trains_with_the_runs_loss():
 def test_part_wise_contributions_sum_to_the_structural_similarity(tmp_path):
     head = make(tol=1e-9, max_iter=2000, sinkhorn_stop="converged")
     out, _ = embedded(head, num=4)
-    exp = head.explain_pair(HeadOutput(embedding=out.embedding[:1], local=out.local[:1]),
-                            {"embedding": out.embedding[1], "local": out.local[1]})
+    exp = head.explain_pair(
+        HeadOutput(embedding=out.embedding[:1], local=out.local[:1]),
+        {"embedding": out.embedding[1], "local": out.local[1]},
+    )
     assert exp.query_marginal.shape == (4, 4) and exp.gallery_marginal.shape == (4, 4)
     assert exp.plan.shape == (16, 16) and exp.contributions.shape == (16, 16)
     assert float(exp.contributions.sum()) == pytest.approx(exp.structural_similarity, abs=1e-6)
     torch.testing.assert_close(exp.contributions, exp.plan * exp.similarity)
     torch.testing.assert_close(exp.plan.sum(1), exp.query_marginal.flatten(), rtol=0, atol=1e-6)
     torch.testing.assert_close(exp.plan.sum(0), exp.gallery_marginal.flatten(), rtol=0, atol=1e-6)
-    score = head.rerank_similarity({"embedding": out.embedding[:1], "local": out.local[:1]},
-                                   {"embedding": out.embedding[1:2, None], "local": out.local[1:2, None]})
+    score = head.rerank_similarity(
+        {"embedding": out.embedding[:1], "local": out.local[:1]},
+        {"embedding": out.embedding[1:2, None], "local": out.local[1:2, None]},
+    )
     assert float(score) == pytest.approx(exp.score, abs=1e-5)
-    (i, j, t_hat, s_ij, c_ij), = exp.top_pairs(1)
-    assert c_ij == pytest.approx(float(exp.contributions.max())) and t_hat == pytest.approx(256 * float(exp.plan[i, j]))
+    ((i, j, t_hat, s_ij, c_ij),) = exp.top_pairs(1)
+    assert c_ij == pytest.approx(float(exp.contributions.max())) and t_hat == pytest.approx(
+        256 * float(exp.plan[i, j])
+    )
     figure = pair_figure(torch.rand(3, 40, 32), torch.rand(3, 36, 36), exp)
-    assert [p.heat for p in figure.panels[0]] == [exp.query_marginal, exp.gallery_marginal] and figure.grid == 4
+    assert [p.heat for p in figure.panels[0]] == [
+        exp.query_marginal,
+        exp.gallery_marginal,
+    ] and figure.grid == 4
     # the top two flows in red, the smallest in blue, each from its query cell to its gallery cell
     assert [link.colour for link in figure.links] == ["red", "red", "blue"]
     assert figure.links[0].start == (0, 0, (i % 4 + 0.5) / 4, (i // 4 + 0.5) / 4)
@@ -624,10 +700,15 @@ def test_part_wise_contributions_sum_to_the_structural_similarity(tmp_path):
     assert figure.links[0].label == f"{t_hat:.2f} x {s_ij:.2f}"
     path = draw_figure(figure, tmp_path / "fig" / "pair.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    uniform = explain_pair(HeadOutput(embedding=out.embedding[2:3], local=out.local[2:3]),
-                           HeadOutput(embedding=out.embedding[3:4], local=out.local[3:4]), marginals="uniform")
+    uniform = explain_pair(
+        HeadOutput(embedding=out.embedding[2:3], local=out.local[2:3]),
+        HeadOutput(embedding=out.embedding[3:4], local=out.local[3:4]),
+        marginals="uniform",
+    )
     torch.testing.assert_close(uniform.query_marginal, torch.full((4, 4), 1 / 16))
-    assert float(uniform.contributions.sum()) == pytest.approx(uniform.structural_similarity, abs=1e-6)
+    assert float(uniform.contributions.sum()) == pytest.approx(
+        uniform.structural_similarity, abs=1e-6
+    )
     with pytest.raises(ValueError, match="one"):
         explain_pair(out, out)
 
@@ -642,7 +723,14 @@ def test_explain_maps_are_in_unit_range():
 def test_registry_metadata_and_options():
     assert {"diml", "diml_ss", "diml_ss_mm", "diml_train"} <= set(METHODS.list("diml*"))
     assert isinstance(DIMLHead.paper, PaperInfo) and DIMLHead.paper is PAPER
-    assert PAPER.code_url == "https://github.com/wl-zhao/DIML" and PAPER.tables == ("1", "2", "3", "4", "5", "6")
+    assert PAPER.code_url == "https://github.com/wl-zhao/DIML" and PAPER.tables == (
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+    )
     assert PAPER.arxiv == "2108.05889" and PAPER.year == 2021
     assert DIMLHead.rerank_fields == ("embedding", "local")
     options = METHODS.get("diml").options()

@@ -64,7 +64,9 @@ def _problem(loss_name: str, miner_name: str):
     x = torch.randn(16, 10)
     labels = torch.arange(8).repeat_interleave(2)
     loss_fn = create_loss(loss_name, {}, num_classes=8, embedding_size=6)
-    miner = create_miner(miner_name, {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4} if miner_name != "none" else {})
+    miner = create_miner(
+        miner_name, {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4} if miner_name != "none" else {}
+    )
     return model, x, labels, loss_fn, miner
 
 
@@ -98,7 +100,9 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
             loss.backward()
             average_gradients(loss_fn.parameters(), procs)
             assert model.classifier.weight.grad is None or not model.classifier.weight.grad.any()
-            grads.append([p.grad.clone() for p in (*model.project.parameters(), *loss_fn.parameters())])
+            grads.append(
+                [p.grad.clone() for p in (*model.project.parameters(), *loss_fn.parameters())]
+            )
         check_replicas_agree(model, procs, "before the step")  # equal: no error
         if rank == 1:
             with torch.no_grad():
@@ -128,7 +132,9 @@ def test_two_processes_give_the_single_process_gradient(tmp_path):
         for case, g_case, e_case in zip(CASES, saved["grads"], expected, strict=True):
             assert len(g_case) == len(e_case) == 3, case  # weight, bias, the loss's parameter
             for g, e in zip(g_case, e_case, strict=True):
-                torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7, msg=lambda m, c=case: f"{c}: {m}")
+                torch.testing.assert_close(
+                    g, e, rtol=1e-5, atol=1e-7, msg=lambda m, c=case: f"{c}: {m}"
+                )
 
 
 def test_random_mining_depends_on_the_step_alone():
@@ -153,10 +159,21 @@ def test_random_mining_depends_on_the_step_alone():
 
 
 def test_shares_of_a_global_batch_are_its_classes_in_rank_order():
-    whole = ClassBalancedBatchSampler(LABELS, classes_per_batch=4, samples_per_class=2, seed=3,
-                                      sample_seeds=True)
-    shares = [ClassBalancedBatchSampler(LABELS, classes_per_batch=4, samples_per_class=2, seed=3,
-                                        rank=r, world_size=2, sample_seeds=True) for r in range(2)]
+    whole = ClassBalancedBatchSampler(
+        LABELS, classes_per_batch=4, samples_per_class=2, seed=3, sample_seeds=True
+    )
+    shares = [
+        ClassBalancedBatchSampler(
+            LABELS,
+            classes_per_batch=4,
+            samples_per_class=2,
+            seed=3,
+            rank=r,
+            world_size=2,
+            sample_seeds=True,
+        )
+        for r in range(2)
+    ]
     for sampler in (whole, *shares):
         sampler.set_epoch(5)
     for batch, first, second in zip(whole, *shares, strict=True):
@@ -166,11 +183,19 @@ def test_shares_of_a_global_batch_are_its_classes_in_rank_order():
 
 def test_a_batch_that_does_not_split_is_refused():
     with pytest.raises(HarnessError, match="classes_per_batch=5 does not split across 2 processes"):
-        ClassBalancedBatchSampler(LABELS, classes_per_batch=5, samples_per_class=2, rank=0, world_size=2)
+        ClassBalancedBatchSampler(
+            LABELS, classes_per_batch=5, samples_per_class=2, rank=0, world_size=2
+        )
 
 
-@pytest.mark.parametrize("method, reason", [("sam", "autograd.grad"), ("avsl", "momentum buffers"),
-                                            ("diml_train", "structural pair matrix")])
+@pytest.mark.parametrize(
+    "method, reason",
+    [
+        ("sam", "autograd.grad"),
+        ("avsl", "momentum buffers"),
+        ("diml_train", "structural pair matrix"),
+    ],
+)
 def test_methods_that_cannot_train_across_processes_are_refused(method, reason):
     from methods import METHODS
 
@@ -181,8 +206,18 @@ def test_methods_that_cannot_train_across_processes_are_refused(method, reason):
 
 
 def _torchrun(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
-           str(_free_port()), "-m", "harness", "run", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "harness",
+        "run",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -190,7 +225,11 @@ def _torchrun(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Complete
 def test_torchrun_trains_one_tracked_run_with_world_size_two(workdir, tiny_protocol):
     """Done-when 3 at test scale: one FINISHED run, world_size 2 in the record, the run's
     tags and its fingerprint, and P@1 within 2 points of one process on the same global batch."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]),
+        "OMP_NUM_THREADS": "1",
+    }
     common = ("--methods", "plain", "--protocol", str(tiny_protocol), "--device", "cpu")
     done = _torchrun(*common, "--json", str(workdir / "two.json"), cwd=workdir, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -201,7 +240,15 @@ def test_torchrun_trains_one_tracked_run_with_world_size_two(workdir, tiny_proto
     assert run.info.status == "FINISHED"
     assert run.data.tags["world_size"] == "2" and run.data.params["world_size"] == "2"
     experiment = mlflow.get_experiment(run.info.experiment_id)
-    assert len(mlflow.search_runs([experiment.experiment_id], filter_string=f"tags.fingerprint = '{two[0]['fingerprint']}'")) == 1
+    assert (
+        len(
+            mlflow.search_runs(
+                [experiment.experiment_id],
+                filter_string=f"tags.fingerprint = '{two[0]['fingerprint']}'",
+            )
+        )
+        == 1
+    )
 
     from harness.cli.main import main
 
@@ -210,8 +257,20 @@ def test_torchrun_trains_one_tracked_run_with_world_size_two(workdir, tiny_proto
     assert one["world_size"] == 1 and one["fingerprint"] != two[0]["fingerprint"]
     assert abs(one["metrics"]["precision_at_1"] - two[0]["metrics"]["precision_at_1"]) <= 0.02
 
-    refused = _torchrun("--methods", "sam", "--protocol", str(tiny_protocol), "--device", "cpu", cwd=workdir, env=env)
-    assert refused.returncode != 0 and "error: method 'sam' cannot train across 2 processes" in refused.stderr
+    refused = _torchrun(
+        "--methods",
+        "sam",
+        "--protocol",
+        str(tiny_protocol),
+        "--device",
+        "cpu",
+        cwd=workdir,
+        env=env,
+    )
+    assert (
+        refused.returncode != 0
+        and "error: method 'sam' cannot train across 2 processes" in refused.stderr
+    )
 
 
 def _descendants(pid: int) -> list[int]:
@@ -234,22 +293,57 @@ def test_torchrun_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workd
     import signal
     import time
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]), "OMP_NUM_THREADS": "1"}
-    common = ["--methods", "plain", "--protocol", str(tiny_protocol), "--device", "cpu", "--epochs", "4",
-              "--set", "sampling.batches_per_epoch=6"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]),
+        "OMP_NUM_THREADS": "1",
+    }
+    common = [
+        "--methods",
+        "plain",
+        "--protocol",
+        str(tiny_protocol),
+        "--device",
+        "cpu",
+        "--epochs",
+        "4",
+        "--set",
+        "sampling.batches_per_epoch=6",
+    ]
     reference, interrupted = workdir / "reference", workdir / "interrupted"
     for folder in (reference, interrupted):
         folder.mkdir()
     done = _torchrun(*common, "--json", "ref.json", cwd=reference, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(_free_port()),
-           "-m", "harness", "run", *common, "--json", "out.json"]
-    proc = subprocess.Popen(cmd, cwd=interrupted, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "harness",
+        "run",
+        *common,
+        "--json",
+        "out.json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=interrupted,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 600
     while not list(interrupted.glob("results/checkpoints/*/last.pt")):
-        assert proc.poll() is None, "the run ended before its first checkpoint: " + proc.stderr.read()
+        assert proc.poll() is None, (
+            "the run ended before its first checkpoint: " + proc.stderr.read()
+        )
         assert time.time() < deadline
         time.sleep(0.02)
     # torchrun and both processes: the workers may sit in sessions of their own, so every

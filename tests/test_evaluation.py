@@ -99,7 +99,9 @@ def dyadic_data(seed: int = 0, n: int = 260, dim: int = 8):
 def index_order_knn(query, k, reference, ref_includes_query=False):
     """PML knn_func: exact float64 similarities, ties by lower index, self removed by index."""
     sims = query.double() @ reference.double().T
-    order = np.lexsort((np.broadcast_to(np.arange(sims.shape[1]), sims.shape), -sims.numpy()), axis=1)
+    order = np.lexsort(
+        (np.broadcast_to(np.arange(sims.shape[1]), sims.shape), -sims.numpy()), axis=1
+    )
     order = torch.from_numpy(order)
     if ref_includes_query:
         keep = order != torch.arange(len(query))[:, None]
@@ -108,11 +110,23 @@ def index_order_knn(query, k, reference, ref_includes_query=False):
     return torch.gather(sims, 1, order).float(), order
 
 
-def pml(query, labels, reference=None, reference_labels=None, *, knn_func=None, include=PML_METRICS,
-        kmeans_func=None):
-    calc = AccuracyCalculator(include=include, k="max_bin_count", device=torch.device("cpu"),
-                              knn_func=knn_func or FaissKNN(index_init_fn=faiss.IndexFlatIP),
-                              kmeans_func=kmeans_func)
+def pml(
+    query,
+    labels,
+    reference=None,
+    reference_labels=None,
+    *,
+    knn_func=None,
+    include=PML_METRICS,
+    kmeans_func=None,
+):
+    calc = AccuracyCalculator(
+        include=include,
+        k="max_bin_count",
+        device=torch.device("cpu"),
+        knn_func=knn_func or FaissKNN(index_init_fn=faiss.IndexFlatIP),
+        kmeans_func=kmeans_func,
+    )
     return calc.get_accuracy(query, labels, reference, reference_labels, ref_includes_query=False)
 
 
@@ -175,7 +189,9 @@ def test_nmi_and_ami_match_pml_on_the_same_clustering():
     xn = l2_normalize(x)
     clusters = kmeans_assignments(xn, len(np.unique(y)), seed=5)
     ours = evaluate_embeddings(x, y, metrics=["nmi", "ami"], kmeans_seed=5)
-    given = pml(xn, y, include=("NMI", "AMI"), kmeans_func=lambda emb, k: torch.from_numpy(clusters))
+    given = pml(
+        xn, y, include=("NMI", "AMI"), kmeans_func=lambda emb, k: torch.from_numpy(clusters)
+    )
     assert ours["nmi"] == pytest.approx(given["NMI"], abs=1e-6)
     assert ours["ami"] == pytest.approx(given["AMI"], abs=1e-6)
     # PML's own FaissKMeans with the same seed runs the same clustering procedure.
@@ -204,7 +220,9 @@ def test_recall_at_k_is_the_hit_rate():
     scored = [h for h in hits if h.any()]
     assert ours["num_queries"] == len(scored)
     for k in ks:
-        assert ours[f"recall_at_{k}"] == pytest.approx(np.mean([h[:k].any() for h in scored]), abs=1e-12)
+        assert ours[f"recall_at_{k}"] == pytest.approx(
+            np.mean([h[:k].any() for h in scored]), abs=1e-12
+        )
 
 
 def test_recall_beyond_the_lists_matches_a_full_search():
@@ -218,8 +236,15 @@ def test_recall_beyond_the_lists_matches_a_full_search():
         hits = (y if g is None else yg)[idx] == y[q][:, None]
         scored = hits.any(1)
         for size in (1, 10**6):
-            out = evaluate_embeddings(x[q], y[q], xg, yg, metrics=["recall_at_k", "r_precision"], recall_k=ks,
-                                      chunk_size=size)
+            out = evaluate_embeddings(
+                x[q],
+                y[q],
+                xg,
+                yg,
+                metrics=["recall_at_k", "r_precision"],
+                recall_k=ks,
+                chunk_size=size,
+            )
             for k in ks:
                 assert out[f"recall_at_{k}"] == np.mean(hits[scored, :k].any(1)), (k, size)
 
@@ -250,8 +275,13 @@ def test_map_at_c_by_hand():
     y = np.array([0, 0, 1, 1])
     out = evaluate_embeddings(x, y, metrics=["map_at_c", "mean_average_precision_at_r"])
     assert out["mean_average_precision_at_r"] == 1.0 and out["map_at_c"] == 0.5
-    gallery = evaluate_embeddings(x[[0, 2]], y[[0, 2]], x[[1, 3]], y[[1, 3]],
-                                  metrics=["map_at_c", "mean_average_precision_at_r"])
+    gallery = evaluate_embeddings(
+        x[[0, 2]],
+        y[[0, 2]],
+        x[[1, 3]],
+        y[[1, 3]],
+        metrics=["map_at_c", "mean_average_precision_at_r"],
+    )
     assert gallery["map_at_c"] == gallery["mean_average_precision_at_r"] == 1.0
 
 
@@ -287,7 +317,13 @@ def test_f1_and_nmi_share_one_kmeans_run():
 
 def test_chunk_bounds_cover_everything_and_keep_faiss_on_one_path():
     assert chunk_bounds(0, 5, 8) == []
-    for n, size, dim in [(1100, 1, 512), (1100, 300, 512), (7, 2, 8), (10_000, 4096, 64), (10_000, 10, 64)]:
+    for n, size, dim in [
+        (1100, 1, 512),
+        (1100, 300, 512),
+        (7, 2, 8),
+        (10_000, 4096, 64),
+        (10_000, 10, 64),
+    ]:
         bounds = chunk_bounds(n, size, dim)
         assert bounds[0][0] == 0 and bounds[-1][1] == n
         assert [s for s, _ in bounds[1:]] == [e for _, e in bounds[:-1]]
@@ -299,7 +335,9 @@ def wide_data(seed: int = 0):
     """1,100 x 512: large enough for several chunks on faiss's BLAS path; a few duplicates."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 120, 1100)
-    x = (rng.standard_normal((120, 512))[y] + 2.0 * rng.standard_normal((1100, 512))).astype(np.float32)
+    x = (rng.standard_normal((120, 512))[y] + 2.0 * rng.standard_normal((1100, 512))).astype(
+        np.float32
+    )
     x[5] = x[6]
     x[7] = x[6]
     x[900] = x[901]
@@ -328,7 +366,13 @@ def test_chunking_gives_the_same_ranking_and_metrics():
     rounding depends on the BLAS and CPU (or GPU), so similarities are compared to
     :data:`SIMILARITY_TOLERANCE` and metrics to the share one near-tie swap could move."""
     x, y = wide_data()
-    metrics = ["precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r", "map_at_c"]
+    metrics = [
+        "precision_at_1",
+        "recall_at_k",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "map_at_c",
+    ]
     full = evaluate_embeddings(x, y, metrics=metrics, chunk_size=10**6)
     idx_full, sims_full = knn(l2_normalize(x), None, 40, chunk_size=10**6)
     assert len(chunk_bounds(1100, 1, 512)) > 2
@@ -336,7 +380,9 @@ def test_chunking_gives_the_same_ranking_and_metrics():
         chunked = evaluate_embeddings(x, y, metrics=metrics, chunk_size=size)
         assert chunked.keys() == full.keys()
         for name, value in full.items():
-            assert chunked[name] == pytest.approx(value, abs=1e-9 if name.startswith("num_") else 1 / len(y)), name
+            assert chunked[name] == pytest.approx(
+                value, abs=1e-9 if name.startswith("num_") else 1 / len(y)
+            ), name
         idx, sims = knn(l2_normalize(x), None, 40, chunk_size=size)
         assert_same_ranking_up_to_rounding(idx, sims, idx_full, sims_full)
 
@@ -370,19 +416,41 @@ def test_metrics_on_a_reranked_order():
         seen.append(query_ids.copy())
         return (y[candidates] == y[query_ids, None]).astype(np.float32)
 
-    reranked = evaluate_embeddings(x, y, metrics=PML_METRICS, reranker=oracle, rerank_k=len(y) - 1,
-                                   chunk_size=1)
+    reranked = evaluate_embeddings(
+        x, y, metrics=PML_METRICS, reranker=oracle, rerank_k=len(y) - 1, chunk_size=1
+    )
     assert plain["mean_average_precision_at_r"] < 0.99
-    assert reranked["precision_at_1"] == reranked["r_precision"] == reranked["mean_average_precision_at_r"] == 1.0
+    assert (
+        reranked["precision_at_1"]
+        == reranked["r_precision"]
+        == reranked["mean_average_precision_at_r"]
+        == 1.0
+    )
     np.testing.assert_array_equal(np.concatenate(seen), np.arange(len(y)))
 
 
 def test_training_call_signature_and_names():
     x, y = continuous_data(0)
-    out = evaluate_embeddings(x, y, None, None, recall_k=(1, 2, 4, 8), use_gpu=False,
-                              metrics=("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r"))
-    assert set(out) == {"num_queries", "num_lone_queries", "precision_at_1", "recall_at_1", "recall_at_2",
-                        "recall_at_4", "recall_at_8", "r_precision", "mean_average_precision_at_r"}
+    out = evaluate_embeddings(
+        x,
+        y,
+        None,
+        None,
+        recall_k=(1, 2, 4, 8),
+        use_gpu=False,
+        metrics=("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r"),
+    )
+    assert set(out) == {
+        "num_queries",
+        "num_lone_queries",
+        "precision_at_1",
+        "recall_at_1",
+        "recall_at_2",
+        "recall_at_4",
+        "recall_at_8",
+        "r_precision",
+        "mean_average_precision_at_r",
+    }
     full = evaluate_embeddings(x, y)
     assert {"map_at_c", "nmi", "f1"} <= set(full) and "ami" not in full
     assert evaluate_embeddings(x, y, use_gpu=True) == full  # falls back to the CPU without a GPU
@@ -405,7 +473,9 @@ def test_bad_inputs_raise_one_line_errors():
 
 def test_all_lone_gives_nan_not_a_crash():
     out = evaluate_embeddings(np.eye(3, dtype=np.float32), np.arange(3), metrics=PML_METRICS)
-    assert out["num_queries"] == 0 and out["num_lone_queries"] == 3 and np.isnan(out["precision_at_1"])
+    assert (
+        out["num_queries"] == 0 and out["num_lone_queries"] == 3 and np.isnan(out["precision_at_1"])
+    )
 
 
 # ------------------------------------------------------------------------- CLI
@@ -436,25 +506,55 @@ def saved(tmp_path):
 def test_cli_self_and_query_gallery(saved, capsys):
     tmp, x, y = saved
     out_json = tmp / "out" / "m.json"
-    code, out, _ = run_cli(["evaluate", "--embeddings", str(tmp / "emb.npy"), "--labels", str(tmp / "lab.npy"),
-                            "--recall-k", "1,10", "--json", str(out_json)], capsys)
+    code, out, _ = run_cli(
+        [
+            "evaluate",
+            "--embeddings",
+            str(tmp / "emb.npy"),
+            "--labels",
+            str(tmp / "lab.npy"),
+            "--recall-k",
+            "1,10",
+            "--json",
+            str(out_json),
+        ],
+        capsys,
+    )
     assert code == 0 and "precision_at_1" in out
     record = json.loads(out_json.read_text())
     expected = evaluate_embeddings(x, y, recall_k=(1, 10))
     assert record["mode"] == "self" and record["num_lone_queries"] == expected["num_lone_queries"]
-    assert record["metrics"] == pytest.approx({k: v for k, v in expected.items() if not k.startswith("num_")})
+    assert record["metrics"] == pytest.approx(
+        {k: v for k, v in expected.items() if not k.startswith("num_")}
+    )
     assert not list(out_json.parent.glob(".*tmp"))
 
     np.save(tmp / "q.npy", x[:50])
     np.save(tmp / "ql.npy", y[:50])
-    code, _, _ = run_cli(["evaluate", "--embeddings", str(tmp / "emb.npy"), "--labels", str(tmp / "lab.npy"),
-                          "--query-embeddings", str(tmp / "q.npy"), "--query-labels", str(tmp / "ql.npy"),
-                          "--metrics", "precision_at_1,recall_at_5", "--json", str(out_json)], capsys)
+    code, _, _ = run_cli(
+        [
+            "evaluate",
+            "--embeddings",
+            str(tmp / "emb.npy"),
+            "--labels",
+            str(tmp / "lab.npy"),
+            "--query-embeddings",
+            str(tmp / "q.npy"),
+            "--query-labels",
+            str(tmp / "ql.npy"),
+            "--metrics",
+            "precision_at_1,recall_at_5",
+            "--json",
+            str(out_json),
+        ],
+        capsys,
+    )
     record = json.loads(out_json.read_text())
     assert code == 0 and record["mode"] == "query-gallery"
     assert set(record["metrics"]) == {"precision_at_1", "recall_at_5"}
     assert record["metrics"]["precision_at_1"] == pytest.approx(
-        evaluate_embeddings(x[:50], y[:50], x, y, metrics=["precision_at_1"])["precision_at_1"])
+        evaluate_embeddings(x[:50], y[:50], x, y, metrics=["precision_at_1"])["precision_at_1"]
+    )
 
 
 def _bad_files(tmp: Path, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[list[str], str]]:
@@ -462,9 +562,15 @@ def _bad_files(tmp: Path, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[list[
     nan = x.copy()
     nan[2, 1] = np.nan
     cases = {
-        "missing.npy": None, "flat.npy": x[:, 0], "nan.npy": nan, "short_labels.npy": y[:-2],
-        "labels_2d.npy": np.stack([y, y], 1), "zero_dim.npy": np.zeros((len(y), 0), np.float32),
-        "objects.npy": None, "narrow.npy": x[:10, :5], "float_labels.npy": y + 0.5,
+        "missing.npy": None,
+        "flat.npy": x[:, 0],
+        "nan.npy": nan,
+        "short_labels.npy": y[:-2],
+        "labels_2d.npy": np.stack([y, y], 1),
+        "zero_dim.npy": np.zeros((len(y), 0), np.float32),
+        "objects.npy": None,
+        "narrow.npy": x[:10, :5],
+        "float_labels.npy": y + 0.5,
     }
     for name, array in cases.items():
         if array is not None:
@@ -476,21 +582,53 @@ def _bad_files(tmp: Path, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[list[
     return {
         "missing": (["--embeddings", str(tmp / "missing.npy"), "--labels", lab], "no such file"),
         "not npy suffix": (["--embeddings", str(tmp / "text.txt"), "--labels", lab], ".npy"),
-        "not npy content": (["--embeddings", str(tmp / "garbage.npy"), "--labels", lab], "not a readable"),
-        "pickled objects": (["--embeddings", emb, "--labels", str(tmp / "objects.npy")], "objects.npy"),
+        "not npy content": (
+            ["--embeddings", str(tmp / "garbage.npy"), "--labels", lab],
+            "not a readable",
+        ),
+        "pickled objects": (
+            ["--embeddings", emb, "--labels", str(tmp / "objects.npy")],
+            "objects.npy",
+        ),
         "1-D embeddings": (["--embeddings", str(tmp / "flat.npy"), "--labels", lab], "shape"),
         "no columns": (["--embeddings", str(tmp / "zero_dim.npy"), "--labels", lab], "shape"),
         "NaN": (["--embeddings", str(tmp / "nan.npy"), "--labels", lab], "NaN"),
-        "label count": (["--embeddings", emb, "--labels", str(tmp / "short_labels.npy")], "labels but"),
+        "label count": (
+            ["--embeddings", emb, "--labels", str(tmp / "short_labels.npy")],
+            "labels but",
+        ),
         "2-D labels": (["--embeddings", emb, "--labels", str(tmp / "labels_2d.npy")], "1-D"),
-        "fractional labels": (["--embeddings", emb, "--labels", str(tmp / "float_labels.npy")], "whole"),
-        "query dims": (["--embeddings", emb, "--labels", lab, "--query-embeddings", str(tmp / "narrow.npy"),
-                        "--query-labels", str(tmp / "short_labels.npy")], "labels but"),
-        "query without labels": (["--embeddings", emb, "--labels", lab, "--query-embeddings", emb], "both"),
-        "metric name": (["--embeddings", emb, "--labels", lab, "--metrics", "nmi,recal_at_k"], "unknown metric"),
+        "fractional labels": (
+            ["--embeddings", emb, "--labels", str(tmp / "float_labels.npy")],
+            "whole",
+        ),
+        "query dims": (
+            [
+                "--embeddings",
+                emb,
+                "--labels",
+                lab,
+                "--query-embeddings",
+                str(tmp / "narrow.npy"),
+                "--query-labels",
+                str(tmp / "short_labels.npy"),
+            ],
+            "labels but",
+        ),
+        "query without labels": (
+            ["--embeddings", emb, "--labels", lab, "--query-embeddings", emb],
+            "both",
+        ),
+        "metric name": (
+            ["--embeddings", emb, "--labels", lab, "--metrics", "nmi,recal_at_k"],
+            "unknown metric",
+        ),
         "recall k": (["--embeddings", emb, "--labels", lab, "--recall-k", "1,x"], "--recall-k"),
-        **({} if gpu_available() else
-           {"no GPU": (["--embeddings", emb, "--labels", lab, "--device", "cuda"], "GPU")}),
+        **(
+            {}
+            if gpu_available()
+            else {"no GPU": (["--embeddings", emb, "--labels", lab, "--device", "cuda"], "GPU")}
+        ),
     }
 
 
@@ -513,26 +651,56 @@ def _evaluate_is_wired() -> bool:
     return any("evaluate" in a.choices for a in actions)
 
 
-@pytest.mark.skipif(not _evaluate_is_wired(), reason="harness.cli.main does not wire `evaluate` yet")
+@pytest.mark.skipif(
+    not _evaluate_is_wired(), reason="harness.cli.main does not wire `evaluate` yet"
+)
 def test_python_m_harness_evaluate(saved):
     tmp, x, y = saved
     base = [sys.executable, "-m", "harness", "evaluate", "--labels", str(tmp / "lab.npy")]
-    ok = subprocess.run([*base, "--embeddings", str(tmp / "emb.npy"), "--metrics", "precision_at_1",
-                         "--json", str(tmp / "m.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [
+            *base,
+            "--embeddings",
+            str(tmp / "emb.npy"),
+            "--metrics",
+            "precision_at_1",
+            "--json",
+            str(tmp / "m.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     expected = evaluate_embeddings(x, y, metrics=["precision_at_1"])["precision_at_1"]
-    assert json.loads((tmp / "m.json").read_text())["metrics"]["precision_at_1"] == pytest.approx(expected)
-    bad = subprocess.run([*base, "--embeddings", str(tmp / "missing.npy")], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and bad.stderr.startswith("error: ")
+    assert json.loads((tmp / "m.json").read_text())["metrics"]["precision_at_1"] == pytest.approx(
+        expected
+    )
+    bad = subprocess.run(
+        [*base, "--embeddings", str(tmp / "missing.npy")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip().count("\n") == 0
+        and bad.stderr.startswith("error: ")
+    )
 
 
-@pytest.mark.parametrize("dim_copies, n, k", [(1, 260, 30), (1, 260, 150), (64, 1100, 40), (64, 1100, 300)])
+@pytest.mark.parametrize(
+    "dim_copies, n, k", [(1, 260, 30), (1, 260, 150), (64, 1100, 40), (64, 1100, 300)]
+)
 def test_knn_is_the_exact_top_k_by_similarity_then_index(dim_copies, n, k):
     """Heavily tied data, faiss's sequential (d=8) and BLAS (d=512) kernels, heap (k < 100) and
     reservoir (k >= 100) selection, several chunkings: always the exact (-similarity, index) top k."""
     x, _ = dyadic_data(3, n=n)
-    x = np.tile(x, dim_copies) / np.sqrt(dim_copies).astype(np.float32)  # still exact dyadic products
+    x = np.tile(x, dim_copies) / np.sqrt(dim_copies).astype(
+        np.float32
+    )  # still exact dyadic products
     sims = x.astype(np.float64) @ x.T.astype(np.float64)
     order = np.lexsort((np.broadcast_to(np.arange(len(x)), sims.shape), -sims), axis=1)
     expected = np.stack([row[row != i][:k] for i, row in enumerate(order)])
@@ -540,8 +708,11 @@ def test_knn_is_the_exact_top_k_by_similarity_then_index(dim_copies, n, k):
         idx, _ = knn(x, None, k, chunk_size=size)
         np.testing.assert_array_equal(idx, expected)
     q = np.arange(len(x)) % 4 == 0
-    expected_qg = np.flatnonzero(~q)[np.lexsort((np.broadcast_to(np.arange((~q).sum()), (q.sum(), (~q).sum())),
-                                                 -sims[q][:, ~q]), axis=1)[:, :k]]
+    expected_qg = np.flatnonzero(~q)[
+        np.lexsort(
+            (np.broadcast_to(np.arange((~q).sum()), (q.sum(), (~q).sum())), -sims[q][:, ~q]), axis=1
+        )[:, :k]
+    ]
     idx, _ = knn(x[q], x[~q], k)
     np.testing.assert_array_equal(np.flatnonzero(~q)[idx], expected_qg)
 
@@ -554,8 +725,9 @@ def test_torch_search_is_the_same_exact_top_k(dim_copies, n, k):
     x, _ = dyadic_data(3, n=n)
     x = np.tile(x, dim_copies) / np.sqrt(dim_copies).astype(np.float32)
     for size in (1, 97, 10**6):
-        np.testing.assert_array_equal(knn(x, None, k, chunk_size=size, device="cpu")[0],
-                                      knn(x, None, k, chunk_size=size)[0])
+        np.testing.assert_array_equal(
+            knn(x, None, k, chunk_size=size, device="cpu")[0], knn(x, None, k, chunk_size=size)[0]
+        )
     q = np.arange(len(x)) % 4 == 0
     np.testing.assert_array_equal(knn(x[q], x[~q], k, device="cpu")[0], knn(x[q], x[~q], k)[0])
     w, _ = wide_data()
@@ -587,7 +759,9 @@ class _BatchRecorder(torch.nn.Module):
         from methods import HeadOutput
 
         self.sizes.append(len(x))
-        return HeadOutput(embedding=torch.nn.functional.normalize(self.linear(x.mean(dim=(2, 3))), dim=-1))
+        return HeadOutput(
+            embedding=torch.nn.functional.normalize(self.linear(x.mean(dim=(2, 3))), dim=-1)
+        )
 
 
 def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
@@ -604,8 +778,9 @@ def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
     cpu, embeddings = torch.device("cpu"), {}
     for batch in (128, 7):
         model = _BatchRecorder()
-        embeddings[batch], _ = embed_images(model, images, build_transform(image, train=False), image,
-                                            batch_size=batch, device=cpu)
+        embeddings[batch], _ = embed_images(
+            model, images, build_transform(image, train=False), image, batch_size=batch, device=cpu
+        )
         assert sum(model.sizes) == 70
         assert max(model.sizes) == min(batch, CPU_FORWARD_BATCH)
     np.testing.assert_allclose(embeddings[128], embeddings[7], rtol=0, atol=1e-6)

@@ -85,11 +85,16 @@ def test_deletion_of_the_only_part_that_matters_beats_the_random_order():
     planted = torch.zeros(6, 16, 16)
     planted[:, :4, :4] = 1.0
     random_order = torch.rand(6, 16, 16, generator=gen)
-    fr, deletion, insertion = perturbation_curves(_one_part_model, queries, gallery, same, planted, generator=gen)
-    _, rnd_deletion, rnd_insertion = perturbation_curves(_one_part_model, queries, gallery, same, random_order,
-                                                         generator=gen)
+    fr, deletion, insertion = perturbation_curves(
+        _one_part_model, queries, gallery, same, planted, generator=gen
+    )
+    _, rnd_deletion, rnd_insertion = perturbation_curves(
+        _one_part_model, queries, gallery, same, random_order, generator=gen
+    )
     assert len(fr) == 21 and fr[1].item() == pytest.approx(0.05)
-    assert deletion[:, 0].min() > 0.9 and deletion[:, -1].max() == pytest.approx(0.5)  # blank: cosine 0
+    assert deletion[:, 0].min() > 0.9 and deletion[:, -1].max() == pytest.approx(
+        0.5
+    )  # blank: cosine 0
     auc, rnd_auc = curve_auc(deletion, fr), curve_auc(rnd_deletion, fr)
     assert ((auc >= 0) & (auc <= 1)).all()
     assert auc.mean() < rnd_auc.mean() - 0.2
@@ -106,9 +111,17 @@ def test_curves_equal_every_step_computed_one_by_one():
     scores = torch.rand(8, 12, 12, generator=gen)
     state = gen.get_state()
     done = []
-    fr, deletion, insertion = perturbation_curves(_one_part_model, queries, gallery, same, scores,
-                                                  generator=gen, batch=7, on_chunk=done.append)
-    assert sum(done) == 8 and len(done) > 1   # masks built in chunks, images embedded 7 at a time
+    fr, deletion, insertion = perturbation_curves(
+        _one_part_model,
+        queries,
+        gallery,
+        same,
+        scores,
+        generator=gen,
+        batch=7,
+        on_chunk=done.append,
+    )
+    assert sum(done) == 8 and len(done) > 1  # masks built in chunks, images embedded 7 at a time
     gen.set_state(state)
     _, masks = perturbation_masks(scores, generator=gen)
     sign = torch.where(same, 1.0, -1.0)
@@ -147,21 +160,43 @@ def test_a_bad_run_id_is_one_error_line(workdir, capsys):
 
 def test_bad_pairs_is_one_error_line(workdir, capsys):
     assert main(["explain", "--run", "x", "--pairs", "0"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: explain: argument --pairs: expected an integer >= 1, got '0' "
-                                               "(see python -m harness explain --help)")
+    assert capsys.readouterr().err.strip() == (
+        "error: explain: argument --pairs: expected an integer >= 1, got '0' "
+        "(see python -m harness explain --help)"
+    )
 
 
 def _train(tiny_protocol, workdir, method: str) -> str:
     """A finished tiny run (no epoch: its initial weights are enough to explain, and fast)."""
     out = workdir / f"{method}.json"
-    assert main(["run", "--methods", method, "--protocol", str(tiny_protocol), "--epochs", "0",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--methods",
+                method,
+                "--protocol",
+                str(tiny_protocol),
+                "--epochs",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return json.loads(out.read_text())[0]["mlflow_run_id"]
 
 
 def _check_scores(scores: dict) -> None:
-    for key in ("pointing_game", "discriminative_part_share", "chance_part_share", "deletion_auc",
-                "insertion_auc", "random_deletion_auc"):
+    for key in (
+        "pointing_game",
+        "discriminative_part_share",
+        "chance_part_share",
+        "deletion_auc",
+        "insertion_auc",
+        "random_deletion_auc",
+    ):
         assert 0.0 <= scores[key] <= 1.0, key
         lo, hi = scores[f"{key}_ci95"]
         assert lo <= scores[key] <= hi
@@ -172,26 +207,64 @@ def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tin
 
     run_id = _train(tiny_protocol, workdir, "agrouping")
     out = workdir / "explain.json"
-    assert main(["explain", "--run", run_id, "--pairs", "6", "--curve-pairs", "2", "--out",
-                 str(workdir / "fig"), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--run",
+                run_id,
+                "--pairs",
+                "6",
+                "--curve-pairs",
+                "2",
+                "--out",
+                str(workdir / "fig"),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads(out.read_text())
-    assert record["pairs"] == 6 and record["curve_pairs"] == 2 and record["pair_kind"] == "near-miss"
+    assert (
+        record["pairs"] == 6 and record["curve_pairs"] == 2 and record["pair_kind"] == "near-miss"
+    )
     _check_scores(record["method"])
     _check_scores(record["baseline"])
     assert record["method"]["chance_part_share"] == record["baseline"]["chance_part_share"]
     assert (workdir / "fig" / "pairs.png").is_file() and (workdir / "fig" / "curves.png").is_file()
     run = mlflow.MlflowClient().get_run(run_id)
-    assert run.data.metrics[metric_key("explain", "method_pointing_game")] == pytest.approx(record["method"]["pointing_game"])
-    assert run.data.metrics[metric_key("explain", "baseline_deletion_auc_lo")] <= \
-        run.data.metrics[metric_key("explain", "baseline_deletion_auc")]
+    assert run.data.metrics[metric_key("explain", "method_pointing_game")] == pytest.approx(
+        record["method"]["pointing_game"]
+    )
+    assert (
+        run.data.metrics[metric_key("explain", "baseline_deletion_auc_lo")]
+        <= run.data.metrics[metric_key("explain", "baseline_deletion_auc")]
+    )
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "explain")}
     assert {"explain/pairs.png", "explain/curves.png", "explain/scores.json"} <= logged
 
     # A method without maps: the baseline only, and a note saying so.
     plain = _train(tiny_protocol, workdir, "plain")
     capsys.readouterr()
-    assert main(["explain", "--run", plain, "--pairs", "4", "--curve-pairs", "2", "--out", str(workdir / "p"),
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--run",
+                plain,
+                "--pairs",
+                "4",
+                "--curve-pairs",
+                "2",
+                "--out",
+                str(workdir / "p"),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "note: method 'plain' has no explanation maps of its own" in capsys.readouterr().err
     record = json.loads(out.read_text())
     assert record["method"] is None
@@ -203,7 +276,9 @@ def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tin
     record = explain_run(ctx, pairs=4, curve_pairs=2, out_dir=workdir / "nomask", figures=False)
     assert record["pair_kind"] == "nearest-neighbour"
     assert any("has no part masks" in n for n in record["notes"])
-    assert "pointing_game" not in record["baseline"] and 0 <= record["baseline"]["deletion_auc"] <= 1
+    assert (
+        "pointing_game" not in record["baseline"] and 0 <= record["baseline"]["deletion_auc"] <= 1
+    )
 
     # The table across methods, from the store.
     experiment = mlflow.MlflowClient().get_experiment(run.info.experiment_id).name
@@ -220,15 +295,21 @@ def test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_on
 
     model = build(name).eval()
     gen = torch.Generator().manual_seed(0)
-    queries, gallery = torch.randn(3, 3, *IMAGE, generator=gen), torch.randn(3, 3, *IMAGE, generator=gen)
+    queries, gallery = (
+        torch.randn(3, 3, *IMAGE, generator=gen),
+        torch.randn(3, 3, *IMAGE, generator=gen),
+    )
     same = torch.tensor([True, False, True])
     cam_q, cam_g, out = similarity_gradcam(model, queries, gallery, same)
     assert cam_q.shape[0] == cam_g.shape[0] == 3 and (cam_q >= 0).all() and (cam_g >= 0).all()
     with torch.no_grad():
-        maps = model.head.pair_maps(output_rows(out, slice(0, 3)), output_rows(out, slice(3, None)), same)
+        maps = model.head.pair_maps(
+            output_rows(out, slice(0, 3)), output_rows(out, slice(3, None)), same
+        )
     assert (maps is not None) == model.head.explains_pairs, (
         f"{name}: pair_maps gave {'maps' if maps is not None else 'None'}, but explains_pairs is "
-        f"{model.head.explains_pairs} (a head whose maps depend on its options overrides explains_pairs)")
+        f"{model.head.explains_pairs} (a head whose maps depend on its options overrides explains_pairs)"
+    )
     if maps is not None:
         for m in maps:
             assert m.dim() == 3 and m.shape[0] == 3 and torch.isfinite(m).all() and (m >= 0).all()

@@ -31,21 +31,28 @@ def _records(path: Path) -> list[dict]:
 # --------------------------------------------------- a moved store, MLflow conventions
 
 
-def test_init_from_after_the_store_and_checkpoints_moved(workdir, tiny_protocol, monkeypatch, capsys):
+def test_init_from_after_the_store_and_checkpoints_moved(
+    workdir, tiny_protocol, monkeypatch, capsys
+):
     """Weights are found relative to the checkpoint root and checked against their sha256;
     the run also carries MLflow's source tags, its dataset input and its weights artifact."""
     session_store = os.environ["MLFLOW_TRACKING_URI"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'mlflow.db'}")
     try:
         plain, diml = workdir / "plain.json", workdir / "diml.json"
-        assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(plain)) == 0
+        assert (
+            run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--json", str(plain))
+            == 0
+        )
         trained = _records(plain)[0]
         run = mlflow.MlflowClient().get_run(trained["mlflow_run_id"])
         tags = run.data.tags
         assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
         assert tags["git_commit"].startswith(tags.get("mlflow.source.git.commit", "unknown"))
         (dataset,) = run.inputs.dataset_inputs
-        assert dataset.dataset.name == "synthetic" and dataset.dataset.digest == tags["split_digest"]
+        assert (
+            dataset.dataset.name == "synthetic" and dataset.dataset.digest == tags["split_digest"]
+        )
         weights = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "weights")}
         assert weights == {"weights/model.pt"}
         model_file = Path(tags["model_path"])
@@ -58,8 +65,20 @@ def test_init_from_after_the_store_and_checkpoints_moved(workdir, tiny_protocol,
         shutil.move(workdir / "results" / "checkpoints", moved / "checkpoints")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{moved / 'mlflow.db'}")
         monkeypatch.setenv("DML_HARNESS_CHECKPOINTS", str(moved / "checkpoints"))
-        assert run_cli("--methods", "diml", "--protocol", str(tiny_protocol), "--evaluate-only",
-                       "--init-from", trained["mlflow_run_id"], "--json", str(diml)) == 0
+        assert (
+            run_cli(
+                "--methods",
+                "diml",
+                "--protocol",
+                str(tiny_protocol),
+                "--evaluate-only",
+                "--init-from",
+                trained["mlflow_run_id"],
+                "--json",
+                str(diml),
+            )
+            == 0
+        )
         metrics = _records(diml)[0]["metrics"]
         for name, value in trained["metrics"].items():
             assert metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
@@ -70,19 +89,34 @@ def test_init_from_after_the_store_and_checkpoints_moved(workdir, tiny_protocol,
         moved_file.write_bytes(bytes(data))
         capsys.readouterr()
         monkeypatch.delenv("DML_HARNESS_CHECKPOINTS")
-        assert run_cli("--methods", "diml", "--protocol", str(tiny_protocol), "--evaluate-only",
-                       "--init-from", trained["mlflow_run_id"], "--checkpoint-root", str(moved / "checkpoints"),
-                       "--json", str(workdir / "bad.json")) == 2
+        assert (
+            run_cli(
+                "--methods",
+                "diml",
+                "--protocol",
+                str(tiny_protocol),
+                "--evaluate-only",
+                "--init-from",
+                trained["mlflow_run_id"],
+                "--checkpoint-root",
+                str(moved / "checkpoints"),
+                "--json",
+                str(workdir / "bad.json"),
+            )
+            == 2
+        )
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith(f"error: --init-from: {moved_file} does not match the weights recorded")
+        assert err[-1].startswith(
+            f"error: --init-from: {moved_file} does not match the weights recorded"
+        )
         assert "Traceback" not in "\n".join(err) and not (workdir / "bad.json").exists()
     finally:  # the harness sets MLflow's process-wide URI: later tests expect the session's store
         mlflow.set_tracking_uri(session_store)
 
 
-
-def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir, tiny_protocol, monkeypatch,
-                                                                         capsys):
+def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
+    workdir, tiny_protocol, monkeypatch, capsys
+):
     import harness.engine.trainer as trainer
     from harness.store.tracking import Tracker
 
@@ -101,7 +135,6 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(workdir
     assert "FAILED" in logged and "disk I/O error" in logged and "second line" not in logged
 
 
-
 # ------------------------------------------------------------------ --json, non-finite
 
 
@@ -113,8 +146,19 @@ def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol, mon
 
     monkeypatch.setattr(trainer, "evaluate_split", scores)
     out = workdir / "nan.json"
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0",
-                   "--json", str(out)) == 0
+    assert (
+        run_cli(
+            "--methods",
+            "plain",
+            "--protocol",
+            str(tiny_protocol),
+            "--epochs",
+            "0",
+            "--json",
+            str(out),
+        )
+        == 0
+    )
 
     def refuse(token):
         raise AssertionError(f"{token} is not JSON")

@@ -55,7 +55,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.server.stopping.wait(10)
             return
-        start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-")) if self.headers.get("Range") else 0
+        start = (
+            int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
+            if self.headers.get("Range")
+            else 0
+        )
         self._headers(206 if start else 200, len(data) - start, start, len(data))
         self.wfile.write(data[start:])
 
@@ -122,38 +126,70 @@ def _zip(folder: Path, under: str) -> bytes:
 def _counts(name: str, tree: Path) -> OfficialCounts:
     """The fixture's own per-split counts, standing in for the official ones."""
     splits = DATASETS.get(name).loader(tree)
-    test = [*splits.test.labels.tolist(), *([] if splits.gallery is None else splits.gallery.labels.tolist())]
-    return OfficialCounts(len(splits.train), splits.train.num_classes, len(splits.test), len(set(test)),
-                          0 if splits.gallery is None else len(splits.gallery))
+    test = [
+        *splits.test.labels.tolist(),
+        *([] if splits.gallery is None else splits.gallery.labels.tolist()),
+    ]
+    return OfficialCounts(
+        len(splits.train),
+        splits.train.num_classes,
+        len(splits.test),
+        len(set(test)),
+        0 if splits.gallery is None else len(splits.gallery),
+    )
 
 
 def _release(name: str, src: Path) -> tuple[dict[str, bytes], OfficialCounts]:
     """Each file of ``name``'s release, built from the test fixture tree in its official layout."""
     if name == "cub200":
         tree = make_cub(src)  # the release also holds a top-level attributes.txt
-        files = {"CUB_200_2011.tgz": _tar({"CUB_200_2011": tree, "attributes.txt": b"1 has_bill_shape::dagger\n"})}
+        files = {
+            "CUB_200_2011.tgz": _tar(
+                {"CUB_200_2011": tree, "attributes.txt": b"1 has_bill_shape::dagger\n"}
+            )
+        }
     elif name == "sop":
         tree = make_sop(src)
         files = {"Stanford_Online_Products.zip": _zip(tree, "Stanford_Online_Products")}
     elif name == "cars196":
         tree = make_cars(src, per_class=1)
-        files = {"car_ims.tgz": _tar({"car_ims": tree / "car_ims"}),
-                 "cars_annos.mat": (tree / "cars_annos.mat").read_bytes()}
+        files = {
+            "car_ims.tgz": _tar({"car_ims": tree / "car_ims"}),
+            "cars_annos.mat": (tree / "cars_annos.mat").read_bytes(),
+        }
     else:
         tree = make_inshop(src)
-        files = {"img.zip": _zip(tree / "Img" / "img", "img"),
-                 "list_eval_partition.txt": (tree / "list_eval_partition.txt").read_bytes()}
+        files = {
+            "img.zip": _zip(tree / "Img" / "img", "img"),
+            "list_eval_partition.txt": (tree / "list_eval_partition.txt").read_bytes(),
+        }
     return files, _counts(name, tree)
 
 
-def _serve(monkeypatch, server, name: str, files: dict[str, bytes], counts: OfficialCounts, *,
-           md5: dict[str, str] | None = None) -> None:
+def _serve(
+    monkeypatch,
+    server,
+    name: str,
+    files: dict[str, bytes],
+    counts: OfficialCounts,
+    *,
+    md5: dict[str, str] | None = None,
+) -> None:
     """Point ``name``'s source at the test server, with these files' md5 (or ``md5``'s)."""
-    md5 = md5 if md5 is not None else {f: hashlib.md5(data).hexdigest() for f, data in files.items()}
+    md5 = (
+        md5 if md5 is not None else {f: hashlib.md5(data).hexdigest() for f, data in files.items()}
+    )
     parts = []
     for part in SOURCES[name].parts:
         server.routes[f"/{part.filename}"] = files[part.filename]
-        parts.append(Part(part.filename, part.into, server.url(f"/{part.filename}"), md5.get(part.filename, "")))
+        parts.append(
+            Part(
+                part.filename,
+                part.into,
+                server.url(f"/{part.filename}"),
+                md5.get(part.filename, ""),
+            )
+        )
     monkeypatch.setitem(SOURCES, name, replace(SOURCES[name], parts=tuple(parts), counts=counts))
 
 
@@ -182,7 +218,8 @@ def _one_error(rc: int, err: str) -> str:
 
 @pytest.mark.parametrize("name", ["cub200", "sop", "cars196", "inshop"])
 def test_a_release_downloads_verifies_and_loads_then_a_second_fetch_does_nothing(
-        tmp_path, monkeypatch, server, capsys, name):
+    tmp_path, monkeypatch, server, capsys, name
+):
     files, counts = _release(name, tmp_path / "src")
     _serve(monkeypatch, server, name, files, counts)
     root = tmp_path / "data"
@@ -190,7 +227,10 @@ def test_a_release_downloads_verifies_and_loads_then_a_second_fetch_does_nothing
     assert rc == 0, err
     assert "fetched and verified" in err and "B/s" not in err  # no progress bar off a terminal
     folder = root / DATASETS.get(name).folder
-    assert _tree(root) == {folder.name, *(f"{folder.name}/{p}" for p in _tree(folder))}  # nothing beside it
+    assert _tree(root) == {
+        folder.name,
+        *(f"{folder.name}/{p}" for p in _tree(folder)),
+    }  # nothing beside it
     splits = DATASETS.get(name).load(root)  # the loader `run` uses
     assert (len(splits.train), len(splits.test)) == (counts.train_images, counts.test_images)
     splits.train.read(0)
@@ -203,7 +243,9 @@ def test_a_release_downloads_verifies_and_loads_then_a_second_fetch_does_nothing
     assert len(server.log) == requests  # not one request
 
 
-def test_a_manual_release_unpacks_from_local_files_with_a_pinned_sha256(tmp_path, monkeypatch, capsys):
+def test_a_manual_release_unpacks_from_local_files_with_a_pinned_sha256(
+    tmp_path, monkeypatch, capsys
+):
     files, counts = _release("inshop", tmp_path / "src")
     monkeypatch.setitem(SOURCES, "inshop", replace(SOURCES["inshop"], counts=counts))
     local = []
@@ -216,8 +258,16 @@ def test_a_manual_release_unpacks_from_local_files_with_a_pinned_sha256(tmp_path
     args = ["inshop", "--data-root", str(root), "--from", str(local[0]), "--from", str(local[1])]
 
     line = _one_error(*_fetch(capsys, "inshop", "--data-root", str(root)))
-    assert "needs a manual download" in line and "--from img.zip --from list_eval_partition.txt" in line
-    wrong = ["--sha256", sums[1], "--sha256", sums[0]]  # swapped: the first file is held to the second's
+    assert (
+        "needs a manual download" in line
+        and "--from img.zip --from list_eval_partition.txt" in line
+    )
+    wrong = [
+        "--sha256",
+        sums[1],
+        "--sha256",
+        sums[0],
+    ]  # swapped: the first file is held to the second's
     assert "sha256" in _one_error(*_fetch(capsys, *args, *wrong)) and not root.exists()
     assert all(p.is_file() for p in local)  # the user's own files are never removed
 
@@ -225,7 +275,9 @@ def test_a_manual_release_unpacks_from_local_files_with_a_pinned_sha256(tmp_path
     assert rc == 0, err
     assert len(DATASETS.get("inshop").load(root).gallery) == counts.gallery_images
     assert main(["datasets", "--data-root", str(root)]) == 0
-    listing = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("inshop"))
+    listing = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("inshop")
+    )
     assert "found, verified" in listing and f"{counts.images:,}" in listing
 
 
@@ -240,7 +292,9 @@ def test_datasets_lists_a_hand_placed_tree_as_found_but_not_verified(tmp_path, c
     assert "missing" in cub and f"datasets fetch cub200 --data-root {tmp_path}" in cub
 
 
-def test_an_interrupted_download_resumes_with_a_range_request(tmp_path, monkeypatch, server, capsys, cub_release):
+def test_an_interrupted_download_resumes_with_a_range_request(
+    tmp_path, monkeypatch, server, capsys, cub_release
+):
     files, counts = cub_release
     _serve(monkeypatch, server, "cub200", files, counts)
     data = files["CUB_200_2011.tgz"]
@@ -255,7 +309,10 @@ def test_an_interrupted_download_resumes_with_a_range_request(tmp_path, monkeypa
     rc, err = _fetch(capsys, "cub200", "--data-root", str(root))
     assert rc == 0 and "resuming at" in err, err
     assert server.log[-1] == ("/CUB_200_2011.tgz", f"bytes={len(data) // 2}-")
-    assert _tree(root) == {"CUB_200_2011", *(f"CUB_200_2011/{p}" for p in _tree(root / "CUB_200_2011"))}
+    assert _tree(root) == {
+        "CUB_200_2011",
+        *(f"CUB_200_2011/{p}" for p in _tree(root / "CUB_200_2011")),
+    }
     assert hashlib.md5(data).hexdigest() in (root / "CUB_200_2011" / FETCH_RECORD).read_text()
 
 
@@ -269,20 +326,24 @@ def _evil(kind: str, tree_src: Path) -> bytes:
     return _tar(base, links={"CUB_200_2011/images/escape": "../../../../outside"})
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("wrong checksum", "md5 .* is not the expected 0{32}"),
-    ("truncated archive", "damaged or truncated archive"),
-    ("404", "HTTP 404"),
-    ("500", "HTTP 500"),
-    ("refused", "cannot reach .*refused"),
-    ("stall", "no data arrived in time"),
-    ("dotdot member", "refused member escaping the dataset folder"),
-    ("symlink member", "refused member escaping the dataset folder"),
-    ("dotdot zip member", "refused member escaping the dataset folder"),
-    ("counts differ", "not the official release: train images"),
-])
-def test_each_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, server, capsys, cub_release, case,
-                                                     expected):
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("wrong checksum", "md5 .* is not the expected 0{32}"),
+        ("truncated archive", "damaged or truncated archive"),
+        ("404", "HTTP 404"),
+        ("500", "HTTP 500"),
+        ("refused", "cannot reach .*refused"),
+        ("stall", "no data arrived in time"),
+        ("dotdot member", "refused member escaping the dataset folder"),
+        ("symlink member", "refused member escaping the dataset folder"),
+        ("dotdot zip member", "refused member escaping the dataset folder"),
+        ("counts differ", "not the official release: train images"),
+    ],
+)
+def test_each_failure_is_one_line_and_leaves_nothing(
+    tmp_path, monkeypatch, server, capsys, cub_release, case, expected
+):
     files, counts = cub_release
     data = files["CUB_200_2011.tgz"]
     _serve(monkeypatch, server, "cub200", files, counts)
@@ -290,8 +351,17 @@ def test_each_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, serv
     name, extra = "cub200", []
     if case == "wrong checksum":
         _serve(monkeypatch, server, "cub200", files, counts, md5={"CUB_200_2011.tgz": "0" * 32})
-    elif case == "truncated archive":  # served whole (a complete HTTP reply) but cut: no checksum to catch it
-        _serve(monkeypatch, server, "cub200", {"CUB_200_2011.tgz": data[: len(data) // 2]}, counts, md5={})
+    elif (
+        case == "truncated archive"
+    ):  # served whole (a complete HTTP reply) but cut: no checksum to catch it
+        _serve(
+            monkeypatch,
+            server,
+            "cub200",
+            {"CUB_200_2011.tgz": data[: len(data) // 2]},
+            counts,
+            md5={},
+        )
     elif case in ("404", "500"):
         server.routes[route] = int(case)
     elif case == "refused":
@@ -311,25 +381,48 @@ def test_each_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, serv
         sop = {"Stanford_Online_Products.zip": evil.getvalue()}
         _serve(monkeypatch, server, "sop", sop, _counts("sop", src))
     elif case == "counts differ":
-        _serve(monkeypatch, server, "cub200", files, replace(counts, train_images=counts.train_images + 1))
+        _serve(
+            monkeypatch,
+            server,
+            "cub200",
+            files,
+            replace(counts, train_images=counts.train_images + 1),
+        )
     root = tmp_path / "data"
     root.mkdir()
     before = _tree(tmp_path)
     line = _one_error(*_fetch(capsys, name, "--data-root", str(root), *extra))
     assert re.search(expected, line), line
-    assert _tree(tmp_path) == before  # no partial folder, no temporary file, nothing outside the root
+    assert (
+        _tree(tmp_path) == before
+    )  # no partial folder, no temporary file, nothing outside the root
 
 
-def test_run_names_the_fetch_command_or_downloads_with_download(workdir, tiny_protocol, monkeypatch, server,
-                                                               capsys, cub_release):
+def test_run_names_the_fetch_command_or_downloads_with_download(
+    workdir, tiny_protocol, monkeypatch, server, capsys, cub_release
+):
     files, counts = cub_release
     _serve(monkeypatch, server, "cub200", files, counts)
     root = workdir / "data"
     root.mkdir()
-    run = ["run", "--methods", "plain", "--dataset", "cub200", "--data-root", str(root),
-           "--protocol", str(tiny_protocol), "--epochs", "0"]
+    run = [
+        "run",
+        "--methods",
+        "plain",
+        "--dataset",
+        "cub200",
+        "--data-root",
+        str(root),
+        "--protocol",
+        str(tiny_protocol),
+        "--epochs",
+        "0",
+    ]
     assert main(run) == 2
-    assert f"fetch it with: python -m harness datasets fetch cub200 --data-root {root}" in capsys.readouterr().err
+    assert (
+        f"fetch it with: python -m harness datasets fetch cub200 --data-root {root}"
+        in capsys.readouterr().err
+    )
     assert not any(root.iterdir()) and server.log == []
     assert main([*run, "--download"]) == 0
     out, err = capsys.readouterr()

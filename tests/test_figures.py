@@ -20,9 +20,17 @@ from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
 def _run(client, exp_id, *, method, dataset, seed, r1, per_query, folder):
     rid = client.create_run(exp_id).info.run_id
     client.log_param(rid, "protocol.backbone.name", "resnet50")
-    for k, v in {"method": method, "loss": "margin", "dataset": dataset, "seed": seed, "fingerprint": f"fp-{dataset}",
-                 "deviations": "none", "test_set_selection": "False", "evaluation_code": "code1",
-                 "selection": "validation"}.items():
+    for k, v in {
+        "method": method,
+        "loss": "margin",
+        "dataset": dataset,
+        "seed": seed,
+        "fingerprint": f"fp-{dataset}",
+        "deviations": "none",
+        "test_set_selection": "False",
+        "evaluation_code": "code1",
+        "selection": "validation",
+    }.items():
         client.set_tag(rid, k, str(v))
     client.log_metric(rid, metric_key("test", "recall_at_1"), r1)
     client.log_metric(rid, metric_key("test", "nmi"), 0.5 + r1 / 10)
@@ -49,11 +57,23 @@ def store_with_three_methods(workdir, tmp_path):
         for method, shift in (("plain", 0), ("ngrouping", 1), ("agrouping", 2)):
             for seed in (0, 1, 2):
                 ranks = np.maximum(rng.integers(-1, 4, size=len(labels)) - shift, 0)
-                arrays = {"query_index": np.arange(len(labels)), "label": labels,
-                          "num_relevant": np.full(len(labels), 3), "first_hit_rank": ranks}
+                arrays = {
+                    "query_index": np.arange(len(labels)),
+                    "label": labels,
+                    "num_relevant": np.full(len(labels), 3),
+                    "first_hit_rank": ranks,
+                }
                 r1[(dataset, method, seed)] = float((ranks == 0).mean())
-                _run(client, exp_id, method=method, dataset=dataset, seed=seed, r1=r1[(dataset, method, seed)],
-                     per_query=arrays, folder=tmp_path / "arrays")
+                _run(
+                    client,
+                    exp_id,
+                    method=method,
+                    dataset=dataset,
+                    seed=seed,
+                    r1=r1[(dataset, method, seed)],
+                    per_query=arrays,
+                    folder=tmp_path / "arrays",
+                )
     return name, r1
 
 
@@ -65,8 +85,24 @@ def _png_size(data: bytes) -> tuple[int, int]:
 def test_the_forest_plot_draws_the_paired_tests_numbers(store_with_three_methods, workdir):
     name, r1 = store_with_three_methods
     out = workdir / "tables" / "three.md"
-    assert main(["table", "--experiment", name, "--format", "markdown", "--metrics", "recall_at_1,nmi",
-                 "--baseline", "plain", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "table",
+                "--experiment",
+                name,
+                "--format",
+                "markdown",
+                "--metrics",
+                "recall_at_1,nmi",
+                "--baseline",
+                "plain",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     pdf, png, csv = (out.with_name(f"three.forest.{ext}") for ext in ("pdf", "png", "csv"))
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000
     width, height = _png_size(png.read_bytes())
@@ -76,23 +112,50 @@ def test_the_forest_plot_draws_the_paired_tests_numbers(store_with_three_methods
     assert set(drawn["metric"]) == {"recall_at_1"}  # the table's lead metric
     assert list(drawn["dataset"]) == ["cub200", "cub200", "cars196", "cars196"]  # the table's order
     text = out.read_text()
-    paired = {tuple(cells[1:4]): cells for cells in (line.strip("| ").split(" | ") for line in text.splitlines())
-              if len(cells) == 9 and " vs " in cells[3]}
+    paired = {
+        tuple(cells[1:4]): cells
+        for cells in (line.strip("| ").split(" | ") for line in text.splitlines())
+        if len(cells) == 9 and " vs " in cells[3]
+    }
     names = {"cub200": "CUB-200-2011", "cars196": "Cars196"}
     for row in drawn.itertuples(index=False):
         cells = paired[(names[row.dataset], "R@1", row.comparison)]
         assert cells[5] == f"{row.difference:+.2f} [{row.low:+.2f}, {row.high:+.2f}]"
-        assert cells[7].startswith(f"{row.boot_difference:+.2f} [{row.boot_low:+.2f}, {row.boot_high:+.2f}]")
+        assert cells[7].startswith(
+            f"{row.boot_difference:+.2f} [{row.boot_low:+.2f}, {row.boot_high:+.2f}]"
+        )
     # the interval drawn is the 95% Student t-interval of the per-seed differences
-    a = drawn[(drawn["dataset"] == "cars196") & drawn["comparison"].str.startswith("A-grouping")].iloc[0]
-    differences = [100 * (r1[("cars196", "agrouping", s)] - r1[("cars196", "plain", s)]) for s in (0, 1, 2)]
-    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(differences), scale=scipy_stats.sem(differences))
+    a = drawn[
+        (drawn["dataset"] == "cars196") & drawn["comparison"].str.startswith("A-grouping")
+    ].iloc[0]
+    differences = [
+        100 * (r1[("cars196", "agrouping", s)] - r1[("cars196", "plain", s)]) for s in (0, 1, 2)
+    ]
+    low, high = scipy_stats.t.interval(
+        0.95, 2, loc=np.mean(differences), scale=scipy_stats.sem(differences)
+    )
     assert (a["low"], a["high"]) == (pytest.approx(low, abs=1e-5), pytest.approx(high, abs=1e-5))
 
 
 def test_no_baseline_rows_no_figure(store_with_three_methods, workdir):
     name, _ = store_with_three_methods
     out = workdir / "tables" / "none.md"
-    assert main(["table", "--experiment", name, "--format", "markdown", "--metrics", "recall_at_1",
-                 "--baseline", "sam", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "table",
+                "--experiment",
+                name,
+                "--format",
+                "markdown",
+                "--metrics",
+                "recall_at_1",
+                "--baseline",
+                "sam",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert out.is_file() and not list(out.parent.glob("none.forest.*"))

@@ -33,4 +33,7 @@ def test_every_shipped_protocol_is_pinned():
 def test_a_shipped_protocol_keeps_its_fingerprint(name):
     protocol = load_protocol(name).for_dataset("cub200")
     loss = protocol.loss.name
-    assert fingerprint(protocol, "digest", loss=loss, loss_args=protocol.loss_args(loss)) == PINNED[name]
+    assert (
+        fingerprint(protocol, "digest", loss=loss, loss_args=protocol.loss_args(loss))
+        == PINNED[name]
+    )

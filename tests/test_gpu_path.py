@@ -42,10 +42,20 @@ class _Images:
 def _epochs(workers: int, epochs=(0, 1, 2), *, persistent: bool = True) -> list[torch.Tensor]:
     spec = load_protocol("smoke").image
     data = TransformedImages(_Images(), build_transform(spec, train=True))
-    sampler = ClassBalancedBatchSampler(data.images.labels, classes_per_batch=3, samples_per_class=2,
-                                        batches_per_epoch=3, seed=7, sample_seeds=True)
-    loader = DataLoader(data, batch_sampler=sampler, num_workers=workers,
-                        persistent_workers=persistent and workers > 0)
+    sampler = ClassBalancedBatchSampler(
+        data.images.labels,
+        classes_per_batch=3,
+        samples_per_class=2,
+        batches_per_epoch=3,
+        seed=7,
+        sample_seeds=True,
+    )
+    loader = DataLoader(
+        data,
+        batch_sampler=sampler,
+        num_workers=workers,
+        persistent_workers=persistent and workers > 0,
+    )
     out = []
     for epoch in epochs:
         sampler.set_epoch(epoch)
@@ -87,8 +97,12 @@ class _NanFromBatchTwo(PlainHead):
         return {"metric": loss * (float("nan") if type(self).calls >= 2 else 1.0)}
 
 
-def test_the_deferred_check_names_the_first_non_finite_batch(workdir, tiny_protocol, monkeypatch, capsys):
-    monkeypatch.setitem(METHODS._entries, "nan2-test", MethodEntry("nan2-test", _NanFromBatchTwo, {}))
+def test_the_deferred_check_names_the_first_non_finite_batch(
+    workdir, tiny_protocol, monkeypatch, capsys
+):
+    monkeypatch.setitem(
+        METHODS._entries, "nan2-test", MethodEntry("nan2-test", _NanFromBatchTwo, {})
+    )
     _NanFromBatchTwo.calls = 0
     assert main(["run", "--methods", "nan2-test", "--protocol", str(tiny_protocol)]) == 2
     assert "error: loss is nan at epoch 1, batch 2 " in capsys.readouterr().err
@@ -101,8 +115,25 @@ def test_deterministic_runs_repeat_and_are_recorded(workdir, tiny_protocol):
     try:
         for name in ("a", "b"):
             out = workdir / f"{name}.json"
-            assert main(["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
-                         "--deterministic", "--checkpoint-root", str(workdir / name), "--json", str(out)]) == 0
+            assert (
+                main(
+                    [
+                        "run",
+                        "--methods",
+                        "plain",
+                        "--protocol",
+                        str(tiny_protocol),
+                        "--epochs",
+                        "1",
+                        "--deterministic",
+                        "--checkpoint-root",
+                        str(workdir / name),
+                        "--json",
+                        str(out),
+                    ]
+                )
+                == 0
+            )
             records.append(json.loads(out.read_text())[0])
     finally:
         torch.use_deterministic_algorithms(True, warn_only=True)  # the harness's CPU default
@@ -140,7 +171,10 @@ def test_fast_turns_on_autotuning_and_any_kernel_and_excludes_deterministic(work
         assert not torch.are_deterministic_algorithms_enabled()
         assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
         configure_determinism(False)  # the default: deterministic kernels where they exist
-        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert (
+            torch.are_deterministic_algorithms_enabled()
+            and torch.is_deterministic_algorithms_warn_only_enabled()
+        )
         assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
     finally:
         configure_determinism(False)
@@ -158,8 +192,25 @@ def test_a_compiled_fast_run_trains_and_says_so(workdir, tiny_protocol):
     try:
         for name, flags in (("eager", []), ("compiled", ["--compile", "--fast"])):
             out = workdir / f"{name}.json"
-            assert main(["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1",
-                         "--checkpoint-root", str(workdir / name), "--json", str(out), *flags]) == 0
+            assert (
+                main(
+                    [
+                        "run",
+                        "--methods",
+                        "plain",
+                        "--protocol",
+                        str(tiny_protocol),
+                        "--epochs",
+                        "1",
+                        "--checkpoint-root",
+                        str(workdir / name),
+                        "--json",
+                        str(out),
+                        *flags,
+                    ]
+                )
+                == 0
+            )
             records[name] = json.loads(out.read_text())[0]
     finally:
         configure_determinism(False)

@@ -26,10 +26,15 @@ def test_every_entry_is_the_authors_value_or_a_declared_deviation(paper):
     assert set(ledger.grids) <= set(list_grids())
     checks = check_ledger(ledger)
     assert checks
-    undeclared = sorted({f"{c.case.family} {c.case.method}/{c.case.loss}: {c.entry.key} = {c.actual!r}, "
-                         f"the authors' {c.entry.value!r} ({c.entry.source})"
-                         + (f"; deviation '{c.entry.deviation}' does not apply" if c.entry.deviation else "")
-                         for c in checks if c.status == "undeclared"})
+    undeclared = sorted(
+        {
+            f"{c.case.family} {c.case.method}/{c.case.loss}: {c.entry.key} = {c.actual!r}, "
+            f"the authors' {c.entry.value!r} ({c.entry.source})"
+            + (f"; deviation '{c.entry.deviation}' does not apply" if c.entry.deviation else "")
+            for c in checks
+            if c.status == "undeclared"
+        }
+    )
     assert not undeclared, "\n".join(undeclared)
     used = {id(c.entry) for c in checks}
     unused = [e.setting for e in ledger.entries if id(e) not in used]
@@ -60,37 +65,63 @@ def test_a_value_that_differs_without_a_deviation_is_undeclared(tmp_path):
 
 def test_a_deviation_that_does_not_apply_to_the_cell_leaves_it_undeclared(tmp_path):
     # googlenet_weights is declared for the GoogLeNet cells only
-    entry = ('setting = "s"\nkey = "backbone.freeze_bn"\nvalue = false\nsource = "x"\n'
-             'deviation = "googlenet_weights"')
+    entry = (
+        'setting = "s"\nkey = "backbone.freeze_bn"\nvalue = false\nsource = "x"\n'
+        'deviation = "googlenet_weights"'
+    )
     checks = check_ledger(load_ledger(_ledger(tmp_path, entry)))
-    status = {c.case.backbone: {x.status for x in checks if x.case.backbone == c.case.backbone} for c in checks}
+    status = {
+        c.case.backbone: {x.status for x in checks if x.case.backbone == c.case.backbone}
+        for c in checks
+    }
     assert status == {"googlenet": {"matched"}, "resnet50": {"undeclared"}}
 
 
 def test_a_named_applicable_deviation_makes_a_difference_deviating(tmp_path):
-    entry = ('setting = "s"\nkey = "selection.mode"\nvalue = "test-paper"\nsource = "x"\n'
-             'deviation = "validation_selection"')
+    entry = (
+        'setting = "s"\nkey = "selection.mode"\nvalue = "test-paper"\nsource = "x"\n'
+        'deviation = "validation_selection"'
+    )
     checks = check_ledger(load_ledger(_ledger(tmp_path, entry)))
     assert checks and {c.status for c in checks} == {"deviating"}
     counts = family_counts(checks)
-    assert counts["agrouping-table3: resnet50/sop"] == {"matched": 0, "deviating": 1, "undeclared": 0}
+    assert counts["agrouping-table3: resnet50/sop"] == {
+        "matched": 0,
+        "deviating": 1,
+        "undeclared": 0,
+    }
 
 
 def test_when_filters_the_cells_and_defaults_resolve_from_the_plugin_and_the_loss(tmp_path):
-    entry = ('setting = "s"\nkey = "methods.agrouping.diversity_beta"\nvalue = 25.0\nsource = "x"\n'
-             'when = { method = ["agrouping"], dataset = "sop" }')
+    entry = (
+        'setting = "s"\nkey = "methods.agrouping.diversity_beta"\nvalue = 25.0\nsource = "x"\n'
+        'when = { method = ["agrouping"], dataset = "sop" }'
+    )
     checks = check_ledger(load_ledger(_ledger(tmp_path, entry)))
-    assert checks and {(c.case.method, c.case.dataset, c.status) for c in checks} == {("agrouping", "sop", "matched")}
-    entry = 'setting = "s"\nkey = "loss.args.multi_similarity.reduction"\nvalue = "pml"\nsource = "x"'
+    assert checks and {(c.case.method, c.case.dataset, c.status) for c in checks} == {
+        ("agrouping", "sop", "matched")
+    }
+    entry = (
+        'setting = "s"\nkey = "loss.args.multi_similarity.reduction"\nvalue = "pml"\nsource = "x"'
+    )
     checks = check_ledger(load_ledger(_ledger(tmp_path, entry, grids='["fair-roth2020"]')))
     assert checks and {c.status for c in checks} == {"matched"}
 
 
-@pytest.mark.parametrize("key", ["sampling.images_with_replacment", "methods.agrouping.no_such_option",
-                                 "loss.args.margin.no_such_arg", "deviations.seeds"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sampling.images_with_replacment",
+        "methods.agrouping.no_such_option",
+        "loss.args.margin.no_such_arg",
+        "deviations.seeds",
+    ],
+)
 def test_an_unknown_key_is_one_error_line_through_the_cli(tmp_path, capsys, key):
     path = _ledger(tmp_path, f'setting = "s"\nkey = "{key}"\nvalue = 1\nsource = "x"')
-    with pytest.raises(HarnessError, match=f"ledger trial .*entry 1 .*unknown protocol key '{key}'"):
+    with pytest.raises(
+        HarnessError, match=f"ledger trial .*entry 1 .*unknown protocol key '{key}'"
+    ):
         check_ledger(load_ledger(path))
     assert main(["deviations", "--grid", "agrouping-table3", "--ledger", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -106,8 +137,12 @@ def test_an_unknown_ledger_field_is_refused(tmp_path):
 def test_the_deviations_command_ends_with_the_ledger_counts(capsys):
     assert main(["deviations", "--grid", "diml-table1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    tail = out[out.index(next(line for line in out if line.startswith("recipe ledger diml"))):]
+    tail = out[out.index(next(line for line in out if line.startswith("recipe ledger diml"))) :]
     assert len(tail) == 4  # the title, then cub200, cars196, sop
     for line in tail[1:]:
-        assert line.startswith("  diml-table1: resnet50/") and " matched, " in line and "deviating" in line
+        assert (
+            line.startswith("  diml-table1: resnet50/")
+            and " matched, " in line
+            and "deviating" in line
+        )
         assert "UNDECLARED" not in line

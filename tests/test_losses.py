@@ -49,8 +49,10 @@ def test_quadruplet_loss_matches_a_hand_computation():
     """Chen et al. 2017 on Euclidean distance: mean over the non-zero triplet terms
     relu(d(a,p) - d(a,n1) + 0.2) plus mean over the non-zero quadruplet terms
     relu(d(a,p) - d(n1,n2) + 0.1), n2 of a class other than a's and n1's."""
-    emb = F.normalize(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8], [-1.0, 0.1], [0.3, -1.0]]),
-                      dim=1)
+    emb = F.normalize(
+        torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8], [-1.0, 0.1], [0.3, -1.0]]),
+        dim=1,
+    )
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     d = torch.cdist(emb, emb)
     first, second = [], []
@@ -66,14 +68,19 @@ def test_quadruplet_loss_matches_a_hand_computation():
                     if labels[n2] not in (labels[a], labels[n]):
                         second.append(max(0.0, float(d[a, p] - d[n, n2]) + 0.1))
     nonzero = lambda xs: [x for x in xs if x > 0]  # noqa: E731
-    expected = sum(nonzero(first)) / len(nonzero(first)) + sum(nonzero(second)) / len(nonzero(second))
-    assert float(create_loss("quadruplet", num_classes=3, embedding_size=2)(emb, labels)) == \
-        pytest.approx(expected, rel=1e-5)
+    expected = sum(nonzero(first)) / len(nonzero(first)) + sum(nonzero(second)) / len(
+        nonzero(second)
+    )
+    assert float(
+        create_loss("quadruplet", num_classes=3, embedding_size=2)(emb, labels)
+    ) == pytest.approx(expected, rel=1e-5)
     # Mined triplets restrict both terms to them.
     mined = (torch.tensor([0]), torch.tensor([1]), torch.tensor([2]))
     t1 = max(0.0, float(d[0, 1] - d[0, 2]) + 0.2)
     t2 = [max(0.0, float(d[0, 1] - d[2, j]) + 0.1) for j in (4, 5)]
-    expected = (t1 if t1 > 0 else 0.0) + (sum(nonzero(t2)) / len(nonzero(t2)) if nonzero(t2) else 0.0)
+    expected = (t1 if t1 > 0 else 0.0) + (
+        sum(nonzero(t2)) / len(nonzero(t2)) if nonzero(t2) else 0.0
+    )
     assert float(QuadrupletLoss()(emb, labels, mined)) == pytest.approx(expected, rel=1e-5)
 
 
@@ -107,7 +114,9 @@ def test_miners_compose_with_losses(name):
     miner = create_miner(name)
     emb = F.normalize(torch.randn(8, 4), dim=1)
     labels = torch.arange(8) % 4
-    value = create_loss("contrastive", num_classes=4, embedding_size=4)(emb, labels, miner(emb, labels))
+    value = create_loss("contrastive", num_classes=4, embedding_size=4)(
+        emb, labels, miner(emb, labels)
+    )
     assert torch.isfinite(value)
     assert create_miner("none") is None
 
@@ -117,14 +126,19 @@ def test_proxy_and_class_losses_take_no_miner_and_multi_similarity_mines_its_own
 
     args = {"cutoff": 0.5}
     for loss in ("contrastive", "triplet", "margin", "binomial_deviance"):
-        assert miner_for(loss, "distance_weighted", args) == ("distance_weighted", args)  # the protocol's
+        assert miner_for(loss, "distance_weighted", args) == (
+            "distance_weighted",
+            args,
+        )  # the protocol's
     for loss in ("proxy_anchor", "proxy_nca", "arcface", "normalized_softmax", "soft_triple"):
         assert miner_for(loss, "distance_weighted", args) == ("none", {})
         assert create_miner(*miner_for(loss, "distance_weighted", args)) is None
     assert miner_for("multi_similarity", "distance_weighted", args) == ("multi_similarity", {})
     # A protocol that already names the loss's own miner keeps its arguments for it.
     assert miner_for("multi_similarity", "multi_similarity", {"epsilon": 0.2}) == (
-        "multi_similarity", {"epsilon": 0.2})
+        "multi_similarity",
+        {"epsilon": 0.2},
+    )
 
 
 def test_a_miner_would_change_a_proxy_loss():
@@ -164,14 +178,27 @@ def test_roth_miner_has_no_upper_cutoff_and_one_triplet_per_anchor():
     from pytorch_metric_learning import miners as pml_miners
 
     # Anchor 0 and its positive 1 near e1; negative 2 at distance 1.0; negative 3 at ~1.9.
-    emb = F.normalize(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.95, 0.3, 0.0, 0.0], [0.5, 0.0, 0.866, 0.0],
-                                    [-0.8, 0.0, 0.0, 0.6]]), dim=1)
+    emb = F.normalize(
+        torch.tensor(
+            [
+                [1.0, 0.0, 0.0, 0.0],
+                [0.95, 0.3, 0.0, 0.0],
+                [0.5, 0.0, 0.866, 0.0],
+                [-0.8, 0.0, 0.0, 0.6],
+            ]
+        ),
+        dim=1,
+    )
     labels = torch.tensor([0, 0, 1, 2])
     assert float((emb[0] - emb[3]).norm()) > 1.8
     roth, pml = create_miner("distance_weighted_roth"), pml_miners.DistanceWeightedMiner(0.5, 1.4)
     torch.manual_seed(0)
-    far_roth = sum(int(((a == 0) & (n == 3)).any()) for a, _, n in (roth(emb, labels) for _ in range(400)))
-    far_pml = sum(int(((a == 0) & (n == 3)).any()) for a, _, n in (pml(emb, labels) for _ in range(400)))
+    far_roth = sum(
+        int(((a == 0) & (n == 3)).any()) for a, _, n in (roth(emb, labels) for _ in range(400))
+    )
+    far_pml = sum(
+        int(((a == 0) & (n == 3)).any()) for a, _, n in (pml(emb, labels) for _ in range(400))
+    )
     # q^-1 weights in R^4: 1.155 at d = 1.0, ~0.80 at d = 1.9, so about 0.41 of the draws.
     assert 0.3 < far_roth / 400 < 0.52 and far_pml == 0
     batch = F.normalize(torch.randn(16, 8), dim=1)

@@ -32,16 +32,28 @@ def _option(call: tuple[str, ...], flag: str) -> str:
 
 
 @pytest.mark.parametrize("smoke", [False, True])
-@pytest.mark.parametrize("grid, table", [("agrouping-table3", "3,4"), ("diml-table1", "1"), ("diablo-table1", "1"),
-                                          ("avsl-table1", "1"), ("sam-table1", "1")])
-def test_tables_are_named_after_the_grid_and_carry_the_published_values(noxfile, grid, table, smoke):
+@pytest.mark.parametrize(
+    "grid, table",
+    [
+        ("agrouping-table3", "3,4"),
+        ("diml-table1", "1"),
+        ("diablo-table1", "1"),
+        ("avsl-table1", "1"),
+        ("sam-table1", "1"),
+    ],
+)
+def test_tables_are_named_after_the_grid_and_carry_the_published_values(
+    noxfile, grid, table, smoke
+):
     session = RecordingSession()
     noxfile._grid_tables(session, grid, smoke=smoke)
     outs = sorted(_option(call, "--out") for call in session.calls)
     assert outs == [f"results/tables/{grid}.md", f"results/tables/{grid}.tex"]
     for call in session.calls:
         assert _option(call, "--experiment") == grid + ("-smoke" if smoke else "")
-        assert _option(call, "--table") == table and _option(call, "--published").startswith("results/published/")
+        assert _option(call, "--table") == table and _option(call, "--published").startswith(
+            "results/published/"
+        )
         assert ("not comparable with the published columns" in _option(call, "--caption")) == smoke
 
 
@@ -49,8 +61,16 @@ def test_every_paper_has_a_reproduce_session(noxfile):
     import nox.registry
 
     sessions = set(nox.registry.get())
-    assert {"tests", "lint", "tables", "reproduce-agrouping", "reproduce-diml", "reproduce-diablo",
-            "reproduce-avsl", "reproduce-sam"} <= sessions
+    assert {
+        "tests",
+        "lint",
+        "tables",
+        "reproduce-agrouping",
+        "reproduce-diml",
+        "reproduce-diablo",
+        "reproduce-avsl",
+        "reproduce-sam",
+    } <= sessions
 
 
 @pytest.mark.parametrize("smoke", [False, True])
@@ -61,7 +81,12 @@ def test_diablo_tables_name_the_published_rows_beside_each_method(noxfile, smoke
     noxfile._grid_tables(session, "diablo-table1", smoke=smoke)
     for call in session.calls:
         rows = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-row"]
-        assert rows == ["plain=plain@", "diablo=diablo@", "diablo=diablo@entries=8", "diablo_n16=diablo@entries=16"]
+        assert rows == [
+            "plain=plain@",
+            "diablo=diablo@",
+            "diablo=diablo@entries=8",
+            "diablo_n16=diablo@entries=16",
+        ]
 
 
 def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
@@ -71,8 +96,10 @@ def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
     sweep, *tables = session.calls
     assert sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "diablo-table1")
     assert "--smoke" in sweep and _option(sweep, "--workers") == "2"
-    assert sorted(_option(call, "--out") for call in tables) == ["results/tables/diablo-table1.md",
-                                                                  "results/tables/diablo-table1.tex"]
+    assert sorted(_option(call, "--out") for call in tables) == [
+        "results/tables/diablo-table1.md",
+        "results/tables/diablo-table1.tex",
+    ]
 
 
 def test_fair_table_sweeps_every_registered_method_then_writes_its_tables(noxfile):
@@ -83,9 +110,14 @@ def test_fair_table_sweeps_every_registered_method_then_writes_its_tables(noxfil
     session.posargs = ["--smoke"]
     noxfile.fair_table(session)
     sweep, *tables = session.calls
-    assert sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "fair-roth2020") and "--smoke" in sweep
-    assert sorted(_option(call, "--out") for call in tables) == ["results/tables/fair-roth2020.md",
-                                                                  "results/tables/fair-roth2020.tex"]
+    assert (
+        sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "fair-roth2020")
+        and "--smoke" in sweep
+    )
+    assert sorted(_option(call, "--out") for call in tables) == [
+        "results/tables/fair-roth2020.md",
+        "results/tables/fair-roth2020.tex",
+    ]
     assert all(_option(call, "--baseline") == "plain" for call in tables)
     for smoke in (False, True):  # a row per method of the `--methods all` list, in both versions
         grid = load_grid("fair-roth2020", smoke=smoke)
@@ -98,8 +130,10 @@ def test_diml_tables_compare_the_published_rp_with_the_query_in_r_variant(noxfil
     noxfile._grid_tables(session, "diml-table1", smoke=False)
     for call in session.calls:
         mapped = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-metric"]
-        assert mapped == ["r_precision=r_precision_query_in_r",
-                          "mean_average_precision_at_r=mean_average_precision_at_r_query_in_r"]
+        assert mapped == [
+            "r_precision=r_precision_query_in_r",
+            "mean_average_precision_at_r=mean_average_precision_at_r_query_in_r",
+        ]
         assert "r_precision_query_in_r" in _option(call, "--metrics")
 
 
@@ -114,7 +148,9 @@ def test_the_fair_table_smoke_caption_names_no_published_columns(noxfile):
         assert "a pipeline check" in caption and "published" not in caption
 
 
-def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(noxfile, tmp_path, monkeypatch):
+def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(
+    noxfile, tmp_path, monkeypatch
+):
     written = []
 
     class SchemaSession(RecordingSession):
@@ -130,6 +166,12 @@ def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(noxfile, 
     session = SchemaSession()
     noxfile.docs(session)
     *schemas, build = session.calls
-    assert schemas == [("python", "-m", "harness", "schema", "protocol"), ("python", "-m", "harness", "schema", "grid")]
-    assert written == [str(tmp_path / "docs" / "protocol.schema.json"), str(tmp_path / "docs" / "grid.schema.json")]
+    assert schemas == [
+        ("python", "-m", "harness", "schema", "protocol"),
+        ("python", "-m", "harness", "schema", "grid"),
+    ]
+    assert written == [
+        str(tmp_path / "docs" / "protocol.schema.json"),
+        str(tmp_path / "docs" / "grid.schema.json"),
+    ]
     assert build[:3] == ("mkdocs", "build", "--strict")

@@ -21,7 +21,10 @@ def test_every_package_and_data_folder_is_listed():
     setup = PYPROJECT["tool"]["setuptools"]
     assert set(find_packages(str(ROOT), include=["harness*", "methods*"])) <= set(setup["packages"])
     # The data folders stay where they are in the checkout and ship inside harness.
-    assert setup["package-dir"] == {"harness._protocols": "protocols", "harness._published": "results/published"}
+    assert setup["package-dir"] == {
+        "harness._protocols": "protocols",
+        "harness._published": "results/published",
+    }
     for package, folder in setup["package-dir"].items():
         assert package in setup["packages"] and (ROOT / folder).is_dir()
         patterns = setup["package-data"][package]
@@ -34,7 +37,9 @@ def test_the_data_folders_are_found_from_any_working_directory(tmp_path, monkeyp
     from harness.reports.tables import load_published, locate_published, published_dir
 
     monkeypatch.chdir(tmp_path)
-    assert protocol_dir() == ROOT / "protocols" and published_dir() == ROOT / "results" / "published"
+    assert (
+        protocol_dir() == ROOT / "protocols" and published_dir() == ROOT / "results" / "published"
+    )
     assert load_protocol("smoke").name == "smoke"
     grid = load_grid("diml-table1")
     assert locate_published(grid.published_file) == ROOT / grid.published_file
@@ -61,7 +66,9 @@ def _requirement_name(spec: str) -> str:
 def test_every_imported_third_party_module_is_a_declared_dependency():
     declared = {_requirement_name(d) for d in PYPROJECT["project"]["dependencies"]}
     modules = _imported_modules(ROOT / "harness") | _imported_modules(ROOT / "methods")
-    third_party = sorted(m for m in modules if m not in sys.stdlib_module_names and m not in ("harness", "methods"))
+    third_party = sorted(
+        m for m in modules if m not in sys.stdlib_module_names and m not in ("harness", "methods")
+    )
     providers = packages_distributions()
     undeclared = []
     for module in third_party:

@@ -46,7 +46,9 @@ class ThrowawayHead(Method):
         self.project = nn.Linear(self.in_channels, embedding_size)
 
     def embed(self, maps):
-        return HeadOutput(embedding=F.normalize(self.scale * self.project(maps[-1].mean(dim=(2, 3))), dim=-1))
+        return HeadOutput(
+            embedding=F.normalize(self.scale * self.project(maps[-1].mean(dim=(2, 3))), dim=-1)
+        )
 
     @classmethod
     def search_space(cls, trial, *, embedding_size):
@@ -76,7 +78,10 @@ def test_a_new_plugin_has_its_options_in_the_schema_and_leaves_the_published_cop
     )
 
     options = json.loads(schema_text("protocol"))["properties"]["methods"]["properties"][throwaway]
-    assert options["properties"]["scale"]["type"] == "number" and options["additionalProperties"] is False
+    assert (
+        options["properties"]["scale"]["type"] == "number"
+        and options["additionalProperties"] is False
+    )
     test_the_published_copy_is_the_generated_schema_up_to_registered_methods("protocol")
     test_every_plugin_declares_option_types_its_defaults_satisfy(throwaway)
 
@@ -115,26 +120,40 @@ def test_a_new_plugin_passes_the_conformance_suite(throwaway):
 
 def _grid(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "g.toml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         protocol = "smoke"
         losses = ["margin"]
         backbones = ["efficientnet_lite0"]
         datasets = ["synthetic"]
         seeds = [0]
-        """) + body)
+        """)
+        + body
+    )
     return path
 
 
 def test_all_methods_less_the_excluded_ones_is_the_methods_all_list(tmp_path):
     grid = load_grid(_grid(tmp_path, 'methods = "all"\nexclude = ["sam", "avsl"]\n'))
-    assert grid.axes["methods"] == [m for m in list_methods(ablations=False) if m not in ("sam", "avsl")]
+    assert grid.axes["methods"] == [
+        m for m in list_methods(ablations=False) if m not in ("sam", "avsl")
+    ]
 
 
-@pytest.mark.parametrize("body, message", [
-    ('methods = "all"\nexclude = ["samm"]\n', "exclude names 'samm', which is not a registered method"),
-    ('methods = ["plain"]\nexclude = ["sam"]\n', "'exclude' applies to methods = \"all\""),
-    ('methods = "every"\n', "grid key 'methods' = \"every\": expected a non-empty list of strings or \"all\"$"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            'methods = "all"\nexclude = ["samm"]\n',
+            "exclude names 'samm', which is not a registered method",
+        ),
+        ('methods = ["plain"]\nexclude = ["sam"]\n', "'exclude' applies to methods = \"all\""),
+        (
+            'methods = "every"\n',
+            'grid key \'methods\' = "every": expected a non-empty list of strings or "all"$',
+        ),
+    ],
+)
 def test_a_bad_methods_axis_is_refused_with_its_reason(tmp_path, body, message):
     with pytest.raises(HarnessError, match=message):
         load_grid(_grid(tmp_path, body))
@@ -149,8 +168,13 @@ def test_all_methods_excluding_every_one_is_refused(tmp_path):
 # ------------------------------------------------------------------ entry points
 
 
-def _distribution(folder: Path, name: str, entry_points: dict[str, str], modules: dict[str, str],
-                  group: str = PLUGIN_GROUP) -> None:
+def _distribution(
+    folder: Path,
+    name: str,
+    entry_points: dict[str, str],
+    modules: dict[str, str],
+    group: str = PLUGIN_GROUP,
+) -> None:
     """An installed distribution as an installer leaves it: its modules and a ``.dist-info``
     with ``METADATA`` and ``entry_points.txt``."""
     info = folder / f"{name.replace('-', '_')}-0.1.dist-info"
@@ -181,9 +205,16 @@ def things(tmp_path, monkeypatch):
 
 
 def test_installed_plugins_are_imported_once_at_the_first_lookup(things, tmp_path):
-    _distribution(tmp_path, "thing-plugins", {"red": "red_thing", "blue": "blue_thing"},
-                  {"red_thing": "from things_home import THINGS\nTHINGS.register('red')('r')\n",
-                   "blue_thing": "from things_home import THINGS\nTHINGS.register('blue')('b')\n"}, group=GROUP)
+    _distribution(
+        tmp_path,
+        "thing-plugins",
+        {"red": "red_thing", "blue": "blue_thing"},
+        {
+            "red_thing": "from things_home import THINGS\nTHINGS.register('red')('r')\n",
+            "blue_thing": "from things_home import THINGS\nTHINGS.register('blue')('b')\n",
+        },
+        group=GROUP,
+    )
     assert "red_thing" not in sys.modules  # not at construction
     assert things.list() == ["blue", "builtin", "red"] and things.get("red") == "r"
     assert "blue" in things and len(things) == 3
@@ -191,15 +222,26 @@ def test_installed_plugins_are_imported_once_at_the_first_lookup(things, tmp_pat
     assert things.get("red") == "r" and "red_thing" not in sys.modules  # not imported again
 
 
-@pytest.mark.parametrize("module, expected", [
-    ("raise ImportError('no module named torchvision_extras')",
-     "failed to load: ImportError: no module named torchvision_extras"),
-    ("from things_home import THINGS\nTHINGS.register('builtin')('again')\n",
-     "thing 'builtin' is already registered; rename the plugin's thing"),
-    ("x = 1\n", "registered no thing when imported"),
-])
-def test_a_broken_plugin_is_one_error_naming_its_distribution_and_entry_point(things, tmp_path, module, expected):
-    _distribution(tmp_path, "broken-things", {"bad": "bad_thing"}, {"bad_thing": module}, group=GROUP)
+@pytest.mark.parametrize(
+    "module, expected",
+    [
+        (
+            "raise ImportError('no module named torchvision_extras')",
+            "failed to load: ImportError: no module named torchvision_extras",
+        ),
+        (
+            "from things_home import THINGS\nTHINGS.register('builtin')('again')\n",
+            "thing 'builtin' is already registered; rename the plugin's thing",
+        ),
+        ("x = 1\n", "registered no thing when imported"),
+    ],
+)
+def test_a_broken_plugin_is_one_error_naming_its_distribution_and_entry_point(
+    things, tmp_path, module, expected
+):
+    _distribution(
+        tmp_path, "broken-things", {"bad": "bad_thing"}, {"bad_thing": module}, group=GROUP
+    )
     label = f"thing plugin 'bad' (entry point bad = \"bad_thing\" of distribution broken-things 0.1, group {GROUP})"
     for _ in range(2):  # every lookup refuses, not only the first
         with pytest.raises(HarnessError) as err:
@@ -207,22 +249,41 @@ def test_a_broken_plugin_is_one_error_naming_its_distribution_and_entry_point(th
         assert str(err.value).startswith(label) and expected in str(err.value)
 
 
-def _harness(*args: str, cwd: Path, path: list[Path], timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def _harness(
+    *args: str, cwd: Path, path: list[Path], timeout: int = 600
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [*map(str, path), str(REPO), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_a_broken_installed_plugin_is_one_error_line_of_the_command(tmp_path):
     site = tmp_path / "site"
-    _distribution(site, "broken-head", {"brokenhead": "broken_head"},
-                  {"broken_head": "import no_such_module_anywhere\n"})
+    _distribution(
+        site,
+        "broken-head",
+        {"brokenhead": "broken_head"},
+        {"broken_head": "import no_such_module_anywhere\n"},
+    )
     done = _harness("methods", cwd=tmp_path, path=[site])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert line == ("error: method plugin 'brokenhead' (entry point brokenhead = \"broken_head\" of distribution "
-                    f"broken-head 0.1, group {PLUGIN_GROUP}) failed to load: ModuleNotFoundError: "
-                    "No module named 'no_such_module_anywhere'")
+    assert line == (
+        "error: method plugin 'brokenhead' (entry point brokenhead = \"broken_head\" of distribution "
+        f"broken-head 0.1, group {PLUGIN_GROUP}) failed to load: ModuleNotFoundError: "
+        "No module named 'no_such_module_anywhere'"
+    )
 
 
 # ------------------------------------------------------------------ a package installed with pip
@@ -267,8 +328,13 @@ def _repository_state() -> str:
     git = shutil.which("git")
     if git is None:
         return "no git"
-    return subprocess.run([git, "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        [git, "status", "--porcelain", "--untracked-files=all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -279,9 +345,24 @@ def installed_plugin(tmp_path_factory) -> Path:
     (root / "src").mkdir()
     (root / "src" / "pyproject.toml").write_text(PACKAGE_PYPROJECT)
     (root / "src" / "tinyhead_plugin.py").write_text(PACKAGE_PLUGIN)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--quiet", "--target", str(root / "site"), str(root / "src")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "--target",
+            str(root / "site"),
+            str(root / "src"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0 and "No module named pip" in done.stderr:
         pytest.skip("pip is not installed in the test environment")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -299,13 +380,28 @@ def test_an_installed_package_s_plugin_is_listed(installed_plugin, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_installed_package_s_plugin_trains_and_evaluates(installed_plugin, tmp_path, data_root, tracking_dir):
+def test_an_installed_package_s_plugin_trains_and_evaluates(
+    installed_plugin, tmp_path, data_root, tracking_dir
+):
     state = _repository_state()
-    done = _harness("run", "--methods", "tinyhead", "--protocol", str(TINY_PROTOCOL), "--json", "out.json",
-                    cwd=tmp_path, path=[installed_plugin])
+    done = _harness(
+        "run",
+        "--methods",
+        "tinyhead",
+        "--protocol",
+        str(TINY_PROTOCOL),
+        "--json",
+        "out.json",
+        cwd=tmp_path,
+        path=[installed_plugin],
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     records = json.loads((tmp_path / "out.json").read_text())
-    (record,) = [r for r in (records if isinstance(records, list) else [records]) if r["method"] == "tinyhead"]
+    (record,) = [
+        r
+        for r in (records if isinstance(records, list) else [records])
+        if r["method"] == "tinyhead"
+    ]
     for metric in ("precision_at_1", "mean_average_precision_at_r", "r_precision"):
         assert math.isfinite(record["metrics"][metric]), (metric, record["metrics"][metric])
     assert _repository_state() == state

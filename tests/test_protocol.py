@@ -19,9 +19,17 @@ def test_shipped_protocols_load(name):
 
 def test_roth2020_matches_the_field_facts():
     p = load_protocol("roth2020")
-    assert (p.backbone.name, p.backbone.pretrained, p.backbone.freeze_bn) == ("resnet50", True, True)
+    assert (p.backbone.name, p.backbone.pretrained, p.backbone.freeze_bn) == (
+        "resnet50",
+        True,
+        True,
+    )
     assert (p.sampling.classes_per_batch, p.sampling.samples_per_class) == (56, 2)
-    assert (p.optimizer.name, p.optimizer.lr_backbone, p.optimizer.weight_decay) == ("adam", 1e-5, 4e-4)
+    assert (p.optimizer.name, p.optimizer.lr_backbone, p.optimizer.weight_decay) == (
+        "adam",
+        1e-5,
+        4e-4,
+    )
     assert (p.image.size, p.image.resize) == (224, 256)
     assert p.evaluation.recall_k_for("sop") == (1, 10, 100, 1000)
     assert p.evaluation.recall_k_for("cub200") == (1, 2, 4, 8)
@@ -41,18 +49,24 @@ def _write(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize("text, key", [
-    ("seedz = [0]\n", "seedz"),
-    ("[optimizer]\nlr_bakbone = 1e-5\n", "optimizer.lr_bakbone"),
-    ("[backbone]\nname = 'resnet50'\npretrainde = true\n", "backbone.pretrainde"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("seedz = [0]\n", "seedz"),
+        ("[optimizer]\nlr_bakbone = 1e-5\n", "optimizer.lr_bakbone"),
+        ("[backbone]\nname = 'resnet50'\npretrainde = true\n", "backbone.pretrainde"),
+    ],
+)
 def test_unknown_key_is_an_error_naming_it(tmp_path, text, key):
     with pytest.raises(HarnessError, match=f"unknown protocol key '{key}'"):
         load_protocol(_write(tmp_path, text))
 
 
 def test_mistyped_value_names_the_key(tmp_path):
-    with pytest.raises(HarnessError, match="protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192"):
+    with pytest.raises(
+        HarnessError,
+        match="protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192",
+    ):
         load_protocol(_write(tmp_path, "[embedding]\nsize = 'big'\n"))
 
 
@@ -109,9 +123,13 @@ def test_protocol_is_frozen():
 
 
 def test_validation_selection_needs_validation_classes(tmp_path):
-    with pytest.raises(HarnessError, match="'splits.validation_classes' = 0.0: expected > 0 when selection.mode is"):
+    with pytest.raises(
+        HarnessError, match="'splits.validation_classes' = 0.0: expected > 0 when selection.mode is"
+    ):
         load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n"))
-    paper = load_protocol(_write(tmp_path, "[splits]\nvalidation_classes = 0.0\n[selection]\nmode = 'test-paper'\n"))
+    paper = load_protocol(
+        _write(tmp_path, "[splits]\nvalidation_classes = 0.0\n[selection]\nmode = 'test-paper'\n")
+    )
     assert paper.selection.mode == "test-paper"
 
 
@@ -122,15 +140,22 @@ def test_every_shipped_protocol_builds_its_method_options(name):
 
     protocol = load_protocol(name)
     for method, options in protocol.methods.items():
-        head = create_method(method, channels={"s8": 8, "s16": 16, "s32": 64},
-                             embedding_size=protocol.embedding.size, **options)
+        head = create_method(
+            method,
+            channels={"s8": 8, "s16": 16, "s32": 64},
+            embedding_size=protocol.embedding.size,
+            **options,
+        )
         assert head.embedding_size == protocol.embedding.size
 
 
 def test_dataset_sections_are_part_of_the_protocol_not_deviations():
     roth = load_protocol("roth2020")
     sop, cub = roth.for_dataset("sop"), roth.for_dataset("cub200")
-    assert (sop.schedule.epochs, cub.schedule.epochs) == (100, 150)  # Roth et al.'s code: sop_runs.sh --n_epochs 100
+    assert (sop.schedule.epochs, cub.schedule.epochs) == (
+        100,
+        150,
+    )  # Roth et al.'s code: sop_runs.sh --n_epochs 100
     assert sop.for_dataset("sop") == sop and not sop.datasets  # resolved once: idempotent
     # An override made after resolution stays in force and is measured against 100.
     overridden, deviations = apply_overrides(sop, ["schedule.epochs=3"])
@@ -149,11 +174,20 @@ def test_grid_cells_take_the_dataset_section():
     assert all(not c.deviations for c in cells)
 
 
-@pytest.mark.parametrize("section, message", [
-    ("[datasets.sop.schedule]\nepohcs = 100\n", "section datasets.sop: unknown protocol key 'schedule.epohcs'"),
-    ("[datasets.sop.embedding]\nsize = 'big'\n", "section datasets.sop: protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192"),
-    ("[datasets.sop]\nname = 'x'\n", "'datasets.sop' must be a table of protocol settings"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        (
+            "[datasets.sop.schedule]\nepohcs = 100\n",
+            "section datasets.sop: unknown protocol key 'schedule.epohcs'",
+        ),
+        (
+            "[datasets.sop.embedding]\nsize = 'big'\n",
+            "section datasets.sop: protocol key 'embedding.size' = \"big\": expected an integer >= 2 and <= 8192",
+        ),
+        ("[datasets.sop]\nname = 'x'\n", "'datasets.sop' must be a table of protocol settings"),
+    ],
+)
 def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, message):
     with pytest.raises(HarnessError, match=message.replace(".", r"\.").replace("(", r"\(")):
         load_protocol(_write(tmp_path, section))
@@ -168,7 +202,9 @@ def test_set_accepts_any_declared_method_option_and_records_it():
     assert "agrouping" not in smoke.methods
     changed, deviations = apply_overrides(smoke, ["methods.agrouping.groups=2"])
     assert changed.methods["agrouping"] == {"groups": 2}
-    assert [(d.field, d.protocol_value, d.value) for d in deviations] == [("methods.agrouping.groups", 4, 2)]
+    assert [(d.field, d.protocol_value, d.value) for d in deviations] == [
+        ("methods.agrouping.groups", 4, 2)
+    ]
     assert fingerprint(changed, "x") != fingerprint(smoke, "x")
     same, none = apply_overrides(smoke, ["methods.agrouping.groups=4"])
     assert none == () and fingerprint(same, "x") == fingerprint(smoke, "x")
@@ -180,10 +216,17 @@ def test_agrouping_schedules_are_dgml_masters_per_dataset_configs():
     """DGML-master configs/<dataset>.yaml: n_epochs, MultiStepLR milestones (tau), gamma 0.3."""
     for name in ("agrouping", "agrouping-sec42", "agrouping-googlenet"):
         p = load_protocol(name)
-        got = {d: (s.name, s.epochs, s.milestones, s.gamma)
-               for d in ("cub200", "cars196", "sop", "inshop") for s in [p.for_dataset(d).schedule]}
-        assert got == {"cub200": ("multistep", 100, (55,), 0.3), "cars196": ("multistep", 200, (100,), 0.3),
-                       "sop": ("multistep", 150, (100,), 0.3), "inshop": ("multistep", 150, (100,), 0.3)}, name
+        got = {
+            d: (s.name, s.epochs, s.milestones, s.gamma)
+            for d in ("cub200", "cars196", "sop", "inshop")
+            for s in [p.for_dataset(d).schedule]
+        }
+        assert got == {
+            "cub200": ("multistep", 100, (55,), 0.3),
+            "cars196": ("multistep", 200, (100,), 0.3),
+            "sop": ("multistep", 150, (100,), 0.3),
+            "inshop": ("multistep", 150, (100,), 0.3),
+        }, name
     # Table 4 reports SOP R@2.
     assert 2 in load_protocol("agrouping").evaluation.recall_k_for("sop")
 
@@ -194,20 +237,40 @@ def test_a_loss_can_have_its_own_miner_in_the_protocol():
     from harness.components.losses import miner_for
 
     p = load_protocol("agrouping")
-    assert miner_for("binomial_deviance", p.miner.name, p.miner.args, loss_miners=p.loss.miners) == ("none", {})
-    assert miner_for("margin", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
-    assert miner_for("contrastive", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0] == "distance_weighted_roth"
+    assert miner_for(
+        "binomial_deviance", p.miner.name, p.miner.args, loss_miners=p.loss.miners
+    ) == ("none", {})
+    assert (
+        miner_for("margin", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0]
+        == "distance_weighted_roth"
+    )
+    assert (
+        miner_for("contrastive", p.miner.name, p.miner.args, loss_miners=p.loss.miners)[0]
+        == "distance_weighted_roth"
+    )
     # Protocols without the section keep their canonical form, hence their fingerprints.
     for name in ("smoke", "roth2020", "diablo"):
         assert "miners" not in load_protocol(name).to_dict()["loss"]
 
 
-@pytest.mark.parametrize("section, message", [
-    ("[loss.miners.binomal]\nname = 'none'\n", "'loss.miners.binomal': unknown loss 'binomal'"),
-    ("[loss.miners.margin]\nname = 'distance'\n", "'loss.miners.margin.name': unknown miner 'distance'"),
-    ("[loss.miners.margin]\nname = 'none'\nargz = {}\n", "unknown protocol key 'loss.miners.margin.argz'"),
-    ("[loss.miners.margin]\nargs = {}\n", "'loss.miners.margin' must be a table with a miner 'name'"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ("[loss.miners.binomal]\nname = 'none'\n", "'loss.miners.binomal': unknown loss 'binomal'"),
+        (
+            "[loss.miners.margin]\nname = 'distance'\n",
+            "'loss.miners.margin.name': unknown miner 'distance'",
+        ),
+        (
+            "[loss.miners.margin]\nname = 'none'\nargz = {}\n",
+            "unknown protocol key 'loss.miners.margin.argz'",
+        ),
+        (
+            "[loss.miners.margin]\nargs = {}\n",
+            "'loss.miners.margin' must be a table with a miner 'name'",
+        ),
+    ],
+)
 def test_bad_loss_miners_fail_at_load_naming_the_key(tmp_path, section, message):
     with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
         load_protocol(_write(tmp_path, section))
@@ -226,7 +289,9 @@ def test_roth2020_samples_with_roth_et_als_distance_weighted_miner():
 
 def test_training_section_is_out_of_the_fingerprint_and_checked():
     base = load_protocol("smoke")
-    assert "training" not in base.to_dict()  # absent at its defaults: shipped canonical forms unchanged
+    assert (
+        "training" not in base.to_dict()
+    )  # absent at its defaults: shipped canonical forms unchanged
     changed, _ = apply_overrides(base, {"training.sync_every": 7})
     assert changed.training.sync_every == 7 and changed.to_dict()["training"] == {"sync_every": 7}
     assert fingerprint(changed, "split") == fingerprint(base, "split")

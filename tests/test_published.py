@@ -8,6 +8,7 @@ Dictionary-based attention block for deep metric learning", Tables 1-4.  avsl.cs
 Attention", Tables 1-2 (its re-identification and segmentation tables are out of scope).  One row
 per printed cell ("-" cells omitted); a printed "x ± s" is two rows, metric M and M_std.
 """
+
 from __future__ import annotations
 
 import csv
@@ -129,7 +130,9 @@ def test_diml_methods():
     assert all(row["loss"] for row in rows)
 
 
-@pytest.mark.parametrize("name, own", [("diablo.csv", "diablo"), ("avsl.csv", "avsl"), ("sam.csv", "sam")])
+@pytest.mark.parametrize(
+    "name, own", [("diablo.csv", "diablo"), ("avsl.csv", "avsl"), ("sam.csv", "sam")]
+)
 def test_own_method_rows_are_on_a_named_loss(name, own):
     """The paper's own rows and the baselines it is added to carry the loss; they are the only
     rows named ``plain`` or the method's plugin name."""
@@ -144,16 +147,28 @@ def test_own_method_rows_are_on_a_named_loss(name, own):
 @pytest.mark.parametrize("name", ["diablo.csv", "avsl.csv", "sam.csv"])
 def test_every_std_row_has_its_mean(name):
     _, rows = _load(name)
-    keys = {(r["table"], r["backbone"], r["loss"], r["method"], r["dataset"], r["metric"], r["setting"])
-            for r in rows}
+    keys = {
+        (r["table"], r["backbone"], r["loss"], r["method"], r["dataset"], r["metric"], r["setting"])
+        for r in rows
+    }
     stds = [r for r in rows if r["metric"].endswith("_std")]
     for r in stds:
-        assert (r["table"], r["backbone"], r["loss"], r["method"], r["dataset"],
-                r["metric"][:-len("_std")], r["setting"]) in keys, r
+        assert (
+            r["table"],
+            r["backbone"],
+            r["loss"],
+            r["method"],
+            r["dataset"],
+            r["metric"][: -len("_std")],
+            r["setting"],
+        ) in keys, r
     if name == "diablo.csv":
         assert {r["table"] for r in stds} == {"3", "4"}
-        assert all("ten random 50/50 splits of the training classes" in r["notes"]
-                   for r in rows if r["table"] in {"3", "4"})
+        assert all(
+            "ten random 50/50 splits of the training classes" in r["notes"]
+            for r in rows
+            if r["table"] in {"3", "4"}
+        )
     else:
         assert not stds
 
@@ -168,13 +183,23 @@ def test_agrouping_table2_resnet_sop_r2_column_is_flagged_mislabelled():
     DiVA's published R@10; Ours-R 91.8 against Table 4's R@2 83.11): every value of that
     column is flagged, and no other row is."""
     _, rows = _load("agrouping.csv")
-    flagged = {(r["method"], r["value"]) for r in rows if r["notes"].startswith("column_mislabelled:")}
-    column = {(r["method"], r["value"]) for r in rows if (r["table"], r["backbone"], r["dataset"], r["metric"])
-              == ("2", "resnet50", "sop", "recall_at_2")}
+    flagged = {
+        (r["method"], r["value"]) for r in rows if r["notes"].startswith("column_mislabelled:")
+    }
+    column = {
+        (r["method"], r["value"])
+        for r in rows
+        if (r["table"], r["backbone"], r["dataset"], r["metric"])
+        == ("2", "resnet50", "sop", "recall_at_2")
+    }
     assert flagged == column and len(column) == 10
     assert ("diva", "91.2") in flagged and ("agrouping", "91.8") in flagged
-    assert {r["value"] for r in rows if (r["table"], r["method"], r["dataset"], r["metric"])
-            == ("4", "agrouping", "sop", "recall_at_2")} == {"83.11"}
+    assert {
+        r["value"]
+        for r in rows
+        if (r["table"], r["method"], r["dataset"], r["metric"])
+        == ("4", "agrouping", "sop", "recall_at_2")
+    } == {"83.11"}
 
 
 def test_diml_k_sweep_rows_are_noted():
@@ -182,7 +207,10 @@ def test_diml_k_sweep_rows_are_noted():
     evaluation path; only they carry the ``ksweep`` note."""
     _, rows = _load("diml.csv")
     noted = [r for r in rows if r["notes"].startswith("ksweep:")]
-    expected = [r for r in rows if r["table"] in ("5", "6")
-                or (r["table"] == "3" and r["setting"] == "diml_stage=test")]
+    expected = [
+        r
+        for r in rows
+        if r["table"] in ("5", "6") or (r["table"] == "3" and r["setting"] == "diml_stage=test")
+    ]
     assert noted == expected and len(noted) == 90 + 72 + 12
     assert all(r["notes"] == "" for r in rows if r not in expected)

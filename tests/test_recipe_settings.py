@@ -29,8 +29,11 @@ def _googlenet_cells():
 def test_googlenet_runs_as_dgml_master_runs_it(source):
     """DGML-master@7834411: no transform_input (architectures/googlenet.py:18-19), BatchNorm
     trained (only resnet50.py:21-24 freezes it), 227-pixel crops (basic_dataset_scaffold.py:30)."""
-    protocols = ([load_protocol(source).for_dataset(d) for d in ("cub200", "cars196")] if source.endswith("googlenet")
-                 else [c.protocol for c in _googlenet_cells()])
+    protocols = (
+        [load_protocol(source).for_dataset(d) for d in ("cub200", "cars196")]
+        if source.endswith("googlenet")
+        else [c.protocol for c in _googlenet_cells()]
+    )
     assert protocols
     for protocol in protocols:
         assert protocol.backbone.name == "googlenet"
@@ -41,7 +44,9 @@ def test_googlenet_runs_as_dgml_master_runs_it(source):
 
 def test_the_resnet_cells_of_table3_keep_frozen_batchnorm_and_224():
     cells = [c for c in load_grid("agrouping-table3").cells if c.backbone == "resnet50"]
-    assert cells and all(c.protocol.backbone.freeze_bn and c.protocol.image.size == 224 for c in cells)
+    assert cells and all(
+        c.protocol.backbone.freeze_bn and c.protocol.image.size == 224 for c in cells
+    )
     assert all("googlenet_weights" not in c.paper_deviations for c in cells)
     assert all("googlenet_weights" in c.paper_deviations for c in _googlenet_cells())
 
@@ -55,7 +60,9 @@ def _fake_pretrained_googlenet(monkeypatch):
 
     def fake(*, weights=None, **kwargs):
         torch.manual_seed(0)
-        return real(weights=None, aux_logits=False, init_weights=True, transform_input=weights is not None)
+        return real(
+            weights=None, aux_logits=False, init_weights=True, transform_input=weights is not None
+        )
 
     monkeypatch.setattr(torchvision.models, "googlenet", fake)
 
@@ -68,7 +75,9 @@ def test_input_transform_false_skips_torchvisions_conversion(monkeypatch):
     converted = create_backbone("googlenet", pretrained=True).eval()
     raw = create_backbone("googlenet", pretrained=True, input_transform=False).eval()
     assert converted.body.transform_input and not raw.body.transform_input
-    children = nn.Sequential(*list(raw.body.children())[:7]).eval()  # DGML-master's Sequential, up to 3b
+    children = nn.Sequential(
+        *list(raw.body.children())[:7]
+    ).eval()  # DGML-master's Sequential, up to 3b
 
     def close(a, b):
         return torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
@@ -79,7 +88,9 @@ def test_input_transform_false_skips_torchvisions_conversion(monkeypatch):
         # torchvision's conversion: channel c becomes x * std_c / 0.5 + (mean_c - 0.5) / 0.5
         # (channel 0: 0.458 x - 0.030)
         shifted = x.clone()
-        for c, (mean, std) in enumerate(zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), strict=True)):
+        for c, (mean, std) in enumerate(
+            zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), strict=True)
+        ):
             shifted[:, c] = x[:, c] * (std / 0.5) + (mean - 0.5) / 0.5
         assert close(converted.run(x, stop="s8"), children(shifted))
 
@@ -94,7 +105,9 @@ def test_input_transform_false_is_refused_by_a_backbone_without_one():
 def test_trained_batchnorm_uses_batch_statistics_in_training_mode():
     from harness.components.backbones import create_backbone
 
-    backbone = create_backbone("googlenet", pretrained=False, freeze_bn=False, input_transform=False).train()
+    backbone = create_backbone(
+        "googlenet", pretrained=False, freeze_bn=False, input_transform=False
+    ).train()
     norms = [m for m in backbone.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms and all(m.training for m in norms)
     frozen = create_backbone("googlenet", pretrained=False, freeze_bn=True).train()
@@ -134,15 +147,22 @@ def test_classes_with_replacement_give_about_43_distinct_classes_of_100():
     """wl-zhao/DIML@c15dbea datasampler/class_random_sampler.py:42: 56 draws from 100 classes
     give 100 (1 - 0.99^56) = 43.0 distinct classes in expectation."""
     labels = np.repeat(np.arange(100), 10)
-    distinct = [len({labels[i] for i in batch}) for batch in _batches(labels, classes_with_replacement=True)]
-    assert abs(np.mean(distinct) - 100 * (1 - 0.99 ** 56)) < 0.5, np.mean(distinct)
+    distinct = [
+        len({labels[i] for i in batch}) for batch in _batches(labels, classes_with_replacement=True)
+    ]
+    assert abs(np.mean(distinct) - 100 * (1 - 0.99**56)) < 0.5, np.mean(distinct)
     assert {len({labels[i] for i in batch}) for batch in _batches(labels)} == {56}
 
 
 def test_classes_with_replacement_accept_fewer_classes_than_a_batch():
     labels = np.repeat(np.arange(20), 5)
-    batch = next(iter(ClassBalancedBatchSampler(labels, classes_per_batch=56, samples_per_class=2,
-                                                classes_with_replacement=True)))
+    batch = next(
+        iter(
+            ClassBalancedBatchSampler(
+                labels, classes_per_batch=56, samples_per_class=2, classes_with_replacement=True
+            )
+        )
+    )
     assert len(batch) == 112
 
 
@@ -151,7 +171,10 @@ def test_the_reproduce_protocols_take_the_seeds_samplers():
         sampling = load_protocol(name).sampling
         assert sampling.images_with_replacement and not sampling.classes_with_replacement
     for cell in load_grid("diml-table1").cells:
-        assert cell.protocol.sampling.images_with_replacement and cell.protocol.sampling.classes_with_replacement
+        assert (
+            cell.protocol.sampling.images_with_replacement
+            and cell.protocol.sampling.classes_with_replacement
+        )
     roth = load_protocol("roth2020").sampling
     assert not roth.images_with_replacement and not roth.classes_with_replacement
 
@@ -209,10 +232,16 @@ def test_roth_contrastive_averages_over_all_sampled_triplets():
     """wl-zhao/DIML@c15dbea criteria/contrastive.py l. 34-37 (margins 0 and 1)."""
     emb, labels = _batch(dim=3)
     a, p, n = _triplets(labels)
-    assert 0 < int(((emb[a] - emb[n]).norm(dim=1) > 1).sum()) < len(a)  # some negative terms are zero
-    expected = (emb[a] - emb[p]).norm(dim=1).mean() + F.relu(1 - (emb[a] - emb[n]).norm(dim=1)).mean()
+    assert (
+        0 < int(((emb[a] - emb[n]).norm(dim=1) > 1).sum()) < len(a)
+    )  # some negative terms are zero
+    expected = (emb[a] - emb[p]).norm(dim=1).mean() + F.relu(
+        1 - (emb[a] - emb[n]).norm(dim=1)
+    ).mean()
     args = {"pos_margin": 0.0, "neg_margin": 1.0}
-    roth = create_loss("contrastive", {**args, "reduction": "roth"}, num_classes=20, embedding_size=3)
+    roth = create_loss(
+        "contrastive", {**args, "reduction": "roth"}, num_classes=20, embedding_size=3
+    )
     pml = create_loss("contrastive", args, num_classes=20, embedding_size=3)
     assert float(roth(emb, labels, (a, p, n))) == pytest.approx(float(expected), rel=1e-5)
     assert float(pml(emb, labels, (a, p, n))) != pytest.approx(float(expected), rel=1e-2)
@@ -229,8 +258,10 @@ def _roth_multi_similarity(emb, labels, alpha=2.0, beta=40.0, margin=0.1, thresh
         hard_neg, hard_pos = neg[neg + margin > pos.min()], pos[pos - margin < neg.max()]
         if not len(hard_neg) or not len(hard_pos):
             continue
-        losses.append(torch.log(1 + torch.exp(-alpha * (hard_pos - thresh)).sum()) / alpha
-                      + torch.log(1 + torch.exp(beta * (hard_neg - thresh)).sum()) / beta)
+        losses.append(
+            torch.log(1 + torch.exp(-alpha * (hard_pos - thresh)).sum()) / alpha
+            + torch.log(1 + torch.exp(beta * (hard_neg - thresh)).sum()) / beta
+        )
     return float(torch.stack(losses).mean()) if losses else 0.0
 
 
@@ -241,7 +272,9 @@ def test_roth_multi_similarity_averages_over_the_anchors_that_kept_both_kinds():
     kept = set(pairs[0].tolist()) & set(pairs[2].tolist())
     assert 0 < len(kept) < len(emb)  # the batch has anchors the code skips
     args = {"alpha": 2.0, "beta": 40.0, "base": 0.5}
-    roth = create_loss("multi_similarity", {**args, "reduction": "roth"}, num_classes=20, embedding_size=32)
+    roth = create_loss(
+        "multi_similarity", {**args, "reduction": "roth"}, num_classes=20, embedding_size=32
+    )
     pml = create_loss("multi_similarity", args, num_classes=20, embedding_size=32)
     expected = _roth_multi_similarity(emb, labels)
     assert float(roth(emb, labels, pairs)) == pytest.approx(expected, rel=1e-5)
@@ -252,8 +285,12 @@ def test_roth_multi_similarity_is_zero_with_the_graph_when_no_anchor_keeps_both(
     emb, labels = _batch()
     emb.requires_grad_(True)
     roth = create_loss("multi_similarity", {"reduction": "roth"}, num_classes=20, embedding_size=32)
-    only_positives = (torch.tensor([0, 2]), torch.tensor([1, 3]), torch.tensor([], dtype=torch.long),
-                      torch.tensor([], dtype=torch.long))
+    only_positives = (
+        torch.tensor([0, 2]),
+        torch.tensor([1, 3]),
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([], dtype=torch.long),
+    )
     loss = roth(emb, labels, only_positives)
     assert float(loss) == 0.0
     loss.backward()
@@ -261,7 +298,9 @@ def test_roth_multi_similarity_is_zero_with_the_graph_when_no_anchor_keeps_both(
 
 
 def test_roth_margin_refuses_the_beta_regulariser():
-    with pytest.raises(HarnessError, match="reduction 'roth' follows Roth et al.'s criteria/margin.py"):
+    with pytest.raises(
+        HarnessError, match="reduction 'roth' follows Roth et al.'s criteria/margin.py"
+    ):
         create_loss("margin", {"reduction": "roth", "nu": 0.1}, num_classes=5, embedding_size=8)
 
 

@@ -51,7 +51,9 @@ def _value_and_grad(reducer, seed, **kwargs):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("divisor", [lambda losses: torch.sum(losses > 0), lambda losses: torch.tensor(0), 7, 0])
+@pytest.mark.parametrize(
+    "divisor", [lambda losses: torch.sum(losses > 0), lambda losses: torch.tensor(0), 7, 0]
+)
 def test_divisor_reducer_is_pmls_bitwise(seed, divisor):
     expected = _value_and_grad(DivisorReducer(), seed, divisor=divisor)
     got = _value_and_grad(SyncFreeDivisorReducer(), seed, divisor=divisor)
@@ -59,7 +61,9 @@ def test_divisor_reducer_is_pmls_bitwise(seed, divisor):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("zero_fraction", [0.0, 0.5, 1.0])  # 1.0: no loss above zero, PML's zero branch
+@pytest.mark.parametrize(
+    "zero_fraction", [0.0, 0.5, 1.0]
+)  # 1.0: no loss above zero, PML's zero branch
 def test_avg_non_zero_reducer_is_pmls(seed, zero_fraction):
     expected = _value_and_grad(AvgNonZeroReducer(), seed, zero_fraction=zero_fraction)
     got = _value_and_grad(SyncFreeAvgNonZeroReducer(), seed, zero_fraction=zero_fraction)
@@ -128,8 +132,11 @@ def test_losses_with_class_parameters_keep_pmls_value(name):
     torch.manual_seed(0)
     ours = create_loss(name, num_classes=8, embedding_size=8)
     torch.manual_seed(0)
-    pml = LOSSES.get(name).cls(**check_loss_args(name), num_classes=8,
-                               **({"embedding_size": 8} if name == "proxy_anchor" else {}))
+    pml = LOSSES.get(name).cls(
+        **check_loss_args(name),
+        num_classes=8,
+        **({"embedding_size": 8} if name == "proxy_anchor" else {}),
+    )
     got = MetricLoss(ours, create_miner("batch_hard"))(embeddings, labels)
     expected = MetricLoss(pml, create_miner("batch_hard"))(embeddings, labels)
     assert torch.equal(got, expected)

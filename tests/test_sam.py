@@ -53,8 +53,18 @@ def test_registered_names_and_default_form():
     assert SAMHead.paper.tables == ("1", "2")
 
 
-@pytest.mark.parametrize("option, value", [("form", "pairs"), ("stage", "s4"), ("alpha", 0.0), ("beta", 1.5),
-                                           ("gamma", -1.0), ("normalize", "sum"), ("mining", "easy")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("form", "pairs"),
+        ("stage", "s4"),
+        ("alpha", 0.0),
+        ("beta", 1.5),
+        ("gamma", -1.0),
+        ("normalize", "sum"),
+        ("mining", "easy"),
+    ],
+)
 def test_bad_options_are_one_clear_error(option, value):
     with pytest.raises(HarnessError, match=f"method 'sam'.*{option}"):
         check_method_options("sam", {option: value}, embedding_size=EMB)
@@ -70,13 +80,19 @@ def test_weight_vectors_by_hand():
     f_p = torch.tensor([0.78, 0.62, 0.10])
     f_n = torch.tensor([0.00, 0.60, 0.80])
     f_n2 = torch.tensor([0.60, 0.00, 0.80])
-    torch.testing.assert_close(triplet_weights(f_a, f_p, f_n), torch.tensor([0.98 * 0.8, 0.0, 0.9 * 0.8]))
+    torch.testing.assert_close(
+        triplet_weights(f_a, f_p, f_n), torch.tensor([0.98 * 0.8, 0.0, 0.9 * 0.8])
+    )
     torch.testing.assert_close(pair_weights(f_a, f_p, True), torch.tensor([0.98, 0.98, 0.9]))
     torch.testing.assert_close(pair_weights(f_a, f_n, False), torch.tensor([0.8, 0.0, 0.8]))
-    both = pair_weights(torch.stack([f_a, f_a]), torch.stack([f_p, f_n]), torch.tensor([True, False]))
+    both = pair_weights(
+        torch.stack([f_a, f_a]), torch.stack([f_p, f_n]), torch.tensor([True, False])
+    )
     torch.testing.assert_close(both, torch.tensor([[0.98, 0.98, 0.9], [0.8, 0.0, 0.8]]))
-    torch.testing.assert_close(quadruplet_weights(f_a, f_p, f_n, f_n2),
-                               torch.tensor([0.98 * 0.8 * 0.2, 0.0, 0.9 * 0.8 * 0.8]))
+    torch.testing.assert_close(
+        quadruplet_weights(f_a, f_p, f_n, f_n2),
+        torch.tensor([0.98 * 0.8 * 0.2, 0.0, 0.9 * 0.8 * 0.8]),
+    )
 
 
 # ------------------------------------------------------------------ Eq. 1
@@ -114,11 +130,15 @@ def test_closed_form_equals_autograd_on_random_maps():
     f = F.normalize(e, dim=-1)
     w = torch.rand(5, 6, generator=gen(3))
     s = (w * f).sum()  # one score per row; rows are independent
-    grads, = torch.autograd.grad(s, maps, retain_graph=True)
+    (grads,) = torch.autograd.grad(s, maps, retain_graph=True)
     # The gradient is constant over space (GAP -> Linear -> L2).
     torch.testing.assert_close(grads, grads[..., :1, :1].expand_as(grads))
-    torch.testing.assert_close(closed_form_attention(maps, e, f, w, weight), eq1_attention(maps, grads),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        closed_form_attention(maps, e, f, w, weight),
+        eq1_attention(maps, grads),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_closed_form_equals_autograd_on_the_model():
@@ -150,11 +170,15 @@ def test_earlier_stage_attention_is_per_image():
     w = torch.rand(BATCH, EMB, generator=gen(4))
     batched = head.attention(a, e, f, w, create_graph=False)
     for i in (0, 5):
-        one = fmap[i:i + 1].clone().requires_grad_()
+        one = fmap[i : i + 1].clone().requires_grad_()
         e1, f1 = head.features32(one)
-        s = (w[i:i + 1] * f1).sum()
-        torch.testing.assert_close(batched[i:i + 1], eq1_attention(one, torch.autograd.grad(s, one)[0]),
-                                   rtol=1e-5, atol=1e-6)
+        s = (w[i : i + 1] * f1).sum()
+        torch.testing.assert_close(
+            batched[i : i + 1],
+            eq1_attention(one, torch.autograd.grad(s, one)[0]),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 # ------------------------------------------------------------------ Sec. 3.2: masks and L_sm
@@ -163,12 +187,18 @@ def test_earlier_stage_attention_is_per_image():
 def test_soft_mask_and_normalisation_by_hand():
     """1 - sigmoid(alpha (M - beta)): 1 - sigmoid(-5) = 0.99331 at 0, 0.5 at beta, 0.00669 at 1."""
     m = torch.tensor([0.0, 0.5, 1.0])
-    torch.testing.assert_close(soft_mask(m, 10.0, 0.5), torch.tensor([0.993307, 0.5, 0.006693]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        soft_mask(m, 10.0, 0.5), torch.tensor([0.993307, 0.5, 0.006693]), atol=1e-6, rtol=0
+    )
     maps = torch.tensor([[[[0.0, 2.0], [1.0, 4.0]]], [[[0.0, 0.0], [0.0, 0.0]]]])
-    torch.testing.assert_close(normalize_attention(maps, "max")[0, 0], torch.tensor([[0.0, 0.5], [0.25, 1.0]]))
+    torch.testing.assert_close(
+        normalize_attention(maps, "max")[0, 0], torch.tensor([[0.0, 0.5], [0.25, 1.0]])
+    )
     torch.testing.assert_close(normalize_attention(maps, "max")[1], torch.zeros(1, 2, 2))
     shifted = maps + 2
-    torch.testing.assert_close(normalize_attention(shifted, "minmax")[0, 0], torch.tensor([[0.0, 0.5], [0.25, 1.0]]))
+    torch.testing.assert_close(
+        normalize_attention(shifted, "minmax")[0, 0], torch.tensor([[0.0, 0.5], [0.25, 1.0]])
+    )
 
 
 def test_head_masks_upsample_then_normalise():
@@ -187,10 +217,16 @@ def test_similarity_mining_loss_by_hand():
     a, p, n, n2 = (torch.tensor(v) for v in ([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [1.0, 0.0]))
     r2 = math.sqrt(2)
     tri = torch.stack([torch.stack([a, p, n]), torch.stack([a, a, n])])
-    assert float(similarity_mining_loss(tri, "triplet")) == pytest.approx(((2 - r2) + 2) / 2, abs=1e-5)
-    assert float(similarity_mining_loss(torch.stack([a, p])[None], "siamese")) == pytest.approx(-r2, abs=1e-5)
+    assert float(similarity_mining_loss(tri, "triplet")) == pytest.approx(
+        ((2 - r2) + 2) / 2, abs=1e-5
+    )
+    assert float(similarity_mining_loss(torch.stack([a, p])[None], "siamese")) == pytest.approx(
+        -r2, abs=1e-5
+    )
     quad = torch.stack([a, p, n, n2])[None]
-    assert float(similarity_mining_loss(quad, "quadruplet")) == pytest.approx((2 - r2) + r2, abs=1e-5)
+    assert float(similarity_mining_loss(quad, "quadruplet")) == pytest.approx(
+        (2 - r2) + r2, abs=1e-5
+    )
     # Finite gradient where two masked embeddings coincide.
     same = torch.stack([a, a, n])[None].requires_grad_()
     similarity_mining_loss(same, "triplet").backward()
@@ -253,7 +289,11 @@ def reference_select(indices, labels, form, embeddings=None, mining="random"):
             continue
         if form == "quadruplet":
             a, n1 = members[0], members[2]
-            pool = [j for j in range(batch) if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]]
+            pool = [
+                j
+                for j in range(batch)
+                if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
+            ]
             if not pool:
                 continue
             if mining == "hardest":
@@ -280,7 +320,9 @@ def random_mined_batch(seed):
     if seed % 4 == 0:
         return None, labels, emb
     same = labels[:, None] == labels[None]
-    a, p, n = torch.where(same[:, :, None] & ~same[:, None, :] & ~torch.eye(batch, dtype=torch.bool)[:, :, None])
+    a, p, n = torch.where(
+        same[:, :, None] & ~same[:, None, :] & ~torch.eye(batch, dtype=torch.bool)[:, :, None]
+    )
     keep = torch.rand(len(a), generator=g) < 0.3
     return (a[keep], p[keep], n[keep]), labels, emb
 
@@ -363,9 +405,13 @@ def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, monkeypatch):
     tuples = selected[0][1]
     k = {"sam": 3, "sam_siamese": 2, "sam_quadruplet": 4}[name]
     assert tuples.shape[1] == k and len(tuples) > 0
-    triplets = {tuple(t) for t in torch.stack(mined, 1).tolist()}  # the distance-weighted miner: triplets
+    triplets = {
+        tuple(t) for t in torch.stack(mined, 1).tolist()
+    }  # the distance-weighted miner: triplets
     for t in tuples.tolist():
-        assert tuple(t[:3]) in triplets if k >= 3 else (t[0], t[1]) in {(a, p) for a, p, _ in triplets}
+        assert (
+            tuple(t[:3]) in triplets if k >= 3 else (t[0], t[1]) in {(a, p) for a, p, _ in triplets}
+        )
     flat = tuples.flatten()
     assert len(set(flat.tolist())) == len(flat)  # each image masked at most once
     assert len(spy.inputs) == 1
@@ -408,10 +454,13 @@ def test_similarity_mining_gradient_flows_through_the_attention(stage, monkeypat
     assert grad_map.abs().sum() > 0
 
     original = SAMHead.masks
-    monkeypatch.setattr(SAMHead, "masks", lambda self, att, size: original(self, att.detach(), size))
+    monkeypatch.setattr(
+        SAMHead, "masks", lambda self, att, size: original(self, att.detach(), size)
+    )
     out, l_sm = _sm_term(model, x)
-    grad_map_d, grad_w_d = torch.autograd.grad(l_sm, [out.extras["map"], model.head.project.weight],
-                                               allow_unused=True)
+    grad_map_d, grad_w_d = torch.autograd.grad(
+        l_sm, [out.extras["map"], model.head.project.weight], allow_unused=True
+    )
     assert grad_map_d is None or grad_map_d.abs().sum() == 0
     assert not torch.allclose(grad_w, grad_w_d)
 
@@ -490,7 +539,9 @@ def test_pair_figure_is_written_from_local_embeddings(tmp_path):
         out = model(x)
     assert out.local is not None and out.local.shape[:2] == (BATCH, 9)
     pictures = [torch.rand(3, *IMAGE), torch.rand(3, *IMAGE)]
-    written = write_tuple_figures(model.head, "pair", pictures, [out.select(0), out.select(1)], tmp_path / "fig")
+    written = write_tuple_figures(
+        model.head, "pair", pictures, [out.select(0), out.select(1)], tmp_path / "fig"
+    )
     assert [p.name for p in written] == ["pair.png"] and written[0].stat().st_size > 1000
     (figure,) = model.head.figures("pair", pictures, [out.select(0), out.select(1)]).figures
     q, g = model.head.local_pair_maps(out.select(0), out.select(1), image_size=IMAGE)
@@ -510,18 +561,21 @@ def test_triplet_maps_are_eq_1_under_the_triplet_weight_and_fig_4_is_logged_with
     with torch.inference_mode():
         out = model(x)
     anchor, positive, negative = 0, 1, 2
-    maps = head.triplet_maps(out.select(anchor), out.select(positive), out.select(negative), image_size=IMAGE)
+    maps = head.triplet_maps(
+        out.select(anchor), out.select(positive), out.select(negative), image_size=IMAGE
+    )
     a = out.extras["map"].clone().requires_grad_()
     _, f = head.features32(a)
     w = triplet_weights(f[anchor], f[positive], f[negative]).detach()
     for k, index in enumerate((anchor, positive, negative)):
         s = (w * f[index]).sum()
         (grad,) = torch.autograd.grad(s, a, retain_graph=True)
-        expected = eq1_attention(a[index:index + 1].detach(), grad[index:index + 1])[0]
+        expected = eq1_attention(a[index : index + 1].detach(), grad[index : index + 1])[0]
         torch.testing.assert_close(maps[k], expected, rtol=1e-4, atol=1e-6)
     pictures = [torch.rand(3, *IMAGE) for _ in range(3)]
-    written = write_tuple_figures(head, "triplet", pictures, [out.select(i) for i in (anchor, positive, negative)],
-                                  tmp_path)
+    written = write_tuple_figures(
+        head, "triplet", pictures, [out.select(i) for i in (anchor, positive, negative)], tmp_path
+    )
     assert [p.name for p in written] == ["triplet.png", "triplet.npz"]
     with np.load(written[1]) as data:
         assert sorted(data.files) == ["anchor", "negative", "positive"]

@@ -30,12 +30,18 @@ def test_order_depends_only_on_seed_and_epoch():
 
 
 def test_too_few_classes_is_an_error():
-    with pytest.raises(HarnessError, match="classes_per_batch=20 but the training split has only 10"):
+    with pytest.raises(
+        HarnessError, match="classes_per_batch=20 but the training split has only 10"
+    ):
         ClassBalancedBatchSampler(LABELS, classes_per_batch=20, samples_per_class=2)
 
 
-@pytest.mark.parametrize("num_classes, expected", [(56, (56, 2)), (50, (50, 2)), (5, (5, 22)), (3, (3, 37))])
-def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_protocol_size(num_classes, expected):
+@pytest.mark.parametrize(
+    "num_classes, expected", [(56, (56, 2)), (50, (50, 2)), (5, (5, 22)), (3, (3, 37))]
+)
+def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_protocol_size(
+    num_classes, expected
+):
     from harness.config.protocol import load_protocol
     from harness.engine.data import adapted_sampling
 

@@ -38,8 +38,11 @@ def without_method_options(schema: dict) -> dict:
 @pytest.mark.parametrize("kind", ["protocol", "grid"])
 def test_the_published_copy_is_the_generated_schema_up_to_registered_methods(kind):
     published = json.loads((DOCS / f"{kind}.schema.json").read_text(encoding="utf-8"))
-    assert without_method_options(published) == without_method_options(json.loads(schema_text(kind))), (
-        f"docs/{kind}.schema.json is stale: nox -s docs (or python -m harness schema {kind} > docs/{kind}.schema.json)")
+    assert without_method_options(published) == without_method_options(
+        json.loads(schema_text(kind))
+    ), (
+        f"docs/{kind}.schema.json is stale: nox -s docs (or python -m harness schema {kind} > docs/{kind}.schema.json)"
+    )
 
 
 def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
@@ -47,18 +50,43 @@ def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
     schemas use (``type``, ``properties``, ``additionalProperties``, ``required``,
     ``items``, ``anyOf``, ``enum``, ``const``, bounds, ``$ref``)."""
     while "$ref" in node:
-        node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+        node = {
+            **defs[node["$ref"].rsplit("/", 1)[-1]],
+            **{k: v for k, v in node.items() if k != "$ref"},
+        }
     if "anyOf" in node:
-        return [] if any(not schema_errors(value, option, defs) for option in node["anyOf"]) else [where]
-    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
-             "integer": int, "number": (int, float)}
+        return (
+            []
+            if any(not schema_errors(value, option, defs) for option in node["anyOf"])
+            else [where]
+        )
+    kinds = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "boolean": bool,
+        "null": type(None),
+        "integer": int,
+        "number": (int, float),
+    }
     kind = node.get("type")
-    if kind and (not isinstance(value, kinds[kind]) or (kind in ("integer", "number") and isinstance(value, bool))):
+    if kind and (
+        not isinstance(value, kinds[kind])
+        or (kind in ("integer", "number") and isinstance(value, bool))
+    ):
         return [f"{where}: not {kind}"]
-    if ("enum" in node and value not in node["enum"]) or ("const" in node and value != node["const"]):
+    if ("enum" in node and value not in node["enum"]) or (
+        "const" in node and value != node["const"]
+    ):
         return [f"{where}: {value!r} not allowed"]
-    bounds = {"minimum": operator.ge, "maximum": operator.le, "exclusiveMinimum": operator.gt,
-              "exclusiveMaximum": operator.lt, "minItems": operator.ge, "maxItems": operator.le}
+    bounds = {
+        "minimum": operator.ge,
+        "maximum": operator.le,
+        "exclusiveMinimum": operator.gt,
+        "exclusiveMaximum": operator.lt,
+        "minItems": operator.ge,
+        "maxItems": operator.le,
+    }
     for key, holds in bounds.items():
         if key in node and not holds(len(value) if key.endswith("Items") else value, node[key]):
             return [f"{where}: {key} {node[key]}"]
@@ -67,7 +95,9 @@ def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
         for i, item in enumerate(value):
             errors += schema_errors(item, node["items"], defs, f"{where}[{i}]")
     if isinstance(value, dict):
-        errors += [f"{where}.{key}: missing" for key in node.get("required", []) if key not in value]
+        errors += [
+            f"{where}.{key}: missing" for key in node.get("required", []) if key not in value
+        ]
         extra = node.get("additionalProperties", True)
         for key, item in value.items():
             child = node.get("properties", {}).get(key, extra)
@@ -79,29 +109,66 @@ def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
 
 
 ROOT = DOCS.parent
-FILES = {"protocol": sorted([*(ROOT / "protocols").glob("*.toml"), *(ROOT / "tests" / "protocols").glob("*.toml")]),
-         "grid": sorted([*(ROOT / "protocols" / "grids").glob("*.toml"), *(ROOT / "tests" / "grids").glob("*.toml")])}
+FILES = {
+    "protocol": sorted(
+        [*(ROOT / "protocols").glob("*.toml"), *(ROOT / "tests" / "protocols").glob("*.toml")]
+    ),
+    "grid": sorted(
+        [*(ROOT / "protocols" / "grids").glob("*.toml"), *(ROOT / "tests" / "grids").glob("*.toml")]
+    ),
+}
 
 
-@pytest.mark.parametrize("kind, path", [(kind, path) for kind, paths in FILES.items() for path in paths],
-                         ids=lambda p: p.name if isinstance(p, Path) else p)
+@pytest.mark.parametrize(
+    "kind, path",
+    [(kind, path) for kind, paths in FILES.items() for path in paths],
+    ids=lambda p: p.name if isinstance(p, Path) else p,
+)
 def test_the_generated_schema_accepts_every_file_the_harness_reads(kind, path):
     """The round trip: the schema generated from the declared types and the registry
     accepts every protocol and grid the harness ships, and refuses an unknown key in it."""
     schema = json.loads(schema_text(kind))
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     assert schema_errors(data, schema, schema["$defs"]) == []
-    assert schema_errors({**data, "no_such_key": 1}, schema, schema["$defs"]) == [".no_such_key: unknown key"]
+    assert schema_errors({**data, "no_such_key": 1}, schema, schema["$defs"]) == [
+        ".no_such_key: unknown key"
+    ]
 
 
-@pytest.mark.parametrize("kind, data, error", [
-    ("protocol", {"optimizer": {"lr_head": -1.0}}, ".optimizer.lr_head: exclusiveMinimum 0"),
-    ("protocol", {"methods": {"agrouping": {"groups": "4"}}}, ".methods.agrouping.groups: not integer"),
-    ("grid", {"protocol": "smoke", "methods": "every", "losses": ["margin"], "backbones": ["resnet50"],
-              "datasets": ["cub200"], "seeds": [0]}, ".methods"),
-    ("grid", {"protocol": "smoke", "methods": "all", "losses": ["margin"], "backbones": ["resnet50"],
-              "datasets": ["cub200"]}, ".seeds: missing"),
-])
+@pytest.mark.parametrize(
+    "kind, data, error",
+    [
+        ("protocol", {"optimizer": {"lr_head": -1.0}}, ".optimizer.lr_head: exclusiveMinimum 0"),
+        (
+            "protocol",
+            {"methods": {"agrouping": {"groups": "4"}}},
+            ".methods.agrouping.groups: not integer",
+        ),
+        (
+            "grid",
+            {
+                "protocol": "smoke",
+                "methods": "every",
+                "losses": ["margin"],
+                "backbones": ["resnet50"],
+                "datasets": ["cub200"],
+                "seeds": [0],
+            },
+            ".methods",
+        ),
+        (
+            "grid",
+            {
+                "protocol": "smoke",
+                "methods": "all",
+                "losses": ["margin"],
+                "backbones": ["resnet50"],
+                "datasets": ["cub200"],
+            },
+            ".seeds: missing",
+        ),
+    ],
+)
 def test_the_generated_schema_refuses_a_bad_value(kind, data, error):
     schema = json.loads(schema_text(kind))
     assert schema_errors(data, schema, schema["$defs"]) == [error]
@@ -115,7 +182,12 @@ def test_the_protocol_schema_accepts_a_table_for_a_method_it_does_not_list():
 def test_the_protocol_schema_declares_ranges_finiteness_and_method_options():
     schema = json.loads(schema_text("protocol"))
     optimizer = schema["$defs"]["OptimizerSpec"]["properties"]
-    assert optimizer["lr_head"] == {"default": 1e-05, "exclusiveMinimum": 0, "title": "Lr Head", "type": "number"}
+    assert optimizer["lr_head"] == {
+        "default": 1e-05,
+        "exclusiveMinimum": 0,
+        "title": "Lr Head",
+        "type": "number",
+    }
     assert optimizer["weight_decay"]["minimum"] == 0
     assert schema["$defs"]["SelectionSpec"]["properties"]["evaluate_every"]["minimum"] == 1
     assert schema["$defs"]["OptimizerSpec"]["additionalProperties"] is False
@@ -123,7 +195,9 @@ def test_the_protocol_schema_declares_ranges_finiteness_and_method_options():
     assert sorted(options) == sorted(METHODS.list())
     assert options["agrouping"]["properties"]["groups"]["type"] == "integer"
     assert options["agrouping"]["additionalProperties"] is False
-    margin = schema["$defs"]["LossSpec"]["properties"]["args"]["additionalProperties"]["properties"]["margin"]
+    margin = schema["$defs"]["LossSpec"]["properties"]["args"]["additionalProperties"][
+        "properties"
+    ]["margin"]
     assert {"type": "number", "minimum": 0} in margin["anyOf"]
 
 

@@ -42,11 +42,31 @@ def fashion_mnist_scores(tmp_path_factory, data_root, tracking_dir) -> dict[str,
         mp.chdir(workdir)
         for name, extra in variants.items():
             out = workdir / f"{name}.json"
-            assert main(["run", "--methods", "plain", "--dataset", "fashion-mnist", "--seeds", "0",
-                         "--json", str(out), *extra]) == 0
+            assert (
+                main(
+                    [
+                        "run",
+                        "--methods",
+                        "plain",
+                        "--dataset",
+                        "fashion-mnist",
+                        "--seeds",
+                        "0",
+                        "--json",
+                        str(out),
+                        *extra,
+                    ]
+                )
+                == 0
+            )
             found[name] = json.loads(out.read_text())[0]["metrics"]
-    print("Fashion-MNIST " + "; ".join(f"{k}: P@1 {v['precision_at_1']:.4f} MAP@R "
-                                       f"{v['mean_average_precision_at_r']:.4f}" for k, v in found.items()))
+    print(
+        "Fashion-MNIST "
+        + "; ".join(
+            f"{k}: P@1 {v['precision_at_1']:.4f} MAP@R {v['mean_average_precision_at_r']:.4f}"
+            for k, v in found.items()
+        )
+    )
     return found
 
 
@@ -58,8 +78,11 @@ def test_training_beats_the_initial_model_when_it_sees_the_test_classes(fashion_
     assert control["precision_at_1"] - initial["precision_at_1"] >= 0.02
 
 
-@pytest.mark.xfail(strict=True, reason="trained on 3 clothing classes, the model does not beat ImageNet "
-                   "features on shoes, bags and shirts by 5 points (docs/performance.md: the seen-class control)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="trained on 3 clothing classes, the model does not beat ImageNet "
+    "features on shoes, bags and shirts by 5 points (docs/performance.md: the seen-class control)",
+)
 def test_zero_shot_training_beats_the_initial_model_by_five_points(fashion_mnist_scores):
     initial, trained = fashion_mnist_scores["initial"], fashion_mnist_scores["zero-shot"]
     assert trained["precision_at_1"] - initial["precision_at_1"] >= 0.05

@@ -39,8 +39,12 @@ def test_perfect_ranking_scores_n_minus_1_over_n_with_the_query_in_r():
         other = [j for j in range(len(labels)) if labels[j] != y]
         neighbours.append(labels[same + other])
     r = np.array([3, 3, 3, 3, 2, 2, 2])
-    scores = retrieval_metrics(np.array(neighbours), labels, r, metrics=list(PAPER_VARIANTS.values())
-                               + ["r_precision", "mean_average_precision_at_r"])
+    scores = retrieval_metrics(
+        np.array(neighbours),
+        labels,
+        r,
+        metrics=list(PAPER_VARIANTS.values()) + ["r_precision", "mean_average_precision_at_r"],
+    )
     expected = (4 * 3 / 4 + 3 * 2 / 3) / 7
     assert scores["r_precision_query_in_r"] == pytest.approx(expected)
     assert scores["mean_average_precision_at_r_query_in_r"] == pytest.approx(expected)
@@ -70,13 +74,28 @@ def test_per_query_values_reproduce_every_mean_and_round_trip(tmp_path):
     labels = np.repeat(np.arange(6), 5)
     labels = np.append(labels, 99)  # a lone query: kept in the arrays, out of every mean
     emb = rng.normal(size=(len(labels), 16)).astype(np.float32)
-    out = evaluate_embeddings(emb, labels, recall_k=(1, 4), per_query=True,
-                              metrics=["precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r",
-                                       "r_precision_query_in_r"])
+    out = evaluate_embeddings(
+        emb,
+        labels,
+        recall_k=(1, 4),
+        per_query=True,
+        metrics=[
+            "precision_at_1",
+            "recall_at_k",
+            "r_precision",
+            "mean_average_precision_at_r",
+            "r_precision_query_in_r",
+        ],
+    )
     arrays = out.per_query
     assert arrays["num_relevant"][-1] == 0 and out["num_lone_queries"] == 1
-    for metric in ("precision_at_1", "recall_at_4", "r_precision", "mean_average_precision_at_r",
-                   "r_precision_query_in_r"):
+    for metric in (
+        "precision_at_1",
+        "recall_at_4",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "r_precision_query_in_r",
+    ):
         assert per_query_values(arrays, metric).mean() == pytest.approx(out[metric]), metric
     assert per_query_values(arrays, "nmi") is None
     path = tmp_path / "evaluation" / "per_query_test.npz"
@@ -93,7 +112,9 @@ def test_per_query_values_reproduce_every_mean_and_round_trip(tmp_path):
 def test_t_interval_matches_scipy():
     values = [61.2, 63.5, 60.1, 62.8, 64.0]
     mean, half, n = t_interval(values)
-    low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=scipy_stats.sem(values))
+    low, high = scipy_stats.t.interval(
+        0.95, len(values) - 1, loc=np.mean(values), scale=scipy_stats.sem(values)
+    )
     assert (mean, n) == (pytest.approx(np.mean(values)), 5)
     assert mean - half == pytest.approx(low) and mean + half == pytest.approx(high)
     assert math.isnan(t_interval([50.0])[1]) and t_interval([])[2] == 0
@@ -104,7 +125,9 @@ def test_paired_t_test_matches_scipy_and_needs_spread():
     diff, p = paired_t_test(a, b)
     assert diff == pytest.approx(np.mean(np.subtract(a, b)))
     assert p == pytest.approx(scipy_stats.ttest_rel(a, b).pvalue)
-    assert math.isnan(paired_t_test([1.0, 2.0], [0.0, 1.0])[1])  # constant difference: nothing to test
+    assert math.isnan(
+        paired_t_test([1.0, 2.0], [0.0, 1.0])[1]
+    )  # constant difference: nothing to test
     assert math.isnan(paired_t_test([1.0], [0.0])[1])
 
 
@@ -119,8 +142,11 @@ def test_paired_bootstrap_is_seeded_and_finds_a_clear_difference():
 
 def test_query_differences_are_averaged_over_seeds_when_the_queries_agree():
     labels = np.array([0, 0, 1])
-    diffs, how = pool_query_differences([(np.array([1.0, 0, 1]), np.zeros(3), labels),
-                                         (np.array([0.0, 0, 1]), np.zeros(3), labels)])
+    diffs, how = pool_query_differences(
+        [(np.array([1.0, 0, 1]), np.zeros(3), labels), (np.array([0.0, 0, 1]), np.zeros(3), labels)]
+    )
     assert how == "averaged over seeds" and diffs.tolist() == [0.5, 0.0, 1.0]
-    diffs, how = pool_query_differences([(np.ones(3), np.zeros(3), labels), (np.ones(2), np.zeros(2), labels[:2])])
+    diffs, how = pool_query_differences(
+        [(np.ones(3), np.zeros(3), labels), (np.ones(2), np.zeros(2), labels[:2])]
+    )
     assert how == "pooled over seeds" and len(diffs) == 5

@@ -20,8 +20,22 @@ TINY_PROTOCOL = Path(__file__).parent / "protocols" / "tiny.toml"
 
 def _table(store: Path, experiment: str, fmt: str, out: Path, monkeypatch, *extra: str) -> int:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
-    return main(["table", "--experiment", experiment, "--format", fmt, "--metrics", "recall_at_1,nmi",
-                 "--baseline", "plain", "--out", str(out), *extra])
+    return main(
+        [
+            "table",
+            "--experiment",
+            experiment,
+            "--format",
+            fmt,
+            "--metrics",
+            "recall_at_1,nmi",
+            "--baseline",
+            "plain",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +45,24 @@ def built_store(tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("moving")
     store, experiment = root / "store", f"tiny-{uuid.uuid4().hex[:6]}"
     grid = root / "grid.toml"
-    grid.write_text(f'name = "{experiment}"\nprotocol = "{TINY_PROTOCOL}"\nmethods = ["plain", "ngrouping"]\n'
-                    'losses = ["margin"]\nbackbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n'
-                    "seeds = [0, 1]\n")
+    grid.write_text(
+        f'name = "{experiment}"\nprotocol = "{TINY_PROTOCOL}"\nmethods = ["plain", "ngrouping"]\n'
+        'losses = ["margin"]\nbackbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n'
+        "seeds = [0, 1]\n"
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
-        assert main(["sweep", "--grid", str(grid), "--storage", f"sqlite:///{root / 'optuna.db'}"]) == 0
+        assert (
+            main(["sweep", "--grid", str(grid), "--storage", f"sqlite:///{root / 'optuna.db'}"])
+            == 0
+        )
     return store, experiment
 
 
-def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(built_store, tmp_path, monkeypatch,
-                                                                           capsys):
+def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(
+    built_store, tmp_path, monkeypatch, capsys
+):
     store, experiment = built_store
     monkeypatch.chdir(tmp_path)
     assert (store / "mlartifacts").is_dir()  # the artifacts live beside the database
@@ -64,8 +84,11 @@ def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(built
         assert "tables: run" not in capsys.readouterr().err
 
         mlflow.set_tracking_uri(f"sqlite:///{moved / 'mlflow.db'}")
-        run = next(r for r in mlflow.search_runs(experiment_names=[experiment], output_format="list")
-                   if r.data.tags["method"] == "ngrouping")
+        run = next(
+            r
+            for r in mlflow.search_runs(experiment_names=[experiment], output_format="list")
+            if r.data.tags["method"] == "ngrouping"
+        )
         artifact = moved / "mlartifacts" / run.info.run_id / "artifacts" / PER_QUERY_ARTIFACT
         artifact.unlink()
         assert _table(moved, experiment, "markdown", tmp_path / "missing.md", monkeypatch) == 0
@@ -76,7 +99,10 @@ def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(built
         ngrouping_row = next(x for x in text.splitlines() if x.startswith("| N-grouping"))
         assert "‡" in ngrouping_row and "per-query results of 1 run(s) are missing" in text
 
-        assert _table(moved, experiment, "markdown", tmp_path / "strict.md", monkeypatch, "--strict") == 2
+        assert (
+            _table(moved, experiment, "markdown", tmp_path / "strict.md", monkeypatch, "--strict")
+            == 2
+        )
         assert "error: --strict: 1 run(s) lack results" in capsys.readouterr().err
         assert not (tmp_path / "strict.md").exists()
     finally:

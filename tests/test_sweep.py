@@ -34,7 +34,8 @@ def _grid(tmp: Path, *, methods=("plain", "ngrouping"), seeds=(0,), extra: str =
     path.write_text(
         f'name = "tiny-{uuid.uuid4().hex[:6]}"\nprotocol = "{TINY_PROTOCOL}"\n'
         f"methods = {list(methods)!r}\nlosses = ['margin']\nbackbones = ['efficientnet_lite0']\n"
-        f"datasets = ['synthetic']\nseeds = {list(seeds)!r}\n{extra}".replace("'", '"'))
+        f"datasets = ['synthetic']\nseeds = {list(seeds)!r}\n{extra}".replace("'", '"')
+    )
     return path
 
 
@@ -70,7 +71,9 @@ def test_unknown_grid_keys_are_errors_naming_the_key(tmp_path):
     with pytest.raises(HarnessError, match="unknown grid 'nope'"):
         load_grid("nope")
     bad = _grid(tmp_path, extra="baseline = 'plan'\n")
-    with pytest.raises(HarnessError, match="grid key 'baseline' = \"plan\": expected a method of the grid"):
+    with pytest.raises(
+        HarnessError, match="grid key 'baseline' = \"plan\": expected a method of the grid"
+    ):
         load_grid(bad)
 
 
@@ -85,23 +88,39 @@ def test_agrouping_table3_grid():
     google = next(c for c in cells if c.backbone == "googlenet")
     resnet = next(c for c in cells if c.backbone == "resnet50")
     assert google.protocol.optimizer.lr_backbone == 2e-5 == google.protocol.optimizer.lr_head
-    assert google.protocol.backbone.name == "googlenet" and resnet.protocol.optimizer.lr_backbone == 1e-5
+    assert (
+        google.protocol.backbone.name == "googlenet"
+        and resnet.protocol.optimizer.lr_backbone == 1e-5
+    )
     assert all(c.deviations == () for c in cells)  # the paper's settings, not deviations
     assert len({c.key for c in cells}) == len(cells)
-    assert resnet.loss_args and resnet.method_options == {} if resnet.method == "ngrouping" else True
+    assert (
+        resnet.loss_args and resnet.method_options == {} if resnet.method == "ngrouping" else True
+    )
 
     smoke = load_grid("agrouping-table3", smoke=True)
     assert smoke.experiment == "agrouping-table3-smoke" and smoke.protocol == "smoke"
-    assert {c.method for c in smoke.cells} == {"ngrouping", "mgrouping", "ggrouping", "cgrouping", "agrouping"}
+    assert {c.method for c in smoke.cells} == {
+        "ngrouping",
+        "mgrouping",
+        "ggrouping",
+        "cgrouping",
+        "agrouping",
+    }
     assert {c.loss for c in smoke.cells} == {"contrastive", "binomial_deviance", "margin"}
     # two seeds, so that every smoke cell has an interval and a paired test
     assert {c.dataset for c in smoke.cells} == {"synthetic"} and len(smoke.cells) == 15 * 2
     assert grid.baseline == "ngrouping" and smoke.baseline == "ngrouping"
-    assert all(c.protocol.schedule.epochs == 1 and c.protocol.sampling.batches_per_epoch == 2
-               for c in smoke.cells)
+    assert all(
+        c.protocol.schedule.epochs == 1 and c.protocol.sampling.batches_per_epoch == 2
+        for c in smoke.cells
+    )
     # smoke's own epoch count is 1: two batches of it are the grid's deviation, the epoch is not
-    assert all({d.field for d in c.deviations} & {"sampling.batches_per_epoch", "schedule.epochs"}
-               == {"sampling.batches_per_epoch"} for c in smoke.cells)
+    assert all(
+        {d.field for d in c.deviations} & {"sampling.batches_per_epoch", "schedule.epochs"}
+        == {"sampling.batches_per_epoch"}
+        for c in smoke.cells
+    )
 
 
 def test_smoke_table_replaces_keys_and_adds_deviations():
@@ -133,7 +152,6 @@ def test_local_workers_pop_trials_under_one_file_lock(tmp_path):
             pass
 
 
-
 def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, capsys):
     grid_path = _grid(workdir)
     grid = load_grid(grid_path)
@@ -153,8 +171,9 @@ def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, 
 
 
 @pytest.mark.parametrize("same_code", [True, False])
-def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(workdir, monkeypatch, capsys,
-                                                                           same_code):
+def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(
+    workdir, monkeypatch, capsys, same_code
+):
     """A worker killed after its run finished but before tagging it: the next start adopts
     the run, unless the method has a newer revision since."""
     from harness.cli.main import main
@@ -162,8 +181,20 @@ def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(wor
 
     grid_path = _grid(workdir, methods=("plain",))
     grid = load_grid(grid_path)
-    assert main(["run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL),
-                 "--experiment", grid.experiment]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--methods",
+                "plain",
+                "--protocol",
+                str(TINY_PROTOCOL),
+                "--experiment",
+                grid.experiment,
+            ]
+        )
+        == 0
+    )
     if not same_code:
         monkeypatch.setattr(PlainHead, "revision", 2)
     assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}") == 0
@@ -194,7 +225,10 @@ def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkey
     monkeypatch.setattr(training, "run_training", real)
     assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
     out = capsys.readouterr()
-    assert "retrying efficientnet_lite0/margin/ngrouping" in out.err and "1/1 cells finished" in out.out
+    assert (
+        "retrying efficientnet_lite0/margin/ngrouping" in out.err
+        and "1/1 cells finished" in out.out
+    )
     finished = [r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]
     assert [r.data.tags["method"] for r in finished] == ["ngrouping"]
     study = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage)
@@ -203,8 +237,11 @@ def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkey
 
 def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
     plain_only = load_grid(_grid(tmp_path, methods=("plain",)))
-    grid = load_grid(_grid(tmp_path, methods=("diml", "plain"), seeds=(0, 1),
-                           extra='[test_time]\ndiml = "plain"\n'))
+    grid = load_grid(
+        _grid(
+            tmp_path, methods=("diml", "plain"), seeds=(0, 1), extra='[test_time]\ndiml = "plain"\n'
+        )
+    )
     plains = {c.seed: c for c in grid.cells if c.method == "plain"}
     dimls = {c.seed: c for c in grid.cells if c.method == "diml"}
     assert [c.method for c in grid.cells] == ["plain", "plain", "diml", "diml"]  # bases first
@@ -217,7 +254,9 @@ def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
     # A test-time method must train as its base: diml_train trains its own way (App. A.3),
     # and ngrouping is not plain at all.
     for method in ("diml_train", "ngrouping"):
-        wrong = _grid(tmp_path, methods=(method, "plain"), extra=f'[test_time]\n{method} = "plain"\n')
+        wrong = _grid(
+            tmp_path, methods=(method, "plain"), extra=f'[test_time]\n{method} = "plain"\n'
+        )
         with pytest.raises(HarnessError, match=f"{method} does not train as plain"):
             load_grid(wrong)
 
@@ -235,17 +274,29 @@ def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypat
 def test_diml_table1_grid():
     grid = load_grid("diml-table1")
     assert grid.protocol == "diml" and grid.published_tables == ("1",)
-    assert grid.metrics == ("precision_at_1", "r_precision", "mean_average_precision_at_r",
-                            "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
-    assert grid.published_metrics == {"r_precision": "r_precision_query_in_r",
-                                      "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r"}
+    assert grid.metrics == (
+        "precision_at_1",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "r_precision_query_in_r",
+        "mean_average_precision_at_r_query_in_r",
+    )
+    assert grid.published_metrics == {
+        "r_precision": "r_precision_query_in_r",
+        "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r",
+    }
     # 2 methods x 3 losses x 3 datasets x 3 seeds, every diml cell on its plain cell.
     assert len(grid.cells) == 2 * 3 * 3 * 3
     by_key = {c.key: c for c in grid.cells}
     for cell in grid.cells:
         if cell.method == "diml":
             base = by_key[cell.base_key]
-            assert (base.method, base.loss, base.dataset, base.seed) == ("plain", cell.loss, cell.dataset, cell.seed)
+            assert (base.method, base.loss, base.dataset, base.seed) == (
+                "plain",
+                cell.loss,
+                cell.dataset,
+                cell.seed,
+            )
             assert base.protocol == cell.protocol
 
 
@@ -264,7 +315,8 @@ def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys)
     assert not any(k.startswith("val/") for k in diml.data.metrics)  # no training epoch
     # DIML re-ranks the same trained embedding: its cosine numbers are the baseline's.
     assert diml.data.metrics[metric_key("test", "global_precision_at_1")] == pytest.approx(
-        plain.data.metrics[metric_key("test", "precision_at_1")])
+        plain.data.metrics[metric_key("test", "precision_at_1")]
+    )
     assert "2/2 cells finished" in capsys.readouterr().out
     cells = summarize(load_runs([grid.experiment]), ["precision_at_1"])
     assert set(cells["method"]) == {"plain", "diml"}  # one block, one fingerprint: comparable
@@ -276,14 +328,29 @@ def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys)
 def test_worker_processes_queue_test_time_cells_when_their_base_finishes(workdir, capsys):
     """Workers (here two processes on SQLite) pick up DIML cells themselves once the
     plain cell they evaluate has finished: no coordinator round is needed."""
-    grid_path = _grid(workdir, methods=("plain", "diml"), seeds=(0, 1), extra='[test_time]\ndiml = "plain"\n')
+    grid_path = _grid(
+        workdir, methods=("plain", "diml"), seeds=(0, 1), extra='[test_time]\ndiml = "plain"\n'
+    )
     grid = load_grid(grid_path)
-    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}",
-                  "--workers", "2") == 0
+    assert (
+        _sweep(
+            "--grid",
+            str(grid_path),
+            "--storage",
+            f"sqlite:///{workdir / 'optuna.db'}",
+            "--workers",
+            "2",
+        )
+        == 0
+    )
     assert "4/4 cells finished" in capsys.readouterr().out
     runs = _runs(grid.experiment)
     plain = {r.data.tags["seed"]: r.info.run_id for r in runs if r.data.tags["method"] == "plain"}
-    diml = {r.data.tags["seed"]: r.data.tags["init_from"] for r in runs if r.data.tags["method"] == "diml"}
+    diml = {
+        r.data.tags["seed"]: r.data.tags["init_from"]
+        for r in runs
+        if r.data.tags["method"] == "diml"
+    }
     assert len(runs) == 4 and diml == plain
 
 
@@ -340,8 +407,11 @@ def postgres(tmp_path):
 
     if not (importlib.util.find_spec("psycopg") or importlib.util.find_spec("psycopg2")):
         pytest.skip("no PostgreSQL driver: pip install psycopg2-binary (or 'psycopg[binary]')")
-    bindir = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None) \
-        if Path("/usr/lib/postgresql").is_dir() else None
+    bindir = (
+        next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+        if Path("/usr/lib/postgresql").is_dir()
+        else None
+    )
     initdb = shutil.which("initdb") or (str(bindir / "initdb") if bindir else None)
     if not initdb or not Path(initdb).exists():
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
@@ -358,6 +428,7 @@ def postgres(tmp_path):
         user = "postgres"
         try:
             import pwd
+
             pwd.getpwnam(user)
         except KeyError:
             pytest.skip("running as root and there is no 'postgres' user to run the server")
@@ -366,22 +437,61 @@ def postgres(tmp_path):
         user = os.environ.get("USER", "postgres")
     port = _free_port()
     try:
-        subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"],
-                       check=True, capture_output=True, timeout=120, cwd=base)
-        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(base / "pg.log"),
-                        "-o", f"-h 127.0.0.1 -p {port} -k {base}", "start"],
-                       check=True, capture_output=True, timeout=120, cwd=base)
+        subprocess.run(
+            [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            cwd=base,
+        )
+        subprocess.run(
+            [
+                *prefix,
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-w",
+                "-l",
+                str(base / "pg.log"),
+                "-o",
+                f"-h 127.0.0.1 -p {port} -k {base}",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            cwd=base,
+        )
     except (subprocess.SubprocessError, OSError) as err:
         detail = getattr(err, "stderr", b"") or b""
         shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"cannot start PostgreSQL: {err} {detail.decode(errors='replace').strip()[:300]}")
+        pytest.skip(
+            f"cannot start PostgreSQL: {err} {detail.decode(errors='replace').strip()[:300]}"
+        )
     try:
-        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "sweep"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                str(bindir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                "sweep",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         yield f"postgresql://postgres@127.0.0.1:{port}/sweep"
     finally:
-        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60, cwd=base)
+        subprocess.run(
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+            cwd=base,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -402,18 +512,27 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
     # ... then three worker processes, as `sweep --workers 3` starts them.
     cmd = [sys.executable, "-m", "harness", "sweep", *common, "--worker-only"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    workers = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for _ in range(3)]
+    workers = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     try:
         victim, deadline = None, time.time() + 300
         while victim is None and time.time() < deadline:
-            running = [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"
-                       and "worker" in t.user_attrs and CELL_ATTR in t.user_attrs]
+            running = [
+                t
+                for t in study.get_trials(deepcopy=False)
+                if t.state.name == "RUNNING"
+                and "worker" in t.user_attrs
+                and CELL_ATTR in t.user_attrs
+            ]
             if running:
                 time.sleep(3)  # mid-cell
                 # The snapshot is 3 s old: the trial may have ended and its worker moved on
                 # (killing it then hit another cell, or one not yet heartbeating).
-                now = next(t for t in study.get_trials(deepcopy=False) if t.number == running[0].number)
+                now = next(
+                    t for t in study.get_trials(deepcopy=False) if t.number == running[0].number
+                )
                 if now.state.name == "RUNNING":
                     victim = now
                     pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
@@ -426,7 +545,9 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
         for w in workers:
             if w.poll() is None:
                 w.kill()
-    trials = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage_url(postgres)).trials
+    trials = optuna.load_study(
+        study_name=f"sweep:{grid.name}", storage=storage_url(postgres)
+    ).trials
     killed = next(t for t in trials if t.number == victim.number)
     assert killed.state.name == "FAIL"
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]

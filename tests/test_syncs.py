@@ -50,8 +50,11 @@ HOST_DRAWS = ((sam_module, "_random_order"), (sam_module, "_random_index"))
 @pytest.fixture(scope="module")
 def protocol():
     p = load_protocol(TINY_PROTOCOL)
-    return dataclasses.replace(p, sampling=dataclasses.replace(p.sampling, batches_per_epoch=STEPS),
-                               training=dataclasses.replace(p.training, sync_every=SYNC_EVERY))
+    return dataclasses.replace(
+        p,
+        sampling=dataclasses.replace(p.sampling, batches_per_epoch=STEPS),
+        training=dataclasses.replace(p.training, sync_every=SYNC_EVERY),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +62,29 @@ def splits(protocol):
     return prepare_splits(protocol, "synthetic", None, seed=0)
 
 
-def _count_steps(protocol, splits, name: str, monkeypatch) -> tuple[SyncCounter, list[StepFlush], object]:
+def _count_steps(
+    protocol, splits, name: str, monkeypatch
+) -> tuple[SyncCounter, list[StepFlush], object]:
     """One epoch of STEPS steps of ``name`` under the counter, its batches read beforehand
     (the loader decodes and augments on the host, by design)."""
-    cfg = RunConfig.build(protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0)
+    cfg = RunConfig.build(
+        protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
     recorder = InMemoryRecorder()
     trainer = Trainer.build(cfg, splits, recorder=recorder)
     trainer.batches.loader = list(trainer.batches.loader)
     mine = MetricLoss._mine
     with SyncCounter() as counter:
+
         def counted_mine(self, embeddings, labels):
             with counter.section("mining"):
                 return mine(self, embeddings, labels)
 
         monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
         for owner, name in HOST_DRAWS:
-            monkeypatch.setattr(owner, name, _in_section(counter, "host draws", getattr(owner, name)))
+            monkeypatch.setattr(
+                owner, name, _in_section(counter, "host draws", getattr(owner, name))
+            )
         trainer.train_epoch(0)
     return counter, recorder.flushes, trainer.model.head
 
@@ -83,6 +93,7 @@ def _in_section(counter: SyncCounter, section: str, function):
     def counted(*args, **kwargs):
         with counter.section(section):
             return function(*args, **kwargs)
+
     return counted
 
 
@@ -91,18 +102,28 @@ def _cases() -> list[tuple[str, str]]:
     in float32 only: they run the same modules wired at other points, and CPU bfloat16
     (emulated) takes 4-10 s for each."""
     first_diablo = next(n for n in list_methods() if n.startswith("diablo"))
-    return [(name, precision) for name in list_methods() for precision in ("float32", "bfloat16")
-            if precision == "float32" or not name.startswith("diablo") or name == first_diablo]
+    return [
+        (name, precision)
+        for name in list_methods()
+        for precision in ("float32", "bfloat16")
+        if precision == "float32" or not name.startswith("diablo") or name == first_diablo
+    ]
 
 
 @pytest.mark.parametrize("name,precision", _cases())
-def test_training_steps_read_the_device_once_per_flush(protocol, splits, name, precision, monkeypatch):
+def test_training_steps_read_the_device_once_per_flush(
+    protocol, splits, name, precision, monkeypatch
+):
     if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
-        monkeypatch.setattr(trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16)
+        monkeypatch.setattr(
+            trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16
+        )
     counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
 
     assert [f.global_step for f in flushes] == [2, 4]
-    assert all(len(f.step_losses) == SYNC_EVERY and all(map(math.isfinite, f.step_losses)) for f in flushes)
+    assert all(
+        len(f.step_losses) == SYNC_EVERY and all(map(math.isfinite, f.step_losses)) for f in flushes
+    )
     assert counter.shape_dependent == 0, dict(counter.ops)
     reason = head.step_host_reads()
     # No scalar read of the device inside a step, and one transfer per flush ...
@@ -130,7 +151,14 @@ def test_the_counter_sees_each_kind_of_wait():
             x.unique()
     assert (counter.scalar_reads, counter.device_to_host, counter.shape_dependent) == (2, 1, 2)
     assert counter.sections["mining"]["shape_dependent"] == 1
-    assert torch.Tensor.tolist is not None and x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # restored
+    assert torch.Tensor.tolist is not None and x.tolist() == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        5.0,
+    ]  # restored
 
 
 def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workdir, tiny_protocol):
@@ -146,15 +174,37 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
     records = {}
     for every in ("50", "2"):
         out = workdir / f"{every}.json"
-        assert main(["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1", "--set",
-                     f"training.sync_every={every}", "--checkpoint-root", str(workdir / every),
-                     "--json", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--methods",
+                    "plain",
+                    "--protocol",
+                    str(tiny_protocol),
+                    "--epochs",
+                    "1",
+                    "--set",
+                    f"training.sync_every={every}",
+                    "--checkpoint-root",
+                    str(workdir / every),
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         records[every] = json.loads(out.read_text())[0]
     assert records["2"]["fingerprint"] == records["50"]["fingerprint"]
     assert records["2"]["metrics"] == records["50"]["metrics"]
     client = mlflow.MlflowClient()
-    histories = {every: {k: sorted((m.step, m.value) for m in client.get_metric_history(r["mlflow_run_id"], k))
-                         for k in ("train/loss", "train/lr", "train/epoch_loss")} for every, r in records.items()}
+    histories = {
+        every: {
+            k: sorted((m.step, m.value) for m in client.get_metric_history(r["mlflow_run_id"], k))
+            for k in ("train/loss", "train/lr", "train/epoch_loss")
+        }
+        for every, r in records.items()
+    }
     assert [s for s, _ in histories["2"]["train/loss"]] == [1, 2, 3]
     assert histories["2"]["train/loss"] == histories["50"]["train/loss"]
     assert histories["2"]["train/epoch_loss"] == histories["50"]["train/epoch_loss"]
@@ -165,7 +215,9 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
 
 def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
     """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
-    cfg = RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
+    cfg = RunConfig.build(
+        protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
     recorder = InMemoryRecorder()
     trainer = Trainer.build(cfg, splits, recorder=recorder)
     step = trainer.train_step

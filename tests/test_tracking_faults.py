@@ -24,11 +24,15 @@ def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
     assert Tracker("reopen", "r", run_id="0" * 32).resumed is False  # the store: no such run
 
     def locked(self, run_id):
-        raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=INTERNAL_ERROR)
+        raise MlflowException(
+            "(sqlite3.OperationalError) database is locked", error_code=INTERNAL_ERROR
+        )
 
     monkeypatch.setattr(mlflow.MlflowClient, "get_run", locked)
     before = len(mlflow.search_runs(experiment_names=["reopen"], output_format="list"))
-    with pytest.raises(HarnessError, match=f"cannot look up run '{first.run_id}'.*database is locked"):
+    with pytest.raises(
+        HarnessError, match=f"cannot look up run '{first.run_id}'.*database is locked"
+    ):
         Tracker("reopen", "r", run_id=first.run_id)
     monkeypatch.undo()
     assert len(mlflow.search_runs(experiment_names=["reopen"], output_format="list")) == before
@@ -37,10 +41,14 @@ def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
         raise MlflowException(f"Run '{run_id}' not found", error_code=RESOURCE_DOES_NOT_EXIST)
 
     monkeypatch.setattr(mlflow.MlflowClient, "get_run", missing)
-    monkeypatch.setattr(mlflow.MlflowClient, "create_run", lambda self, exp, run_name=None: types.SimpleNamespace(
-        info=types.SimpleNamespace(run_id="new")))
+    monkeypatch.setattr(
+        mlflow.MlflowClient,
+        "create_run",
+        lambda self, exp, run_name=None: types.SimpleNamespace(
+            info=types.SimpleNamespace(run_id="new")
+        ),
+    )
     assert Tracker("reopen", "r", run_id=first.run_id).run_id == "new"
-
 
 
 # ------------------------------------------------------------------- search filters
@@ -57,7 +65,9 @@ def test_search_values_with_quotes_are_quoted_for_mlflow(workdir):
     client.set_terminated(run.info.run_id)
     client.create_run(experiment, tags={**values, "dataset": "other"})
     for key, value in values.items():
-        found = client.search_runs([experiment], filter_string=f"tags.{key} = {filter_value(value)}")
+        found = client.search_runs(
+            [experiment], filter_string=f"tags.{key} = {filter_value(value)}"
+        )
         assert run.info.run_id in {r.info.run_id for r in found}
     grid = types.SimpleNamespace(experiment=client.get_experiment(experiment).name)
     cell = types.SimpleNamespace(method=values["method"], seed=0, dataset=values["dataset"])

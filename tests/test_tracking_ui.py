@@ -43,8 +43,24 @@ def store(tmp_path_factory, data_root, tracking_dir, tiny_protocol):
     os.chdir(folder)
     try:
         out = folder / "records.json"
-        assert main(["run", "--methods", "plain,diml", "--protocol", str(tiny_protocol), "--experiment",
-                     "ui-store", "--json", str(out), "--register", REGISTERED]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--methods",
+                    "plain,diml",
+                    "--protocol",
+                    str(tiny_protocol),
+                    "--experiment",
+                    "ui-store",
+                    "--json",
+                    str(out),
+                    "--register",
+                    REGISTERED,
+                ]
+            )
+            == 0
+        )
         records = {r["method"]: r for r in json.loads(out.read_text())}
         yield records, folder
     finally:
@@ -74,12 +90,18 @@ def test_every_metric_is_in_a_group_with_the_headline_first(store):
         test = sorted(k for k in metrics if k.startswith("test/"))
         assert [split_key(k)[1] for k in test[:4]] == list(HEADLINE)
         assert group_metrics(metrics, "test")["precision_at_1"] == pytest.approx(
-            records[method]["metrics"]["precision_at_1"])
+            records[method]["metrics"]["precision_at_1"]
+        )
     plain = _run(records, "plain").data.metrics
-    assert {"system/train_images_per_s", "system/train_epoch_seconds", "system/max_rss_mb",
-            "train/epoch_loss"} <= set(plain)
-    history = mlflow.MlflowClient().get_metric_history(records["plain"]["mlflow_run_id"],
-                                                       metric_key("val", "mean_average_precision_at_r"))
+    assert {
+        "system/train_images_per_s",
+        "system/train_epoch_seconds",
+        "system/max_rss_mb",
+        "train/epoch_loss",
+    } <= set(plain)
+    history = mlflow.MlflowClient().get_metric_history(
+        records["plain"]["mlflow_run_id"], metric_key("val", "mean_average_precision_at_r")
+    )
     assert [m.step for m in history] == [1, 2]  # validation against the epoch
 
 
@@ -104,16 +126,22 @@ def test_the_description_summarises_the_run(store):
         assert "| P@1 | R@1 | MAP@R | NMI |" in note
         assert f"{100 * record['metrics']['precision_at_1']:.2f}" in note
         assert f"Selected epoch {record['selected_epoch']}" in note
-        assert "Deviations from the paper:" in note and "Deviations from the protocol: none." in note
+        assert (
+            "Deviations from the paper:" in note and "Deviations from the protocol: none." in note
+        )
     assert records["plain"]["mlflow_run_id"] in _run(records, "diml").data.tags[RUN_NOTE_TAG]
 
 
 def test_the_shared_run_records_the_epoch_its_weights_were_selected_at(store):
     records, _ = store
     plain, diml = _run(records, "plain").data.tags, _run(records, "diml").data.tags
-    assert diml["evaluate_only"] == "True" and diml["init_from"] == records["plain"]["mlflow_run_id"]
+    assert (
+        diml["evaluate_only"] == "True" and diml["init_from"] == records["plain"]["mlflow_run_id"]
+    )
     assert int(plain["selected_epoch"]) >= 1
-    assert diml["selected_epoch"] == plain["selected_epoch"] == str(records["diml"]["selected_epoch"])
+    assert (
+        diml["selected_epoch"] == plain["selected_epoch"] == str(records["diml"]["selected_epoch"])
+    )
 
 
 def test_every_option_of_the_method_is_a_param(store):
@@ -130,20 +158,32 @@ def test_the_experiment_is_of_the_model_development_kind(store):
     experiment = mlflow.MlflowClient().get_experiment(_run(records, "plain").info.experiment_id)
     key, kind = EXPERIMENT_KIND_TAG
     assert experiment.tags[key] == kind
-    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{RUNS_VIEW[0]}"])  # the UI's saved-view envelope
+    view = json.loads(
+        experiment.tags[f"mlflow.sharedViewState.{RUNS_VIEW[0]}"]
+    )  # the UI's saved-view envelope
     assert view["name"] == RUNS_VIEW[1] and isinstance(view["createdAt"], int)
     state = json.loads(view["state"])
     assert [f"metrics.`{metric_key('test', m)}`" for m in HEADLINE] == [
-        c for c in state["selectedColumns"] if c.startswith("metrics.")]
-    assert state["orderByKey"] == f"metrics.`{metric_key('test', 'precision_at_1')}`" and not state["orderByAsc"]
+        c for c in state["selectedColumns"] if c.startswith("metrics.")
+    ]
+    assert (
+        state["orderByKey"] == f"metrics.`{metric_key('test', 'precision_at_1')}`"
+        and not state["orderByAsc"]
+    )
     runs_page = ui_url("http://127.0.0.1:5000", experiment.experiment_id)
     assert runs_page.endswith(f"/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}")
-    url = ui_url("http://127.0.0.1:5000", experiment.experiment_id, records["plain"]["mlflow_run_id"])
-    assert url == (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/"
-                   f"{records['plain']['mlflow_run_id']}?{ML_VIEW_QUERY}")
+    url = ui_url(
+        "http://127.0.0.1:5000", experiment.experiment_id, records["plain"]["mlflow_run_id"]
+    )
+    assert url == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/"
+        f"{records['plain']['mlflow_run_id']}?{ML_VIEW_QUERY}"
+    )
 
 
-def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(store, tiny_protocol, monkeypatch):
+def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(
+    store, tiny_protocol, monkeypatch
+):
     records, folder = store
     run = _run(records, "plain")
     loaded = mlflow.pytorch.load_model(run.data.tags["model_uri"])
@@ -153,12 +193,21 @@ def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(store, 
     model = build_model(protocol, "plain", {})
     monkeypatch.chdir(folder)  # the run's checkpoint root is relative to where it ran
     load_finished_weights(model, run.info.run_id, flag="--init-from")
-    expected, _ = embed_images(model, test, build_transform(protocol.image, train=False), protocol.image,
-                               batch_size=8, device=torch.device("cpu"))
+    expected, _ = embed_images(
+        model,
+        test,
+        build_transform(protocol.image, train=False),
+        protocol.image,
+        batch_size=8,
+        device=torch.device("cpu"),
+    )
     images = TransformedImages(test, build_transform(protocol.image, train=False))
     batch = torch.stack([images[i][0] for i in range(len(images))])
     with torch.inference_mode():
         got = loaded(batch).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-5)
     versions = mlflow.MlflowClient().search_model_versions(f"name = '{REGISTERED}'")
-    assert {v.run_id for v in versions} >= {records["plain"]["mlflow_run_id"], records["diml"]["mlflow_run_id"]}
+    assert {v.run_id for v in versions} >= {
+        records["plain"]["mlflow_run_id"],
+        records["diml"]["mlflow_run_id"],
+    }

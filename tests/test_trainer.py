@@ -19,7 +19,9 @@ from .conftest import TINY_PROTOCOL
 @pytest.fixture(scope="module")
 def cfg() -> RunConfig:
     protocol = load_protocol(TINY_PROTOCOL).for_dataset("synthetic")  # 2 epochs of 3 batches
-    return RunConfig.build(protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0)
+    return RunConfig.build(
+        protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,10 @@ def test_the_trainer_records_every_epoch_the_selected_epoch_and_the_test(cfg, tr
     assert all(metric in r and metric_key("train", "epoch_loss") in r for r in recorder.epochs)
     best = max(recorder.epochs, key=lambda r: r[metric])  # the first of equal scores wins
     assert selected == best["epoch"] == trainer.progress.best["epoch"]
-    assert [f.global_step for f in recorder.flushes] == [3, 6]  # sync_every exceeds an epoch's 3 steps
+    assert [f.global_step for f in recorder.flushes] == [
+        3,
+        6,
+    ]  # sync_every exceeds an epoch's 3 steps
     assert [c["epoch"] for c in recorder.checkpoints] == [1, 2]
     assert recorder.checkpoints[-1]["history"] == recorder.epochs
     assert recorder.selected_epoch == selected

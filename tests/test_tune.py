@@ -46,8 +46,16 @@ def test_search_space_includes_the_plugin_and_protocol_fields(tiny_protocol):
 
 def test_tuning_refuses_test_set_selection(workdir, tiny_protocol):
     with pytest.raises(HarnessError, match="never chosen on the test set"):
-        _tune("--method", "plain", "--trials", "1", "--protocol", str(tiny_protocol),
-              "--set", 'selection.mode="test-paper"')
+        _tune(
+            "--method",
+            "plain",
+            "--trials",
+            "1",
+            "--protocol",
+            str(tiny_protocol),
+            "--set",
+            'selection.mode="test-paper"',
+        )
 
 
 def _fake_training(calls: list):
@@ -58,18 +66,36 @@ def _fake_training(calls: list):
         calls.append(cfg)
         tracker = Tracker(cfg.experiment, f"{cfg.method}-fake")
         lr = cfg.protocol.optimizer.lr_head
-        tracker.set_tags({"method": cfg.method, "seed": cfg.seed, "protocol": cfg.protocol.name,
-                          "fingerprint": "fake", "selection": "validation",
-                          "deviations": "; ".join(map(str, cfg.deviations)) or "none"})
+        tracker.set_tags(
+            {
+                "method": cfg.method,
+                "seed": cfg.seed,
+                "protocol": cfg.protocol.name,
+                "fingerprint": "fake",
+                "selection": "validation",
+                "deviations": "; ".join(map(str, cfg.deviations)) or "none",
+            }
+        )
         for epoch, value in ((1, lr * 10), (2, lr * 20)):
-            tracker.log_metrics({metric_key("val", "mean_average_precision_at_r"): value}, step=epoch)
+            tracker.log_metrics(
+                {metric_key("val", "mean_average_precision_at_r"): value}, step=epoch
+            )
             if cfg.epoch_callback is not None:  # as run_training does after each epoch
                 cfg.epoch_callback(epoch, {metric_key("val", "mean_average_precision_at_r"): value})
         tracker.log_metrics({metric_key("test", "mean_average_precision_at_r"): lr}, step=2)
         tracker.finish()
-        return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
-                "protocol": cfg.protocol.name, "fingerprint": "fake", "deviations": [], "selection": "validation",
-                "mlflow_run_id": tracker.run_id, "metrics": {"mean_average_precision_at_r": lr}}
+        return {
+            "method": cfg.method,
+            "dataset": cfg.dataset,
+            "loss": cfg.loss,
+            "seed": cfg.seed,
+            "protocol": cfg.protocol.name,
+            "fingerprint": "fake",
+            "deviations": [],
+            "selection": "validation",
+            "mlflow_run_id": tracker.run_id,
+            "metrics": {"mean_average_precision_at_r": lr},
+        }
 
     return run
 
@@ -81,14 +107,28 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
     monkeypatch.setattr(training, "run_training", _fake_training(calls))
     storage = f"sqlite:///{workdir / 'optuna.db'}"
     experiment = f"tune-fake-{uuid.uuid4().hex[:6]}"
-    common = ["--method", "agrouping", "--protocol", str(tiny_protocol), "--storage", storage,
-              "--experiment", experiment, "--space", "optimizer.lr_head"]
+    common = [
+        "--method",
+        "agrouping",
+        "--protocol",
+        str(tiny_protocol),
+        "--storage",
+        storage,
+        "--experiment",
+        experiment,
+        "--space",
+        "optimizer.lr_head",
+    ]
     assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
     assert len(calls) == 3
-    name = study_name("agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+    name = study_name(
+        "agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",)
+    )
     study = optuna.load_study(study_name=name, storage=storage)
     best = study.best_trial
-    assert best.value == pytest.approx(best.params["optimizer.lr_head"] * 20)  # best epoch of the history
+    assert best.value == pytest.approx(
+        best.params["optimizer.lr_head"] * 20
+    )  # best epoch of the history
     assert best.intermediate_values == pytest.approx({1: best.value / 2, 2: best.value})
     assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
     assert len(calls) == 3  # nothing repeated
@@ -98,20 +138,36 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
     best = optuna.load_study(study_name=name, storage=storage).best_trial
     assert [c.seed for c in repro] == [0, 1]
     assert repro[0].protocol.optimizer.lr_head == pytest.approx(best.params["optimizer.lr_head"])
-    assert repro[0].method_options == {k: v for k, v in best.params.items() if k != "optimizer.lr_head"}
+    assert repro[0].method_options == {
+        k: v for k, v in best.params.items() if k != "optimizer.lr_head"
+    }
     assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
     assert len(calls) == 7  # reproductions found in MLflow, not repeated
     assert "over seeds [0, 1]" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(workdir, tiny_protocol, capsys):
+def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(
+    workdir, tiny_protocol, capsys
+):
     storage = f"sqlite:///{workdir / 'optuna.db'}"
     experiment = f"tune-{uuid.uuid4().hex[:6]}"
-    common = ["--method", "agrouping", "--protocol", str(tiny_protocol), "--storage", storage,
-              "--experiment", experiment, "--space", "optimizer.lr_head"]
+    common = [
+        "--method",
+        "agrouping",
+        "--protocol",
+        str(tiny_protocol),
+        "--storage",
+        storage,
+        "--experiment",
+        experiment,
+        "--space",
+        "optimizer.lr_head",
+    ]
     assert _tune(*common, "--trials", "2", "--no-reproduce") == 0
-    name = study_name("agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+    name = study_name(
+        "agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",)
+    )
     study = optuna.load_study(study_name=name, storage=storage)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     runs = _runs(experiment)
@@ -154,15 +210,35 @@ def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeyp
     monkeypatch.setattr(training, "run_training", _fake_training(calls))
     from harness.cli.main import main
 
-    assert main(["tune", "--method", "plain", "--protocol", str(tiny_protocol), "--storage",
-                 f"sqlite:///{workdir / 'optuna.db'}", "--trials", "1", "--seeds", "0,x"]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                "--method",
+                "plain",
+                "--protocol",
+                str(tiny_protocol),
+                "--storage",
+                f"sqlite:///{workdir / 'optuna.db'}",
+                "--trials",
+                "1",
+                "--seeds",
+                "0,x",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "error: tune: argument --seeds: expected comma-separated integers >= 0 like 0,1,2, got '0,x'" in err
+    assert (
+        "error: tune: argument --seeds: expected comma-separated integers >= 0 like 0,1,2, got '0,x'"
+        in err
+    )
     assert "Traceback" not in err and calls == []
 
 
-def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(workdir, tiny_protocol,
-                                                                              monkeypatch):
+def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(
+    workdir, tiny_protocol, monkeypatch
+):
     """The study name holds the protocol's name; tune finds its finished reproductions with
     an MLflow filter on it, which interpolating the name between quotes broke."""
     from harness.engine import training
@@ -171,16 +247,31 @@ def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(wor
     quoted.write_text(tiny_protocol.read_text())
     calls: list = []
     monkeypatch.setattr(training, "run_training", _fake_training(calls))
-    common = ["--method", "plain", "--protocol", str(quoted), "--storage", f"sqlite:///{workdir / 'optuna.db'}",
-              "--experiment", f"tune-quote-{uuid.uuid4().hex[:6]}", "--space", "optimizer.lr_head",
-              "--trials", "1", "--seeds", "0"]
+    common = [
+        "--method",
+        "plain",
+        "--protocol",
+        str(quoted),
+        "--storage",
+        f"sqlite:///{workdir / 'optuna.db'}",
+        "--experiment",
+        f"tune-quote-{uuid.uuid4().hex[:6]}",
+        "--space",
+        "optimizer.lr_head",
+        "--trials",
+        "1",
+        "--seeds",
+        "0",
+    ]
     assert _tune(*common) == 0
     assert len(calls) == 2 and "o'brien" in calls[-1].tags["optuna_study"]
     assert _tune(*common) == 0
     assert len(calls) == 2  # the reproduction was found through the quoted filter, not run again
 
 
-def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(workdir, tiny_protocol, monkeypatch):
+def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(
+    workdir, tiny_protocol, monkeypatch
+):
     """A trial interrupted (SIGTERM) is run again with its parameters and the next trials
     get the suggestions of an uninterrupted study: the sampler is seeded per trial."""
     from harness.engine import training
@@ -196,14 +287,28 @@ def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(workdir, tiny
             return fake(cfg, splits)
 
         monkeypatch.setattr(training, "run_training", run)
-        common = ["--method", "plain", "--protocol", str(tiny_protocol), "--storage", storage,
-                  "--experiment", f"tune-restart-{uuid.uuid4().hex[:6]}", "--space", "optimizer.lr_head",
-                  "--trials", "3", "--no-reproduce"]
+        common = [
+            "--method",
+            "plain",
+            "--protocol",
+            str(tiny_protocol),
+            "--storage",
+            storage,
+            "--experiment",
+            f"tune-restart-{uuid.uuid4().hex[:6]}",
+            "--space",
+            "optimizer.lr_head",
+            "--trials",
+            "3",
+            "--no-reproduce",
+        ]
         if interrupt_at is not None:
             with pytest.raises(KeyboardInterrupt):
                 _tune(*common)
         assert _tune(*common) == 0
-        name = study_name("plain", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",))
+        name = study_name(
+            "plain", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",)
+        )
         study = optuna.load_study(study_name=name, storage=storage)
         done = [t for t in study.trials if t.state.name == "COMPLETE"]
         assert len(done) == 3

@@ -28,8 +28,9 @@ def _free_port() -> int:
 
 
 def _post(url: str, payload: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -76,8 +77,8 @@ STAND_IN = textwrap.dedent("""
     import subprocess, sys, time
     from pathlib import Path
     folder = Path(sys.argv[1])
-    subprocess.Popen([sys.executable, "-c",
-                      f"import os, time; open({str(folder / 'worker.pid')!r}, 'w').write(str(os.getpid())); time.sleep(600)"])
+    child = f"import os, time; open({str(folder / 'worker.pid')!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    subprocess.Popen([sys.executable, "-c", child])
     (folder / "server.pid").write_text(str(__import__("os").getpid()))
     time.sleep(600)
 """)
@@ -87,10 +88,18 @@ STAND_IN = textwrap.dedent("""
 def test_sigterm_stops_the_server_and_its_workers(tmp_path):
     """``ui`` runs the server in its own process group and, on SIGTERM, stops the group."""
     supervisor = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfrom harness.cli.processes import serve_process_group\n"
-         "try:\n    sys.exit(serve_process_group([sys.executable, '-c', sys.argv[1], sys.argv[2]], grace=5))\n"
-         "except KeyboardInterrupt:\n    sys.exit(130)", STAND_IN, str(tmp_path)],
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom harness.cli.processes import serve_process_group\n"
+            "try:\n    sys.exit(serve_process_group([sys.executable, '-c', sys.argv[1], sys.argv[2]], grace=5))\n"
+            "except KeyboardInterrupt:\n    sys.exit(130)",
+            STAND_IN,
+            str(tmp_path),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 60
         while not ((tmp_path / "server.pid").exists() and (tmp_path / "worker.pid").exists()):
@@ -126,15 +135,22 @@ def test_ui_lists_the_runs_through_its_rest_api(workdir):
         run_ids.add(run.info.run_id)
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "harness", "ui", "--port", str(port)], cwd=workdir,
-                              env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "harness", "ui", "--port", str(port)],
+        cwd=workdir,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, found = time.time() + 120, None
         while time.time() < deadline:
             assert server.poll() is None, server.stderr.read().decode()[-2000:]
             try:
-                found = _post(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",
-                              {"experiment_ids": [experiment], "filter": "tags.grid = 'ui-test'"})
+                found = _post(
+                    f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",
+                    {"experiment_ids": [experiment], "filter": "tags.grid = 'ui-test'"},
+                )
                 break
             except OSError:
                 time.sleep(1)
@@ -172,6 +188,7 @@ def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
     _open_when_up(f"http://127.0.0.1:{port}", url, timeout=30)
     time.sleep(1.5)
     assert opened == []  # nothing answers yet
+
     class Healthy(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the handler's name is http.server's
             self.send_response(200)

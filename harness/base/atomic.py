@@ -39,8 +39,16 @@ from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
 from harness.base.paths import is_sqlite_database, special_file_kind
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save_torch",
-           "finite_json", "sha256_file", "publish_folder"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_save_torch",
+    "finite_json",
+    "sha256_file",
+    "publish_folder",
+]
 
 
 def _umask() -> int:
@@ -68,8 +76,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary: bool = True,
-                 before_replace: Callable[[Path], Any] | None = None) -> None:
+def atomic_write(
+    path: Path | str,
+    write_fn: Callable[[IO[Any]], Any],
+    *,
+    binary: bool = True,
+    before_replace: Callable[[Path], Any] | None = None,
+) -> None:
     """Write ``path`` atomically: ``write_fn(fh)`` fills a temporary file beside it.
 
     ``binary``: the file handle is opened ``"wb"`` (else ``"w"``, UTF-8).
@@ -81,12 +94,14 @@ def atomic_write(path: Path | str, write_fn: Callable[[IO[Any]], Any], *, binary
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent
+        )
     except OSError as err:
         raise _write_error(path, err) from err
     tmp = Path(tmp_name)
     try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as fh:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
             write_fn(fh)
             fh.flush()
             fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
@@ -110,10 +125,14 @@ def _refuse_to_replace_data(path: Path) -> None:
     points, so a device node or a database there would be lost."""
     kind = special_file_kind(path)
     if kind is not None:
-        raise HarnessError(f"cannot write {path}: it is {kind}, not a regular file; nothing written")
+        raise HarnessError(
+            f"cannot write {path}: it is {kind}, not a regular file; nothing written"
+        )
     if is_sqlite_database(path):
-        raise HarnessError(f"cannot write {path}: it is an SQLite database (a tracking store, study or queue); "
-                           f"nothing written")
+        raise HarnessError(
+            f"cannot write {path}: it is an SQLite database (a tracking store, study or queue); "
+            f"nothing written"
+        )
 
 
 #: Who writes a temporary file, in its name: a process killed mid-write (SIGKILL, power
@@ -139,7 +158,7 @@ def _remove_orphans(path: Path) -> None:
     and of live writers, are left alone."""
     prefix = f".{path.name}."
     for tmp in path.parent.glob(f"{glob_escape(prefix)}*.tmp"):
-        owner = tmp.name[len(prefix):-len(".tmp")].rsplit(".", 1)[0]
+        owner = tmp.name[len(prefix) : -len(".tmp")].rsplit(".", 1)[0]
         host, _, pid = owner.rpartition("-")
         if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
@@ -151,7 +170,9 @@ def remove_orphans_in(folder: Path | str) -> list[Path]:
     (as :func:`_remove_orphans` does for one target); returns the files removed."""
     removed = []
     for tmp in Path(folder).glob(".*.tmp"):
-        owner = tmp.name[:-len(".tmp")].rsplit(".", 1)[0].rsplit(".", 1)[-1]  # .NAME.HOST-PID.RANDOM.tmp
+        owner = (
+            tmp.name[: -len(".tmp")].rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        )  # .NAME.HOST-PID.RANDOM.tmp
         host, _, pid = owner.rpartition("-")
         if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
@@ -219,8 +240,9 @@ def sha256_file(path: Path | str) -> str:
     return h.hexdigest()
 
 
-def atomic_save_torch(obj: Any, path: Path | str, *,
-                      before_replace: Callable[[Path, str], Any] | None = None) -> str:
+def atomic_save_torch(
+    obj: Any, path: Path | str, *, before_replace: Callable[[Path, str], Any] | None = None
+) -> str:
     """``torch.save(obj)`` to ``path`` atomically; returns the sha256 of the written file.
 
     ``before_replace(tmp_path, sha256)``: as in :func:`atomic_write`, with the digest
@@ -237,7 +259,9 @@ def atomic_save_torch(obj: Any, path: Path | str, *,
     def save(fh) -> None:
         try:
             torch.save(obj, fh)
-        except RuntimeError as err:  # torch's writer wraps the OSError of a failed write (a full disk)
+        except (
+            RuntimeError
+        ) as err:  # torch's writer wraps the OSError of a failed write (a full disk)
             if isinstance(err.__context__, OSError):
                 raise err.__context__ from err
             raise

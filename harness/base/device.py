@@ -38,7 +38,9 @@ def amp_dtype(device: torch.device, precision: str = "bf16") -> torch.dtype | No
 
 def amp_name(device: torch.device, precision: str = "bf16") -> str:
     """``bf16``, ``fp16`` or ``off``: recorded with each run."""
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[amp_dtype(device, precision)]
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "off"}[
+        amp_dtype(device, precision)
+    ]
 
 
 def configure_determinism(deterministic: bool, *, fast: bool = False) -> None:

@@ -42,7 +42,9 @@ def _spec() -> tuple[str, int, str] | None:
     point, _, rest = text.rpartition(":")  # the point may hold ':' (write:NAME)
     point, _, count = point.rpartition(":")
     if rest not in _ACTIONS or not count.isdigit() or not point:
-        raise ValueError(f"{ENV}={text!r}: expected POINT:N:ACTION with ACTION one of {', '.join(_ACTIONS)}")
+        raise ValueError(
+            f"{ENV}={text!r}: expected POINT:N:ACTION with ACTION one of {', '.join(_ACTIONS)}"
+        )
     return point, int(count), rest
 
 
@@ -54,8 +56,14 @@ def fault_point(point: str, name: str = "") -> None:
         return
     wanted, count, action = spec
     here = f"{point}:{name}" if name else point
-    if not (here == wanted or (point == "write" and wanted.startswith("write:")
-                               and fnmatch.fnmatch(name, wanted.removeprefix("write:")))):
+    if not (
+        here == wanted
+        or (
+            point == "write"
+            and wanted.startswith("write:")
+            and fnmatch.fnmatch(name, wanted.removeprefix("write:"))
+        )
+    ):
         return
     _counts[wanted] = _counts.get(wanted, 0) + 1
     if _counts[wanted] != count:

@@ -26,8 +26,16 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 
-__all__ = ["ReservedPath", "writable_file", "writable_folder", "writable_stem", "readable_file",
-           "read_text", "is_sqlite_database", "special_file_kind"]
+__all__ = [
+    "ReservedPath",
+    "writable_file",
+    "writable_folder",
+    "writable_stem",
+    "readable_file",
+    "read_text",
+    "is_sqlite_database",
+    "special_file_kind",
+]
 
 #: The first 16 bytes of every SQLite 3 database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -51,7 +59,9 @@ class ReservedPath:
         if self.folder:
             return candidate == own or own in candidate.parents
         return candidate.parent == own.parent and candidate.name in (
-            own.name, *(own.name + suffix for suffix in SQLITE_COMPANIONS))
+            own.name,
+            *(own.name + suffix for suffix in SQLITE_COMPANIONS),
+        )
 
 
 def special_file_kind(path: Path) -> str | None:
@@ -63,9 +73,13 @@ def special_file_kind(path: Path) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -80,12 +94,16 @@ def is_sqlite_database(path: Path) -> bool:
         return False
 
 
-def _check_not_reserved(path: Path, raw: str, flag: str, reserved: Iterable[ReservedPath], noun: str) -> None:
+def _check_not_reserved(
+    path: Path, raw: str, flag: str, reserved: Iterable[ReservedPath], noun: str
+) -> None:
     resolved = path.resolve()
     for place in reserved:
         if place.holds(resolved):
             where = "is" if resolved == place.path.resolve() or not place.folder else "is inside"
-            raise HarnessError(f"{flag} {raw} {where} {place.what}; give a {noun} outside the store")
+            raise HarnessError(
+                f"{flag} {raw} {where} {place.what}; give a {noun} outside the store"
+            )
 
 
 def _check_not_data(path: Path, raw: str, flag: str, reserved: Iterable[ReservedPath]) -> None:
@@ -96,8 +114,10 @@ def _check_not_data(path: Path, raw: str, flag: str, reserved: Iterable[Reserved
     if kind is not None:
         raise HarnessError(f"{flag} {raw} is {kind}, not a regular file; give a file name")
     if is_sqlite_database(path):
-        raise HarnessError(f"{flag} {raw} is an SQLite database (a tracking store, study or queue); "
-                           f"give another file name")
+        raise HarnessError(
+            f"{flag} {raw} is an SQLite database (a tracking store, study or queue); "
+            f"give another file name"
+        )
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -113,18 +133,23 @@ def _check_can_create_in(folder: Path, shown: str, flag: str, what: str) -> None
     ancestor is a file, or a folder that refuses new files."""
     anchor = _nearest_existing(folder)
     if not anchor.is_dir():
-        raise HarnessError(f"{flag} {shown}: {anchor} is a file, not a folder; give a {what} in a folder")
+        raise HarnessError(
+            f"{flag} {shown}: {anchor} is a file, not a folder; give a {what} in a folder"
+        )
     try:
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=anchor)
     except OSError as err:
-        raise HarnessError(f"{flag} {shown}: cannot write in {anchor} ({err.strerror or err}); "
-                           f"give a {what} in a writable folder") from None
+        raise HarnessError(
+            f"{flag} {shown}: cannot write in {anchor} ({err.strerror or err}); "
+            f"give a {what} in a writable folder"
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
 
-def writable_file(text: str | os.PathLike | None, flag: str, *,
-                  reserved: Iterable[ReservedPath] = ()) -> Path | None:
+def writable_file(
+    text: str | os.PathLike | None, flag: str, *, reserved: Iterable[ReservedPath] = ()
+) -> Path | None:
     """``text`` as the path of a file the command will write, checked: not a folder (nor
     a name ending in ``/``), not a device, FIFO or socket, not an existing SQLite database,
     not in a ``reserved`` place, inside a folder that exists or can be created, writable.
@@ -142,8 +167,13 @@ def writable_file(text: str | os.PathLike | None, flag: str, *,
     return path
 
 
-def writable_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...], *,
-                  reserved: Iterable[ReservedPath] = ()) -> Path | None:
+def writable_stem(
+    text: str | os.PathLike | None,
+    flag: str,
+    suffixes: tuple[str, ...],
+    *,
+    reserved: Iterable[ReservedPath] = (),
+) -> Path | None:
     """An output path without suffix (``STEM.md``, ``STEM.tex``...): ``text`` must name a
     file stem, not a folder, and every ``STEM + suffix`` must be writable."""
     reserved = tuple(reserved)
@@ -154,8 +184,9 @@ def writable_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str
     return path
 
 
-def writable_folder(text: str | os.PathLike | None, flag: str, *,
-                    reserved: Iterable[ReservedPath] = ()) -> Path | None:
+def writable_folder(
+    text: str | os.PathLike | None, flag: str, *, reserved: Iterable[ReservedPath] = ()
+) -> Path | None:
     """``text`` as a folder the command will create files in, checked: not a file, not in
     a ``reserved`` place, and either an existing writable folder or one that can be created
     (its nearest existing ancestor a writable folder). Not created here."""
@@ -196,6 +227,8 @@ def read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise HarnessError(f"{path} is not a UTF-8 {what} file (byte {err.start} cannot be decoded)") from None
+        raise HarnessError(
+            f"{path} is not a UTF-8 {what} file (byte {err.start} cannot be decoded)"
+        ) from None
     except OSError as err:
         raise HarnessError(f"{path} cannot be read ({err.strerror or err})") from None

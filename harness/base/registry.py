@@ -100,15 +100,23 @@ class Registry(Generic[T]):
         try:
             point.load()
         except NameTaken as err:
-            raise HarnessError(f"{self._plugin_label(point)}: {err}; rename the plugin's {self.kind}") from err
+            raise HarnessError(
+                f"{self._plugin_label(point)}: {err}; rename the plugin's {self.kind}"
+            ) from err
         except Exception as err:  # a plugin's import may fail in any way; the user needs its name
-            raise HarnessError(f"{self._plugin_label(point)} failed to load: {type(err).__name__}: {err}") from err
+            raise HarnessError(
+                f"{self._plugin_label(point)} failed to load: {type(err).__name__}: {err}"
+            ) from err
         if not imported_before and not set(self._entries) - before:
-            raise HarnessError(f"{self._plugin_label(point)} registered no {self.kind} when imported")
+            raise HarnessError(
+                f"{self._plugin_label(point)} registered no {self.kind} when imported"
+            )
 
     def _plugin_label(self, point: EntryPoint) -> str:
         """``method plugin 'gem' (entry point gem = "gem_plugin" of distribution gem-plugin 0.1,
         group dml_harness.methods)``."""
         dist = f"{point.dist.name} {point.dist.version}" if point.dist is not None else "unknown"
-        return (f"{self.kind} plugin '{point.name}' (entry point {point.name} = \"{point.value}\" of "
-                f"distribution {dist}, group {self.entry_point_group})")
+        return (
+            f"{self.kind} plugin '{point.name}' (entry point {point.name} = \"{point.value}\" of "
+            f"distribution {dist}, group {self.entry_point_group})"
+        )

@@ -32,24 +32,37 @@ __all__ = ["SyncCounter", "SHAPE_DEPENDENT_OPS"]
 _aten = torch.ops.aten
 
 #: Operations whose output shape depends on the values of their input (any overload).
-SHAPE_DEPENDENT_OPS = frozenset({
-    _aten.nonzero, _aten.nonzero_numpy, _aten.argwhere, _aten.masked_select, _aten._unique, _aten._unique2,
-    _aten.unique_dim, _aten.unique_consecutive, _aten.unique_dim_consecutive,
-})
+SHAPE_DEPENDENT_OPS = frozenset(
+    {
+        _aten.nonzero,
+        _aten.nonzero_numpy,
+        _aten.argwhere,
+        _aten.masked_select,
+        _aten._unique,
+        _aten._unique2,
+        _aten.unique_dim,
+        _aten.unique_consecutive,
+        _aten.unique_dim_consecutive,
+    }
+)
 #: Indexing operations that are shape-dependent when an index is a boolean mask.
 _MASK_INDEXING = frozenset({_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_})
 
 
 def _has_mask_index(args: tuple[Any, ...]) -> bool:
     indices = args[1] if len(args) > 1 else ()
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )
 
 
 def _is_device_to_host(func, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
     if func.overloadpacket not in (_aten._to_copy, _aten.copy_, _aten.copy):
         return False
     tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-    return any(t.device.type != "cpu" for t in tensors) and any(t.device.type == "cpu" for t in tensors)
+    return any(t.device.type != "cpu" for t in tensors) and any(
+        t.device.type == "cpu" for t in tensors
+    )
 
 
 #: Tensor methods that hand the host a copy of the data: on a device tensor, a
@@ -130,6 +143,7 @@ class SyncCounter(TorchDispatchMode):
                 return method(tensor, *args, **kwargs)
             finally:
                 counter._copying = False
+
         return counted
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -8,7 +8,15 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["at_least", "positive_number", "int_list", "name_list", "model_name", "experiment_name", "SEED_LIMIT"]
+__all__ = [
+    "at_least",
+    "positive_number",
+    "int_list",
+    "name_list",
+    "model_name",
+    "experiment_name",
+    "SEED_LIMIT",
+]
 
 #: Seeds are below this: numpy's and torch's generators take 32-bit seeds.
 SEED_LIMIT = 2**32
@@ -17,6 +25,7 @@ SEED_LIMIT = 2**32
 def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An integer >= ``minimum`` (``--workers``: 0; ``--trials``: 1), and <= ``maximum``
     when given (``--epochs``: 100000)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -24,7 +33,9 @@ def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
             value = None
         if value is None or value < minimum or (maximum is not None and value > maximum):
             bound = f" and <= {maximum}" if maximum is not None else ""
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}{bound}, got '{text}'")
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}{bound}, got '{text}'"
+            )
         return value
 
     return parse
@@ -47,10 +58,14 @@ def int_list(text: str) -> list[int]:
     over copies."""
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not parts or not all(x.isdigit() for x in parts):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0 like 0,1,2, got '{text}'")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 0 like 0,1,2, got '{text}'"
+        )
     values = [int(x) for x in parts]
     if max(values) >= SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"expected integers >= 0 and < 2**32 ({SEED_LIMIT}), got '{text}'")
+        raise argparse.ArgumentTypeError(
+            f"expected integers >= 0 and < 2**32 ({SEED_LIMIT}), got '{text}'"
+        )
     _once(values, text)
     return values
 
@@ -59,7 +74,9 @@ def name_list(text: str) -> list[str]:
     """Comma-separated names, at least one, each once: ``plain,diml``."""
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
-        raise argparse.ArgumentTypeError(f"expected one or more comma-separated names, got '{text}'")
+        raise argparse.ArgumentTypeError(
+            f"expected one or more comma-separated names, got '{text}'"
+        )
     _once(names, text)
     return names
 

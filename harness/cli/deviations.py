@@ -14,31 +14,53 @@ from harness.config.protocol import apply_overrides, list_protocols, load_protoc
 
 
 def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("deviations", help="list where a grid's or protocol's runs depart from the paper "
-                              "and the authors' code")
+    p = subparsers.add_parser(
+        "deviations",
+        help="list where a grid's or protocol's runs depart from the paper and the authors' code",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--grid", help=f"a grid name or .toml path ({', '.join(list_grids())})")
-    which.add_argument("--protocol", help="a protocol name or .toml path (default: every shipped protocol)")
+    which.add_argument(
+        "--protocol", help="a protocol name or .toml path (default: every shipped protocol)"
+    )
     p.add_argument("--smoke", action="store_true", help="with --grid: the grid's smoke version")
     p.add_argument("--name", help="show one deviation by name")
-    p.add_argument("--ledger", help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "
-                   ".toml path) against the grid, instead of the ledgers that cover it")
+    p.add_argument(
+        "--ledger",
+        help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "
+        ".toml path) against the grid, instead of the ledgers that cover it",
+    )
     p.set_defaults(func=cmd_deviations)
     return p
 
 
 def _describe(name: str, deviation: PaperDeviation) -> str:
-    scope = ", ".join(filter(None, [
-        f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
-        f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else "",
-        f"backbones {', '.join(deviation.backbones)}" if deviation.backbones else ""])) or "every run"
-    lines = [f"{name}  ({scope})", f"  paper/code: {deviation.paper}"
-             + (f"  [{deviation.reference}]" if deviation.reference else ""),
-             f"  harness:    {deviation.harness}", f"  why:        {deviation.why}"]
+    scope = (
+        ", ".join(
+            filter(
+                None,
+                [
+                    f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
+                    f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else "",
+                    f"backbones {', '.join(deviation.backbones)}" if deviation.backbones else "",
+                ],
+            )
+        )
+        or "every run"
+    )
+    lines = [
+        f"{name}  ({scope})",
+        f"  paper/code: {deviation.paper}"
+        + (f"  [{deviation.reference}]" if deviation.reference else ""),
+        f"  harness:    {deviation.harness}",
+        f"  why:        {deviation.why}",
+    ]
     return "\n".join(lines)
 
 
-def _grid_sections(args: argparse.Namespace) -> list[tuple[str, dict[str, PaperDeviation], list[str]]]:
+def _grid_sections(
+    args: argparse.Namespace,
+) -> list[tuple[str, dict[str, PaperDeviation], list[str]]]:
     """The deviations of every cell of the grid (the paper protocol's declared ones, and a
     smoke version's settings), and the settings the grid itself changes."""
     grid = load_grid(args.grid, smoke=args.smoke)
@@ -55,15 +77,19 @@ def cmd_deviations(args: argparse.Namespace) -> int:
         sections = _grid_sections(args)
     else:
         names = [args.protocol] if args.protocol else list_protocols()
-        sections = [(f"protocol {load_protocol(n).name}", load_protocol(n).deviations, []) for n in names]
+        sections = [
+            (f"protocol {load_protocol(n).name}", load_protocol(n).deviations, []) for n in names
+        ]
     if args.name:
         where = sections[0][0] if len(sections) == 1 else "the shipped protocols"
         merged = {k: v for _, found, _ in sections for k, v in found.items()}
         print(_describe(args.name, find_deviation(merged, args.name, where)))
         return 0
     for title, found, settings in sections:
-        print(f"{title}: {len(found)} deviation{'s' * (len(found) != 1)} from the paper or its code"
-              + (f", {len(settings)} grid setting{'s' * (len(settings) != 1)}" if settings else ""))
+        print(
+            f"{title}: {len(found)} deviation{'s' * (len(found) != 1)} from the paper or its code"
+            + (f", {len(settings)} grid setting{'s' * (len(settings) != 1)}" if settings else "")
+        )
         for name, deviation in sorted(found.items()):
             print(_describe(name, deviation))
         for line in settings:
@@ -81,9 +107,13 @@ def _ledger_lines(args: argparse.Namespace) -> list[str]:
     lines = []
     for ledger in ledgers:
         counts = family_counts(check_ledger(ledger, [str(args.grid)]))
-        lines.append(f"recipe ledger {ledger.paper} ({ledger.path.name}, {len(ledger.entries)} entries), "
-                     f"per cell family:")
+        lines.append(
+            f"recipe ledger {ledger.paper} ({ledger.path.name}, {len(ledger.entries)} entries), "
+            f"per cell family:"
+        )
         for family, found in counts.items():
-            lines.append(f"  {family}: {found['matched']} matched, {found['deviating']} deviating"
-                         + (f", {found['undeclared']} UNDECLARED" if found["undeclared"] else ""))
+            lines.append(
+                f"  {family}: {found['matched']} matched, {found['deviating']} deviating"
+                + (f", {found['undeclared']} UNDECLARED" if found["undeclared"] else "")
+            )
     return lines

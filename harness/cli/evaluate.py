@@ -38,24 +38,55 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``evaluate`` sub-command to an ``argparse`` sub-parser collection."""
     from harness.components.evaluation import DEFAULT_METRICS
 
-    p = subparsers.add_parser("evaluate", help="score saved embeddings (.npy) with the evaluation suite",
-                              description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--embeddings", type=Path, required=True,
-                   help="N x D .npy (float); the searched set, or the gallery with --query-*; "
-                        "L2-normalised by the command")
-    p.add_argument("--labels", type=Path, required=True, help="(N,) .npy of class labels for --embeddings")
-    p.add_argument("--query-embeddings", type=Path, help="Q x D .npy of queries searched against --embeddings "
-                   "(L2-normalised by the command)")
-    p.add_argument("--query-labels", type=Path, help="(Q,) .npy of class labels for --query-embeddings")
-    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
-                   help=f"comma-separated metric names (default: {','.join(DEFAULT_METRICS)}; "
-                        "ami is slow with thousands of classes)")
-    p.add_argument("--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)")
+    p = subparsers.add_parser(
+        "evaluate",
+        help="score saved embeddings (.npy) with the evaluation suite",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--embeddings",
+        type=Path,
+        required=True,
+        help="N x D .npy (float); the searched set, or the gallery with --query-*; "
+        "L2-normalised by the command",
+    )
+    p.add_argument(
+        "--labels", type=Path, required=True, help="(N,) .npy of class labels for --embeddings"
+    )
+    p.add_argument(
+        "--query-embeddings",
+        type=Path,
+        help="Q x D .npy of queries searched against --embeddings (L2-normalised by the command)",
+    )
+    p.add_argument(
+        "--query-labels", type=Path, help="(Q,) .npy of class labels for --query-embeddings"
+    )
+    p.add_argument(
+        "--metrics",
+        default=",".join(DEFAULT_METRICS),
+        help=f"comma-separated metric names (default: {','.join(DEFAULT_METRICS)}; "
+        "ami is slow with thousands of classes)",
+    )
+    p.add_argument(
+        "--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)"
+    )
     p.add_argument("--json", help="also write the result to this JSON file (atomically)")
-    p.add_argument("--chunk-size", type=at_least(1), default=4096, help="queries per faiss search (bounds memory)")
-    p.add_argument("--seed", type=at_least(0), default=0, help="k-means seed for nmi/ami/f1 (default 0)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="faiss on a GPU (cuda), the CPU, or a GPU when available (auto)")
+    p.add_argument(
+        "--chunk-size",
+        type=at_least(1),
+        default=4096,
+        help="queries per faiss search (bounds memory)",
+    )
+    p.add_argument(
+        "--seed", type=at_least(0), default=0, help="k-means seed for nmi/ami/f1 (default 0)"
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="faiss on a GPU (cuda), the CPU, or a GPU when available (auto)",
+    )
     p.set_defaults(func=cmd_evaluate)
     return p
 
@@ -65,7 +96,9 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
 
 def _load_npy(path: Path, flag: str) -> np.ndarray:
     if path.suffix.lower() != ".npy":
-        raise HarnessError(f"{flag} {path}: expected a .npy file (numpy.save), got '{path.suffix or 'no suffix'}'")
+        raise HarnessError(
+            f"{flag} {path}: expected a .npy file (numpy.save), got '{path.suffix or 'no suffix'}'"
+        )
     if not path.exists():
         raise HarnessError(f"{flag} {path}: no such file")
     if not path.is_file():
@@ -87,11 +120,15 @@ def load_embeddings(path: Path, flag: str) -> np.ndarray:
     x = x.astype(np.float32, copy=False)
     finite = np.isfinite(x).all(1)
     if not finite.all():
-        raise HarnessError(f"{flag} {path}: row {int(np.argmin(finite))} contains NaN or infinite values "
-                           f"({int((~finite).sum())} rows in all)")
+        raise HarnessError(
+            f"{flag} {path}: row {int(np.argmin(finite))} contains NaN or infinite values "
+            f"({int((~finite).sum())} rows in all)"
+        )
     zero = ~x.any(1)
     if zero.any():
-        raise HarnessError(f"{flag} {path}: row {int(np.argmax(zero))} is all zeros and cannot be L2-normalised")
+        raise HarnessError(
+            f"{flag} {path}: row {int(np.argmax(zero))} is all zeros and cannot be L2-normalised"
+        )
     return x
 
 
@@ -109,7 +146,9 @@ def load_labels(path: Path, flag: str, num_rows: int, embeddings_flag: str) -> n
     elif y.dtype.kind not in "iubUS":
         raise HarnessError(f"{flag} {path}: expected integer or string labels, got dtype {y.dtype}")
     if len(y) != num_rows:
-        raise HarnessError(f"{flag} {path} has {len(y)} labels but {embeddings_flag} has {num_rows} rows")
+        raise HarnessError(
+            f"{flag} {path} has {len(y)} labels but {embeddings_flag} has {num_rows} rows"
+        )
     return y
 
 
@@ -117,7 +156,9 @@ def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
     except ValueError:
-        raise HarnessError(f"{flag} expects comma-separated integers like 1,2,4,8; got '{text}'") from None
+        raise HarnessError(
+            f"{flag} expects comma-separated integers like 1,2,4,8; got '{text}'"
+        ) from None
     if not values or min(values) < 1:
         raise HarnessError(f"{flag} expects positive integers like 1,2,4,8; got '{text}'")
     return values
@@ -126,17 +167,23 @@ def _int_list(text: str, flag: str) -> list[int]:
 # ------------------------------------------------------------------------- output
 
 
-def _check_some_query_has_a_positive(query_labels: np.ndarray, gallery_labels: np.ndarray | None) -> None:
+def _check_some_query_has_a_positive(
+    query_labels: np.ndarray, gallery_labels: np.ndarray | None
+) -> None:
     """Refuse labels under which no query has a positive: every metric would be undefined,
     and printing zeros would read as a model that retrieves nothing."""
     if gallery_labels is None:
         _, counts = np.unique(query_labels, return_counts=True)
         if not (counts > 1).any():
-            raise HarnessError(f"--labels: all {len(query_labels)} labels are distinct, so no query has another "
-                               f"image of its class and every metric is undefined; a class needs 2 or more images")
+            raise HarnessError(
+                f"--labels: all {len(query_labels)} labels are distinct, so no query has another "
+                f"image of its class and every metric is undefined; a class needs 2 or more images"
+            )
     elif not np.isin(query_labels, gallery_labels).any():
-        raise HarnessError(f"--query-labels: none of the {len(query_labels)} queries has a class in --labels, so "
-                           f"no query has a positive in the gallery and every metric is undefined")
+        raise HarnessError(
+            f"--query-labels: none of the {len(query_labels)} queries has a class in --labels, so "
+            f"no query has a positive in the gallery and every metric is undefined"
+        )
 
 
 def _jsonable(value: float) -> float | None:
@@ -147,7 +194,9 @@ def _use_gpu(device: str) -> bool:
     from harness.components.evaluation import gpu_available
 
     if device == "cuda" and not gpu_available():
-        raise HarnessError("--device cuda: this faiss build has no GPU support or sees no CUDA device")
+        raise HarnessError(
+            "--device cuda: this faiss build has no GPU support or sees no CUDA device"
+        )
     return device == "cuda" or (device == "auto" and gpu_available())
 
 
@@ -165,31 +214,52 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     args.json = output_file(args.json, "--json")
     use_gpu = _use_gpu(args.device)
 
-    gallery = load_embeddings(args.embeddings, "--embeddings")
-    gallery_labels = load_labels(args.labels, "--labels", len(gallery), "--embeddings")
+    embeddings = load_embeddings(args.embeddings, "--embeddings")
+    labels = load_labels(args.labels, "--labels", len(embeddings), "--embeddings")
+    gallery: np.ndarray | None = None  # None: every embedding is a query against the others
+    gallery_labels: np.ndarray | None = None
     if args.query_embeddings is None:
-        query, query_labels, gallery, gallery_labels = gallery, gallery_labels, None, None
+        query, query_labels = embeddings, labels
     else:
+        gallery, gallery_labels = embeddings, labels
         query = load_embeddings(args.query_embeddings, "--query-embeddings")
-        query_labels = load_labels(args.query_labels, "--query-labels", len(query), "--query-embeddings")
-        if query.shape[1] != gallery.shape[1]:
-            raise HarnessError(f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
-                               f"{gallery.shape[1]}")
+        query_labels = load_labels(
+            args.query_labels, "--query-labels", len(query), "--query-embeddings"
+        )
+        if query.shape[1] != embeddings.shape[1]:
+            raise HarnessError(
+                f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
+                f"{embeddings.shape[1]}"
+            )
     _check_some_query_has_a_positive(query_labels, gallery_labels)
 
-    result = evaluate_embeddings(query, query_labels, gallery, gallery_labels, recall_k=recall_k,
-                                 metrics=metrics, chunk_size=args.chunk_size, use_gpu=use_gpu,
-                                 kmeans_seed=args.seed)
+    result = evaluate_embeddings(
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        recall_k=recall_k,
+        metrics=metrics,
+        chunk_size=args.chunk_size,
+        use_gpu=use_gpu,
+        kmeans_seed=args.seed,
+    )
     mode = "self" if gallery is None else "query-gallery"
     print(_format(result, len(query), None if gallery is None else len(gallery)))
     if args.json:
         record = {
             "mode": mode,
-            "embeddings": str(args.embeddings), "labels": str(args.labels),
-            "query_embeddings": None if args.query_embeddings is None else str(args.query_embeddings),
+            "embeddings": str(args.embeddings),
+            "labels": str(args.labels),
+            "query_embeddings": None
+            if args.query_embeddings is None
+            else str(args.query_embeddings),
             "query_labels": None if args.query_labels is None else str(args.query_labels),
-            "normalized": True, "recall_k": recall_k, "kmeans_seed": args.seed,
-            "num_queries": result["num_queries"], "num_lone_queries": result["num_lone_queries"],
+            "normalized": True,
+            "recall_k": recall_k,
+            "kmeans_seed": args.seed,
+            "num_queries": result["num_queries"],
+            "num_lone_queries": result["num_lone_queries"],
             "metrics": {k: _jsonable(v) for k, v in result.items() if not k.startswith("num_")},
         }
         atomic_write_json(args.json, record)
@@ -199,8 +269,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _format(result: dict[str, float], num_query: int, num_gallery: int | None) -> str:
     where = "against themselves" if num_gallery is None else f"against a gallery of {num_gallery}"
-    lines = [f"{num_query} queries searched {where}: {result['num_queries']} scored, "
-             f"{result['num_lone_queries']} lone (no other member of their class) excluded"]
+    lines = [
+        f"{num_query} queries searched {where}: {result['num_queries']} scored, "
+        f"{result['num_lone_queries']} lone (no other member of their class) excluded"
+    ]
     width = max((len(k) for k in result), default=0)
     lines += [f"  {k:<{width}}  {v:.4f}" for k, v in result.items() if not k.startswith("num_")]
     return "\n".join(lines)

@@ -30,8 +30,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     args.json = output_file(args.json, "--json")
     out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out")
     open_store()
-    ctx = load_run(args.run, data_root=args.data_root, checkpoint_root=args.checkpoint_root, device=args.device)
-    record = explain_run(ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir)
+    ctx = load_run(
+        args.run, data_root=args.data_root, checkpoint_root=args.checkpoint_root, device=args.device
+    )
+    record = explain_run(
+        ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir
+    )
     for note in record["notes"]:
         _note(note)
     record_to_run(ctx, record)
@@ -43,32 +47,57 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def format_record(record: dict[str, Any]) -> str:
     """A few lines: each source's scores with their intervals."""
-    lines = [f"{record['method_name']} on {record['dataset']} ({record['protocol']}): {record['pairs']} "
-             f"{record['pair_kind']} pairs, {record['seconds']:.0f} s"]
+    lines = [
+        f"{record['method_name']} on {record['dataset']} ({record['protocol']}): {record['pairs']} "
+        f"{record['pair_kind']} pairs, {record['seconds']:.0f} s"
+    ]
     for source in ("method", "baseline"):
         scores = record.get(source)
         if not scores:
             continue
-        cells = [f"{k} {scores[k]:.3f} [{scores[k + '_ci95'][0]:.3f}, {scores[k + '_ci95'][1]:.3f}]"
-                 for k in SCORE_KEYS if k in scores and scores[k] == scores[k]]
+        cells = [
+            f"{k} {scores[k]:.3f} [{scores[k + '_ci95'][0]:.3f}, {scores[k + '_ci95'][1]:.3f}]"
+            for k in SCORE_KEYS
+            if k in scores and scores[k] == scores[k]
+        ]
         lines.append(f"  {source:8s} " + "; ".join(cells))
     return "\n".join(lines)
 
 
 def add_explain_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("explain", help="explain a finished run's similarities and score the explanations "
-                              "(ground-truth parts on synthetic; deletion / insertion everywhere)")
-    p.add_argument("--run", required=True, metavar="RUN_ID", help="a FINISHED run in the tracking store")
-    p.add_argument("--pairs", type=at_least(1), default=200, help="pairs to explain and score (default 200)")
-    p.add_argument("--curve-pairs", type=at_least(1), default=CURVE_PAIRS,
-                   help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
-                   "114 forward passes each)")
+    p = subparsers.add_parser(
+        "explain",
+        help="explain a finished run's similarities and score the explanations "
+        "(ground-truth parts on synthetic; deletion / insertion everywhere)",
+    )
+    p.add_argument(
+        "--run", required=True, metavar="RUN_ID", help="a FINISHED run in the tracking store"
+    )
+    p.add_argument(
+        "--pairs", type=at_least(1), default=200, help="pairs to explain and score (default 200)"
+    )
+    p.add_argument(
+        "--curve-pairs",
+        type=at_least(1),
+        default=CURVE_PAIRS,
+        help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
+        "114 forward passes each)",
+    )
     p.add_argument("--out", help="folder for the figures (default results/explain/<run id>)")
     p.add_argument("--json", help="write the scores to this file")
-    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the pair sampling and the random orders")
+    p.add_argument(
+        "--seed",
+        type=at_least(0),
+        default=0,
+        help="seed of the pair sampling and the random orders",
+    )
     p.add_argument("--data-root", type=Path)
-    p.add_argument("--checkpoint-root", type=Path, help="where the run's weights are (default "
-                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
+    p.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="where the run's weights are (default "
+        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.set_defaults(func=cmd_explain)
     return p

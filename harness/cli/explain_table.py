@@ -18,11 +18,15 @@ __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 
 def cmd_explain_table(args: argparse.Namespace) -> int:
     name = args.name or "-".join(args.experiment)
-    stem = output_stem(args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex"))
+    stem = output_stem(
+        args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex")
+    )
     open_store(read_only=True)
     rows = explain_rows(args.experiment)
-    caption = args.caption or (f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
-                               f"interval over pairs; chance = the differing part's area share")
+    caption = args.caption or (
+        f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
+        f"interval over pairs; chance = the differing part's area share"
+    )
     markdown = markdown_table(rows)
     atomic_write_text(Path(f"{stem}.md"), markdown)
     atomic_write_text(Path(f"{stem}.tex"), latex_table(rows, caption))
@@ -32,10 +36,21 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
 
 
 def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("explain-table", help="table of explanation scores across methods (Markdown and "
-                              "LaTeX) from the explain/* metrics of the runs")
-    p.add_argument("--experiment", action="append", required=True, type=experiment_name, help="MLflow experiment (repeat for several)")
-    p.add_argument("--out", help="output path without suffix (default results/tables/explain-<name>)")
+    p = subparsers.add_parser(
+        "explain-table",
+        help="table of explanation scores across methods (Markdown and "
+        "LaTeX) from the explain/* metrics of the runs",
+    )
+    p.add_argument(
+        "--experiment",
+        action="append",
+        required=True,
+        type=experiment_name,
+        help="MLflow experiment (repeat for several)",
+    )
+    p.add_argument(
+        "--out", help="output path without suffix (default results/tables/explain-<name>)"
+    )
     p.add_argument("--name", help="name for the default output path (default: the experiments)")
     p.add_argument("--caption")
     p.set_defaults(func=cmd_explain_table)

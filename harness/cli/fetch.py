@@ -14,8 +14,15 @@ from pathlib import Path
 from harness.base.errors import HarnessError
 from harness.cli.arguments import positive_number
 
-__all__ = ["add_fetch_parser", "add_verify_parser", "cmd_fetch", "cmd_verify", "ensure_dataset", "check_dataset",
-           "check_data_root"]
+__all__ = [
+    "add_fetch_parser",
+    "add_verify_parser",
+    "cmd_fetch",
+    "cmd_verify",
+    "ensure_dataset",
+    "check_dataset",
+    "check_data_root",
+]
 
 
 def _show_progress() -> bool:
@@ -30,9 +37,19 @@ def _say(line: str) -> None:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from harness.components.data.fetch import fetch_dataset
 
-    data_root = args.fetch_data_root or args.data_root  # after 'fetch', or before it ('datasets --data-root')
-    fetch_dataset(args.name, data_root, local_files=args.local_files or (), url=args.url,
-                  sha256=args.sha256 or (), timeout=args.timeout, progress=_show_progress(), say=_say)
+    data_root = (
+        args.fetch_data_root or args.data_root
+    )  # after 'fetch', or before it ('datasets --data-root')
+    fetch_dataset(
+        args.name,
+        data_root,
+        local_files=args.local_files or (),
+        url=args.url,
+        sha256=args.sha256 or (),
+        timeout=args.timeout,
+        progress=_show_progress(),
+        say=_say,
+    )
     return 0
 
 
@@ -73,7 +90,11 @@ def check_data_root(name: str, data_root: Path | None) -> None:
     from harness.components.data.base import default_data_root
 
     root = Path(data_root) if data_root is not None else default_data_root()
-    flag = "--data-root" if data_root is not None else "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness)"
+    flag = (
+        "--data-root"
+        if data_root is not None
+        else "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness)"
+    )
     if root.exists() and not root.is_dir():
         raise HarnessError(f"{flag} {root} is a file, not a folder")
     info = DATASETS.get(name)
@@ -94,40 +115,75 @@ def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None
         return
     except HarnessError as err:
         if not download:
-            raise HarnessError(f"{err}; fetch it with: {fetch_command(name, data_root)} "
-                               f"(or run with --download)") from None
+            raise HarnessError(
+                f"{err}; fetch it with: {fetch_command(name, data_root)} (or run with --download)"
+            ) from None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process would download the same files
-        raise HarnessError(f"--download under torchrun: fetch the dataset first ({fetch_command(name, data_root)})")
+        raise HarnessError(
+            f"--download under torchrun: fetch the dataset first ({fetch_command(name, data_root)})"
+        )
     fetch_dataset(name, data_root, progress=_show_progress(), say=_say)
 
 
 def add_fetch_parser(dataset_commands) -> None:
     fetch = dataset_commands.add_parser(
-        "fetch", help="download a benchmark, verify it and unpack it in its official layout",
+        "fetch",
+        help="download a benchmark, verify it and unpack it in its official layout",
         description="Download (resumably) or read with --from, verify the checksum, unpack beside the target, "
-                    "check the official counts, then move into place. Cars196 and In-Shop need a manual "
-                    "download first: the command says what to get.")
+        "check the official counts, then move into place. Cars196 and In-Shop need a manual "
+        "download first: the command says what to get.",
+    )
     fetch.add_argument("name", help="cub200, cars196, sop or inshop")
-    fetch.add_argument("--data-root", dest="fetch_data_root", type=Path, help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness")
-    fetch.add_argument("--from", dest="local_files", type=Path, action="append", metavar="FILE",
-                       help="a file of the release already downloaded (repeat, in the order the dataset lists)")
+    fetch.add_argument(
+        "--data-root",
+        dest="fetch_data_root",
+        type=Path,
+        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
+    )
+    fetch.add_argument(
+        "--from",
+        dest="local_files",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="a file of the release already downloaded (repeat, in the order the dataset lists)",
+    )
     fetch.add_argument("--url", help="download from this mirror instead (one-file datasets)")
-    fetch.add_argument("--sha256", action="append", metavar="HEX",
-                       help="a checksum to hold each file to, besides any published one (repeat per file)")
-    fetch.add_argument("--timeout", type=positive_number, default=60.0,
-                       help="seconds a silent connection is waited for (default 60)")
+    fetch.add_argument(
+        "--sha256",
+        action="append",
+        metavar="HEX",
+        help="a checksum to hold each file to, besides any published one (repeat per file)",
+    )
+    fetch.add_argument(
+        "--timeout",
+        type=positive_number,
+        default=60.0,
+        help="seconds a silent connection is waited for (default 60)",
+    )
     fetch.set_defaults(func=cmd_fetch)
 
 
 def add_verify_parser(dataset_commands) -> None:
     verify = dataset_commands.add_parser(
-        "verify", help="decode every image of a dataset once and stamp the tree as verified",
+        "verify",
+        help="decode every image of a dataset once and stamp the tree as verified",
         description="Decode every image (in threads), name any that fails, and on success leave a stamp "
-                    "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
-                    "modification times) and otherwise checks each image's header before training.")
+        "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
+        "modification times) and otherwise checks each image's header before training.",
+    )
     verify.add_argument("name", help="a dataset name (python -m harness datasets lists them)")
-    verify.add_argument("--data-root", dest="verify_data_root", type=Path, metavar="DIR",
-                        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness")
-    verify.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1),
-                        help="decoding threads (default: the CPU count, at most 8)")
+    verify.add_argument(
+        "--data-root",
+        dest="verify_data_root",
+        type=Path,
+        metavar="DIR",
+        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
+    )
+    verify.add_argument(
+        "--threads",
+        type=int,
+        default=min(8, os.cpu_count() or 1),
+        help="decoding threads (default: the CPU count, at most 8)",
+    )
     verify.set_defaults(func=cmd_verify)

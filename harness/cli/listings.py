@@ -42,20 +42,30 @@ def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, s
             return str(root), "generated on first use", "-"
     else:
         try:
-            root = fashion_mnist_root(data_root) if name == "fashion-mnist" else info.locate(data_root)
+            root = (
+                fashion_mnist_root(data_root) if name == "fashion-mnist" else info.locate(data_root)
+            )
         except HarnessError as err:
             hint = f"; {fetch_command(name, data_root)}" if name in SOURCES else ""
             return str(err).split("expected ", 1)[-1] + hint, "missing", "-"
     record = fetch_record(root) if name in SOURCES else None
     if record is not None:
-        status = "found, verified" if record.get("verified") else "found, fetched (no published checksum)"
+        status = (
+            "found, verified"
+            if record.get("verified")
+            else "found, fetched (no published checksum)"
+        )
         return str(root), status, f"{record.get('images', 0):,}"
     try:
         splits = info.loader(data_root if info.embedded else root)
     except HarnessError as err:
         return f"{root} ({err})", "damaged", "-"
     count = sum(len(s) for s in (splits.train, splits.test, splits.gallery) if s is not None)
-    return str(root), "found" + (", not verified (not fetched)" if name in SOURCES else ""), f"{count:,}"
+    return (
+        str(root),
+        "found" + (", not verified (not fetched)" if name in SOURCES else ""),
+        f"{count:,}",
+    )
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -65,8 +75,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
         entry = METHODS.get(name)
         paper = entry.cls.paper
         source = f"{paper.title} ({paper.year})" if paper else "harness baseline"
-        print(f"{name:14s} {entry.description}\n{'':14s} {source}; options: "
-              f"{', '.join(f'{k}={v!r}' for k, v in entry.options().items()) or 'none'}")
+        print(
+            f"{name:14s} {entry.description}\n{'':14s} {source}; options: "
+            f"{', '.join(f'{k}={v!r}' for k, v in entry.options().items()) or 'none'}"
+        )
     return 0
 
 
@@ -78,15 +90,21 @@ def check_port_free(host: str, port: int) -> None:
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as err:
-        raise HarnessError(f"--host {host} is not an address of this machine ({err.strerror})") from None
+        raise HarnessError(
+            f"--host {host} is not an address of this machine ({err.strerror})"
+        ) from None
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
-            if sys.platform != "win32":  # as the server will: a port in TIME_WAIT is free, a listened one not
+            if (
+                sys.platform != "win32"
+            ):  # as the server will: a port in TIME_WAIT is free, a listened one not
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as err:
-        raise HarnessError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); "
-                           f"give a free port with --port") from None
+        raise HarnessError(
+            f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); "
+            f"give a free port with --port"
+        ) from None
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -102,12 +120,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.experiment is not None:
         named = [e for e in experiments if e[1] == args.experiment]
         if not named:
-            raise HarnessError(f"no experiment '{args.experiment}' with runs in {tracking_uri()}; it has: "
-                               f"{', '.join(name for _, name in experiments) or 'none'}")
+            raise HarnessError(
+                f"no experiment '{args.experiment}' with runs in {tracking_uri()}; it has: "
+                f"{', '.join(name for _, name in experiments) or 'none'}"
+            )
         experiments = named + [e for e in experiments if e[1] != args.experiment]
     for exp_id, _ in experiments:
         prepare_for_ui(exp_id)  # the runs view the printed pages open
-    pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [("experiments", ui_url(base))]
+    pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [
+        ("experiments", ui_url(base))
+    ]
     print(f"MLflow UI over {tracking_uri()}:", file=sys.stderr)
     for name, url in pages:
         print(f"  {name}: {url}", file=sys.stderr)
@@ -139,8 +161,11 @@ def _open_when_up(base: str, url: str, timeout: float = 120.0) -> None:
 
 
 def add_listing_parsers(subparsers) -> None:
-    ds = subparsers.add_parser("datasets", help="list datasets: found or not, where, verified or not, images; "
-                               "'datasets fetch NAME' downloads one, 'datasets verify NAME' decodes every image")
+    ds = subparsers.add_parser(
+        "datasets",
+        help="list datasets: found or not, where, verified or not, images; "
+        "'datasets fetch NAME' downloads one, 'datasets verify NAME' decodes every image",
+    )
     ds.add_argument("--data-root", type=Path)
     ds.set_defaults(func=cmd_datasets)
     commands = ds.add_subparsers(dest="datasets_command", metavar="{fetch,verify}")
@@ -153,7 +178,12 @@ def add_listing_parsers(subparsers) -> None:
     ui = subparsers.add_parser("ui", help="open the MLflow UI over the tracking store (127.0.0.1)")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--experiment", help="the experiment whose runs page is printed (and opened) first "
-                    "(default: the most recently active)")
-    ui.add_argument("--open", action="store_true", help="open the first runs page in the default web browser")
+    ui.add_argument(
+        "--experiment",
+        help="the experiment whose runs page is printed (and opened) first "
+        "(default: the most recently active)",
+    )
+    ui.add_argument(
+        "--open", action="store_true", help="open the first runs page in the default web browser"
+    )
     ui.set_defaults(func=cmd_ui)

@@ -67,8 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli.schema import add_schema_parser
 
     add_schema_parser(sub)
-    for command in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    for (
+        command
+    ) in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+        )
     return parser
 
 
@@ -91,7 +95,14 @@ def _discard_stdout() -> None:
 
 def _is_store_error(err: BaseException) -> bool:
     """An error raised by the tracking or Optuna store (MLflow, SQLAlchemy, a database driver)."""
-    return type(err).__module__.split(".")[0] in ("mlflow", "sqlalchemy", "sqlite3", "psycopg2", "psycopg", "optuna")
+    return type(err).__module__.split(".")[0] in (
+        "mlflow",
+        "sqlalchemy",
+        "sqlite3",
+        "psycopg2",
+        "psycopg",
+        "optuna",
+    )
 
 
 def run_main(argv: list[str] | None = None) -> int:
@@ -128,21 +139,32 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit-time flush quiet
         return 0
     except Exception as err:  # errors from DataLoader workers are re-raised as other types
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # stdout on a full disk (or /dev/full)
+        if (
+            isinstance(err, OSError) and err.errno == errno.ENOSPC
+        ):  # stdout on a full disk (or /dev/full)
             _discard_stdout()
-            print("error: disk full: the output could not be written (No space left on device)", file=sys.stderr)
+            print(
+                "error: disk full: the output could not be written (No space left on device)",
+                file=sys.stderr,
+            )
             return 2
         if "HarnessError" in str(err):
             print(f"error: {_one_line(err)}", file=sys.stderr)
             return 2
         if _is_store_error(err):  # e.g. a store locked by another writer past MLflow's timeout
-            print(f"error: the tracking store failed ({type(err).__name__}: {_one_line(err)[:300]}); "
-                  f"run the command again once it answers (run --resume continues from the last checkpoint)", file=sys.stderr)
+            print(
+                f"error: the tracking store failed ({type(err).__name__}: {_one_line(err)[:300]}); "
+                f"run the command again once it answers (run --resume continues from the last checkpoint)",
+                file=sys.stderr,
+            )
             return 2
         if getattr(args, "debug", False):
             raise
-        print(f"error: internal error: {type(err).__name__}: {_one_line(err)[:300]} "
-              f"(run again with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"error: internal error: {type(err).__name__}: {_one_line(err)[:300]} "
+            f"(run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

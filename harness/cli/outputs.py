@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file, writable_folder, writable_stem
@@ -16,16 +17,26 @@ from harness.store.tracking import reserved_paths
 __all__ = ["output_file", "output_folder", "output_stem", "check_study_storage"]
 
 
+@overload
+def output_file(text: str | os.PathLike, flag: str) -> Path: ...
+@overload
+def output_file(text: None, flag: str) -> None: ...
 def output_file(text: str | os.PathLike | None, flag: str) -> Path | None:
     """A file the command will write (None when the flag was not given)."""
     return writable_file(text, flag, reserved=reserved_paths())
 
 
-def output_stem(text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...]) -> Path | None:
+def output_stem(
+    text: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...]
+) -> Path | None:
     """Files ``STEM + suffix`` the command will write."""
     return writable_stem(text, flag, suffixes, reserved=reserved_paths())
 
 
+@overload
+def output_folder(text: str | os.PathLike, flag: str) -> Path: ...
+@overload
+def output_folder(text: None, flag: str) -> None: ...
 def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
     """A folder the command will create files in."""
     return writable_folder(text, flag, reserved=reserved_paths())
@@ -45,7 +56,9 @@ def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     for place in reserved_paths():
         if not place.folder and place.holds(database):
             raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
-    if not database.is_file():  # created on first use: its folder must take it, checked before the dataset loads
+    if (
+        not database.is_file()
+    ):  # created on first use: its folder must take it, checked before the dataset loads
         try:
             writable_folder(database.parent, "its folder")
         except HarnessError as err:

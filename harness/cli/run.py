@@ -15,9 +15,15 @@ from harness.cli.arguments import at_least, experiment_name, int_list, model_nam
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
-from harness.config.protocol import MAX_STEPS, default_protocol
+from harness.config.protocol import MAX_STEPS, Protocol, default_protocol
 
-__all__ = ["add_run_parser", "cmd_run", "shared_training", "check_checkpoint_root", "EMBEDDED_DEFAULT"]
+__all__ = [
+    "add_run_parser",
+    "cmd_run",
+    "shared_training",
+    "check_checkpoint_root",
+    "EMBEDDED_DEFAULT",
+]
 
 #: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
 EMBEDDED_DEFAULT = "synthetic"
@@ -29,7 +35,7 @@ class _Request:
     loss and the seeds."""
 
     methods: list[str]
-    protocol: object
+    protocol: Protocol
     protocol_path: Path
     deviations: tuple
     loss: str
@@ -61,11 +67,15 @@ def _request(args: argparse.Namespace) -> _Request:
     protocol, deviations = apply_overrides(protocol, overrides)
     loss = args.loss or protocol.loss.name
     LOSSES.get(loss)
-    check_loss_args(loss, protocol.loss_args(loss))  # a bad --set loss.args value: one line, before any work
+    check_loss_args(
+        loss, protocol.loss_args(loss)
+    )  # a bad --set loss.args value: one line, before any work
     if loss != protocol.loss.name and loss not in protocol.loss.args:
         deviations += (Deviation("loss.name", protocol.loss.name, loss),)
     if args.evaluate_only and not args.init_from:
-        raise HarnessError("--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID")
+        raise HarnessError(
+            "--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID"
+        )
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
     if args.init_from:  # the store is read now, not after the dataset loads
@@ -78,9 +88,17 @@ def _request(args: argparse.Namespace) -> _Request:
         deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
     seeds = args.seeds or list(protocol.seeds)
     for method in methods:  # a bad option value is one line now, not after the dataset loads
-        check_method_options(method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size,
-                             loss=loss)
-    path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
+        check_method_options(
+            method,
+            protocol.methods.get(method, {}),
+            embedding_size=protocol.embedding.size,
+            loss=loss,
+        )
+    path = (
+        Path(protocol_name)
+        if protocol_name.endswith(".toml")
+        else protocol_dir() / f"{protocol_name}.toml"
+    )
     _check_outputs(args)
     return _Request(methods, protocol, path, tuple(deviations), loss, seeds)
 
@@ -97,8 +115,12 @@ def check_checkpoint_root(root: Path | None) -> None:
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
     from harness.engine.training import default_checkpoint_root
 
-    output_folder(root or default_checkpoint_root(), "--checkpoint-root" if root else
-                    "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
+    output_folder(
+        root or default_checkpoint_root(),
+        "--checkpoint-root"
+        if root
+        else "the checkpoint root ($DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -126,24 +148,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_dataset(args.dataset, args.data_root)
     open_store()
     protocol, methods, seeds = req.protocol, req.methods, req.seeds
-    settings = RunSettings(data_root=args.data_root, device=args.device, workers=args.workers,
-                           checkpoint_root=args.checkpoint_root, deterministic=args.deterministic,
-                           fast=args.fast, compile=args.compile)
+    settings = RunSettings(
+        data_root=args.data_root,
+        device=args.device,
+        workers=args.workers,
+        checkpoint_root=args.checkpoint_root,
+        deterministic=args.deterministic,
+        fast=args.fast,
+        compile=args.compile,
+    )
 
     def splits_for(seed: int):
-        splits = prepare_splits(protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed)
-        check_training_split(protocol, args.dataset, splits)  # before the summary line: a refusal is one line
+        splits = prepare_splits(
+            protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed
+        )
+        check_training_split(
+            protocol, args.dataset, splits
+        )  # before the summary line: a refusal is one line
         return splits
 
     splits = splits_for(seeds[0])
     if main_process:
-        print(f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
-              f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
-              + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""), file=sys.stderr)
+        print(
+            f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
+            f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
+            + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""),
+            file=sys.stderr,
+        )
     shared = {} if args.init_from else shared_training(methods, protocol)
     if shared and main_process:
-        print("; ".join(f"{m}: evaluated on {b}'s trained weights (it trains as {b})" for m, b in shared.items()),
-              file=sys.stderr)
+        print(
+            "; ".join(
+                f"{m}: evaluated on {b}'s trained weights (it trains as {b})"
+                for m, b in shared.items()
+            ),
+            file=sys.stderr,
+        )
     records = []
     for seed in seeds:
         if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
@@ -151,12 +191,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         trained: dict[str, str] = {}  # method -> its run id, this seed
         for method in sorted(methods, key=lambda m: m in shared):  # base methods first
             base = shared.get(method, "")
-            cfg = RunConfig.build(protocol, method=method, dataset=args.dataset, loss=req.loss, seed=seed,
-                                  deviations=req.deviations, settings=settings, protocol_path=req.protocol_path,
-                                  resume=args.resume, experiment=args.experiment or "",
-                                  init_from=trained[base] if base else args.init_from or "",
-                                  evaluate_only=bool(base) or args.evaluate_only,
-                                  registered_model=args.register or "")
+            cfg = RunConfig.build(
+                protocol,
+                method=method,
+                dataset=args.dataset,
+                loss=req.loss,
+                seed=seed,
+                deviations=req.deviations,
+                settings=settings,
+                protocol_path=req.protocol_path,
+                resume=args.resume,
+                experiment=args.experiment or "",
+                init_from=trained[base] if base else args.init_from or "",
+                evaluate_only=bool(base) or args.evaluate_only,
+                registered_model=args.register or "",
+            )
             try:
                 records.append(run_training(cfg, splits))
             except BaseException:
@@ -188,46 +237,101 @@ def shared_training(methods: list[str], protocol) -> dict[str, str]:
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run = subparsers.add_parser("run", help="train and evaluate methods under a fair protocol")
-    run.add_argument("--methods", default=["all"], type=name_list,
-                     help="'all' (every registered method but ablation variants) or a comma-separated list")
+    run.add_argument(
+        "--methods",
+        default=["all"],
+        type=name_list,
+        help="'all' (every registered method but ablation variants) or a comma-separated list",
+    )
     run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
-    run.add_argument("--protocol", help="protocol name or .toml path (default: smoke on synthetic "
-                     "and fashion-mnist, roth2020 on the four benchmarks)")
+    run.add_argument(
+        "--protocol",
+        help="protocol name or .toml path (default: smoke on synthetic "
+        "and fashion-mnist, roth2020 on the four benchmarks)",
+    )
     run.add_argument("--loss", help="metric loss (default: the protocol's)")
-    run.add_argument("--seeds", type=int_list, help="comma-separated seeds (default: the protocol's)")
-    run.add_argument("--epochs", type=at_least(0, MAX_STEPS), help="override schedule.epochs (recorded as a deviation); "
-                     "0 evaluates the initial model")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)")
+    run.add_argument(
+        "--seeds", type=int_list, help="comma-separated seeds (default: the protocol's)"
+    )
+    run.add_argument(
+        "--epochs",
+        type=at_least(0, MAX_STEPS),
+        help="override schedule.epochs (recorded as a deviation); 0 evaluates the initial model",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)",
+    )
     run.add_argument("--data-root", type=Path)
-    run.add_argument("--download", action="store_true",
-                     help="fetch a missing benchmark first (python -m harness datasets fetch NAME)")
+    run.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch a missing benchmark first (python -m harness datasets fetch NAME)",
+    )
     run.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    run.add_argument("--workers", type=at_least(0), help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)")
-    run.add_argument("--experiment", type=experiment_name, help="MLflow experiment (default: <dataset>-<protocol>)")
+    run.add_argument(
+        "--workers",
+        type=at_least(0),
+        help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)",
+    )
+    run.add_argument(
+        "--experiment",
+        type=experiment_name,
+        help="MLflow experiment (default: <dataset>-<protocol>)",
+    )
     run.add_argument("--json", help="write the result records to this file")
-    run.add_argument("--resume", action="store_true", help="continue interrupted runs from their last checkpoint")
-    run.add_argument("--deterministic", action="store_true",
-                     help="deterministic kernels on every device (an op without one is an error), cuDNN "
-                     "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run")
-    run.add_argument("--fast", action="store_true",
-                     help="cuDNN autotuning and non-deterministic kernels (faster on a GPU, not "
-                     "bit-repeatable); recorded with each run (tag fast)")
-    run.add_argument("--compile", action="store_true",
-                     help="train through torch.compile of the model; recorded with each run (tag compile)")
-    run.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
-                     "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
-                     "weights under it even after the folder moved")
-    run.add_argument("--init-from", metavar="RUN_ID",
-                     help="start from the selected weights of a finished run (a deviation, unless "
-                     "--evaluate-only)")
-    run.add_argument("--evaluate-only", action="store_true",
-                     help="train no epoch: evaluate the --init-from run's weights, trained under this "
-                     "same protocol (e.g. --methods diml: DIML at test time on a trained plain run)")
-    run.add_argument("--seen-class-control", action="store_true",
-                     help="diagnostic: train on other images of the test classes, not on the training "
-                     "classes (a deviation; tells broken training from features that do not transfer)")
-    run.add_argument("--register", metavar="NAME", type=model_name,
-                     help="register each run's trained embedder in MLflow's model registry as a version of NAME")
+    run.add_argument(
+        "--resume", action="store_true", help="continue interrupted runs from their last checkpoint"
+    )
+    run.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels on every device (an op without one is an error), cuDNN "
+        "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run",
+    )
+    run.add_argument(
+        "--fast",
+        action="store_true",
+        help="cuDNN autotuning and non-deterministic kernels (faster on a GPU, not "
+        "bit-repeatable); recorded with each run (tag fast)",
+    )
+    run.add_argument(
+        "--compile",
+        action="store_true",
+        help="train through torch.compile of the model; recorded with each run (tag compile)",
+    )
+    run.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="checkpoints and selected weights (default "
+        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
+        "weights under it even after the folder moved",
+    )
+    run.add_argument(
+        "--init-from",
+        metavar="RUN_ID",
+        help="start from the selected weights of a finished run (a deviation, unless "
+        "--evaluate-only)",
+    )
+    run.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="train no epoch: evaluate the --init-from run's weights, trained under this "
+        "same protocol (e.g. --methods diml: DIML at test time on a trained plain run)",
+    )
+    run.add_argument(
+        "--seen-class-control",
+        action="store_true",
+        help="diagnostic: train on other images of the test classes, not on the training "
+        "classes (a deviation; tells broken training from features that do not transfer)",
+    )
+    run.add_argument(
+        "--register",
+        metavar="NAME",
+        type=model_name,
+        help="register each run's trained embedder in MLflow's model registry as a version of NAME",
+    )
     run.set_defaults(func=cmd_run)
     return run

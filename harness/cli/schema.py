@@ -27,8 +27,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def add_schema_parser(subparsers) -> argparse.ArgumentParser:
-    schema = subparsers.add_parser("schema", help="print the JSON Schema of protocol (or grid) files")
-    schema.add_argument("kind", nargs="?", choices=KINDS, default="protocol",
-                        help="which files: protocol (default) or grid")
+    schema = subparsers.add_parser(
+        "schema", help="print the JSON Schema of protocol (or grid) files"
+    )
+    schema.add_argument(
+        "kind",
+        nargs="?",
+        choices=KINDS,
+        default="protocol",
+        help="which files: protocol (default) or grid",
+    )
     schema.set_defaults(func=cmd_schema)
     return schema

@@ -40,8 +40,11 @@ def open_store(*, read_only: bool = False) -> None:
 
     probe_store(read_only=read_only)
     for run_id in fail_dead_runs():
-        print(f"run {run_id} was left RUNNING by a process that ended without finishing it: marked FAILED "
-              f"(run --resume continues it from its last checkpoint)", file=sys.stderr)
+        print(
+            f"run {run_id} was left RUNNING by a process that ended without finishing it: marked FAILED "
+            f"(run --resume continues it from its last checkpoint)",
+            file=sys.stderr,
+        )
 
 
 def check_driver(uri: str, where: str) -> None:
@@ -49,8 +52,10 @@ def check_driver(uri: str, where: str) -> None:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     module, package = DRIVERS.get(scheme, (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
-        raise HarnessError(f"{where} {uri.split('@')[-1] if '@' in uri else uri} needs the database driver "
-                           f"'{module}', which is not installed: pip install {package}")
+        raise HarnessError(
+            f"{where} {uri.split('@')[-1] if '@' in uri else uri} needs the database driver "
+            f"'{module}', which is not installed: pip install {package}"
+        )
 
 
 def probe_store(*, read_only: bool = False) -> None:
@@ -73,18 +78,26 @@ def probe_store(*, read_only: bool = False) -> None:
         return
     if read_only:
         if not database.is_file():
-            raise HarnessError(f"the tracking store {uri} does not exist ({SETTING}); reading creates none")
+            raise HarnessError(
+                f"the tracking store {uri} does not exist ({SETTING}); reading creates none"
+            )
         if not _is_mlflow_store(database):
-            raise HarnessError(f"the tracking store {uri} is an SQLite database without MLflow's tables "
-                               f"({SETTING}); reading leaves it as it is")
+            raise HarnessError(
+                f"the tracking store {uri} is an SQLite database without MLflow's tables "
+                f"({SETTING}); reading leaves it as it is"
+            )
     elif not database.is_file():
         writable_folder(database.parent, f"the tracking store {uri} ({SETTING})")
 
 
 def _is_mlflow_store(database: Path) -> bool:
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=PROBE_TIMEOUT)) as db:
-            names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        with contextlib.closing(
+            sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=PROBE_TIMEOUT)
+        ) as db:
+            names = {
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
     except sqlite3.Error:
         return False
     return {"experiments", "runs", "alembic_version"} <= names
@@ -101,5 +114,7 @@ def _probe_server(uri: str) -> None:
         return  # it answers
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
-        raise HarnessError(f"the tracking server {uri} does not answer within {PROBE_TIMEOUT:g} s ({reason}; "
-                           f"{SETTING}); start it, or unset {SETTING} for the local store") from None
+        raise HarnessError(
+            f"the tracking server {uri} does not answer within {PROBE_TIMEOUT:g} s ({reason}; "
+            f"{SETTING}); start it, or unset {SETTING} for the local store"
+        ) from None

@@ -32,8 +32,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.engine.training import resolve_device
 
     resolve_device(args.device)
-    announce = None if args.worker_only else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
-    grid = load_grid(args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce)
+    announce = (
+        None
+        if args.worker_only
+        else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
+    )
+    grid = load_grid(
+        args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce
+    )
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
@@ -63,15 +69,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict:
-    return {"data_root": args.data_root, "device": args.device, "loader_workers": args.loader_workers,
-            "storage": storage_url(args.storage), "checkpoint_root": args.checkpoint_root}
+    return {
+        "data_root": args.data_root,
+        "device": args.device,
+        "loader_workers": args.loader_workers,
+        "storage": storage_url(args.storage),
+        "checkpoint_root": args.checkpoint_root,
+    }
 
 
 def _worker_command(args: argparse.Namespace) -> list[str]:
     """This sweep as a ``--worker-only`` process: it pops cells from the same queue."""
-    cmd = [sys.executable, "-m", "harness", "sweep", "--grid", str(args.grid), "--worker-only",
-           "--storage", storage_url(args.storage), "--device", args.device,
-           "--heartbeat", str(args.heartbeat), "--grace", str(args.grace)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "sweep",
+        "--grid",
+        str(args.grid),
+        "--worker-only",
+        "--storage",
+        storage_url(args.storage),
+        "--device",
+        args.device,
+        "--heartbeat",
+        str(args.heartbeat),
+        "--grace",
+        str(args.grace),
+    ]
     if args.smoke:
         cmd.append("--smoke")
     if args.yes:
@@ -87,29 +112,57 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
 
 def _final_report(grid: Grid, study) -> int:
     missing = unfinished_cells(grid, study)
-    print(f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
-          f"(MLflow experiment '{grid.experiment}')")
+    print(
+        f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} cells finished "
+        f"(MLflow experiment '{grid.experiment}')"
+    )
     for cell, reason in missing:
         print(f"  not finished: {cell.label}: {reason} (queued again on the next start)")
     return 1 if missing else 0
 
 
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sweep", help="run every cell of a grid once (restartable, multi-worker)")
-    p.add_argument("--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path")
-    p.add_argument("--workers", type=at_least(1), default=1, help="local worker processes (default 1: in this process)")
-    p.add_argument("--storage", help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
-                   "postgresql://user@host/db across machines)")
+    p = subparsers.add_parser(
+        "sweep", help="run every cell of a grid once (restartable, multi-worker)"
+    )
+    p.add_argument(
+        "--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path"
+    )
+    p.add_argument(
+        "--workers",
+        type=at_least(1),
+        default=1,
+        help="local worker processes (default 1: in this process)",
+    )
+    p.add_argument(
+        "--storage",
+        help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
+        "postgresql://user@host/db across machines)",
+    )
     p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
-    p.add_argument("--checkpoint-root", type=Path, help="checkpoints and selected weights (default "
-                   "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)")
-    p.add_argument("--heartbeat", type=at_least(1), default=30, help="seconds between worker heartbeats")
-    p.add_argument("--grace", type=at_least(1), default=90,
-                   help="seconds without a heartbeat after which a running cell is retried")
-    p.add_argument("--yes", action="store_true", help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)")
+    p.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="checkpoints and selected weights (default "
+        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
+    )
+    p.add_argument(
+        "--heartbeat", type=at_least(1), default=30, help="seconds between worker heartbeats"
+    )
+    p.add_argument(
+        "--grace",
+        type=at_least(1),
+        default=90,
+        help="seconds without a heartbeat after which a running cell is retried",
+    )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)",
+    )
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_sweep)
     return p

@@ -35,11 +35,15 @@ def cmd_table(args: argparse.Namespace) -> int:
         from harness.components.evaluation import parse_metrics
 
         try:
-            parse_metrics(m.removesuffix("_std") for m in metrics)  # a published spread: recall_at_1_std
+            parse_metrics(
+                m.removesuffix("_std") for m in metrics
+            )  # a published spread: recall_at_1_std
         except HarnessError as err:
             raise HarnessError(f"--metrics: {err}") from None
     rows: dict[str, list[str]] = {}
-    for reproduced, spec in _pairs(args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"):
+    for reproduced, spec in _pairs(
+        args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"
+    ):
         parse_published_row(spec)
         rows.setdefault(reproduced, []).append(spec)
     if rows and not args.published:
@@ -47,54 +51,103 @@ def cmd_table(args: argparse.Namespace) -> int:
     _check_baseline(args.baseline)
     if readable_file(args.published, "--published"):
         read_text(args.published, "CSV")
-    metric_map = dict(_pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC"))
+    metric_map = dict(
+        _pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC")
+    )
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
     name = args.name or "+".join(args.experiment)
-    out = output_file(args.out or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
-                      "--out")
+    out = output_file(
+        args.out
+        or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
+        "--out",
+    )
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
         output_file(figure, "--out (forest plot)")
     open_store(read_only=True)
-    table = compose(TableRequest(experiments=tuple(args.experiment), fmt=args.format, published=args.published,
-                                 tables=tuple(tables), metrics=tuple(metrics) if metrics else None,
-                                 caption=args.caption or "", published_rows=rows or None, baseline=args.baseline,
-                                 published_metrics=metric_map or None))
+    table = compose(
+        TableRequest(
+            experiments=tuple(args.experiment),
+            fmt=args.format,
+            published=args.published,
+            tables=tuple(tables),
+            metrics=tuple(metrics) if metrics else None,
+            caption=args.caption or "",
+            published_rows=rows or None,
+            baseline=args.baseline,
+            published_metrics=metric_map or None,
+        )
+    )
     if args.strict and table.problems:
-        raise HarnessError(f"--strict: {len(table.problems)} run(s) lack results the table needs "
-                           f"(listed above); nothing written")
+        raise HarnessError(
+            f"--strict: {len(table.problems)} run(s) lack results the table needs "
+            f"(listed above); nothing written"
+        )
     write_atomic(out, table.text)
     figures = write_forest(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
     print(table.text)
-    print(f"written to {out}" + (f"; forest plot {', '.join(p.name for p in figures)}" if figures else ""),
-          file=sys.stderr)
+    print(
+        f"written to {out}"
+        + (f"; forest plot {', '.join(p.name for p in figures)}" if figures else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
 def add_table_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs")
-    p.add_argument("--experiment", action="append", required=True, type=experiment_name,
-                   help="MLflow experiment to read (repeat for several)")
+    p = subparsers.add_parser(
+        "table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs"
+    )
+    p.add_argument(
+        "--experiment",
+        action="append",
+        required=True,
+        type=experiment_name,
+        help="MLflow experiment to read (repeat for several)",
+    )
     p.add_argument("--format", choices=("latex", "markdown"), default="latex")
     p.add_argument("--out", help="output file (default results/tables/<name>.tex|.md)")
-    p.add_argument("--name", help="table name for the default output path (default: the experiment)")
-    p.add_argument("--published", type=Path, help="CSV of published numbers, e.g. results/published/agrouping.csv")
+    p.add_argument(
+        "--name", help="table name for the default output path (default: the experiment)"
+    )
+    p.add_argument(
+        "--published",
+        type=Path,
+        help="CSV of published numbers, e.g. results/published/agrouping.csv",
+    )
     p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
-    p.add_argument("--published-row", action="append", metavar="METHOD=PUBLISHED@SETTING",
-                   help="the published rows beside a reproduced method, by the CSV's method and setting "
-                   "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
-                   "given, rows not named are left out")
-    p.add_argument("--published-metric", action="append", metavar="PUBLISHED=REPRODUCED",
-                   help="compare a published metric with a reproduced variant defined as the paper defines it, "
-                   "e.g. r_precision=r_precision_query_in_r (DIML; repeat)")
-    p.add_argument("--baseline", default="plain",
-                   help="method of the row every other row of a block is tested against (default plain)")
-    p.add_argument("--metrics", help="comma-separated metrics (default: the published table's, "
-                   f"else {','.join(DEFAULT_METRICS)})")
+    p.add_argument(
+        "--published-row",
+        action="append",
+        metavar="METHOD=PUBLISHED@SETTING",
+        help="the published rows beside a reproduced method, by the CSV's method and setting "
+        "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
+        "given, rows not named are left out",
+    )
+    p.add_argument(
+        "--published-metric",
+        action="append",
+        metavar="PUBLISHED=REPRODUCED",
+        help="compare a published metric with a reproduced variant defined as the paper defines it, "
+        "e.g. r_precision=r_precision_query_in_r (DIML; repeat)",
+    )
+    p.add_argument(
+        "--baseline",
+        default="plain",
+        help="method of the row every other row of a block is tested against (default plain)",
+    )
+    p.add_argument(
+        "--metrics",
+        help="comma-separated metrics (default: the published table's, "
+        f"else {','.join(DEFAULT_METRICS)})",
+    )
     p.add_argument("--caption")
-    p.add_argument("--strict", action="store_true",
-                   help="fail (exit 2, nothing written) when a cell cannot be computed as it should, e.g. a "
-                   "run's per-query results are missing; without it such cells are marked and listed on stderr")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 2, nothing written) when a cell cannot be computed as it should, e.g. a "
+        "run's per-query results are missing; without it such cells are marked and listed on stderr",
+    )
     p.set_defaults(func=cmd_table)
     return p
 

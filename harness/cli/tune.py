@@ -32,11 +32,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     resolve_device(args.device)
 
-    setup = tune_setup(args.method, args.dataset, protocol=args.protocol, loss=args.loss,
-                       overrides=list(args.set or []), space=args.space, seed=args.seed,
-                       experiment=args.experiment,
-                       settings=RunSettings(data_root=args.data_root, device=args.device,
-                                            workers=args.loader_workers))
+    setup = tune_setup(
+        args.method,
+        args.dataset,
+        protocol=args.protocol,
+        loss=args.loss,
+        overrides=list(args.set or []),
+        space=args.space,
+        seed=args.seed,
+        experiment=args.experiment,
+        settings=RunSettings(
+            data_root=args.data_root, device=args.device, workers=args.loader_workers
+        ),
+    )
     seeds = args.seeds
     check_checkpoint_root(None)  # checked before the search starts, not after it
     check_study_storage(args.storage)
@@ -44,7 +52,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     open_store()
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)
     best = study.best_trial
-    print(f"best trial {best.number}: validation {setup.metric} {best.value:.4f}; params {best.params}")
+    print(
+        f"best trial {best.number}: validation {setup.metric} {best.value:.4f}; params {best.params}"
+    )
     if not args.no_reproduce:
         _report_reproduction(setup, best, seeds)
     return _failures_status(setup, study)
@@ -57,9 +67,12 @@ def _failures_status(setup, study) -> int:
     failed = failed_trials(study)
     if not failed:
         return 0
-    print(f"{len(failed)} of {len(study.trials)} trial(s) failed (numbers "
-          f"{', '.join(str(t.number) for t in failed[:10])}{', ...' if len(failed) > 10 else ''}); "
-          f"{where_failures_are(setup)}", file=sys.stderr)
+    print(
+        f"{len(failed)} of {len(study.trials)} trial(s) failed (numbers "
+        f"{', '.join(str(t.number) for t in failed[:10])}{', ...' if len(failed) > 10 else ''}); "
+        f"{where_failures_are(setup)}",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -67,31 +80,66 @@ def _report_reproduction(setup, best, seeds: list[int] | None) -> None:
     """Train the best setting with each seed and print the test results and their mean."""
     records = reproduce(setup, best, seeds)
     print(format_results(records))
-    values = [r["metrics"].get(setup.metric) for r in records if r["metrics"].get(setup.metric) is not None]
+    values = [
+        r["metrics"].get(setup.metric)
+        for r in records
+        if r["metrics"].get(setup.metric) is not None
+    ]
     if values:
         mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        std = (
+            math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+            if len(values) > 1
+            else 0.0
+        )
         used = seeds if seeds is not None else list(setup.protocol.seeds)
-        print(f"test {setup.metric} of the best setting over seeds {used}: {100 * mean:.2f} +- {100 * std:.2f}")
+        print(
+            f"test {setup.metric} of the best setting over seeds {used}: {100 * mean:.2f} +- {100 * std:.2f}"
+        )
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("tune", help="Optuna TPE over a method's search space (validation), "
-                              "then the best setting over the protocol's seeds (test)")
+    p = subparsers.add_parser(
+        "tune",
+        help="Optuna TPE over a method's search space (validation), "
+        "then the best setting over the protocol's seeds (test)",
+    )
     p.add_argument("--method", required=True)
     p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--trials", type=at_least(1), required=True, help="total trials of the study (resumable)")
+    p.add_argument(
+        "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
+    )
     p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
-    p.add_argument("--space", help="comma-separated protocol fields to tune as deviations "
-                   f"(default {','.join(DEFAULT_SPACE)}; '' for none)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)")
-    p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), help="training seed of the trials (default: the protocol's first)")
-    p.add_argument("--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)")
-    p.add_argument("--sampler-seed", type=at_least(0, SEED_LIMIT - 1), default=0, help="seed of the TPE sampler")
+    p.add_argument(
+        "--space",
+        help="comma-separated protocol fields to tune as deviations "
+        f"(default {','.join(DEFAULT_SPACE)}; '' for none)",
+    )
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)"
+    )
+    p.add_argument(
+        "--seed",
+        type=at_least(0, SEED_LIMIT - 1),
+        help="training seed of the trials (default: the protocol's first)",
+    )
+    p.add_argument(
+        "--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)"
+    )
+    p.add_argument(
+        "--sampler-seed",
+        type=at_least(0, SEED_LIMIT - 1),
+        default=0,
+        help="seed of the TPE sampler",
+    )
     p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
-    p.add_argument("--experiment", type=experiment_name, help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)")
+    p.add_argument(
+        "--experiment",
+        type=experiment_name,
+        help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)",
+    )
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto")
     p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")

@@ -32,8 +32,14 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 
-__all__ = ["Backbone", "BackboneSpec", "Segment", "BACKBONES", "create_backbone",
-           "efficientnet_lite0_state_dict"]
+__all__ = [
+    "Backbone",
+    "BackboneSpec",
+    "Segment",
+    "BACKBONES",
+    "create_backbone",
+    "efficientnet_lite0_state_dict",
+]
 
 #: The points every backbone has; heads written for any backbone use only these.
 STAGES = ("s8", "s16", "s32")
@@ -79,8 +85,15 @@ class Backbone(nn.Module):
     state-dict keys are the wrapped network's.
     """
 
-    def __init__(self, name: str, body: nn.Module, spec: BackboneSpec, *, freeze_bn: bool,
-                 out_stages: Sequence[str] = ("s32",)):
+    def __init__(
+        self,
+        name: str,
+        body: nn.Module,
+        spec: BackboneSpec,
+        *,
+        freeze_bn: bool,
+        out_stages: Sequence[str] = ("s32",),
+    ):
         super().__init__()
         self.name = name
         self.body = body
@@ -95,8 +108,10 @@ class Backbone(nn.Module):
         """The points ``forward`` returns (a head's declared ``stages``)."""
         unknown = [s for s in stages if s not in self.points]
         if unknown or not stages:
-            raise HarnessError(f"backbone '{self.name}' has no point(s) {unknown or '(none given)'}; "
-                               f"valid: {', '.join(self.points)}")
+            raise HarnessError(
+                f"backbone '{self.name}' has no point(s) {unknown or '(none given)'}; "
+                f"valid: {', '.join(self.points)}"
+            )
         self.out_stages = tuple(sorted(set(stages), key=self.points.index))
 
     def _modules_of(self, point: str) -> list[nn.Module]:
@@ -107,15 +122,18 @@ class Backbone(nn.Module):
         """The points after ``start`` (None: the images) up to and including ``stop``."""
         for point in (start, stop):
             if point is not None and point not in self.points:
-                raise HarnessError(f"backbone '{self.name}' has no point '{point}'; valid: {', '.join(self.points)}")
+                raise HarnessError(
+                    f"backbone '{self.name}' has no point '{point}'; valid: {', '.join(self.points)}"
+                )
         first = 0 if start is None else self.points.index(start) + 1
         last = self.points.index(stop)
         if last < first:
             raise HarnessError(f"backbone '{self.name}': '{stop}' does not come after '{start}'")
-        return list(self.points[first:last + 1])
+        return list(self.points[first : last + 1])
 
-    def run(self, x: torch.Tensor, start: str | None = None, stop: str = "s32",
-            keep: Sequence[str] = ()) -> torch.Tensor | dict[str, torch.Tensor]:
+    def run(
+        self, x: torch.Tensor, start: str | None = None, stop: str = "s32", keep: Sequence[str] = ()
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The backbone's own modules from point ``start`` (None: images) to ``stop``.
         Returns the ``stop`` map, or ``{point: map}`` for the points in ``keep``."""
         if start is None and self.spec.prelude is not None:
@@ -129,7 +147,10 @@ class Backbone(nn.Module):
         return kept if keep else x
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
-        maps = cast(dict[str, torch.Tensor], self.run(images, stop=self.out_stages[-1], keep=self.out_stages))
+        maps = cast(
+            dict[str, torch.Tensor],
+            self.run(images, stop=self.out_stages[-1], keep=self.out_stages),
+        )
         return [maps[s] for s in self.out_stages]
 
     def segment(self, start: str | None, stop: str) -> Segment:
@@ -156,24 +177,41 @@ _RESNET = ("conv1", "bn1", "act1", "maxpool", "layer1", "layer2")
 
 
 def _resnet_spec(widths: tuple[int, int, int]) -> BackboneSpec:
-    return BackboneSpec(((("s8", widths[0], _RESNET)), ("s16", widths[1], ("layer3",)),
-                         ("s32", widths[2], ("layer4",))))
+    return BackboneSpec(
+        (
+            (("s8", widths[0], _RESNET)),
+            ("s16", widths[1], ("layer3",)),
+            ("s32", widths[2], ("layer4",)),
+        )
+    )
 
 
 #: timm's EfficientNet: blocks 0-2 end at stride 8, 3-4 at 16; bn2 includes the activation.
-_EFFICIENTNET = BackboneSpec((("s8", 40, ("conv_stem", "bn1", "blocks.0", "blocks.1", "blocks.2")),
-                              ("s16", 112, ("blocks.3", "blocks.4")),
-                              ("s32", 1280, ("blocks.5", "blocks.6", "conv_head", "bn2"))))
+_EFFICIENTNET = BackboneSpec(
+    (
+        ("s8", 40, ("conv_stem", "bn1", "blocks.0", "blocks.1", "blocks.2")),
+        ("s16", 112, ("blocks.3", "blocks.4")),
+        ("s32", 1280, ("blocks.5", "blocks.6", "conv_head", "bn2")),
+    )
+)
 
 #: torchvision's GoogLeNet with DIABLO's cut points (Sec. 4.1): "pool3" = after the max-pooling
 #: between the third and fourth scales (14 x 14 x 480), "pool4" = between the fourth and fifth.
 _GOOGLENET = BackboneSpec(
-    (("s8", 480, ("conv1", "maxpool1", "conv2", "conv3", "maxpool2", "inception3a", "inception3b")),
-     ("pool3", 480, ("maxpool3",)),
-     ("s16", 832, ("inception4a", "inception4b", "inception4c", "inception4d", "inception4e")),
-     ("pool4", 832, ("maxpool4",)),
-     ("s32", 1024, ("inception5a", "inception5b"))),
-    prelude=lambda body, x: body._transform_input(x))  # type: ignore[operator]  # nn.Module.__getattr__ types the method Tensor | Module
+    (
+        (
+            "s8",
+            480,
+            ("conv1", "maxpool1", "conv2", "conv3", "maxpool2", "inception3a", "inception3b"),
+        ),
+        ("pool3", 480, ("maxpool3",)),
+        ("s16", 832, ("inception4a", "inception4b", "inception4c", "inception4d", "inception4e")),
+        ("pool4", 832, ("maxpool4",)),
+        ("s32", 1024, ("inception5a", "inception5b")),
+    ),
+    # nn.Module.__getattr__ types the method Tensor | Module.
+    prelude=lambda body, x: body._transform_input(x),  # type: ignore[operator]
+)
 
 
 # -------------------------------------------------------------------------- weights
@@ -198,7 +236,9 @@ def _load_weights_file(model: nn.Module, path: str, name: str) -> None:
     state = state.get("state_dict", state) if isinstance(state, dict) else state
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing:
-        raise HarnessError(f"backbone.weights {file} does not fit '{name}': missing {missing[:3]}...")
+        raise HarnessError(
+            f"backbone.weights {file} does not fit '{name}': missing {missing[:3]}..."
+        )
 
 
 def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
@@ -216,14 +256,35 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
     src = torch.load(path, map_location="cpu", weights_only=True)
     import timm
 
-    layout = [(s, j) for s, stage in enumerate(timm.create_model("tf_efficientnet_lite0").blocks)  # type: ignore[arg-type]  # nn.Module.__getattr__ types it Tensor | Module
-              for j in range(len(stage))]
-    fixed = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head",
-             "_bn1": "bn2", "_fc": "classifier"}
-    expanded = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw",
-                "_bn1": "bn2", "_project_conv": "conv_pwl", "_bn2": "bn3"}
-    separable = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
-    has_expand = {int(k.split(".")[1]) for k in src if k.startswith("_blocks.") and "_expand_conv" in k}
+    layout = [
+        (s, j)
+        for s, stage in enumerate(timm.create_model("tf_efficientnet_lite0").blocks)  # type: ignore[arg-type]  # nn.Module.__getattr__ types it Tensor | Module
+        for j in range(len(stage))
+    ]
+    fixed = {
+        "_conv_stem": "conv_stem",
+        "_bn0": "bn1",
+        "_conv_head": "conv_head",
+        "_bn1": "bn2",
+        "_fc": "classifier",
+    }
+    expanded = {
+        "_expand_conv": "conv_pw",
+        "_bn0": "bn1",
+        "_depthwise_conv": "conv_dw",
+        "_bn1": "bn2",
+        "_project_conv": "conv_pwl",
+        "_bn2": "bn3",
+    }
+    separable = {
+        "_depthwise_conv": "conv_dw",
+        "_bn1": "bn1",
+        "_project_conv": "conv_pw",
+        "_bn2": "bn2",
+    }
+    has_expand = {
+        int(k.split(".")[1]) for k in src if k.startswith("_blocks.") and "_expand_conv" in k
+    }
     out = {}
     for key, value in src.items():
         parts = key.split(".")
@@ -282,8 +343,10 @@ def _skip_input_transform(body: nn.Module, name: str) -> None:
     architectures/googlenet.py:18-19), which skips ``GoogLeNet.forward``. A backbone
     without such a conversion refuses, so that the setting never reads as applied."""
     if not hasattr(body, "transform_input"):
-        raise HarnessError(f"protocol key 'backbone.input_transform' = false: backbone '{name}' has no input "
-                           f"transform of its own to skip (only googlenet has one)")
+        raise HarnessError(
+            f"protocol key 'backbone.input_transform' = false: backbone '{name}' has no input "
+            f"transform of its own to skip (only googlenet has one)"
+        )
     body.transform_input = False  # type: ignore[assignment]  # a plain bool attribute of GoogLeNet
 
 
@@ -294,8 +357,12 @@ def _googlenet(pretrained: bool):
 
     try:
         weights = GoogLeNet_Weights.IMAGENET1K_V1 if pretrained else None
-        model = googlenet(weights=weights, aux_logits=False, init_weights=not pretrained,
-                          transform_input=pretrained)
+        model = googlenet(
+            weights=weights,
+            aux_logits=False,
+            init_weights=not pretrained,
+            transform_input=pretrained,
+        )
     except Exception as err:
         if pretrained:
             raise _weights_unavailable("googlenet", err) from None
@@ -303,8 +370,15 @@ def _googlenet(pretrained: bool):
     return model, _GOOGLENET
 
 
-def create_backbone(name: str, *, pretrained: bool, weights: str = "", freeze_bn: bool = True,
-                    out_stages: Sequence[str] = ("s32",), input_transform: bool = True) -> Backbone:
+def create_backbone(
+    name: str,
+    *,
+    pretrained: bool,
+    weights: str = "",
+    freeze_bn: bool = True,
+    out_stages: Sequence[str] = ("s32",),
+    input_transform: bool = True,
+) -> Backbone:
     """Build a registered backbone; ``weights`` (a file) overrides the pretrained source.
     ``input_transform=False`` skips the backbone's own input conversion
     (:func:`_skip_input_transform`)."""

@@ -17,7 +17,9 @@ import torch
 __all__ = ["clip_gradients"]
 
 
-def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None = None) -> None:
+def clip_gradients(
+    optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None = None
+) -> None:
     """Clip the gradients of each parameter group of ``optimizer`` to total norm ``max_norm``
     (nothing when it is 0). A float16 loss scaler's scale is taken out first, so the norm
     is the true gradient's. Queues device work only (no host read)."""

@@ -80,10 +80,30 @@ from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
 from harness.components.reducers import SyncFreeDivisorReducer, use_sync_free_reducers
 
-__all__ = ["BinomialDevianceLoss", "MultiSimilarityLoss", "QuadrupletLoss", "ProxyAnchorLoss", "RothDistanceWeightedMiner",
-           "ActiveTripletReducer", "LOSSES", "MINERS", "PML_REDUCTION", "Reduction", "MetricLoss", "create_loss",
-           "create_miner", "check_loss_args", "loss_reductions", "step_seed", "PrecomputedDistance",
-           "distance_replaced", "miner_for", "loss_defaults", "HardNegativeMiner", "hard_triplets"]
+__all__ = [
+    "BinomialDevianceLoss",
+    "MultiSimilarityLoss",
+    "QuadrupletLoss",
+    "ProxyAnchorLoss",
+    "RothDistanceWeightedMiner",
+    "ActiveTripletReducer",
+    "LOSSES",
+    "MINERS",
+    "PML_REDUCTION",
+    "Reduction",
+    "MetricLoss",
+    "create_loss",
+    "create_miner",
+    "check_loss_args",
+    "loss_reductions",
+    "step_seed",
+    "PrecomputedDistance",
+    "distance_replaced",
+    "miner_for",
+    "loss_defaults",
+    "HardNegativeMiner",
+    "hard_triplets",
+]
 
 
 class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
@@ -110,14 +130,23 @@ class BinomialDevianceLoss(pml_losses.BaseMetricLossFunction):
     self-pairs need the batch as its own reference set.
     """
 
-    def __init__(self, *, alpha: float = 2.0, margin: float = 0.5, pos_scale: float = 1.0,
-                 neg_scale: float = 25.0, self_pairs: bool = False, **kwargs):
+    def __init__(
+        self,
+        *,
+        alpha: float = 2.0,
+        margin: float = 0.5,
+        pos_scale: float = 1.0,
+        neg_scale: float = 25.0,
+        self_pairs: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.alpha, self.margin = alpha, margin
         self.pos_scale, self.neg_scale = pos_scale, neg_scale
         self.self_pairs = bool(self_pairs)
-        self.add_to_recordable_attributes(list_of_names=["alpha", "margin", "pos_scale", "neg_scale"],
-                                          is_stat=False)
+        self.add_to_recordable_attributes(
+            list_of_names=["alpha", "margin", "pos_scale", "neg_scale"], is_stat=False
+        )
 
     def get_default_distance(self):
         return CosineSimilarity()
@@ -223,11 +252,15 @@ class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
         ap = mat[a, p]
         first = F.relu(self.distance.margin(ap, mat[a, n]) + self.margin)
         # n2: every reference item whose class is neither the anchor's nor n1's.
-        valid = (ref_labels[None, :] != labels[a][:, None]) & (ref_labels[None, :] != ref_labels[n][:, None])
+        valid = (ref_labels[None, :] != labels[a][:, None]) & (
+            ref_labels[None, :] != ref_labels[n][:, None]
+        )
         t, n2 = torch.where(valid)
         second = F.relu(self.distance.margin(ap[t], ref_mat[n[t], n2]) + self.margin2)
-        return {"triplet_loss": {"losses": first, "indices": (a, p, n), "reduction_type": "triplet"},
-                "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"}}
+        return {
+            "triplet_loss": {"losses": first, "indices": (a, p, n), "reduction_type": "triplet"},
+            "quadruplet_loss": {"losses": second, "indices": a[t], "reduction_type": "element"},
+        }
 
 
 class ProxyAnchorLoss(pml_losses.ProxyAnchorLoss):
@@ -266,7 +299,9 @@ class ProxyAnchorLoss(pml_losses.ProxyAnchorLoss):
 def inverse_sphere_log_weights(distances: torch.Tensor, dim: int) -> torch.Tensor:
     """log q(d)^-1 for distances d of unit vectors in R^dim (Wu et al. 2017, "Sampling
     matters", Sec. 4: q(d) ~ d^(n-2) [1 - d^2/4]^((n-3)/2)), up to a constant."""
-    return (2.0 - dim) * torch.log(distances) - ((dim - 3) / 2) * torch.log(1.0 - 0.25 * distances ** 2)
+    return (2.0 - dim) * torch.log(distances) - ((dim - 3) / 2) * torch.log(
+        1.0 - 0.25 * distances**2
+    )
 
 
 class RothDistanceWeightedMiner(pml_miners.BaseMiner):
@@ -399,20 +434,26 @@ MINERS: Registry[LossEntry] = Registry("miner")
 
 
 def _loss(name, cls, description, needs_classes=False, miner=None, reductions=None, **defaults):
-    LOSSES.register(name)(LossEntry(cls, defaults, needs_classes, description, miner, reductions or {}))
+    LOSSES.register(name)(
+        LossEntry(cls, defaults, needs_classes, description, miner, reductions or {})
+    )
 
 
 def _dgml_margin(args: dict[str, Any]) -> dict[str, Any]:
     if args.get("nu", 0):
-        raise HarnessError(f"loss 'margin': reduction 'dgml' follows DGML's criteria/margin.py, which has no "
-                           f"beta regulariser: nu must be 0, got {args['nu']}")
+        raise HarnessError(
+            f"loss 'margin': reduction 'dgml' follows DGML's criteria/margin.py, which has no "
+            f"beta regulariser: nu must be 0, got {args['nu']}"
+        )
     return {"reducer": ActiveTripletReducer()}
 
 
 def _roth_margin(args: dict[str, Any]) -> dict[str, Any]:
     if args.get("nu", 0):
-        raise HarnessError(f"loss 'margin': reduction 'roth' follows Roth et al.'s criteria/margin.py, whose beta "
-                           f"regulariser cannot run (l. 69 adds an undefined name): nu must be 0, got {args['nu']}")
+        raise HarnessError(
+            f"loss 'margin': reduction 'roth' follows Roth et al.'s criteria/margin.py, whose beta "
+            f"regulariser cannot run (l. 69 adds an undefined name): nu must be 0, got {args['nu']}"
+        )
     return {"reducer": ActiveTripletReducer()}
 
 
@@ -421,76 +462,187 @@ def _roth_margin(args: dict[str, Any]) -> dict[str, Any]:
 # binomial_deviance.py l. 63), as the A-grouping head does for any reduction.
 _DGML_MARGIN = Reduction(
     "criteria/margin.py l. 67-75: the triplets' summed hinge terms divided by the number of triplets "
-    "with an active term (PML: by the number of active terms)", _dgml_margin)
+    "with an active term (PML: by the number of active terms)",
+    _dgml_margin,
+)
 _DGML_CONTRASTIVE = Reduction(
     "criteria/contrastive.py l. 35-40: each hinge term averaged over all sampled pairs, zeros included "
-    "(PML: over the non-zero ones)", lambda args: {"reducer": MeanReducer()})
+    "(PML: over the non-zero ones)",
+    lambda args: {"reducer": MeanReducer()},
+)
 _DGML_BINOMIAL = Reduction(
     "criteria/binomial_deviance.py l. 15-22, 57: the B self-pairs counted among the positives "
-    "(here: excluded)", lambda args: {"self_pairs": True})
+    "(here: excluded)",
+    lambda args: {"self_pairs": True},
+)
 
 # Roth et al.'s code as the DIML authors ship it (wl-zhao/DIML@c15dbea, criteria/), which
 # trains DIML's baselines (DIML App. B.2).
 _ROTH_MARGIN = Reduction(
     "criteria/margin.py l. 59-67: the triplets' summed hinge terms divided by the number of triplets "
-    "with an active term (PML: by the number of active terms)", _roth_margin)
+    "with an active term (PML: by the number of active terms)",
+    _roth_margin,
+)
 _ROTH_CONTRASTIVE = Reduction(
     "criteria/contrastive.py l. 34-37: each hinge term averaged over all sampled triplets, zeros included "
-    "(PML: over the non-zero ones)", lambda args: {"reducer": MeanReducer()})
+    "(PML: over the non-zero ones)",
+    lambda args: {"reducer": MeanReducer()},
+)
 _ROTH_MULTI_SIMILARITY = Reduction(
     "criteria/multisimilarity.py l. 41-55: the mean over the anchors that kept a positive and a negative "
-    "pair (PML: over every anchor)", lambda args: {"kept_anchors_only": True})
+    "pair (PML: over every anchor)",
+    lambda args: {"kept_anchors_only": True},
+)
 
-_loss("contrastive", pml_losses.ContrastiveLoss, "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
-      reductions={"dgml": _DGML_CONTRASTIVE, "roth": _ROTH_CONTRASTIVE}, pos_margin=0.0, neg_margin=1.0)
+_loss(
+    "contrastive",
+    pml_losses.ContrastiveLoss,
+    "Hadsell et al. 2006; A-grouping Table 1 (m = 1)",
+    reductions={"dgml": _DGML_CONTRASTIVE, "roth": _ROTH_CONTRASTIVE},
+    pos_margin=0.0,
+    neg_margin=1.0,
+)
 _loss("triplet", pml_losses.TripletMarginLoss, "Schroff et al. 2015", margin=0.2)
-_loss("quadruplet", QuadrupletLoss, "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
-      margin=0.2, margin2=0.1)
-_loss("margin", pml_losses.MarginLoss,
-      "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
-      needs_classes=True, reductions={"dgml": _DGML_MARGIN, "roth": _ROTH_MARGIN},
-      margin=0.2, nu=0.0, beta=1.2, triplets_per_anchor="all", learn_beta=True)
-_loss("binomial_deviance", BinomialDevianceLoss, "Yi et al. 2014; A-grouping Table 1",
-      reductions={"dgml": _DGML_BINOMIAL}, alpha=2.0, margin=0.5, pos_scale=1.0, neg_scale=25.0)
-_loss("multi_similarity", MultiSimilarityLoss, "Wang et al. 2019", miner="multi_similarity",
-      reductions={"roth": _ROTH_MULTI_SIMILARITY},
-      alpha=2.0, beta=50.0, base=0.5)
-_loss("proxy_anchor", ProxyAnchorLoss, "Kim et al. 2020 (neg_margin: a negative margin of its own)",
-      needs_classes=True, miner="none", margin=0.1, alpha=32.0)
-_loss("proxy_nca", pml_losses.ProxyNCALoss, "Movshovitz-Attias et al. 2017", needs_classes=True, miner="none",
-      softmax_scale=1.0)
-_loss("arcface", pml_losses.ArcFaceLoss, "Deng et al. 2019", needs_classes=True, miner="none",
-      margin=28.6, scale=64.0)
-_loss("normalized_softmax", pml_losses.NormalizedSoftmaxLoss, "Zhai & Wu 2019", needs_classes=True, miner="none",
-      temperature=0.05)
+_loss(
+    "quadruplet",
+    QuadrupletLoss,
+    "Chen et al. 2017; SAM Table 1 (quadruplet architecture)",
+    margin=0.2,
+    margin2=0.1,
+)
+_loss(
+    "margin",
+    pml_losses.MarginLoss,
+    "Wu et al. 2017, learnable per-class beta; A-grouping Table 1 (m = 0.2, eta = 1.2)",
+    needs_classes=True,
+    reductions={"dgml": _DGML_MARGIN, "roth": _ROTH_MARGIN},
+    margin=0.2,
+    nu=0.0,
+    beta=1.2,
+    triplets_per_anchor="all",
+    learn_beta=True,
+)
+_loss(
+    "binomial_deviance",
+    BinomialDevianceLoss,
+    "Yi et al. 2014; A-grouping Table 1",
+    reductions={"dgml": _DGML_BINOMIAL},
+    alpha=2.0,
+    margin=0.5,
+    pos_scale=1.0,
+    neg_scale=25.0,
+)
+_loss(
+    "multi_similarity",
+    MultiSimilarityLoss,
+    "Wang et al. 2019",
+    miner="multi_similarity",
+    reductions={"roth": _ROTH_MULTI_SIMILARITY},
+    alpha=2.0,
+    beta=50.0,
+    base=0.5,
+)
+_loss(
+    "proxy_anchor",
+    ProxyAnchorLoss,
+    "Kim et al. 2020 (neg_margin: a negative margin of its own)",
+    needs_classes=True,
+    miner="none",
+    margin=0.1,
+    alpha=32.0,
+)
+_loss(
+    "proxy_nca",
+    pml_losses.ProxyNCALoss,
+    "Movshovitz-Attias et al. 2017",
+    needs_classes=True,
+    miner="none",
+    softmax_scale=1.0,
+)
+_loss(
+    "arcface",
+    pml_losses.ArcFaceLoss,
+    "Deng et al. 2019",
+    needs_classes=True,
+    miner="none",
+    margin=28.6,
+    scale=64.0,
+)
+_loss(
+    "normalized_softmax",
+    pml_losses.NormalizedSoftmaxLoss,
+    "Zhai & Wu 2019",
+    needs_classes=True,
+    miner="none",
+    temperature=0.05,
+)
 _loss("circle", pml_losses.CircleLoss, "Sun et al. 2020", m=0.4, gamma=80.0)
-_loss("lifted_structure", pml_losses.LiftedStructureLoss, "Oh Song et al. 2016",
-      neg_margin=1.0, pos_margin=0.0)
+_loss(
+    "lifted_structure",
+    pml_losses.LiftedStructureLoss,
+    "Oh Song et al. 2016",
+    neg_margin=1.0,
+    pos_margin=0.0,
+)
 _loss("ntxent", pml_losses.NTXentLoss, "Chen et al. 2020 (InfoNCE)", temperature=0.07)
-_loss("soft_triple", pml_losses.SoftTripleLoss, "Qian et al. 2019", needs_classes=True, miner="none",
-      centers_per_class=10, la=20.0, gamma=0.1, margin=0.01)
+_loss(
+    "soft_triple",
+    pml_losses.SoftTripleLoss,
+    "Qian et al. 2019",
+    needs_classes=True,
+    miner="none",
+    centers_per_class=10,
+    la=20.0,
+    gamma=0.1,
+    margin=0.01,
+)
 
-MINERS.register("distance_weighted")(LossEntry(pml_miners.DistanceWeightedMiner,
-                                              {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
-                                              description="Wu et al. 2017 (PML: upper cutoff 1.4, "
-                                                          "a class's size in triplets per anchor)"))
-MINERS.register("distance_weighted_roth")(LossEntry(RothDistanceWeightedMiner, {"cutoff": 0.5},
-                                                   description="Roth et al. 2020's code: no upper cutoff, "
-                                                               "one triplet per anchor"))
-MINERS.register("multi_similarity")(LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1},
-                                             description="Wang et al. 2019"))
-MINERS.register("triplet_margin")(LossEntry(pml_miners.TripletMarginMiner,
-                                           {"margin": 0.2, "type_of_triplets": "semihard"},
-                                           description="semihard triplets"))
-MINERS.register("hard_negative")(LossEntry(HardNegativeMiner, {"cutoff": 0.5},
-                                          description="GeDML's HardSelector (AVSL's margin configurations)"))
-MINERS.register("batch_hard")(LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017"))
-MINERS.register("pair_margin")(LossEntry(pml_miners.PairMarginMiner,
-                                        {"pos_margin": 0.2, "neg_margin": 0.8}, description=""))
+MINERS.register("distance_weighted")(
+    LossEntry(
+        pml_miners.DistanceWeightedMiner,
+        {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
+        description="Wu et al. 2017 (PML: upper cutoff 1.4, a class's size in triplets per anchor)",
+    )
+)
+MINERS.register("distance_weighted_roth")(
+    LossEntry(
+        RothDistanceWeightedMiner,
+        {"cutoff": 0.5},
+        description="Roth et al. 2020's code: no upper cutoff, one triplet per anchor",
+    )
+)
+MINERS.register("multi_similarity")(
+    LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1}, description="Wang et al. 2019")
+)
+MINERS.register("triplet_margin")(
+    LossEntry(
+        pml_miners.TripletMarginMiner,
+        {"margin": 0.2, "type_of_triplets": "semihard"},
+        description="semihard triplets",
+    )
+)
+MINERS.register("hard_negative")(
+    LossEntry(
+        HardNegativeMiner,
+        {"cutoff": 0.5},
+        description="GeDML's HardSelector (AVSL's margin configurations)",
+    )
+)
+MINERS.register("batch_hard")(
+    LossEntry(pml_miners.BatchHardMiner, {}, description="Hermans et al. 2017")
+)
+MINERS.register("pair_margin")(
+    LossEntry(pml_miners.PairMarginMiner, {"pos_margin": 0.2, "neg_margin": 0.8}, description="")
+)
 
 
-def miner_for(loss: str, protocol_miner: str, protocol_args: dict[str, Any] | None = None, *,
-              loss_miners: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
+def miner_for(
+    loss: str,
+    protocol_miner: str,
+    protocol_args: dict[str, Any] | None = None,
+    *,
+    loss_miners: dict[str, dict[str, Any]] | None = None,
+) -> tuple[str, dict[str, Any]]:
     """The miner (name, args) a run of ``loss`` uses under a protocol whose miner is
     ``protocol_miner`` and whose per-loss miners (``[loss.miners.<loss>]``) are ``loss_miners``.
 
@@ -548,12 +700,15 @@ def check_loss_args(name: str, args: dict[str, Any] | None = None) -> dict[str, 
     if reduction == PML_REDUCTION:
         return resolved
     if reduction not in entry.reductions:
-        raise HarnessError(f"loss '{name}': {unknown_name('reduction', str(reduction), loss_reductions(name))}")
+        raise HarnessError(
+            f"loss '{name}': {unknown_name('reduction', str(reduction), loss_reductions(name))}"
+        )
     return {**resolved, **entry.reductions[reduction].arguments(resolved)}
 
 
-def create_loss(name: str, args: dict[str, Any] | None = None, *, num_classes: int,
-                embedding_size: int) -> torch.nn.Module:
+def create_loss(
+    name: str, args: dict[str, Any] | None = None, *, num_classes: int, embedding_size: int
+) -> torch.nn.Module:
     """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``, its
     reducers PML's arithmetic queued on the device without a host sync
     (:mod:`harness.components.reducers`)."""
@@ -642,8 +797,9 @@ class MetricLoss:
         """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
         return self._mine(embeddings.float(), labels)
 
-    def __call__(self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0,
-                 indices=_MINE) -> torch.Tensor:
+    def __call__(
+        self, embeddings: torch.Tensor, labels: torch.Tensor, *, copy: int = 0, indices=_MINE
+    ) -> torch.Tensor:
         embeddings = embeddings.float()
         if indices is _MINE:
             indices = self.mine(embeddings, labels)
@@ -662,10 +818,14 @@ class PrecomputedDistance(BaseDistance):
 
     def compute_mat(self, query_emb, ref_emb):
         if self.matrix.shape != (len(query_emb), len(query_emb if ref_emb is None else ref_emb)):
-            raise ValueError(f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch")
+            raise ValueError(
+                f"precomputed matrix {tuple(self.matrix.shape)} does not match the batch"
+            )
         return self.matrix
 
-    def pairwise_distance(self, query_emb, ref_emb):  # pragma: no cover - losses here use the matrix
+    def pairwise_distance(
+        self, query_emb, ref_emb
+    ):  # pragma: no cover - losses here use the matrix
         raise NotImplementedError("PrecomputedDistance only provides the full matrix")
 
 

@@ -31,8 +31,13 @@ from pytorch_metric_learning.reducers import (
     ThresholdReducer,
 )
 
-__all__ = ["SyncFreeDivisorReducer", "SyncFreeThresholdReducer", "SyncFreeAvgNonZeroReducer",
-           "sync_free_reducer", "use_sync_free_reducers"]
+__all__ = [
+    "SyncFreeDivisorReducer",
+    "SyncFreeThresholdReducer",
+    "SyncFreeAvgNonZeroReducer",
+    "sync_free_reducer",
+    "use_sync_free_reducers",
+]
 
 
 class SyncFreeDivisorReducer(DivisorReducer):
@@ -70,8 +75,11 @@ class SyncFreeThresholdReducer(ThresholdReducer):
         total = torch.where(keep, losses, torch.zeros_like(losses)).sum()
         mean = total / count.clamp(min=1).to(total.dtype)
         if self.collect_stats:
-            self.set_stats(losses > self.low if self.low is not None else None,
-                           losses < self.high if self.high is not None else None, int(count))
+            self.set_stats(
+                losses > self.low if self.low is not None else None,
+                losses < self.high if self.high is not None else None,
+                int(count),
+            )
         return torch.where(count > 0, mean, self.zero_loss(embeddings).to(mean.dtype))
 
 

@@ -30,8 +30,17 @@ from dataclasses import dataclass
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.schema import SPEC_CONFIG, Str
 
-__all__ = ["PaperDeviation", "TAG_PREFIX", "applicable", "deviation_tags", "find_deviation", "footnote", "from_tag",
-           "grouped_notes", "to_tag"]
+__all__ = [
+    "PaperDeviation",
+    "TAG_PREFIX",
+    "applicable",
+    "deviation_tags",
+    "find_deviation",
+    "footnote",
+    "from_tag",
+    "grouped_notes",
+    "to_tag",
+]
 
 #: Tag of a run per applicable deviation: ``deviation.<name>`` = :func:`footnote` text.
 TAG_PREFIX = "deviation."
@@ -63,39 +72,60 @@ class PaperDeviation:
     def __post_init__(self) -> None:
         for key in ("paper", "harness", "why"):
             if not getattr(self, key).strip():
-                raise HarnessError(f"a protocol deviation needs '{key}' (paper, harness and why are required)")
+                raise HarnessError(
+                    f"a protocol deviation needs '{key}' (paper, harness and why are required)"
+                )
 
     def applies(self, method: str, dataset: str, backbone: str | None = None) -> bool:
         """Whether it concerns a run of ``method`` on ``dataset`` with ``backbone`` (None: any)."""
-        return ((not self.methods or method in self.methods) and (not self.datasets or dataset in self.datasets)
-                and (backbone is None or not self.backbones or backbone in self.backbones))
+        return (
+            (not self.methods or method in self.methods)
+            and (not self.datasets or dataset in self.datasets)
+            and (backbone is None or not self.backbones or backbone in self.backbones)
+        )
 
 
-def check_names(deviations: dict[str, PaperDeviation], *, methods: Iterable[str], datasets: Iterable[str],
-                backbones: Iterable[str] | None = None) -> None:
+def check_names(
+    deviations: dict[str, PaperDeviation],
+    *,
+    methods: Iterable[str],
+    datasets: Iterable[str],
+    backbones: Iterable[str] | None = None,
+) -> None:
     """Deviation names are identifiers; the methods, datasets and backbones they name are registered."""
     methods, datasets = list(methods), list(datasets)
     for name, deviation in deviations.items():
         if not _NAME.match(name):
-            raise HarnessError(f"protocol key 'deviations.{name}': a deviation name is lower-case "
-                               f"letters, digits and underscores, starting with a letter")
+            raise HarnessError(
+                f"protocol key 'deviations.{name}': a deviation name is lower-case "
+                f"letters, digits and underscores, starting with a letter"
+            )
         for method in deviation.methods:
             if method not in methods:
-                raise HarnessError(f"protocol key 'deviations.{name}.methods': {unknown_name('method', method, methods)}")
+                raise HarnessError(
+                    f"protocol key 'deviations.{name}.methods': {unknown_name('method', method, methods)}"
+                )
         for dataset in deviation.datasets:
             if dataset not in datasets:
-                raise HarnessError(f"protocol key 'deviations.{name}.datasets': "
-                                   f"{unknown_name('dataset', dataset, datasets)}")
+                raise HarnessError(
+                    f"protocol key 'deviations.{name}.datasets': "
+                    f"{unknown_name('dataset', dataset, datasets)}"
+                )
         for backbone in deviation.backbones:
             if backbones is not None and backbone not in list(backbones):
-                raise HarnessError(f"protocol key 'deviations.{name}.backbones': "
-                                   f"{unknown_name('backbone', backbone, list(backbones))}")
+                raise HarnessError(
+                    f"protocol key 'deviations.{name}.backbones': "
+                    f"{unknown_name('backbone', backbone, list(backbones))}"
+                )
 
 
-def applicable(deviations: dict[str, PaperDeviation], method: str, dataset: str,
-               backbone: str | None = None) -> dict[str, PaperDeviation]:
+def applicable(
+    deviations: dict[str, PaperDeviation], method: str, dataset: str, backbone: str | None = None
+) -> dict[str, PaperDeviation]:
     """The deviations that concern a run of ``method`` on ``dataset`` (with ``backbone``), by name."""
-    return {name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset, backbone)}
+    return {
+        name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset, backbone)
+    }
 
 
 def footnote(name: str, deviation: PaperDeviation) -> str:
@@ -104,10 +134,14 @@ def footnote(name: str, deviation: PaperDeviation) -> str:
     return f"{name}: paper {deviation.paper}{source}; here {deviation.harness}. {deviation.why}"
 
 
-def deviation_tags(deviations: dict[str, PaperDeviation], method: str, dataset: str) -> dict[str, str]:
+def deviation_tags(
+    deviations: dict[str, PaperDeviation], method: str, dataset: str
+) -> dict[str, str]:
     """MLflow tags of a run: ``deviation.<name>`` -> ``{"paper", "harness", "why",
     "reference"}`` as JSON (what the tables read back with :func:`from_tag`)."""
-    return {TAG_PREFIX + name: to_tag(d) for name, d in applicable(deviations, method, dataset).items()}
+    return {
+        TAG_PREFIX + name: to_tag(d) for name, d in applicable(deviations, method, dataset).items()
+    }
 
 
 def to_tag(deviation: PaperDeviation) -> str:
@@ -127,7 +161,10 @@ def grouped_notes(deviations: dict[str, PaperDeviation]) -> list[str]:
     for name, d in sorted(deviations.items()):
         source = f" [{d.reference}]" if d.reference else ""
         by_why.setdefault(d.why, []).append(f"{name} (paper: {d.paper}{source}; here: {d.harness})")
-    return [f"{why[0].upper()}{why[1:].rstrip('.')}: {'; '.join(items)}." for why, items in by_why.items()]
+    return [
+        f"{why[0].upper()}{why[1:].rstrip('.')}: {'; '.join(items)}."
+        for why, items in by_why.items()
+    ]
 
 
 def find_deviation(deviations: dict[str, PaperDeviation], name: str, where: str) -> PaperDeviation:

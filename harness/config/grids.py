@@ -54,8 +54,18 @@ from harness.config.protocol import (
 )
 from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
 
-__all__ = ["Grid", "Cell", "GridFile", "grid_json_schema", "load_grid", "list_grids", "grid_dir", "expand", "MAX_CELLS",
-           "cell_count"]
+__all__ = [
+    "Grid",
+    "Cell",
+    "GridFile",
+    "grid_json_schema",
+    "load_grid",
+    "list_grids",
+    "grid_dir",
+    "expand",
+    "MAX_CELLS",
+    "cell_count",
+]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
 
@@ -199,8 +209,11 @@ class Grid:
 
 def grid_json_schema() -> dict[str, Any]:
     """The JSON Schema of a grid file (``docs/grid.schema.json``)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **GridFile.model_json_schema(),
-            "title": "dml-harness grid"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **GridFile.model_json_schema(),
+        "title": "dml-harness grid",
+    }
 
 
 def grid_dir() -> Path:
@@ -218,14 +231,20 @@ MAX_CELLS = 5_000
 
 def cell_count(axes: dict[str, list], extras: list[dict[str, list]]) -> int:
     """The cells the axes and ``[[extra]]`` tables span, before duplicates are merged."""
+
     def span(sub: dict[str, list]) -> int:
         return math.prod(len(sub[a]) for a in AXES)
 
     return span(axes) + sum(span({**axes, **extra}) for extra in extras)
 
 
-def load_grid(name_or_path: str | Path, *, smoke: bool = False, max_cells: int | None = MAX_CELLS,
-              on_count: Callable[[int], object] | None = None) -> Grid:
+def load_grid(
+    name_or_path: str | Path,
+    *,
+    smoke: bool = False,
+    max_cells: int | None = MAX_CELLS,
+    on_count: Callable[[int], object] | None = None,
+) -> Grid:
     """Parse and validate a grid (a name under ``protocols/grids`` or a ``.toml`` path),
     then expand it into cells (``grid.cells``). ``on_count(n)`` hears the number of cells
     before they are expanded; more than ``max_cells`` (None: no cap) is refused."""
@@ -263,13 +282,17 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False, max_cells: int |
     published = data.get("published", {})
     all_methods = {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])}
     published_rows = _published_rows(published.get("rows", {}), all_methods)
-    variants = {backbone: dict(spec.get("set", {})) for backbone, spec in data.get("backbone", {}).items()}
+    variants = {
+        backbone: dict(spec.get("set", {})) for backbone, spec in data.get("backbone", {}).items()
+    }
     test_time = data.get("test_time", {})
     metrics = list(data.get("metrics", []))
     baseline = data.get("baseline", "plain")
     if "baseline" in data and baseline not in all_methods:
-        raise HarnessError(f"grid key 'baseline' = \"{baseline}\": expected a method of the grid (methods: "
-                           f"{', '.join(sorted(all_methods))})")
+        raise HarnessError(
+            f"grid key 'baseline' = \"{baseline}\": expected a method of the grid (methods: "
+            f"{', '.join(sorted(all_methods))})"
+        )
     published_metrics = published.get("metrics", {})
 
     def resolved(protocol: str) -> str:
@@ -278,22 +301,37 @@ def load_grid(name_or_path: str | Path, *, smoke: bool = False, max_cells: int |
         return protocol
 
     protocol = resolved(str(top["protocol"]))
-    grid = Grid(name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""), path=path,
-                description=str(data.get("description", "")), protocol=protocol,
-                experiment=str(top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))),
-                axes=axes, extras=tuple(extras), overrides=dict(top.get("set", {})),
-                variants=variants, published_file=str(published.get("file", "")),
-                published_tables=tuple(str(t) for t in published.get("tables", ())),
-                published_rows=published_rows, smoke=smoke,
-                test_time=dict(test_time), metrics=tuple(metrics), baseline=baseline,
-                published_metrics=dict(published_metrics), paper_protocol=resolved(str(data["protocol"])),
-                paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")})
+    grid = Grid(
+        name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""),
+        path=path,
+        description=str(data.get("description", "")),
+        protocol=protocol,
+        experiment=str(
+            top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))
+        ),
+        axes=axes,
+        extras=tuple(extras),
+        overrides=dict(top.get("set", {})),
+        variants=variants,
+        published_file=str(published.get("file", "")),
+        published_tables=tuple(str(t) for t in published.get("tables", ())),
+        published_rows=published_rows,
+        smoke=smoke,
+        test_time=dict(test_time),
+        metrics=tuple(metrics),
+        baseline=baseline,
+        published_metrics=dict(published_metrics),
+        paper_protocol=resolved(str(data["protocol"])),
+        paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")},
+    )
     count = cell_count(axes, extras)
     if on_count is not None:
         on_count(count)
     if max_cells is not None and count > max_cells:
-        raise HarnessError(f"grid {path.stem} has {count:,} cells, more than {max_cells:,} (each a training run); "
-                           f"check its axes, or give --yes to sweep them all")
+        raise HarnessError(
+            f"grid {path.stem} has {count:,} cells, more than {max_cells:,} (each a training run); "
+            f"check its axes, or give --yes to sweep them all"
+        )
     grid.cells.extend(expand(grid))
     return grid
 
@@ -306,13 +344,17 @@ def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     tables = [data, *data.get("extra", []), data.get("smoke", {})]
     exclude = data.get("exclude", [])
     if exclude and not any(table.get("methods") == "all" for table in tables):
-        raise HarnessError(f"grid {path.stem}: 'exclude' applies to methods = \"all\", which the grid does not use")
+        raise HarnessError(
+            f"grid {path.stem}: 'exclude' applies to methods = \"all\", which the grid does not use"
+        )
     for name in exclude:
         if name not in METHODS:
-            raise HarnessError(f"grid {path.stem}: exclude names '{name}', which is not a registered method")
+            raise HarnessError(
+                f"grid {path.stem}: exclude names '{name}', which is not a registered method"
+            )
     every = [name for name in list_methods(ablations=False) if name not in exclude]
     if not every:
-        raise HarnessError(f"grid {path.stem}: methods = \"all\" less exclude leaves no method")
+        raise HarnessError(f'grid {path.stem}: methods = "all" less exclude leaves no method')
 
     def named(table: dict[str, Any]) -> dict[str, Any]:
         return {**table, "methods": every} if table.get("methods") == "all" else table
@@ -328,7 +370,11 @@ def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def _with_extras(data: dict[str, Any], axis: str) -> list[str]:
     """The grid file's values of ``axis``, its ``[[extra]]`` sub-grids' included (Table 4's
     SOP row of agrouping-table3 is a paper dataset too)."""
-    return list(dict.fromkeys([*data[axis], *(v for extra in data.get("extra", []) for v in extra.get(axis, []))]))
+    return list(
+        dict.fromkeys(
+            [*data[axis], *(v for extra in data.get("extra", []) for v in extra.get(axis, []))]
+        )
+    )
 
 
 def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, tuple[str, ...]]:
@@ -336,36 +382,60 @@ def _published_rows(rows: dict[str, list[str]], methods: set[str]) -> dict[str, 
     drop its published values)."""
     for method in rows:
         if method not in methods:
-            raise HarnessError(f"grid key 'published.rows.{method}': '{method}' is not a method of the grid "
-                               f"(methods: {', '.join(sorted(methods))})")
+            raise HarnessError(
+                f"grid key 'published.rows.{method}': '{method}' is not a method of the grid "
+                f"(methods: {', '.join(sorted(methods))})"
+            )
     return {method: tuple(specs) for method, specs in rows.items()}
 
 
-def _cell_key(protocol: Protocol, dataset: str, loss: str, loss_args: dict, method: str,
-              options: dict, seed: int, deviations: tuple[Deviation, ...], base_key: str = "") -> str:
-    fields = {"protocol": protocol.to_dict(), "dataset": dataset, "loss": loss, "loss_args": loss_args,
-              "method": method, "options": options, "seed": seed, "deviations": [str(d) for d in deviations]}
+def _cell_key(
+    protocol: Protocol,
+    dataset: str,
+    loss: str,
+    loss_args: dict,
+    method: str,
+    options: dict,
+    seed: int,
+    deviations: tuple[Deviation, ...],
+    base_key: str = "",
+) -> str:
+    fields = {
+        "protocol": protocol.to_dict(),
+        "dataset": dataset,
+        "loss": loss,
+        "loss_args": loss_args,
+        "method": method,
+        "options": options,
+        "seed": seed,
+        "deviations": [str(d) for d in deviations],
+    }
     if base_key:  # only then, so that the keys of grids without test-time methods never change
         fields["base_key"] = base_key
     from methods import METHODS
 
     fields.update(METHODS.get(method).key_fields())
-    payload = json.dumps(fields,
-                         sort_keys=True, separators=(",", ":"), default=str)
+    payload = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-SMOKE_WHY = "The smoke version: a CPU-sized pipeline check, not comparable with the published numbers"
+SMOKE_WHY = (
+    "The smoke version: a CPU-sized pipeline check, not comparable with the published numbers"
+)
 
 
-def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,
-                    backbone: str) -> dict[str, PaperDeviation]:
+def cell_deviations(
+    grid: Grid, protocol: Protocol, method: str, dataset: str, backbone: str
+) -> dict[str, PaperDeviation]:
     """A cell's departures from its paper: the paper protocol's declared deviations that
     concern it, and for a smoke cell each setting, dataset or backbone the smoke version
     changes against the paper protocol (so that none goes unprinted)."""
     paper = load_protocol(grid.paper_protocol or grid.protocol)
-    paper_dataset = dataset if dataset in grid.paper_axes.get("datasets", [dataset]) else \
-        grid.paper_axes["datasets"][0]
+    paper_dataset = (
+        dataset
+        if dataset in grid.paper_axes.get("datasets", [dataset])
+        else grid.paper_axes["datasets"][0]
+    )
     reference = paper.for_dataset(paper_dataset)
     found = applicable(reference.deviations, method, paper_dataset, backbone)
     if not grid.smoke:
@@ -377,11 +447,17 @@ def cell_deviations(grid: Grid, protocol: Protocol, method: str, dataset: str,
         changed["backbone"] = (", ".join(grid.paper_axes["backbones"]), backbone)
     ours, theirs = flatten_keys(protocol.to_dict()), flatten_keys(reference.to_dict())
     for key in sorted(set(ours) | set(theirs)):
-        if key not in ("name", "description", "source", "backbone.name") and ours.get(key) != theirs.get(key):
+        if key not in ("name", "description", "source", "backbone.name") and ours.get(
+            key
+        ) != theirs.get(key):
             changed[key] = (theirs.get(key, "unset"), ours.get(key, "unset"))
     for key, (was, now) in changed.items():
         found["smoke_" + key.replace(".", "_")] = PaperDeviation(
-            paper=f"{key} = {was}", harness=f"{key} = {now}", why=SMOKE_WHY, reference=f"protocol {reference.name}")
+            paper=f"{key} = {was}",
+            harness=f"{key} = {now}",
+            why=SMOKE_WHY,
+            reference=f"protocol {reference.name}",
+        )
     return found
 
 
@@ -395,7 +471,11 @@ def expand(grid: Grid) -> list[Cell]:
     from methods import METHODS, training_base
 
     base = load_protocol(grid.protocol)
-    path = Path(grid.protocol) if grid.protocol.endswith(".toml") else protocol_dir() / f"{grid.protocol}.toml"
+    path = (
+        Path(grid.protocol)
+        if grid.protocol.endswith(".toml")
+        else protocol_dir() / f"{grid.protocol}.toml"
+    )
     cells: dict[str, Cell] = {}
     for sub in (grid.axes, *({**grid.axes, **e} for e in grid.extras)):
         for backbone in sub["backbones"]:
@@ -405,38 +485,71 @@ def expand(grid: Grid) -> list[Cell]:
             for loss in sub["losses"]:
                 LOSSES.get(loss)
                 if loss != variant_protocol.loss.name and loss not in variant_protocol.loss.args:
-                    raise HarnessError(f"grid {grid.name}: loss '{loss}' has no arguments in protocol "
-                                       f"'{variant_protocol.name}' ([loss.args.{loss}]); add them there")
+                    raise HarnessError(
+                        f"grid {grid.name}: loss '{loss}' has no arguments in protocol "
+                        f"'{variant_protocol.name}' ([loss.args.{loss}]); add them there"
+                    )
                 for dataset in sub["datasets"]:
                     DATASETS.get(dataset)
                     # The protocol's settings for this dataset, then the grid's deviations.
-                    protocol, deviations = apply_overrides(variant_protocol.for_dataset(dataset), grid.overrides)
+                    protocol, deviations = apply_overrides(
+                        variant_protocol.for_dataset(dataset), grid.overrides
+                    )
                     loss_args = protocol.loss_args(loss)
                     keys: dict[tuple[str, int], str] = {}
                     # Base methods first, so that every test-time cell finds its base's key.
                     for method in sorted(sub["methods"], key=lambda m: m in grid.test_time):
                         METHODS.get(method)
                         base_method = grid.test_time.get(method, "")
-                        if base_method and (base_method not in sub["methods"] or base_method in grid.test_time):
+                        if base_method and (
+                            base_method not in sub["methods"] or base_method in grid.test_time
+                        ):
                             raise HarnessError(
                                 f"grid {grid.name}: test_time.{method} = '{base_method}' must name a trained "
-                                f"method of the same grid (methods there: {', '.join(sub['methods'])})")
+                                f"method of the same grid (methods there: {', '.join(sub['methods'])})"
+                            )
                         if base_method and training_base(method, protocol.methods) != base_method:
                             raise HarnessError(
                                 f"grid {grid.name}: test_time.{method} = '{base_method}', but with the options of "
                                 f"protocol '{protocol.name}' {method} does not train as {base_method}; its cells "
                                 f"would evaluate weights trained another way (expected a method whose "
-                                f"Method.trains_as names '{base_method}' with the protocol's options for it)")
+                                f"Method.trains_as names '{base_method}' with the protocol's options for it)"
+                            )
                         options = dict(protocol.methods.get(method, {}))
                         for seed in sub["seeds"]:
                             base_key = keys[(base_method, seed)] if base_method else ""
-                            key = _cell_key(protocol, dataset, loss, loss_args, method, options, seed,
-                                            deviations, base_key)
+                            key = _cell_key(
+                                protocol,
+                                dataset,
+                                loss,
+                                loss_args,
+                                method,
+                                options,
+                                seed,
+                                deviations,
+                                base_key,
+                            )
                             keys[(method, seed)] = key
-                            cells.setdefault(key, Cell(
-                                grid=grid.name, backbone=backbone, loss=loss, method=method,
-                                dataset=dataset, seed=seed, protocol=protocol, protocol_path=path,
-                                loss_args=loss_args, method_options=options, variant=variant,
-                                deviations=deviations, key=key, base_key=base_key,
-                                paper_deviations=cell_deviations(grid, protocol, method, dataset, backbone)))
+                            cells.setdefault(
+                                key,
+                                Cell(
+                                    grid=grid.name,
+                                    backbone=backbone,
+                                    loss=loss,
+                                    method=method,
+                                    dataset=dataset,
+                                    seed=seed,
+                                    protocol=protocol,
+                                    protocol_path=path,
+                                    loss_args=loss_args,
+                                    method_options=options,
+                                    variant=variant,
+                                    deviations=deviations,
+                                    key=key,
+                                    base_key=base_key,
+                                    paper_deviations=cell_deviations(
+                                        grid, protocol, method, dataset, backbone
+                                    ),
+                                ),
+                            )
     return list(cells.values())

@@ -46,8 +46,19 @@ from harness.config.deviations import PaperDeviation, applicable
 from harness.config.protocol import Protocol, load_protocol, protocol_dir
 from harness.config.schema import SPEC_CONFIG, Str, refusal
 
-__all__ = ["Ledger", "LedgerEntry", "Check", "ledger_dir", "list_ledgers", "load_ledger", "ledgers_for_grid",
-           "check_ledger", "family_counts", "resolve_key", "STATUSES"]
+__all__ = [
+    "Ledger",
+    "LedgerEntry",
+    "Check",
+    "ledger_dir",
+    "list_ledgers",
+    "load_ledger",
+    "ledgers_for_grid",
+    "check_ledger",
+    "family_counts",
+    "resolve_key",
+    "STATUSES",
+]
 
 #: The outcomes of an entry on a cell, best first.
 STATUSES = ("matched", "deviating", "undeclared")
@@ -90,8 +101,10 @@ class LedgerEntry:
     deviation: str = ""
 
     def applies(self, case: Case) -> bool:
-        return all((case.protocol.name if axis == "protocol" else getattr(case, axis)) in names
-                   for axis, names in self.when.items())
+        return all(
+            (case.protocol.name if axis == "protocol" else getattr(case, axis)) in names
+            for axis, names in self.when.items()
+        )
 
 
 @dataclass(frozen=True)
@@ -149,16 +162,22 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
     try:
         parsed = _LedgerFile.model_validate(data)
     except ValidationError as err:
-        raise refusal(err, _LedgerFile.model_json_schema(), what=f"ledger {path.stem} key") from None
+        raise refusal(
+            err, _LedgerFile.model_json_schema(), what=f"ledger {path.stem} key"
+        ) from None
     entries = []
     for number, e in enumerate(parsed.entry, 1):
         unknown = sorted(set(e.when) - set(_WHEN))
         if unknown:
-            raise HarnessError(f"ledger {parsed.paper} entry {number} ({e.setting}): unknown 'when' key "
-                               f"'{unknown[0]}' (expected {', '.join(_WHEN)})")
+            raise HarnessError(
+                f"ledger {parsed.paper} entry {number} ({e.setting}): unknown 'when' key "
+                f"'{unknown[0]}' (expected {', '.join(_WHEN)})"
+            )
         when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
         entries.append(LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation))
-    protocols = tuple((p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols)
+    protocols = tuple(
+        (p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols
+    )
     return Ledger(parsed.paper, path, tuple(parsed.grids), protocols, tuple(entries))
 
 
@@ -180,24 +199,36 @@ def resolve_key(protocol: Protocol, key: str) -> Any:
 
         method, option = parts[1:]
         if method not in METHODS:
-            raise HarnessError(f"unknown protocol key '{key}': {unknown_name('method', method, METHODS.list())}")
+            raise HarnessError(
+                f"unknown protocol key '{key}': {unknown_name('method', method, METHODS.list())}"
+            )
         options = {**METHODS.get(method).options(), **protocol.methods.get(method, {})}
         if option not in options:
-            raise HarnessError(f"unknown protocol key '{key}': method '{method}' has no option '{option}'")
+            raise HarnessError(
+                f"unknown protocol key '{key}': method '{method}' has no option '{option}'"
+            )
         return _plain(options[option])
     if parts[:2] == ["loss", "args"] and len(parts) == 4:
         from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
 
         loss, arg = parts[2:]
         if loss not in LOSSES:
-            raise HarnessError(f"unknown protocol key '{key}': {unknown_name('loss', loss, LOSSES.list())}")
+            raise HarnessError(
+                f"unknown protocol key '{key}': {unknown_name('loss', loss, LOSSES.list())}"
+            )
         args = {"reduction": PML_REDUCTION, **loss_defaults(loss), **protocol.loss_args(loss)}
         if arg not in args:
-            raise HarnessError(f"unknown protocol key '{key}': loss '{loss}' has no argument '{arg}' with a default")
+            raise HarnessError(
+                f"unknown protocol key '{key}': loss '{loss}' has no argument '{arg}' with a default"
+            )
         return _plain(args[arg])
     node: Any = protocol._full_dict()
     for depth, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node or (depth == 0 and part in ("deviations", "datasets")):
+        if (
+            not isinstance(node, dict)
+            or part not in node
+            or (depth == 0 and part in ("deviations", "datasets"))
+        ):
             raise HarnessError(f"unknown protocol key '{key}'")
         node = node[part]
     return node
@@ -236,13 +267,23 @@ def _grid_cases(name: str) -> list[Case]:
         if marker in seen:  # seeds share everything a ledger reads
             continue
         seen.add(marker)
-        cases.append(Case(f"{name}: {cell.backbone}/{cell.dataset}", cell.backbone, cell.loss, cell.method,
-                          cell.dataset, cell.protocol, dict(cell.paper_deviations)))
+        cases.append(
+            Case(
+                f"{name}: {cell.backbone}/{cell.dataset}",
+                cell.backbone,
+                cell.loss,
+                cell.method,
+                cell.dataset,
+                cell.protocol,
+                dict(cell.paper_deviations),
+            )
+        )
     return cases
 
 
-def _protocol_cases(name: str, methods: tuple[str, ...], losses: tuple[str, ...],
-                    datasets: tuple[str, ...]) -> list[Case]:
+def _protocol_cases(
+    name: str, methods: tuple[str, ...], losses: tuple[str, ...], datasets: tuple[str, ...]
+) -> list[Case]:
     base = load_protocol(name)
     cases: list[Case] = []
     for dataset in datasets:
@@ -250,8 +291,18 @@ def _protocol_cases(name: str, methods: tuple[str, ...], losses: tuple[str, ...]
         backbone = protocol.backbone.name
         for method in methods:
             found = applicable(protocol.deviations, method, dataset, backbone)
-            cases.extend(Case(f"protocol {name}: {backbone}/{dataset}", backbone, loss, method, dataset,
-                              protocol, found) for loss in losses)
+            cases.extend(
+                Case(
+                    f"protocol {name}: {backbone}/{dataset}",
+                    backbone,
+                    loss,
+                    method,
+                    dataset,
+                    protocol,
+                    found,
+                )
+                for loss in losses
+            )
     return cases
 
 
@@ -276,8 +327,10 @@ def check_ledger(ledger: Ledger, grids: list[str] | None = None) -> list[Check]:
             try:
                 actual = resolve_key(case.protocol, entry.key)
             except HarnessError as err:
-                raise HarnessError(f"ledger {ledger.paper} ({ledger.path.name}) entry {number} "
-                                   f"({entry.setting}): {err}") from None
+                raise HarnessError(
+                    f"ledger {ledger.paper} ({ledger.path.name}) entry {number} "
+                    f"({entry.setting}): {err}"
+                ) from None
             checks.append(Check(entry, case, _status(entry, case, actual), actual))
     return checks
 
@@ -291,5 +344,7 @@ def family_counts(checks: list[Check]) -> dict[str, dict[str, int]]:
         entry_id = ids.setdefault(id(check.entry), len(ids))
         family = worst.setdefault(check.case.family, {})
         family[entry_id] = max(family.get(entry_id, 0), STATUSES.index(check.status))
-    return {family: {s: sum(1 for v in found.values() if STATUSES[v] == s) for s in STATUSES}
-            for family, found in worst.items()}
+    return {
+        family: {s: sum(1 for v in found.values() if STATUSES[v] == s) for s in STATUSES}
+        for family, found in worst.items()
+    }

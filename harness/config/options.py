@@ -32,8 +32,11 @@ def options_model(method: str) -> type[BaseModel]:
 
     entry = METHODS.get(method)
     types, defaults = entry.option_types(), entry.options()
-    return create_model(f"{method} options", __config__=OPTIONS_CONFIG,  # type: ignore[call-overload]  # mypy matches the **dict against the named __base__ etc.
-                        **{name: (types[name], defaults[name]) for name in defaults})
+    return create_model(
+        f"{method} options",
+        __config__=OPTIONS_CONFIG,  # type: ignore[call-overload]  # mypy matches the **dict against the named __base__ etc.
+        **{name: (types[name], defaults[name]) for name in defaults},
+    )
 
 
 def check_option_values(method: str, options: dict[str, Any]) -> None:
@@ -41,8 +44,12 @@ def check_option_values(method: str, options: dict[str, Any]) -> None:
     try:
         options_model(method).model_validate(options)
     except ValidationError as err:
-        raise refusal(err, options_model(method).model_json_schema(), what="protocol key",
-                      prefix=("methods", method)) from None
+        raise refusal(
+            err,
+            options_model(method).model_json_schema(),
+            what="protocol key",
+            prefix=("methods", method),
+        ) from None
 
 
 _Margin = Annotated[Float, Field(ge=0)] | None
@@ -82,5 +89,9 @@ def check_loss_arg_values(args: dict[str, dict[str, Any]]) -> None:
         try:
             LossArguments.model_validate(values)
         except ValidationError as err:
-            raise refusal(err, LossArguments.model_json_schema(), what="protocol key",
-                          prefix=("loss", "args", loss)) from None
+            raise refusal(
+                err,
+                LossArguments.model_json_schema(),
+                what="protocol key",
+                prefix=("loss", "args", loss),
+            ) from None

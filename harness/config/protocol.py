@@ -88,9 +88,13 @@ class ImageSpec:
     resize: Annotated[Int, Field(gt=0, le=2048)] = 256
     train_transform: Str = "random_resized_crop_flip"
     #: Area range of RandomResizedCrop (torchvision's default: 0.08 to 1).
-    crop_scale: Annotated[tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)] = (0.08, 1.0)
+    crop_scale: Annotated[
+        tuple[Annotated[Float, Field(gt=0, le=1)], ...], Field(min_length=2, max_length=2)
+    ] = (0.08, 1.0)
     #: Aspect-ratio range of RandomResizedCrop (torchvision's default: 3/4 to 4/3).
-    crop_ratio: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=2, max_length=2)] = (3 / 4, 4 / 3)
+    crop_ratio: Annotated[
+        tuple[Annotated[Float, Positive], ...], Field(min_length=2, max_length=2)
+    ] = (3 / 4, 4 / 3)
     #: ``random_resized_crop_flip`` only: Resize(train_resize) (the shorter side) before the
     #: crop; 0: the crop is taken from the image as read (AVSL's code resizes to 256 first,
     #: zbr17/AVSL examples/config/param/transforms/train_transforms.yaml lines 4-5).
@@ -101,7 +105,9 @@ class ImageSpec:
     #: Empty (and absent from the canonical form) for the other transforms.
     multiscale_range: Annotated[tuple[Annotated[Float, Positive], ...], Field(max_length=2)] = ()
     mean: Annotated[tuple[Float, ...], Field(min_length=3, max_length=3)] = IMAGENET_MEAN
-    std: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=3, max_length=3)] = IMAGENET_STD
+    std: Annotated[tuple[Annotated[Float, Positive], ...], Field(min_length=3, max_length=3)] = (
+        IMAGENET_STD
+    )
 
 
 @dataclass(frozen=True)
@@ -272,12 +278,14 @@ class EvaluationSpec:
         "f1",
     )
     #: Recall@K values per dataset name; "default" applies to the rest.
-    recall_k: dict[Str, Annotated[tuple[Annotated[Int, Positive], ...], Field(min_length=1)]] = field(
-        default_factory=lambda: {
-            "default": (1, 2, 4, 8),
-            "sop": (1, 10, 100, 1000),
-            "inshop": (1, 10, 20, 30, 40, 50),
-        }
+    recall_k: dict[Str, Annotated[tuple[Annotated[Int, Positive], ...], Field(min_length=1)]] = (
+        field(
+            default_factory=lambda: {
+                "default": (1, 2, 4, 8),
+                "sop": (1, 10, 100, 1000),
+                "inshop": (1, 10, 20, 30, 40, 50),
+            }
+        )
     )
     #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
     #: model at once (harness.engine.embedding): the embeddings are the same, only faster.
@@ -320,20 +328,50 @@ class Protocol:
     def __post_init__(self) -> None:
         """The rules that relate two keys (each key's own type and range is its annotation's)."""
         image, splits = self.image, self.splits
-        _check(image.resize >= image.size, "image.resize", image.resize, f">= image.size ({image.size})")
-        _check(image.crop_scale[0] <= image.crop_scale[1], "image.crop_scale", list(image.crop_scale),
-               "[low, high] with low <= high")
-        _check(image.crop_ratio[0] <= image.crop_ratio[1], "image.crop_ratio", list(image.crop_ratio),
-               "[low, high] with low <= high")
-        _check(self.selection.mode != "validation" or splits.validation_classes > 0, "splits.validation_classes",
-               splits.validation_classes, "> 0 when selection.mode is \"validation\"")
+        _check(
+            image.resize >= image.size,
+            "image.resize",
+            image.resize,
+            f">= image.size ({image.size})",
+        )
+        _check(
+            image.crop_scale[0] <= image.crop_scale[1],
+            "image.crop_scale",
+            list(image.crop_scale),
+            "[low, high] with low <= high",
+        )
+        _check(
+            image.crop_ratio[0] <= image.crop_ratio[1],
+            "image.crop_ratio",
+            list(image.crop_ratio),
+            "[low, high] with low <= high",
+        )
+        _check(
+            self.selection.mode != "validation" or splits.validation_classes > 0,
+            "splits.validation_classes",
+            splits.validation_classes,
+            '> 0 when selection.mode is "validation"',
+        )
         multiscale = image.multiscale_range
-        _check(image.train_transform != "multiscale_crop_flip" or (len(multiscale) == 2 and multiscale[0] <= multiscale[1]),
-               "image.multiscale_range", list(multiscale), "[low, high] with 0 < low <= high for multiscale_crop_flip")
-        _check(not splits.validation_by_run_seed or splits.validation_classes > 0, "splits.validation_by_run_seed",
-               True, "false unless splits.validation_classes > 0 (a carve to seed)")
-        _check(splits.max_train_images_per_class != 1, "splits.max_train_images_per_class", 1,
-               "0 (all) or >= 2 (a class needs two images to make a positive pair)")
+        _check(
+            image.train_transform != "multiscale_crop_flip"
+            or (len(multiscale) == 2 and multiscale[0] <= multiscale[1]),
+            "image.multiscale_range",
+            list(multiscale),
+            "[low, high] with 0 < low <= high for multiscale_crop_flip",
+        )
+        _check(
+            not splits.validation_by_run_seed or splits.validation_classes > 0,
+            "splits.validation_by_run_seed",
+            True,
+            "false unless splits.validation_classes > 0 (a carve to seed)",
+        )
+        _check(
+            splits.max_train_images_per_class != 1,
+            "splits.max_train_images_per_class",
+            1,
+            "0 (all) or >= 2 (a class needs two images to make a positive pair)",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form (fingerprinted): the optional keys (``_OPTIONAL_KEYS``) are
@@ -371,7 +409,9 @@ class Protocol:
         try:
             resolved, _ = apply_overrides(base, settings)
         except HarnessError as err:
-            raise HarnessError(f"protocol '{self.name}', section datasets.{dataset}: {err}") from None
+            raise HarnessError(
+                f"protocol '{self.name}', section datasets.{dataset}: {err}"
+            ) from None
         return resolved
 
     def canonical_json(self) -> str:
@@ -382,7 +422,11 @@ class Protocol:
 
 
 #: (section, key) of fields left out of :meth:`Protocol.to_dict` at their default values.
-_OPTIONAL_KEYS = (("image", "multiscale_range"), ("splits", "validation_by_run_seed"), ("loss", "miners"))
+_OPTIONAL_KEYS = (
+    ("image", "multiscale_range"),
+    ("splits", "validation_by_run_seed"),
+    ("loss", "miners"),
+)
 
 #: ``"section.key"`` -> default of the keys left out of the canonical form
 #: (:meth:`Protocol.to_dict`, what :func:`fingerprint` and the grids' cell keys hash) while
@@ -467,13 +511,17 @@ def check_batch_fits(protocol: Protocol, dataset: str, *, images: int, classes: 
         raise HarnessError(
             f"protocol key 'sampling.classes_per_batch' = {s.classes_per_batch}: expected classes_per_batch x "
             f"samples_per_class ({s.classes_per_batch} x {s.samples_per_class} = {s.batch_size}) <= the {images} "
-            f"training images of {dataset} ({classes} classes)")
+            f"training images of {dataset} ({classes} classes)"
+        )
 
 
 #: ``[methods.<name>]`` of a method the schema was generated without (a plugin added or
 #: installed since): any table; the harness checks its options when it reads the file.
-_UNLISTED_METHOD = {"type": "object", "description": "Options of a method registered after this schema was "
-                    "generated; python -m harness schema lists them."}
+_UNLISTED_METHOD = {
+    "type": "object",
+    "description": "Options of a method registered after this schema was "
+    "generated; python -m harness schema lists them.",
+}
 
 
 def protocol_json_schema() -> dict[str, Any]:
@@ -485,13 +533,20 @@ def protocol_json_schema() -> dict[str, Any]:
     from methods import METHODS
 
     schema = json.loads(json.dumps(_sections_schema()))  # a copy: the cached one serves refusals
-    schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "dml-harness protocol",
-                   "description": "A fair protocol (protocols/<name>.toml); python -m harness schema prints this."})
+    schema.update(
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "dml-harness protocol",
+            "description": "A fair protocol (protocols/<name>.toml); python -m harness schema prints this.",
+        }
+    )
     schema["required"] = []  # name defaults to the file's stem
     schema["properties"]["methods"] = {
-        "type": "object", "additionalProperties": _UNLISTED_METHOD,
+        "type": "object",
+        "additionalProperties": _UNLISTED_METHOD,
         "description": "Method options fixed by the protocol.",
-        "properties": {name: options_model(name).model_json_schema() for name in METHODS.list()}}
+        "properties": {name: options_model(name).model_json_schema() for name in METHODS.list()},
+    }
     args = schema["$defs"]["LossSpec"]["properties"]["args"]
     args["additionalProperties"] = LossArguments.model_json_schema()
     return schema
@@ -529,15 +584,19 @@ def _check_component_names(protocol: Protocol) -> None:
     from harness.components.evaluation import parse_metrics
     from harness.components.losses import MINERS
 
-    named = [("backbone.name", protocol.backbone.name, BACKBONES.kind, BACKBONES.list()),
-             ("miner.name", protocol.miner.name, MINERS.kind, ["none", *MINERS.list()]),
-             ("image.train_transform", protocol.image.train_transform, "transform", TRAIN_TRANSFORMS),
-             ("image.eval_transform", protocol.image.eval_transform, "transform", EVAL_TRANSFORMS)]
+    named = [
+        ("backbone.name", protocol.backbone.name, BACKBONES.kind, BACKBONES.list()),
+        ("miner.name", protocol.miner.name, MINERS.kind, ["none", *MINERS.list()]),
+        ("image.train_transform", protocol.image.train_transform, "transform", TRAIN_TRANSFORMS),
+        ("image.eval_transform", protocol.image.eval_transform, "transform", EVAL_TRANSFORMS),
+    ]
     for key, name, kind, valid in named:
         if name not in valid:
             raise HarnessError(f"protocol key '{key}': {unknown_name(kind, name, valid)}")
-    for key, metrics in (("evaluation.metrics", protocol.evaluation.metrics),
-                         ("selection.metric", (protocol.selection.metric,))):
+    for key, metrics in (
+        ("evaluation.metrics", protocol.evaluation.metrics),
+        ("selection.metric", (protocol.selection.metric,)),
+    ):
         try:
             parse_metrics(metrics)
         except HarnessError as err:
@@ -578,8 +637,10 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
     protocol = _validated(data)
     for dataset, section in protocol.datasets.items():
         if not isinstance(section, dict) or {"name", "datasets"} & set(section):
-            raise HarnessError(f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
-                               f"(not name or datasets), got {section!r}")
+            raise HarnessError(
+                f"protocol key 'datasets.{dataset}' must be a table of protocol settings "
+                f"(not name or datasets), got {section!r}"
+            )
         protocol.for_dataset(dataset)  # unknown keys and bad values fail here, not mid-run
     _check_registered_names(protocol)
     return protocol
@@ -593,16 +654,33 @@ def _check_registered_names(protocol: Protocol) -> None:
     from harness.components.losses import LOSSES, check_loss_args
     from methods import METHODS
 
-    check_names(protocol.deviations, methods=METHODS.list(), datasets=DATASETS.list(), backbones=BACKBONES.list())
-    keyed: list[tuple[str, Any, Any]] = [("methods", protocol.methods, METHODS), ("loss.args", protocol.loss.args, LOSSES),
-             ("datasets", protocol.datasets, DATASETS), ("sampling.loss_samplers", protocol.sampling.loss_samplers, LOSSES),
-             ("evaluation.recall_k", {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
-              DATASETS)]
+    check_names(
+        protocol.deviations,
+        methods=METHODS.list(),
+        datasets=DATASETS.list(),
+        backbones=BACKBONES.list(),
+    )
+    keyed: list[tuple[str, Any, Any]] = [
+        ("methods", protocol.methods, METHODS),
+        ("loss.args", protocol.loss.args, LOSSES),
+        ("datasets", protocol.datasets, DATASETS),
+        ("sampling.loss_samplers", protocol.sampling.loss_samplers, LOSSES),
+        (
+            "evaluation.recall_k",
+            {k: v for k, v in protocol.evaluation.recall_k.items() if k != "default"},
+            DATASETS,
+        ),
+    ]
     for key, section, registry in keyed:
         for name in section:
             if name not in registry:
-                raise HarnessError(f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}")
-    for loss, args in protocol.loss.args.items():  # unknown arguments and reductions fail here, not mid-run
+                raise HarnessError(
+                    f"protocol key '{key}.{name}': {unknown_name(registry.kind, name, registry.list())}"
+                )
+    for (
+        loss,
+        args,
+    ) in protocol.loss.args.items():  # unknown arguments and reductions fail here, not mid-run
         check_loss_args(loss, args)
     _check_loss_miners(protocol)
 
@@ -615,15 +693,21 @@ def _check_loss_miners(protocol: Protocol) -> None:
     for loss, spec in protocol.loss.miners.items():
         key = f"loss.miners.{loss}"
         if loss not in LOSSES:
-            raise HarnessError(f"protocol key '{key}': {unknown_name(LOSSES.kind, loss, LOSSES.list())}")
+            raise HarnessError(
+                f"protocol key '{key}': {unknown_name(LOSSES.kind, loss, LOSSES.list())}"
+            )
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise HarnessError(f"protocol key '{key}' must be a table with a miner 'name', got {spec!r}")
+            raise HarnessError(
+                f"protocol key '{key}' must be a table with a miner 'name', got {spec!r}"
+            )
         extra = sorted(set(spec) - {"name", "args"})
         if extra:
             raise HarnessError(f"unknown protocol key '{key}.{extra[0]}' (expected name and args)")
         if spec["name"] != "none" and spec["name"] not in MINERS:
-            raise HarnessError(f"protocol key '{key}.name': "
-                               f"{unknown_name(MINERS.kind, spec['name'], ['none', *MINERS.list()])}")
+            raise HarnessError(
+                f"protocol key '{key}.name': "
+                f"{unknown_name(MINERS.kind, spec['name'], ['none', *MINERS.list()])}"
+            )
         if not isinstance(spec.get("args", {}), dict):
             raise HarnessError(f"protocol key '{key}.args' must be a table, got {spec['args']!r}")
 
@@ -669,8 +753,10 @@ def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bo
 
     options = METHODS.get(method).options()
     if option not in options:
-        raise HarnessError(f"unknown option '{option}' for method '{method}' in --set methods.{method}.{option}; "
-                           f"valid: {', '.join(sorted(options)) or 'none'}")
+        raise HarnessError(
+            f"unknown option '{option}' for method '{method}' in --set methods.{method}.{option}; "
+            f"valid: {', '.join(sorted(options)) or 'none'}"
+        )
     section = data.setdefault("methods", {}).setdefault(method, {})
     if option in section:
         return False
@@ -710,13 +796,22 @@ def apply_overrides(
         node = data
         parts = dotted.split(".")
         if parts[0] == "deviations":
-            raise HarnessError(f"'{dotted}' documents the protocol and is not a setting; edit the protocol file")
-        declared = ((parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:]))
-                    or (parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction"
-                        and _declare_loss_reduction(data, parts[2])))
+            raise HarnessError(
+                f"'{dotted}' documents the protocol and is not a setting; edit the protocol file"
+            )
+        declared = (
+            parts[0] == "methods" and len(parts) == 3 and _declare_method_option(data, *parts[1:])
+        ) or (
+            parts[:2] == ["loss", "args"]
+            and len(parts) == 4
+            and parts[3] == "reduction"
+            and _declare_loss_reduction(data, parts[2])
+        )
         for depth, part in enumerate(parts):
             if part not in node or (depth < len(parts) - 1 and not isinstance(node[part], dict)):
-                raise HarnessError(f"unknown protocol key '{dotted}'{_suggestion(parts[:depth], part, node)}")
+                raise HarnessError(
+                    f"unknown protocol key '{dotted}'{_suggestion(parts[:depth], part, node)}"
+                )
             if depth < len(parts) - 1:
                 node = node[part]
         old = node[parts[-1]]
@@ -730,8 +825,14 @@ def apply_overrides(
     return _validated(data), tuple(deviations)
 
 
-def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_args: Any = None,
-                world_size: int = 1) -> str:
+def fingerprint(
+    protocol: Protocol,
+    split_digest: str,
+    *,
+    loss: str = "",
+    loss_args: Any = None,
+    world_size: int = 1,
+) -> str:
     """Hash of the canonical protocol, the resolved loss and the dataset split (16 hex chars).
 
     ``world_size``: processes that trained the run together (``torchrun``). The global
@@ -744,9 +845,14 @@ def fingerprint(protocol: Protocol, split_digest: str, *, loss: str = "", loss_a
     canonical = protocol.to_dict()
     canonical.pop("training", None)
     payload = json.dumps(
-        {"protocol": canonical, "split": split_digest, "loss": loss,
-         "loss_args": _jsonable(loss_args or {}),
-         **({"world_size": int(world_size)} if world_size != 1 else {})},
-        sort_keys=True, separators=(",", ":"),
+        {
+            "protocol": canonical,
+            "split": split_digest,
+            "loss": loss,
+            "loss_args": _jsonable(loss_args or {}),
+            **({"world_size": int(world_size)} if world_size != 1 else {}),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -21,7 +21,17 @@ from pydantic import ConfigDict, Strict, ValidationError
 
 from harness.base.errors import HarnessError
 
-__all__ = ["SPEC_CONFIG", "OPTIONS_CONFIG", "Int", "Float", "Bool", "Str", "refusal", "describe", "shown"]
+__all__ = [
+    "SPEC_CONFIG",
+    "OPTIONS_CONFIG",
+    "Int",
+    "Float",
+    "Bool",
+    "Str",
+    "refusal",
+    "describe",
+    "shown",
+]
 
 #: The pydantic settings of every section of a protocol (set as ``__pydantic_config__``):
 #: unknown keys refused, floats finite. Strictness is per scalar type (below): a strict
@@ -52,11 +62,21 @@ def shown(value: Any) -> str:
     return repr(value)
 
 
-_BOUNDS = (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
+_BOUNDS = (
+    ("exclusiveMinimum", ">"),
+    ("minimum", ">="),
+    ("exclusiveMaximum", "<"),
+    ("maximum", "<="),
+)
 #: JSON Schema type -> (one, several) in words.
-_NOUNS = {"number": ("a finite number", "finite numbers"), "integer": ("an integer", "integers"),
-          "boolean": ("true or false", "booleans"), "string": ("a string", "strings"),
-          "object": ("a table", "tables"), "null": ("nothing (the default)", "nothing")}
+_NOUNS = {
+    "number": ("a finite number", "finite numbers"),
+    "integer": ("an integer", "integers"),
+    "boolean": ("true or false", "booleans"),
+    "string": ("a string", "strings"),
+    "object": ("a table", "tables"),
+    "null": ("nothing (the default)", "nothing"),
+}
 
 
 def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False) -> str:
@@ -84,7 +104,10 @@ def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False
 
 def _resolved(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     while "$ref" in node:
-        node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+        node = {
+            **defs[node["$ref"].rsplit("/", 1)[-1]],
+            **{k: v for k, v in node.items() if k != "$ref"},
+        }
     return node
 
 
@@ -112,19 +135,31 @@ def _dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def refusal(err: ValidationError, schema: dict[str, Any], *, what: str, prefix: Sequence[str] = ()) -> HarnessError:
+def refusal(
+    err: ValidationError, schema: dict[str, Any], *, what: str, prefix: Sequence[str] = ()
+) -> HarnessError:
     """The first error of ``err`` as one line: ``<what> 'a.b' = <value>: expected <...>``, or
     ``unknown <what> 'a.c' (did you mean 'a.b'?)``. ``schema``: the JSON Schema of what was
     validated; ``prefix``: keys that lead to it (``methods.agrouping``) for the message."""
     first = err.errors()[0]
     # Validator and union-member tags ('function-after[...]', 'list[str]') are not keys.
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and (p.startswith("function-") or "[" in p))]
+    loc = [
+        p
+        for p in first["loc"]
+        if not (isinstance(p, str) and (p.startswith("function-") or "[" in p))
+    ]
     key = _dotted([*prefix, *loc])
     if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         parent = _node_at(schema, loc[:-1]) or {}
         names = sorted(_resolved(parent, schema.get("$defs", {})).get("properties", {}))
         close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(names)})" if names else ""
+        hint = (
+            f" (did you mean '{close[0]}'?)"
+            if close
+            else f" (valid: {', '.join(names)})"
+            if names
+            else ""
+        )
         return HarnessError(f"unknown {what} '{key}'{hint}")
     if first["type"] == "missing":
         return HarnessError(f"{what} '{key}' is missing")

@@ -71,7 +71,11 @@ class CheckpointFile:
                 raise ValueError("not a training checkpoint (keys missing)")
         except Exception as err:
             text = str(err).strip()
-            reason = f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+            reason = (
+                f"{type(err).__name__}: {text.splitlines()[0][:200]}"
+                if text
+                else type(err).__name__
+            )
             log_line(f"checkpoint {self.path} is unreadable ({reason}); starting from scratch")
             self.digest = None
             return None
@@ -86,8 +90,10 @@ class CheckpointFile:
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"its checksum file {self.checksum_path.name} is unreadable") from None
         if digest not in accepted:
-            raise ValueError(f"{size} bytes with sha256 {digest[:12]}..., not a digest "
-                             f"recorded in {self.checksum_path.name}")
+            raise ValueError(
+                f"{size} bytes with sha256 {digest[:12]}..., not a digest "
+                f"recorded in {self.checksum_path.name}"
+            )
 
 
 class RunFolder:

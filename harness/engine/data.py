@@ -33,8 +33,14 @@ from harness.engine.embedding import loader_worker_init
 __all__ = ["prepare_splits", "check_training_split", "adapted_sampling", "TrainingBatches"]
 
 
-def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
-                   control: bool = False, seed: int | None = None) -> DatasetSplits:
+def prepare_splits(
+    protocol: Protocol,
+    dataset: str,
+    data_root: Path | None,
+    *,
+    control: bool = False,
+    seed: int | None = None,
+) -> DatasetSplits:
     """Load the dataset, cap images per class (small protocols) and carve validation classes.
 
     ``control`` swaps the training images for other images of the test classes
@@ -45,14 +51,18 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
     protocol = protocol.for_dataset(dataset)
     s = protocol.splits
     if s.validation_by_run_seed and seed is None:
-        raise HarnessError(f"protocol '{protocol.name}' carves its validation classes with the run's seed "
-                           f"(splits.validation_by_run_seed): its splits need the seed of the run")
+        raise HarnessError(
+            f"protocol '{protocol.name}' carves its validation classes with the run's seed "
+            f"(splits.validation_by_run_seed): its splits need the seed of the run"
+        )
     splits = DATASETS.get(dataset).load(data_root)
     test_pool = splits.test
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
     splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
     if protocol.selection.mode == "validation":
-        splits = carve_validation(splits, s.validation_classes, cast(int, seed) if s.validation_by_run_seed else s.seed)
+        splits = carve_validation(
+            splits, s.validation_classes, cast(int, seed) if s.validation_by_run_seed else s.seed
+        )
     if control:
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
     return splits
@@ -61,7 +71,9 @@ def prepare_splits(protocol: Protocol, dataset: str, data_root: Path | None, *,
 def check_training_split(protocol: Protocol, dataset: str, splits: DatasetSplits) -> None:
     """The protocol's rules that need the training split (its batch fits in it), checked
     before a run is tracked: a batch larger than the split would be drawn all the same."""
-    check_batch_fits(protocol, dataset, images=len(splits.train), classes=len(np.unique(splits.train.labels)))
+    check_batch_fits(
+        protocol, dataset, images=len(splits.train), classes=len(np.unique(splits.train.labels))
+    )
 
 
 def adapted_sampling(protocol: Protocol, num_classes: int) -> tuple[int, int, str]:
@@ -73,8 +85,10 @@ def adapted_sampling(protocol: Protocol, num_classes: int) -> tuple[int, int, st
     if num_classes >= s.classes_per_batch:
         return s.classes_per_batch, s.samples_per_class, ""
     per_class = max(s.samples_per_class, s.batch_size // num_classes)
-    note = (f"{num_classes} classes x {per_class} per batch (protocol asks "
-            f"{s.classes_per_batch} x {s.samples_per_class}; the split has {num_classes} classes)")
+    note = (
+        f"{num_classes} classes x {per_class} per batch (protocol asks "
+        f"{s.classes_per_batch} x {s.samples_per_class}; the split has {num_classes} classes)"
+    )
     return num_classes, per_class, note
 
 
@@ -90,22 +104,47 @@ class TrainingBatches:
     sampling_note: str = ""
 
     @classmethod
-    def build(cls, protocol: Protocol, splits: DatasetSplits, *, seed: int, device: torch.device,
-              workers: int = 0, procs: Processes = SINGLE_PROCESS, loss: str = "") -> TrainingBatches:
+    def build(
+        cls,
+        protocol: Protocol,
+        splits: DatasetSplits,
+        *,
+        seed: int,
+        device: torch.device,
+        workers: int = 0,
+        procs: Processes = SINGLE_PROCESS,
+        loss: str = "",
+    ) -> TrainingBatches:
         """Batches of ``splits.train`` for a run of ``seed`` and ``loss`` (the protocol's
         sampler for it): this process's share of each batch under ``procs``, decoded and
         augmented by ``workers`` processes."""
         label_ids = np.unique(splits.train.labels)
         classes_per_batch, per_class, note = adapted_sampling(protocol, len(label_ids))
-        sampler = batch_sampler(protocol.sampling, splits.train.labels, classes_per_batch=classes_per_batch,
-                                samples_per_class=per_class, seed=seed, rank=procs.rank,
-                                world_size=procs.world_size, sample_seeds=True, loss=loss)
+        sampler = batch_sampler(
+            protocol.sampling,
+            splits.train.labels,
+            classes_per_batch=classes_per_batch,
+            samples_per_class=per_class,
+            seed=seed,
+            rank=procs.rank,
+            world_size=procs.world_size,
+            sample_seeds=True,
+            loss=loss,
+        )
         # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
         label_map = {int(c): i for i, c in enumerate(label_ids)}
-        train_data = TransformedImages(splits.train, build_transform(protocol.image, train=True), label_map)
+        train_data = TransformedImages(
+            splits.train, build_transform(protocol.image, train=True), label_map
+        )
         # Pinned host memory (asynchronous copies to the GPU), workers kept across epochs, and
         # four batches prepared ahead per worker, so that a step never waits for its data.
-        loader = DataLoader(train_data, batch_sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
-                            pin_memory=device.type == "cuda", prefetch_factor=4 if workers > 0 else None,
-                            worker_init_fn=loader_worker_init)
+        loader = DataLoader(
+            train_data,
+            batch_sampler=sampler,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers > 0 else None,
+            worker_init_fn=loader_worker_init,
+        )
         return cls(sampler, loader, note)

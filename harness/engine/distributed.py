@@ -29,8 +29,18 @@ import torch.distributed as dist
 from harness.base.errors import HarnessError
 from harness.components.losses import _MINE, MetricLoss, step_seed
 
-__all__ = ["Processes", "SINGLE_PROCESS", "processes_from_env", "barrier", "shutdown", "GatheredMetricLoss", "average_gradients",
-           "step_seed", "wrap_model", "check_replicas_agree"]
+__all__ = [
+    "Processes",
+    "SINGLE_PROCESS",
+    "processes_from_env",
+    "barrier",
+    "shutdown",
+    "GatheredMetricLoss",
+    "average_gradients",
+    "step_seed",
+    "wrap_model",
+    "check_replicas_agree",
+]
 
 #: How long a process waits at a collective for the others (process 0 evaluates the
 #: test set meanwhile, which at SOP scale takes minutes).
@@ -63,7 +73,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value) if value else default
     except ValueError:
-        raise HarnessError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
+        raise HarnessError(
+            f"environment variable {name}={value!r} is not an integer (set by torchrun)"
+        ) from None
 
 
 def processes_from_env(device: torch.device) -> tuple[Processes, torch.device]:
@@ -74,13 +86,18 @@ def processes_from_env(device: torch.device) -> tuple[Processes, torch.device]:
         return procs, device
     if device.type == "cuda":
         if procs.local_rank >= torch.cuda.device_count():
-            raise HarnessError(f"process {procs.rank} has LOCAL_RANK {procs.local_rank} but this machine "
-                               f"has {torch.cuda.device_count()} CUDA device(s)")
+            raise HarnessError(
+                f"process {procs.rank} has LOCAL_RANK {procs.local_rank} but this machine "
+                f"has {torch.cuda.device_count()} CUDA device(s)"
+            )
         device = torch.device("cuda", procs.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT,
-                                **cast(dict[str, Any], {"device_id": device} if device.type == "cuda" else {}))
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=COLLECTIVE_TIMEOUT,
+            **cast(dict[str, Any], {"device_id": device} if device.type == "cuda" else {}),
+        )
     return procs, device
 
 
@@ -136,7 +153,9 @@ class GatheredMetricLoss(MetricLoss):
         super().__init__(losses, miner)
         self.procs = procs
 
-    def _gather(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, embeddings: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         all_labels = [torch.empty_like(labels) for _ in range(self.procs.world_size)]
         dist.all_gather(all_labels, labels.contiguous())
         return gather_batch(embeddings.float(), self.procs), torch.cat(all_labels)
@@ -163,7 +182,7 @@ def average_gradients(parameters, procs: Processes) -> None:
     flat /= procs.world_size
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -175,7 +194,8 @@ def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     instead of searching the graph each step. It needs to see the model's output tensors:
     :class:`~methods.base.HeadOutput` is registered as a pytree for that."""
     return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True)
+        model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True
+    )
 
 
 def check_replicas_agree(model: torch.nn.Module, procs: Processes, where: str) -> None:
@@ -187,13 +207,17 @@ def check_replicas_agree(model: torch.nn.Module, procs: Processes, where: str) -
     if not procs.distributed:
         return
     with torch.no_grad():
-        local = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+        local = (
+            torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+        )
     if next(model.parameters()).device.type == "cuda":
         local = local.cuda()
     sums = [torch.empty_like(local) for _ in range(procs.world_size)]
     dist.all_gather(sums, local)
     values = [float(v) for v in sums]
     if any(v != values[0] for v in values[1:]):
-        raise HarnessError(f"the {procs.world_size} processes hold different weights {where} (parameter sums "
-                           f"{', '.join(f'{v:.12g}' for v in values)}), so they train apart (gradients not reduced, "
-                           f"or a step that is not the same on every process); run stopped")
+        raise HarnessError(
+            f"the {procs.world_size} processes hold different weights {where} (parameter sums "
+            f"{', '.join(f'{v:.12g}' for v in values)}), so they train apart (gradients not reduced, "
+            f"or a step that is not the same on every process); run stopped"
+        )

@@ -30,8 +30,18 @@ if TYPE_CHECKING:
     from harness.engine.model import EmbeddingModel
     from methods.base import Method
 
-__all__ = ["loader_worker_init", "embed_images", "evaluate_split", "make_reranker", "make_pair_scorer", "pair_chunks",
-           "CPU_FORWARD_BATCH", "QUERIES_PER_RERANK_CALL", "QUERIES_PER_RERANK_CALL_CUDA", "PAIRS_PER_CALL"]
+__all__ = [
+    "loader_worker_init",
+    "embed_images",
+    "evaluate_split",
+    "make_reranker",
+    "make_pair_scorer",
+    "pair_chunks",
+    "CPU_FORWARD_BATCH",
+    "QUERIES_PER_RERANK_CALL",
+    "QUERIES_PER_RERANK_CALL_CUDA",
+    "PAIRS_PER_CALL",
+]
 
 #: Queries whose candidates are gathered per ``rerank_by_ids`` call (bounds the memory of
 #: the gathered fields: queries x K x field size).
@@ -43,9 +53,14 @@ QUERIES_PER_RERANK_CALL_CUDA = 4096
 PAIRS_PER_CALL = 1 << 14
 
 
-def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
-                  gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
-                  queries_per_call: int | None = None, device: torch.device | str | None = None) -> Reranker:
+def make_reranker(
+    method: Method,
+    query_fields: Mapping[str, torch.Tensor],
+    gallery_fields: Mapping[str, torch.Tensor] | None = None,
+    *,
+    queries_per_call: int | None = None,
+    device: torch.device | str | None = None,
+) -> Reranker:
     """``(query ids (Q,), candidate ids Q x K) -> Q x K float32 scores`` from the method's
     ``rerank_by_ids`` over stored fields (``gallery_fields=None``: same-source retrieval),
     ``queries_per_call`` queries at a time (default: 256 on the CPU, 4,096 on a GPU).
@@ -58,30 +73,50 @@ def make_reranker(method: Method, query_fields: Mapping[str, torch.Tensor],
         raise HarnessError(f"re-ranking with {type(method).__name__} needs the fields {missing}")
     if device is not None:
         query_fields = {k: query_fields[k].to(device) for k in method.rerank_fields}
-        gallery_fields = query_fields if same else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+        gallery_fields = (
+            query_fields
+            if same
+            else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+        )
     on_cuda = next(iter(query_fields.values())).device.type == "cuda" if query_fields else False
-    queries_per_call = queries_per_call or (QUERIES_PER_RERANK_CALL_CUDA if on_cuda else QUERIES_PER_RERANK_CALL)
+    queries_per_call = queries_per_call or (
+        QUERIES_PER_RERANK_CALL_CUDA if on_cuda else QUERIES_PER_RERANK_CALL
+    )
 
     @torch.inference_mode()
     def rerank(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
         query_ids, candidate_ids = np.asarray(query_ids), np.asarray(candidate_ids)
-        out = [method.rerank_by_ids(query_fields, gallery_fields, query_ids[i:i + queries_per_call],
-                                    candidate_ids[i:i + queries_per_call]).float().cpu()
-               for i in range(0, len(query_ids), queries_per_call)]
+        out = [
+            method.rerank_by_ids(
+                query_fields,
+                gallery_fields,
+                query_ids[i : i + queries_per_call],
+                candidate_ids[i : i + queries_per_call],
+            )
+            .float()
+            .cpu()
+            for i in range(0, len(query_ids), queries_per_call)
+        ]
         return torch.cat(out).numpy() if out else np.zeros(candidate_ids.shape, np.float32)
 
     return rerank
 
 
-def pair_chunks(num_gallery: int, *, pairs: int = PAIRS_PER_CALL, queries: int = 64) -> tuple[int, int]:
+def pair_chunks(
+    num_gallery: int, *, pairs: int = PAIRS_PER_CALL, queries: int = 64
+) -> tuple[int, int]:
     """(queries, gallery items) per ``score_pairs`` call: about ``pairs`` pairs per call."""
     queries = max(1, min(queries, pairs))
     return queries, max(1, min(max(num_gallery, 1), pairs // queries))
 
 
-def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
-                     gallery_fields: Mapping[str, torch.Tensor] | None = None, *,
-                     device: torch.device | str = "cpu"):
+def make_pair_scorer(
+    method: Method,
+    query_fields: Mapping[str, torch.Tensor],
+    gallery_fields: Mapping[str, torch.Tensor] | None = None,
+    *,
+    device: torch.device | str = "cpu",
+):
     """``(query ids (Q,), gallery ids (G,)) -> Q x G`` scores of every pair from the method's
     ``score_pairs`` over stored fields (moved to ``device`` once; ``gallery_fields=None``:
     same-source retrieval). Results stay on ``device``."""
@@ -91,14 +126,20 @@ def make_pair_scorer(method: Method, query_fields: Mapping[str, torch.Tensor],
         raise HarnessError(f"pair scoring with {type(method).__name__} needs the fields {missing}")
     device = torch.device(device)
     q_dev = {k: query_fields[k].to(device) for k in method.rerank_fields}
-    g_dev = q_dev if gallery_fields is query_fields else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+    g_dev = (
+        q_dev
+        if gallery_fields is query_fields
+        else {k: gallery_fields[k].to(device) for k in method.rerank_fields}
+    )
 
     @torch.inference_mode()
     def score(query_ids: np.ndarray, gallery_ids: np.ndarray) -> torch.Tensor:
         q = torch.as_tensor(np.asarray(query_ids), dtype=torch.long, device=device)
         g = np.asarray(gallery_ids)
-        if len(g) and g[-1] - g[0] + 1 == len(g) and (np.diff(g) == 1).all():  # a range: views, no gather
-            gal = {k: v[int(g[0]):int(g[-1]) + 1] for k, v in g_dev.items()}
+        if (
+            len(g) and g[-1] - g[0] + 1 == len(g) and (np.diff(g) == 1).all()
+        ):  # a range: views, no gather
+            gal = {k: v[int(g[0]) : int(g[-1]) + 1] for k, v in g_dev.items()}
         else:
             gi = torch.as_tensor(g, dtype=torch.long, device=device)
             gal = {k: v[gi] for k, v in g_dev.items()}
@@ -127,17 +168,32 @@ def loader_worker_init(worker_id: int) -> None:
 
 
 @torch.inference_mode()
-def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_size: int,
-                 device: torch.device, workers: int = 0,
-                 keep: tuple[str, ...] = (), precision: str = "bf16") -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+def embed_images(
+    model: EmbeddingModel,
+    images,
+    transform,
+    image_spec,
+    *,
+    batch_size: int,
+    device: torch.device,
+    workers: int = 0,
+    keep: tuple[str, ...] = (),
+    precision: str = "bf16",
+) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``
     (``batch_size`` images per forward pass, at most :data:`CPU_FORWARD_BATCH` on CPU),
     under the protocol's ``[numerics] precision`` (:func:`harness.base.device.amp_dtype`)."""
     model.eval()
     if device.type == "cpu":
         batch_size = min(batch_size, CPU_FORWARD_BATCH)
-    loader = DataLoader(TransformedImages(images, transform), batch_size=batch_size, shuffle=False,
-                        num_workers=workers, pin_memory=device.type == "cuda", worker_init_fn=loader_worker_init)
+    loader = DataLoader(
+        TransformedImages(images, transform),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        worker_init_fn=loader_worker_init,
+    )
     kept: dict[str, list[torch.Tensor]]
     embs, kept = [], {k: [] for k in keep}
     dtype = amp_dtype(device, precision)
@@ -151,13 +207,27 @@ def embed_images(model: EmbeddingModel, images, transform, image_spec, *, batch_
         embs.append(out.embedding.float())
         for k in keep:
             kept[k].append(out.field(k).float())
-    emb = torch.cat(embs).cpu().numpy() if embs else np.zeros((0, model.head.embedding_size), np.float32)
+    emb = (
+        torch.cat(embs).cpu().numpy()
+        if embs
+        else np.zeros((0, model.head.embedding_size), np.float32)
+    )
     return emb, {k: torch.cat(v).cpu() for k, v in kept.items()}
 
 
-def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Protocol, dataset: str,
-                   *, device: torch.device, workers: int = 0, rerank: bool = True,
-                   metrics: tuple[str, ...] | None = None, per_query: bool = False) -> Scores:
+def evaluate_split(
+    model: EmbeddingModel,
+    query_set,
+    gallery_set,
+    protocol: Protocol,
+    dataset: str,
+    *,
+    device: torch.device,
+    workers: int = 0,
+    rerank: bool = True,
+    metrics: tuple[str, ...] | None = None,
+    per_query: bool = False,
+) -> Scores:
     """Metrics of ``query_set`` searched against ``gallery_set`` (or against itself when None).
 
     A head that re-ranks (``rerank_fields`` and a positive ``rerank_k``) re-scores each
@@ -173,31 +243,63 @@ def evaluate_split(model: EmbeddingModel, query_set, gallery_set, protocol: Prot
     exhaustive = bool(rerank and head.rerank_fields and head.exhaustive_pairs)
     rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
     keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
-    q, q_fields = embed_images(model, query_set, transform, protocol.image, batch_size=bs, device=device,
-                               workers=workers, keep=keep, precision=protocol.numerics.precision)
+    q, q_fields = embed_images(
+        model,
+        query_set,
+        transform,
+        protocol.image,
+        batch_size=bs,
+        device=device,
+        workers=workers,
+        keep=keep,
+        precision=protocol.numerics.precision,
+    )
     fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
     g, g_fields = None, q_fields
     if gallery_set is not None:
-        g, g_fields = embed_images(model, gallery_set, transform, protocol.image, batch_size=bs, device=device,
-                                   workers=workers, keep=keep, precision=protocol.numerics.precision)
+        g, g_fields = embed_images(
+            model,
+            gallery_set,
+            transform,
+            protocol.image,
+            batch_size=bs,
+            device=device,
+            workers=workers,
+            keep=keep,
+            precision=protocol.numerics.precision,
+        )
     g_labels = None if gallery_set is None else gallery_set.labels
 
     def score(**kw) -> Scores:
-        return evaluate_embeddings(q, query_set.labels, g, g_labels, recall_k=protocol.evaluation.recall_k_for(dataset),
-                                   metrics=metrics or protocol.evaluation.metrics, use_gpu=device.type == "cuda", **kw)
+        return evaluate_embeddings(
+            q,
+            query_set.labels,
+            g,
+            g_labels,
+            recall_k=protocol.evaluation.recall_k_for(dataset),
+            metrics=metrics or protocol.evaluation.metrics,
+            use_gpu=device.type == "cuda",
+            **kw,
+        )
 
     if exhaustive:
         n_gallery = len(q) - 1 if g is None else len(g)
-        scorer = make_pair_scorer(head, q_fields, None if gallery_set is None else g_fields, device=device)
+        scorer = make_pair_scorer(
+            head, q_fields, None if gallery_set is None else g_fields, device=device
+        )
         ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
         ranked["num_ranked_candidates"] = n_gallery
     elif rerank_k > 0:
-        reranker = make_reranker(head, q_fields, None if gallery_set is None else g_fields, device=device)
+        reranker = make_reranker(
+            head, q_fields, None if gallery_set is None else g_fields, device=device
+        )
         ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
         return score(per_query=per_query)
     plain = score()
-    out = Scores({**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}})
+    out = Scores(
+        {**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
+    )
     out.per_query = ranked.per_query
     return out

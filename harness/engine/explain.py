@@ -67,12 +67,29 @@ from harness.components.explanation.scores import (
 )
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 
-__all__ = ["RunContext", "load_run", "similarity_gradcam", "near_miss_class_pairs", "explain_run",
-           "record_to_run", "output_rows", "SCORE_KEYS", "CURVE_PAIRS"]
+__all__ = [
+    "RunContext",
+    "load_run",
+    "similarity_gradcam",
+    "near_miss_class_pairs",
+    "explain_run",
+    "record_to_run",
+    "output_rows",
+    "SCORE_KEYS",
+    "CURVE_PAIRS",
+]
 
 #: The scores every source reports (with part masks; the last four on any dataset).
-SCORE_KEYS = ("pointing_game", "discriminative_part_share", "chance_part_share", "object_share",
-              "deletion_auc", "insertion_auc", "random_deletion_auc", "random_insertion_auc")
+SCORE_KEYS = (
+    "pointing_game",
+    "discriminative_part_share",
+    "chance_part_share",
+    "object_share",
+    "deletion_auc",
+    "insertion_auc",
+    "random_deletion_auc",
+    "random_insertion_auc",
+)
 #: Images per forward pass of the perturbation curves, and pairs per forward and backward
 #: pass of the maps. Small on purpose: on CPU, time per image grows with the batch once the
 #: activations leave the cache. Measured on 2 cores (DIABLO N = 16, whose psi runs on 16
@@ -113,13 +130,19 @@ def _finished_run(run_id: str):
 
     run = find_run(run_id)
     if run is None:
-        raise HarnessError(f"explain: no run '{run_id}' in the tracking store {tracking_uri()} "
-                           f"(give a run id from the MLflow UI or a run --json record's mlflow_run_id)")
+        raise HarnessError(
+            f"explain: no run '{run_id}' in the tracking store {tracking_uri()} "
+            f"(give a run id from the MLflow UI or a run --json record's mlflow_run_id)"
+        )
     if run.info.status != "FINISHED":
-        raise HarnessError(f"explain: run '{run_id}' is {run.info.status}, not FINISHED: it has no selected weights")
+        raise HarnessError(
+            f"explain: run '{run_id}' is {run.info.status}, not FINISHED: it has no selected weights"
+        )
     missing = [t for t in ("method", "dataset", "seed") if t not in run.data.tags]
     if missing:
-        raise HarnessError(f"explain: run '{run_id}' is not a harness training run (no {', '.join(missing)} tag)")
+        raise HarnessError(
+            f"explain: run '{run_id}' is not a harness training run (no {', '.join(missing)} tag)"
+        )
     return run
 
 
@@ -128,17 +151,28 @@ def _run_protocol(run_id: str):
     from harness.store.queries import read_artifact
 
     try:
-        data = read_artifact(run_id, "protocol/resolved.json", lambda path: json.loads(path.read_text(encoding="utf-8")))
+        data = read_artifact(
+            run_id,
+            "protocol/resolved.json",
+            lambda path: json.loads(path.read_text(encoding="utf-8")),
+        )
         if data is None:
             raise FileNotFoundError("protocol/resolved.json")
     except Exception as err:
-        raise HarnessError(f"explain: run '{run_id}' has no readable protocol/resolved.json artifact "
-                           f"({type(err).__name__})") from None
+        raise HarnessError(
+            f"explain: run '{run_id}' has no readable protocol/resolved.json artifact "
+            f"({type(err).__name__})"
+        ) from None
     return protocol_from_dict(data)
 
 
-def load_run(run_id: str, *, data_root: Path | None = None, checkpoint_root: Path | None = None,
-             device: str = "auto") -> RunContext:
+def load_run(
+    run_id: str,
+    *,
+    data_root: Path | None = None,
+    checkpoint_root: Path | None = None,
+    device: str = "auto",
+) -> RunContext:
     """Rebuild a finished run: protocol from its ``protocol/resolved.json``, splits (the
     digest must match the recorded one), model with its selected weights (as
     ``run --evaluate-only --init-from`` does)."""
@@ -157,14 +191,20 @@ def load_run(run_id: str, *, data_root: Path | None = None, checkpoint_root: Pat
     from methods import METHODS
 
     if method not in METHODS:
-        raise HarnessError(f"explain: run '{run_id}' is of method '{method}', which this code does not register")
+        raise HarnessError(
+            f"explain: run '{run_id}' is of method '{method}', which this code does not register"
+        )
     splits = prepare_splits(protocol, dataset, data_root, seed=int(tags["seed"]))
     recorded = tags.get("split_digest", "")
     if recorded and splits.digest() != recorded:
-        raise HarnessError(f"explain: the {dataset} splits found now (digest {splits.digest()}) are not the ones run "
-                           f"'{run_id}' was tested on ({recorded}); point --data-root at that dataset")
+        raise HarnessError(
+            f"explain: the {dataset} splits found now (digest {splits.digest()}) are not the ones run "
+            f"'{run_id}' was tested on ({recorded}); point --data-root at that dataset"
+        )
     model = build_model(protocol, method, dict(protocol.methods.get(method, {})))
-    load_finished_weights(model, run_id, flag="explain", checkpoint_root=checkpoint_root or default_checkpoint_root())
+    load_finished_weights(
+        model, run_id, flag="explain", checkpoint_root=checkpoint_root or default_checkpoint_root()
+    )
     dev = resolve_device(device)
     # Channels-last as in training and evaluation: same numbers up to rounding, and the
     # thousands of forward passes of the deletion / insertion curves run 30-40% faster on
@@ -182,7 +222,7 @@ def near_miss_class_pairs(classes: dict[int, dict], parts: list[str]) -> list[tu
     ids = sorted(classes)
     out = []
     for i, a in enumerate(ids):
-        for b in ids[i + 1:]:
+        for b in ids[i + 1 :]:
             differ = [p for p in parts if classes[a][p] != classes[b][p]]
             if len(differ) == 1:
                 out.append((a, b, parts.index(differ[0]) + 1))
@@ -191,10 +231,10 @@ def near_miss_class_pairs(classes: dict[int, dict], parts: list[str]) -> list[tu
 
 @dataclass
 class Pairs:
-    query: np.ndarray       # P test indices
-    gallery: np.ndarray     # P test indices
-    same: np.ndarray        # P bools
-    region: np.ndarray      # P part labels that differ (0: none known)
+    query: np.ndarray  # P test indices
+    gallery: np.ndarray  # P test indices
+    same: np.ndarray  # P bools
+    region: np.ndarray  # P part labels that differ (0: none known)
     kind: str
 
 
@@ -220,13 +260,19 @@ def _near_miss_pairs(ctx: RunContext, count: int, rng: np.random.Generator) -> P
         q.append(rng.choice(by_class[a]))
         g.append(rng.choice(by_class[b]))
         region.append(part)
-    return Pairs(np.array(q), np.array(g), np.zeros(count, dtype=bool), np.array(region), "near-miss")
+    return Pairs(
+        np.array(q), np.array(g), np.zeros(count, dtype=bool), np.array(region), "near-miss"
+    )
 
 
 def _neighbour_pairs(ctx: RunContext, count: int, rng: np.random.Generator, batch: int) -> Pairs:
     test = ctx.splits.test
-    emb = torch.cat([_forward(ctx, _images(ctx, np.arange(i, min(i + batch, len(test))))).embedding.float()
-                     for i in range(0, len(test), batch)])
+    emb = torch.cat(
+        [
+            _forward(ctx, _images(ctx, np.arange(i, min(i + batch, len(test))))).embedding.float()
+            for i in range(0, len(test), batch)
+        ]
+    )
     queries = rng.choice(len(test), size=count, replace=count > len(test))
     sims = emb[torch.as_tensor(queries)] @ emb.T
     sims[torch.arange(count), torch.as_tensor(queries)] = -float("inf")
@@ -243,7 +289,9 @@ def _images(ctx: RunContext, indices: np.ndarray) -> torch.Tensor:
 
     transform = build_transform(ctx.protocol.image, train=False)
     stack = torch.stack([transform(ctx.splits.test.read(int(i))) for i in indices])
-    return normalize_batch(stack.to(ctx.device), ctx.protocol.image).contiguous(memory_format=torch.channels_last)
+    return normalize_batch(stack.to(ctx.device), ctx.protocol.image).contiguous(
+        memory_format=torch.channels_last
+    )
 
 
 def _pictures(ctx: RunContext, images: torch.Tensor) -> torch.Tensor:
@@ -265,8 +313,14 @@ def _part_labels(ctx: RunContext, indices: np.ndarray) -> torch.Tensor | None:
     spec, keys = ctx.protocol.image, ctx.splits.test.keys()
     out = []
     for i in indices:
-        mask = torch.from_numpy(load_part_mask(ctx.splits.extras["root"], masks[keys[int(i)]]).copy())[None]
-        out.append(TF.center_crop(TF.resize(mask, spec.resize, interpolation=InterpolationMode.NEAREST), spec.size)[0])
+        mask = torch.from_numpy(
+            load_part_mask(ctx.splits.extras["root"], masks[keys[int(i)]]).copy()
+        )[None]
+        out.append(
+            TF.center_crop(
+                TF.resize(mask, spec.resize, interpolation=InterpolationMode.NEAREST), spec.size
+            )[0]
+        )
     return torch.stack(out)
 
 
@@ -275,8 +329,9 @@ def _forward(ctx: RunContext, images: torch.Tensor):
         return ctx.model(images)
 
 
-def similarity_gradcam(model, query_images: torch.Tensor, gallery_images: torch.Tensor,
-                       same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def similarity_gradcam(
+    model, query_images: torch.Tensor, gallery_images: torch.Tensor, same: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Grad-CAM of the pair's target score (cosine for a same-class pair, minus the cosine
     otherwise) on the last feature map the backbone hands to the head: alpha_k = spatial
     mean of dt/dA_k, map = ReLU(sum_k alpha_k A_k) (Selvaraju et al. 2017, Eqs. 1-2). Each
@@ -294,7 +349,7 @@ def similarity_gradcam(model, query_images: torch.Tensor, gallery_images: torch.
         e = out.embedding.float()
         cos = (e[:n] * e[n:]).sum(-1)
         target = torch.where(torch.as_tensor(same, device=cos.device), cos, -cos)
-        grad, = torch.autograd.grad(target.sum(), last)
+        (grad,) = torch.autograd.grad(target.sum(), last)
     cam = F.relu((grad.mean((2, 3), keepdim=True) * last.detach()).sum(1))
     return cam[:n], cam[n:], _detached(out)
 
@@ -312,6 +367,7 @@ def output_rows(out, rows: slice):
 def _map_tensors(out, fn):
     """``out`` (a head output) with ``fn`` applied to every tensor, also inside lists,
     tuples and ``extras``."""
+
     def apply(value):
         if isinstance(value, torch.Tensor):
             return fn(value)
@@ -332,11 +388,13 @@ def _to_image(maps: torch.Tensor, size: int) -> torch.Tensor:
 
 @dataclass
 class PairMaps:
-    query: torch.Tensor     # P x H x W at image size
+    query: torch.Tensor  # P x H x W at image size
     gallery: torch.Tensor
 
 
-def _maps(ctx: RunContext, pairs: Pairs, batch: int) -> tuple[PairMaps | None, PairMaps, torch.Tensor, torch.Tensor]:
+def _maps(
+    ctx: RunContext, pairs: Pairs, batch: int
+) -> tuple[PairMaps | None, PairMaps, torch.Tensor, torch.Tensor]:
     """The method's own and the baseline's maps of every pair, at image size (CPU), and
     the query and gallery embeddings (P x D), all from one forward pass per batch."""
     size = ctx.protocol.image.size
@@ -349,18 +407,25 @@ def _maps(ctx: RunContext, pairs: Pairs, batch: int) -> tuple[PairMaps | None, P
         bq, bg, out = similarity_gradcam(ctx.model, q, g, same)
         base_q.append(_to_image(bq, size).cpu())
         base_g.append(_to_image(bg, size).cpu())
-        emb_q.append(out.embedding[:len(q)].float())
-        emb_g.append(out.embedding[len(q):].float())
+        emb_q.append(out.embedding[: len(q)].float())
+        emb_g.append(out.embedding[len(q) :].float())
         if has_own:
             with torch.no_grad():
-                own = ctx.model.head.pair_maps(output_rows(out, slice(0, len(q))), output_rows(out, slice(len(q), None)), same)
+                own = ctx.model.head.pair_maps(
+                    output_rows(out, slice(0, len(q))), output_rows(out, slice(len(q), None)), same
+                )
             if own is None:
                 has_own = False
             else:
                 own_q.append(_to_image(own[0], size).cpu())
                 own_g.append(_to_image(own[1], size).cpu())
     method = PairMaps(torch.cat(own_q), torch.cat(own_g)) if has_own else None
-    return method, PairMaps(torch.cat(base_q), torch.cat(base_g)), torch.cat(emb_q), torch.cat(emb_g)
+    return (
+        method,
+        PairMaps(torch.cat(base_q), torch.cat(base_g)),
+        torch.cat(emb_q),
+        torch.cat(emb_g),
+    )
 
 
 # ------------------------------------------------------------------------ scores
@@ -374,33 +439,48 @@ def _uniform_if_empty(maps: torch.Tensor) -> torch.Tensor:
 
 
 def _empty_maps(sources: dict[str, PairMaps]) -> str:
-    counts = {name: int((m.query.flatten(1).sum(1) <= 0).sum() + (m.gallery.flatten(1).sum(1) <= 0).sum())
-              for name, m in sources.items()}
+    counts = {
+        name: int((m.query.flatten(1).sum(1) <= 0).sum() + (m.gallery.flatten(1).sum(1) <= 0).sum())
+        for name, m in sources.items()
+    }
     return ", ".join(f"{name} {count}" for name, count in counts.items() if count)
 
 
-def _ground_truth_scores(maps: PairMaps, labels_q: torch.Tensor, labels_g: torch.Tensor, pairs: Pairs,
-                         parts: list[str]) -> dict[str, np.ndarray]:
+def _ground_truth_scores(
+    maps: PairMaps, labels_q: torch.Tensor, labels_g: torch.Tensor, pairs: Pairs, parts: list[str]
+) -> dict[str, np.ndarray]:
     """Per pair: object share and per-part shares, and (near-miss pairs) the differing part's
     share, its area share and the pointing game; each the mean over the pair's two images."""
     out: dict[str, np.ndarray] = {}
     maps = PairMaps(_uniform_if_empty(maps.query), _uniform_if_empty(maps.gallery))
-    shares = [part_shares(m, lab, len(parts)) for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))]
+    shares = [
+        part_shares(m, lab, len(parts))
+        for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))
+    ]
     mean_shares = ((shares[0] + shares[1]) / 2).numpy()
     out["object_share"] = 1 - mean_shares[:, 0]
     for k, name in enumerate(["background", *parts]):
         out[f"part_share_{name}"] = mean_shares[:, k]
     if (pairs.region > 0).all():
         region = torch.as_tensor(pairs.region)
-        scored = [region_scores(m, lab, region) for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))]
+        scored = [
+            region_scores(m, lab, region)
+            for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))
+        ]
         out["discriminative_part_share"] = ((scored[0]["share"] + scored[1]["share"]) / 2).numpy()
         out["chance_part_share"] = ((scored[0]["chance"] + scored[1]["chance"]) / 2).numpy()
         out["pointing_game"] = ((scored[0]["pointing"] + scored[1]["pointing"]) / 2).numpy()
     return out
 
 
-def _curves(ctx: RunContext, pairs: Pairs, order_maps: dict[str, torch.Tensor], gallery_emb: torch.Tensor,
-            seed: int, batch: int) -> dict[str, dict[str, np.ndarray]]:
+def _curves(
+    ctx: RunContext,
+    pairs: Pairs,
+    order_maps: dict[str, torch.Tensor],
+    gallery_emb: torch.Tensor,
+    seed: int,
+    batch: int,
+) -> dict[str, dict[str, np.ndarray]]:
     """:func:`~harness.components.explanation.scores.perturbation_curves` of the pairs' query side for each
     pixel order in ``order_maps`` (name -> P x H x W): name -> {"fractions", "deletion",
     "insertion"} (P x S each)."""
@@ -414,14 +494,30 @@ def _curves(ctx: RunContext, pairs: Pairs, order_maps: dict[str, torch.Tensor], 
     from tqdm import tqdm
 
     out = {}
-    with tqdm(total=len(queries) * len(order_maps), desc="explain: deletion/insertion curves", unit="pair",
-              leave=False, disable=None, file=sys.stderr) as bar:
+    with tqdm(
+        total=len(queries) * len(order_maps),
+        desc="explain: deletion/insertion curves",
+        unit="pair",
+        leave=False,
+        disable=None,
+        file=sys.stderr,
+    ) as bar:
         for name, scores in order_maps.items():
-            fractions, deletion, insertion = perturbation_curves(embed, queries, gallery_emb, same, scores,
-                                                                 generator=generator, batch=batch,
-                                                                 on_chunk=bar.update)
-            out[name] = {"fractions": fractions.numpy(), "deletion": deletion.numpy(),
-                         "insertion": insertion.numpy()}
+            fractions, deletion, insertion = perturbation_curves(
+                embed,
+                queries,
+                gallery_emb,
+                same,
+                scores,
+                generator=generator,
+                batch=batch,
+                on_chunk=bar.update,
+            )
+            out[name] = {
+                "fractions": fractions.numpy(),
+                "deletion": deletion.numpy(),
+                "insertion": insertion.numpy(),
+            }
     return out
 
 
@@ -450,28 +546,51 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     if maps is not None:
         rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
         title = f"{ctx.method}, run {ctx.run_id[:8]}: maps on {len(images)} query images"
-        written.append(attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank, title=title))
+        written.append(
+            attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank, title=title)
+        )
     q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
     with torch.no_grad():
         oq, og = ctx.model(q), ctx.model(g)
+
     # the pair figure gets outputs without extras (as log_explanations passes them)
     def bare(out):
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
     pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
-    return written + write_tuple_figures(ctx.model.head, "pair", pictures_pair, [bare(oq), bare(og)], out_dir,
-                                         caption=f"{ctx.method}, run {ctx.run_id[:8]}, the first pair")
+    return written + write_tuple_figures(
+        ctx.model.head,
+        "pair",
+        pictures_pair,
+        [bare(oq), bare(og)],
+        out_dir,
+        caption=f"{ctx.method}, run {ctx.run_id[:8]}, the first pair",
+    )
 
 
 # ------------------------------------------------------------------------ the explanation
 
 
 def _first(pairs: Pairs, count: int) -> Pairs:
-    return Pairs(pairs.query[:count], pairs.gallery[:count], pairs.same[:count], pairs.region[:count], pairs.kind)
+    return Pairs(
+        pairs.query[:count],
+        pairs.gallery[:count],
+        pairs.same[:count],
+        pairs.region[:count],
+        pairs.kind,
+    )
 
 
-def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_PAIRS, seed: int = 0,
-                out_dir: Path, batch: int = MAPS_BATCH, figures: bool = True) -> dict[str, Any]:
+def explain_run(
+    ctx: RunContext,
+    *,
+    pairs: int = 200,
+    curve_pairs: int = CURVE_PAIRS,
+    seed: int = 0,
+    out_dir: Path,
+    batch: int = MAPS_BATCH,
+    figures: bool = True,
+) -> dict[str, Any]:
     """Everything ``explain`` computes for one rebuilt run; returns the JSON record.
     Maps and part scores cover all ``pairs``; the deletion / insertion curves the first
     ``curve_pairs`` of them (each costs 2 x 19 + 1 forward passes per pixel order)."""
@@ -483,50 +602,81 @@ def explain_run(ctx: RunContext, *, pairs: int = 200, curve_pairs: int = CURVE_P
         chosen = _neighbour_pairs(ctx, pairs, rng, EMBED_BATCH)
     method_maps, baseline_maps, emb_q, emb_g = _maps(ctx, chosen, batch)
     if method_maps is None:
-        notes.append(f"method '{ctx.method}' has no explanation maps of its own (no pair_maps): "
-                     f"only the Grad-CAM baseline is scored")
-    sources = {"baseline": baseline_maps} if method_maps is None else {"method": method_maps,
-                                                                        "baseline": baseline_maps}
+        notes.append(
+            f"method '{ctx.method}' has no explanation maps of its own (no pair_maps): "
+            f"only the Grad-CAM baseline is scored"
+        )
+    sources = (
+        {"baseline": baseline_maps}
+        if method_maps is None
+        else {"method": method_maps, "baseline": baseline_maps}
+    )
     per_pair: dict[str, dict[str, np.ndarray]] = {name: {} for name in sources}
     empty = _empty_maps(sources)
     if empty:
-        notes.append(f"maps with no mass at all (scored as uniform), of {2 * len(chosen.query)} per source: {empty}")
+        notes.append(
+            f"maps with no mass at all (scored as uniform), of {2 * len(chosen.query)} per source: {empty}"
+        )
     notes += _score_parts(ctx, chosen, sources, per_pair)
     m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
     curves = _score_curves(ctx, _first(chosen, m), sources, emb_g[:m], per_pair, seed)
     figures_written = _write_figures(ctx, chosen, sources, curves, out_dir) if figures else []
-    return {"run_id": ctx.run_id, "method_name": ctx.method, "dataset": ctx.dataset,
-            "protocol": ctx.protocol.name, "fingerprint": ctx.tags.get("fingerprint", ""),
-            "pairs": len(chosen.query), "curve_pairs": m, "pair_kind": chosen.kind, "seed": seed, "step": STEP,
-            "removal": "normalised input set to 0 (the protocol's mean colour), query side",
-            "method": _summary(per_pair["method"]) if "method" in per_pair else None,
-            "baseline": _summary(per_pair["baseline"]),
-            "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
-            "notes": notes, "figures": [str(p) for p in figures_written],
-            "seconds": time.perf_counter() - started}
+    return {
+        "run_id": ctx.run_id,
+        "method_name": ctx.method,
+        "dataset": ctx.dataset,
+        "protocol": ctx.protocol.name,
+        "fingerprint": ctx.tags.get("fingerprint", ""),
+        "pairs": len(chosen.query),
+        "curve_pairs": m,
+        "pair_kind": chosen.kind,
+        "seed": seed,
+        "step": STEP,
+        "removal": "normalised input set to 0 (the protocol's mean colour), query side",
+        "method": _summary(per_pair["method"]) if "method" in per_pair else None,
+        "baseline": _summary(per_pair["baseline"]),
+        "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
+        "notes": notes,
+        "figures": [str(p) for p in figures_written],
+        "seconds": time.perf_counter() - started,
+    }
 
 
-def _score_parts(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps],
-                 per_pair: dict[str, dict[str, np.ndarray]]) -> list[str]:
+def _score_parts(
+    ctx: RunContext,
+    chosen: Pairs,
+    sources: dict[str, PairMaps],
+    per_pair: dict[str, dict[str, np.ndarray]],
+) -> list[str]:
     """The part-mask scores of each source's maps into ``per_pair``; returns the notes on
     what a dataset without part masks or near-miss classes leaves out."""
     labels_q, labels_g = _part_labels(ctx, chosen.query), _part_labels(ctx, chosen.gallery)
     parts = list(ctx.splits.extras.get("parts", []))
     if labels_q is None or not parts:
-        return [f"dataset '{ctx.dataset}' has no part masks: pointing game and part shares are left out, "
-                f"deletion and insertion only"]
+        return [
+            f"dataset '{ctx.dataset}' has no part masks: pointing game and part shares are left out, "
+            f"deletion and insertion only"
+        ]
     assert labels_g is not None  # the same masks as labels_q
     notes = []
     if chosen.kind != "near-miss":
-        notes.append(f"dataset '{ctx.dataset}' records no near-miss classes: part shares only, no "
-                     f"pointing game or discriminative part share")
+        notes.append(
+            f"dataset '{ctx.dataset}' records no near-miss classes: part shares only, no "
+            f"pointing game or discriminative part share"
+        )
     for name, maps in sources.items():
         per_pair[name].update(_ground_truth_scores(maps, labels_q, labels_g, chosen, parts))
     return notes
 
 
-def _score_curves(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps], emb_g,
-                  per_pair: dict[str, dict[str, np.ndarray]], seed: int) -> dict[str, Any]:
+def _score_curves(
+    ctx: RunContext,
+    chosen: Pairs,
+    sources: dict[str, PairMaps],
+    emb_g,
+    per_pair: dict[str, dict[str, np.ndarray]],
+    seed: int,
+) -> dict[str, Any]:
     """Deletion and insertion curves of ``chosen`` in each source's pixel order and in a
     random one; each source's areas under them (and the random order's) into ``per_pair``."""
     size = ctx.protocol.image.size
@@ -536,28 +686,46 @@ def _score_curves(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps], 
     curves = _curves(ctx, chosen, orders, emb_g, seed, batch=PERTURB_BATCH)
     for name in sources:
         for kind in ("deletion", "insertion"):
-            per_pair[name][f"{kind}_auc"] = curve_auc(torch.as_tensor(curves[name][kind]),
-                                                      torch.as_tensor(curves[name]["fractions"])).numpy()
-            per_pair[name][f"random_{kind}_auc"] = curve_auc(torch.as_tensor(curves["random"][kind]),
-                                                             torch.as_tensor(curves["random"]["fractions"])).numpy()
+            per_pair[name][f"{kind}_auc"] = curve_auc(
+                torch.as_tensor(curves[name][kind]), torch.as_tensor(curves[name]["fractions"])
+            ).numpy()
+            per_pair[name][f"random_{kind}_auc"] = curve_auc(
+                torch.as_tensor(curves["random"][kind]),
+                torch.as_tensor(curves["random"]["fractions"]),
+            ).numpy()
     return curves
 
 
-def _write_figures(ctx: RunContext, chosen: Pairs, sources: dict[str, PairMaps], curves: dict[str, Any],
-                   out_dir: Path) -> list[Path]:
+def _write_figures(
+    ctx: RunContext,
+    chosen: Pairs,
+    sources: dict[str, PairMaps],
+    curves: dict[str, Any],
+    out_dir: Path,
+) -> list[Path]:
     """The first pairs with their maps, the curves, and the method's own figures."""
     out_dir.mkdir(parents=True, exist_ok=True)
     caption = f"{ctx.method}, {ctx.dataset}, run {ctx.run_id[:8]}"
     show = min(6, len(chosen.query))
     parts_named = ["", *ctx.splits.extras.get("parts", [])]
-    notes_rows = [f"{'same' if chosen.same[i] else 'differ'}"
-                  + (f": {parts_named[chosen.region[i]]}" if chosen.region[i] else "") for i in range(show)]
-    written = [pairs_figure(out_dir / "pairs.png", _pictures(ctx, _images(ctx, chosen.query[:show])),
-                            _pictures(ctx, _images(ctx, chosen.gallery[:show])),
-                            {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
-                            notes_rows, title=f"{caption}: the first {show} pairs"),
-               curves_figure(out_dir / "curves.png", curves,
-                             title=f"{caption}: mean over {len(chosen.query)} pairs")]
+    notes_rows = [
+        f"{'same' if chosen.same[i] else 'differ'}"
+        + (f": {parts_named[chosen.region[i]]}" if chosen.region[i] else "")
+        for i in range(show)
+    ]
+    written = [
+        pairs_figure(
+            out_dir / "pairs.png",
+            _pictures(ctx, _images(ctx, chosen.query[:show])),
+            _pictures(ctx, _images(ctx, chosen.gallery[:show])),
+            {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
+            notes_rows,
+            title=f"{caption}: the first {show} pairs",
+        ),
+        curves_figure(
+            out_dir / "curves.png", curves, title=f"{caption}: mean over {len(chosen.query)} pairs"
+        ),
+    ]
     return written + _method_figures(ctx, chosen, out_dir)
 
 
@@ -567,18 +735,29 @@ def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
     seed and notes as tags, ``explain/scores.json`` and the figures under ``explain/``."""
     from harness.store.queries import log_to_run
 
-    metrics = {metric_key("explain", "pairs"): float(record["pairs"]),
-               metric_key("explain", "curve_pairs"): float(record["curve_pairs"])}
+    metrics = {
+        metric_key("explain", "pairs"): float(record["pairs"]),
+        metric_key("explain", "curve_pairs"): float(record["curve_pairs"]),
+    }
     for source in ("method", "baseline"):
         scores = record.get(source)
         for key, value in (scores or {}).items():
             if key.endswith("_ci95"):
                 base = key.removesuffix("_ci95")
-                metrics[metric_key("explain", f"{source}_{base}_lo")], metrics[metric_key("explain", f"{source}_{base}_hi")] = value
+                (
+                    metrics[metric_key("explain", f"{source}_{base}_lo")],
+                    metrics[metric_key("explain", f"{source}_{base}_hi")],
+                ) = value
             else:
                 metrics[metric_key("explain", f"{source}_{key}")] = value
-    log_to_run(ctx.run_id, metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},
-               tags={"explain_pair_kind": record["pair_kind"], "explain_seed": str(record["seed"]),
-                     "explain_notes": "; ".join(record["notes"])[:5000] or "none"},
-               texts={"explain/scores.json": json.dumps(finite_json(record), indent=2, allow_nan=False)},
-               artifacts=[(Path(f), "explain") for f in record["figures"]])
+    log_to_run(
+        ctx.run_id,
+        metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},
+        tags={
+            "explain_pair_kind": record["pair_kind"],
+            "explain_seed": str(record["seed"]),
+            "explain_notes": "; ".join(record["notes"])[:5000] or "none",
+        },
+        texts={"explain/scores.json": json.dumps(finite_json(record), indent=2, allow_nan=False)},
+        artifacts=[(Path(f), "explain") for f in record["figures"]],
+    )

@@ -29,7 +29,9 @@ class ImageEmbedder(nn.Module):
         self.image_spec = image_spec
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        batch = normalize_batch(images, self.image_spec).contiguous(memory_format=torch.channels_last)
+        batch = normalize_batch(images, self.image_spec).contiguous(
+            memory_format=torch.channels_last
+        )
         return self.model(batch).embedding.float()
 
 

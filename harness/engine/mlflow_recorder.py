@@ -47,7 +47,12 @@ class MlflowRecorder:
     its description and explanations. :meth:`open` makes or continues the MLflow run."""
 
     def __init__(self, cfg: RunConfig, folder: RunFolder, *, experiment: str, fingerprint: str):
-        self.cfg, self.folder, self.experiment, self.fingerprint = cfg, folder, experiment, fingerprint
+        self.cfg, self.folder, self.experiment, self.fingerprint = (
+            cfg,
+            folder,
+            experiment,
+            fingerprint,
+        )
         self._tracker: Tracker | None = None
 
     @property
@@ -65,7 +70,9 @@ class MlflowRecorder:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run
         of an evaluate-only run) when this experiment has it, else a new one."""
         cfg = self.cfg
-        self._tracker = Tracker(self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id)
+        self._tracker = Tracker(
+            self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id
+        )
 
     def start(self, trainer: Trainer, checkpoint: dict[str, Any] | None) -> None:
         """Record the run's metadata (a new run) or which code continued it (a resumed one);
@@ -76,13 +83,21 @@ class MlflowRecorder:
             tracker.set_tags({"run_key": self.folder.key})
         else:  # the run's git_commit tag is its first segment's; say which code continued it
             tracker.set_tags({"git_commit_at_resume": git_commit()})
-        tracker.set_tags({"harness_worker": worker_id(),  # the process that owns the run now
-                          CHECKPOINT_DIR_TAG: str(self.folder.path.resolve())})
+        tracker.set_tags(
+            {
+                "harness_worker": worker_id(),  # the process that owns the run now
+                CHECKPOINT_DIR_TAG: str(self.folder.path.resolve()),
+            }
+        )
         if checkpoint is not None and not tracker.resumed:
-            log_line(f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
-                     f"'{self.experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}")
+            log_line(
+                f"run {checkpoint.get('mlflow_run_id')} of the checkpoint is not in experiment "
+                f"'{self.experiment}' of {tracking_uri()}; continuing in a new run {tracker.run_id}"
+            )
             for record in checkpoint["history"]:
-                tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
+                tracker.log_metrics(
+                    {k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"]
+                )
 
     # ------------------------------------------------------------ Recorder
 
@@ -90,18 +105,27 @@ class MlflowRecorder:
         """``train/loss`` at every step of the flush and ``train/lr`` at its last, against the
         run's global step."""
         first = flush.global_step - len(flush.step_losses) + 1
-        self.tracker.log_metric_steps({
-            metric_key("train", "loss"): [(first + i, v) for i, v in enumerate(flush.step_losses)],
-            metric_key("train", "lr"): [(flush.global_step, flush.lr)]})
+        self.tracker.log_metric_steps(
+            {
+                metric_key("train", "loss"): [
+                    (first + i, v) for i, v in enumerate(flush.step_losses)
+                ],
+                metric_key("train", "lr"): [(flush.global_step, flush.lr)],
+            }
+        )
 
     def record_epoch(self, record: dict[str, Any], checkpoint: dict[str, Any]) -> None:
-        self.tracker.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"])
+        self.tracker.log_metrics(
+            {k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"]
+        )
         self.folder.save_last({**checkpoint, "mlflow_run_id": self.run_id})
 
     def record_test(self, scores: dict[str, float], selected_epoch: int) -> None:
         """``test/*`` at the selected epoch, the digest of the code that computed them, and
         the per-query values (an artifact) when the scores carry them."""
-        self.tracker.log_metrics({metric_key("test", k): v for k, v in scores.items()}, step=selected_epoch)
+        self.tracker.log_metrics(
+            {metric_key("test", k): v for k, v in scores.items()}, step=selected_epoch
+        )
         self.tracker.set_tags({"evaluation_code": evaluation_code_digest()})
         per_query = getattr(scores, "per_query", None)  # a plain dict of scores carries none
         if per_query is not None:
@@ -113,12 +137,24 @@ class MlflowRecorder:
 
     def record_selected_weights(self, model: nn.Module, selected_epoch: int) -> None:
         """The selected weights as ``model.pt``, and where they are with their sha256."""
-        path, sha256 = self.folder.save_selected({"model": model.state_dict(), "method": self.cfg.method,
-                                                  "fingerprint": self.fingerprint, "selected_epoch": selected_epoch})
+        path, sha256 = self.folder.save_selected(
+            {
+                "model": model.state_dict(),
+                "method": self.cfg.method,
+                "fingerprint": self.fingerprint,
+                "selected_epoch": selected_epoch,
+            }
+        )
         # The absolute path, and the path under the checkpoint root (which still resolves
         # when the root moves) with the file's sha256, checked by --init-from.
-        self.tracker.set_tags({"selected_epoch": selected_epoch, "model_path": str(path.resolve()),
-                               "model_relpath": f"{self.folder.key}/{path.name}", "model_sha256": sha256})
+        self.tracker.set_tags(
+            {
+                "selected_epoch": selected_epoch,
+                "model_path": str(path.resolve()),
+                "model_relpath": f"{self.folder.key}/{path.name}",
+                "model_sha256": sha256,
+            }
+        )
         self.tracker.log_artifact(path, "weights")  # listed in the UI as weights/model.pt
 
     def record_embedder(self, model: nn.Module, device: torch.device, selected_epoch: int) -> None:
@@ -133,10 +169,19 @@ class MlflowRecorder:
         # Exported on the CPU, so that the logged model loads on a machine without a GPU.
         embedder = embedder.cpu()
         try:
-            uri = self.tracker.log_pytorch_model(embedder, images, embeddings, step=selected_epoch,
-                                                 registered_name=cfg.registered_model,
-                                                 tags={"method": cfg.method, "dataset": cfg.dataset,
-                                                       "protocol": cfg.protocol.name, "seed": str(cfg.seed)})
+            uri = self.tracker.log_pytorch_model(
+                embedder,
+                images,
+                embeddings,
+                step=selected_epoch,
+                registered_name=cfg.registered_model,
+                tags={
+                    "method": cfg.method,
+                    "dataset": cfg.dataset,
+                    "protocol": cfg.protocol.name,
+                    "seed": str(cfg.seed),
+                },
+            )
         finally:
             model.to(device)
         self.tracker.set_tags({"model_uri": uri})
@@ -144,17 +189,33 @@ class MlflowRecorder:
     def record_note(self, scores: dict[str, float], selected_epoch: int) -> None:
         """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`)."""
         cfg = self.cfg
-        note = run_note(method=cfg.method, dataset=cfg.dataset, protocol=cfg.protocol.name,
-                        selection=cfg.protocol.selection.mode, metrics=dict(scores), selected_epoch=selected_epoch,
-                        deviations=[str(d) for d in cfg.deviations],
-                        paper_deviations=[footnote(n, d) for n, d in paper_deviations(cfg).items()],
-                        init_from=cfg.init_from, evaluate_only=cfg.evaluate_only)
+        note = run_note(
+            method=cfg.method,
+            dataset=cfg.dataset,
+            protocol=cfg.protocol.name,
+            selection=cfg.protocol.selection.mode,
+            metrics=dict(scores),
+            selected_epoch=selected_epoch,
+            deviations=[str(d) for d in cfg.deviations],
+            paper_deviations=[footnote(n, d) for n, d in paper_deviations(cfg).items()],
+            init_from=cfg.init_from,
+            evaluate_only=cfg.evaluate_only,
+        )
         self.tracker.set_tags({RUN_NOTE_TAG: note})
 
-    def record_explanations(self, model: nn.Module, splits: DatasetSplits, device: torch.device) -> None:
+    def record_explanations(
+        self, model: nn.Module, splits: DatasetSplits, device: torch.device
+    ) -> None:
         cfg = self.cfg
-        log_explanations(model, splits, cfg.protocol, device, self.folder.path, self.tracker,
-                         run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}")
+        log_explanations(
+            model,
+            splits,
+            cfg.protocol,
+            device,
+            self.folder.path,
+            self.tracker,
+            run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}",
+        )
 
     def finish(self) -> None:
         self.tracker.finish("FINISHED")
@@ -168,8 +229,10 @@ class MlflowRecorder:
             self.tracker.finish(status)
         except Exception as secondary:  # the store failing too must not hide why the run stopped
             text = str(secondary).strip().splitlines()[0][:300] if str(secondary).strip() else ""
-            log_line(f"could not mark run {self.tracker.run_id} {status} in the tracking store "
-                     f"({type(secondary).__name__}: {text})")
+            log_line(
+                f"could not mark run {self.tracker.run_id} {status} in the tracking store "
+                f"({type(secondary).__name__}: {text})"
+            )
 
     # ------------------------------------------------------------- metadata
 
@@ -178,16 +241,33 @@ class MlflowRecorder:
         protocol file, and the uncommitted changes of the code that runs it."""
         cfg, splits, tracker = self.cfg, trainer.splits, self.tracker
         tracker.log_params(run_params(cfg, trainer.procs.world_size))
-        tags = run_tags(cfg, self.fingerprint, splits, sampling_note=trainer.batches.sampling_note,
-                        world_size=trainer.procs.world_size, device=trainer.device)
+        tags = run_tags(
+            cfg,
+            self.fingerprint,
+            splits,
+            sampling_note=trainer.batches.sampling_note,
+            world_size=trainer.procs.world_size,
+            device=trainer.device,
+        )
         tracker.set_tags(tags)
         # The dataset and its split digest as an MLflow dataset input (the UI's Datasets column).
-        tracker.log_dataset(cfg.dataset, splits.digest(), data_root=cfg.data_root,
-                            sizes={"train": len(splits.train), "val": 0 if splits.val is None else len(splits.val),
-                                   "test": len(splits.test)})
-        tracker.log_text(json.dumps(cfg.protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json")
-        tracker.log_text(json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),
-                         "protocol/deviations.json")
+        tracker.log_dataset(
+            cfg.dataset,
+            splits.digest(),
+            data_root=cfg.data_root,
+            sizes={
+                "train": len(splits.train),
+                "val": 0 if splits.val is None else len(splits.val),
+                "test": len(splits.test),
+            },
+        )
+        tracker.log_text(
+            json.dumps(cfg.protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json"
+        )
+        tracker.log_text(
+            json.dumps([d.__dict__ for d in cfg.deviations], indent=2, default=str),
+            "protocol/deviations.json",
+        )
         if cfg.protocol_path is not None and Path(cfg.protocol_path).is_file():
             tracker.log_artifact(Path(cfg.protocol_path), "protocol")
         if tags["git_commit"].endswith("-dirty"):
@@ -197,33 +277,59 @@ class MlflowRecorder:
 def run_params(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     """A run's parameters: the resolved protocol, every method option (defaults included,
     so that any two runs' params compare), the loss and the execution settings."""
-    return {**flatten(cfg.protocol.to_dict(), "protocol."),
-            **flatten({**METHODS.get(cfg.method).options(), **cfg.method_options}, "method."),
-            "loss.name": cfg.loss, **flatten(cfg.loss_args, "loss.args."),
-            "seed": cfg.seed, "dataset": cfg.dataset, "method": cfg.method,
-            "world_size": world_size, "deterministic": cfg.deterministic,
-            "fast": cfg.fast, "compile": cfg.compile}
+    return {
+        **flatten(cfg.protocol.to_dict(), "protocol."),
+        **flatten({**METHODS.get(cfg.method).options(), **cfg.method_options}, "method."),
+        "loss.name": cfg.loss,
+        **flatten(cfg.loss_args, "loss.args."),
+        "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        "method": cfg.method,
+        "world_size": world_size,
+        "deterministic": cfg.deterministic,
+        "fast": cfg.fast,
+        "compile": cfg.compile,
+    }
 
 
-def run_tags(cfg: RunConfig, fingerprint: str, splits: DatasetSplits, *, sampling_note: str, world_size: int,
-             device: torch.device) -> dict[str, Any]:
+def run_tags(
+    cfg: RunConfig,
+    fingerprint: str,
+    splits: DatasetSplits,
+    *,
+    sampling_note: str,
+    world_size: int,
+    device: torch.device,
+) -> dict[str, Any]:
     """A new run's tags: what it is (fingerprint, method and its revision, data, selection,
     deviations from the protocol and from the paper), how it executes, the environment and
     code (:func:`~harness.store.tracking.environment_tags`), and ``cfg.tags`` last."""
     protocol = cfg.protocol
-    tags = {"fingerprint": fingerprint, "protocol": protocol.name, "method": cfg.method, "dataset": cfg.dataset,
-            "method_revision": METHODS.get(cfg.method).cls.revision,
-            "loss": cfg.loss, "seed": cfg.seed, "split_digest": splits.digest(),
-            "selection": protocol.selection.mode,
-            "test_set_selection": protocol.selection.mode == "test-paper",
-            "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
-            "num_train_images": len(splits.train), "num_test_images": len(splits.test),
-            "init_from": cfg.init_from or "none", "evaluate_only": cfg.evaluate_only,
-            "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
-            "world_size": world_size, "deterministic": cfg.deterministic,
-            "fast": cfg.fast, "compile": cfg.compile, "amp": amp_name(device, protocol.numerics.precision),
-            **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
-            **environment_tags()}
+    tags = {
+        "fingerprint": fingerprint,
+        "protocol": protocol.name,
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "method_revision": METHODS.get(cfg.method).cls.revision,
+        "loss": cfg.loss,
+        "seed": cfg.seed,
+        "split_digest": splits.digest(),
+        "selection": protocol.selection.mode,
+        "test_set_selection": protocol.selection.mode == "test-paper",
+        "deviations": "; ".join(str(d) for d in cfg.deviations) or "none",
+        "num_train_images": len(splits.train),
+        "num_test_images": len(splits.test),
+        "init_from": cfg.init_from or "none",
+        "evaluate_only": cfg.evaluate_only,
+        "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
+        "world_size": world_size,
+        "deterministic": cfg.deterministic,
+        "fast": cfg.fast,
+        "compile": cfg.compile,
+        "amp": amp_name(device, protocol.numerics.precision),
+        **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
+        **environment_tags(),
+    }
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
     if sampling_note:

@@ -14,7 +14,13 @@ from harness.components.losses import create_loss
 from harness.config.protocol import Protocol
 from methods import HeadOutput, Method, create_method
 
-__all__ = ["EmbeddingModel", "build_model", "create_loss_module", "build_optimizer", "build_scheduler"]
+__all__ = [
+    "EmbeddingModel",
+    "build_model",
+    "create_loss_module",
+    "build_optimizer",
+    "build_scheduler",
+]
 
 
 class EmbeddingModel(nn.Module):
@@ -29,12 +35,22 @@ class EmbeddingModel(nn.Module):
         self.head = head
 
     @classmethod
-    def assemble(cls, backbone: Backbone, method: str, *, embedding_size: int,
-                 options: dict[str, Any] | None = None) -> EmbeddingModel:
+    def assemble(
+        cls,
+        backbone: Backbone,
+        method: str,
+        *,
+        embedding_size: int,
+        options: dict[str, Any] | None = None,
+    ) -> EmbeddingModel:
         """The method's head on ``backbone`` (``setup``), and the backbone told to stop at
         the last point the head reads."""
-        head = create_method(method, channels=dict(backbone.channels), embedding_size=embedding_size,
-                             **(options or {}))
+        head = create_method(
+            method,
+            channels=dict(backbone.channels),
+            embedding_size=embedding_size,
+            **(options or {}),
+        )
         head.setup(backbone)
         backbone.set_outputs(head.stages)
         return cls(backbone, head)
@@ -46,30 +62,53 @@ class EmbeddingModel(nn.Module):
 def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> EmbeddingModel:
     """The protocol's backbone with the method's head on it (:meth:`EmbeddingModel.assemble`)."""
     b = protocol.backbone
-    backbone = create_backbone(b.name, pretrained=b.pretrained, weights=b.weights, freeze_bn=b.freeze_bn,
-                               input_transform=b.input_transform)
-    return EmbeddingModel.assemble(backbone, method, embedding_size=protocol.embedding.size, options=options)
+    backbone = create_backbone(
+        b.name,
+        pretrained=b.pretrained,
+        weights=b.weights,
+        freeze_bn=b.freeze_bn,
+        input_transform=b.input_transform,
+    )
+    return EmbeddingModel.assemble(
+        backbone, method, embedding_size=protocol.embedding.size, options=options
+    )
 
 
-def create_loss_module(head: Method, loss: str, loss_args: dict[str, Any] | None = None, *,
-                       num_classes: int) -> nn.Module:
+def create_loss_module(
+    head: Method, loss: str, loss_args: dict[str, Any] | None = None, *, num_classes: int
+) -> nn.Module:
     """The metric loss a head trains with: one instance per copy it asks for
     (``metric_loss_copies``, e.g. one per group), each sized by its ``metric_loss_dim``.
     One instance keeps its state-dict keys; several are a ModuleList."""
-    losses = [create_loss(loss, loss_args, num_classes=num_classes, embedding_size=head.metric_loss_dim)
-              for _ in range(head.metric_loss_copies)]
+    losses = [
+        create_loss(loss, loss_args, num_classes=num_classes, embedding_size=head.metric_loss_dim)
+        for _ in range(head.metric_loss_copies)
+    ]
     return losses[0] if len(losses) == 1 else nn.ModuleList(losses)
 
 
-def build_optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(
+    protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Module
+) -> torch.optim.Optimizer:
     """The protocol's optimizer over parameter groups named ``backbone`` (with the
     pretrained copies a head keeps), the head's own groups and the loss's groups
     (:meth:`methods.base.Method.loss_optimizer_groups`)."""
     o = protocol.optimizer
     # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
     # the backbone they came from.
-    pretrained = [p for p in (*model.backbone.parameters(), *model.head.pretrained.parameters()) if p.requires_grad]
-    groups = [{"params": pretrained, "lr": o.lr_backbone, "weight_decay": o.weight_decay, "name": "backbone"}]
+    pretrained = [
+        p
+        for p in (*model.backbone.parameters(), *model.head.pretrained.parameters())
+        if p.requires_grad
+    ]
+    groups = [
+        {
+            "params": pretrained,
+            "lr": o.lr_backbone,
+            "weight_decay": o.weight_decay,
+            "name": "backbone",
+        }
+    ]
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
     groups += model.head.loss_optimizer_groups(loss_fn, o)
     # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
@@ -84,7 +123,9 @@ def build_optimizer(protocol: Protocol, model: EmbeddingModel, loss_fn: nn.Modul
     raise HarnessError(f"unknown optimizer '{o.name}'; valid: adam, adamw, rmsprop, sgd")
 
 
-def build_scheduler(protocol: Protocol, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+def build_scheduler(
+    protocol: Protocol, optimizer: torch.optim.Optimizer
+) -> torch.optim.lr_scheduler.LRScheduler:
     s = protocol.schedule
     if s.name == "constant":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

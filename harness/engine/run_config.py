@@ -61,9 +61,19 @@ class RunConfig:
     registered_model: str = ""
 
     @classmethod
-    def build(cls, protocol: Protocol, *, method: str, dataset: str, loss: str, seed: int,
-              deviations: tuple[Deviation, ...] = (), settings: RunSettings | None = None,
-              method_options: dict[str, Any] | None = None, **run: Any) -> RunConfig:
+    def build(
+        cls,
+        protocol: Protocol,
+        *,
+        method: str,
+        dataset: str,
+        loss: str,
+        seed: int,
+        deviations: tuple[Deviation, ...] = (),
+        settings: RunSettings | None = None,
+        method_options: dict[str, Any] | None = None,
+        **run: Any,
+    ) -> RunConfig:
         """The one way ``run``, ``sweep`` and ``tune`` make a run: the loss's arguments
         come from the protocol (``[loss.args.<loss>]``), the method's options from the
         protocol unless given, the machine-side choices from ``settings``. ``run``: the
@@ -71,13 +81,29 @@ class RunConfig:
         ``tags``, ``protocol_path``, ``registered_model``)."""
         settings = settings or RunSettings()
         options = protocol.methods.get(method, {}) if method_options is None else method_options
-        return cls(method=method, dataset=dataset, protocol=protocol, loss=loss,
-                   loss_args=protocol.loss_args(loss), seed=seed, deviations=tuple(deviations),
-                   method_options=dict(options), data_root=settings.data_root, device=settings.device,
-                   workers=settings.workers, deterministic=settings.deterministic, fast=settings.fast,
-                   compile=settings.compile,
-                   **cast(dict[str, Any], {"checkpoint_root": Path(settings.checkpoint_root)} if settings.checkpoint_root else {}),
-                   **run)
+        return cls(
+            method=method,
+            dataset=dataset,
+            protocol=protocol,
+            loss=loss,
+            loss_args=protocol.loss_args(loss),
+            seed=seed,
+            deviations=tuple(deviations),
+            method_options=dict(options),
+            data_root=settings.data_root,
+            device=settings.device,
+            workers=settings.workers,
+            deterministic=settings.deterministic,
+            fast=settings.fast,
+            compile=settings.compile,
+            **cast(
+                dict[str, Any],
+                {"checkpoint_root": Path(settings.checkpoint_root)}
+                if settings.checkpoint_root
+                else {},
+            ),
+            **run,
+        )
 
 
 @dataclass(frozen=True)
@@ -103,11 +129,19 @@ def default_checkpoint_root() -> Path:
 def run_key(cfg: RunConfig, fp: str) -> str:
     """The name of the run's folder under the checkpoint root: what a resume continues
     (fingerprint, method and its options, seed, the run it starts from, method revision)."""
-    payload = json.dumps({"fp": fp, "method": cfg.method, "options": cfg.method_options,
-                          "seed": cfg.seed, "init_from": cfg.init_from,
-                          **({"evaluate_only": True} if cfg.evaluate_only else {}),
-                          **METHODS.get(cfg.method).key_fields()},
-                         sort_keys=True, default=str)
+    payload = json.dumps(
+        {
+            "fp": fp,
+            "method": cfg.method,
+            "options": cfg.method_options,
+            "seed": cfg.seed,
+            "init_from": cfg.init_from,
+            **({"evaluate_only": True} if cfg.evaluate_only else {}),
+            **METHODS.get(cfg.method).key_fields(),
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -115,5 +149,11 @@ def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
     """Where the run departs from its paper or the authors' code: a grid cell's, handed in
     as ``deviation.<name>`` tags (its paper protocol's, and a smoke version's settings),
     else those its protocol declares for this method and dataset."""
-    handed = {k.removeprefix(TAG_PREFIX): from_tag(v) for k, v in cfg.tags.items() if k.startswith(TAG_PREFIX)}
-    return handed or applicable(cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name)
+    handed = {
+        k.removeprefix(TAG_PREFIX): from_tag(v)
+        for k, v in cfg.tags.items()
+        if k.startswith(TAG_PREFIX)
+    }
+    return handed or applicable(
+        cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name
+    )

@@ -44,7 +44,9 @@ def default_workers(device: torch.device, world_size: int = 1) -> int:
     have fewer than two cores each (torchrun on a small machine)."""
     if device.type == "cuda":
         return 4
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     return 1 if cores // max(1, world_size) >= 2 else 0
 
 

@@ -43,9 +43,22 @@ from harness.base.metric_keys import group_metrics
 from harness.config.grids import Cell, Grid
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
-__all__ = ["open_storage", "open_study", "storage_url", "finished_cells", "enqueue_cells",
-           "enqueue_ready_dependents", "queue_grid", "worker_loop", "run_cell", "runs_of_cell", "tag_cell",
-           "pop_lock", "unfinished_cells", "DEFAULT_STORAGE"]
+__all__ = [
+    "open_storage",
+    "open_study",
+    "storage_url",
+    "finished_cells",
+    "enqueue_cells",
+    "enqueue_ready_dependents",
+    "queue_grid",
+    "worker_loop",
+    "run_cell",
+    "runs_of_cell",
+    "tag_cell",
+    "pop_lock",
+    "unfinished_cells",
+    "DEFAULT_STORAGE",
+]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
@@ -62,8 +75,10 @@ def storage_url(url: str | None) -> str:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise HarnessError(f"cannot open the Optuna storage {url}: cannot create its folder {folder} "
-                               f"({err.strerror or err})") from None
+            raise HarnessError(
+                f"cannot open the Optuna storage {url}: cannot create its folder {folder} "
+                f"({err.strerror or err})"
+            ) from None
     if url.startswith(("postgresql://", "postgres://")):
         # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; use psycopg2 when that is
         # the driver installed.
@@ -74,8 +89,13 @@ def storage_url(url: str | None) -> str:
     return url
 
 
-def open_storage(storage: str | None, *, heartbeat: int | None = 30, grace: int | None = 90,
-                 retry_stale: bool = True):
+def open_storage(
+    storage: str | None,
+    *,
+    heartbeat: int | None = 30,
+    grace: int | None = 90,
+    retry_stale: bool = True,
+):
     """An Optuna RDB storage (SQLite by default) with worker heartbeats; stale trials are
     failed and, with ``retry_stale``, queued again."""
     import optuna
@@ -95,21 +115,34 @@ def open_storage(storage: str | None, *, heartbeat: int | None = 30, grace: int 
 
         retry = {"failed_trial_callback": Retry(max_retry=None)}
     url = storage_url(storage)
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    engine = (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     try:
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=grace,
-                          **(retry if retry_stale else {}))
+        return RDBStorage(
+            url,
+            engine_kwargs=engine,
+            heartbeat_interval=heartbeat,
+            grace_period=grace,
+            **(retry if retry_stale else {}),
+        )
     except Exception as err:  # unreachable server, missing driver, bad URL
-        raise HarnessError(f"cannot open the Optuna storage {url}: {type(err).__name__}: "
-                           f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from None
+        raise HarnessError(
+            f"cannot open the Optuna storage {url}: {type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        ) from None
 
 
 def open_study(grid: Grid, storage: str | None, *, heartbeat: int = 30, grace: int = 90):
     """The grid's study (``sweep:<grid>``) on an RDB storage with heartbeats and retry of stale trials."""
     import optuna
 
-    return optuna.create_study(study_name=f"sweep:{grid.name}", storage=open_storage(
-        storage, heartbeat=heartbeat, grace=grace), direction="maximize", load_if_exists=True)
+    return optuna.create_study(
+        study_name=f"sweep:{grid.name}",
+        storage=open_storage(storage, heartbeat=heartbeat, grace=grace),
+        direction="maximize",
+        load_if_exists=True,
+    )
 
 
 def finished_cells(grid: Grid) -> dict[str, str]:
@@ -156,18 +189,26 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
         queued.append(cell)
         if cell.key in failed_before:
             retried.append(cell)
-    return {"total": len(grid.cells), "finished": sum(c.key in done for c in grid.cells),
-            "queued": len(queued), "pending": len(pending), "retried": retried, "waiting": waiting}
+    return {
+        "total": len(grid.cells),
+        "finished": sum(c.key in done for c in grid.cells),
+        "queued": len(queued),
+        "pending": len(pending),
+        "retried": retried,
+        "waiting": waiting,
+    }
 
 
 def queue_grid(grid: Grid, study, storage: str) -> dict[str, Any]:
     """:func:`enqueue_cells`, saying what it found: how many cells are finished, queued,
     pending or waiting, and which failed cells are retried (``storage``: the study's URL)."""
     counts = enqueue_cells(grid, study)
-    _log(f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
-         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
-         f"{len(counts['waiting'])} waiting for their base cell; "
-         f"experiment '{grid.experiment}', storage {storage}")
+    _log(
+        f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
+        f"{counts['queued']} queued, {counts['pending']} already queued or running, "
+        f"{len(counts['waiting'])} waiting for their base cell; "
+        f"experiment '{grid.experiment}', storage {storage}"
+    )
     for cell in counts["retried"]:
         _log(f"retrying {cell.label} (failed on an earlier start)")
     return counts
@@ -238,29 +279,49 @@ def runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
     covers protocol, deviations, split, loss and its arguments; same method and seed)."""
     from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
 
-    return search_runs(grid.experiment, (
-        f"attributes.status = {q(status)} and tags.fingerprint = {q(fp)} and tags.method = {q(cell.method)} "
-        f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"))
+    return search_runs(
+        grid.experiment,
+        (
+            f"attributes.status = {q(status)} and tags.fingerprint = {q(fp)} and tags.method = {q(cell.method)} "
+            f"and tags.seed = {q(cell.seed)} and tags.dataset = {q(cell.dataset)}"
+        ),
+    )
 
 
 def tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name: str) -> None:
-    set_run_tags(run_id, {CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
-                          "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
-                          "optuna_study": study_name, "optuna_trial": trial_number})
+    set_run_tags(
+        run_id,
+        {
+            CELL_ATTR: cell.key,
+            "grid": grid.name,
+            "grid_cell": cell.label,
+            "grid_variant": "; ".join(f"{k}={v}" for k, v in cell.variant.items()),
+            "optuna_study": study_name,
+            "optuna_trial": trial_number,
+        },
+    )
 
 
-def run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict):
+def run_cell(
+    grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict
+):
     from harness.config.deviations import deviation_tags
     from harness.config.protocol import fingerprint
     from harness.engine import training
 
     protocol = cell.protocol
     # A protocol that carves validation by the run's seed has one split per seed.
-    split_key = (cell.dataset, repr(protocol.splits), protocol.selection.mode, str(settings.get("data_root")),
-                 cell.seed if protocol.splits.validation_by_run_seed else None)
+    split_key = (
+        cell.dataset,
+        repr(protocol.splits),
+        protocol.selection.mode,
+        str(settings.get("data_root")),
+        cell.seed if protocol.splits.validation_by_run_seed else None,
+    )
     if split_key not in splits_cache:
-        splits_cache[split_key] = training.prepare_splits(protocol, cell.dataset, settings.get("data_root"),
-                                                          seed=cell.seed)
+        splits_cache[split_key] = training.prepare_splits(
+            protocol, cell.dataset, settings.get("data_root"), seed=cell.seed
+        )
     splits = splits_cache[split_key]
     fp = fingerprint(protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
     # A worker killed after its run finished but before tagging it: adopt that run, if the
@@ -271,11 +332,17 @@ def run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, setting
     init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
     for run in runs_of_cell(grid, cell, fp, "FINISHED"):
         tags = run.data.tags
-        if (CELL_ATTR not in tags and tags.get("method_revision", "1") == revision
-                and tags.get("init_from", "none") == (init_from or "none")):
+        if (
+            CELL_ATTR not in tags
+            and tags.get("method_revision", "1") == revision
+            and tags.get("init_from", "none") == (init_from or "none")
+        ):
             tag_cell(run.info.run_id, grid, cell, trial_number, study_name)
             _log(f"{cell.label}: adopted finished untagged run {run.info.run_id}")
-            return {"mlflow_run_id": run.info.run_id, "metrics": group_metrics(run.data.metrics, "test")}
+            return {
+                "mlflow_run_id": run.info.run_id,
+                "metrics": group_metrics(run.data.metrics, "test"),
+            }
     # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
     # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
     for run in runs_of_cell(grid, cell, fp, "RUNNING"):
@@ -283,23 +350,42 @@ def run_cell(grid: Grid, cell: Cell, trial_number: int, study_name: str, setting
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
     if cell.base_key and not init_from:
         raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
-    run_settings = training.RunSettings(data_root=settings.get("data_root"), device=settings.get("device", "auto"),
-                                        workers=settings.get("loader_workers"),
-                                        checkpoint_root=settings.get("checkpoint_root"))
-    cfg = training.RunConfig.build(protocol, method=cell.method, dataset=cell.dataset, loss=cell.loss,
-                                   seed=cell.seed, deviations=cell.deviations, settings=run_settings,
-                                   method_options=cell.method_options, protocol_path=cell.protocol_path,
-                                   resume=True, init_from=init_from, evaluate_only=bool(cell.base_key),
-                                   experiment=grid.experiment,
-                                   # Tagged from the start; the full set again below (and on adoption).
-                                   tags={CELL_ATTR: cell.key, "grid": grid.name, "grid_cell": cell.label,
-                                         **deviation_tags(cell.paper_deviations, cell.method, cell.dataset)})
+    run_settings = training.RunSettings(
+        data_root=settings.get("data_root"),
+        device=settings.get("device", "auto"),
+        workers=settings.get("loader_workers"),
+        checkpoint_root=settings.get("checkpoint_root"),
+    )
+    cfg = training.RunConfig.build(
+        protocol,
+        method=cell.method,
+        dataset=cell.dataset,
+        loss=cell.loss,
+        seed=cell.seed,
+        deviations=cell.deviations,
+        settings=run_settings,
+        method_options=cell.method_options,
+        protocol_path=cell.protocol_path,
+        resume=True,
+        init_from=init_from,
+        evaluate_only=bool(cell.base_key),
+        experiment=grid.experiment,
+        # Tagged from the start; the full set again below (and on adoption).
+        tags={
+            CELL_ATTR: cell.key,
+            "grid": grid.name,
+            "grid_cell": cell.label,
+            **deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
+        },
+    )
     record = training.run_training(cfg, splits)
     tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
 
 
-def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0) -> dict[str, list]:
+def worker_loop(
+    grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0
+) -> dict[str, list]:
     """Pop and run queued cells until none is queued or running anywhere.
 
     ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
@@ -338,8 +424,15 @@ def worker_loop(grid: Grid, study, *, settings: dict | None = None, poll: float 
             _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
 
 
-def _work_on_trial(grid: Grid, study, trial, cell: Cell | None, settings: dict, splits_cache: dict,
-                   report: dict[str, list]) -> None:
+def _work_on_trial(
+    grid: Grid,
+    study,
+    trial,
+    cell: Cell | None,
+    settings: dict,
+    splits_cache: dict,
+    report: dict[str, list],
+) -> None:
     """Run the cell of a popped ``trial`` and tell the study how it ended, or end the trial
     without running it (a cell no longer in the grid, or one finished or running
     elsewhere); the outcome goes into ``report``."""
@@ -350,8 +443,11 @@ def _work_on_trial(grid: Grid, study, trial, cell: Cell | None, settings: dict, 
         trial.set_user_attr("error", "cell not in the grid any more")
         study.tell(trial, state=TrialState.FAIL)
         return
-    twins = [t for t in _trials_by_state(study)["RUNNING"]
-             if t.user_attrs.get(CELL_ATTR) == key and t.number < trial.number]
+    twins = [
+        t
+        for t in _trials_by_state(study)["RUNNING"]
+        if t.user_attrs.get(CELL_ATTR) == key and t.number < trial.number
+    ]
     if twins or key in finished_cells(grid):
         report["skipped"].append(cell.label)
         trial.set_user_attr("skipped", "already finished or running elsewhere")
@@ -370,11 +466,18 @@ def _work_on_trial(grid: Grid, study, trial, cell: Cell | None, settings: dict, 
         report["failed"].append((cell.label, text))
         return
     metric = cell.protocol.selection.metric
-    _settle(study, trial, value=float(record["metrics"].get(metric, 0.0)), run_id=record["mlflow_run_id"])
+    _settle(
+        study,
+        trial,
+        value=float(record["metrics"].get(metric, 0.0)),
+        run_id=record["mlflow_run_id"],
+    )
     report["done"].append(cell.label)
 
 
-def _settle(study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = "") -> None:
+def _settle(
+    study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = ""
+) -> None:
     """Tell the study how ``trial`` ended, unless it was already ended under this worker:
     a heartbeat late past the grace period (an overloaded machine) makes another worker
     fail the live trial as stale and queue it again. Telling then raised, which killed
@@ -396,8 +499,10 @@ def _settle(study, trial, *, state=None, value: float | None = None, error: str 
         else:
             study.tell(trial, value, skip_if_finished=True)
     except UpdateFinishedTrialError:
-        _log(f"trial {trial.number} was failed as stale by another worker while it ran here (heartbeat "
-             f"late by more than the grace period); its retry skips the cell once this run is FINISHED")
+        _log(
+            f"trial {trial.number} was failed as stale by another worker while it ran here (heartbeat "
+            f"late by more than the grace period); its retry skips the cell once this run is FINISHED"
+        )
 
 
 def unfinished_cells(grid: Grid, study) -> list[tuple[Cell, str]]:
@@ -405,7 +510,10 @@ def unfinished_cells(grid: Grid, study) -> list[tuple[Cell, str]]:
     run", or the base cell it waits for."""
     done = finished_cells(grid)
     labels = {c.key: c.label for c in grid.cells}
-    failed = {t.user_attrs[CELL_ATTR]: t.user_attrs.get("error", "") for t in _trials_by_state(study)["FAIL"]}
+    failed = {
+        t.user_attrs[CELL_ATTR]: t.user_attrs.get("error", "")
+        for t in _trials_by_state(study)["FAIL"]
+    }
     out = []
     for cell in grid.cells:
         if cell.key in done:

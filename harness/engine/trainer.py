@@ -81,9 +81,13 @@ class TrainingParts:
     scaler: torch.amp.GradScaler
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}  # AMP's loss scale: a resume continues it
+        return {
+            "model": self.model.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }  # AMP's loss scale: a resume continues it
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self.model.load_state_dict(checkpoint["model"])
@@ -136,9 +140,17 @@ class Trainer:
     progress: Progress = field(default_factory=Progress)
 
     @classmethod
-    def build(cls, cfg: RunConfig, splits: DatasetSplits, *, recorder: Recorder,
-              device: torch.device = CPU, workers: int = 0, procs: Processes = SINGLE_PROCESS,
-              fingerprint: str = "") -> Trainer:
+    def build(
+        cls,
+        cfg: RunConfig,
+        splits: DatasetSplits,
+        *,
+        recorder: Recorder,
+        device: torch.device = CPU,
+        workers: int = 0,
+        procs: Processes = SINGLE_PROCESS,
+        fingerprint: str = "",
+    ) -> Trainer:
         """Seed, then build the model (from ``cfg.init_from``'s weights when given, which
         must carry ``fingerprint`` for an evaluate-only run), the loss, optimizer, batches,
         miner and schedule of ``cfg`` on ``splits``."""
@@ -146,20 +158,48 @@ class Trainer:
         seed_everything(cfg.seed)
         model, init_selected_epoch = _initial_model(cfg, device, fingerprint)
         num_classes = len(np.unique(splits.train.labels))
-        loss_fn = create_loss_module(model.head, cfg.loss, cfg.loss_args, num_classes=num_classes).to(device)
+        loss_fn = create_loss_module(
+            model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
+        ).to(device)
         optimizer = build_optimizer(protocol, model, loss_fn)
-        batches = TrainingBatches.build(protocol, splits, seed=cfg.seed, device=device, workers=workers, procs=procs,
-                                        loss=cfg.loss)
-        miner = create_miner(*miner_for(cfg.loss, protocol.miner.name, protocol.miner.args,
-                                        loss_miners=protocol.loss.miners))
-        train_model, metric_loss = _step_modules(model, loss_fn, miner, device, procs, compile=cfg.compile)
+        batches = TrainingBatches.build(
+            protocol,
+            splits,
+            seed=cfg.seed,
+            device=device,
+            workers=workers,
+            procs=procs,
+            loss=cfg.loss,
+        )
+        miner = create_miner(
+            *miner_for(
+                cfg.loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
+            )
+        )
+        train_model, metric_loss = _step_modules(
+            model, loss_fn, miner, device, procs, compile=cfg.compile
+        )
         dtype = amp_dtype(device, protocol.numerics.precision)
         # A loss scaler only for float16 autocast (bfloat16 has float32's range).
         scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
-        parts = TrainingParts(model, loss_fn, optimizer, build_scheduler(protocol, optimizer), scaler)
-        return cls(cfg, splits, parts, batches, train_model, metric_loss, recorder, device=device, procs=procs,
-                   workers=workers, fingerprint=fingerprint, init_selected_epoch=init_selected_epoch,
-                   autocast_dtype=dtype)
+        parts = TrainingParts(
+            model, loss_fn, optimizer, build_scheduler(protocol, optimizer), scaler
+        )
+        return cls(
+            cfg,
+            splits,
+            parts,
+            batches,
+            train_model,
+            metric_loss,
+            recorder,
+            device=device,
+            procs=procs,
+            workers=workers,
+            fingerprint=fingerprint,
+            init_selected_epoch=init_selected_epoch,
+            autocast_dtype=dtype,
+        )
 
     @property
     def model(self) -> EmbeddingModel:
@@ -174,13 +214,20 @@ class Trainer:
 
     def checkpoint(self, epoch: int) -> dict[str, Any]:
         """What a resume after ``epoch`` continues from (live tensors, not copies)."""
-        return {"epoch": epoch, **self.parts.state(), "history": self.progress.history,
-                "best": self.progress.best, "fingerprint": self.fingerprint}
+        return {
+            "epoch": epoch,
+            **self.parts.state(),
+            "history": self.progress.history,
+            "best": self.progress.best,
+            "fingerprint": self.fingerprint,
+        }
 
     def resume(self, checkpoint: dict[str, Any]) -> None:
         """Continue after the checkpoint's epoch: its weights, optimizer state and progress."""
         self.parts.restore(checkpoint)
-        self.progress = Progress(checkpoint["epoch"], list(checkpoint["history"]), dict(checkpoint["best"]))
+        self.progress = Progress(
+            checkpoint["epoch"], list(checkpoint["history"]), dict(checkpoint["best"])
+        )
 
     # ---------------------------------------------------------------- epochs
 
@@ -212,7 +259,9 @@ class Trainer:
         ``[training] sync_every`` steps and at the end (a :class:`StepFlush` to the recorder),
         where a non-finite loss stops the run and names its first batch. Returns the epoch's
         mean loss (``train_loss``, ``train_loss_<term>``), throughput and seconds."""
-        torch.manual_seed(epoch_seed(self.cfg.seed, epoch))  # dropout (miners: per step, augmentation: per image)
+        torch.manual_seed(
+            epoch_seed(self.cfg.seed, epoch)
+        )  # dropout (miners: per step, augmentation: per image)
         self.batches.sampler.set_epoch(epoch)
         self.train_model.train()
         meter = _EpochMeter(self, epoch)
@@ -229,18 +278,23 @@ class Trainer:
             meter.add(loss, terms, len(images), step)
         return meter.finish(step)
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor, epoch: int,
-                   step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def train_step(
+        self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward, the head's loss terms, backward and the optimizer step of one batch;
         returns the loss and its terms, on the device."""
         parts, dtype = self.parts, self.autocast_dtype
         images = normalize_batch(images.to(self.device, non_blocking=True), self.cfg.protocol.image)
         labels = labels.to(self.device, non_blocking=True)
         images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
-        self.metric_loss.set_step(self.cfg.seed, epoch, step)  # random mining seeded per step (losses.MetricLoss)
+        self.metric_loss.set_step(
+            self.cfg.seed, epoch, step
+        )  # random mining seeded per step (losses.MetricLoss)
         with torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.train_model(images)
-            terms = parts.model.head.loss_terms(out, TrainingBatch(labels, self.metric_loss, images, parts.model))
+            terms = parts.model.head.loss_terms(
+                out, TrainingBatch(labels, self.metric_loss, images, parts.model)
+            )
             loss = cast(torch.Tensor, sum(terms.values()))
         parts.optimizer.zero_grad(set_to_none=True)
         parts.scaler.scale(loss).backward()
@@ -265,12 +319,22 @@ class Trainer:
             queries, gallery, group = self.splits.val, None, "val"
         else:
             queries, gallery, group = self.splits.test, self.splits.gallery, "paper_selection"
-        scores = evaluate_split(self.model, queries, gallery, self.cfg.protocol, self.cfg.dataset,
-                                device=self.device, workers=self.workers,
-                                metrics=_selection_metrics(self.cfg.protocol))
+        scores = evaluate_split(
+            self.model,
+            queries,
+            gallery,
+            self.cfg.protocol,
+            self.cfg.dataset,
+            device=self.device,
+            workers=self.workers,
+            metrics=_selection_metrics(self.cfg.protocol),
+        )
         if scores[selection.metric] > self.progress.best["score"]:
-            self.progress.best = {"epoch": epoch + 1, "score": float(scores[selection.metric]),
-                                  "state": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}}
+            self.progress.best = {
+                "epoch": epoch + 1,
+                "score": float(scores[selection.metric]),
+                "state": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            }
         return {metric_key(group, k): v for k, v in scores.items()}
 
     def load_selected_weights(self) -> int:
@@ -286,7 +350,8 @@ class Trainer:
             raise HarnessError(
                 f"the selection metric {selection.metric} was NaN at every evaluation "
                 f"(selection mode '{selection.mode}'), so no epoch could be selected; "
-                f"does every validation class have at least two images?")
+                f"does every validation class have at least two images?"
+            )
         if best["state"] is not None:
             self.model.load_state_dict(best["state"])
         return best["epoch"]
@@ -296,29 +361,50 @@ class Trainer:
         The papers' metric variants ride along (not protocol settings), and the per-query
         values behind every retrieval mean are kept for intervals and paired tests."""
         protocol = self.cfg.protocol
-        scores = evaluate_split(self.model, self.splits.test, self.splits.gallery, protocol, self.cfg.dataset,
-                                device=self.device, workers=self.workers,
-                                metrics=with_paper_variants(protocol.evaluation.metrics), per_query=True)
+        scores = evaluate_split(
+            self.model,
+            self.splits.test,
+            self.splits.gallery,
+            protocol,
+            self.cfg.dataset,
+            device=self.device,
+            workers=self.workers,
+            metrics=with_paper_variants(protocol.evaluation.metrics),
+            per_query=True,
+        )
         self.recorder.record_test(scores, selected_epoch)
         return scores
 
 
-def _initial_model(cfg: RunConfig, device: torch.device, fingerprint: str) -> tuple[EmbeddingModel, int]:
+def _initial_model(
+    cfg: RunConfig, device: torch.device, fingerprint: str
+) -> tuple[EmbeddingModel, int]:
     """The run's model on ``device`` and the epoch its weights come from (0: fresh ones;
     else the selected epoch of ``cfg.init_from``)."""
     model = build_model(cfg.protocol, cfg.method, cfg.method_options)
     init_selected_epoch = 0
     if cfg.init_from:
-        init_selected_epoch = load_finished_weights(model, cfg.init_from, flag="--init-from",
-                                                    checkpoint_root=cfg.checkpoint_root,
-                                                    expect_fingerprint=fingerprint if cfg.evaluate_only else "")
+        init_selected_epoch = load_finished_weights(
+            model,
+            cfg.init_from,
+            flag="--init-from",
+            checkpoint_root=cfg.checkpoint_root,
+            expect_fingerprint=fingerprint if cfg.evaluate_only else "",
+        )
     # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
     # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
     return model.to(device, memory_format=torch.channels_last), init_selected_epoch  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
 
 
-def _step_modules(model: EmbeddingModel, loss_fn: nn.Module, miner: Any, device: torch.device,
-                  procs: Processes, *, compile: bool) -> tuple[nn.Module, MetricLoss]:
+def _step_modules(
+    model: EmbeddingModel,
+    loss_fn: nn.Module,
+    miner: Any,
+    device: torch.device,
+    procs: Processes,
+    *,
+    compile: bool,
+) -> tuple[nn.Module, MetricLoss]:
     """The module a training step calls and the metric loss it hands the head: across
     processes DDP and the loss over the gathered batch; compiled under ``compile`` (the
     step's forward and backward; the weights are the model's own)."""
@@ -334,7 +420,9 @@ def _step_modules(model: EmbeddingModel, loss_fn: nn.Module, miner: Any, device:
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
     """Per-epoch selection needs the retrieval metrics only (no k-means every epoch)."""
-    wanted = [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"]
+    wanted = [
+        m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS or m == "recall_at_k"
+    ]
     return tuple(dict.fromkeys([*wanted, protocol.selection.metric]))
 
 
@@ -358,8 +446,10 @@ class _StepTally:
     def read(self) -> tuple[list[float], dict[str, float]]:
         """The window's losses and the sums, in one device-to-host transfer; the window empties."""
         names = list(self.sums)
-        values = torch.cat([self.window[:self.filled], *(self.sums[n].reshape(1) for n in names)]).tolist()
-        losses, sums = values[:self.filled], dict(zip(names, values[self.filled:], strict=True))
+        values = torch.cat(
+            [self.window[: self.filled], *(self.sums[n].reshape(1) for n in names)]
+        ).tolist()
+        losses, sums = values[: self.filled], dict(zip(names, values[self.filled :], strict=True))
         self.filled = 0
         return losses, sums
 
@@ -375,10 +465,18 @@ class _EpochMeter:
         self.seen, self.started = 0, time.perf_counter()
         self.tally = _StepTally(self.sync_every, trainer.device)
         self.sums: dict[str, float] = {}
-        self.bar = tqdm(trainer.batches.loader, desc=f"{trainer.cfg.method} epoch {epoch + 1}/{trainer.epochs}",
-                        unit="batch", leave=False, disable=None, file=sys.stderr)
+        self.bar = tqdm(
+            trainer.batches.loader,
+            desc=f"{trainer.cfg.method} epoch {epoch + 1}/{trainer.epochs}",
+            unit="batch",
+            leave=False,
+            disable=None,
+            file=sys.stderr,
+        )
 
-    def add(self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int, step: int) -> None:
+    def add(
+        self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int, step: int
+    ) -> None:
         """Step ``step``'s loss and terms; a flush when the window is full."""
         self.tally.add(loss, terms, batch_size)
         self.seen += batch_size
@@ -399,20 +497,35 @@ class _EpochMeter:
         if bad is not None:
             raise HarnessError(
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
-                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED")
-        self.bar.set_postfix(loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
-                             img_s=f"{self.seen / (time.perf_counter() - self.started):.0f}")
+                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
+            )
+        self.bar.set_postfix(
+            loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
+            img_s=f"{self.seen / (time.perf_counter() - self.started):.0f}",
+        )
         lr = float(self.trainer.parts.optimizer.param_groups[0]["lr"])
-        self.trainer.recorder.record_flush(StepFlush(self.epoch + 1, self.steps_before + step + 1, tuple(losses),
-                                                     lr, dict(self.sums), self.seen))
+        self.trainer.recorder.record_flush(
+            StepFlush(
+                self.epoch + 1,
+                self.steps_before + step + 1,
+                tuple(losses),
+                lr,
+                dict(self.sums),
+                self.seen,
+            )
+        )
 
     def finish(self, step: int) -> dict[str, float]:
         """The last flush, then the epoch's mean loss and terms, throughput and seconds."""
         self.flush_pending(step)
         elapsed = time.perf_counter() - self.started
         totals = {k: v / max(self.seen, 1) for k, v in self.sums.items()}
-        return {"train_loss": totals.pop("", 0.0), "train_images_per_s": self.seen / max(elapsed, 1e-9),
-                "train_seconds": elapsed, **{f"train_loss_{k}": v for k, v in totals.items()}}
+        return {
+            "train_loss": totals.pop("", 0.0),
+            "train_images_per_s": self.seen / max(elapsed, 1e-9),
+            "train_seconds": elapsed,
+            **{f"train_loss_{k}": v for k, v in totals.items()},
+        }
 
 
 def _epoch_metrics(summary: dict[str, float], device: torch.device) -> dict[str, float]:
@@ -422,20 +535,29 @@ def _epoch_metrics(summary: dict[str, float], device: torch.device) -> dict[str,
     system = {"train_images_per_s": "train_images_per_s", "train_seconds": "train_epoch_seconds"}
     record = {}
     for name, value in summary.items():  # train_loss, train_loss_<term>, throughput, seconds
-        key = metric_key("system", system[name]) if name in system else \
-            metric_key("train", "epoch_" + name.removeprefix("train_"))
+        key = (
+            metric_key("system", system[name])
+            if name in system
+            else metric_key("train", "epoch_" + name.removeprefix("train_"))
+        )
         record[key] = value
     # ru_maxrss is in KiB on Linux: the process's peak resident memory so far.
-    record[metric_key("system", "max_rss_mb")] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    record[metric_key("system", "max_rss_mb")] = (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     if device.type == "cuda":
-        record[metric_key("system", "cuda_max_allocated_mb")] = torch.cuda.max_memory_allocated(device) / 2**20
+        record[metric_key("system", "cuda_max_allocated_mb")] = (
+            torch.cuda.max_memory_allocated(device) / 2**20
+        )
     return record
 
 
 def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:
-    parts = [f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
-             f"loss {record[metric_key('train', 'epoch_loss')]:.4f}",
-             f"{record[metric_key('system', 'train_images_per_s')]:.0f} img/s"]
+    parts = [
+        f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
+        f"loss {record[metric_key('train', 'epoch_loss')]:.4f}",
+        f"{record[metric_key('system', 'train_images_per_s')]:.0f} img/s",
+    ]
     for group in ("val", "paper_selection"):
         if metric_key(group, metric) in record:
             parts.append(f"{group} {metric} {record[metric_key(group, metric)]:.4f}")

@@ -39,9 +39,22 @@ from harness.engine.trainer import Trainer
 from harness.store.tracking import filter_value, mark_dead_runs_killed, newest_run
 from methods import METHODS
 
-__all__ = ["RunConfig", "RunSettings", "EmbeddingModel", "StepFlush", "prepare_splits", "check_training_split",
-           "build_model", "run_training", "run_key", "paper_deviations", "default_checkpoint_root",
-           "default_workers", "seed_everything", "resolve_device"]
+__all__ = [
+    "RunConfig",
+    "RunSettings",
+    "EmbeddingModel",
+    "StepFlush",
+    "prepare_splits",
+    "check_training_split",
+    "build_model",
+    "run_training",
+    "run_key",
+    "paper_deviations",
+    "default_checkpoint_root",
+    "default_workers",
+    "seed_everything",
+    "resolve_device",
+]
 
 
 @dataclass
@@ -78,8 +91,15 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
     plan = _prepare(cfg, splits)
     cfg = plan.cfg
     recorder = MlflowRecorder(cfg, plan.folder, experiment=plan.experiment, fingerprint=plan.fp)
-    trainer = Trainer.build(cfg, plan.splits, recorder=recorder if plan.procs.is_main else NullRecorder(),
-                            device=plan.device, workers=plan.workers, procs=plan.procs, fingerprint=plan.fp)
+    trainer = Trainer.build(
+        cfg,
+        plan.splits,
+        recorder=recorder if plan.procs.is_main else NullRecorder(),
+        device=plan.device,
+        workers=plan.workers,
+        procs=plan.procs,
+        fingerprint=plan.fp,
+    )
     if not plan.procs.is_main:
         return _follow(trainer, plan.checkpoint)
     recorder.open(plan.checkpoint.get("mlflow_run_id") if plan.checkpoint else plan.previous)
@@ -108,7 +128,9 @@ def _follow(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, An
     return {}
 
 
-def _record_finished(recorder: MlflowRecorder, trainer: Trainer, test: dict[str, float], selected_epoch: int) -> None:
+def _record_finished(
+    recorder: MlflowRecorder, trainer: Trainer, test: dict[str, float], selected_epoch: int
+) -> None:
     """The finished run: its selected weights, the logged embedder, its description and
     explanations, then the run marked finished."""
     recorder.record_selected_weights(trainer.model, selected_epoch)
@@ -118,15 +140,28 @@ def _record_finished(recorder: MlflowRecorder, trainer: Trainer, test: dict[str,
     recorder.finish()
 
 
-def _run_record(plan: _RunPlan, run_id: str, selected_epoch: int, test: dict[str, float]) -> dict[str, Any]:
+def _run_record(
+    plan: _RunPlan, run_id: str, selected_epoch: int, test: dict[str, float]
+) -> dict[str, Any]:
     cfg = plan.cfg
-    return {"method": cfg.method, "dataset": cfg.dataset, "loss": cfg.loss, "seed": cfg.seed,
-            "protocol": cfg.protocol.name, "fingerprint": plan.fp,
-            "deviations": [str(d) for d in cfg.deviations], "selection": cfg.protocol.selection.mode,
-            "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
-            "selected_epoch": selected_epoch, "mlflow_run_id": run_id,
-            "world_size": plan.procs.world_size, "deterministic": cfg.deterministic, "fast": cfg.fast,
-            "compile": cfg.compile, "metrics": {k: v for k, v in test.items() if not k.startswith("num_")}}
+    return {
+        "method": cfg.method,
+        "dataset": cfg.dataset,
+        "loss": cfg.loss,
+        "seed": cfg.seed,
+        "protocol": cfg.protocol.name,
+        "fingerprint": plan.fp,
+        "deviations": [str(d) for d in cfg.deviations],
+        "selection": cfg.protocol.selection.mode,
+        "paper_deviations": [footnote(n, d) for n, d in paper_deviations(cfg).items()],
+        "selected_epoch": selected_epoch,
+        "mlflow_run_id": run_id,
+        "world_size": plan.procs.world_size,
+        "deterministic": cfg.deterministic,
+        "fast": cfg.fast,
+        "compile": cfg.compile,
+        "metrics": {k: v for k, v in test.items() if not k.startswith("num_")},
+    }
 
 
 def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
@@ -136,7 +171,9 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
     # no-op then, and resolves a protocol that still has per-dataset sections.
     cfg = replace(cfg, protocol=cfg.protocol.for_dataset(cfg.dataset))
     if cfg.evaluate_only and not cfg.init_from:
-        raise HarnessError("an evaluate-only run needs init_from (the run whose weights it evaluates)")
+        raise HarnessError(
+            "an evaluate-only run needs init_from (the run whose weights it evaluates)"
+        )
     device = resolve_device(cfg.device)
     configure_determinism(cfg.deterministic, fast=cfg.fast)
     procs, device = processes_from_env(device)
@@ -148,10 +185,23 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
         torch.set_flush_denormal(True)
     splits = splits or prepare_splits(cfg.protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    fp = fingerprint(cfg.protocol, splits.digest(), loss=cfg.loss, loss_args=cfg.loss_args,
-                     world_size=procs.world_size)
-    plan = _RunPlan(cfg, device, procs, workers, splits, fp, RunFolder(Path(cfg.checkpoint_root) / run_key(cfg, fp)),
-                    cfg.experiment or f"{cfg.dataset}-{cfg.protocol.name}")
+    fp = fingerprint(
+        cfg.protocol,
+        splits.digest(),
+        loss=cfg.loss,
+        loss_args=cfg.loss_args,
+        world_size=procs.world_size,
+    )
+    plan = _RunPlan(
+        cfg,
+        device,
+        procs,
+        workers,
+        splits,
+        fp,
+        RunFolder(Path(cfg.checkpoint_root) / run_key(cfg, fp)),
+        cfg.experiment or f"{cfg.dataset}-{cfg.protocol.name}",
+    )
     _find_resume(plan)
     return plan
 
@@ -172,17 +222,23 @@ def _find_resume(plan: _RunPlan) -> None:
     if cfg.resume:
         plan.checkpoint = plan.folder.load_last()  # None (and one line) if unusable
     if plan.checkpoint is not None:
-        log_line(f"resuming {cfg.method} seed {cfg.seed} after epoch {plan.checkpoint['epoch']} "
-                 f"from {plan.folder.last.path}")
+        log_line(
+            f"resuming {cfg.method} seed {cfg.seed} after epoch {plan.checkpoint['epoch']} "
+            f"from {plan.folder.last.path}"
+        )
 
 
 def _check_distributable(cfg: RunConfig, procs: Processes) -> None:
     """One line, before anything is built, for a run that cannot train across processes."""
     if not cfg.protocol.backbone.freeze_bn:
-        raise HarnessError(f"training across {procs.world_size} processes needs frozen BatchNorm "
-                           f"(backbone.freeze_bn = true): trained BatchNorm would normalise by each "
-                           f"process's share, not by the protocol's batch")
+        raise HarnessError(
+            f"training across {procs.world_size} processes needs frozen BatchNorm "
+            f"(backbone.freeze_bn = true): trained BatchNorm would normalise by each "
+            f"process's share, not by the protocol's batch"
+        )
     entry = METHODS.get(cfg.method)
     reason = entry.cls.cross_process_refusal({**entry.options(), **cfg.method_options})
     if reason:
-        raise HarnessError(f"method '{cfg.method}' cannot train across {procs.world_size} processes: {reason}")
+        raise HarnessError(
+            f"method '{cfg.method}' cannot train across {procs.world_size} processes: {reason}"
+        )

@@ -37,11 +37,25 @@ from typing import Any
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.metric_keys import group_metrics, metric_key
 
-__all__ = ["DEFAULT_SPACE", "TuneSetup", "tune_setup", "search", "reproduce", "suggest", "study_name",
-           "failed_trials", "where_failures_are"]
+__all__ = [
+    "DEFAULT_SPACE",
+    "TuneSetup",
+    "tune_setup",
+    "search",
+    "reproduce",
+    "suggest",
+    "study_name",
+    "failed_trials",
+    "where_failures_are",
+]
 
 DEFAULT_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
-TUNABLE_FLOATS = {"optimizer.lr_head", "optimizer.lr_backbone", "optimizer.lr_loss", "optimizer.weight_decay"}
+TUNABLE_FLOATS = {
+    "optimizer.lr_head",
+    "optimizer.lr_backbone",
+    "optimizer.lr_loss",
+    "optimizer.weight_decay",
+}
 
 
 def _log(msg: str) -> None:
@@ -55,14 +69,20 @@ def _get(protocol, dotted: str) -> Any:
     return node
 
 
-def suggest(trial, method: str, protocol, space: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+def suggest(
+    trial, method: str, protocol, space: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(method options, protocol overrides)`` suggested for ``trial``."""
     from methods import METHODS
 
     options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
     check_space(protocol, space)
-    overrides = {field: trial.suggest_float(field, _get(protocol, field) / 10, _get(protocol, field) * 10, log=True)
-                 for field in space}
+    overrides = {
+        field: trial.suggest_float(
+            field, _get(protocol, field) / 10, _get(protocol, field) * 10, log=True
+        )
+        for field in space
+    }
     return dict(options), overrides
 
 
@@ -74,14 +94,20 @@ def check_space(protocol, space: tuple[str, ...]) -> None:
     values = flatten_keys(protocol.to_dict())
     for field in space:
         if field not in values:
-            raise HarnessError(f"--space: {unknown_name('protocol field', field, sorted(TUNABLE_FLOATS))}")
+            raise HarnessError(
+                f"--space: {unknown_name('protocol field', field, sorted(TUNABLE_FLOATS))}"
+            )
         if not isinstance(values[field], float) or values[field] <= 0:
-            raise HarnessError(f"--space: '{field}' = {values[field]!r}; only positive float fields are tunable "
-                               f"({', '.join(sorted(TUNABLE_FLOATS))})")
+            raise HarnessError(
+                f"--space: '{field}' = {values[field]!r}; only positive float fields are tunable "
+                f"({', '.join(sorted(TUNABLE_FLOATS))})"
+            )
 
 
 def study_name(method: str, dataset: str, loss: str, protocol, space: tuple[str, ...]) -> str:
-    digest = hashlib.sha256((protocol.canonical_json() + repr(sorted(space))).encode()).hexdigest()[:8]
+    digest = hashlib.sha256((protocol.canonical_json() + repr(sorted(space))).encode()).hexdigest()[
+        :8
+    ]
     return f"tune:{method}:{dataset}:{loss}:{protocol.name}:{digest}"
 
 
@@ -98,9 +124,12 @@ def _settled(study) -> int:
     (retried with its parameters instead)."""
     from optuna.trial import TrialState
 
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")))
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))
+    )
 
 
 def _requeue_interrupted(study, experiment: str) -> int:
@@ -120,7 +149,10 @@ def _requeue_interrupted(study, experiment: str) -> int:
         if dead:
             study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-        if not (dead or (t.state == TrialState.FAIL and t.user_attrs.get("interrupted"))) or t.number in retried:
+        if (
+            not (dead or (t.state == TrialState.FAIL and t.user_attrs.get("interrupted")))
+            or t.number in retried
+        ):
             continue
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
         _log(f"trial {t.number} was interrupted; queued again with its parameters {t.params}")
@@ -159,7 +191,9 @@ class TuneSetup:
         protocol's batch is checked against them here, before the study opens."""
         from harness.engine.training import check_training_split, prepare_splits
 
-        splits = prepare_splits(self.protocol, self.dataset, self.settings.data_root, seed=self.seed)
+        splits = prepare_splits(
+            self.protocol, self.dataset, self.settings.data_root, seed=self.seed
+        )
         check_training_split(self.protocol, self.dataset, splits)
         return splits
 
@@ -167,19 +201,37 @@ class TuneSetup:
         """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
         from harness.engine.training import RunConfig
 
-        return RunConfig.build(protocol, method=self.method, dataset=self.dataset, loss=self.loss, seed=seed,
-                               deviations=deviations, settings=self.settings, method_options=options,
-                               protocol_path=self.protocol_path, experiment=self.experiment,
-                               tags={k: str(v) for k, v in tags.items()})
+        return RunConfig.build(
+            protocol,
+            method=self.method,
+            dataset=self.dataset,
+            loss=self.loss,
+            seed=seed,
+            deviations=deviations,
+            settings=self.settings,
+            method_options=options,
+            protocol_path=self.protocol_path,
+            experiment=self.experiment,
+            tags={k: str(v) for k, v in tags.items()},
+        )
 
     def options(self, params: dict[str, Any]) -> dict[str, Any]:
         """The method's options of a trial: the protocol's, updated by the suggested ones."""
         return {**self.protocol.methods.get(self.method, {}), **params}
 
 
-def tune_setup(method: str, dataset: str, *, protocol: str | None = None, loss: str | None = None,
-               overrides: Sequence[str] = (), space: str | None = None, seed: int | None = None,
-               experiment: str | None = None, settings=None) -> TuneSetup:
+def tune_setup(
+    method: str,
+    dataset: str,
+    *,
+    protocol: str | None = None,
+    loss: str | None = None,
+    overrides: Sequence[str] = (),
+    space: str | None = None,
+    seed: int | None = None,
+    experiment: str | None = None,
+    settings=None,
+) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
     from harness.components.data import DATASETS
@@ -196,21 +248,42 @@ def tune_setup(method: str, dataset: str, *, protocol: str | None = None, loss: 
     METHODS.get(method)
     DATASETS.get(dataset)
     protocol_name = protocol or default_protocol(dataset)
-    base, deviations = apply_overrides(load_protocol(protocol_name).for_dataset(dataset), list(overrides))
+    base, deviations = apply_overrides(
+        load_protocol(protocol_name).for_dataset(dataset), list(overrides)
+    )
     if base.selection.mode != "validation":
-        raise HarnessError(f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
-                           f"'{base.selection.mode}'): hyperparameters are never chosen on the test set")
+        raise HarnessError(
+            f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
+            f"'{base.selection.mode}'): hyperparameters are never chosen on the test set"
+        )
     loss = loss or base.loss.name
     LOSSES.get(loss)
     if loss != base.loss.name and loss not in base.loss.args:
-        raise HarnessError(f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])")
-    fields = tuple(s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip())
+        raise HarnessError(
+            f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])"
+        )
+    fields = tuple(
+        s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip()
+    )
     check_space(base, fields)
-    path = Path(protocol_name) if protocol_name.endswith(".toml") else protocol_dir() / f"{protocol_name}.toml"
-    return TuneSetup(method, dataset, loss, base, tuple(deviations), fields, path,
-                     study_name(method, dataset, loss, base, fields),
-                     experiment or f"tune-{method}-{dataset}-{base.name}",
-                     seed if seed is not None else base.seeds[0], settings or RunSettings())
+    path = (
+        Path(protocol_name)
+        if protocol_name.endswith(".toml")
+        else protocol_dir() / f"{protocol_name}.toml"
+    )
+    return TuneSetup(
+        method,
+        dataset,
+        loss,
+        base,
+        tuple(deviations),
+        fields,
+        path,
+        study_name(method, dataset, loss, base, fields),
+        experiment or f"tune-{method}-{dataset}-{base.name}",
+        seed if seed is not None else base.seeds[0],
+        settings or RunSettings(),
+    )
 
 
 def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: int = 0):
@@ -223,13 +296,21 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
     splits = setup.splits  # a protocol the split refuses is refused before the study is stored
     rdb = open_storage(storage, heartbeat=60, grace=180, retry_stale=False)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
-    study = optuna.create_study(study_name=setup.name, storage=rdb, direction="maximize", load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=sampler_seed), pruner=pruner)
+    study = optuna.create_study(
+        study_name=setup.name,
+        storage=rdb,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        pruner=pruner,
+    )
     _requeue_interrupted(study, setup.experiment)
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=states))
     remaining = max(trials - done, 0)
-    _log(f"study '{setup.name}' in {rdb.url}: {done} trials done, running {remaining} more (target {trials})")
+    _log(
+        f"study '{setup.name}' in {rdb.url}: {done} trials done, running {remaining} more (target {trials})"
+    )
     for _ in range(remaining):
         # One trial at a time, the sampler seeded by the trials settled so far (see above).
         study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(sampler_seed, _settled(study)))
@@ -237,13 +318,19 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
         # Optuna's own warning for a failed trial carries a traceback (also for Ctrl-C /
         # SIGTERM); the objective says why in one line instead.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        study.optimize(lambda trial: _objective(setup, splits, trial), n_trials=1, catch=(HarnessError,),
-                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=states)])
+        study.optimize(
+            lambda trial: _objective(setup, splits, trial),
+            n_trials=1,
+            catch=(HarnessError,),
+            callbacks=[optuna.study.MaxTrialsCallback(trials, states=states)],
+        )
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         failed = failed_trials(study)
         if failed:
-            raise HarnessError(f"all {len(failed)} trial(s) of study '{setup.name}' failed; "
-                               f"{where_failures_are(setup)}")
+            raise HarnessError(
+                f"all {len(failed)} trial(s) of study '{setup.name}' failed; "
+                f"{where_failures_are(setup)}"
+            )
         raise HarnessError(f"study '{setup.name}' has no complete trial; run with --trials >= 1")
     return study
 
@@ -253,14 +340,19 @@ def failed_trials(study) -> list:
     left (queued again with their parameters on the next start)."""
     from optuna.trial import TrialState
 
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            if not t.user_attrs.get("interrupted")]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if not t.user_attrs.get("interrupted")
+    ]
 
 
 def where_failures_are(setup: TuneSetup) -> str:
     """Where a failed trial's reason is recorded (besides its line on stderr)."""
-    return (f"each trial's reason is its MLflow run's 'failure' tag in experiment '{setup.experiment}' "
-            f"(status FAILED, tag optuna_study = {setup.name})")
+    return (
+        f"each trial's reason is its MLflow run's 'failure' tag in experiment '{setup.experiment}' "
+        f"(status FAILED, tag optuna_study = {setup.name})"
+    )
 
 
 def _objective(setup: TuneSetup, splits, trial) -> float:
@@ -300,7 +392,9 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
     trial.set_user_attr("mlflow_run_id", run_id)
     history = metric_history(run_id, metric_key("val", setup.metric))
     if not history:
-        raise HarnessError(f"run {run_id} logged no {metric_key('val', setup.metric)}; cannot score the trial")
+        raise HarnessError(
+            f"run {run_id} logged no {metric_key('val', setup.metric)}; cannot score the trial"
+        )
     return max(v for _, v in history)
 
 
@@ -313,19 +407,26 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
     from harness.store.tracking import filter_value as q
 
     options = setup.options({k: v for k, v in best.params.items() if k not in setup.space})
-    protocol, extra = apply_overrides(setup.protocol, {k: v for k, v in best.params.items() if k in setup.space})
+    protocol, extra = apply_overrides(
+        setup.protocol, {k: v for k, v in best.params.items() if k in setup.space}
+    )
     seeds = seeds if seeds is not None else list(protocol.seeds)
     tags = {"optuna_study": setup.name, "optuna_trial": best.number, "tune_role": "reproduction"}
     done: dict[int, Any] = {}
-    for run in search_runs(setup.experiment, f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' "
-                           f"and tags.optuna_study = {q(setup.name)} and tags.optuna_trial = {q(best.number)}"):
+    for run in search_runs(
+        setup.experiment,
+        f"attributes.status = 'FINISHED' and tags.tune_role = 'reproduction' "
+        f"and tags.optuna_study = {q(setup.name)} and tags.optuna_trial = {q(best.number)}",
+    ):
         done.setdefault(int(run.data.tags["seed"]), run)
     # A protocol that carves validation by the run's seed needs each seed's own split.
     splits = None if protocol.splits.validation_by_run_seed else setup.splits
     records = []
     for seed in seeds:
         if seed in done:
-            _log(f"reproduction seed {seed} already finished (run {done[seed].info.run_id}); skipped")
+            _log(
+                f"reproduction seed {seed} already finished (run {done[seed].info.run_id}); skipped"
+            )
             records.append(_record_of(done[seed], setup, protocol, seed))
             continue
         cfg = setup.config(protocol, setup.deviations + extra, seed, options, tags)
@@ -338,8 +439,19 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
 def _record_of(run, setup: TuneSetup, protocol, seed: int) -> dict[str, Any]:
     """The ``run --json`` record of a finished reproduction, read back from its run."""
     tags = run.data.tags
-    return {"method": setup.method, "dataset": setup.dataset, "loss": setup.loss, "seed": seed,
-            "protocol": tags.get("protocol", protocol.name), "fingerprint": tags.get("fingerprint", ""),
-            "deviations": [d for d in tags.get("deviations", "none").split("; ") if d != "none"],
-            "selection": tags.get("selection", protocol.selection.mode), "mlflow_run_id": run.info.run_id,
-            "metrics": {k: v for k, v in group_metrics(run.data.metrics, "test").items() if not k.startswith("num_")}}
+    return {
+        "method": setup.method,
+        "dataset": setup.dataset,
+        "loss": setup.loss,
+        "seed": seed,
+        "protocol": tags.get("protocol", protocol.name),
+        "fingerprint": tags.get("fingerprint", ""),
+        "deviations": [d for d in tags.get("deviations", "none").split("; ") if d != "none"],
+        "selection": tags.get("selection", protocol.selection.mode),
+        "mlflow_run_id": run.info.run_id,
+        "metrics": {
+            k: v
+            for k, v in group_metrics(run.data.metrics, "test").items()
+            if not k.startswith("num_")
+        },
+    }

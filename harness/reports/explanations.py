@@ -30,8 +30,16 @@ from harness.components.explanation.images import (
 from harness.components.explanation.maps import attention_figure, upsample_maps
 from methods.base import FigureData, FigureSet, HeadOutput, Method
 
-__all__ = ["log_explanations", "draw_overlay", "heat_scale", "draw_figure", "write_figure_set", "write_tuple_figures", "pairs_figure",
-           "curves_figure"]
+__all__ = [
+    "log_explanations",
+    "draw_overlay",
+    "heat_scale",
+    "draw_figure",
+    "write_figure_set",
+    "write_tuple_figures",
+    "pairs_figure",
+    "curves_figure",
+]
 
 #: Colour map and opacity of every map drawn over a picture.
 HEAT_CMAP, HEAT_ALPHA = "jet", 0.5
@@ -43,7 +51,11 @@ def _save_npz(fh, *, named: dict[str, np.ndarray]) -> None:
 
 def picture_array(image) -> np.ndarray:
     """A picture to draw: 3 x H x W (or 1 x H x W) tensor in [0, 1] -> H x W x 3 array."""
-    x = image.detach().float().cpu() if isinstance(image, torch.Tensor) else torch.as_tensor(image).float()
+    x = (
+        image.detach().float().cpu()
+        if isinstance(image, torch.Tensor)
+        else torch.as_tensor(image).float()
+    )
     if x.dim() == 3 and x.shape[0] in (1, 3):
         x = x.permute(1, 2, 0)
     if x.shape[-1] == 1:
@@ -51,8 +63,15 @@ def picture_array(image) -> np.ndarray:
     return x.clamp(0, 1).numpy()
 
 
-def draw_overlay(ax, image, heat: torch.Tensor | None = None, title: str = "", *, fontsize: int = 9,
-                 frame: bool = False) -> None:
+def draw_overlay(
+    ax,
+    image,
+    heat: torch.Tensor | None = None,
+    title: str = "",
+    *,
+    fontsize: int = 9,
+    frame: bool = False,
+) -> None:
     """``image`` (3 x H x W in [0, 1]) on ``ax`` with ``heat`` (h x w, any range) over it:
     resized to the image bilinearly, min-max scaled to [0, 1]
     (:func:`~harness.components.explanation.maps.upsample_maps`). ``frame``: keep the axes'
@@ -85,8 +104,9 @@ def heat_scale(fig, axes, label: str = "heat (min-max scaled per image)") -> Non
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    scale = fig.colorbar(ScalarMappable(norm=Normalize(0.0, 1.0), cmap=HEAT_CMAP), ax=axes, shrink=0.8,
-                         fraction=0.04)
+    scale = fig.colorbar(
+        ScalarMappable(norm=Normalize(0.0, 1.0), cmap=HEAT_CMAP), ax=axes, shrink=0.8, fraction=0.04
+    )
     scale.set_label(label, fontsize=8)
     scale.ax.tick_params(labelsize=7)
 
@@ -112,7 +132,9 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
                 axes[r, c].axis("off")
                 continue
             panel = row[c]
-            draw_overlay(axes[r, c], panel.image, panel.heat, panel.title, fontsize=9 if size >= 3 else 7)
+            draw_overlay(
+                axes[r, c], panel.image, panel.heat, panel.title, fontsize=9 if size >= 3 else 7
+            )
             if figure.grid > 1:
                 h, w = panel.image.shape[-2:]
                 for t in range(1, figure.grid):
@@ -120,14 +142,31 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
                     axes[r, c].axvline(t * w / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
     for link in figure.links:
         (ax_a, xy_a), (ax_b, xy_b) = _panel_point(axes, link.start), _panel_point(axes, link.end)
-        fig.add_artist(ConnectionPatch(xyA=xy_a, coordsA=ax_a.transData, xyB=xy_b, coordsB=ax_b.transData,
-                                       color=link.colour, lw=1.8, arrowstyle="-|>", mutation_scale=12))
+        fig.add_artist(
+            ConnectionPatch(
+                xyA=xy_a,
+                coordsA=ax_a.transData,
+                xyB=xy_b,
+                coordsB=ax_b.transData,
+                color=link.colour,
+                lw=1.8,
+                arrowstyle="-|>",
+                mutation_scale=12,
+            )
+        )
         for ax, xy in ((ax_a, xy_a), (ax_b, xy_b)):
             ax.plot(*xy, "o", color=link.colour, ms=5)
         if link.label:
-            ax_b.annotate(link.label, xy=xy_b, xytext=(4, -4), textcoords="offset points", color=link.colour,
-                          fontsize=8, fontweight="bold",
-                          bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0})
+            ax_b.annotate(
+                link.label,
+                xy=xy_b,
+                xytext=(4, -4),
+                textcoords="offset points",
+                color=link.colour,
+                fontsize=8,
+                fontweight="bold",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0},
+            )
     if any(panel.heat is not None for row in figure.panels for panel in row):
         heat_scale(fig, axes)
     title = ": ".join(t for t in (caption, figure.title) if t)
@@ -138,12 +177,16 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     return path
 
 
-def write_figure_set(figures: FigureSet, out_dir: Path, stem: str, *, caption: str = "") -> list[Path]:
+def write_figure_set(
+    figures: FigureSet, out_dir: Path, stem: str, *, caption: str = ""
+) -> list[Path]:
     """Write a plugin's :class:`~methods.base.FigureSet` into ``out_dir``: each figure to
     ``<stem><suffix>.png`` (titled after ``caption``), each record to ``<stem><suffix>.json``,
     each set of arrays to ``<stem><suffix>.npz`` (atomically). Returns the files written,
     figures first."""
-    written = [draw_figure(f, out_dir / f"{stem}{f.suffix}.png", caption=caption) for f in figures.figures]
+    written = [
+        draw_figure(f, out_dir / f"{stem}{f.suffix}.png", caption=caption) for f in figures.figures
+    ]
     for suffix, record in figures.records.items():
         path = out_dir / f"{stem}{suffix}.json"
         atomic_write_json(path, record)
@@ -156,8 +199,15 @@ def write_figure_set(figures: FigureSet, out_dir: Path, stem: str, *, caption: s
     return written
 
 
-def write_tuple_figures(head: Method, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput],
-                        out_dir: Path, *, caption: str = "") -> list[Path]:
+def write_tuple_figures(
+    head: Method,
+    kind: str,
+    images: list[torch.Tensor],
+    outputs: list[HeadOutput],
+    out_dir: Path,
+    *,
+    caption: str = "",
+) -> list[Path]:
     """Ask ``head`` for its ``kind`` figure of a tuple of test images
     (:meth:`~methods.base.Method.figures`) and write what it returns, titled after
     ``caption``; [] when it draws none."""
@@ -167,8 +217,17 @@ def write_tuple_figures(head: Method, kind: str, images: list[torch.Tensor], out
     return [] if figures is None else write_figure_set(figures, out_dir, kind, caption=caption)
 
 
-def log_explanations(model, splits, protocol, device: torch.device, out_dir: Path, tracker,
-                     count: int = 48, *, run_label: str = "") -> None:
+def log_explanations(
+    model,
+    splits,
+    protocol,
+    device: torch.device,
+    out_dir: Path,
+    tracker,
+    count: int = 48,
+    *,
+    run_label: str = "",
+) -> None:
     """For heads that explain: a figure of their maps on test images (titled with
     ``run_label``, e.g. method, dataset and seed), the pair and triplet figures the head
     draws, and, where the dataset has part masks (``synthetic``), the share of each map's
@@ -190,7 +249,9 @@ def log_explanations(model, splits, protocol, device: torch.device, out_dir: Pat
     raw = batch.output.attention if batch.output.attention is not None else maps
     shares = part_shares(splits, protocol.image, raw, n)
     if shares is not None:
-        _log_part_mass(shares, ["background", *splits.extras["parts"]], tracker, model.head.registry_name)
+        _log_part_mass(
+            shares, ["background", *splits.extras["parts"]], tracker, model.head.registry_name
+        )
 
 
 def _log_pair_figure(head: Method, batch: ImageBatch, out_dir: Path, tracker, label: str) -> None:
@@ -198,50 +259,82 @@ def _log_pair_figure(head: Method, batch: ImageBatch, out_dir: Path, tracker, la
     if len(batch.pictures) < 2 or "pair" not in head.figure_tuples:
         return
     j = nearest_neighbour(batch.output.embedding)
-    for path in write_tuple_figures(head, "pair", [batch.pictures[0], batch.pictures[j]],
-                                    [batch.output.select(0), batch.output.select(j)], out_dir,
-                                    caption=f"{label}, test image 1 and its nearest neighbour"):
+    for path in write_tuple_figures(
+        head,
+        "pair",
+        [batch.pictures[0], batch.pictures[j]],
+        [batch.output.select(0), batch.output.select(j)],
+        out_dir,
+        caption=f"{label}, test image 1 and its nearest neighbour",
+    ):
         tracker.log_artifact(path, "explanations")
 
 
-def _log_triplet_figure(model, splits, protocol, device: torch.device, out_dir: Path, tracker, label: str) -> None:
+def _log_triplet_figure(
+    model, splits, protocol, device: torch.device, out_dir: Path, tracker, label: str
+) -> None:
     """The head's triplet figure of the first test triplet (:func:`first_test_triplet`)."""
     triplet = first_test_triplet(splits.test.labels)
     if triplet is None or "triplet" not in model.head.figure_tuples:
         return
     batch = run_test_images(model, splits.test, protocol.image, triplet, device)
-    for path in write_tuple_figures(model.head, "triplet", list(batch.pictures),
-                                    [batch.output.select(i) for i in range(3)], out_dir,
-                                    caption=f"{label}, a test triplet"):
+    for path in write_tuple_figures(
+        model.head,
+        "triplet",
+        list(batch.pictures),
+        [batch.output.select(i) for i in range(3)],
+        out_dir,
+        caption=f"{label}, a test triplet",
+    ):
         tracker.log_artifact(path, "explanations")
 
 
-def _log_maps_figure(batch: ImageBatch, maps: torch.Tensor, out_dir: Path, tracker, title: str) -> None:
+def _log_maps_figure(
+    batch: ImageBatch, maps: torch.Tensor, out_dir: Path, tracker, title: str
+) -> None:
     """The maps over their pictures, the images ranked by the head's peak attention when it
     has one, else by map mass."""
     attention = batch.output.attention
     rank = attention.amax(dim=(2, 3)).cpu() if attention is not None else "mass"
-    figure = attention_figure(batch.pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title)
+    figure = attention_figure(
+        batch.pictures, maps.cpu(), out_dir / "explanations.png", rank_by=rank, title=title
+    )
     tracker.log_artifact(figure, "explanations")
 
 
 def _log_part_mass(shares: np.ndarray, names: list[str], tracker, head_name: str) -> None:
     """Each map group's mass share per part, as ``explain/group<g>_mass_<part>`` metrics, as
     a text artifact and on stderr."""
-    tracker.log_metrics({metric_key("explain", f"group{g + 1}_mass_{names[j]}"): float(shares[g, j])
-                         for g in range(shares.shape[0]) for j in range(len(names))
-                         if np.isfinite(shares[g, j])})
-    table = "\n".join(f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
-                      for g in range(shares.shape[0]))
+    tracker.log_metrics(
+        {
+            metric_key("explain", f"group{g + 1}_mass_{names[j]}"): float(shares[g, j])
+            for g in range(shares.shape[0])
+            for j in range(len(names))
+            if np.isfinite(shares[g, j])
+        }
+    )
+    table = "\n".join(
+        f"group {g + 1}: " + ", ".join(f"{names[j]} {shares[g, j]:.2f}" for j in range(len(names)))
+        for g in range(shares.shape[0])
+    )
     tracker.log_text(table, "explanations/part_mass.txt")
-    print(f"{head_name} attention mass per part (test images):\n{table}", file=sys.stderr, flush=True)
+    print(
+        f"{head_name} attention mass per part (test images):\n{table}", file=sys.stderr, flush=True
+    )
 
 
 # ------------------------------------------------- figures of python -m harness explain
 
 
-def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], rows_note: list[str], *,
-                 title: str = "") -> Path:
+def pairs_figure(
+    path: Path,
+    pictures_q,
+    pictures_g,
+    sources: dict[str, Any],
+    rows_note: list[str],
+    *,
+    title: str = "",
+) -> Path:
     """Rows: pairs; columns: query and gallery with each source's map overlaid (the SAM
     paper's Fig. 4 layout, one pair of columns per source), under ``title``. ``sources``:
     per source, an object with the ``query`` and ``gallery`` maps of the pairs
@@ -255,10 +348,22 @@ def pairs_figure(path: Path, pictures_q, pictures_g, sources: dict[str, Any], ro
     axes = fig.subplots(rows, cols, squeeze=False)
     for r in range(rows):
         for s, (name, maps) in enumerate(sources.items()):
-            draw_overlay(axes[r, 2 * s], pictures_q[r], maps.query[r], f"{name}: query" if r == 0 else "",
-                         fontsize=7, frame=True)
-            draw_overlay(axes[r, 2 * s + 1], pictures_g[r], maps.gallery[r], f"{name}: gallery" if r == 0 else "",
-                         fontsize=7, frame=True)
+            draw_overlay(
+                axes[r, 2 * s],
+                pictures_q[r],
+                maps.query[r],
+                f"{name}: query" if r == 0 else "",
+                fontsize=7,
+                frame=True,
+            )
+            draw_overlay(
+                axes[r, 2 * s + 1],
+                pictures_g[r],
+                maps.gallery[r],
+                f"{name}: gallery" if r == 0 else "",
+                fontsize=7,
+                frame=True,
+            )
         axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
     heat_scale(fig, axes)
     if title:
@@ -278,8 +383,12 @@ def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]], *, title
     for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
         for name, c in curves.items():
             mean = c[kind].mean(0)
-            ax.plot(c["fractions"], mean, label=f"{name} (AUC {np.trapezoid(mean, c['fractions']):.3f})")
-        ax.set_xlabel(f"fraction of the query's pixels {'removed' if kind == 'deletion' else 'revealed'}")
+            ax.plot(
+                c["fractions"], mean, label=f"{name} (AUC {np.trapezoid(mean, c['fractions']):.3f})"
+            )
+        ax.set_xlabel(
+            f"fraction of the query's pixels {'removed' if kind == 'deletion' else 'revealed'}"
+        )
         ax.set_ylabel("(1 + target score) / 2")
         ax.set_title(kind, fontsize=9)
         ax.legend(fontsize=7)

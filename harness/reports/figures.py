@@ -23,11 +23,29 @@ import pandas as pd
 
 from harness.reports.tables.labels import DATASET_LABELS, METRIC_LABELS, block_label, row_label
 
-__all__ = ["FOREST_COLUMNS", "forest_paths", "forest_rows", "lead_metric", "render_forest", "write_forest"]
+__all__ = [
+    "FOREST_COLUMNS",
+    "forest_paths",
+    "forest_rows",
+    "lead_metric",
+    "render_forest",
+    "write_forest",
+]
 
 #: Columns of :func:`forest_rows` (and of the CSV beside each figure).
-FOREST_COLUMNS = ["dataset", "block", "comparison", "metric", "pairs", "difference", "low", "high",
-                  "boot_difference", "boot_low", "boot_high"]
+FOREST_COLUMNS = [
+    "dataset",
+    "block",
+    "comparison",
+    "metric",
+    "pairs",
+    "difference",
+    "low",
+    "high",
+    "boot_difference",
+    "boot_low",
+    "boot_high",
+]
 
 
 def lead_metric(tests: pd.DataFrame, metrics: Sequence[str] = ()) -> str:
@@ -43,13 +61,22 @@ def forest_rows(tests: pd.DataFrame, labels: Mapping[str, str], metric: str) -> 
     """The paired tests of ``metric`` (``TEST_COLUMNS``, in table order) as plot rows
     (:data:`FOREST_COLUMNS`): block and comparison labelled as in the tables."""
     chosen = tests[tests["metric"] == metric]
-    rows = [{"dataset": t.dataset, "block": block_label(t.backbone, t.loss),
-             "comparison": f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", "metric": t.metric,
-             "pairs": t.pairs, "difference": t.difference, "low": t.low, "high": t.high,
-             "boot_difference": t.boot_difference if t.boot_queries else math.nan,
-             "boot_low": t.boot_low if t.boot_queries else math.nan,
-             "boot_high": t.boot_high if t.boot_queries else math.nan}
-            for t in chosen.itertuples(index=False)]
+    rows = [
+        {
+            "dataset": t.dataset,
+            "block": block_label(t.backbone, t.loss),
+            "comparison": f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}",
+            "metric": t.metric,
+            "pairs": t.pairs,
+            "difference": t.difference,
+            "low": t.low,
+            "high": t.high,
+            "boot_difference": t.boot_difference if t.boot_queries else math.nan,
+            "boot_low": t.boot_low if t.boot_queries else math.nan,
+            "boot_high": t.boot_high if t.boot_queries else math.nan,
+        }
+        for t in chosen.itertuples(index=False)
+    ]
     return pd.DataFrame(rows, columns=FOREST_COLUMNS)
 
 
@@ -67,8 +94,9 @@ def _positions(rows: pd.DataFrame) -> tuple[list[str], list[bool], dict[tuple[st
     return ticks, headings, where
 
 
-def render_forest(rows: pd.DataFrame, *, metric_label: str, baseline_label: str,
-                  dataset_labels: Mapping[str, str]) -> tuple[bytes, bytes]:
+def render_forest(
+    rows: pd.DataFrame, *, metric_label: str, baseline_label: str, dataset_labels: Mapping[str, str]
+) -> tuple[bytes, bytes]:
     """``(pdf, png)`` of a forest plot: one panel per dataset, a row per comparison grouped by
     block, the zero line drawn, differences in percent points."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -77,8 +105,10 @@ def render_forest(rows: pd.DataFrame, *, metric_label: str, baseline_label: str,
     datasets = list(dict.fromkeys(rows["dataset"]))
     ticks, headings, where = _positions(rows)
     longest = max(len(t) for t in ticks)
-    figure = Figure(figsize=(1.2 + 0.075 * longest + 2.6 * len(datasets), 1.4 + 0.28 * len(ticks)),
-                    layout="constrained")
+    figure = Figure(
+        figsize=(1.2 + 0.075 * longest + 2.6 * len(datasets), 1.4 + 0.28 * len(ticks)),
+        layout="constrained",
+    )
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(datasets), sharey=True, squeeze=False)[0]
     for ax, dataset in zip(axes, datasets, strict=True):
@@ -87,14 +117,37 @@ def render_forest(rows: pd.DataFrame, *, metric_label: str, baseline_label: str,
         for r in part.itertuples(index=False):
             y = where[(r.block, r.comparison)]
             if not math.isnan(r.low):
-                ax.plot([r.low, r.high], [y, y], color="C0", linewidth=2.2, solid_capstyle="butt", zorder=2)
+                ax.plot(
+                    [r.low, r.high],
+                    [y, y],
+                    color="C0",
+                    linewidth=2.2,
+                    solid_capstyle="butt",
+                    zorder=2,
+                )
             ax.plot([r.difference], [y], "o", color="C0", markersize=5, zorder=3)
             if not math.isnan(r.boot_difference):
-                ax.plot([r.boot_low, r.boot_high], [y - 0.28, y - 0.28], color="C1", linewidth=1.0, zorder=2)
-                ax.plot([r.boot_difference], [y - 0.28], "o", markerfacecolor="white", color="C1", markersize=4,
-                        zorder=3)
+                ax.plot(
+                    [r.boot_low, r.boot_high],
+                    [y - 0.28, y - 0.28],
+                    color="C1",
+                    linewidth=1.0,
+                    zorder=2,
+                )
+                ax.plot(
+                    [r.boot_difference],
+                    [y - 0.28],
+                    "o",
+                    markerfacecolor="white",
+                    color="C1",
+                    markersize=4,
+                    zorder=3,
+                )
         ax.set_title(dataset_labels.get(dataset, dataset), fontsize=10)
-        ax.set_xlabel(f"{metric_label}: difference to {baseline_label}\n(percent points, 95% interval)", fontsize=9)
+        ax.set_xlabel(
+            f"{metric_label}: difference to {baseline_label}\n(percent points, 95% interval)",
+            fontsize=9,
+        )
         ax.grid(axis="x", color="0.9", linewidth=0.6)
         ax.tick_params(labelsize=8)
     axes[0].set_yticks([-float(i) for i in range(len(ticks))], ticks)
@@ -105,14 +158,32 @@ def render_forest(rows: pd.DataFrame, *, metric_label: str, baseline_label: str,
     if rows["boot_difference"].notna().any():
         from matplotlib.lines import Line2D
 
-        figure.legend(handles=[Line2D([], [], color="C0", marker="o", linewidth=2.2, label="over seeds (paired t)"),
-                               Line2D([], [], color="C1", marker="o", markerfacecolor="white", linewidth=1.0,
-                                      label="over test queries (paired bootstrap)")],
-                      loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+        figure.legend(
+            handles=[
+                Line2D(
+                    [], [], color="C0", marker="o", linewidth=2.2, label="over seeds (paired t)"
+                ),
+                Line2D(
+                    [],
+                    [],
+                    color="C1",
+                    marker="o",
+                    markerfacecolor="white",
+                    linewidth=1.0,
+                    label="over test queries (paired bootstrap)",
+                ),
+            ],
+            loc="outside lower center",
+            ncols=2,
+            fontsize=8,
+            frameon=False,
+        )
     out = []
     for fmt in ("pdf", "png"):
         buffer = io.BytesIO()
-        figure.savefig(buffer, format=fmt, dpi=150, metadata={"CreationDate": None} if fmt == "pdf" else None)
+        figure.savefig(
+            buffer, format=fmt, dpi=150, metadata={"CreationDate": None} if fmt == "pdf" else None
+        )
         out.append(buffer.getvalue())
     return out[0], out[1]
 
@@ -122,8 +193,9 @@ def forest_paths(stem: Path) -> list[Path]:
     return [stem.with_name(f"{stem.name}.forest.{ext}") for ext in ("pdf", "png", "csv")]
 
 
-def write_forest(stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, metrics: Sequence[str] = ()
-                 ) -> list[Path]:
+def write_forest(
+    stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, metrics: Sequence[str] = ()
+) -> list[Path]:
     """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), atomically; nothing
     when there are no paired tests. Returns the paths written."""
     from harness.base.atomic import atomic_write_bytes, atomic_write_text
@@ -132,8 +204,12 @@ def write_forest(stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, 
         return []
     metric = lead_metric(tests, metrics)
     rows = forest_rows(tests, labels, metric)
-    pdf, png = render_forest(rows, metric_label=METRIC_LABELS.get(metric, metric),
-                             baseline_label=labels[tests["baseline"].iloc[0]], dataset_labels=DATASET_LABELS)
+    pdf, png = render_forest(
+        rows,
+        metric_label=METRIC_LABELS.get(metric, metric),
+        baseline_label=labels[tests["baseline"].iloc[0]],
+        dataset_labels=DATASET_LABELS,
+    )
     paths = forest_paths(stem)
     atomic_write_bytes(paths[0], pdf)
     atomic_write_bytes(paths[1], png)

@@ -11,8 +11,15 @@ from harness.reports.stats import t_half_width
 
 __all__ = ["format_results", "run_note", "SHORT_NAMES"]
 
-SHORT_NAMES = {"precision_at_1": "P@1", "r_precision": "RP", "mean_average_precision_at_r": "MAP@R",
-               "map_at_c": "mAP@C", "nmi": "NMI", "ami": "AMI", "f1": "F1"}
+SHORT_NAMES = {
+    "precision_at_1": "P@1",
+    "r_precision": "RP",
+    "mean_average_precision_at_r": "MAP@R",
+    "map_at_c": "mAP@C",
+    "nmi": "NMI",
+    "ami": "AMI",
+    "f1": "F1",
+}
 
 
 def _short(metric: str) -> str:
@@ -30,7 +37,11 @@ def format_results(records: list[dict]) -> str:
     if not records:
         return "(no runs)"
     # Union of the records' metrics, in first-seen order (re-ranking methods add cos: columns).
-    metrics = [m for m in dict.fromkeys(m for r in records for m in r["metrics"]) if not m.endswith("_query_in_r")]
+    metrics = [
+        m
+        for m in dict.fromkeys(m for r in records for m in r["metrics"])
+        if not m.endswith("_query_in_r")
+    ]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["dataset"], r["method"], r["loss"])].append(r)
@@ -50,15 +61,22 @@ def format_results(records: list[dict]) -> str:
             cells.append(cell)
         rows.append(cells)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i >= 3 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
     deviations = sorted({d for r in records for d in r.get("deviations", [])})
     out = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
     if any(len(runs) > 1 for runs in groups.values()):
         out.append("mean ± half-width of the 95% Student t-interval over seeds")
-    out.append(f"protocol {records[0]['protocol']} (fingerprint {records[0]['fingerprint']}), "
-               f"model selection: {records[0]['selection']}"
-               + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else ""))
+    out.append(
+        f"protocol {records[0]['protocol']} (fingerprint {records[0]['fingerprint']}), "
+        f"model selection: {records[0]['selection']}"
+        + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else "")
+    )
     if deviations:
         out.append("deviations: " + "; ".join(deviations))
     paper_deviations = sorted({d for r in records for d in r.get("paper_deviations", [])})
@@ -68,23 +86,45 @@ def format_results(records: list[dict]) -> str:
     return "\n".join(out)
 
 
-def run_note(*, method: str, dataset: str, protocol: str, selection: str, metrics: dict[str, float],
-             selected_epoch: int, deviations: list[str], paper_deviations: list[str], init_from: str = "",
-             evaluate_only: bool = False) -> str:
+def run_note(
+    *,
+    method: str,
+    dataset: str,
+    protocol: str,
+    selection: str,
+    metrics: dict[str, float],
+    selected_epoch: int,
+    deviations: list[str],
+    paper_deviations: list[str],
+    init_from: str = "",
+    evaluate_only: bool = False,
+) -> str:
     """The Markdown summary a run shows as its description in the MLflow UI: what ran,
     the headline test metrics in %, the selected epoch, and every departure from the
     protocol and from the paper."""
     headline = [m for m in HEADLINE if m in metrics]
-    lines = [f"**{method}** on **{dataset}**, protocol **{protocol}** (model selection: {selection})", "",
-             "| " + " | ".join(_short(m) for m in headline) + " |",
-             "|" + "---:|" * len(headline),
-             "| " + " | ".join(f"{100 * metrics[m]:.2f}" for m in headline) + " |", ""]
+    lines = [
+        f"**{method}** on **{dataset}**, protocol **{protocol}** (model selection: {selection})",
+        "",
+        "| " + " | ".join(_short(m) for m in headline) + " |",
+        "|" + "---:|" * len(headline),
+        "| " + " | ".join(f"{100 * metrics[m]:.2f}" for m in headline) + " |",
+        "",
+    ]
     if evaluate_only:
-        lines.append(f"Selected epoch {selected_epoch}, of the trained run `{init_from}` whose weights "
-                     f"this run evaluates.")
+        lines.append(
+            f"Selected epoch {selected_epoch}, of the trained run `{init_from}` whose weights "
+            f"this run evaluates."
+        )
     else:
-        lines.append(f"Selected epoch {selected_epoch}" + (f", trained from run `{init_from}`." if init_from else "."))
-    lines += ["", "Deviations from the protocol: " + ("; ".join(deviations) if deviations else "none") + "."]
+        lines.append(
+            f"Selected epoch {selected_epoch}"
+            + (f", trained from run `{init_from}`." if init_from else ".")
+        )
+    lines += [
+        "",
+        "Deviations from the protocol: " + ("; ".join(deviations) if deviations else "none") + ".",
+    ]
     lines += ["", "Deviations from the paper:" + ("" if paper_deviations else " none.")]
     lines += [f"- {d}" for d in paper_deviations]
     return "\n".join(lines) + "\n"

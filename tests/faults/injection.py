@@ -43,8 +43,20 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_PROTOCOL = REPO / "tests" / "protocols" / "tiny.toml"
 RUN_ARGS = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL), "--device", "cpu")
 SWEEP_TIMING = ("--heartbeat", "1", "--grace", "6")
-TUNE_ARGS = ("--method", "plain", "--protocol", str(TINY_PROTOCOL), "--space", "optimizer.lr_head",
-             "--trials", "2", "--seeds", "0", "--device", "cpu")
+TUNE_ARGS = (
+    "--method",
+    "plain",
+    "--protocol",
+    str(TINY_PROTOCOL),
+    "--space",
+    "optimizer.lr_head",
+    "--trials",
+    "2",
+    "--seeds",
+    "0",
+    "--device",
+    "cpu",
+)
 
 
 @dataclass
@@ -61,7 +73,9 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.recovered and self.identical and not (self.twice or self.running or self.half_read)
+        return (
+            self.recovered and self.identical and not (self.twice or self.running or self.half_read)
+        )
 
 
 @dataclass
@@ -88,15 +102,35 @@ class Lab:
         return f"sqlite:///{self.root / f'{name}.db'}"
 
     def env(self, store: str, fault: str | None = None, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("DML_HARNESS_FAULT", "DML_HARNESS_CHECKPOINTS")}
-        env.update({"DML_HARNESS_DATA": str(self.data_root), "MLFLOW_TRACKING_URI": store, "HF_HUB_OFFLINE": "1",
-                    "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **extra})
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DML_HARNESS_FAULT", "DML_HARNESS_CHECKPOINTS")
+        }
+        env.update(
+            {
+                "DML_HARNESS_DATA": str(self.data_root),
+                "MLFLOW_TRACKING_URI": store,
+                "HF_HUB_OFFLINE": "1",
+                "PYTHONPATH": str(REPO),
+                "OMP_NUM_THREADS": "1",
+                **extra,
+            }
+        )
         if fault:
             env["DML_HARNESS_FAULT"] = fault
         return env
 
-    def harness(self, cwd: Path, args: tuple[str, ...], env: dict[str, str], *, signal_at: float | None = None,
-                sig: int = signal.SIGKILL, target: Callable[[int], int | None] | None = None) -> Proc:
+    def harness(
+        self,
+        cwd: Path,
+        args: tuple[str, ...],
+        env: dict[str, str],
+        *,
+        signal_at: float | None = None,
+        sig: int = signal.SIGKILL,
+        target: Callable[[int], int | None] | None = None,
+    ) -> Proc:
         """``python -m harness ARGS`` in ``cwd`` (forked from the :class:`Zygote`); ``signal_at``
         seconds after the start, ``sig`` goes to it (or to the pid ``target(pid)`` picks, e.g.
         one of a sweep's workers)."""
@@ -143,17 +177,25 @@ class Zygote:
     workers are real ``python -m harness`` subprocesses of the forked ``sweep``."""
 
     def __init__(self, env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-c", "from tests.faults.injection import zygote_main; "
-                                      "zygote_main()"], cwd=REPO, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tests.faults.injection import zygote_main; zygote_main()"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the fault-injection zygote did not start")
         self.status: int | None = None
 
     def start(self, args: tuple[str, ...], cwd: Path, env: dict[str, str], err_file: Path) -> int:
         self.status = None
-        self.proc.stdin.write(json.dumps({"argv": list(args), "cwd": str(cwd), "env": env,
-                                          "stderr": str(err_file)}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"argv": list(args), "cwd": str(cwd), "env": env, "stderr": str(err_file)})
+            + "\n"
+        )
         self.proc.stdin.flush()
         return int(self.proc.stdout.readline())
 
@@ -196,7 +238,9 @@ def zygote_main() -> None:
             _child(request)
         print(pid, flush=True)
         _, status = os.waitpid(pid, 0)
-        print(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status), flush=True)
+        print(
+            -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status), flush=True
+        )
 
 
 def _child(request: dict) -> None:
@@ -258,7 +302,12 @@ def count_running(runs: list) -> int:
 def one_clear_line(proc: Proc) -> bool:
     """A failure the command reports itself: exit 2, last line ``error: ...``, no traceback."""
     lines = [ln for ln in proc.err.strip().splitlines() if ln.strip()]
-    return proc.rc == 2 and bool(lines) and lines[-1].startswith("error: ") and "Traceback" not in proc.err
+    return (
+        proc.rc == 2
+        and bool(lines)
+        and lines[-1].startswith("error: ")
+        and "Traceback" not in proc.err
+    )
 
 
 def ended_by_fault(proc: Proc, action: str) -> bool:
@@ -308,35 +357,63 @@ class RunFaults:
 
     def prepare(self) -> None:
         cwd = self.lab.root / "run-reference"
-        proc = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", "reference", "--json", "out.json"),
-                                self.lab.env(self.store))
+        proc = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", "reference", "--json", "out.json"),
+            self.lab.env(self.store),
+        )
         if proc.rc != 0:
             raise RuntimeError(f"reference run failed:\n{proc.err[-3000:]}")
         self.reference = json.loads((cwd / "out.json").read_text())[0]
         # Again, timed: the first run also generated the dataset and created the store,
         # which would push the random moments past the end of a run.
-        again = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", "reference-again", "--json", "again.json"),
-                                 self.lab.env(self.store))
-        if again.rc != 0 or json.loads((cwd / "again.json").read_text())[0]["metrics"] != self.reference["metrics"]:
-            raise RuntimeError(f"a second uninterrupted run did not reproduce the first:\n{again.err[-3000:]}")
+        again = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", "reference-again", "--json", "again.json"),
+            self.lab.env(self.store),
+        )
+        if (
+            again.rc != 0
+            or json.loads((cwd / "again.json").read_text())[0]["metrics"]
+            != self.reference["metrics"]
+        ):
+            raise RuntimeError(
+                f"a second uninterrupted run did not reproduce the first:\n{again.err[-3000:]}"
+            )
         self.reference_seconds = again.seconds
 
-    def _finish(self, row: Row, name: str, cwd: Path, fault_ok: bool, env: dict | None = None,
-                extra: tuple[str, ...] = ()) -> Row:
+    def _finish(
+        self,
+        row: Row,
+        name: str,
+        cwd: Path,
+        fault_ok: bool,
+        env: dict | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> Row:
         """Restart with ``--resume`` and fill the row."""
         row.half_read = int(json_state(cwd / "out.json") == "half")
         (cwd / "out.json").unlink(missing_ok=True)
-        restart = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--resume", "--json", "out.json", *extra),
-                                   env or self.lab.env(self.store))
+        restart = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", name, "--resume", "--json", "out.json", *extra),
+            env or self.lab.env(self.store),
+        )
         row.recovered = fault_ok and restart.rc == 0 and json_state(cwd / "out.json") == "whole"
         if row.recovered:
             record = json.loads((cwd / "out.json").read_text())[0]
-            row.identical = (record["metrics"] == self.reference["metrics"]
-                             and record["selected_epoch"] == self.reference["selected_epoch"])
+            row.identical = (
+                record["metrics"] == self.reference["metrics"]
+                and record["selected_epoch"] == self.reference["selected_epoch"]
+            )
         elif restart.rc != 0:
-            row.note = (row.note + " restart: " + restart.err.strip().splitlines()[-1][:120]).strip()
+            row.note = (
+                row.note + " restart: " + restart.err.strip().splitlines()[-1][:120]
+            ).strip()
         runs = runs_of(self.store, name)
-        row.twice = count_twice(runs, lambda r: (r.data.tags.get("method"), r.data.tags.get("seed")))
+        row.twice = count_twice(
+            runs, lambda r: (r.data.tags.get("method"), r.data.tags.get("seed"))
+        )
         row.running = count_running(runs)
         return row
 
@@ -345,22 +422,35 @@ class RunFaults:
         name = f"run-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         spec = f"{point}:{n}:{action}"
-        proc = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
-                                self.lab.env(self.store, spec))
-        row = Row("run", {"kill": "SIGKILL", "term": "SIGTERM", "enospc": "disk full (ENOSPC)"}[action],
-                  f"{point} #{n}")
+        proc = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
+            self.lab.env(self.store, spec),
+        )
+        row = Row(
+            "run",
+            {"kill": "SIGKILL", "term": "SIGTERM", "enospc": "disk full (ENOSPC)"}[action],
+            f"{point} #{n}",
+        )
         return self._finish(row, name, cwd, ended_by_fault(proc, action))
 
     def random_signal(self, sig: int) -> Row:
         name = f"run-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         at = self.lab.rng.uniform(0.15, 0.95) * self.reference_seconds
-        proc = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
-                                self.lab.env(self.store), signal_at=at, sig=sig)
+        proc = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
+            self.lab.env(self.store),
+            signal_at=at,
+            sig=sig,
+        )
         row = Row("run", signal.Signals(sig).name, f"random, t={at:.1f}s")
         if "ended before the signal" in proc.err:
             row.note = "ended before the signal"
-        fault_ok = proc.rc in (0, -signal.SIGKILL, -signal.SIGTERM, 130) and "Traceback" not in proc.err
+        fault_ok = (
+            proc.rc in (0, -signal.SIGKILL, -signal.SIGTERM, 130) and "Traceback" not in proc.err
+        )
         return self._finish(row, name, cwd, fault_ok)
 
     def damaged_checkpoint(self, how: str) -> Row:
@@ -369,8 +459,11 @@ class RunFaults:
         it in one line and start from scratch."""
         name = f"run-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
-        proc = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
-                                self.lab.env(self.store, "write:last.pt:2:kill"))
+        proc = self.lab.harness(
+            cwd,
+            (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
+            self.lab.env(self.store, "write:last.pt:2:kill"),
+        )
         (checkpoint,) = cwd.glob("results/checkpoints/*/last.pt")
         data = bytearray(checkpoint.read_bytes())
         at = self.lab.rng.randrange(len(data))
@@ -393,7 +486,9 @@ class RunFaults:
 
         def hold() -> None:
             time.sleep(at)
-            db = sqlite3.connect(self.store.removeprefix("sqlite:///"), timeout=120, isolation_level=None)
+            db = sqlite3.connect(
+                self.store.removeprefix("sqlite:///"), timeout=120, isolation_level=None
+            )
             db.execute("BEGIN EXCLUSIVE")
             time.sleep(seconds)
             db.execute("ROLLBACK")
@@ -401,11 +496,16 @@ class RunFaults:
 
         holder = threading.Thread(target=hold)
         holder.start()
-        proc = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
-                                self.lab.env(self.store))
+        proc = self.lab.harness(
+            cwd, (*RUN_ARGS, "--experiment", name, "--json", "out.json"), self.lab.env(self.store)
+        )
         holder.join()
         row = Row("run", "store locked by another writer", f"{seconds:.0f}s from t={at:.1f}s")
-        row.note = "the run waited" if proc.rc == 0 else ("one line" if one_clear_line(proc) else "traceback")
+        row.note = (
+            "the run waited"
+            if proc.rc == 0
+            else ("one line" if one_clear_line(proc) else "traceback")
+        )
         return self._finish(row, name, cwd, proc.rc == 0 or one_clear_line(proc))
 
     def moved_store(self) -> Row:
@@ -416,26 +516,52 @@ class RunFaults:
         store = f"sqlite:///{cwd / 'own.db'}"
         cwd.mkdir(parents=True)
         shutil.copy(self.store.removeprefix("sqlite:///"), cwd / "own.db")  # migrated already
-        trained = self.lab.harness(cwd, (*RUN_ARGS, "--experiment", name, "--json", "plain.json"),
-                                   self.lab.env(store))
+        trained = self.lab.harness(
+            cwd, (*RUN_ARGS, "--experiment", name, "--json", "plain.json"), self.lab.env(store)
+        )
         run_id = json.loads((cwd / "plain.json").read_text())[0]["mlflow_run_id"]
         moved = self.lab.root / f"{name}-moved"
         moved.mkdir()
         shutil.move(cwd / "own.db", moved / "own.db")
         shutil.move(cwd / "results" / "checkpoints", moved / "checkpoints")
-        env = self.lab.env(f"sqlite:///{moved / 'own.db'}", DML_HARNESS_CHECKPOINTS=str(moved / "checkpoints"))
-        proc = self.lab.harness(cwd, ("run", "--methods", "diml", "--protocol", str(TINY_PROTOCOL), "--device", "cpu",
-                                      "--experiment", name, "--evaluate-only", "--init-from", run_id,
-                                      "--json", "diml.json"), env)
-        row = Row("run", "store + checkpoint root moved", "before --init-from (diml --evaluate-only)")
+        env = self.lab.env(
+            f"sqlite:///{moved / 'own.db'}", DML_HARNESS_CHECKPOINTS=str(moved / "checkpoints")
+        )
+        proc = self.lab.harness(
+            cwd,
+            (
+                "run",
+                "--methods",
+                "diml",
+                "--protocol",
+                str(TINY_PROTOCOL),
+                "--device",
+                "cpu",
+                "--experiment",
+                name,
+                "--evaluate-only",
+                "--init-from",
+                run_id,
+                "--json",
+                "diml.json",
+            ),
+            env,
+        )
+        row = Row(
+            "run", "store + checkpoint root moved", "before --init-from (diml --evaluate-only)"
+        )
         row.recovered = trained.rc == 0 and proc.rc == 0
         if row.recovered:
             diml = json.loads((cwd / "diml.json").read_text())[0]["metrics"]
-            row.identical = all(diml[f"global_{k}"] == v for k, v in self.reference["metrics"].items())
+            row.identical = all(
+                diml[f"global_{k}"] == v for k, v in self.reference["metrics"].items()
+            )
         else:
             row.note = proc.err.strip().splitlines()[-1][:120] if proc.err.strip() else ""
         runs = runs_of(f"sqlite:///{moved / 'own.db'}", name)
-        row.twice = count_twice(runs, lambda r: (r.data.tags.get("method"), r.data.tags.get("seed")))
+        row.twice = count_twice(
+            runs, lambda r: (r.data.tags.get("method"), r.data.tags.get("seed"))
+        )
         row.running = count_running(runs)
         return row
 
@@ -456,18 +582,35 @@ class SweepFaults:
     def _grid(self, cwd: Path, name: str) -> Path:
         cwd.mkdir(parents=True, exist_ok=True)
         path = cwd / "grid.toml"
-        path.write_text(f'name = "{name}"\nprotocol = "{TINY_PROTOCOL}"\nexperiment = "{name}"\n'
-                        'methods = ["plain"]\nlosses = ["margin"]\nbackbones = ["efficientnet_lite0"]\n'
-                        'datasets = ["synthetic"]\nseeds = [0, 1, 2]\n')
+        path.write_text(
+            f'name = "{name}"\nprotocol = "{TINY_PROTOCOL}"\nexperiment = "{name}"\n'
+            'methods = ["plain"]\nlosses = ["margin"]\nbackbones = ["efficientnet_lite0"]\n'
+            'datasets = ["synthetic"]\nseeds = [0, 1, 2]\n'
+        )
         return path
 
     def _args(self, cwd: Path, name: str) -> tuple[str, ...]:
-        return ("sweep", "--grid", str(self._grid(cwd, name)), "--storage", f"sqlite:///{cwd / 'optuna.db'}",
-                "--workers", "3", "--device", "cpu", *SWEEP_TIMING)
+        return (
+            "sweep",
+            "--grid",
+            str(self._grid(cwd, name)),
+            "--storage",
+            f"sqlite:///{cwd / 'optuna.db'}",
+            "--workers",
+            "3",
+            "--device",
+            "cpu",
+            *SWEEP_TIMING,
+        )
 
     def _metrics(self, name: str) -> dict[str, dict]:
-        return {r.data.tags["cell_key"]: {k: v for k, v in r.data.metrics.items() if k.startswith("test/")}
-                for r in runs_of(self.store, name) if r.info.status == "FINISHED" and "cell_key" in r.data.tags}
+        return {
+            r.data.tags["cell_key"]: {
+                k: v for k, v in r.data.metrics.items() if k.startswith("test/")
+            }
+            for r in runs_of(self.store, name)
+            if r.info.status == "FINISHED" and "cell_key" in r.data.tags
+        }
 
     def prepare(self) -> None:
         cwd = self.lab.root / "sweep-reference"
@@ -481,10 +624,14 @@ class SweepFaults:
         restart = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store))
         row.recovered = fault_ok and restart.rc == 0
         if restart.rc != 0:
-            row.note = (row.note + " restart: " + (restart.err.strip().splitlines() or [""])[-1][:120]).strip()
+            row.note = (
+                row.note + " restart: " + (restart.err.strip().splitlines() or [""])[-1][:120]
+            ).strip()
         got = self._metrics(name)
         # Cell keys hold the grid's name: compare cell by cell in grid order (seeds 0-2).
-        row.identical = row.recovered and sorted(map(_frozen, got.values())) == sorted(map(_frozen, self.reference.values()))
+        row.identical = row.recovered and sorted(map(_frozen, got.values())) == sorted(
+            map(_frozen, self.reference.values())
+        )
         runs = runs_of(self.store, name)
         row.twice = count_twice(runs, lambda r: r.data.tags.get("cell_key"))
         row.running = count_running(runs)
@@ -494,8 +641,12 @@ class SweepFaults:
         """Every worker fails at its ``n``-th arrival at ``point`` (the variable reaches all three)."""
         name = f"sweep-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
-        self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store, f"{point}:{n}:{action}"))
-        row = Row("sweep", {"kill": "SIGKILL", "term": "SIGTERM"}[action], f"{point} #{n}, all 3 workers")
+        self.lab.harness(
+            cwd, self._args(cwd, name), self.lab.env(self.store, f"{point}:{n}:{action}")
+        )
+        row = Row(
+            "sweep", {"kill": "SIGKILL", "term": "SIGTERM"}[action], f"{point} #{n}, all 3 workers"
+        )
         return self._finish(row, name, cwd, True)
 
     def random_worker_signal(self, sig: int) -> Row:
@@ -508,21 +659,32 @@ class SweepFaults:
             kids = children(pid)
             return kids[pick % len(kids)] if kids else None
 
-        proc = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store), signal_at=at, sig=sig,
-                                target=worker)
+        proc = self.lab.harness(
+            cwd,
+            self._args(cwd, name),
+            self.lab.env(self.store),
+            signal_at=at,
+            sig=sig,
+            target=worker,
+        )
         row = Row("sweep", signal.Signals(sig).name, f"random, one worker, t={at:.1f}s")
         if "ended before the signal" in proc.err:
             row.note = "ended before the signal"
-        return self._finish(row, name, cwd, "Traceback" not in proc.err.split("[fault-injection]")[0]
-                            or sig == signal.SIGKILL)
+        return self._finish(
+            row,
+            name,
+            cwd,
+            "Traceback" not in proc.err.split("[fault-injection]")[0] or sig == signal.SIGKILL,
+        )
 
     def random_coordinator_term(self) -> Row:
         """SIGTERM to ``sweep`` itself: it stops its workers (SIGTERM), their runs are KILLED."""
         name = f"sweep-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         at = self.lab.rng.uniform(0.2, 0.8) * self.reference_seconds
-        proc = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store), signal_at=at,
-                                sig=signal.SIGTERM)
+        proc = self.lab.harness(
+            cwd, self._args(cwd, name), self.lab.env(self.store), signal_at=at, sig=signal.SIGTERM
+        )
         row = Row("sweep", "SIGTERM", f"random, the sweep command, t={at:.1f}s")
         return self._finish(row, name, cwd, proc.rc in (0, 130))
 
@@ -544,7 +706,14 @@ class TuneFaults:
         self.reference_seconds = 0.0
 
     def _args(self, cwd: Path, name: str) -> tuple[str, ...]:
-        return ("tune", *TUNE_ARGS, "--storage", f"sqlite:///{cwd / 'optuna.db'}", "--experiment", name)
+        return (
+            "tune",
+            *TUNE_ARGS,
+            "--storage",
+            f"sqlite:///{cwd / 'optuna.db'}",
+            "--experiment",
+            name,
+        )
 
     def _result(self, cwd: Path, name: str) -> tuple:
         """The study's completed trials (parameters, values) and the reproduction's test metrics."""
@@ -553,10 +722,16 @@ class TuneFaults:
         storage = f"sqlite:///{cwd / 'optuna.db'}"
         (summary,) = optuna.get_all_study_summaries(storage)
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        trials = sorted((tuple(sorted(t.params.items())), t.value) for t in study.trials if t.state.name == "COMPLETE")
-        repro = [_frozen({k: v for k, v in r.data.metrics.items() if k.startswith("test/")})
-                 for r in runs_of(self.store, name)
-                 if r.info.status == "FINISHED" and r.data.tags.get("tune_role") == "reproduction"]
+        trials = sorted(
+            (tuple(sorted(t.params.items())), t.value)
+            for t in study.trials
+            if t.state.name == "COMPLETE"
+        )
+        repro = [
+            _frozen({k: v for k, v in r.data.metrics.items() if k.startswith("test/")})
+            for r in runs_of(self.store, name)
+            if r.info.status == "FINISHED" and r.data.tags.get("tune_role") == "reproduction"
+        ]
         return tuple(trials), tuple(sorted(repro))
 
     def prepare(self) -> None:
@@ -572,11 +747,19 @@ class TuneFaults:
         restart = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store))
         row.recovered = fault_ok and restart.rc == 0
         if restart.rc != 0:
-            row.note = (row.note + " restart: " + (restart.err.strip().splitlines() or [""])[-1][:120]).strip()
+            row.note = (
+                row.note + " restart: " + (restart.err.strip().splitlines() or [""])[-1][:120]
+            ).strip()
         row.identical = row.recovered and self._result(cwd, name) == self.reference
         runs = runs_of(self.store, name)
-        row.twice = count_twice(runs, lambda r: (r.data.tags.get("tune_role"), r.data.tags.get("optuna_trial"),
-                                                 r.data.tags.get("seed")))
+        row.twice = count_twice(
+            runs,
+            lambda r: (
+                r.data.tags.get("tune_role"),
+                r.data.tags.get("optuna_trial"),
+                r.data.tags.get("seed"),
+            ),
+        )
         row.running = count_running(runs)
         return row
 
@@ -584,7 +767,9 @@ class TuneFaults:
         name = f"tune-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         cwd.mkdir(parents=True)
-        proc = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store, f"{point}:{n}:{action}"))
+        proc = self.lab.harness(
+            cwd, self._args(cwd, name), self.lab.env(self.store, f"{point}:{n}:{action}")
+        )
         row = Row("tune", {"kill": "SIGKILL", "term": "SIGTERM"}[action], f"{point} #{n}")
         return self._finish(row, name, cwd, ended_by_fault(proc, action))
 
@@ -593,7 +778,9 @@ class TuneFaults:
         cwd = self.lab.root / name
         cwd.mkdir(parents=True)
         at = self.lab.rng.uniform(0.15, 0.9) * self.reference_seconds
-        proc = self.lab.harness(cwd, self._args(cwd, name), self.lab.env(self.store), signal_at=at, sig=sig)
+        proc = self.lab.harness(
+            cwd, self._args(cwd, name), self.lab.env(self.store), signal_at=at, sig=sig
+        )
         row = Row("tune", signal.Signals(sig).name, f"random, t={at:.1f}s")
         if "ended before the signal" in proc.err:
             row.note = "ended before the signal"
@@ -611,7 +798,15 @@ class TableFaults:
         self.reference = ""
 
     def _args(self, out: Path) -> tuple[str, ...]:
-        return ("table", "--experiment", "sweep-reference", "--format", "markdown", "--out", str(out))
+        return (
+            "table",
+            "--experiment",
+            "sweep-reference",
+            "--format",
+            "markdown",
+            "--out",
+            str(out),
+        )
 
     def prepare(self) -> None:
         cwd = self.lab.root / "table-reference"
@@ -623,9 +818,14 @@ class TableFaults:
     def hook(self, action: str) -> Row:
         cwd = self.lab.root / f"table-{uuid.uuid4().hex[:8]}"
         out = cwd / "t.md"
-        proc = self.lab.harness(cwd, self._args(out), self.lab.env(self.sweep.store, f"write:t.md:1:{action}"))
-        row = Row("table", {"kill": "SIGKILL", "term": "SIGTERM", "enospc": "disk full (ENOSPC)"}[action],
-                  "table write")
+        proc = self.lab.harness(
+            cwd, self._args(out), self.lab.env(self.sweep.store, f"write:t.md:1:{action}")
+        )
+        row = Row(
+            "table",
+            {"kill": "SIGKILL", "term": "SIGTERM", "enospc": "disk full (ENOSPC)"}[action],
+            "table write",
+        )
         row.half_read = int(out.exists())  # the fault hit before the rename: no file, not a part
         leftovers = [p.name for p in cwd.glob(".t.md.*")]
         if leftovers and action != "kill":
@@ -636,15 +836,20 @@ class TableFaults:
         row.identical = row.recovered and out.read_text() == self.reference
         if action == "kill" and leftovers:
             after = [p.name for p in cwd.glob(".t.md.*")]
-            row.note = ("SIGKILL left its temporary file (never read); the restart removed it" if not after
-                        else f"SIGKILL left its temporary file (never read); still there after the restart: {after}")
+            row.note = (
+                "SIGKILL left its temporary file (never read); the restart removed it"
+                if not after
+                else f"SIGKILL left its temporary file (never read); still there after the restart: {after}"
+            )
         return row
 
 
 # ------------------------------------------------------------------------ scenarios
 
 
-def scenarios(lab: Lab, *, commands: tuple[str, ...] = ("run", "sweep", "tune", "table")) -> list[Callable[[], Row]]:
+def scenarios(
+    lab: Lab, *, commands: tuple[str, ...] = ("run", "sweep", "tune", "table")
+) -> list[Callable[[], Row]]:
     """Every scenario, in order (each a callable returning its row); references first."""
     out: list[Callable[[], Row]] = []
     run, sweep, tune = RunFaults(lab), SweepFaults(lab), TuneFaults(lab)
@@ -656,24 +861,42 @@ def scenarios(lab: Lab, *, commands: tuple[str, ...] = ("run", "sweep", "tune", 
         out += [lambda n=n: run.hook("train_batch", n, "term") for n in batches[:2]]
         out += [lambda n=n: run.hook("write:last.pt", n, "kill") for n in (1, 2)]
         out += [lambda: run.hook("write:last.pt", 2, "term")]
-        out += [lambda n=n, a=a: run.hook("evaluate", n, a) for n, a in ((1, "kill"), (2, "term"), (3, "kill"))]
+        out += [
+            lambda n=n, a=a: run.hook("evaluate", n, a)
+            for n, a in ((1, "kill"), (2, "term"), (3, "kill"))
+        ]
         out += [lambda: run.hook("write:model.pt", 1, "kill")]
-        out += [lambda: run.hook("write:last.pt", 2, "enospc"), lambda: run.hook("write:model.pt", 1, "enospc"),
-                lambda: run.hook("write:out.json", 1, "enospc")]
+        out += [
+            lambda: run.hook("write:last.pt", 2, "enospc"),
+            lambda: run.hook("write:model.pt", 1, "enospc"),
+            lambda: run.hook("write:out.json", 1, "enospc"),
+        ]
         out += [lambda: run.random_signal(signal.SIGKILL) for _ in range(3)]
         out += [lambda: run.random_signal(signal.SIGTERM) for _ in range(2)]
         out += [lambda: run.damaged_checkpoint("truncated") for _ in range(2)]
         out += [lambda: run.damaged_checkpoint("corrupted")]
-        out += [lambda: run.locked_store(10), lambda: run.locked_store(45), lambda: run.moved_store()]
+        out += [
+            lambda: run.locked_store(10),
+            lambda: run.locked_store(45),
+            lambda: run.moved_store(),
+        ]
     if "sweep" in commands or "table" in commands:
         out.append(sweep.prepare)
     if "sweep" in commands:
-        out += [lambda: sweep.hook("write:last.pt", 2, "kill"), lambda: sweep.hook("train_batch", 4, "term"),
-                lambda: sweep.random_worker_signal(signal.SIGKILL), lambda: sweep.random_coordinator_term()]
+        out += [
+            lambda: sweep.hook("write:last.pt", 2, "kill"),
+            lambda: sweep.hook("train_batch", 4, "term"),
+            lambda: sweep.random_worker_signal(signal.SIGKILL),
+            lambda: sweep.random_coordinator_term(),
+        ]
     if "tune" in commands:
         out.append(tune.prepare)
-        out += [lambda: tune.hook("train_batch", 8, "kill"), lambda: tune.hook("write:last.pt", 3, "kill"),
-                lambda: tune.hook("evaluate", 4, "term"), lambda: tune.random_signal(signal.SIGKILL)]
+        out += [
+            lambda: tune.hook("train_batch", 8, "kill"),
+            lambda: tune.hook("write:last.pt", 3, "kill"),
+            lambda: tune.hook("evaluate", 4, "term"),
+            lambda: tune.random_signal(signal.SIGKILL),
+        ]
     if "table" in commands:
         table = TableFaults(lab, sweep)
         out.append(table.prepare)
@@ -682,9 +905,13 @@ def scenarios(lab: Lab, *, commands: tuple[str, ...] = ("run", "sweep", "tune", 
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("| command | fault | point | recovered | final metrics identical | cells run twice "
-            "| runs left RUNNING | half-written read | note |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| command | fault | point | recovered | final metrics identical | cells run twice "
+        "| runs left RUNNING | half-written read | note |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
     yes = {True: "yes", False: "**no**"}
     return head + "".join(
         f"| {r.command} | {r.fault} | {r.point} | {yes[r.recovered]} | {yes[r.identical]} | {r.twice} | "
-        f"{r.running} | {r.half_read} | {r.note} |\n" for r in rows)
+        f"{r.running} | {r.half_read} | {r.note} |\n"
+        for r in rows
+    )

@@ -29,8 +29,10 @@ def run_faults(lab) -> RunFaults:
     return faults
 
 
-@pytest.mark.parametrize("point, n, action", [("write:last.pt", 2, "kill"), ("evaluate", 3, "term"),
-                                              ("write:last.pt", 2, "enospc")])
+@pytest.mark.parametrize(
+    "point, n, action",
+    [("write:last.pt", 2, "kill"), ("evaluate", 3, "term"), ("write:last.pt", 2, "enospc")],
+)
 def test_run_survives_a_fault_at_a_named_point(run_faults, point, n, action):
     row = run_faults.hook(point, n, action)
     assert row.ok, row

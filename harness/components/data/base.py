@@ -94,7 +94,12 @@ class FileImageSet(ImageSet):
 class ArrayImageSet(ImageSet):
     """Images held in memory as uint8 arrays (N x H x W or N x H x W x 3)."""
 
-    def __init__(self, images: np.ndarray, labels: Sequence[int] | np.ndarray, ids: Sequence[str] | None = None):
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: Sequence[int] | np.ndarray,
+        ids: Sequence[str] | None = None,
+    ):
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self.ids = list(ids) if ids is not None else [str(i) for i in range(len(self.labels))]
@@ -106,7 +111,9 @@ class ArrayImageSet(ImageSet):
         return self.ids
 
     def subset(self, indices: np.ndarray) -> ArrayImageSet:
-        return ArrayImageSet(self.images[indices], self.labels[indices], [self.ids[i] for i in indices])
+        return ArrayImageSet(
+            self.images[indices], self.labels[indices], [self.ids[i] for i in indices]
+        )
 
 
 @dataclass
@@ -157,10 +164,18 @@ class OfficialCounts:
 
 
 def _split_counts(splits: DatasetSplits) -> tuple[int, int, int, int, int]:
-    test_labels = splits.test.labels if splits.gallery is None else np.concatenate(
-        [splits.test.labels, splits.gallery.labels])
-    return (len(splits.train), splits.train.num_classes, len(splits.test), int(np.unique(test_labels).size),
-            0 if splits.gallery is None else len(splits.gallery))
+    test_labels = (
+        splits.test.labels
+        if splits.gallery is None
+        else np.concatenate([splits.test.labels, splits.gallery.labels])
+    )
+    return (
+        len(splits.train),
+        splits.train.num_classes,
+        len(splits.test),
+        int(np.unique(test_labels).size),
+        0 if splits.gallery is None else len(splits.gallery),
+    )
 
 
 def check_class_disjoint(splits: DatasetSplits) -> None:
@@ -168,8 +183,10 @@ def check_class_disjoint(splits: DatasetSplits) -> None:
     test = [s.labels for s in (splits.test, splits.gallery) if s is not None]
     shared = np.intersect1d(splits.train.labels, np.concatenate(test))
     if shared.size:
-        raise HarnessError(f"dataset '{splits.name}': {shared.size} class(es) are in both the training and the "
-                           f"test split (e.g. class {shared[0]}); zero-shot retrieval needs class-disjoint splits")
+        raise HarnessError(
+            f"dataset '{splits.name}': {shared.size} class(es) are in both the training and the "
+            f"test split (e.g. class {shared[0]}); zero-shot retrieval needs class-disjoint splits"
+        )
 
 
 def check_official_counts(splits: DatasetSplits, official: OfficialCounts) -> None:
@@ -182,16 +199,30 @@ def check_official_counts(splits: DatasetSplits, official: OfficialCounts) -> No
     got = _split_counts(splits)
     listed = got[0] + got[2] + got[4]
     if listed < official.images:
-        print(f"dataset '{splits.name}': {listed:,} of the official release's {official.images:,} images "
-              f"listed (a partial tree); official split counts not checked", file=sys.stderr)
+        print(
+            f"dataset '{splits.name}': {listed:,} of the official release's {official.images:,} images "
+            f"listed (a partial tree); official split counts not checked",
+            file=sys.stderr,
+        )
         return
-    want = (official.train_images, official.train_classes, official.test_images, official.test_classes,
-            official.gallery_images)
+    want = (
+        official.train_images,
+        official.train_classes,
+        official.test_images,
+        official.test_classes,
+        official.gallery_images,
+    )
     if got != want:
         names = ("train images", "train classes", "test images", "test classes", "gallery images")
-        wrong = ", ".join(f"{n} {g:,} (official {w:,})" for n, g, w in zip(names, got, want, strict=True) if g != w)
-        raise HarnessError(f"dataset '{splits.name}' lists {listed:,} images, a full release, but not the "
-                           f"official splits: {wrong} [{official.source}]")
+        wrong = ", ".join(
+            f"{n} {g:,} (official {w:,})"
+            for n, g, w in zip(names, got, want, strict=True)
+            if g != w
+        )
+        raise HarnessError(
+            f"dataset '{splits.name}' lists {listed:,} images, a full release, but not the "
+            f"official splits: {wrong} [{official.source}]"
+        )
 
 
 @dataclass(frozen=True)
@@ -234,10 +265,19 @@ class DatasetInfo:
 DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 
-def register_dataset(name: str, *, description: str, folder: str, marker: str, embedded: bool = False,
-                     official: OfficialCounts | None = None):
+def register_dataset(
+    name: str,
+    *,
+    description: str,
+    folder: str,
+    marker: str,
+    embedded: bool = False,
+    official: OfficialCounts | None = None,
+):
     def add(loader):
-        DATASETS.register(name)(DatasetInfo(name, description, folder, marker, loader, embedded, official))
+        DATASETS.register(name)(
+            DatasetInfo(name, description, folder, marker, loader, embedded, official)
+        )
         return loader
 
     return add
@@ -276,13 +316,19 @@ def seen_class_control(splits: DatasetSplits, pool: ImageSet, cap: int, seed: in
     validation and test sets stay the protocol's own, so model selection is unchanged.
     """
     if splits.gallery is not None:
-        raise HarnessError(f"the seen-class control needs a test set searched against itself; "
-                           f"'{splits.name}' searches queries against a gallery")
-    spare = np.flatnonzero(~np.isin(np.asarray(pool.keys()), np.asarray(splits.test.keys()))
-                           & np.isin(pool.labels, splits.test.labels))
+        raise HarnessError(
+            f"the seen-class control needs a test set searched against itself; "
+            f"'{splits.name}' searches queries against a gallery"
+        )
+    spare = np.flatnonzero(
+        ~np.isin(np.asarray(pool.keys()), np.asarray(splits.test.keys()))
+        & np.isin(pool.labels, splits.test.labels)
+    )
     if spare.size == 0:
-        raise HarnessError(f"the seen-class control needs test-class images the protocol does not test on; "
-                           f"'{splits.name}' tests on all of them (set splits.max_test_images_per_class)")
+        raise HarnessError(
+            f"the seen-class control needs test-class images the protocol does not test on; "
+            f"'{splits.name}' tests on all of them (set splits.max_test_images_per_class)"
+        )
     splits.train = cap_per_class(pool.subset(spare), cap, seed)
     return splits
 

@@ -82,15 +82,23 @@ def _id_table(path: Path, value: str) -> dict[str, str]:
             if not fields:
                 continue
             if len(fields) < 2:
-                raise HarnessError(f"{path}:{lineno}: malformed line {line.strip()!r}: expected '<image id> <{value}>'")
+                raise HarnessError(
+                    f"{path}:{lineno}: malformed line {line.strip()!r}: expected '<image id> <{value}>'"
+                )
             if not fields[0].isdigit():
-                raise HarnessError(f"{path}:{lineno}: image id {fields[0]!r} is not an integer >= 0")
+                raise HarnessError(
+                    f"{path}:{lineno}: image id {fields[0]!r} is not an integer >= 0"
+                )
             image_id, rest = str(int(fields[0])), fields[1]
             if value == "class id" and not rest.isdigit():
-                raise HarnessError(f"{path}:{lineno}: malformed class id {rest!r}: expected an integer >= 1")
+                raise HarnessError(
+                    f"{path}:{lineno}: malformed class id {rest!r}: expected an integer >= 1"
+                )
             if image_id in table and table[image_id] != rest:
-                raise HarnessError(f"{path}:{lineno}: image id {image_id} again, with {value} {rest!r} "
-                                   f"(line {first[image_id]} gives {table[image_id]!r})")
+                raise HarnessError(
+                    f"{path}:{lineno}: image id {image_id} again, with {value} {rest!r} "
+                    f"(line {first[image_id]} gives {table[image_id]!r})"
+                )
             table.setdefault(image_id, rest)
             first.setdefault(image_id, lineno)
     return table
@@ -114,11 +122,15 @@ def load_cub200(root: Path) -> DatasetSplits:
     images = _id_table(root / "images.txt", "path")
     label_file = root / "image_class_labels.txt"
     label_rows = _id_table(label_file, "class id")
-    labels_by_id = dict(zip(label_rows, _labels(list(label_rows.values()), label_file).tolist(), strict=True))
+    labels_by_id = dict(
+        zip(label_rows, _labels(list(label_rows.values()), label_file).tolist(), strict=True)
+    )
     ids = sorted(images, key=int)
     missing = [i for i in ids if i not in labels_by_id]
     if missing:
-        raise HarnessError(f"image id {missing[0]} of images.txt has no row in {root / 'image_class_labels.txt'}")
+        raise HarnessError(
+            f"image id {missing[0]} of images.txt has no row in {root / 'image_class_labels.txt'}"
+        )
     paths = [f"images/{images[i]}" for i in ids]
     labels = np.array([labels_by_id[i] for i in ids], dtype=np.int64)
     train, test = _split_by_class(root, paths, labels, last_train_class=100)
@@ -165,7 +177,9 @@ def _read_ebay(path: Path) -> tuple[list[str], np.ndarray]:
     description="Stanford Online Products; 59,551 train / 11,318 classes, 60,502 test / 11,316 classes",
     folder="Stanford_Online_Products",
     marker="Ebay_train.txt",
-    official=OfficialCounts(59_551, 11_318, 60_502, 11_316, source="Oh Song et al. 2016; DIML Sec. 4.1"),
+    official=OfficialCounts(
+        59_551, 11_318, 60_502, 11_316, source="Oh Song et al. 2016; DIML Sec. 4.1"
+    ),
 )
 def load_sop(root: Path) -> DatasetSplits:
     train_paths, train_labels = _read_ebay(root / "Ebay_train.txt")
@@ -182,8 +196,9 @@ def load_sop(root: Path) -> DatasetSplits:
     description="In-Shop Clothes Retrieval; 25,882 train, 14,218 query vs 12,612 gallery",
     folder="inshop",
     marker="list_eval_partition.txt",
-    official=OfficialCounts(25_882, 3_997, 14_218, 3_985, gallery_images=12_612,
-                            source="Liu et al. 2016; DIABLO Sec. 5"),
+    official=OfficialCounts(
+        25_882, 3_997, 14_218, 3_985, gallery_images=12_612, source="Liu et al. 2016; DIABLO Sec. 5"
+    ),
 )
 def load_inshop(root: Path) -> DatasetSplits:
     listing = root / "list_eval_partition.txt"
@@ -196,12 +211,21 @@ def load_inshop(root: Path) -> DatasetSplits:
     rows = [line.split() for line in lines[2:] if line.strip()]
     # Images live under Img/ in the official release (image_name starts with img/).
     image_root = root / "Img" if (root / "Img").is_dir() else root
-    by_status: dict[str, tuple[list[str], list[str]]] = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
+    by_status: dict[str, tuple[list[str], list[str]]] = {
+        "train": ([], []),
+        "query": ([], []),
+        "gallery": ([], []),
+    }
     for lineno, row in enumerate(rows, start=3):
         if len(row) < 3 or row[2] not in by_status:
             raise HarnessError(f"malformed line {lineno} in {listing}: {' '.join(row)!r}")
         paths, labels = by_status[row[2]]
         paths.append(row[0])
         labels.append(row[1].removeprefix("id_"))
-    make = lambda status: FileImageSet(image_root, by_status[status][0], _labels(by_status[status][1], listing))  # noqa: E731
+
+    def make(status: str) -> FileImageSet:
+        return FileImageSet(
+            image_root, by_status[status][0], _labels(by_status[status][1], listing)
+        )
+
     return DatasetSplits("inshop", train=make("train"), test=make("query"), gallery=make("gallery"))

@@ -35,10 +35,12 @@ def read_idx(path: Path) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise HarnessError(f"{path} is not a uint8 idx file")
     ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(shape)):
-        raise HarnessError(f"{path} is truncated: expected {int(np.prod(shape))} values, found {body.size}")
+        raise HarnessError(
+            f"{path} is truncated: expected {int(np.prod(shape))} values, found {body.size}"
+        )
     return body.reshape(shape)
 
 
@@ -75,7 +77,10 @@ def load_fashion_mnist(data_root: Path | None) -> DatasetSplits:
     for part, (img_stem, lbl_stem) in FILES.items():
         img_path, lbl_path = _find(root, img_stem), _find(root, lbl_stem)
         if img_path is None or lbl_path is None:
-            raise HarnessError(f"dataset 'fashion-mnist' incomplete: expected {root / (img_stem + '.gz')} and {root / (lbl_stem + '.gz')}")
+            raise HarnessError(
+                f"dataset 'fashion-mnist' incomplete: expected {root / (img_stem + '.gz')} "
+                f"and {root / (lbl_stem + '.gz')}"
+            )
         x, y = read_idx(img_path), read_idx(lbl_path)
         if len(x) != len(y):
             raise HarnessError(f"{img_path} and {lbl_path} hold different numbers of items")

@@ -53,8 +53,17 @@ from harness.base.atomic import atomic_write_json, publish_folder
 from harness.base.errors import HarnessError
 from harness.components.data.base import DATASETS, FileImageSet, OfficialCounts, default_data_root
 
-__all__ = ["Part", "DatasetSource", "SOURCES", "FETCH_RECORD", "FetchResult", "fetch_dataset", "fetch_command",
-           "fetch_record", "DEFAULT_TIMEOUT"]
+__all__ = [
+    "Part",
+    "DatasetSource",
+    "SOURCES",
+    "FETCH_RECORD",
+    "FetchResult",
+    "fetch_dataset",
+    "fetch_command",
+    "fetch_record",
+    "DEFAULT_TIMEOUT",
+]
 
 #: The record a fetch leaves in the dataset's folder: what was fetched and what was checked.
 FETCH_RECORD = "dml-harness-fetch.json"
@@ -112,32 +121,47 @@ class DatasetSource:
 SOURCES: dict[str, DatasetSource] = {
     "cub200": DatasetSource(
         "cub200",
-        (Part("CUB_200_2011.tgz", url="https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz",
-              md5="97eceeb196236b17998738112f37df78"),),
-        homepage="https://www.vision.caltech.edu/datasets/cub_200_2011/"),
+        (
+            Part(
+                "CUB_200_2011.tgz",
+                url="https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz",
+                md5="97eceeb196236b17998738112f37df78",
+            ),
+        ),
+        homepage="https://www.vision.caltech.edu/datasets/cub_200_2011/",
+    ),
     "sop": DatasetSource(
         "sop",
-        (Part("Stanford_Online_Products.zip",
-              url="https://drive.usercontent.google.com/download?id=1TclrpQOF_ullUP99wk_gjGN8pKvtErG8"
-                  "&export=download&confirm=t",
-              md5="7f73d41a2f44250d4779881525aea32e"),),
-        homepage="https://cvgl.stanford.edu/projects/lifted_struct/"),
+        (
+            Part(
+                "Stanford_Online_Products.zip",
+                url="https://drive.usercontent.google.com/download?id=1TclrpQOF_ullUP99wk_gjGN8pKvtErG8"
+                "&export=download&confirm=t",
+                md5="7f73d41a2f44250d4779881525aea32e",
+            ),
+        ),
+        homepage="https://cvgl.stanford.edu/projects/lifted_struct/",
+    ),
     "cars196": DatasetSource(
         "cars196",
-        (Part("car_ims.tgz", into="cars196", md5="d5c8f0aa497503f355e17dc7886c3f14"),
-         Part("cars_annos.mat", into="cars196", md5="b407c6086d669747186bd1d764ff9dbc")),
+        (
+            Part("car_ims.tgz", into="cars196", md5="d5c8f0aa497503f355e17dc7886c3f14"),
+            Part("cars_annos.mat", into="cars196", md5="b407c6086d669747186bd1d764ff9dbc"),
+        ),
         manual="Cars196's original host (ai.stanford.edu/~jkrause/cars) is offline and its mirrors need an "
-               "account: download the original car_ims.tgz and cars_annos.mat (e.g. from a Kaggle copy of "
-               "the Stanford Cars release); both are checked against the originals' md5.",
-        homepage="https://ai.stanford.edu/~jkrause/cars/car_dataset.html"),
+        "account: download the original car_ims.tgz and cars_annos.mat (e.g. from a Kaggle copy of "
+        "the Stanford Cars release); both are checked against the originals' md5.",
+        homepage="https://ai.stanford.edu/~jkrause/cars/car_dataset.html",
+    ),
     "inshop": DatasetSource(
         "inshop",
         (Part("img.zip", into="inshop/Img"), Part("list_eval_partition.txt", into="inshop")),
         manual="In-Shop is shared through DeepFashion's Google Drive folder after the authors' agreement "
-               "form: from 'In-shop Clothes Retrieval Benchmark' download Img/img.zip and "
-               "Eval/list_eval_partition.txt; no checksum is published (add --sha256 HEX per file to pin "
-               "the copy you trust).",
-        homepage="https://mmlab.ie.cuhk.edu.hk/projects/DeepFashion/InShopRetrieval.html"),
+        "form: from 'In-shop Clothes Retrieval Benchmark' download Img/img.zip and "
+        "Eval/list_eval_partition.txt; no checksum is published (add --sha256 HEX per file to pin "
+        "the copy you trust).",
+        homepage="https://mmlab.ie.cuhk.edu.hk/projects/DeepFashion/InShopRetrieval.html",
+    ),
 }
 
 
@@ -145,7 +169,11 @@ def fetch_command(name: str, data_root: Path | None) -> str:
     """The exact command that fetches ``name`` (named by ``run``'s missing-dataset error)."""
     source = SOURCES[name]
     root = f" --data-root {data_root}" if data_root is not None else ""
-    local = "".join(f" --from {p.filename}" for p in source.parts) if not all(p.url for p in source.parts) else ""
+    local = (
+        "".join(f" --from {p.filename}" for p in source.parts)
+        if not all(p.url for p in source.parts)
+        else ""
+    )
     return f"python -m harness datasets fetch {name}{root}{local}"
 
 
@@ -165,9 +193,17 @@ class FetchResult:
     record: dict = field(default_factory=dict)
 
 
-def fetch_dataset(name: str, data_root: Path | None = None, *, local_files: Sequence[Path] = (),
-                  url: str | None = None, sha256: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT,
-                  progress: bool = False, say: Callable[[str], None] = print) -> FetchResult:
+def fetch_dataset(
+    name: str,
+    data_root: Path | None = None,
+    *,
+    local_files: Sequence[Path] = (),
+    url: str | None = None,
+    sha256: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: bool = False,
+    say: Callable[[str], None] = print,
+) -> FetchResult:
     """Fetch ``name`` into ``data_root`` (default :func:`default_data_root`), in its official layout.
 
     ``local_files``: the parts, in :attr:`DatasetSource.parts` order, already on disk
@@ -176,27 +212,39 @@ def fetch_dataset(name: str, data_root: Path | None = None, *, local_files: Sequ
     """
     source = SOURCES.get(name)
     if source is None:
-        raise HarnessError(f"dataset '{name}' cannot be fetched; fetchable: {', '.join(sorted(SOURCES))}")
+        raise HarnessError(
+            f"dataset '{name}' cannot be fetched; fetchable: {', '.join(sorted(SOURCES))}"
+        )
     root = Path(data_root) if data_root is not None else default_data_root()
     present = _present(name, root)
     if present is not None:
         record = fetch_record(present)
-        state = "fetched and verified" if record else "present (not fetched by the harness, so not verified)"
+        state = (
+            "fetched and verified"
+            if record
+            else "present (not fetched by the harness, so not verified)"
+        )
         say(f"{name}: {state} at {present}; nothing to do")
         return FetchResult(present, False, record or {})
     parts = _resolve_parts(source, local_files, url, sha256, data_root)
     target = root / source.folder
     if target.exists():
-        raise HarnessError(f"{target} exists but holds no {DATASETS.get(name).marker}: move it away, then fetch again")
+        raise HarnessError(
+            f"{target} exists but holds no {DATASETS.get(name).marker}: move it away, then fetch again"
+        )
     created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{source.folder}.fetch-", dir=root))
     try:
-        record = _stage(source, parts, local_files, root, staging, timeout=timeout, progress=progress, say=say)
+        record = _stage(
+            source, parts, local_files, root, staging, timeout=timeout, progress=progress, say=say
+        )
         try:
             publish_folder(staging / source.folder, target)
         except OSError as err:
-            raise HarnessError(f"cannot move the fetched {name} into {target}: {err.strerror or err}") from None
+            raise HarnessError(
+                f"cannot move the fetched {name} into {target}: {err.strerror or err}"
+            ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if created:
@@ -212,35 +260,62 @@ def _present(name: str, root: Path) -> Path | None:
     return None
 
 
-def _resolve_parts(source: DatasetSource, local_files: Sequence[Path], url: str | None,
-                   sha256: Sequence[str], data_root: Path | None) -> list[Part]:
+def _resolve_parts(
+    source: DatasetSource,
+    local_files: Sequence[Path],
+    url: str | None,
+    sha256: Sequence[str],
+    data_root: Path | None,
+) -> list[Part]:
     parts = list(source.parts)
     if local_files and len(local_files) != len(parts):
-        raise HarnessError(f"dataset '{source.name}' takes {len(parts)} --from file(s), in this order: "
-                           f"{', '.join(p.filename for p in parts)}; got {len(local_files)}")
+        raise HarnessError(
+            f"dataset '{source.name}' takes {len(parts)} --from file(s), in this order: "
+            f"{', '.join(p.filename for p in parts)}; got {len(local_files)}"
+        )
     for path in local_files:
         if not Path(path).is_file():
             raise HarnessError(f"--from {path}: no such file")
     if url is not None:
         if len(parts) != 1:
-            raise HarnessError(f"--url needs a one-file dataset; '{source.name}' has {len(parts)} files: use --from")
+            raise HarnessError(
+                f"--url needs a one-file dataset; '{source.name}' has {len(parts)} files: use --from"
+            )
         parts = [Part(parts[0].filename, parts[0].into, url, parts[0].md5, parts[0].sha256)]
     if sha256:
         if len(sha256) != len(parts):
-            raise HarnessError(f"give one --sha256 per file of '{source.name}' ({len(parts)}), in the order "
-                               f"{', '.join(p.filename for p in parts)}")
-        bad = [h for h in sha256 if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower())]
+            raise HarnessError(
+                f"give one --sha256 per file of '{source.name}' ({len(parts)}), in the order "
+                f"{', '.join(p.filename for p in parts)}"
+            )
+        bad = [
+            h for h in sha256 if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower())
+        ]
         if bad:
             raise HarnessError(f"--sha256 expects 64 hex digits, got '{bad[0]}'")
-        parts = [Part(p.filename, p.into, p.url, p.md5, h.lower()) for p, h in zip(parts, sha256, strict=True)]
+        parts = [
+            Part(p.filename, p.into, p.url, p.md5, h.lower())
+            for p, h in zip(parts, sha256, strict=True)
+        ]
     if not local_files and not all(p.url for p in parts):
-        raise HarnessError(f"dataset '{source.name}' needs a manual download: {source.manual} Then run: "
-                           f"{fetch_command(source.name, data_root)}")
+        raise HarnessError(
+            f"dataset '{source.name}' needs a manual download: {source.manual} Then run: "
+            f"{fetch_command(source.name, data_root)}"
+        )
     return parts
 
 
-def _stage(source: DatasetSource, parts: list[Part], local_files: Sequence[Path], root: Path, staging: Path, *,
-           timeout: float, progress: bool, say: Callable[[str], None]) -> dict:
+def _stage(
+    source: DatasetSource,
+    parts: list[Part],
+    local_files: Sequence[Path],
+    root: Path,
+    staging: Path,
+    *,
+    timeout: float,
+    progress: bool,
+    say: Callable[[str], None],
+) -> dict:
     """Get, verify and unpack every part into ``staging``; check the tree; write its record."""
     files = []
     for i, part in enumerate(parts):
@@ -255,16 +330,28 @@ def _stage(source: DatasetSource, parts: list[Part], local_files: Sequence[Path]
                 _unpack(part, path, staging / part.into)
             finally:
                 path.unlink(missing_ok=True)
-        files.append({"file": part.filename, "source": str(local_files[i]) if local_files else part.url,
-                      **digests, "checksum_verified": bool(part.md5 or part.sha256)})
+        files.append(
+            {
+                "file": part.filename,
+                "source": str(local_files[i]) if local_files else part.url,
+                **digests,
+                "checksum_verified": bool(part.md5 or part.sha256),
+            }
+        )
     tree = staging / source.folder
     images = _check_tree(source, tree)
-    record = {"dataset": source.name, "files": files, "images": images,
-              "verified": all(f["checksum_verified"] for f in files)}
+    record = {
+        "dataset": source.name,
+        "files": files,
+        "images": images,
+        "verified": all(f["checksum_verified"] for f in files),
+    }
     if not record["verified"]:
-        say(f"{source.name}: no published checksum for "
+        say(
+            f"{source.name}: no published checksum for "
             f"{', '.join(f['file'] for f in files if not f['checksum_verified'])}; its sha256 is recorded in "
-            f"{FETCH_RECORD} (pass --sha256 to check a copy against a checksum you trust)")
+            f"{FETCH_RECORD} (pass --sha256 to check a copy against a checksum you trust)"
+        )
     atomic_write_json(tree / FETCH_RECORD, record)
     return record
 
@@ -278,7 +365,9 @@ def _part_path(part: Part, root: Path) -> Path:
     return root / f".{part.filename}.{tag}.part"
 
 
-def _download(part: Part, root: Path, *, timeout: float, progress: bool, say: Callable[[str], None]) -> Path:
+def _download(
+    part: Part, root: Path, *, timeout: float, progress: bool, say: Callable[[str], None]
+) -> Path:
     """Download ``part.url`` into its ``.part`` file, resuming one left by a transfer that broke off."""
     path = _part_path(part, root)
     have = path.stat().st_size if path.exists() else 0
@@ -318,14 +407,24 @@ def _range_start(response) -> int | None:
     return int(start) if start.isdigit() else None
 
 
-def _copy(response, part: Part, path: Path, *, start: int, total: int | None, progress: bool) -> int:
+def _copy(
+    response, part: Part, path: Path, *, start: int, total: int | None, progress: bool
+) -> int:
     """Stream the body to ``path``; returns the file's size. A stall or a dropped connection
     keeps what arrived (when anything did) for the next fetch to resume."""
     from tqdm import tqdm
 
     got = start
-    bar = tqdm(total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024, desc=part.filename,
-               disable=not progress, leave=False)
+    bar = tqdm(
+        total=total,
+        initial=start,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=part.filename,
+        disable=not progress,
+        leave=False,
+    )
     try:
         with bar, open(path, "ab" if start else "wb") as out:
             while block := response.read(_BLOCK):
@@ -346,8 +445,10 @@ def _broke_off(part: Part, path: Path, got: int, total: int | None, why: str) ->
         _drop_empty(path)
         return HarnessError(f"downloading {part.url} failed: {why} before any data")
     of = f" of {total:,}" if total else ""
-    return HarnessError(f"downloading {part.filename} stopped ({why}) at {got:,}{of} bytes; kept in {path}: "
-                        f"run the same command again to resume")
+    return HarnessError(
+        f"downloading {part.filename} stopped ({why}) at {got:,}{of} bytes; kept in {path}: "
+        f"run the same command again to resume"
+    )
 
 
 def _drop_empty(path: Path) -> None:
@@ -374,8 +475,10 @@ def _verify(part: Part, path: Path) -> dict:
     for algorithm in ("md5", "sha256"):
         want = getattr(part, algorithm)
         if want and digests[algorithm] != want:
-            raise HarnessError(f"{part.filename}: {algorithm} {digests[algorithm]} is not the expected {want} "
-                               f"({digests['bytes']:,} bytes; a truncated or different file)")
+            raise HarnessError(
+                f"{part.filename}: {algorithm} {digests[algorithm]} is not the expected {want} "
+                f"({digests['bytes']:,} bytes; a truncated or different file)"
+            )
     return digests
 
 
@@ -387,7 +490,9 @@ def _unpack(part: Part, path: Path, into: Path) -> None:
     try:
         if part.kind == "tar":
             with tarfile.open(path) as archive:
-                archive.extractall(into, filter="data")  # refuses absolute paths, '..' and outside links
+                archive.extractall(
+                    into, filter="data"
+                )  # refuses absolute paths, '..' and outside links
         elif part.kind == "zip":
             with zipfile.ZipFile(path) as archive:
                 for member in archive.infolist():
@@ -396,17 +501,25 @@ def _unpack(part: Part, path: Path, into: Path) -> None:
         else:
             shutil.copyfile(path, into / part.filename)
     except tarfile.FilterError as err:
-        raise HarnessError(f"{part.filename}: refused member escaping the dataset folder: {err}") from None
+        raise HarnessError(
+            f"{part.filename}: refused member escaping the dataset folder: {err}"
+        ) from None
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as err:
-        raise HarnessError(f"{part.filename}: damaged or truncated archive ({type(err).__name__}: {err})") from None
+        raise HarnessError(
+            f"{part.filename}: damaged or truncated archive ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _check_zip_member(member: zipfile.ZipInfo, archive: str) -> None:
     name = PurePosixPath(member.filename.replace("\\", "/"))
     if name.is_absolute() or ".." in name.parts or ":" in member.filename:
-        raise HarnessError(f"{archive}: refused member escaping the dataset folder: {member.filename!r}")
+        raise HarnessError(
+            f"{archive}: refused member escaping the dataset folder: {member.filename!r}"
+        )
     if stat.S_ISLNK(member.external_attr >> 16):
-        raise HarnessError(f"{archive}: refused link member {member.filename!r} (the releases hold none)")
+        raise HarnessError(
+            f"{archive}: refused link member {member.filename!r} (the releases hold none)"
+        )
 
 
 # ---------------------------------------------------------------- known facts
@@ -417,21 +530,45 @@ def _check_tree(source: DatasetSource, tree: Path) -> int:
     every listed image present. Returns the number of images."""
     info = DATASETS.get(source.name)
     if not (tree / info.marker).is_file():
-        raise HarnessError(f"the {source.name} release did not unpack to the official layout: no "
-                           f"{source.folder}/{info.marker}")
+        raise HarnessError(
+            f"the {source.name} release did not unpack to the official layout: no "
+            f"{source.folder}/{info.marker}"
+        )
     splits = info.loader(tree)
     sets = [s for s in (splits.train, splits.test, splits.gallery) if s is not None]
     counts = source.expected_counts()
-    test_classes = len({*splits.test.labels.tolist(), *([] if splits.gallery is None else splits.gallery.labels.tolist())})
-    got = (len(splits.train), splits.train.num_classes, len(splits.test), test_classes,
-           0 if splits.gallery is None else len(splits.gallery))
-    want = (counts.train_images, counts.train_classes, counts.test_images, counts.test_classes, counts.gallery_images)
+    test_classes = len(
+        {
+            *splits.test.labels.tolist(),
+            *([] if splits.gallery is None else splits.gallery.labels.tolist()),
+        }
+    )
+    got = (
+        len(splits.train),
+        splits.train.num_classes,
+        len(splits.test),
+        test_classes,
+        0 if splits.gallery is None else len(splits.gallery),
+    )
+    want = (
+        counts.train_images,
+        counts.train_classes,
+        counts.test_images,
+        counts.test_classes,
+        counts.gallery_images,
+    )
     if got != want:
         names = ("train images", "train classes", "test images", "test classes", "gallery images")
-        wrong = ", ".join(f"{n} {g:,} (expected {w:,})" for n, g, w in zip(names, got, want, strict=True) if g != w)
+        wrong = ", ".join(
+            f"{n} {g:,} (expected {w:,})"
+            for n, g, w in zip(names, got, want, strict=True)
+            if g != w
+        )
         raise HarnessError(f"the unpacked {source.name} is not the official release: {wrong}")
     for images in cast(list[FileImageSet], sets):  # a benchmark's loader reads files
         for key in images.keys():
             if not (images.root / key).is_file():
-                raise HarnessError(f"the unpacked {source.name} lacks an image its index lists: {key}")
+                raise HarnessError(
+                    f"the unpacked {source.name} lacks an image its index lists: {key}"
+                )
     return sum(len(s) for s in sets)

@@ -21,7 +21,12 @@ from torch.utils.data import Dataset, Sampler
 
 from harness.base.errors import HarnessError
 
-__all__ = ["ClassBalancedBatchSampler", "ShuffledBatchSampler", "TransformedImages", "batch_sampler"]
+__all__ = [
+    "ClassBalancedBatchSampler",
+    "ShuffledBatchSampler",
+    "TransformedImages",
+    "batch_sampler",
+]
 
 
 class ClassBalancedBatchSampler(Sampler[list[int]]):
@@ -48,10 +53,20 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
     seeds the image's transform with it).
     """
 
-    def __init__(self, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int,
-                 batches_per_epoch: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 sample_seeds: bool = False, classes_with_replacement: bool = False,
-                 images_with_replacement: bool = False):
+    def __init__(
+        self,
+        labels: np.ndarray,
+        *,
+        classes_per_batch: int,
+        samples_per_class: int,
+        batches_per_epoch: int = 0,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        sample_seeds: bool = False,
+        classes_with_replacement: bool = False,
+        images_with_replacement: bool = False,
+    ):
         self.labels = np.asarray(labels)
         self.classes = np.unique(self.labels)
         if self.classes.size < classes_per_batch and not classes_with_replacement:
@@ -60,12 +75,15 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
                 f"{self.classes.size} classes"
             )
         if world_size < 1 or not 0 <= rank < world_size:
-            raise HarnessError(f"rank {rank} of world size {world_size}: need 0 <= rank < world_size")
+            raise HarnessError(
+                f"rank {rank} of world size {world_size}: need 0 <= rank < world_size"
+            )
         if classes_per_batch % world_size:
             raise HarnessError(
                 f"sampling.classes_per_batch={classes_per_batch} does not split across {world_size} "
                 f"processes: each process takes the same number of classes of a global batch, so "
-                f"classes_per_batch must be a multiple of the number of processes")
+                f"classes_per_batch must be a multiple of the number of processes"
+            )
         self.by_class = {c: np.flatnonzero(self.labels == c) for c in self.classes}
         self.classes_per_batch = classes_per_batch
         self.samples_per_class = samples_per_class
@@ -89,14 +107,20 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         start = self.rank * share
         for number in range(self.num_batches):
             batch = []
-            for c in rng.choice(self.classes, size=self.classes_per_batch, replace=self.classes_with_replacement):
+            for c in rng.choice(
+                self.classes, size=self.classes_per_batch, replace=self.classes_with_replacement
+            ):
                 pool = self.by_class[c]
                 replace = self.images_with_replacement or pool.size < self.samples_per_class
-                batch.extend(rng.choice(pool, size=self.samples_per_class, replace=replace).tolist())
+                batch.extend(
+                    rng.choice(pool, size=self.samples_per_class, replace=replace).tolist()
+                )
             if self.sample_seeds:
-                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))
+                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(
+                    len(batch)
+                )
                 batch = list(zip(batch, seeds.tolist(), strict=True))
-            yield batch[start:start + share]
+            yield batch[start : start + share]
 
 
 class ShuffledBatchSampler(Sampler[list[int]]):
@@ -113,14 +137,27 @@ class ShuffledBatchSampler(Sampler[list[int]]):
     Across ``world_size`` processes each yields the ``rank``-th equal share of the global
     batch; ``sample_seeds`` as in :class:`ClassBalancedBatchSampler`."""
 
-    def __init__(self, labels: np.ndarray, *, batch_size: int, batches_per_epoch: int = 0, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, sample_seeds: bool = False):
+    def __init__(
+        self,
+        labels: np.ndarray,
+        *,
+        batch_size: int,
+        batches_per_epoch: int = 0,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        sample_seeds: bool = False,
+    ):
         self.size = len(labels)
         if batch_size > self.size:
-            raise HarnessError(f"a batch of {batch_size} images does not fit in the {self.size} training images")
+            raise HarnessError(
+                f"a batch of {batch_size} images does not fit in the {self.size} training images"
+            )
         if world_size < 1 or not 0 <= rank < world_size or batch_size % world_size:
-            raise HarnessError(f"rank {rank} of world size {world_size}: need 0 <= rank < world_size and a "
-                               f"batch ({batch_size}) that splits evenly across the processes")
+            raise HarnessError(
+                f"rank {rank} of world size {world_size}: need 0 <= rank < world_size and a "
+                f"batch ({batch_size}) that splits evenly across the processes"
+            )
         self.batch_size = batch_size
         self.num_batches = batches_per_epoch or max(1, self.size // batch_size)
         self.seed, self.epoch = seed, 0
@@ -140,29 +177,54 @@ class ShuffledBatchSampler(Sampler[list[int]]):
         for number in range(self.num_batches):
             if used + self.batch_size > self.size:
                 order, used = rng.permutation(self.size), 0
-            batch = order[used:used + self.batch_size].tolist()
+            batch = order[used : used + self.batch_size].tolist()
             used += self.batch_size
             if self.sample_seeds:
-                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(len(batch))
+                seeds = np.random.SeedSequence([self.seed, self.epoch, number]).generate_state(
+                    len(batch)
+                )
                 batch = list(zip(batch, seeds.tolist(), strict=True))
-            yield batch[start:start + share]
+            yield batch[start : start + share]
 
 
-def batch_sampler(sampling, labels: np.ndarray, *, classes_per_batch: int, samples_per_class: int, seed: int,
-                  rank: int = 0, world_size: int = 1, sample_seeds: bool = False, loss: str = ""):
+def batch_sampler(
+    sampling,
+    labels: np.ndarray,
+    *,
+    classes_per_batch: int,
+    samples_per_class: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    sample_seeds: bool = False,
+    loss: str = "",
+):
     """The protocol's batch sampler for a run of ``loss`` (``sampling``: its
     :class:`~harness.config.protocol.SamplingSpec`; ``classes_per_batch`` x
     ``samples_per_class`` as adapted to the split): class-balanced batches, or shuffled
     ones of the same size where ``sampling.sampler_for(loss)`` is ``"shuffle"``."""
     if sampling.sampler_for(loss) == "shuffle":
-        return ShuffledBatchSampler(labels, batch_size=classes_per_batch * samples_per_class,
-                                    batches_per_epoch=sampling.batches_per_epoch, seed=seed, rank=rank,
-                                    world_size=world_size, sample_seeds=sample_seeds)
-    return ClassBalancedBatchSampler(labels, classes_per_batch=classes_per_batch, samples_per_class=samples_per_class,
-                                     batches_per_epoch=sampling.batches_per_epoch, seed=seed, rank=rank,
-                                     world_size=world_size, sample_seeds=sample_seeds,
-                                     classes_with_replacement=sampling.classes_with_replacement,
-                                     images_with_replacement=sampling.images_with_replacement)
+        return ShuffledBatchSampler(
+            labels,
+            batch_size=classes_per_batch * samples_per_class,
+            batches_per_epoch=sampling.batches_per_epoch,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            sample_seeds=sample_seeds,
+        )
+    return ClassBalancedBatchSampler(
+        labels,
+        classes_per_batch=classes_per_batch,
+        samples_per_class=samples_per_class,
+        batches_per_epoch=sampling.batches_per_epoch,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        sample_seeds=sample_seeds,
+        classes_with_replacement=sampling.classes_with_replacement,
+        images_with_replacement=sampling.images_with_replacement,
+    )
 
 
 class TransformedImages(Dataset):

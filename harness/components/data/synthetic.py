@@ -40,8 +40,12 @@ VERSION = "v1"
 PARTS = ("body", "head", "wing", "tail")
 SHAPES = ("ellipse", "rectangle", "triangle", "diamond")
 COLOURS = {
-    "red": (214, 48, 49), "orange": (240, 147, 43), "yellow": (246, 229, 80),
-    "green": (39, 174, 96), "blue": (41, 98, 255), "purple": (142, 68, 173),
+    "red": (214, 48, 49),
+    "orange": (240, 147, 43),
+    "yellow": (246, 229, 80),
+    "green": (39, 174, 96),
+    "blue": (41, 98, 255),
+    "purple": (142, 68, 173),
 }
 TEXTURES = ("solid", "stripes", "dots")
 #: Part layout in the creature's own frame (units of image size): centre, half-extent.
@@ -67,8 +71,11 @@ def make_classes(rng: np.random.Generator, num_classes: int = NUM_CLASSES) -> li
     colours = list(COLOURS)
 
     def random_part():
-        return {"shape": str(rng.choice(SHAPES)), "colour": str(rng.choice(colours)),
-                "texture": str(rng.choice(TEXTURES))}
+        return {
+            "shape": str(rng.choice(SHAPES)),
+            "colour": str(rng.choice(colours)),
+            "texture": str(rng.choice(TEXTURES)),
+        }
 
     while len(classes) < num_classes:
         base = {p: random_part() for p in PARTS}
@@ -132,7 +139,9 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(out, 0, 255)
 
 
-def render(cls: dict, rng: np.random.Generator, size: int = IMAGE_SIZE) -> tuple[np.ndarray, np.ndarray]:
+def render(
+    cls: dict, rng: np.random.Generator, size: int = IMAGE_SIZE
+) -> tuple[np.ndarray, np.ndarray]:
     """One image (H x W x 3 uint8) of class ``cls`` and its part label map (H x W uint8)."""
     img = _background(rng, size)
     labels = np.zeros((size, size), dtype=np.uint8)
@@ -160,8 +169,14 @@ def synthetic_root(data_root: Path | None, seed: int = 0) -> Path:
     return Path(data_root or default_data_root()) / "synthetic" / f"{VERSION}-seed{seed}"
 
 
-def generate(target: Path, seed: int = 0, *, num_classes: int = NUM_CLASSES,
-             images_per_class: int = IMAGES_PER_CLASS, size: int = IMAGE_SIZE) -> Path:
+def generate(
+    target: Path,
+    seed: int = 0,
+    *,
+    num_classes: int = NUM_CLASSES,
+    images_per_class: int = IMAGES_PER_CLASS,
+    size: int = IMAGE_SIZE,
+) -> Path:
     """Write the dataset to ``target`` atomically (temp folder, then rename)."""
     if (target / "manifest.json").is_file():
         return target
@@ -181,8 +196,14 @@ def generate(target: Path, seed: int = 0, *, num_classes: int = NUM_CLASSES,
                 Image.fromarray(img).save(tmp / "images" / rel)
                 Image.fromarray(lab).save(tmp / "masks" / rel)
                 items.append({"path": f"images/{rel}", "mask": f"masks/{rel}", "label": c})
-        manifest = {"version": VERSION, "seed": seed, "parts": list(PARTS), "classes": classes,
-                    "num_train_classes": min(NUM_TRAIN_CLASSES, num_classes // 2), "items": items}
+        manifest = {
+            "version": VERSION,
+            "seed": seed,
+            "parts": list(PARTS),
+            "classes": classes,
+            "num_train_classes": min(NUM_TRAIN_CLASSES, num_classes // 2),
+            "items": items,
+        }
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         try:  # fsynced, then renamed: a crash never leaves a manifest without its images
             publish_folder(tmp, target)
@@ -235,7 +256,10 @@ def load_synthetic(data_root: Path | None, seed: int = 0) -> DatasetSplits:
         manifest = json.loads((root / "manifest.json").read_text())
         items = manifest["items"]
     except (ValueError, KeyError, TypeError) as err:  # cut short: generated again
-        print(f"synthetic cache {root} is corrupt (manifest.json: {err}); generating it again", file=sys.stderr)
+        print(
+            f"synthetic cache {root} is corrupt (manifest.json: {err}); generating it again",
+            file=sys.stderr,
+        )
         shutil.rmtree(root)
         root = generate(root, seed)
         manifest = json.loads((root / "manifest.json").read_text())

@@ -8,7 +8,13 @@ from torchvision import transforms as T
 
 from harness.base.errors import HarnessError, unknown_name
 
-__all__ = ["build_transform", "normalize_batch", "MultiScaleCrop", "TRAIN_TRANSFORMS", "EVAL_TRANSFORMS"]
+__all__ = [
+    "build_transform",
+    "normalize_batch",
+    "MultiScaleCrop",
+    "TRAIN_TRANSFORMS",
+    "EVAL_TRANSFORMS",
+]
 
 TRAIN_TRANSFORMS = ("random_resized_crop_flip", "resize_flip", "multiscale_crop_flip")
 EVAL_TRANSFORMS = ("resize_center_crop", "resize")
@@ -68,8 +74,11 @@ def build_transform(image_spec, *, train: bool) -> T.Compose:
         # examples/config/param/transforms/train_transforms.yaml lines 4-9).
         resize = [T.Resize(image_spec.train_resize)] if image_spec.train_resize else []
         ratio = tuple(image_spec.crop_ratio)
-        ops = [*resize, T.RandomResizedCrop(size, scale=tuple(image_spec.crop_scale), ratio=ratio),
-               T.RandomHorizontalFlip()]
+        ops = [
+            *resize,
+            T.RandomResizedCrop(size, scale=tuple(image_spec.crop_scale), ratio=ratio),
+            T.RandomHorizontalFlip(),
+        ]
     elif name == "multiscale_crop_flip":
         fill = tuple(round(255 * m) for m in image_spec.mean)
         ops = [MultiScaleCrop(size, image_spec.multiscale_range, fill), T.RandomHorizontalFlip()]

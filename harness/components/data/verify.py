@@ -28,8 +28,17 @@ from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.components.data.base import DATASETS, DatasetSplits, FileImageSet
 
-__all__ = ["STAMP", "dataset_images", "tree_digest", "stamp_is_current", "check_headers", "verify_images",
-           "check_images", "verify_command", "verify_dataset"]
+__all__ = [
+    "STAMP",
+    "dataset_images",
+    "tree_digest",
+    "stamp_is_current",
+    "check_headers",
+    "verify_images",
+    "check_images",
+    "verify_command",
+    "verify_dataset",
+]
 
 #: The verified stamp, in the dataset's folder.
 STAMP = ".harness-verified.json"
@@ -112,17 +121,29 @@ def check_headers(files: list[Path]) -> None:
     is one error line naming its path."""
     for path in files:
         if (problem := _header_problem(path)) is not None:
-            raise HarnessError(f"corrupt image {path}: {problem} (found by the header check before training)")
+            raise HarnessError(
+                f"corrupt image {path}: {problem} (found by the header check before training)"
+            )
 
 
-def verify_images(files: list[Path], *, threads: int = 4, progress: bool = False) -> list[tuple[Path, str]]:
+def verify_images(
+    files: list[Path], *, threads: int = 4, progress: bool = False
+) -> list[tuple[Path, str]]:
     """Decode every file once (in threads: PIL releases the GIL while decoding); returns
     ``(path, why)`` of each that failed, in the files' order."""
     from tqdm import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        problems = list(tqdm(pool.map(_decode_problem, files), total=len(files), unit="img",
-                             desc="decoding", disable=not progress, leave=False))
+        problems = list(
+            tqdm(
+                pool.map(_decode_problem, files),
+                total=len(files),
+                unit="img",
+                desc="decoding",
+                disable=not progress,
+                leave=False,
+            )
+        )
     return [(path, why) for path, why in zip(files, problems, strict=True) if why is not None]
 
 
@@ -143,14 +164,22 @@ def verify_command(name: str, data_root: Path | None) -> str:
     return f"python -m harness datasets verify {name}{root}"
 
 
-def verify_dataset(name: str, data_root: Path | None, *, threads: int = 4, progress: bool = False,
-                   say: Callable[[str], None] = print) -> Path | None:
+def verify_dataset(
+    name: str,
+    data_root: Path | None,
+    *,
+    threads: int = 4,
+    progress: bool = False,
+    say: Callable[[str], None] = print,
+) -> Path | None:
     """``datasets verify``: decode every image of ``name``; on success write the stamp
     (atomically) and return its path; a broken image is one error line naming it (and how
     many others failed). None for a dataset without image files."""
     listed = _listed_images(name, data_root)
     if listed is None:
-        say(f"dataset '{name}' has no image files to verify (its images are generated or held as arrays)")
+        say(
+            f"dataset '{name}' has no image files to verify (its images are generated or held as arrays)"
+        )
         return None
     root, files = listed
     digest = tree_digest(root, files)
@@ -174,5 +203,7 @@ def check_images(name: str, data_root: Path | None, *, say: Callable[[str], None
     if stamp_is_current(root, tree_digest(root, files)):
         return
     check_headers(files)
-    say(f"dataset '{name}': {len(files):,} image headers checked, pixels not decoded; to decode each "
-        f"image once and record it: {verify_command(name, data_root)}")
+    say(
+        f"dataset '{name}': {len(files):,} image headers checked, pixels not decoded; to decode each "
+        f"image once and record it: {verify_command(name, data_root)}"
+    )

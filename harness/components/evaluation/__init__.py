@@ -68,13 +68,41 @@ from harness.components.evaluation.metrics import (
     with_paper_variants,
 )
 
-__all__ = ["evaluate_embeddings", "Scores", "save_per_query", "load_per_query", "per_query_values",
-           "evaluation_code_digest", "PER_QUERY_ARTIFACT", "PAPER_VARIANTS", "PER_QUERY_SCORES",
-           "with_paper_variants", "rerank_top_k", "exhaustive_knn", "Reranker", "PairScorer", "MetricRequest", "parse_metrics",
-           "l2_normalize", "METRICS", "DEFAULT_METRICS", "RETRIEVAL_METRICS", "CLUSTERING_METRICS",
-           "knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "gpu_available",
-           "first_relevant_rank", "retrieval_metrics", "relevant_counts", "kmeans_assignments", "pair_counting_f1",
-           "clustering_metrics"]
+__all__ = [
+    "evaluate_embeddings",
+    "Scores",
+    "save_per_query",
+    "load_per_query",
+    "per_query_values",
+    "evaluation_code_digest",
+    "PER_QUERY_ARTIFACT",
+    "PAPER_VARIANTS",
+    "PER_QUERY_SCORES",
+    "with_paper_variants",
+    "rerank_top_k",
+    "exhaustive_knn",
+    "Reranker",
+    "PairScorer",
+    "MetricRequest",
+    "parse_metrics",
+    "l2_normalize",
+    "METRICS",
+    "DEFAULT_METRICS",
+    "RETRIEVAL_METRICS",
+    "CLUSTERING_METRICS",
+    "knn",
+    "iter_knn",
+    "drop_self",
+    "break_ties_by_index",
+    "chunk_bounds",
+    "gpu_available",
+    "first_relevant_rank",
+    "retrieval_metrics",
+    "relevant_counts",
+    "kmeans_assignments",
+    "pair_counting_f1",
+    "clustering_metrics",
+]
 
 #: (query ids (Q,), candidate ids (Q x K)) -> new similarities (Q x K), higher is closer.
 Reranker = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -165,14 +193,16 @@ class MetricRequest:
         return self.names & set(CLUSTERING_METRICS)
 
 
-def parse_metrics(metrics: Iterable[str] | None, recall_k: Iterable[int] = (1, 2, 4, 8)) -> MetricRequest:
+def parse_metrics(
+    metrics: Iterable[str] | None, recall_k: Iterable[int] = (1, 2, 4, 8)
+) -> MetricRequest:
     """Names -> :class:`MetricRequest`; ``recall_at_k`` asks for every K in ``recall_k``, ``recall_at_5``
     for K = 5 alone. Unknown names and K < 1 raise :class:`HarnessError`."""
     names: set[str] = set()
     ks: set[int] = set()
     for raw in DEFAULT_METRICS if metrics is None else list(metrics):
         name = raw.strip().lower()
-        suffix = name[len("recall_at_"):]
+        suffix = name[len("recall_at_") :]
         if name == "recall_at_k":
             ks.update(int(k) for k in recall_k)
         elif name.startswith("recall_at_") and suffix.isdigit():
@@ -192,7 +222,9 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, np.finfo(np.float32).tiny)
 
 
-def rerank_top_k(indices: np.ndarray, query_ids: np.ndarray, reranker: Reranker, top_k: int) -> np.ndarray:
+def rerank_top_k(
+    indices: np.ndarray, query_ids: np.ndarray, reranker: Reranker, top_k: int
+) -> np.ndarray:
     """Re-order the first ``top_k`` columns of ``indices`` (Q x k) by the reranker's scores.
 
     The rest stay in place; equal scores keep their original (cosine) order.
@@ -209,8 +241,15 @@ def rerank_top_k(indices: np.ndarray, query_ids: np.ndarray, reranker: Reranker,
     return out
 
 
-def exhaustive_knn(num_queries: int, num_reference: int | None, scorer: PairScorer, k: int, *,
-                   query_chunk: int = 64, reference_chunk: int = 1024):
+def exhaustive_knn(
+    num_queries: int,
+    num_reference: int | None,
+    scorer: PairScorer,
+    k: int,
+    *,
+    query_chunk: int = 64,
+    reference_chunk: int = 1024,
+):
     """Yield ``(start, stop, indices)`` per chunk of queries: each query's top-``k`` reference
     items over *every* (query, reference) pair scored by ``scorer``.
 
@@ -239,11 +278,15 @@ def exhaustive_knn(num_queries: int, num_reference: int | None, scorer: PairScor
             g1 = min(n_ref, g0 + max(1, reference_chunk))
             s = torch.as_tensor(scorer(q_ids, np.arange(g0, g1))).float()
             if s.shape != (stop - start, g1 - g0):
-                raise HarnessError(f"pair scorer returned {tuple(s.shape)}, expected {(stop - start, g1 - g0)}")
+                raise HarnessError(
+                    f"pair scorer returned {tuple(s.shape)}, expected {(stop - start, g1 - g0)}"
+                )
             ids = torch.arange(g0, g1, device=s.device).expand(stop - start, -1)
             s = torch.nan_to_num(s, nan=-torch.inf)
             if same:  # the query itself never enters: k <= N - 1 finite scores outrank it
-                s = s.masked_fill(ids == torch.as_tensor(q_ids, device=s.device)[:, None], -torch.inf)
+                s = s.masked_fill(
+                    ids == torch.as_tensor(q_ids, device=s.device)[:, None], -torch.inf
+                )
             if best_s is not None and best_i is not None:
                 s, ids = torch.cat([best_s, s], 1), torch.cat([best_i, ids], 1)
             order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
@@ -262,33 +305,50 @@ def _check_inputs(query, query_labels, gallery, gallery_labels) -> None:
         raise HarnessError("give both gallery embeddings and gallery labels, or neither")
     if gallery is not None:
         if gallery.ndim != 2 or gallery.shape[1] != query.shape[1]:
-            raise HarnessError(f"gallery embeddings must be N x {query.shape[1]}, got shape {gallery.shape}")
+            raise HarnessError(
+                f"gallery embeddings must be N x {query.shape[1]}, got shape {gallery.shape}"
+            )
         if len(gallery_labels) != len(gallery):
-            raise HarnessError(f"{len(gallery_labels)} gallery labels for {len(gallery)} gallery embeddings")
+            raise HarnessError(
+                f"{len(gallery_labels)} gallery labels for {len(gallery)} gallery embeddings"
+            )
     for name, x in (("query", query), ("gallery", gallery)):
         if x is not None and not np.isfinite(x).all():
             raise HarnessError(f"{name} embeddings contain NaN or infinite values")
 
 
-def _encode(query_labels: np.ndarray, gallery_labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+def _encode(
+    query_labels: np.ndarray, gallery_labels: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Labels of any dtype -> dense int64 codes shared by query and gallery."""
     q = np.asarray(query_labels).ravel()
     if gallery_labels is None:
         return np.unique(q, return_inverse=True)[1].ravel().astype(np.int64), None
     g = np.asarray(gallery_labels).ravel()
     codes = np.unique(np.concatenate([q, g]), return_inverse=True)[1].ravel().astype(np.int64)
-    return codes[: len(q)], codes[len(q):]
+    return codes[: len(q)], codes[len(q) :]
 
 
-def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | None, g_codes: np.ndarray | None,
-               request: MetricRequest, *, reranker: Reranker | None, rerank_k: int, chunk_size: int,
-               use_gpu: bool) -> RetrievalScores:
+def _retrieval(
+    query: np.ndarray,
+    q_codes: np.ndarray,
+    gallery: np.ndarray | None,
+    g_codes: np.ndarray | None,
+    request: MetricRequest,
+    *,
+    reranker: Reranker | None,
+    rerank_k: int,
+    chunk_size: int,
+    use_gpu: bool,
+) -> RetrievalScores:
     """Stream the kNN lists chunk by chunk into :class:`RetrievalScores`."""
     same = gallery is None
     ref_codes = q_codes if same else g_codes
     assert ref_codes is not None  # g_codes is set when a gallery is
     r = relevant_counts(q_codes, ref_codes, same_source=same)
-    scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
+    scores = RetrievalScores(
+        q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k
+    )
     k = max(scores.needed_k(recall=False), rerank_k if reranker is not None else 0)
     listed = 0
     for start, stop, idx, _ in iter_knn(query, gallery, k, chunk_size=chunk_size, use_gpu=use_gpu):
@@ -305,28 +365,50 @@ def _retrieval(query: np.ndarray, q_codes: np.ndarray, gallery: np.ndarray | Non
     return scores
 
 
-def _retrieval_exhaustive(num_queries: int, q_codes: np.ndarray, num_gallery: int | None, g_codes: np.ndarray | None,
-                          request: MetricRequest, scorer: PairScorer, chunks: tuple[int, int]) -> RetrievalScores:
+def _retrieval_exhaustive(
+    num_queries: int,
+    q_codes: np.ndarray,
+    num_gallery: int | None,
+    g_codes: np.ndarray | None,
+    request: MetricRequest,
+    scorer: PairScorer,
+    chunks: tuple[int, int],
+) -> RetrievalScores:
     """Every retrieval metric from exhaustive lists (:func:`exhaustive_knn`), k = what they read."""
     same = num_gallery is None
     ref_codes = q_codes if same else g_codes
     assert ref_codes is not None  # g_codes is set when a gallery is
     r = relevant_counts(q_codes, ref_codes, same_source=same)
-    scores = RetrievalScores(q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k)
+    scores = RetrievalScores(
+        q_codes, r, window_c=r + int(same), names=request.retrieval, recall_k=request.recall_k
+    )
     k = scores.needed_k(recall=True)  # Recall@K included: the lists are exact, no cosine fallback
-    for start, stop, idx in exhaustive_knn(num_queries, num_gallery, scorer, k, query_chunk=chunks[0],
-                                           reference_chunk=chunks[1]):
+    for start, stop, idx in exhaustive_knn(
+        num_queries, num_gallery, scorer, k, query_chunk=chunks[0], reference_chunk=chunks[1]
+    ):
         scores.add(start, stop, ref_codes[idx])
     return scores
 
 
-def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
-                        gallery_labels: np.ndarray | None = None, *, recall_k: Sequence[int] = (1, 2, 4, 8),
-                        metrics: Sequence[str] | None = None, reranker: Reranker | None = None,
-                        rerank_k: int = 0, pair_scorer: PairScorer | None = None,
-                        pair_chunks: tuple[int, int] = (64, 1024), chunk_size: int = 4096, use_gpu: bool = False,
-                        normalize: bool = True, kmeans_seed: int = 0,
-                        kmeans_iterations: int = 20, per_query: bool = False) -> Scores:
+def evaluate_embeddings(
+    query: np.ndarray,
+    query_labels: np.ndarray,
+    gallery: np.ndarray | None = None,
+    gallery_labels: np.ndarray | None = None,
+    *,
+    recall_k: Sequence[int] = (1, 2, 4, 8),
+    metrics: Sequence[str] | None = None,
+    reranker: Reranker | None = None,
+    rerank_k: int = 0,
+    pair_scorer: PairScorer | None = None,
+    pair_chunks: tuple[int, int] = (64, 1024),
+    chunk_size: int = 4096,
+    use_gpu: bool = False,
+    normalize: bool = True,
+    kmeans_seed: int = 0,
+    kmeans_iterations: int = 20,
+    per_query: bool = False,
+) -> Scores:
     """Score embeddings; ``gallery=None`` searches the queries against themselves.
 
     ``query``: Q x D, ``query_labels``: (Q,); ``gallery``: N x D and
@@ -352,7 +434,12 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     """
     request = parse_metrics(metrics, recall_k)
     query, gallery = np.asarray(query), None if gallery is None else np.asarray(gallery)
-    _check_inputs(query, np.asarray(query_labels), gallery, None if gallery_labels is None else np.asarray(gallery_labels))
+    _check_inputs(
+        query,
+        np.asarray(query_labels),
+        gallery,
+        None if gallery_labels is None else np.asarray(gallery_labels),
+    )
     prepare = l2_normalize if normalize else (lambda x: np.ascontiguousarray(x, dtype=np.float32))
     query = prepare(query)
     gallery = None if gallery is None else prepare(gallery)
@@ -360,19 +447,42 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     out = Scores()
     if request.retrieval:
         if pair_scorer is not None:
-            scores = _retrieval_exhaustive(len(query), q_codes, None if gallery is None else len(gallery), g_codes,
-                                           request, pair_scorer, pair_chunks)
+            scores = _retrieval_exhaustive(
+                len(query),
+                q_codes,
+                None if gallery is None else len(gallery),
+                g_codes,
+                request,
+                pair_scorer,
+                pair_chunks,
+            )
         else:
-            scores = _retrieval(query, q_codes, gallery, g_codes, request, reranker=reranker,
-                                rerank_k=rerank_k, chunk_size=chunk_size, use_gpu=use_gpu)
+            scores = _retrieval(
+                query,
+                q_codes,
+                gallery,
+                g_codes,
+                request,
+                reranker=reranker,
+                rerank_k=rerank_k,
+                chunk_size=chunk_size,
+                use_gpu=use_gpu,
+            )
         out.update(scores.result())
         if per_query:
             out.per_query = scores.per_query()
     else:
-        r = relevant_counts(q_codes, q_codes if g_codes is None else g_codes, same_source=gallery is None)
+        r = relevant_counts(
+            q_codes, q_codes if g_codes is None else g_codes, same_source=gallery is None
+        )
         out.update(num_queries=int((r > 0).sum()), num_lone_queries=int((r == 0).sum()))
     if request.clustering and len(query):
-        clusters = kmeans_assignments(query, len(np.unique(q_codes)), iterations=kmeans_iterations,
-                                      seed=kmeans_seed, use_gpu=use_gpu)
+        clusters = kmeans_assignments(
+            query,
+            len(np.unique(q_codes)),
+            iterations=kmeans_iterations,
+            seed=kmeans_seed,
+            use_gpu=use_gpu,
+        )
         out.update(clustering_metrics(q_codes, clusters, names=request.clustering))
     return out

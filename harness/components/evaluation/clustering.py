@@ -21,8 +21,9 @@ __all__ = ["CLUSTERING_METRICS", "kmeans_assignments", "pair_counting_f1", "clus
 CLUSTERING_METRICS = ("nmi", "ami", "f1")
 
 
-def kmeans_assignments(x: np.ndarray, num_clusters: int, *, iterations: int = 20, seed: int = 0,
-                       use_gpu: bool = False) -> np.ndarray:
+def kmeans_assignments(
+    x: np.ndarray, num_clusters: int, *, iterations: int = 20, seed: int = 0, use_gpu: bool = False
+) -> np.ndarray:
     """Cluster ids (N,) int64 of faiss k-means on ``x`` (N x D float32).
 
     Exactly ``iterations`` Lloyd iterations (faiss has no convergence test, so
@@ -32,8 +33,15 @@ def kmeans_assignments(x: np.ndarray, num_clusters: int, *, iterations: int = 20
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     # min_points_per_centroid only silences faiss's "please provide more points" warning.
-    kmeans = faiss.Kmeans(x.shape[1], int(num_clusters), niter=int(iterations), seed=int(seed),
-                          gpu=bool(use_gpu and gpu_available()), min_points_per_centroid=1, verbose=False)
+    kmeans = faiss.Kmeans(
+        x.shape[1],
+        int(num_clusters),
+        niter=int(iterations),
+        seed=int(seed),
+        gpu=bool(use_gpu and gpu_available()),
+        min_points_per_centroid=1,
+        verbose=False,
+    )
     kmeans.train(x)
     _, assignment = kmeans.index.search(x, 1)
     return assignment[:, 0].astype(np.int64)
@@ -65,7 +73,9 @@ def pair_counting_f1(labels: np.ndarray, clusters: np.ndarray) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
-def clustering_metrics(labels: np.ndarray, clusters: np.ndarray, *, names: Collection[str]) -> dict[str, float]:
+def clustering_metrics(
+    labels: np.ndarray, clusters: np.ndarray, *, names: Collection[str]
+) -> dict[str, float]:
     """``nmi`` (sklearn ``normalized_mutual_info_score``, arithmetic mean, as PML), ``ami``
     (sklearn ``adjusted_mutual_info_score``; slow with thousands of classes) and ``f1``
     (:func:`pair_counting_f1`) of one clustering, for the requested ``names``."""

@@ -51,8 +51,18 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported only for a torch search (the CPU suite stays without it)
     import torch
 
-__all__ = ["knn", "iter_knn", "drop_self", "break_ties_by_index", "chunk_bounds", "make_index",
-           "first_relevant_rank", "gpu_available", "search_device", "GPU_MAX_K"]
+__all__ = [
+    "knn",
+    "iter_knn",
+    "drop_self",
+    "break_ties_by_index",
+    "chunk_bounds",
+    "make_index",
+    "first_relevant_rank",
+    "gpu_available",
+    "search_device",
+    "GPU_MAX_K",
+]
 
 #: Largest k faiss's GPU flat index accepts; larger searches fall back to the CPU.
 GPU_MAX_K = 2048
@@ -92,10 +102,14 @@ def chunk_bounds(num_queries: int, chunk_size: int, dim: int) -> list[tuple[int,
     starts = list(range(0, num_queries, size))
     if len(starts) > 1 and num_queries - starts[-1] < minimum:
         starts.pop()
-    return [(s, starts[i + 1] if i + 1 < len(starts) else num_queries) for i, s in enumerate(starts)]
+    return [
+        (s, starts[i + 1] if i + 1 < len(starts) else num_queries) for i, s in enumerate(starts)
+    ]
 
 
-def drop_self(indices: np.ndarray, sims: np.ndarray, query_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def drop_self(
+    indices: np.ndarray, sims: np.ndarray, query_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Remove ``query_ids[i]`` from row ``i`` (Q x (k+1) -> Q x k), or its last entry where absent."""
     remove = indices == query_ids[:, None]
     remove[~remove.any(1), -1] = True
@@ -141,7 +155,9 @@ class _Search:
 
     cpu: faiss.Index | None
 
-    def __init__(self, reference: np.ndarray, *, use_gpu: bool, device: str | torch.device | None = None):
+    def __init__(
+        self, reference: np.ndarray, *, use_gpu: bool, device: str | torch.device | None = None
+    ):
         self.reference, self.cpu = reference, None
         self.device = search_device(use_gpu, device)
         self.torch_reference = None
@@ -149,15 +165,21 @@ class _Search:
             import torch
 
             self.torch_reference = torch.from_numpy(reference).to(self.device)
-        self.gpu = (make_index(reference, use_gpu=True)
-                    if use_gpu and self.device is None and gpu_available() else None)
+        self.gpu = (
+            make_index(reference, use_gpu=True)
+            if use_gpu and self.device is None and gpu_available()
+            else None
+        )
 
     def __call__(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.torch_reference is not None:
             import torch
 
             with torch.inference_mode():
-                sims = torch.from_numpy(np.ascontiguousarray(x)).to(self.device) @ self.torch_reference.T
+                sims = (
+                    torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+                    @ self.torch_reference.T
+                )
                 values, indices = sims.topk(k, dim=1, largest=True, sorted=True)
             return values.cpu().numpy(), indices.cpu().numpy()
         if self.gpu is not None and k <= GPU_MAX_K:
@@ -167,8 +189,9 @@ class _Search:
         return self.cpu.search(x, k)
 
 
-def _ranked(search: _Search, x: np.ndarray, width: int,
-            query_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _ranked(
+    search: _Search, x: np.ndarray, width: int, query_ids: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Search ``width`` neighbours (one more with a self to drop), self removed, ties ordered by index."""
     sims, idx = search(x, width + int(query_ids is not None))
     if query_ids is not None:
@@ -177,8 +200,16 @@ def _ranked(search: _Search, x: np.ndarray, width: int,
     return idx, sims
 
 
-def _widen(search: _Search, query: np.ndarray, rows: np.ndarray, k: int, *, same: bool, candidates: int,
-           budget: int) -> tuple[np.ndarray, np.ndarray]:
+def _widen(
+    search: _Search,
+    query: np.ndarray,
+    rows: np.ndarray,
+    k: int,
+    *,
+    same: bool,
+    candidates: int,
+    budget: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k (by similarity, then index) of the query ``rows`` whose k-th score ties with the next.
 
     Re-searches with a doubling width until the tied group at the k-th position
@@ -197,25 +228,33 @@ def _widen(search: _Search, query: np.ndarray, rows: np.ndarray, k: int, *, same
         step = max(1, min(budget // (width + 1), seq_rows))
         still = []
         for b in range(0, len(todo), step):
-            part = todo[b:b + step]
+            part = todo[b : b + step]
             x = query[rows[part]]
             if len(x) < pad_to:
                 x = np.concatenate([x, np.repeat(x[:1], pad_to - len(x), 0)])
             sims, idx = search(x, width + int(same))
-            idx, sims = idx[:len(part)], sims[:len(part)]
+            idx, sims = idx[: len(part)], sims[: len(part)]
             if same:
                 idx, sims = drop_self(idx, sims, rows[part])
             break_ties_by_index(idx, sims)
-            done = (sims[:, k - 1] > sims[:, -1]) if width < candidates else np.ones(len(part), bool)
+            done = (
+                (sims[:, k - 1] > sims[:, -1]) if width < candidates else np.ones(len(part), bool)
+            )
             out_idx[part[done]], out_sims[part[done]] = idx[done, :k], sims[done, :k]
             still.append(part[~done])
         todo, width = np.concatenate(still), min(2 * width, candidates)
     return out_idx, out_sims
 
 
-def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_size: int = 4096,
-             use_gpu: bool = False,
-             device: str | torch.device | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+def iter_knn(
+    query: np.ndarray,
+    reference: np.ndarray | None,
+    k: int,
+    *,
+    chunk_size: int = 4096,
+    use_gpu: bool = False,
+    device: str | torch.device | None = None,
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """Yield ``(start, stop, indices, sims)`` per chunk of queries; arrays are (stop - start) x k'.
 
     ``query``: Q x D float32; ``reference``: N x D float32, or None to search
@@ -230,9 +269,16 @@ def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_s
     bounds = chunk_bounds(len(query), chunk_size, query.shape[1])
     if k == 0:
         for start, stop in bounds:
-            yield start, stop, np.empty((stop - start, 0), np.int64), np.empty((stop - start, 0), np.float32)
+            yield (
+                start,
+                stop,
+                np.empty((stop - start, 0), np.int64),
+                np.empty((stop - start, 0), np.float32),
+            )
         return
-    width = min(k + 1, candidates)  # one extra neighbour shows whether a tie straddles the k-th position
+    width = min(
+        k + 1, candidates
+    )  # one extra neighbour shows whether a tie straddles the k-th position
     search = _Search(reference, use_gpu=use_gpu, device=device)
     budget = max(chunk_size, _min_rows(query.shape[1])) * (width + 1)
     for start, stop in bounds:
@@ -242,26 +288,42 @@ def iter_knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_s
             straddle = np.flatnonzero(sims[:, k - 1] == sims[:, k])
             if straddle.size:
                 idx[straddle, :k], sims[straddle, :k] = _widen(
-                    search, query, ids[straddle], k, same=same, candidates=candidates, budget=budget)
+                    search, query, ids[straddle], k, same=same, candidates=candidates, budget=budget
+                )
         yield start, stop, idx[:, :k], sims[:, :k]
 
 
-def knn(query: np.ndarray, reference: np.ndarray | None, k: int, *, chunk_size: int = 4096,
-        use_gpu: bool = False, device: str | torch.device | None = None) -> tuple[np.ndarray, np.ndarray]:
+def knn(
+    query: np.ndarray,
+    reference: np.ndarray | None,
+    k: int,
+    *,
+    chunk_size: int = 4096,
+    use_gpu: bool = False,
+    device: str | torch.device | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` reference indices (Q x k int64) and similarities (Q x k float32) per query.
 
     ``reference=None`` searches the queries against themselves, each query
     removed from its own list by index. See :func:`iter_knn`.
     """
-    parts = list(iter_knn(query, reference, k, chunk_size=chunk_size, use_gpu=use_gpu, device=device))
+    parts = list(
+        iter_knn(query, reference, k, chunk_size=chunk_size, use_gpu=use_gpu, device=device)
+    )
     if not parts:
         return np.empty((0, 0), np.int64), np.empty((0, 0), np.float32)
     return np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
 
 
-def first_relevant_rank(query: np.ndarray, reference: np.ndarray | None, query_labels: np.ndarray,
-                        reference_labels: np.ndarray, rows: np.ndarray, *,
-                        block: int = RANK_BLOCK) -> np.ndarray:
+def first_relevant_rank(
+    query: np.ndarray,
+    reference: np.ndarray | None,
+    query_labels: np.ndarray,
+    reference_labels: np.ndarray,
+    rows: np.ndarray,
+    *,
+    block: int = RANK_BLOCK,
+) -> np.ndarray:
     """0-based rank (R,) int64 of the first relevant reference item of each query in ``rows``.
 
     The rank is the position in the same total order as :func:`iter_knn`
@@ -279,9 +341,9 @@ def first_relevant_rank(query: np.ndarray, reference: np.ndarray | None, query_l
     step = max(1, block // max(len(reference), 1))
     out = np.empty(len(rows), np.int64)
     for b in range(0, len(rows), step):
-        part = rows[b:b + step]
+        part = rows[b : b + step]
         x = query[part] if len(part) > 1 else query[np.r_[part, part]]
-        sims = (x @ reference.T)[:len(part)]
+        sims = (x @ reference.T)[: len(part)]
         relevant = reference_labels[None, :] == query_labels[part, None]
         if same:
             here = np.arange(len(part))
@@ -289,5 +351,5 @@ def first_relevant_rank(query: np.ndarray, reference: np.ndarray | None, query_l
             sims[here, part] = -np.inf
         best = np.where(relevant, sims, -np.inf).max(1, keepdims=True)
         first = np.argmax(relevant & (sims == best), axis=1)[:, None]
-        out[b:b + len(part)] = ((sims > best) | ((sims == best) & (cols[None, :] < first))).sum(1)
+        out[b : b + len(part)] = ((sims > best) | ((sims == best) & (cols[None, :] < first))).sum(1)
     return out

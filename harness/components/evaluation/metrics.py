@@ -56,18 +56,43 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-__all__ = ["RETRIEVAL_METRICS", "PER_QUERY_SCORES", "PAPER_VARIANTS", "with_paper_variants", "relevant_counts", "first_hit_rank", "r_precision_scores",
-           "average_precision_scores", "RetrievalScores", "retrieval_metrics", "NO_HIT"]
+__all__ = [
+    "RETRIEVAL_METRICS",
+    "PER_QUERY_SCORES",
+    "PAPER_VARIANTS",
+    "with_paper_variants",
+    "relevant_counts",
+    "first_hit_rank",
+    "r_precision_scores",
+    "average_precision_scores",
+    "RetrievalScores",
+    "retrieval_metrics",
+    "NO_HIT",
+]
 
-RETRIEVAL_METRICS = ("precision_at_1", "recall_at_k", "r_precision", "mean_average_precision_at_r",
-                     "map_at_c", "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
+RETRIEVAL_METRICS = (
+    "precision_at_1",
+    "recall_at_k",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "map_at_c",
+    "r_precision_query_in_r",
+    "mean_average_precision_at_r_query_in_r",
+)
 #: Per-query scores kept by :class:`RetrievalScores` (each a mean over queries in the result).
-PER_QUERY_SCORES = ("r_precision", "mean_average_precision_at_r", "map_at_c", "r_precision_query_in_r",
-                    "mean_average_precision_at_r_query_in_r")
+PER_QUERY_SCORES = (
+    "r_precision",
+    "mean_average_precision_at_r",
+    "map_at_c",
+    "r_precision_query_in_r",
+    "mean_average_precision_at_r_query_in_r",
+)
 #: Each standard metric's variant as a paper's released evaluation defines it (computed from
 #: the same ranking, stored beside it, never under the standard name).
-PAPER_VARIANTS = {"r_precision": "r_precision_query_in_r",
-                  "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r"}
+PAPER_VARIANTS = {
+    "r_precision": "r_precision_query_in_r",
+    "mean_average_precision_at_r": "mean_average_precision_at_r_query_in_r",
+}
 #: Metrics whose window is c = R + 1 (same-source) instead of R.
 _WINDOW_C = ("map_at_c", "r_precision_query_in_r", "mean_average_precision_at_r_query_in_r")
 #: :func:`first_hit_rank` of a list without any relevant item.
@@ -77,10 +102,14 @@ NO_HIT = np.iinfo(np.int64).max
 def with_paper_variants(metrics: Sequence[str]) -> tuple[str, ...]:
     """``metrics`` plus the :data:`PAPER_VARIANTS` of those among them (what a run's test
     evaluation computes: the variants are not protocol settings, so no fingerprint changes)."""
-    return tuple(dict.fromkeys([*metrics, *(PAPER_VARIANTS[m] for m in metrics if m in PAPER_VARIANTS)]))
+    return tuple(
+        dict.fromkeys([*metrics, *(PAPER_VARIANTS[m] for m in metrics if m in PAPER_VARIANTS)])
+    )
 
 
-def relevant_counts(query_labels: np.ndarray, reference_labels: np.ndarray, *, same_source: bool) -> np.ndarray:
+def relevant_counts(
+    query_labels: np.ndarray, reference_labels: np.ndarray, *, same_source: bool
+) -> np.ndarray:
     """R per query (Q,) int64: reference items of the query's class, minus the query itself if same-source."""
     classes, counts = np.unique(reference_labels, return_counts=True)
     if len(classes) == 0:
@@ -122,12 +151,20 @@ class RetrievalScores:
     """Per-query scores filled chunk by chunk, averaged by :meth:`result`.
 
     ``query_labels``, ``num_relevant`` (R) and ``window_c`` (mAP@C's c, DIML's R'): (Q,)
-    arrays. :meth:`per_query` returns the per-query values behind every mean. ``names``: requested metrics among :data:`RETRIEVAL_METRICS`;
+    arrays. :meth:`per_query` returns the per-query values behind every mean. ``names``:
+    requested metrics among :data:`RETRIEVAL_METRICS`;
     ``recall_k``: the K values of ``recall_at_K``.
     """
 
-    def __init__(self, query_labels: np.ndarray, num_relevant: np.ndarray, *, window_c: np.ndarray,
-                 names: Collection[str], recall_k: Sequence[int]):
+    def __init__(
+        self,
+        query_labels: np.ndarray,
+        num_relevant: np.ndarray,
+        *,
+        window_c: np.ndarray,
+        names: Collection[str],
+        recall_k: Sequence[int],
+    ):
         self.labels = np.asarray(query_labels)
         self.r = np.asarray(num_relevant, np.int64)
         self.c = np.asarray(window_c, np.int64)
@@ -136,7 +173,9 @@ class RetrievalScores:
         self.recall_k = tuple(int(k) for k in recall_k)
         q = len(self.labels)
         self.first_hit = np.zeros(q, np.int64)
-        self.scores = {name: np.zeros(q, np.float64) for name in PER_QUERY_SCORES if name in self.names}
+        self.scores = {
+            name: np.zeros(q, np.float64) for name in PER_QUERY_SCORES if name in self.names
+        }
 
     def needed_k(self, *, recall: bool = True) -> int:
         """How many neighbours per query the requested metrics read; with ``recall=False`` all but
@@ -167,7 +206,10 @@ class RetrievalScores:
         rows = np.flatnonzero(valid) + start
         hits = neighbor_labels[valid] == self.labels[rows, None]
         r = self.r[rows]
-        if self.names & {"r_precision", "mean_average_precision_at_r"} and r.max(initial=0) > hits.shape[1]:
+        if (
+            self.names & {"r_precision", "mean_average_precision_at_r"}
+            and r.max(initial=0) > hits.shape[1]
+        ):
             raise ValueError(f"need at least max R = {r.max()} neighbours, got {hits.shape[1]}")
         self.first_hit[rows] = first_hit_rank(hits)
         if "r_precision" in self.scores:
@@ -180,12 +222,17 @@ class RetrievalScores:
         if "r_precision_query_in_r" in self.scores:
             self.scores["r_precision_query_in_r"][rows] = r_precision_scores(hits, c)
         if "mean_average_precision_at_r_query_in_r" in self.scores:
-            self.scores["mean_average_precision_at_r_query_in_r"][rows] = average_precision_scores(hits, c)
+            self.scores["mean_average_precision_at_r_query_in_r"][rows] = average_precision_scores(
+                hits, c
+            )
 
     def result(self) -> dict[str, float]:
         """``num_queries``, ``num_lone_queries`` and the requested means (NaN when no query counts)."""
         valid = self.valid
-        out: dict[str, float] = {"num_queries": int(valid.sum()), "num_lone_queries": int((~valid).sum())}
+        out: dict[str, float] = {
+            "num_queries": int(valid.sum()),
+            "num_lone_queries": int((~valid).sum()),
+        }
 
         def mean(values: np.ndarray) -> float:
             return float(values[valid].mean()) if valid.any() else float("nan")
@@ -206,15 +253,25 @@ class RetrievalScores:
         dense label code), ``num_relevant`` (R), ``first_hit_rank`` (0-based rank of the first
         relevant item; P@1 = rank 0, Recall@K = rank < K; ``NO_HIT`` when none was found) and
         each requested per-query score (``r_precision``, ``mean_average_precision_at_r``, ...)."""
-        out = {"query_index": np.arange(len(self.labels), dtype=np.int64), "label": self.labels.astype(np.int64),
-               "num_relevant": self.r.copy(), "first_hit_rank": np.where(self.valid, self.first_hit, NO_HIT)}
+        out = {
+            "query_index": np.arange(len(self.labels), dtype=np.int64),
+            "label": self.labels.astype(np.int64),
+            "num_relevant": self.r.copy(),
+            "first_hit_rank": np.where(self.valid, self.first_hit, NO_HIT),
+        }
         out.update({name: values.copy() for name, values in self.scores.items()})
         return out
 
 
-def retrieval_metrics(neighbor_labels: np.ndarray, query_labels: np.ndarray, num_relevant: np.ndarray, *,
-                      recall_k: Sequence[int] = (1,), metrics: Sequence[str] | None = None,
-                      same_source: bool = True) -> dict[str, float]:
+def retrieval_metrics(
+    neighbor_labels: np.ndarray,
+    query_labels: np.ndarray,
+    num_relevant: np.ndarray,
+    *,
+    recall_k: Sequence[int] = (1,),
+    metrics: Sequence[str] | None = None,
+    same_source: bool = True,
+) -> dict[str, float]:
     """All requested retrieval metrics from ranked lists (neighbor_labels: Q x k, self excluded).
 
     ``num_relevant``: R per query (:func:`relevant_counts`); ``same_source``
@@ -223,7 +280,12 @@ def retrieval_metrics(neighbor_labels: np.ndarray, query_labels: np.ndarray, num
     (``evaluate_embeddings`` ranks the first hit exactly instead).
     """
     r = np.asarray(num_relevant, np.int64)
-    scores = RetrievalScores(query_labels, r, window_c=r + int(same_source),
-                             names=metrics or RETRIEVAL_METRICS, recall_k=recall_k)
+    scores = RetrievalScores(
+        query_labels,
+        r,
+        window_c=r + int(same_source),
+        names=metrics or RETRIEVAL_METRICS,
+        recall_k=recall_k,
+    )
     scores.add(0, len(r), np.asarray(neighbor_labels))
     return scores.result()

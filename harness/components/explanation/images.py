@@ -19,7 +19,13 @@ from harness.components.data.synthetic import load_part_mask
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.explanation.maps import part_attention_mass, upsample_maps
 
-__all__ = ["ImageBatch", "run_test_images", "nearest_neighbour", "first_test_triplet", "part_shares"]
+__all__ = [
+    "ImageBatch",
+    "run_test_images",
+    "nearest_neighbour",
+    "first_test_triplet",
+    "part_shares",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,11 +39,15 @@ class ImageBatch:
     output: Any
 
 
-def run_test_images(model, split, image_spec, indices: Sequence[int], device: torch.device) -> ImageBatch:
+def run_test_images(
+    model, split, image_spec, indices: Sequence[int], device: torch.device
+) -> ImageBatch:
     """The test images ``indices`` of ``split``, transformed for evaluation, through ``model``.
     Gradients stay on: a head's explanation may differentiate its output."""
     transform = build_transform(image_spec, train=False)
-    images = normalize_batch(torch.stack([transform(split.read(i)) for i in indices]).to(device), image_spec)
+    images = normalize_batch(
+        torch.stack([transform(split.read(i)) for i in indices]).to(device), image_spec
+    )
     mean = torch.tensor(image_spec.mean, device=device).view(1, 3, 1, 1)
     std = torch.tensor(image_spec.std, device=device).view(1, 3, 1, 1)
     return ImageBatch(images, (images * std + mean).clamp(0, 1).cpu(), model(images))
@@ -70,9 +80,17 @@ def part_shares(splits, image_spec, maps: torch.Tensor, count: int) -> np.ndarra
     labels = []
     for i in range(count):
         mask = load_part_mask(splits.extras["root"], masks[splits.test.keys()[i]])
-        mask = TF.center_crop(TF.resize(torch.from_numpy(mask.copy())[None], image_spec.resize,
-                                        interpolation=InterpolationMode.NEAREST), image_spec.size)
+        mask = TF.center_crop(
+            TF.resize(
+                torch.from_numpy(mask.copy())[None],
+                image_spec.resize,
+                interpolation=InterpolationMode.NEAREST,
+            ),
+            image_spec.size,
+        )
         labels.append(mask[0])
     size = image_spec.size
     mass_maps = upsample_maps(maps.float(), (size, size), normalize=False).clamp_min(0).cpu()
-    return part_attention_mass(mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"]))
+    return part_attention_mass(
+        mass_maps, torch.stack(labels), num_parts=len(splits.extras["parts"])
+    )

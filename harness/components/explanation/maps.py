@@ -26,7 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["upsample_maps", "minmax_normalize", "attention_figure", "part_attention_mass", "grouped_pair_maps"]
+__all__ = [
+    "upsample_maps",
+    "minmax_normalize",
+    "attention_figure",
+    "part_attention_mass",
+    "grouped_pair_maps",
+]
 
 RANKINGS = ("max", "mass", "concentration")
 
@@ -38,18 +44,29 @@ def minmax_normalize(maps: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     return (maps - lo) / (hi - lo).clamp_min(eps)
 
 
-def upsample_maps(maps: torch.Tensor, size: Sequence[int], *, normalize: bool = True) -> torch.Tensor:
+def upsample_maps(
+    maps: torch.Tensor, size: Sequence[int], *, normalize: bool = True
+) -> torch.Tensor:
     """B x K x h x w -> B x K x H x W by bilinear interpolation (A-grouping Eq. 10),
     then min-max normalised per map unless ``normalize`` is False."""
     if maps.dim() != 4:
         raise ValueError(f"maps must be B x K x h x w, got shape {tuple(maps.shape)}")
-    out = F.interpolate(maps.detach().float(), size=tuple(int(s) for s in size), mode="bilinear",
-                        align_corners=False)
+    out = F.interpolate(
+        maps.detach().float(),
+        size=tuple(int(s) for s in size),
+        mode="bilinear",
+        align_corners=False,
+    )
     return minmax_normalize(out) if normalize else out
 
 
-def grouped_pair_maps(query_maps: torch.Tensor, gallery_maps: torch.Tensor, query_groups: torch.Tensor,
-                      gallery_groups: torch.Tensor, same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_pair_maps(
+    query_maps: torch.Tensor,
+    gallery_maps: torch.Tensor,
+    query_groups: torch.Tensor,
+    gallery_groups: torch.Tensor,
+    same: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pair maps of a grouped head (A-grouping, G-grouping, DIABLO): the cosine of two
     embeddings is the mean of their P per-group cosines c_p (each group unit-norm), so each
     image's map is its P group maps (P x B x K x h x w -> B x h x w) weighted by the group's
@@ -58,11 +75,13 @@ def grouped_pair_maps(query_maps: torch.Tensor, gallery_maps: torch.Tensor, quer
 
     ``*_maps``: B x P x h x w non-negative (attention, gates); ``*_groups``: B x P x d unit
     vectors; ``same``: B bools. A harness choice: the papers draw the group maps one by one."""
-    cos = (query_groups.float() * gallery_groups.float()).sum(-1)                 # B x P
+    cos = (query_groups.float() * gallery_groups.float()).sum(-1)  # B x P
     sign = torch.where(torch.as_tensor(same, device=cos.device)[:, None], 1.0, -1.0)
     weight = (1 + sign * cos).clamp_min(0)[..., None, None]
-    return ((weight * query_maps.float().clamp_min(0)).sum(1),
-            (weight * gallery_maps.float().clamp_min(0)).sum(1))
+    return (
+        (weight * query_maps.float().clamp_min(0)).sum(1),
+        (weight * gallery_maps.float().clamp_min(0)).sum(1),
+    )
 
 
 def _numpy(x) -> np.ndarray:
@@ -87,9 +106,19 @@ def _scores(maps: np.ndarray, rank_by) -> np.ndarray:
     raise ValueError(f"rank_by must be one of {RANKINGS} or a B x K array, got {rank_by!r}")
 
 
-def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha: float = 0.5,
-                     cmap: str = "jet", titles: Sequence[str] | None = None, dpi: int = 100,
-                     title: str = "") -> Path:
+def attention_figure(
+    images,
+    maps,
+    path,
+    top: int = 4,
+    *,
+    rank_by="mass",
+    alpha: float = 0.5,
+    cmap: str = "jet",
+    titles: Sequence[str] | None = None,
+    dpi: int = 100,
+    title: str = "",
+) -> Path:
     """Write a PNG in the style of A-grouping Figs. 3-4: one row per group, its ``top``
     images (columns) with the group's map overlaid, under ``title`` (which run and
     images), with the columns' ranking named and a colour scale for the maps.
@@ -123,7 +152,9 @@ def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha:
         pictures = np.repeat(pictures, 3, axis=-1)
 
     # At least 3 inches wide, so that the labels stay legible in the MLflow UI's preview.
-    fig = Figure(figsize=(max(2.0 * cols, 3.0) + 0.9, 2.0 * groups + 0.9), dpi=dpi, layout="constrained")
+    fig = Figure(
+        figsize=(max(2.0 * cols, 3.0) + 0.9, 2.0 * groups + 0.9), dpi=dpi, layout="constrained"
+    )
     FigureCanvasAgg(fig)
     axes = fig.subplots(groups, cols, squeeze=False)
     overlay = None
@@ -140,14 +171,18 @@ def attention_figure(images, maps, path, top: int = 4, *, rank_by="mass", alpha:
             if g == groups - 1:
                 ax.set_xlabel(f"#{c + 1}", fontsize=10)
     ranking = rank_by if isinstance(rank_by, str) else "score"
-    fig.supxlabel(f"each row's {cols} images with the highest map {ranking}, strongest first", fontsize=10)
+    fig.supxlabel(
+        f"each row's {cols} images with the highest map {ranking}, strongest first", fontsize=10
+    )
     if title:
         fig.suptitle(title, fontsize=11)
     # The scale drawn opaque (the overlays are blended at ``alpha`` over the images).
     assert overlay is not None  # the grid has at least one cell
     scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=overlay.get_cmap())
     colorbar = fig.colorbar(scale, ax=axes, shrink=0.8, fraction=0.05)
-    colorbar.set_label("map value (1 = the image's peak)" if rank_by != "max" else "map value", fontsize=10)
+    colorbar.set_label(
+        "map value (1 = the image's peak)" if rank_by != "max" else "map value", fontsize=10
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
@@ -178,8 +213,12 @@ def part_attention_mass(maps, part_labels, num_parts: int | None = None) -> np.n
     if labels.size and labels.max() > parts:
         raise ValueError(f"part label {int(labels.max())} exceeds num_parts={parts}")
     flat = labels.ravel()
-    mass = np.stack([np.bincount(flat, weights=mp[:, k].ravel(), minlength=parts + 1)
-                     for k in range(mp.shape[1])])           # K x (parts + 1)
+    mass = np.stack(
+        [
+            np.bincount(flat, weights=mp[:, k].ravel(), minlength=parts + 1)
+            for k in range(mp.shape[1])
+        ]
+    )  # K x (parts + 1)
     total = mass.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, mass / total, np.nan)

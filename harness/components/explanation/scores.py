@@ -29,8 +29,17 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["part_shares", "region_scores", "pixel_order_masks", "perturbation_masks", "random_scores",
-           "perturbation_curves", "curve_auc", "mean_interval", "STEP"]
+__all__ = [
+    "part_shares",
+    "region_scores",
+    "pixel_order_masks",
+    "perturbation_masks",
+    "random_scores",
+    "perturbation_curves",
+    "curve_auc",
+    "mean_interval",
+    "STEP",
+]
 
 #: Fraction of the image removed or revealed per step of the deletion / insertion curves.
 STEP = 0.05
@@ -38,7 +47,9 @@ STEP = 0.05
 
 def _check_maps(maps: torch.Tensor, labels: torch.Tensor) -> None:
     if maps.dim() != 3 or labels.shape != maps.shape:
-        raise ValueError(f"maps and labels must both be N x H x W, got {tuple(maps.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"maps and labels must both be N x H x W, got {tuple(maps.shape)} and {tuple(labels.shape)}"
+        )
     if (maps < 0).any():
         raise ValueError("maps must be non-negative")
 
@@ -49,13 +60,17 @@ def part_shares(maps: torch.Tensor, labels: torch.Tensor, num_parts: int) -> tor
     non-negative; ``labels``: N x H x W integers at the same resolution."""
     _check_maps(maps, labels)
     maps = maps.double()
-    onehot = torch.nn.functional.one_hot(labels.long(), num_parts + 1).double()   # N x H x W x (K + 1)
+    onehot = torch.nn.functional.one_hot(
+        labels.long(), num_parts + 1
+    ).double()  # N x H x W x (K + 1)
     mass = torch.einsum("nhw,nhwk->nk", maps, onehot)
     total = maps.sum((1, 2))[:, None]
     return torch.where(total > 0, mass / total.clamp_min(1e-300), torch.full_like(mass, math.nan))
 
 
-def region_scores(maps: torch.Tensor, labels: torch.Tensor, region: torch.Tensor) -> dict[str, torch.Tensor]:
+def region_scores(
+    maps: torch.Tensor, labels: torch.Tensor, region: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per image (N), for the region ``labels == region[i]`` (e.g. a near-miss pair's
     differing part): ``share`` of the map's mass on it, ``chance`` = its share of the
     image's area (what a uniform map scores), and ``pointing`` = 1.0 when the map's
@@ -66,8 +81,11 @@ def region_scores(maps: torch.Tensor, labels: torch.Tensor, region: torch.Tensor
     inside = labels.long() == region.long().view(-1, 1, 1)
     maps = maps.double()
     total = maps.sum((1, 2))
-    share = torch.where(total > 0, (maps * inside).sum((1, 2)) / total.clamp_min(1e-300),
-                        torch.full_like(total, math.nan))
+    share = torch.where(
+        total > 0,
+        (maps * inside).sum((1, 2)) / total.clamp_min(1e-300),
+        torch.full_like(total, math.nan),
+    )
     chance = inside.double().mean((1, 2))
     peak = maps == maps.amax((1, 2), keepdim=True)
     pointing = (peak & ~inside).flatten(1).any(1).logical_not().double()
@@ -88,8 +106,13 @@ def pixel_order_masks(scores: torch.Tensor, fractions: torch.Tensor) -> torch.Te
     return (rank[:, None, :] < counts[None, :, None]).view(n, len(fractions), h, w)
 
 
-def perturbation_masks(maps: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
-                       jitter: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def perturbation_masks(
+    maps: torch.Tensor,
+    *,
+    step: float = STEP,
+    generator: torch.Generator | None = None,
+    jitter: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The steps of the deletion / insertion curves of N maps: (fractions S, masks N x S x H x W),
     fractions 0, step, ..., 1; mask s covers the most-attributed ``fractions[s]`` of the pixels.
     Ties (flat regions, the zeros of a ReLU) are broken at random by a jitter of ``jitter``
@@ -108,9 +131,18 @@ def random_scores(shape: tuple[int, ...], generator: torch.Generator | None = No
 
 
 @torch.inference_mode()
-def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.Tensor, same: torch.Tensor,
-                        scores: torch.Tensor, *, step: float = STEP, generator: torch.Generator | None = None,
-                        batch: int = 256, on_chunk=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def perturbation_curves(
+    embed,
+    queries: torch.Tensor,
+    gallery_embeddings: torch.Tensor,
+    same: torch.Tensor,
+    scores: torch.Tensor,
+    *,
+    step: float = STEP,
+    generator: torch.Generator | None = None,
+    batch: int = 256,
+    on_chunk=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Deletion and insertion curves of P pairs' target scores (RISE Sec. 4.1, for a similarity).
 
     ``embed``: images -> unit embeddings (N x D); ``queries``: P x 3 x H x W normalised
@@ -133,24 +165,36 @@ def perturbation_curves(embed, queries: torch.Tensor, gallery_embeddings: torch.
     # The curves' ends are the same two images for every pixel order: deletion at 0 and
     # insertion at 1 are the intact query, deletion at 1 and insertion at 0 the blank image
     # (one for all pairs). Only the inner steps go through the model per order.
-    blank = embed(torch.zeros_like(queries[:1])).float()                    # 1 x D
+    blank = embed(torch.zeros_like(queries[:1])).float()  # 1 x D
     inner = steps - 2
     per_chunk = 6  # pairs whose masks are built at once (memory: 6 x 39 images)
     for start in range(0, n, per_chunk):
         rows = slice(start, min(n, start + per_chunk))
         fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
-        keep = masks[:, 1:-1].to(device)[:, :, None]                        # p x inner x 1 x H x W
+        keep = masks[:, 1:-1].to(device)[:, :, None]  # p x inner x 1 x H x W
         q = queries[rows]
-        images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q])
-        emb = torch.cat([embed(images[i:i + batch]).float() for i in range(0, len(images), batch)])
+        images = torch.cat(
+            [(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q]
+        )
+        emb = torch.cat(
+            [embed(images[i : i + batch]).float() for i in range(0, len(images), batch)]
+        )
         p = len(q)
-        intact = emb[2 * p * inner:]                                         # p x D
-        moved = emb[:2 * p * inner].view(2, p, inner, -1)                   # deletion, then insertion
+        intact = emb[2 * p * inner :]  # p x D
+        moved = emb[: 2 * p * inner].view(2, p, inner, -1)  # deletion, then insertion
         t_moved = (moved * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
         t_intact = (intact * gallery[rows]).sum(-1) * sign[rows]
         t_blank = (blank * gallery[rows]).sum(-1) * sign[rows]
-        deletion[rows] = ((1 + torch.cat([t_intact[:, None], t_moved[0], t_blank[:, None]], 1)) / 2).double().cpu()
-        insertion[rows] = ((1 + torch.cat([t_blank[:, None], t_moved[1], t_intact[:, None]], 1)) / 2).double().cpu()
+        deletion[rows] = (
+            ((1 + torch.cat([t_intact[:, None], t_moved[0], t_blank[:, None]], 1)) / 2)
+            .double()
+            .cpu()
+        )
+        insertion[rows] = (
+            ((1 + torch.cat([t_blank[:, None], t_moved[1], t_intact[:, None]], 1)) / 2)
+            .double()
+            .cpu()
+        )
         if on_chunk is not None:
             on_chunk(p)
     return fractions, deletion, insertion
@@ -162,8 +206,9 @@ def curve_auc(values: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
     return torch.trapezoid(values.double(), fractions.double().to(values.device), dim=-1)
 
 
-def mean_interval(values, confidence: float = 0.95, bounds: tuple[float, float] = (0.0, 1.0)
-                  ) -> tuple[float, float, float]:
+def mean_interval(
+    values, confidence: float = 0.95, bounds: tuple[float, float] = (0.0, 1.0)
+) -> tuple[float, float, float]:
     """Mean and two-sided ``confidence`` t-interval of the finite ``values`` (NaN when none;
     the interval collapses to the mean for a single value), clipped to ``bounds`` (every
     score here lies in [0, 1]; a t-interval over few pairs can reach past it)."""

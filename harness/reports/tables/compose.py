@@ -38,7 +38,15 @@ from harness.reports.tables.published import PublishedValues, attach_published, 
 from harness.reports.tables.render import TableContent, TableRenderer
 from harness.reports.tables.summary import summarize
 
-__all__ = ["RENDERERS", "TableRequest", "Table", "compose", "compose_table", "build_table", "write_atomic"]
+__all__ = [
+    "RENDERERS",
+    "TableRequest",
+    "Table",
+    "compose",
+    "compose_table",
+    "build_table",
+    "write_atomic",
+]
 
 #: The table formats, by the name ``harness table --format`` takes.
 RENDERERS: dict[str, type[TableRenderer]] = {"latex": LatexRenderer, "markdown": MarkdownRenderer}
@@ -72,8 +80,10 @@ class TableRequest:
 
     def title(self) -> str:
         """The caption given, else which experiments (against which published tables)."""
-        return self.caption or (f"Reproduced (experiment {', '.join(self.experiments)})"
-                                + (f" vs published (table {', '.join(self.tables)})" if self.tables else ""))
+        return self.caption or (
+            f"Reproduced (experiment {', '.join(self.experiments)})"
+            + (f" vs published (table {', '.join(self.tables)})" if self.tables else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -95,31 +105,61 @@ def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
     experiments) -> :class:`Table`. Each run whose per-query results a paired bootstrap
     needed and did not get is one line on stderr (and in ``problems``)."""
     runs = load_runs(request.experiments) if runs is None else runs
-    published = published_values(request.published, request.tables, request.published_rows,
-                                 request.published_metrics)
+    published = published_values(
+        request.published, request.tables, request.published_rows, request.published_metrics
+    )
     metrics = _metrics(request, published)
-    values = None if published.values is None else published.values[published.values["metric"].isin(metrics)]
+    values = (
+        None
+        if published.values is None
+        else published.values[published.values["metric"].isin(metrics)]
+    )
     cells = attach_published(summarize(runs, metrics), values)
-    tests = paired_tests(runs, metrics, baseline=request.baseline, per_query=request.per_query,
-                         resamples=request.resamples)
+    tests = paired_tests(
+        runs,
+        metrics,
+        baseline=request.baseline,
+        per_query=request.per_query,
+        resamples=request.resamples,
+    )
     problems = _report_problems(runs, tests, request.per_query)
-    labels = method_labels(sorted(set(cells["method"].dropna()) | {request.baseline}), recorded_options(runs))
-    content = TableContent(cells, metrics=metrics, caption=request.title(), deviations=run_deviations(runs),
-                           tests=tests, notes=_notes(request, runs, cells, metrics, published), labels=labels,
-                           baseline=request.baseline)
+    labels = method_labels(
+        sorted(set(cells["method"].dropna()) | {request.baseline}), recorded_options(runs)
+    )
+    content = TableContent(
+        cells,
+        metrics=metrics,
+        caption=request.title(),
+        deviations=run_deviations(runs),
+        tests=tests,
+        notes=_notes(request, runs, cells, metrics, published),
+        labels=labels,
+        baseline=request.baseline,
+    )
     renderer = RENDERERS[request.fmt]()
     text = renderer.render(content) + renderer.deviations_block(paper_deviation_notes(runs))
-    return Table(text=text, tests=content.ordered_tests(), labels=content.row_labels(), metrics=tuple(metrics),
-                 problems=tuple(problems))
+    return Table(
+        text=text,
+        tests=content.ordered_tests(),
+        labels=content.row_labels(),
+        metrics=tuple(metrics),
+        problems=tuple(problems),
+    )
 
 
 def _metrics(request: TableRequest, published: PublishedValues) -> list[str]:
     if request.metrics:
         return list(request.metrics)
-    return distinct_in_order(published.values["metric"]) if published.values is not None else list(DEFAULT_METRICS)
+    return (
+        distinct_in_order(published.values["metric"])
+        if published.values is not None
+        else list(DEFAULT_METRICS)
+    )
 
 
-def _report_problems(runs: pd.DataFrame, tests: pd.DataFrame, per_query: PerQueryLoader | None) -> list[str]:
+def _report_problems(
+    runs: pd.DataFrame, tests: pd.DataFrame, per_query: PerQueryLoader | None
+) -> list[str]:
     """The runs a bootstrap needed and did not get, each one line on stderr too."""
     explain = artifact_problem if per_query is artifact_per_query else None
     problems = missing_results(runs, tests, explain=explain)
@@ -128,11 +168,21 @@ def _report_problems(runs: pd.DataFrame, tests: pd.DataFrame, per_query: PerQuer
     return problems
 
 
-def _notes(request: TableRequest, runs: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str],
-           published: PublishedValues) -> list[str]:
+def _notes(
+    request: TableRequest,
+    runs: pd.DataFrame,
+    cells: pd.DataFrame,
+    metrics: Sequence[str],
+    published: PublishedValues,
+) -> list[str]:
     """The table's notes in print order."""
-    return [*selection_notes(runs, request.published), *variant_notes(metrics, dict(request.published_metrics or {})),
-            *code_notes(runs), *setting_notes(cells), *published_notes(published.excluded, published.flagged)]
+    return [
+        *selection_notes(runs, request.published),
+        *variant_notes(metrics, dict(request.published_metrics or {})),
+        *code_notes(runs),
+        *setting_notes(cells),
+        *published_notes(published.excluded, published.flagged),
+    ]
 
 
 def compose_table(experiments: Sequence[str], **options) -> Table:

@@ -9,29 +9,76 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["METRIC_LABELS", "DATASET_LABELS", "BACKBONE_LABELS", "LOSS_LABELS", "label", "method_labels",
-           "recorded_options", "method_order", "block_label", "row_label", "all_labels"]
+__all__ = [
+    "METRIC_LABELS",
+    "DATASET_LABELS",
+    "BACKBONE_LABELS",
+    "LOSS_LABELS",
+    "label",
+    "method_labels",
+    "recorded_options",
+    "method_order",
+    "block_label",
+    "row_label",
+    "all_labels",
+]
 
-METRIC_LABELS = {"recall_at_1": "R@1", "recall_at_2": "R@2", "recall_at_4": "R@4",
-                 "recall_at_8": "R@8", "recall_at_10": "R@10", "recall_at_100": "R@100",
-                 "recall_at_16": "R@16", "recall_at_32": "R@32", "recall_at_1000": "R@1000",
-                 "nmi": "NMI", "f1": "F1", "map_at_c": "mAP@C", "precision_at_1": "P@1",
-                 "r_precision": "RP", "mean_average_precision_at_r": "MAP@R",
-                 # DIML's released evaluation counts the query in R (harness.components.evaluation.metrics)
-                 "r_precision_query_in_r": "RP (query in R)",
-                 "mean_average_precision_at_r_query_in_r": "MAP@R (query in R)"}
-DATASET_LABELS = {"cub200": "CUB-200-2011", "cars196": "Cars196", "sop": "SOP", "inshop": "In-Shop",
-                  "synthetic": "synthetic", "fashion-mnist": "Fashion-MNIST"}
-BACKBONE_LABELS = {"googlenet": "GoogLeNet", "resnet50": "ResNet-50", "resnet18": "ResNet-18",
-                   "efficientnet_lite0": "EfficientNet-Lite0"}
-LOSS_LABELS = {"contrastive": "Contrastive", "triplet": "Triplet", "binomial_deviance": "Binomial deviance",
-               "margin": "Margin", "multi_similarity": "Multi-similarity", "proxy_nca": "ProxyNCA",
-               "proxy_anchor": "ProxyAnchor", "arcface": "ArcFace", "normalized_softmax": "Normalized softmax",
-               # DIML Table 1's other rows (Roth et al. 2020's loss names)
-               "triplet_random": "Triplet (random)", "triplet_semihard": "Triplet (semihard)",
-               "triplet_softhard": "Triplet (softhard)", "triplet_distance": "Triplet (distance)",
-               "angular": "Angular", "npair": "N-pair", "generalized_lifted": "Generalized lifted",
-               "quadruplet": "Quadruplet", "snr": "SNR", "histogram": "Histogram"}
+METRIC_LABELS = {
+    "recall_at_1": "R@1",
+    "recall_at_2": "R@2",
+    "recall_at_4": "R@4",
+    "recall_at_8": "R@8",
+    "recall_at_10": "R@10",
+    "recall_at_100": "R@100",
+    "recall_at_16": "R@16",
+    "recall_at_32": "R@32",
+    "recall_at_1000": "R@1000",
+    "nmi": "NMI",
+    "f1": "F1",
+    "map_at_c": "mAP@C",
+    "precision_at_1": "P@1",
+    "r_precision": "RP",
+    "mean_average_precision_at_r": "MAP@R",
+    # DIML's released evaluation counts the query in R (harness.components.evaluation.metrics)
+    "r_precision_query_in_r": "RP (query in R)",
+    "mean_average_precision_at_r_query_in_r": "MAP@R (query in R)",
+}
+DATASET_LABELS = {
+    "cub200": "CUB-200-2011",
+    "cars196": "Cars196",
+    "sop": "SOP",
+    "inshop": "In-Shop",
+    "synthetic": "synthetic",
+    "fashion-mnist": "Fashion-MNIST",
+}
+BACKBONE_LABELS = {
+    "googlenet": "GoogLeNet",
+    "resnet50": "ResNet-50",
+    "resnet18": "ResNet-18",
+    "efficientnet_lite0": "EfficientNet-Lite0",
+}
+LOSS_LABELS = {
+    "contrastive": "Contrastive",
+    "triplet": "Triplet",
+    "binomial_deviance": "Binomial deviance",
+    "margin": "Margin",
+    "multi_similarity": "Multi-similarity",
+    "proxy_nca": "ProxyNCA",
+    "proxy_anchor": "ProxyAnchor",
+    "arcface": "ArcFace",
+    "normalized_softmax": "Normalized softmax",
+    # DIML Table 1's other rows (Roth et al. 2020's loss names)
+    "triplet_random": "Triplet (random)",
+    "triplet_semihard": "Triplet (semihard)",
+    "triplet_softhard": "Triplet (softhard)",
+    "triplet_distance": "Triplet (distance)",
+    "angular": "Angular",
+    "npair": "N-pair",
+    "generalized_lifted": "Generalized lifted",
+    "quadruplet": "Quadruplet",
+    "snr": "SNR",
+    "histogram": "Histogram",
+}
 
 
 def label(labels: Mapping[str, str], name: str) -> str:
@@ -39,7 +86,9 @@ def label(labels: Mapping[str, str], name: str) -> str:
     return labels.get(name, name)
 
 
-def method_labels(methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+def method_labels(
+    methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, str]:
     """Each method's row label, as its plugin declares it (:meth:`methods.MethodEntry.display_name`)
     from the options its runs recorded (``recorded``: ``{method: {option: value}}``, the
     rest at their defaults); a name the registry does not know (a published row of
@@ -85,7 +134,9 @@ def row_label(method: str, setting: str, labels: Mapping[str, str]) -> str:
     return f"{method} [{setting}]" if setting else labels[method]
 
 
-def all_labels(cells: pd.DataFrame, tests: pd.DataFrame | None, given: Mapping[str, str] | None) -> dict[str, str]:
+def all_labels(
+    cells: pd.DataFrame, tests: pd.DataFrame | None, given: Mapping[str, str] | None
+) -> dict[str, str]:
     """``given`` labels, completed with the plugins' default ones for every other method
     the cells and tests name."""
     named = set(cells["method"].dropna()) | (set() if tests is None else set(tests["baseline"]))

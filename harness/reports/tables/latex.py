@@ -25,35 +25,71 @@ __all__ = ["LATEX_PACKAGES", "LatexRenderer", "latex_escape", "render_latex"]
 #: What a LaTeX table needs in the preamble (written in its comment header).
 LATEX_PACKAGES = ("booktabs",)
 
-_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                   "<": r"\textless{}", ">": r"\textgreater{}", "§": r"\S{}",
-                   # characters the notes may hold that pdflatex has no glyph for by default
-                   "–": "--", "—": "---", "×": r"$\times$", "≤": r"$\le$", "≥": r"$\ge$", "±": r"$\pm$",
-                   "→": r"$\to$", "≈": r"$\approx$", "Δ": r"$\Delta$", "λ": r"$\lambda$", "·": r"$\cdot$",
-                   "†": r"$^\dagger$", "‡": r"$^\ddagger$", "’": "'", "“": "``", "”": "''"}
+_LATEX_SPECIALS = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "§": r"\S{}",
+    # characters the notes may hold that pdflatex has no glyph for by default
+    "–": "--",
+    "—": "---",
+    "×": r"$\times$",
+    "≤": r"$\le$",
+    "≥": r"$\ge$",
+    "±": r"$\pm$",
+    "→": r"$\to$",
+    "≈": r"$\approx$",
+    "Δ": r"$\Delta$",
+    "λ": r"$\lambda$",
+    "·": r"$\cdot$",
+    "†": r"$^\dagger$",
+    "‡": r"$^\ddagger$",
+    "’": "'",
+    "“": "``",
+    "”": "''",
+}
 #: Columns of the paired-tests tables.
 _TEST_HEAD = ["Metric", "$n$", "$\\Delta$ [95\\% CI]", "$p$", "$\\Delta_q$ [95\\% CI]", "$p_q$"]
 
 
 def latex_escape(text: str) -> str:
     """Plain text to LaTeX: every special character escaped, ``->`` as an arrow."""
-    return r"$\to$".join("".join(_LATEX_SPECIALS.get(ch, ch) for ch in part) for part in text.split("->"))
+    return r"$\to$".join(
+        "".join(_LATEX_SPECIALS.get(ch, ch) for ch in part) for part in text.split("->")
+    )
 
 
 class LatexRenderer(TableRenderer):
     """Cells as ``mean$\\pm$half-width`` with superscript marks, the seed counts in their
     own column and the published values in a row beneath their method's."""
 
-    marks = {"flagged": "$^\\dagger$", "code": "$^\\S$", "tied": "$^{\\approx}$", "t_up": "$^{\\uparrow}$",
-             "t_down": "$^{\\downarrow}$", "boot_up": "$^{\\Uparrow}$", "boot_down": "$^{\\Downarrow}$",
-             "incomplete": "$^{\\ddagger}$"}
+    marks = {
+        "flagged": "$^\\dagger$",
+        "code": "$^\\S$",
+        "tied": "$^{\\approx}$",
+        "t_up": "$^{\\uparrow}$",
+        "t_down": "$^{\\downarrow}$",
+        "boot_up": "$^{\\Uparrow}$",
+        "boot_down": "$^{\\Downarrow}$",
+        "incomplete": "$^{\\ddagger}$",
+    }
     plus_minus, percent = "$\\pm$", "\\%"
     interval_formula = "$t_{0.975,\\,n-1}\\,s/\\sqrt{n}$, $s$ the sample standard deviation"
     ttest_name = "ttest\\_rel"
     seeds_legend = "$n$: the number of seeds (its column)"
-    published_legend = ("; a row \\emph{published} beneath a method: the paper's value, reproduced minus published "
-                        "in parentheses")
+    published_legend = (
+        "; a row \\emph{published} beneath a method: the paper's value, reproduced minus published "
+        "in parentheses"
+    )
 
     def math(self, text: str) -> str:
         return f"${text}$"
@@ -81,35 +117,63 @@ class LatexRenderer(TableRenderer):
             lines += self.tests_tables(content.ordered_tests(), labels, content.caption)
         return "\n".join(lines) + "\n"
 
-    def _dataset_table(self, body: TableBody, chunks: list[list[int]], chunk: list[int], caption: str,
-                       labels: Mapping[str, str], notes: list[str]) -> list[str]:
+    def _dataset_table(
+        self,
+        body: TableBody,
+        chunks: list[list[int]],
+        chunk: list[int],
+        caption: str,
+        labels: Mapping[str, str],
+        notes: list[str],
+    ) -> list[str]:
         """One ``table*``: the tabular of ``chunk``'s columns, captioned with its dataset (and
         part), ``notes`` beneath it."""
         dataset = body.columns[chunk[0]][0]
         same = [c for c in chunks if body.columns[c[0]][0] == dataset]  # a dataset split into parts
         part = "" if len(same) == 1 else f", part {same.index(chunk) + 1} of {len(same)}"
         title = f"{caption or 'Reproduced results'} ({label(DATASET_LABELS, dataset)}{part})"
-        return ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize", f"\\caption{{{latex_escape(title)}}}",
-                *self._tabular(body, chunk, labels),
-                *(f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\footnotesize {note}}}" for note in notes),
-                "\\end{table*}"]
+        return [
+            "",
+            "\\begin{table*}[tp]",
+            "\\centering",
+            "\\footnotesize",
+            f"\\caption{{{latex_escape(title)}}}",
+            *self._tabular(body, chunk, labels),
+            *(
+                f"\\par\\smallskip\\parbox{{\\linewidth}}{{\\footnotesize {note}}}"
+                for note in notes
+            ),
+            "\\end{table*}",
+        ]
 
     def _tabular(self, body: TableBody, chunk: list[int], labels: Mapping[str, str]) -> list[str]:
         """One dataset's tabular: a row per method (mean +- half-width and marks, n) and, where
         published values exist, a row of them with the difference beneath it."""
         dataset = latex_escape(label(DATASET_LABELS, body.columns[chunk[0]][0]))
         width = 2 + len(chunk)
-        lines = [f"\\begin{{tabular}}{{@{{}}lc{'c' * len(chunk)}@{{}}}}", "\\toprule",
-                 f" & & \\multicolumn{{{len(chunk)}}}{{c}}{{{dataset}}} \\\\",
-                 f"\\cmidrule(l){{3-{width}}}",
-                 " & ".join(["Method", "$n$", *(latex_escape(label(METRIC_LABELS, body.columns[i][1])) for i in chunk)])
-                 + " \\\\"]
+        lines = [
+            f"\\begin{{tabular}}{{@{{}}lc{'c' * len(chunk)}@{{}}}}",
+            "\\toprule",
+            f" & & \\multicolumn{{{len(chunk)}}}{{c}}{{{dataset}}} \\\\",
+            f"\\cmidrule(l){{3-{width}}}",
+            " & ".join(
+                [
+                    "Method",
+                    "$n$",
+                    *(latex_escape(label(METRIC_LABELS, body.columns[i][1])) for i in chunk),
+                ]
+            )
+            + " \\\\",
+        ]
         for block in body.blocks:
             shown = [row for row in block.rows if any(row.cells[i] is not None for i in chunk)]
             if not shown:
                 continue
-            lines += ["\\midrule",
-                      f"\\multicolumn{{{width}}}{{@{{}}l}}{{\\emph{{{latex_escape(block_label(block.backbone, block.loss))}}}}} \\\\"]
+            block_name = latex_escape(block_label(block.backbone, block.loss))
+            lines += [
+                "\\midrule",
+                f"\\multicolumn{{{width}}}{{@{{}}l}}{{\\emph{{{block_name}}}}} \\\\",
+            ]
             for row in shown:
                 lines += self._method_rows(row, chunk, labels)
         return [*lines, "\\bottomrule", "\\end{tabular}"]
@@ -117,10 +181,20 @@ class LatexRenderer(TableRenderer):
     def _method_rows(self, row: Row, chunk: list[int], labels: Mapping[str, str]) -> list[str]:
         """A method's row, and its published values' row where it has any."""
         cells = [row.cells[i] for i in chunk]
-        lines = [" & ".join([latex_escape(row_label(row.method, row.setting, labels)), _seed_counts(cells),
-                             *(self.reproduced(c) for c in cells)]) + " \\\\"]
+        lines = [
+            " & ".join(
+                [
+                    latex_escape(row_label(row.method, row.setting, labels)),
+                    _seed_counts(cells),
+                    *(self.reproduced(c) for c in cells),
+                ]
+            )
+            + " \\\\"
+        ]
         if any(c is not None and not math.isnan(c.published) for c in cells):
-            lines.append(" & ".join(["\\quad published", "", *(self.published(c) for c in cells)]) + " \\\\")
+            lines.append(
+                " & ".join(["\\quad published", "", *(self.published(c) for c in cells)]) + " \\\\"
+            )
         return lines
 
     def reproduced(self, cell: Cell | None) -> str:
@@ -141,56 +215,97 @@ class LatexRenderer(TableRenderer):
             return f"{cell.published:.2f}"
         return f"{cell.published:.2f} ({self.signed(round(cell.mean, 2) - cell.published)})"
 
-    def tests_tables(self, tests: pd.DataFrame, labels: Mapping[str, str], caption: str = "") -> list[str]:
+    def tests_tables(
+        self, tests: pd.DataFrame, labels: Mapping[str, str], caption: str = ""
+    ) -> list[str]:
         """The paired tests as one ``table*`` per dataset: per block and comparison, for each
         metric the seeds, the mean paired difference (percent points) with its 95% t-interval
         and the t-test's p, and the bootstrap difference over queries with its 95% interval and p."""
         lines = []
         for dataset, part in tests.groupby("dataset", sort=False):
             title = "Paired tests against the baseline row" + (f" ({caption})" if caption else "")
-            lines += ["", "\\begin{table*}[tp]", "\\centering", "\\footnotesize", "\\setlength{\\tabcolsep}{4pt}",
-                      f"\\caption{{{latex_escape(title)}: {latex_escape(label(DATASET_LABELS, dataset))}}}",
-                      f"\\begin{{tabular}}{{@{{}}l{'c' * (len(_TEST_HEAD) - 1)}@{{}}}}", "\\toprule",
-                      " & ".join(_TEST_HEAD) + " \\\\"]
+            lines += [
+                "",
+                "\\begin{table*}[tp]",
+                "\\centering",
+                "\\footnotesize",
+                "\\setlength{\\tabcolsep}{4pt}",
+                f"\\caption{{{latex_escape(title)}: {latex_escape(label(DATASET_LABELS, dataset))}}}",
+                f"\\begin{{tabular}}{{@{{}}l{'c' * (len(_TEST_HEAD) - 1)}@{{}}}}",
+                "\\toprule",
+                " & ".join(_TEST_HEAD) + " \\\\",
+            ]
             queries = sorted(set(part.loc[part["boot_queries"] > 0, "boot_queries"]))
-            for (backbone, loss, method, setting), rows in part.groupby(["backbone", "loss", "method", "setting"],
-                                                                        sort=False):
-                versus = f"{row_label(method, setting, labels)} vs {labels[rows['baseline'].iloc[0]]}"
-                lines += ["\\midrule", f"\\multicolumn{{{len(_TEST_HEAD)}}}{{@{{}}l}}{{\\emph{{"
-                                       f"{latex_escape(block_label(backbone, loss))}}}: {latex_escape(versus)}}} \\\\"]
-                lines += [self._test_row(t, several_q=len(queries) > 1) for t in rows.itertuples(index=False)]
+            for (backbone, loss, method, setting), rows in part.groupby(
+                ["backbone", "loss", "method", "setting"], sort=False
+            ):
+                versus = (
+                    f"{row_label(method, setting, labels)} vs {labels[rows['baseline'].iloc[0]]}"
+                )
+                lines += [
+                    "\\midrule",
+                    f"\\multicolumn{{{len(_TEST_HEAD)}}}{{@{{}}l}}{{\\emph{{"
+                    f"{latex_escape(block_label(backbone, loss))}}}: {latex_escape(versus)}}} \\\\",
+                ]
+                lines += [
+                    self._test_row(t, several_q=len(queries) > 1)
+                    for t in rows.itertuples(index=False)
+                ]
             lines += ["\\bottomrule", "\\end{tabular}", _tests_note(queries), "\\end{table*}"]
         return lines
 
     def _test_row(self, t, *, several_q: bool) -> str:
         """One metric's paired tests; the bootstrap's query count when the table's differ."""
-        boot = "--" if t.boot_queries == 0 else self.interval(t.boot_difference, t.boot_low, t.boot_high)
+        boot = (
+            "--"
+            if t.boot_queries == 0
+            else self.interval(t.boot_difference, t.boot_low, t.boot_high)
+        )
         if t.boot_queries and several_q:
             boot += f" ($Q$={t.boot_queries})"
-        return " & ".join([latex_escape(label(METRIC_LABELS, t.metric)), str(t.pairs),
-                           self.interval(t.difference, t.low, t.high), _p(t.p_t), boot, _p(t.p_boot)]) + " \\\\"
+        return (
+            " & ".join(
+                [
+                    latex_escape(label(METRIC_LABELS, t.metric)),
+                    str(t.pairs),
+                    self.interval(t.difference, t.low, t.high),
+                    _p(t.p_t),
+                    boot,
+                    _p(t.p_boot),
+                ]
+            )
+            + " \\\\"
+        )
 
     def deviations_block(self, notes: Sequence[str]) -> str:
         if not notes:
             return ""
         title = "Deviations from the paper or the authors' code"
         # Long option names (smoke_methods_agrouping_...) may break after an underscore.
-        items = "\n".join(f"  \\item {latex_escape(n)}".replace("\\_", "\\_\\allowbreak{}") for n in notes)
-        return (f"\n% {title} (python -m harness deviations)\n{{\\footnotesize\\sloppy\n\\paragraph{{{title}.}}\n"
-                f"\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n}}\n")
+        items = "\n".join(
+            f"  \\item {latex_escape(n)}".replace("\\_", "\\_\\allowbreak{}") for n in notes
+        )
+        return (
+            f"\n% {title} (python -m harness deviations)\n{{\\footnotesize\\sloppy\n\\paragraph{{{title}.}}\n"
+            f"\\begin{{itemize}}\n{items}\n\\end{{itemize}}\n}}\n"
+        )
 
 
 def _header(caption: str) -> list[str]:
-    return [f"% {caption}" if caption else "% Table from the harness's tracking store",
-            "% Needs in the preamble: " + " ".join(f"\\usepackage{{{p}}}" for p in LATEX_PACKAGES),
-            f"% Each tabular fits \\textwidth of a one-column article ({TEXT_WIDTH_PT:.0f}pt) and spans both "
-            f"columns of a two-column one (table*); text at \\footnotesize."]
+    return [
+        f"% {caption}" if caption else "% Table from the harness's tracking store",
+        "% Needs in the preamble: " + " ".join(f"\\usepackage{{{p}}}" for p in LATEX_PACKAGES),
+        f"% Each tabular fits \\textwidth of a one-column article ({TEXT_WIDTH_PT:.0f}pt) and spans both "
+        f"columns of a two-column one (table*); text at \\footnotesize.",
+    ]
 
 
 def _seed_counts(cells: list[Cell | None]) -> str:
     """The ``n`` column: the seed count of the row's cells, or their range."""
     counts = sorted({int(c.n) for c in cells if c is not None and c.n})
-    return "--" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}--{counts[-1]}"
+    return (
+        "--" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}--{counts[-1]}"
+    )
 
 
 def _p(value: float) -> str:
@@ -201,10 +316,12 @@ def _p(value: float) -> str:
 def _tests_note(queries: list[int]) -> str:
     """What the paired-tests table's columns hold."""
     over = f"$Q$ = {queries[0]} test queries" if len(queries) == 1 else "$Q$ test queries"
-    return ("\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
-            "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
-            f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over} (10,000 resamples, percentile "
-            "interval); --: not computed (a clustering metric, or per-query results missing).}")
+    return (
+        "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
+        "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
+        f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over} (10,000 resamples, percentile "
+        "interval); --: not computed (a clustering metric, or per-query results missing).}"
+    )
 
 
 def render_latex(cells: pd.DataFrame, **content) -> str:

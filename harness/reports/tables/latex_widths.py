@@ -18,8 +18,16 @@ __all__ = ["TEXT_WIDTH_PT", "text_pt", "tabular_chunks"]
 TEXT_WIDTH_PT = 345.0
 #: Widths at ``\footnotesize`` (cmr8, in pt) of what cells print, for :func:`text_pt`;
 #: a mark is a superscript symbol; ``\tabcolsep`` is 6pt on each side of a column.
-_GLYPH_PT = {**dict.fromkeys("0123456789", 4.25), ".": 2.4, " ": 2.8, "(": 3.3, ")": 3.3, "±": 6.6, "+": 6.6,
-             "-": 6.6}
+_GLYPH_PT = {
+    **dict.fromkeys("0123456789", 4.25),
+    ".": 2.4,
+    " ": 2.8,
+    "(": 3.3,
+    ")": 3.3,
+    "±": 6.6,
+    "+": 6.6,
+    "-": 6.6,
+}
 _LETTER_PT, _MARK_PT, _COLSEP_PT = 4.6, 4.5, 12.0
 
 
@@ -34,9 +42,16 @@ def _estimated_width(cell: Cell | None) -> float:
     if cell is None:
         return text_pt("--")
     reproduced = not math.isnan(cell.mean)
-    ours = text_pt(f"{cell.mean:.2f}±{cell.half_width:.2f}") + len(cell.marks) * _MARK_PT if reproduced else 0
-    theirs = text_pt(f"{cell.published:.2f} (+{abs(cell.mean - cell.published):.2f})") \
-        if not math.isnan(cell.published) and reproduced else text_pt(f"{cell.published:.2f}")
+    ours = (
+        text_pt(f"{cell.mean:.2f}±{cell.half_width:.2f}") + len(cell.marks) * _MARK_PT
+        if reproduced
+        else 0
+    )
+    theirs = (
+        text_pt(f"{cell.published:.2f} (+{abs(cell.mean - cell.published):.2f})")
+        if not math.isnan(cell.published) and reproduced
+        else text_pt(f"{cell.published:.2f}")
+    )
     return max(ours, theirs)
 
 
@@ -44,11 +59,15 @@ def tabular_chunks(body: TableBody, labels: Mapping[str, str]) -> list[list[int]
     """Column indices of each tabular: one dataset per tabular, its metrics split so that
     every tabular fits :data:`TEXT_WIDTH_PT` (by the cells' estimated widths)."""
     rows = [row for block in body.blocks for row in block.rows]
-    label = max([text_pt(row_label(row.method, row.setting, labels)) for row in rows]
-                + [text_pt("published") + 10.0])  # the published rows' label is indented by \quad
+    label = max(
+        [text_pt(row_label(row.method, row.setting, labels)) for row in rows]
+        + [text_pt("published") + 10.0]
+    )  # the published rows' label is indented by \quad
     fixed = label + text_pt("2--3") + 2 * _COLSEP_PT  # the label and n columns
-    widths = [max([_estimated_width(row.cells[i]) for row in rows] + [text_pt("MAP@R")]) + _COLSEP_PT
-              for i in range(len(body.columns))]
+    widths = [
+        max([_estimated_width(row.cells[i]) for row in rows] + [text_pt("MAP@R")]) + _COLSEP_PT
+        for i in range(len(body.columns))
+    ]
 
     def fits(part: list[int]) -> bool:
         return fixed + sum(widths[j] for j in part) <= TEXT_WIDTH_PT

@@ -74,21 +74,36 @@ def _layout(cells: pd.DataFrame, metrics: Sequence[str] | None, baseline: str):
         raise HarnessError("nothing to tabulate: no finished runs and no published values")
     backbones = distinct_in_order(cells["backbone"], list(BACKBONE_LABELS))
     losses = distinct_in_order(cells["loss"], list(LOSS_LABELS))
-    blocks = distinct_in_order(zip(cells["backbone"], cells["loss"], strict=True),
-                               [(b, lo) for b in backbones for lo in losses])
+    blocks = distinct_in_order(
+        zip(cells["backbone"], cells["loss"], strict=True),
+        [(b, lo) for b in backbones for lo in losses],
+    )
     methods = distinct_in_order(cells["method"], method_order(baseline))
-    rows = sorted(dict.fromkeys(zip(cells["method"], cells["setting"], strict=True)),
-                  key=lambda r: (methods.index(r[0]), r[1] != "", r[1]))
+    rows = sorted(
+        dict.fromkeys(zip(cells["method"], cells["setting"], strict=True)),
+        key=lambda r: (methods.index(r[0]), r[1] != "", r[1]),
+    )
     datasets = distinct_in_order(cells["dataset"], list(DATASET_LABELS))
     present = distinct_in_order(cells["metric"])
     metric_order = [m for m in (metrics or present) if m in present]
-    columns = [(d, m) for d in datasets for m in metric_order
-               if ((cells["dataset"] == d) & (cells["metric"] == m)).any()]
+    columns = [
+        (d, m)
+        for d in datasets
+        for m in metric_order
+        if ((cells["dataset"] == d) & (cells["metric"] == m)).any()
+    ]
     return blocks, rows, datasets, columns
 
 
 def _cell_key(row) -> tuple:
-    return (row["backbone"], row["loss"], row["method"], row["setting"], row["dataset"], row["metric"])
+    return (
+        row["backbone"],
+        row["loss"],
+        row["method"],
+        row["setting"],
+        row["dataset"],
+        row["metric"],
+    )
 
 
 def _best(cells: pd.DataFrame) -> tuple[set[tuple], set[tuple]]:
@@ -103,8 +118,10 @@ def _best(cells: pd.DataFrame) -> tuple[set[tuple], set[tuple]]:
         if len(group) < 2:
             continue
         top = group.loc[group["mean"].idxmax()]
-        reach = group[(group.index != top.name)
-                      & (group["mean"] + group["half_width"] >= top["mean"] - top["half_width"])]
+        reach = group[
+            (group.index != top.name)
+            & (group["mean"] + group["half_width"] >= top["mean"] - top["half_width"])
+        ]
         if reach.empty:
             bold.add(_cell_key(top))
         else:
@@ -131,34 +148,55 @@ def _cell(record, key: tuple, bold: set[tuple], tied: set[tuple], test) -> Cell:
     marks = (("tied",) if key in tied else ()) + _test_marks(test)
     marks += ("flagged",) if bool(record.flagged) else ()
     marks += ("code",) if bool(record.code_flagged) else ()
-    return Cell(mean=record.mean, half_width=record.half_width, n=record.n, published=record.published,
-                bold=key in bold, marks=marks)
+    return Cell(
+        mean=record.mean,
+        half_width=record.half_width,
+        n=record.n,
+        published=record.published,
+        bold=key in bold,
+        marks=marks,
+    )
 
 
-def table_body(cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFrame | None,
-               baseline: str) -> TableBody:
+def table_body(
+    cells: pd.DataFrame, metrics: Sequence[str] | None, tests: pd.DataFrame | None, baseline: str
+) -> TableBody:
     """Cells (``CELL_COLUMNS``) and paired tests (``TEST_COLUMNS``) -> the table's blocks
     and columns, each cell marked."""
     blocks, rows, _, columns = _layout(cells, metrics, baseline)
     bold, tied = _best(cells)
     index = {_cell_key(r._asdict()): r for r in cells.itertuples(index=False)}
-    test_index = {} if tests is None else {_cell_key(t._asdict()): t for t in tests.itertuples(index=False)}
+    test_index = (
+        {} if tests is None else {_cell_key(t._asdict()): t for t in tests.itertuples(index=False)}
+    )
     body = []
     for backbone, loss in blocks:
         in_block = cells[(cells["backbone"] == backbone) & (cells["loss"] == loss)]
         present = set(zip(in_block["method"], in_block["setting"], strict=True))
         block_rows = []
         for method, setting in [r for r in rows if r in present]:
-            keys = [(backbone, loss, method, setting, dataset, metric) for dataset, metric in columns]
-            block_rows.append(Row(method, setting, tuple(
-                None if key not in index else _cell(index[key], key, bold, tied, test_index.get(key))
-                for key in keys)))
+            keys = [
+                (backbone, loss, method, setting, dataset, metric) for dataset, metric in columns
+            ]
+            block_rows.append(
+                Row(
+                    method,
+                    setting,
+                    tuple(
+                        None
+                        if key not in index
+                        else _cell(index[key], key, bold, tied, test_index.get(key))
+                        for key in keys
+                    ),
+                )
+            )
         body.append(Block(backbone, loss, tuple(block_rows)))
     return TableBody(tuple(body), tuple(columns))
 
 
-def ordered_tests(tests: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str] | None,
-                  baseline: str) -> pd.DataFrame:
+def ordered_tests(
+    tests: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[str] | None, baseline: str
+) -> pd.DataFrame:
     """The paired tests in the main table's order: dataset, block, row, metric."""
     if tests is None or tests.empty:
         return tests
@@ -168,7 +206,14 @@ def ordered_tests(tests: pd.DataFrame, cells: pd.DataFrame, metrics: Sequence[st
     def rank(values: Sequence, value) -> int:
         return values.index(value) if value in values else len(values)
 
-    keys = [(rank(datasets, t.dataset), rank(blocks, (t.backbone, t.loss)), rank(rows, (t.method, t.setting)),
-             rank(metric_order, t.metric)) for t in tests.itertuples(index=False)]
+    keys = [
+        (
+            rank(datasets, t.dataset),
+            rank(blocks, (t.backbone, t.loss)),
+            rank(rows, (t.method, t.setting)),
+            rank(metric_order, t.metric),
+        )
+        for t in tests.itertuples(index=False)
+    ]
     order = sorted(range(len(tests)), key=lambda i: keys[i])
     return tests.iloc[order].reset_index(drop=True)

@@ -17,9 +17,27 @@ from harness.reports.tables.columns import ROW
 __all__ = ["RUN_COLUMNS", "load_runs", "label_settings"]
 
 #: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.
-RUN_COLUMNS = ["run_id", "experiment", "backbone", "loss", "method", "setting", "dataset", "seed", "fingerprint",
-               "deviations", "test_set_selection", "method_revision", "selection", "validation_classes",
-               "selection_metric", "evaluation_code", "options", "tuned", "init_from"]
+RUN_COLUMNS = [
+    "run_id",
+    "experiment",
+    "backbone",
+    "loss",
+    "method",
+    "setting",
+    "dataset",
+    "seed",
+    "fingerprint",
+    "deviations",
+    "test_set_selection",
+    "method_revision",
+    "selection",
+    "validation_classes",
+    "selection_metric",
+    "evaluation_code",
+    "options",
+    "tuned",
+    "init_from",
+]
 
 
 def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
@@ -27,9 +45,9 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
 
     Columns: ``run_id, experiment, backbone, loss, method, setting, dataset, seed,
     fingerprint, deviations, test_set_selection, method_revision, selection,
-    validation_classes, selection_metric, evaluation_code, options, tuned, init_from`` and one column per
-    ``test_<metric>`` (fractions, from the runs' ``test/*`` metrics). ``setting`` labels what tells apart runs of one method
-    (see :func:`label_settings`).
+    validation_classes, selection_metric, evaluation_code, options, tuned, init_from`` and one
+    column per ``test_<metric>`` (fractions, from the runs' ``test/*`` metrics). ``setting``
+    labels what tells apart runs of one method (see :func:`label_settings`).
     """
     # Imported when called: the store pulls in MLflow, which the table's other steps never need.
     from harness.store.queries import finished_runs_frame
@@ -49,29 +67,37 @@ def _column(frame: pd.DataFrame, name: str, default: str = "") -> pd.Series:
 def _runs_frame(frame: pd.DataFrame, ids: dict) -> pd.DataFrame:
     """The store's runs frame (``params.*``, ``tags.*`` columns) -> :data:`RUN_COLUMNS` and
     ``paper_deviations``, one row per run, ``setting`` still empty."""
-    training_init = (_column(frame, "tags.init_from", "none") != "none") & (_column(frame, "tags.evaluate_only", "False") != "True")
-    return pd.DataFrame({
-        "run_id": frame["run_id"],
-        "experiment": frame["experiment_id"].map(ids),
-        "backbone": _column(frame, "params.protocol.backbone.name"),
-        "loss": _column(frame, "tags.loss"),
-        "method": _column(frame, "tags.method"),
-        "setting": "",
-        "dataset": _column(frame, "tags.dataset"),
-        "seed": _column(frame, "tags.seed"),
-        "fingerprint": _column(frame, "tags.fingerprint"),
-        "deviations": _column(frame, "tags.deviations", "none"),
-        "test_set_selection": _column(frame, "tags.test_set_selection", "False") == "True",
-        "method_revision": pd.to_numeric(_column(frame, "tags.method_revision", "1"), errors="coerce").fillna(1).astype(int),
-        "selection": _column(frame, "tags.selection", "validation"),
-        "validation_classes": _column(frame, "params.protocol.splits.validation_classes"),
-        "selection_metric": _column(frame, "params.protocol.selection.metric"),
-        "evaluation_code": _column(frame, "tags.evaluation_code"),
-        "options": _method_options(frame),
-        "tuned": _column(frame, "tags.tune_role") != "",
-        "init_from": training_init,
-        "paper_deviations": _paper_deviations(frame),
-    })
+    training_init = (_column(frame, "tags.init_from", "none") != "none") & (
+        _column(frame, "tags.evaluate_only", "False") != "True"
+    )
+    return pd.DataFrame(
+        {
+            "run_id": frame["run_id"],
+            "experiment": frame["experiment_id"].map(ids),
+            "backbone": _column(frame, "params.protocol.backbone.name"),
+            "loss": _column(frame, "tags.loss"),
+            "method": _column(frame, "tags.method"),
+            "setting": "",
+            "dataset": _column(frame, "tags.dataset"),
+            "seed": _column(frame, "tags.seed"),
+            "fingerprint": _column(frame, "tags.fingerprint"),
+            "deviations": _column(frame, "tags.deviations", "none"),
+            "test_set_selection": _column(frame, "tags.test_set_selection", "False") == "True",
+            "method_revision": pd.to_numeric(
+                _column(frame, "tags.method_revision", "1"), errors="coerce"
+            )
+            .fillna(1)
+            .astype(int),
+            "selection": _column(frame, "tags.selection", "validation"),
+            "validation_classes": _column(frame, "params.protocol.splits.validation_classes"),
+            "selection_metric": _column(frame, "params.protocol.selection.metric"),
+            "evaluation_code": _column(frame, "tags.evaluation_code"),
+            "options": _method_options(frame),
+            "tuned": _column(frame, "tags.tune_role") != "",
+            "init_from": training_init,
+            "paper_deviations": _paper_deviations(frame),
+        }
+    )
 
 
 def _method_options(frame: pd.DataFrame) -> list[str]:
@@ -79,9 +105,17 @@ def _method_options(frame: pd.DataFrame) -> list[str]:
     option_columns = sorted(c for c in frame.columns if c.startswith("params.method."))
     if not option_columns:
         return ["{}"] * len(frame)
-    return [json.dumps({c.removeprefix("params.method."): row[c] for c in option_columns if isinstance(row[c], str)},
-                       sort_keys=True)
-            for _, row in frame[option_columns].iterrows()]
+    return [
+        json.dumps(
+            {
+                c.removeprefix("params.method."): row[c]
+                for c in option_columns
+                if isinstance(row[c], str)
+            },
+            sort_keys=True,
+        )
+        for _, row in frame[option_columns].iterrows()
+    ]
 
 
 def _paper_deviations(frame: pd.DataFrame) -> list[dict[str, str]]:
@@ -89,8 +123,14 @@ def _paper_deviations(frame: pd.DataFrame) -> list[dict[str, str]]:
     deviation_columns = sorted(c for c in frame.columns if c.startswith("tags." + TAG_PREFIX))
     if not deviation_columns:
         return [{}] * len(frame)
-    return [{c.removeprefix("tags." + TAG_PREFIX): row[c] for c in deviation_columns if isinstance(row[c], str)}
-            for _, row in frame[deviation_columns].iterrows()]
+    return [
+        {
+            c.removeprefix("tags." + TAG_PREFIX): row[c]
+            for c in deviation_columns
+            if isinstance(row[c], str)
+        }
+        for _, row in frame[deviation_columns].iterrows()
+    ]
 
 
 def _with_test_metrics(runs: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
@@ -130,10 +170,15 @@ def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
     code and the spread is over seeds, not over repeats of one. Runs of another setting
     (options, tuned, init) are never superseded: they are another row."""
     cell = [*ROW, "dataset", "fingerprint"]
-    current = runs[runs["method_revision"] == runs.groupby(cell)["method_revision"].transform("max")]
+    current = runs[
+        runs["method_revision"] == runs.groupby(cell)["method_revision"].transform("max")
+    ]
     order = start_time.loc[current.index].sort_values(kind="stable").index
     newest = current.loc[order].drop_duplicates([*cell, "seed"], keep="last")
     if len(newest) < len(runs):
-        print(f"tables: {len(runs) - len(newest)} run(s) superseded by a newer run or method revision "
-              f"of the same method, setting, protocol and seed", file=sys.stderr)
+        print(
+            f"tables: {len(runs) - len(newest)} run(s) superseded by a newer run or method revision "
+            f"of the same method, setting, protocol and seed",
+            file=sys.stderr,
+        )
     return newest.sort_index().reset_index(drop=True)

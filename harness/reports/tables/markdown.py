@@ -19,16 +19,33 @@ from harness.reports.tables.render import TableContent, TableRenderer
 
 __all__ = ["MarkdownRenderer", "TEST_HEADER", "render_markdown"]
 
-TEST_HEADER = ["Block", "Dataset", "Metric", "Comparison", "Seeds", "Δ (seeds) [95% CI]", "p (paired t)",
-               "Δ over queries [95% CI]", "p (bootstrap)"]
+TEST_HEADER = [
+    "Block",
+    "Dataset",
+    "Metric",
+    "Comparison",
+    "Seeds",
+    "Δ (seeds) [95% CI]",
+    "p (paired t)",
+    "Δ over queries [95% CI]",
+    "p (bootstrap)",
+]
 
 
 class MarkdownRenderer(TableRenderer):
     """Cells as ``mean ± half-width`` with their marks and ``(n=…)``, then ``/ published
     (difference)``; one table row per method row, a block's title row above its rows."""
 
-    marks = {"flagged": "†", "code": "§", "tied": "≈", "t_up": "↑", "t_down": "↓", "boot_up": "⇑",
-             "boot_down": "⇓", "incomplete": "‡"}
+    marks = {
+        "flagged": "†",
+        "code": "§",
+        "tied": "≈",
+        "t_up": "↑",
+        "t_down": "↓",
+        "boot_up": "⇑",
+        "boot_down": "⇓",
+        "incomplete": "‡",
+    }
     plus_minus, percent = "±", "%"
     interval_formula = "t(0.975, n-1) s / sqrt(n), s the sample std"
     ttest_name = "ttest_rel"
@@ -48,20 +65,37 @@ class MarkdownRenderer(TableRenderer):
         for note in self.footnotes(content, labels):  # one paragraph each
             lines += ["", note]
         if content.has_tests:
-            lines += ["", "**Paired tests against the baseline row**", "", _line(TEST_HEADER),
-                      "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|"]
+            lines += [
+                "",
+                "**Paired tests against the baseline row**",
+                "",
+                _line(TEST_HEADER),
+                "|" + "|".join([":---"] * 4 + [":---:"] * 5) + "|",
+            ]
             lines += [_line(r) for r in self.test_rows(content.ordered_tests(), labels)]
         return "\n".join(lines) + "\n"
 
     def _comparison(self, content: TableContent, labels: Mapping[str, str]) -> list[str]:
         """The main table: header, then per block its title row and its method rows."""
         body = table_body(content.cells, content.metrics, content.tests, content.reference)
-        header = ["Method", *(f"{label(DATASET_LABELS, d)} {label(METRIC_LABELS, m)}" for d, m in body.columns)]
+        header = [
+            "Method",
+            *(f"{label(DATASET_LABELS, d)} {label(METRIC_LABELS, m)}" for d, m in body.columns),
+        ]
         lines = [_line(header), "|" + "|".join([":---", *[":---:"] * len(body.columns)]) + "|"]
         for block in body.blocks:
-            lines.append(_line([f"*{block_label(block.backbone, block.loss)}*", *[""] * len(body.columns)]))
-            lines += [_line([row_label(row.method, row.setting, labels), *(self.cell_text(c) for c in row.cells)])
-                      for row in block.rows]
+            lines.append(
+                _line([f"*{block_label(block.backbone, block.loss)}*", *[""] * len(body.columns)])
+            )
+            lines += [
+                _line(
+                    [
+                        row_label(row.method, row.setting, labels),
+                        *(self.cell_text(c) for c in row.cells),
+                    ]
+                )
+                for row in block.rows
+            ]
         return lines
 
     def cell_text(self, cell: Cell | None) -> str:
@@ -87,17 +121,34 @@ class MarkdownRenderer(TableRenderer):
         """Plain-text rows of the paired-tests table."""
         rows = []
         for t in tests.itertuples(index=False):
-            boot = ("–" if t.boot_queries == 0 else
-                    f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})")
-            rows.append([block_label(t.backbone, t.loss), label(DATASET_LABELS, t.dataset), label(METRIC_LABELS, t.metric),
-                         f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}", str(t.pairs),
-                         self.interval(t.difference, t.low, t.high), _p(t.p_t), boot, _p(t.p_boot)])
+            boot = (
+                "–"
+                if t.boot_queries == 0
+                else f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})"
+            )
+            rows.append(
+                [
+                    block_label(t.backbone, t.loss),
+                    label(DATASET_LABELS, t.dataset),
+                    label(METRIC_LABELS, t.metric),
+                    f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}",
+                    str(t.pairs),
+                    self.interval(t.difference, t.low, t.high),
+                    _p(t.p_t),
+                    boot,
+                    _p(t.p_boot),
+                ]
+            )
         return rows
 
     def deviations_block(self, notes: Sequence[str]) -> str:
         if not notes:
             return ""
-        return "\n**Deviations from the paper or the authors' code**\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+        return (
+            "\n**Deviations from the paper or the authors' code**\n\n"
+            + "\n".join(f"- {n}" for n in notes)
+            + "\n"
+        )
 
 
 def _line(cells: Sequence[str]) -> str:

@@ -13,16 +13,28 @@ from harness.config.deviations import from_tag, grouped_notes
 from harness.reports.tables.labels import METRIC_LABELS, label
 from harness.reports.tables.layout import distinct_in_order
 
-__all__ = ["SELECTION_TEXT", "SETTINGS_NOTE", "selection_notes", "code_notes", "variant_notes", "setting_notes",
-           "published_notes", "run_deviations", "paper_deviation_notes"]
+__all__ = [
+    "SELECTION_TEXT",
+    "SETTINGS_NOTE",
+    "selection_notes",
+    "code_notes",
+    "variant_notes",
+    "setting_notes",
+    "published_notes",
+    "run_deviations",
+    "paper_deviation_notes",
+]
 
-SELECTION_TEXT = {"validation": "the epoch with the best validation {metric}, on a class-disjoint validation "
-                                "split of {fraction} of the training classes (trained on the rest)",
-                  "test-paper": "the epoch with the best TEST-set score (the papers' released code; "
-                                "optimistic)",
-                  "last": "the last epoch"}
-SETTINGS_NOTE = ("[...]: runs of one method that differ in method options, were tuned (harness tune) or "
-                 "trained from another run's weights (--init-from) are separate rows, labelled by what differs.")
+SELECTION_TEXT = {
+    "validation": "the epoch with the best validation {metric}, on a class-disjoint validation "
+    "split of {fraction} of the training classes (trained on the rest)",
+    "test-paper": "the epoch with the best TEST-set score (the papers' released code; optimistic)",
+    "last": "the last epoch",
+}
+SETTINGS_NOTE = (
+    "[...]: runs of one method that differ in method options, were tuned (harness tune) or "
+    "trained from another run's weights (--init-from) are separate rows, labelled by what differs."
+)
 
 
 def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
@@ -31,7 +43,10 @@ def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
     registered under the published CSV's name (:class:`methods.PaperInfo`)."""
     notes = []
     if not runs.empty:
-        parts = [_selection_text(runs[runs["selection"] == mode], mode) for mode in distinct_in_order(runs["selection"])]
+        parts = [
+            _selection_text(runs[runs["selection"] == mode], mode)
+            for mode in distinct_in_order(runs["selection"])
+        ]
         notes.append("Model selection of the reproduced numbers: " + "; ".join(parts) + ".")
     if published is not None:
         # Imported when called: the plugins pull in torch, which reading a table never needs otherwise.
@@ -56,7 +71,9 @@ def _selection_text(runs: pd.DataFrame, mode: str) -> str:
 
 def code_notes(runs: pd.DataFrame) -> list[str]:
     """The note of the § mark: runs scored by different evaluation code, or lacking the tag."""
-    codes = runs["evaluation_code"] if "evaluation_code" in runs else pd.Series("", index=runs.index)
+    codes = (
+        runs["evaluation_code"] if "evaluation_code" in runs else pd.Series("", index=runs.index)
+    )
     distinct = sorted(set(codes) - {""})
     missing = int((codes == "").sum())
     if len(distinct) <= 1 and not missing:
@@ -74,12 +91,17 @@ def variant_notes(metrics: Sequence[str], metric_map: dict[str, str]) -> list[st
     beside them (``metric_map``: ``{published metric: reproduced metric}``)."""
     if not any(m.endswith("_query_in_r") for m in [*metrics, *metric_map.values()]):
         return []
-    text = ("RP (query in R), MAP@R (query in R): DIML's released evaluation (wl-zhao/DIML evaluation/metrics.py), "
-            "R = the class size with the query itself counted, from the same ranking as RP and MAP@R "
-            "(a perfect ranking scores (n-1)/n).")
+    text = (
+        "RP (query in R), MAP@R (query in R): DIML's released evaluation (wl-zhao/DIML evaluation/metrics.py), "
+        "R = the class size with the query itself counted, from the same ranking as RP and MAP@R "
+        "(a perfect ranking scores (n-1)/n)."
+    )
     if metric_map:
-        text += " The published " + ", ".join(f"{label(METRIC_LABELS, p)}" for p in metric_map) + \
-                " sit beside these variants, as the paper measured them."
+        text += (
+            " The published "
+            + ", ".join(f"{label(METRIC_LABELS, p)}" for p in metric_map)
+            + " sit beside these variants, as the paper measured them."
+        )
     return [text]
 
 
@@ -98,13 +120,23 @@ def published_notes(excluded: Sequence[str], flagged: Sequence[str]) -> list[str
 def run_deviations(runs: pd.DataFrame) -> list[str]:
     """The protocol deviations the runs record (``deviations`` tags), and test-set model
     selection when a run used it: what the † mark's footnote lists."""
-    recorded = {d for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True) if d != "none"}
-    return sorted(recorded | ({"test-set model selection"} if runs["test_set_selection"].any() else set()))
+    recorded = {
+        d
+        for d, s in zip(runs["deviations"], runs["test_set_selection"], strict=True)
+        if d != "none"
+    }
+    return sorted(
+        recorded | ({"test-set model selection"} if runs["test_set_selection"].any() else set())
+    )
 
 
 def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
     """The deviations from a paper or its code that any run of the table records
     (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
     settings), one note per reason."""
-    found = {name: from_tag(text) for tags in runs.get("paper_deviations", []) for name, text in tags.items()}
+    found = {
+        name: from_tag(text)
+        for tags in runs.get("paper_deviations", [])
+        for name, text in tags.items()
+    }
     return grouped_notes(found)

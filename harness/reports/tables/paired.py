@@ -20,8 +20,14 @@ from harness.reports.stats import (
 from harness.reports.tables.columns import BLOCK, TEST_COLUMNS
 from harness.reports.tables.labels import METRIC_LABELS, label
 
-__all__ = ["PerQueryLoader", "artifact_per_query", "artifact_problem", "paired_tests", "has_per_query_values",
-           "missing_results"]
+__all__ = [
+    "PerQueryLoader",
+    "artifact_per_query",
+    "artifact_problem",
+    "paired_tests",
+    "has_per_query_values",
+    "missing_results",
+]
 
 #: ``run_id -> per-query arrays`` (or None when the run stored none).
 PerQueryLoader = Callable[[str], "dict[str, np.ndarray] | None"]
@@ -47,8 +53,14 @@ def artifact_problem(run_id: str) -> str:
     return missing_artifact(run_id, PER_QUERY_ARTIFACT)
 
 
-def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = "plain",
-                 per_query: PerQueryLoader | None = None, resamples: int = 10_000) -> pd.DataFrame:
+def paired_tests(
+    runs: pd.DataFrame,
+    metrics: Sequence[str],
+    *,
+    baseline: str = "plain",
+    per_query: PerQueryLoader | None = None,
+    resamples: int = 10_000,
+) -> pd.DataFrame:
     """Each row of a block against the block's ``baseline`` row (same backbone, loss,
     dataset; the baseline method's row without a setting, else its only row), per metric
     (``TEST_COLUMNS``, differences in percent points):
@@ -83,8 +95,14 @@ def paired_tests(runs: pd.DataFrame, metrics: Sequence[str], *, baseline: str = 
         for (method, setting), row in block.groupby(["method", "setting"], sort=False):
             if method == baseline and setting == base_setting:
                 continue
-            key = {"backbone": backbone, "loss": loss, "method": method, "setting": setting, "dataset": dataset,
-                   "baseline": baseline}
+            key = {
+                "backbone": backbone,
+                "loss": loss,
+                "method": method,
+                "setting": setting,
+                "dataset": dataset,
+                "baseline": baseline,
+            }
             row = row.set_index("seed")
             for metric in metrics:
                 record = _compare(row, base, metric, bootstrap)
@@ -103,7 +121,9 @@ def _baseline_setting(base_rows: pd.DataFrame) -> str | None:
     return settings[0] if len(settings) == 1 else None
 
 
-def _compare(row: pd.DataFrame, base: pd.DataFrame, metric: str, bootstrap: _Bootstrap | None) -> dict | None:
+def _compare(
+    row: pd.DataFrame, base: pd.DataFrame, metric: str, bootstrap: _Bootstrap | None
+) -> dict | None:
     """One row against the baseline row on ``metric`` (both indexed by seed): the paired
     t-test over the seeds where both have it, and the bootstrap when asked for; None when
     no seed pairs."""
@@ -111,14 +131,27 @@ def _compare(row: pd.DataFrame, base: pd.DataFrame, metric: str, bootstrap: _Boo
     if column not in row or column not in base:
         return None
     seeds = [s for s in row.index if s in base.index]
-    both = [s for s in seeds if not (math.isnan(row.at[s, column]) or math.isnan(base.at[s, column]))]
+    both = [
+        s for s in seeds if not (math.isnan(row.at[s, column]) or math.isnan(base.at[s, column]))
+    ]
     if not both:
         return None
     diff, p_t = paired_t_test(row.loc[both, column] * 100, base.loc[both, column] * 100)
     _, half, _ = t_interval((row.loc[both, column] - base.loc[both, column]) * 100)
-    record = {"pairs": len(both), "difference": diff, "low": diff - half, "high": diff + half, "p_t": p_t,
-              "boot_difference": math.nan, "boot_low": math.nan, "boot_high": math.nan, "p_boot": math.nan,
-              "boot_queries": 0, "boot_pooling": "", "boot_missing": ""}
+    record = {
+        "pairs": len(both),
+        "difference": diff,
+        "low": diff - half,
+        "high": diff + half,
+        "p_t": p_t,
+        "boot_difference": math.nan,
+        "boot_low": math.nan,
+        "boot_high": math.nan,
+        "p_boot": math.nan,
+        "boot_queries": 0,
+        "boot_pooling": "",
+        "boot_missing": "",
+    }
     if bootstrap is not None:
         record.update(bootstrap(row, base, both, metric))
     return record
@@ -158,8 +191,11 @@ class _Bootstrap:
         pairs, missing = [], []
         for seed in seeds:
             ours, theirs = self.arrays(row.at[seed, "run_id"]), self.arrays(base.at[seed, "run_id"])
-            missing += [rid for rid, got in ((row.at[seed, "run_id"], ours), (base.at[seed, "run_id"], theirs))
-                        if got is None]
+            missing += [
+                rid
+                for rid, got in ((row.at[seed, "run_id"], ours), (base.at[seed, "run_id"], theirs))
+                if got is None
+            ]
             if ours is None or theirs is None:
                 continue
             pair = self._query_pair(ours, theirs, metric)
@@ -167,24 +203,40 @@ class _Bootstrap:
                 return {}
             pairs.append(pair)
         if missing:
-            return {"boot_missing": " ".join(dict.fromkeys(missing))} if has_per_query_values(metric) else {}
+            return (
+                {"boot_missing": " ".join(dict.fromkeys(missing))}
+                if has_per_query_values(metric)
+                else {}
+            )
         differences, pooling = pool_query_differences(pairs)
         result = paired_bootstrap(differences, resamples=self.resamples)
-        return {"boot_difference": result.mean, "boot_low": result.low, "boot_high": result.high,
-                "p_boot": result.p, "boot_queries": result.queries, "boot_pooling": pooling}
+        return {
+            "boot_difference": result.mean,
+            "boot_low": result.low,
+            "boot_high": result.high,
+            "p_boot": result.p,
+            "boot_queries": result.queries,
+            "boot_pooling": pooling,
+        }
 
     def _query_pair(self, ours: dict, theirs: dict, metric: str) -> tuple | None:
         """Both runs' per-query values in percent and the queries' labels; None when the
         arrays cannot give the metric or the runs scored different queries."""
         a, b = self.values_of(ours, metric), self.values_of(theirs, metric)
         labels = ours["label"][ours["num_relevant"] > 0]
-        if a is None or b is None or a.shape != b.shape or not np.array_equal(
-                labels, theirs["label"][theirs["num_relevant"] > 0]):
+        if (
+            a is None
+            or b is None
+            or a.shape != b.shape
+            or not np.array_equal(labels, theirs["label"][theirs["num_relevant"] > 0])
+        ):
             return None
         return a * 100, b * 100, labels
 
 
-def missing_results(runs: pd.DataFrame, tests: pd.DataFrame, *, explain: Callable[[str], str] | None = None) -> list[str]:
+def missing_results(
+    runs: pd.DataFrame, tests: pd.DataFrame, *, explain: Callable[[str], str] | None = None
+) -> list[str]:
     """One line per run whose per-query results a paired bootstrap needed (``boot_missing``):
     the run id, its method, dataset and seed, what is missing (``explain(run_id)``) and the
     cells left without the bootstrap."""
@@ -193,14 +245,21 @@ def missing_results(runs: pd.DataFrame, tests: pd.DataFrame, *, explain: Callabl
     owed: dict[str, list[str]] = {}
     for t in tests.itertuples(index=False):
         for run_id in t.boot_missing.split():
-            owed.setdefault(run_id, []).append(f"{t.method}{f' [{t.setting}]' if t.setting else ''} "
-                                               f"{t.dataset} {label(METRIC_LABELS, t.metric)}")
+            owed.setdefault(run_id, []).append(
+                f"{t.method}{f' [{t.setting}]' if t.setting else ''} "
+                f"{t.dataset} {label(METRIC_LABELS, t.metric)}"
+            )
     about = runs.set_index("run_id") if "run_id" in runs else pd.DataFrame()
     lines = []
     for run_id, cells in owed.items():
-        who = (f" ({about.at[run_id, 'method']}, {about.at[run_id, 'dataset']}, seed {about.at[run_id, 'seed']})"
-               if run_id in about.index else "")
+        who = (
+            f" ({about.at[run_id, 'method']}, {about.at[run_id, 'dataset']}, seed {about.at[run_id, 'seed']})"
+            if run_id in about.index
+            else ""
+        )
         why = (explain(run_id) if explain else "") or "no per-query results"
-        lines.append(f"run {run_id}{who}: {why}; no paired bootstrap for "
-                     f"{'; '.join(dict.fromkeys(cells))} (marked {INCOMPLETE_MARK})")
+        lines.append(
+            f"run {run_id}{who}: {why}; no paired bootstrap for "
+            f"{'; '.join(dict.fromkeys(cells))} (marked {INCOMPLETE_MARK})"
+        )
     return lines

@@ -15,24 +15,39 @@ import pandas as pd
 from harness.base.errors import HarnessError
 from harness.reports.tables.columns import CELL_COLUMNS, KEYS
 
-__all__ = ["parse_published_row", "published_dir", "locate_published", "EXCLUDED_FLAGS", "FOOTNOTED_FLAGS",
-           "load_published", "PublishedValues", "published_values", "attach_published"]
+__all__ = [
+    "parse_published_row",
+    "published_dir",
+    "locate_published",
+    "EXCLUDED_FLAGS",
+    "FOOTNOTED_FLAGS",
+    "load_published",
+    "PublishedValues",
+    "published_values",
+    "attach_published",
+]
 
 
 def parse_published_row(spec: str) -> tuple[str, str]:
     """``"diablo@entries=16"`` -> ``("diablo", "entries=16")``; no ``@``: the empty setting."""
     method, _, setting = spec.partition("@")
     if not method:
-        raise HarnessError(f"published row '{spec}' must look like method@setting (setting may be empty)")
+        raise HarnessError(
+            f"published row '{spec}' must look like method@setting (setting may be empty)"
+        )
     return method, setting
 
 
-def _select_published_rows(frame: pd.DataFrame, rows: Mapping[str, Sequence[str]], path: Path) -> pd.DataFrame:
+def _select_published_rows(
+    frame: pd.DataFrame, rows: Mapping[str, Sequence[str]], path: Path
+) -> pd.DataFrame:
     """Each reproduced method's published rows, renamed to it: ``rows`` maps a reproduced
     method to ``"method@setting"`` specs matched against the CSV's ``method`` and
     ``setting`` columns (a CSV without ``setting`` has the empty one). Rows no spec names
     are dropped; a spec that matches nothing is an error (a typo would drop a column)."""
-    setting = frame["setting"].astype(str) if "setting" in frame else pd.Series("", index=frame.index)
+    setting = (
+        frame["setting"].astype(str) if "setting" in frame else pd.Series("", index=frame.index)
+    )
     picked = []
     for reproduced, specs in rows.items():
         for spec in specs:
@@ -40,8 +55,10 @@ def _select_published_rows(frame: pd.DataFrame, rows: Mapping[str, Sequence[str]
             match = frame[(frame["method"] == method) & (setting == wanted)]
             if match.empty:
                 known = sorted({f"{m}@{s}" for m, s in zip(frame["method"], setting, strict=True)})
-                raise HarnessError(f"{path} has no row '{spec}' (for {reproduced}) in the chosen tables; "
-                                   f"rows there: {', '.join(known)}")
+                raise HarnessError(
+                    f"{path} has no row '{spec}' (for {reproduced}) in the chosen tables; "
+                    f"rows there: {', '.join(known)}"
+                )
             picked.append(match.assign(method=reproduced))
     return pd.concat(picked, ignore_index=True) if picked else frame.iloc[0:0]
 
@@ -91,17 +108,25 @@ def _drop_excluded(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     excluded = frame[flags.isin(EXCLUDED_FLAGS)]
     kept = frame[~flags.isin(EXCLUDED_FLAGS)].copy()
     kept["note"] = [n if _note_flag(n) else "" for n in notes[kept.index]]
-    described = sorted({f"{r['method']} {r['dataset']} {r['metric']} (table {r['table']}): {r['notes']}"
-                        for _, r in excluded.iterrows()})
+    described = sorted(
+        {
+            f"{r['method']} {r['dataset']} {r['metric']} (table {r['table']}): {r['notes']}"
+            for _, r in excluded.iterrows()
+        }
+    )
     if described:
-        print(f"tables: {len(excluded)} published value(s) of {Path(path).name} not compared: "
-              + "; ".join(described), file=sys.stderr)
+        print(
+            f"tables: {len(excluded)} published value(s) of {Path(path).name} not compared: "
+            + "; ".join(described),
+            file=sys.stderr,
+        )
     kept.attrs["excluded"] = described
     return kept
 
 
-def load_published(path: Path, tables: Iterable[str] | None = None,
-                   rows: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
+def load_published(
+    path: Path, tables: Iterable[str] | None = None, rows: Mapping[str, Sequence[str]] | None = None
+) -> pd.DataFrame:
     """The transcribed CSV (``table,backbone,loss,method,dataset,metric,value``), filtered.
 
     ``rows`` (a grid's ``[published] rows``): ``{reproduced method: ["method@setting"]}``,
@@ -138,8 +163,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
 def _choose_tables(frame: pd.DataFrame, wanted: list[str], path: Path) -> pd.DataFrame:
     unknown = sorted(set(wanted) - set(frame["table"]))
     if unknown:
-        raise HarnessError(f"{path} has no table {', '.join(unknown)}; tables there: "
-                           f"{', '.join(sorted(set(frame['table'])))}")
+        raise HarnessError(
+            f"{path} has no table {', '.join(unknown)}; tables there: "
+            f"{', '.join(sorted(set(frame['table'])))}"
+        )
     return frame[frame["table"].isin(wanted)]
 
 
@@ -156,7 +183,8 @@ def _refuse_several_values(frame: pd.DataFrame, path: Path) -> None:
         f"{first['dataset']}, {first['metric']} ({len(twice)} rows in tables "
         f"{', '.join(sorted(set(twice['table'])))} differ only in {', '.join(others)}); "
         f"choose one table with --table, or name the rows beside each method with --published-row "
-        f"(a grid's [published] rows)")
+        f"(a grid's [published] rows)"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,8 +197,12 @@ class PublishedValues:
     flagged: tuple[str, ...] = ()
 
 
-def published_values(path: Path | None, tables: Iterable[str] = (), rows: Mapping[str, Sequence[str]] | None = None,
-                     renamed: Mapping[str, str] | None = None) -> PublishedValues:
+def published_values(
+    path: Path | None,
+    tables: Iterable[str] = (),
+    rows: Mapping[str, Sequence[str]] | None = None,
+    renamed: Mapping[str, str] | None = None,
+) -> PublishedValues:
     """:func:`load_published` for a table, with each metric ``renamed`` (``{published metric:
     reproduced metric}``) to the reproduced variant it sits beside."""
     if not path:
@@ -192,8 +224,15 @@ def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.
         return out[CELL_COLUMNS]
     pub = published.rename(columns={"value": "published"})
     if cells.empty:
-        out = pub.assign(setting="", mean=math.nan, half_width=math.nan, std=math.nan, n=0, flagged=False,
-                         code_flagged=False)
+        out = pub.assign(
+            setting="",
+            mean=math.nan,
+            half_width=math.nan,
+            std=math.nan,
+            n=0,
+            flagged=False,
+            code_flagged=False,
+        )
     else:
         out = pub.merge(cells, on=[*KEYS, "metric"], how="outer")
     out["setting"] = out["setting"].fillna("")

@@ -111,34 +111,48 @@ class TableRenderer(ABC):
             out += self._tests_legend(content.tests, labels)
         out += [self.escape(n) for n in content.notes]
         if content.cells["flagged"].any():
-            what = "; ".join(content.deviations) if content.deviations else "see the runs' deviations tags"
-            out.append(f"{self.mark('flagged')} runs with protocol deviations or test-set model selection "
-                       f"({self.escape(what)}).")
+            what = (
+                "; ".join(content.deviations)
+                if content.deviations
+                else "see the runs' deviations tags"
+            )
+            out.append(
+                f"{self.mark('flagged')} runs with protocol deviations or test-set model selection "
+                f"({self.escape(what)})."
+            )
         return out
 
     def _cells_legend(self, cells: pd.DataFrame) -> str:
         published = self.published_legend if cells["published"].notna().any() else ""
-        return (f"Cells: mean over seeds {self.plus_minus} half-width of the 95{self.percent} Student t-interval "
-                f"over seeds ({self.interval_formula}), in percent; {self.seeds_legend}{published}. "
-                f"Bold: the best mean of its block and column when its interval lies above every other row's; "
-                f"{self.mark('tied')}: tied for best (the intervals overlap the best one's). Cells with "
-                f"{self.math('n < 2')} have no interval and are neither.")
+        return (
+            f"Cells: mean over seeds {self.plus_minus} half-width of the 95{self.percent} Student t-interval "
+            f"over seeds ({self.interval_formula}), in percent; {self.seeds_legend}{published}. "
+            f"Bold: the best mean of its block and column when its interval lies above every other row's; "
+            f"{self.mark('tied')}: tied for best (the intervals overlap the best one's). Cells with "
+            f"{self.math('n < 2')} have no interval and are neither."
+        )
 
     def _tests_legend(self, tests: pd.DataFrame, labels: Mapping[str, str]) -> list[str]:
         significant = self.math(f"p < {SIGNIFICANCE}")
-        text = (f"{self.mark('t_up')}/{self.mark('t_down')}: above/below the block's baseline row "
-                f"({labels[tests['baseline'].iloc[0]]}) in a paired t-test over seeds (same seed: same split and "
-                f"initialisation; scipy.stats.{self.ttest_name}, two-sided), {significant}.")
+        text = (
+            f"{self.mark('t_up')}/{self.mark('t_down')}: above/below the block's baseline row "
+            f"({labels[tests['baseline'].iloc[0]]}) in a paired t-test over seeds (same seed: same split and "
+            f"initialisation; scipy.stats.{self.ttest_name}, two-sided), {significant}."
+        )
         boot = tests[tests["boot_queries"] > 0]
         if not boot.empty:
             pooling = ", ".join(sorted(set(boot["boot_pooling"])))
-            text += (f" {self.mark('boot_up')}/{self.mark('boot_down')}: the same in a paired bootstrap "
-                     f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
-                     f"percentile interval), {significant}.")
+            text += (
+                f" {self.mark('boot_up')}/{self.mark('boot_down')}: the same in a paired bootstrap "
+                f"over test queries (per-query differences {pooling}; 10,000 resamples, seed 0, "
+                f"percentile interval), {significant}."
+            )
         out = [text + " Differences and p-values: the table of paired tests."]
         if "boot_missing" in tests and (tests["boot_missing"] != "").any():
             runs = len({r for ids in tests["boot_missing"] for r in ids.split()})
-            out.append(f"{self.mark('incomplete')}: paired bootstrap over test queries not computed: the "
-                       f"per-query results of {runs} run(s) are missing (harness table names each run and "
-                       f"what is missing on stderr).")
+            out.append(
+                f"{self.mark('incomplete')}: paired bootstrap over test queries not computed: the "
+                f"per-query results of {runs} run(s) are missing (harness table names each run and "
+                f"what is missing on stderr)."
+            )
         return out

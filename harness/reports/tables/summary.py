@@ -36,8 +36,15 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> p
         for metric in metrics:
             summary = _over_seeds(cell, metric)
             if summary is not None:
-                rows.append({**dict(zip([*ROW, "dataset"], key, strict=True)), "metric": metric, **summary,
-                             "flagged": flagged, "code_flagged": code_flags[block]})
+                rows.append(
+                    {
+                        **dict(zip([*ROW, "dataset"], key, strict=True)),
+                        "metric": metric,
+                        **summary,
+                        "flagged": flagged,
+                        "code_flagged": code_flags[block],
+                    }
+                )
     return pd.DataFrame(rows, columns=CELL_COLUMNS[:-1])
 
 
@@ -49,8 +56,12 @@ def _over_seeds(cell: pd.DataFrame, metric: str) -> dict | None:
     if values.empty:
         return None
     mean, half, n = t_interval(values)
-    return {"mean": mean, "half_width": half, "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
-            "n": n}
+    return {
+        "mean": mean,
+        "half_width": half,
+        "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+        "n": n,
+    }
 
 
 def _check_fingerprints(runs: pd.DataFrame) -> None:
@@ -63,12 +74,17 @@ def _check_fingerprints(runs: pd.DataFrame) -> None:
                 f"refusing to compare runs of different protocols in block {backbone} + {loss} on "
                 f"{dataset}: protocol fingerprints {a} ({na} runs) and {b} ({nb} runs); method options set "
                 f"in a protocol or by --set change it too; table one protocol at a time (one experiment, "
-                f"or delete the odd runs from it)")
+                f"or delete the odd runs from it)"
+            )
 
 
 def _code_flags(runs: pd.DataFrame) -> dict[tuple, bool]:
     """Per block: True when its runs were scored by different evaluation code (the
     ``evaluation_code`` tag differs) or some lack the tag."""
-    codes = runs["evaluation_code"] if "evaluation_code" in runs else pd.Series("", index=runs.index)
-    return {key: bool(len(set(codes[block.index])) > 1 or (codes[block.index] == "").any())
-            for key, block in runs.groupby(BLOCK, sort=False)}
+    codes = (
+        runs["evaluation_code"] if "evaluation_code" in runs else pd.Series("", index=runs.index)
+    )
+    return {
+        key: bool(len(set(codes[block.index])) > 1 or (codes[block.index] == "").any())
+        for key, block in runs.groupby(BLOCK, sort=False)
+    }
