@@ -237,37 +237,13 @@ def evaluate_split(
     ``num_ranked_candidates``: how many candidates per query the method scored.
     ``per_query``: keep the per-query values of the method's ranking (``result.per_query``).
     """
-    transform = build_transform(protocol.image, train=False)
-    bs = protocol.evaluation.batch_size
     head = model.head
     exhaustive = bool(rerank and head.rerank_fields and head.exhaustive_pairs)
     rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
     keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
-    q, q_fields = embed_images(
-        model,
-        query_set,
-        transform,
-        protocol.image,
-        batch_size=bs,
-        device=device,
-        workers=workers,
-        keep=keep,
-        precision=protocol.numerics.precision,
+    q, q_fields, g, g_fields = _embed_sets(
+        model, query_set, gallery_set, protocol, device=device, workers=workers, keep=keep
     )
-    fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
-    g, g_fields = None, q_fields
-    if gallery_set is not None:
-        g, g_fields = embed_images(
-            model,
-            gallery_set,
-            transform,
-            protocol.image,
-            batch_size=bs,
-            device=device,
-            workers=workers,
-            keep=keep,
-            precision=protocol.numerics.precision,
-        )
     g_labels = None if gallery_set is None else gallery_set.labels
 
     def score(**kw) -> Scores:
@@ -297,7 +273,47 @@ def evaluate_split(
         ranked["num_ranked_candidates"] = rerank_k
     else:
         return score(per_query=per_query)
-    plain = score()
+    return _with_global(ranked, score())
+
+
+def _embed_sets(
+    model: EmbeddingModel,
+    query_set,
+    gallery_set,
+    protocol: Protocol,
+    *,
+    device: torch.device,
+    workers: int,
+    keep: tuple[str, ...],
+):
+    """Embeddings and kept head fields of ``query_set``, then of ``gallery_set``: ``(q,
+    q_fields, g, g_fields)``, with ``g`` None and ``g_fields`` the query's without a gallery."""
+    transform = build_transform(protocol.image, train=False)
+
+    def embed(images):
+        return embed_images(
+            model,
+            images,
+            transform,
+            protocol.image,
+            batch_size=protocol.evaluation.batch_size,
+            device=device,
+            workers=workers,
+            keep=keep,
+            precision=protocol.numerics.precision,
+        )
+
+    q, q_fields = embed(query_set)
+    fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
+    if gallery_set is None:
+        return q, q_fields, None, q_fields
+    g, g_fields = embed(gallery_set)
+    return q, q_fields, g, g_fields
+
+
+def _with_global(ranked: Scores, plain: Scores) -> Scores:
+    """The method's ranking ``ranked`` with the plain cosine ranking's metrics (``num_*``
+    counts left out) under ``global_`` names, and ``ranked``'s per-query values."""
     out = Scores(
         {**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
     )

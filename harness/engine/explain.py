@@ -38,6 +38,9 @@ Written: ``--json`` (scores), figures under ``--out`` (the method's own figures 
 paper's style where it has them, the pairs with both maps, the curves), and, on the run in
 the tracking store, the figures as artifacts under ``explain/`` and the scores as
 ``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval).
+
+The run, the pairs and the maps are :mod:`harness.engine.explain_maps`'s; this module scores
+them, draws the figures and records the explanation.
 """
 
 from __future__ import annotations
@@ -45,16 +48,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from harness.base.atomic import finite_json
-from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
 from harness.components.explanation.scores import (
     STEP,
@@ -64,6 +64,21 @@ from harness.components.explanation.scores import (
     perturbation_curves,
     random_scores,
     region_scores,
+)
+from harness.engine.explain_maps import (
+    PairMaps,
+    Pairs,
+    RunContext,
+    compute_maps,
+    load_images,
+    load_run,
+    near_miss_class_pairs,
+    near_miss_pairs,
+    neighbour_pairs,
+    output_rows,
+    part_labels,
+    similarity_gradcam,
+    to_pictures,
 )
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 
@@ -104,328 +119,6 @@ EMBED_BATCH = 32
 #: passes, so 48 pairs take 5,616, the bulk of the command's time on a CPU
 #: (``--curve-pairs`` sets it).
 CURVE_PAIRS = 48
-
-
-# ------------------------------------------------------------------------ the run
-
-
-@dataclass
-class RunContext:
-    """A finished run rebuilt from the store: its model (selected weights), protocol and
-    splits (checked against the split digest it recorded)."""
-
-    run_id: str
-    method: str
-    dataset: str
-    protocol: Any
-    splits: Any
-    model: Any
-    device: torch.device
-    tags: dict[str, str]
-
-
-def _finished_run(run_id: str):
-    from harness.store.queries import find_run
-    from harness.store.tracking import tracking_uri
-
-    run = find_run(run_id)
-    if run is None:
-        raise HarnessError(
-            f"explain: no run '{run_id}' in the tracking store {tracking_uri()} "
-            f"(give a run id from the MLflow UI or a run --json record's mlflow_run_id)"
-        )
-    if run.info.status != "FINISHED":
-        raise HarnessError(
-            f"explain: run '{run_id}' is {run.info.status}, not FINISHED: it has no selected weights"
-        )
-    missing = [t for t in ("method", "dataset", "seed") if t not in run.data.tags]
-    if missing:
-        raise HarnessError(
-            f"explain: run '{run_id}' is not a harness training run (no {', '.join(missing)} tag)"
-        )
-    return run
-
-
-def _run_protocol(run_id: str):
-    from harness.config.protocol import protocol_from_dict
-    from harness.store.queries import read_artifact
-
-    try:
-        data = read_artifact(
-            run_id,
-            "protocol/resolved.json",
-            lambda path: json.loads(path.read_text(encoding="utf-8")),
-        )
-        if data is None:
-            raise FileNotFoundError("protocol/resolved.json")
-    except Exception as err:
-        raise HarnessError(
-            f"explain: run '{run_id}' has no readable protocol/resolved.json artifact "
-            f"({type(err).__name__})"
-        ) from None
-    return protocol_from_dict(data)
-
-
-def load_run(
-    run_id: str,
-    *,
-    data_root: Path | None = None,
-    checkpoint_root: Path | None = None,
-    device: str = "auto",
-) -> RunContext:
-    """Rebuild a finished run: protocol from its ``protocol/resolved.json``, splits (the
-    digest must match the recorded one), model with its selected weights (as
-    ``run --evaluate-only --init-from`` does)."""
-    from harness.engine.training import (
-        build_model,
-        default_checkpoint_root,
-        prepare_splits,
-        resolve_device,
-    )
-    from harness.store.tracking import load_finished_weights
-
-    run = _finished_run(run_id)
-    tags = run.data.tags
-    protocol = _run_protocol(run_id)
-    method, dataset = tags["method"], tags["dataset"]
-    from methods import METHODS
-
-    if method not in METHODS:
-        raise HarnessError(
-            f"explain: run '{run_id}' is of method '{method}', which this code does not register"
-        )
-    splits = prepare_splits(protocol, dataset, data_root, seed=int(tags["seed"]))
-    recorded = tags.get("split_digest", "")
-    if recorded and splits.digest() != recorded:
-        raise HarnessError(
-            f"explain: the {dataset} splits found now (digest {splits.digest()}) are not the ones run "
-            f"'{run_id}' was tested on ({recorded}); point --data-root at that dataset"
-        )
-    model = build_model(protocol, method, dict(protocol.methods.get(method, {})))
-    load_finished_weights(
-        model, run_id, flag="explain", checkpoint_root=checkpoint_root or default_checkpoint_root()
-    )
-    dev = resolve_device(device)
-    # Channels-last as in training and evaluation: same numbers up to rounding, and the
-    # thousands of forward passes of the deletion / insertion curves run 30-40% faster on
-    # CPU (oneDNN's depthwise convolutions) and use cuDNN's tensor-core kernels on GPU.
-    model = model.to(dev, memory_format=torch.channels_last).eval()  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
-    return RunContext(run_id, method, dataset, protocol, splits, model, dev, dict(tags))
-
-
-# ------------------------------------------------------------------------ pairs
-
-
-def near_miss_class_pairs(classes: dict[int, dict], parts: list[str]) -> list[tuple[int, int, int]]:
-    """``(class a, class b, part label)`` for every two classes whose attributes differ in
-    exactly one part (the label is the part's index + 1, as in the part masks)."""
-    ids = sorted(classes)
-    out = []
-    for i, a in enumerate(ids):
-        for b in ids[i + 1 :]:
-            differ = [p for p in parts if classes[a][p] != classes[b][p]]
-            if len(differ) == 1:
-                out.append((a, b, parts.index(differ[0]) + 1))
-    return out
-
-
-@dataclass
-class Pairs:
-    query: np.ndarray  # P test indices
-    gallery: np.ndarray  # P test indices
-    same: np.ndarray  # P bools
-    region: np.ndarray  # P part labels that differ (0: none known)
-    kind: str
-
-
-def _near_miss_pairs(ctx: RunContext, count: int, rng: np.random.Generator) -> Pairs | None:
-    root = ctx.splits.extras.get("root")
-    manifest = Path(root) / "manifest.json" if root else None
-    if manifest is None or not manifest.is_file():
-        return None
-    data = json.loads(manifest.read_text())
-    labels = ctx.splits.test.labels
-    present = set(np.unique(labels).tolist())
-    classes = {c: spec for c, spec in enumerate(data.get("classes", [])) if c in present}
-    candidates = near_miss_class_pairs(classes, list(data["parts"]))
-    if not candidates:
-        return None
-    by_class = {c: np.flatnonzero(labels == c) for c in present}
-    order = rng.permutation(len(candidates))
-    q, g, region = [], [], []
-    for k in range(count):
-        a, b, part = candidates[order[k % len(candidates)]]
-        if rng.random() < 0.5:
-            a, b = b, a
-        q.append(rng.choice(by_class[a]))
-        g.append(rng.choice(by_class[b]))
-        region.append(part)
-    return Pairs(
-        np.array(q), np.array(g), np.zeros(count, dtype=bool), np.array(region), "near-miss"
-    )
-
-
-def _neighbour_pairs(ctx: RunContext, count: int, rng: np.random.Generator, batch: int) -> Pairs:
-    test = ctx.splits.test
-    emb = torch.cat(
-        [
-            _forward(ctx, _images(ctx, np.arange(i, min(i + batch, len(test))))).embedding.float()
-            for i in range(0, len(test), batch)
-        ]
-    )
-    queries = rng.choice(len(test), size=count, replace=count > len(test))
-    sims = emb[torch.as_tensor(queries)] @ emb.T
-    sims[torch.arange(count), torch.as_tensor(queries)] = -float("inf")
-    gallery = sims.argmax(1).numpy()
-    same = test.labels[queries] == test.labels[gallery]
-    return Pairs(queries, gallery, same, np.zeros(count, dtype=np.int64), "nearest-neighbour")
-
-
-# ------------------------------------------------------------------------ images and maps
-
-
-def _images(ctx: RunContext, indices: np.ndarray) -> torch.Tensor:
-    from harness.components.data.transforms import build_transform, normalize_batch
-
-    transform = build_transform(ctx.protocol.image, train=False)
-    stack = torch.stack([transform(ctx.splits.test.read(int(i))) for i in indices])
-    return normalize_batch(stack.to(ctx.device), ctx.protocol.image).contiguous(
-        memory_format=torch.channels_last
-    )
-
-
-def _pictures(ctx: RunContext, images: torch.Tensor) -> torch.Tensor:
-    mean = torch.tensor(ctx.protocol.image.mean, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(ctx.protocol.image.std, device=images.device).view(1, 3, 1, 1)
-    return (images * std + mean).clamp(0, 1).cpu()
-
-
-def _part_labels(ctx: RunContext, indices: np.ndarray) -> torch.Tensor | None:
-    """The part masks of test images, resized and cropped as the images are (nearest)."""
-    masks = ctx.splits.extras.get("masks")
-    if not masks:
-        return None
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms import functional as TF
-
-    from harness.components.data.synthetic import load_part_mask
-
-    spec, keys = ctx.protocol.image, ctx.splits.test.keys()
-    out = []
-    for i in indices:
-        mask = torch.from_numpy(
-            load_part_mask(ctx.splits.extras["root"], masks[keys[int(i)]]).copy()
-        )[None]
-        out.append(
-            TF.center_crop(
-                TF.resize(mask, spec.resize, interpolation=InterpolationMode.NEAREST), spec.size
-            )[0]
-        )
-    return torch.stack(out)
-
-
-def _forward(ctx: RunContext, images: torch.Tensor):
-    with torch.no_grad():
-        return ctx.model(images)
-
-
-def similarity_gradcam(
-    model, query_images: torch.Tensor, gallery_images: torch.Tensor, same: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, Any]:
-    """Grad-CAM of the pair's target score (cosine for a same-class pair, minus the cosine
-    otherwise) on the last feature map the backbone hands to the head: alpha_k = spatial
-    mean of dt/dA_k, map = ReLU(sum_k alpha_k A_k) (Selvaraju et al. 2017, Eqs. 1-2). Each
-    image's map is taken with its partner's embedding held fixed (an image's map depends
-    only on its own pair). Rows must not interact (eval mode).
-
-    Returns the two P x h x w maps and the head's output for the 2P images (queries first,
-    detached), so that the method's own maps need no second forward pass."""
-    n = len(query_images)
-    with torch.no_grad():
-        maps = [m.detach() for m in model.backbone(torch.cat([query_images, gallery_images]))]
-    with torch.enable_grad():
-        last = maps[-1].float().requires_grad_()
-        out = model.head([*maps[:-1], last.to(maps[-1].dtype)])
-        e = out.embedding.float()
-        cos = (e[:n] * e[n:]).sum(-1)
-        target = torch.where(torch.as_tensor(same, device=cos.device), cos, -cos)
-        (grad,) = torch.autograd.grad(target.sum(), last)
-    cam = F.relu((grad.mean((2, 3), keepdim=True) * last.detach()).sum(1))
-    return cam[:n], cam[n:], _detached(out)
-
-
-def _detached(out):
-    """A head output with every tensor (also in lists and ``extras``) detached."""
-    return _map_tensors(out, lambda x: x.detach())
-
-
-def output_rows(out, rows: slice):
-    """The head output of the images ``rows`` (tensors, lists of tensors, ``extras``)."""
-    return _map_tensors(out, lambda x: x[rows])
-
-
-def _map_tensors(out, fn):
-    """``out`` (a head output) with ``fn`` applied to every tensor, also inside lists,
-    tuples and ``extras``."""
-
-    def apply(value):
-        if isinstance(value, torch.Tensor):
-            return fn(value)
-        if isinstance(value, list | tuple):
-            return type(value)(apply(v) for v in value)
-        if isinstance(value, dict):
-            return {k: apply(v) for k, v in value.items()}
-        return value
-
-    return type(out)(**{k: apply(v) for k, v in vars(out).items()})
-
-
-def _to_image(maps: torch.Tensor, size: int) -> torch.Tensor:
-    from harness.components.explanation.maps import upsample_maps
-
-    return upsample_maps(maps.float()[:, None], (size, size), normalize=False)[:, 0].clamp_min(0)
-
-
-@dataclass
-class PairMaps:
-    query: torch.Tensor  # P x H x W at image size
-    gallery: torch.Tensor
-
-
-def _maps(
-    ctx: RunContext, pairs: Pairs, batch: int
-) -> tuple[PairMaps | None, PairMaps, torch.Tensor, torch.Tensor]:
-    """The method's own and the baseline's maps of every pair, at image size (CPU), and
-    the query and gallery embeddings (P x D), all from one forward pass per batch."""
-    size = ctx.protocol.image.size
-    own_q, own_g, base_q, base_g, emb_q, emb_g = [], [], [], [], [], []
-    has_own = True
-    for start in range(0, len(pairs.query), batch):
-        rows = slice(start, start + batch)
-        q, g = _images(ctx, pairs.query[rows]), _images(ctx, pairs.gallery[rows])
-        same = torch.as_tensor(pairs.same[rows], device=ctx.device)
-        bq, bg, out = similarity_gradcam(ctx.model, q, g, same)
-        base_q.append(_to_image(bq, size).cpu())
-        base_g.append(_to_image(bg, size).cpu())
-        emb_q.append(out.embedding[: len(q)].float())
-        emb_g.append(out.embedding[len(q) :].float())
-        if has_own:
-            with torch.no_grad():
-                own = ctx.model.head.pair_maps(
-                    output_rows(out, slice(0, len(q))), output_rows(out, slice(len(q), None)), same
-                )
-            if own is None:
-                has_own = False
-            else:
-                own_q.append(_to_image(own[0], size).cpu())
-                own_g.append(_to_image(own[1], size).cpu())
-    method = PairMaps(torch.cat(own_q), torch.cat(own_g)) if has_own else None
-    return (
-        method,
-        PairMaps(torch.cat(base_q), torch.cat(base_g)),
-        torch.cat(emb_q),
-        torch.cat(emb_g),
-    )
 
 
 # ------------------------------------------------------------------------ scores
@@ -485,7 +178,7 @@ def _curves(
     pixel order in ``order_maps`` (name -> P x H x W): name -> {"fractions", "deletion",
     "insertion"} (P x S each)."""
     generator = torch.Generator().manual_seed(seed)
-    queries = _images(ctx, pairs.query)
+    queries = load_images(ctx, pairs.query)
     same = torch.as_tensor(pairs.same)
 
     def embed(images):
@@ -538,18 +231,18 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     from methods import HeadOutput
 
     written = []
-    images = _images(ctx, pairs.query[:16])
+    images = load_images(ctx, pairs.query[:16])
     with torch.no_grad():
         out = ctx.model(images)
         maps = ctx.model.head.explain(images, out)
-    pictures = _pictures(ctx, images)
+    pictures = to_pictures(ctx, images)
     if maps is not None:
         rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"
         title = f"{ctx.method}, run {ctx.run_id[:8]}: maps on {len(images)} query images"
         written.append(
             attention_figure(pictures, maps.cpu(), out_dir / "maps.png", rank_by=rank, title=title)
         )
-    q, g = _images(ctx, pairs.query[:1]), _images(ctx, pairs.gallery[:1])
+    q, g = load_images(ctx, pairs.query[:1]), load_images(ctx, pairs.gallery[:1])
     with torch.no_grad():
         oq, og = ctx.model(q), ctx.model(g)
 
@@ -557,7 +250,7 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     def bare(out):
         return HeadOutput(**{k: v for k, v in vars(out).items() if k != "extras"})
 
-    pictures_pair = [_pictures(ctx, q)[0], _pictures(ctx, g)[0]]
+    pictures_pair = [to_pictures(ctx, q)[0], to_pictures(ctx, g)[0]]
     return written + write_tuple_figures(
         ctx.model.head,
         "pair",
@@ -597,10 +290,10 @@ def explain_run(
     started = time.perf_counter()
     notes = []
     rng = np.random.default_rng(seed)
-    chosen = _near_miss_pairs(ctx, pairs, rng)
+    chosen = near_miss_pairs(ctx, pairs, rng)
     if chosen is None:
-        chosen = _neighbour_pairs(ctx, pairs, rng, EMBED_BATCH)
-    method_maps, baseline_maps, emb_q, emb_g = _maps(ctx, chosen, batch)
+        chosen = neighbour_pairs(ctx, pairs, rng, EMBED_BATCH)
+    method_maps, baseline_maps, emb_q, emb_g = compute_maps(ctx, chosen, batch)
     if method_maps is None:
         notes.append(
             f"method '{ctx.method}' has no explanation maps of its own (no pair_maps): "
@@ -650,7 +343,7 @@ def _score_parts(
 ) -> list[str]:
     """The part-mask scores of each source's maps into ``per_pair``; returns the notes on
     what a dataset without part masks or near-miss classes leaves out."""
-    labels_q, labels_g = _part_labels(ctx, chosen.query), _part_labels(ctx, chosen.gallery)
+    labels_q, labels_g = part_labels(ctx, chosen.query), part_labels(ctx, chosen.gallery)
     parts = list(ctx.splits.extras.get("parts", []))
     if labels_q is None or not parts:
         return [
@@ -716,8 +409,8 @@ def _write_figures(
     written = [
         pairs_figure(
             out_dir / "pairs.png",
-            _pictures(ctx, _images(ctx, chosen.query[:show])),
-            _pictures(ctx, _images(ctx, chosen.gallery[:show])),
+            to_pictures(ctx, load_images(ctx, chosen.query[:show])),
+            to_pictures(ctx, load_images(ctx, chosen.gallery[:show])),
             {k: PairMaps(v.query[:show], v.gallery[:show]) for k, v in sources.items()},
             notes_rows,
             title=f"{caption}: the first {show} pairs",

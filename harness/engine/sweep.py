@@ -305,8 +305,25 @@ def tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name:
 def run_cell(
     grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict
 ):
-    from harness.config.deviations import deviation_tags
     from harness.config.protocol import fingerprint
+    from harness.engine import training
+
+    splits = _cell_splits(cell, settings, splits_cache)
+    fp = fingerprint(cell.protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
+    init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
+    adopted = _adopt_finished(grid, cell, fp, init_from, trial_number, study_name)
+    if adopted is not None:
+        return adopted
+    _kill_dead_runs(grid, cell, fp)
+    if cell.base_key and not init_from:
+        raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
+    record = training.run_training(_run_config(grid, cell, settings, init_from), splits)
+    tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
+    return record
+
+
+def _cell_splits(cell: Cell, settings: dict, splits_cache: dict):
+    """The cell's splits, prepared once per key in ``splits_cache``."""
     from harness.engine import training
 
     protocol = cell.protocol
@@ -322,14 +339,18 @@ def run_cell(
         splits_cache[split_key] = training.prepare_splits(
             protocol, cell.dataset, settings.get("data_root"), seed=cell.seed
         )
-    splits = splits_cache[split_key]
-    fp = fingerprint(protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
-    # A worker killed after its run finished but before tagging it: adopt that run, if the
-    # same code (method revision) ran it from the same weights.
+    return splits_cache[split_key]
+
+
+def _adopt_finished(
+    grid: Grid, cell: Cell, fp: str, init_from: str, trial_number: int, study_name: str
+) -> dict | None:
+    """The record of a finished run of the cell that no worker tagged (its worker was killed
+    after the run finished), tagged now; None when there is none. Only a run of the same code
+    (method revision) from the same weights is adopted."""
     from methods import METHODS
 
     revision = str(METHODS.get(cell.method).cls.revision)
-    init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
     for run in runs_of_cell(grid, cell, fp, "FINISHED"):
         tags = run.data.tags
         if (
@@ -343,21 +364,31 @@ def run_cell(
                 "mlflow_run_id": run.info.run_id,
                 "metrics": group_metrics(run.data.metrics, "test"),
             }
-    # Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
-    # ours now); mark them KILLED (a checkpointed one is resumed below and runs again).
+    return None
+
+
+def _kill_dead_runs(grid: Grid, cell: Cell, fp: str) -> None:
+    """Runs left RUNNING by a killed worker: no live worker owns them (the cell's trial is
+    ours now); marked KILLED (a checkpointed one is resumed and runs again)."""
     for run in runs_of_cell(grid, cell, fp, "RUNNING"):
         terminate_run(run.info.run_id, "KILLED")
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
-    if cell.base_key and not init_from:
-        raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
+
+
+def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
+    """The training run of the cell: resumable, from ``init_from`` (evaluation only for a
+    cell with a base cell), tagged with the cell from the start."""
+    from harness.config.deviations import deviation_tags
+    from harness.engine import training
+
     run_settings = training.RunSettings(
         data_root=settings.get("data_root"),
         device=settings.get("device", "auto"),
         workers=settings.get("loader_workers"),
         checkpoint_root=settings.get("checkpoint_root"),
     )
-    cfg = training.RunConfig.build(
-        protocol,
+    return training.RunConfig.build(
+        cell.protocol,
         method=cell.method,
         dataset=cell.dataset,
         loss=cell.loss,
@@ -370,7 +401,7 @@ def run_cell(
         init_from=init_from,
         evaluate_only=bool(cell.base_key),
         experiment=grid.experiment,
-        # Tagged from the start; the full set again below (and on adoption).
+        # Tagged from the start; the full set again after the run (and on adoption).
         tags={
             CELL_ATTR: cell.key,
             "grid": grid.name,
@@ -378,9 +409,6 @@ def run_cell(
             **deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
         },
     )
-    record = training.run_training(cfg, splits)
-    tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
-    return record
 
 
 def worker_loop(

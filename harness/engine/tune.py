@@ -235,33 +235,15 @@ def tune_setup(
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
     from harness.components.data import DATASETS
-    from harness.components.losses import LOSSES
-    from harness.config.protocol import (
-        apply_overrides,
-        default_protocol,
-        load_protocol,
-        protocol_dir,
-    )
+    from harness.config.protocol import default_protocol, protocol_dir
     from harness.engine.training import RunSettings
     from methods import METHODS
 
     METHODS.get(method)
     DATASETS.get(dataset)
     protocol_name = protocol or default_protocol(dataset)
-    base, deviations = apply_overrides(
-        load_protocol(protocol_name).for_dataset(dataset), list(overrides)
-    )
-    if base.selection.mode != "validation":
-        raise HarnessError(
-            f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
-            f"'{base.selection.mode}'): hyperparameters are never chosen on the test set"
-        )
-    loss = loss or base.loss.name
-    LOSSES.get(loss)
-    if loss != base.loss.name and loss not in base.loss.args:
-        raise HarnessError(
-            f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])"
-        )
+    base, deviations = _validation_protocol(protocol_name, dataset, overrides)
+    loss = _checked_loss(loss or base.loss.name, base)
     fields = tuple(
         s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip()
     )
@@ -284,6 +266,35 @@ def tune_setup(
         seed if seed is not None else base.seeds[0],
         settings or RunSettings(),
     )
+
+
+def _validation_protocol(protocol_name: str, dataset: str, overrides: Sequence[str]):
+    """The protocol with ``overrides`` applied and the deviations they make; it must select
+    on validation."""
+    from harness.config.protocol import apply_overrides, load_protocol
+
+    base, deviations = apply_overrides(
+        load_protocol(protocol_name).for_dataset(dataset), list(overrides)
+    )
+    if base.selection.mode != "validation":
+        raise HarnessError(
+            f"tune needs selection.mode = 'validation' (protocol '{base.name}' has "
+            f"'{base.selection.mode}'): hyperparameters are never chosen on the test set"
+        )
+    return base, deviations
+
+
+def _checked_loss(loss: str, base) -> str:
+    """``loss``, once it is a registered loss that is the protocol's own or has arguments
+    in it."""
+    from harness.components.losses import LOSSES
+
+    LOSSES.get(loss)
+    if loss != base.loss.name and loss not in base.loss.args:
+        raise HarnessError(
+            f"loss '{loss}' has no arguments in protocol '{base.name}' ([loss.args.{loss}])"
+        )
+    return loss
 
 
 def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: int = 0):

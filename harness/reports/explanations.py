@@ -28,7 +28,7 @@ from harness.components.explanation.images import (
     run_test_images,
 )
 from harness.components.explanation.maps import attention_figure, upsample_maps
-from methods.base import FigureData, FigureSet, HeadOutput, Method
+from methods.base import FigureData, FigureSet, HeadOutput, Link, Method
 
 __all__ = [
     "log_explanations",
@@ -119,54 +119,15 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     backend change)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import ConnectionPatch
 
     rows, cols = len(figure.panels), max(len(r) for r in figure.panels)
     size = 3.0 if cols <= 3 else 1.7  # inches per panel: a pair or triplet large, node rows small
     fig = Figure(figsize=(size * cols + 0.8, size * rows + 0.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False)
-    for r, row in enumerate(figure.panels):
-        for c in range(cols):
-            if c >= len(row):
-                axes[r, c].axis("off")
-                continue
-            panel = row[c]
-            draw_overlay(
-                axes[r, c], panel.image, panel.heat, panel.title, fontsize=9 if size >= 3 else 7
-            )
-            if figure.grid > 1:
-                h, w = panel.image.shape[-2:]
-                for t in range(1, figure.grid):
-                    axes[r, c].axhline(t * h / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
-                    axes[r, c].axvline(t * w / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
+    _draw_panels(axes, figure, cols, fontsize=9 if size >= 3 else 7)
     for link in figure.links:
-        (ax_a, xy_a), (ax_b, xy_b) = _panel_point(axes, link.start), _panel_point(axes, link.end)
-        fig.add_artist(
-            ConnectionPatch(
-                xyA=xy_a,
-                coordsA=ax_a.transData,
-                xyB=xy_b,
-                coordsB=ax_b.transData,
-                color=link.colour,
-                lw=1.8,
-                arrowstyle="-|>",
-                mutation_scale=12,
-            )
-        )
-        for ax, xy in ((ax_a, xy_a), (ax_b, xy_b)):
-            ax.plot(*xy, "o", color=link.colour, ms=5)
-        if link.label:
-            ax_b.annotate(
-                link.label,
-                xy=xy_b,
-                xytext=(4, -4),
-                textcoords="offset points",
-                color=link.colour,
-                fontsize=8,
-                fontweight="bold",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0},
-            )
+        _draw_link(fig, axes, link)
     if any(panel.heat is not None for row in figure.panels for panel in row):
         heat_scale(fig, axes)
     title = ": ".join(t for t in (caption, figure.title) if t)
@@ -175,6 +136,56 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def _draw_panels(axes, figure: FigureData, cols: int, *, fontsize: int) -> None:
+    """Each panel of ``figure`` on its axes (:func:`draw_overlay`) with the G x G grid over
+    it; the axes a shorter row leaves empty are turned off."""
+    for r, row in enumerate(figure.panels):
+        for c in range(cols):
+            if c >= len(row):
+                axes[r, c].axis("off")
+                continue
+            panel = row[c]
+            draw_overlay(axes[r, c], panel.image, panel.heat, panel.title, fontsize=fontsize)
+            if figure.grid > 1:
+                h, w = panel.image.shape[-2:]
+                for t in range(1, figure.grid):
+                    axes[r, c].axhline(t * h / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
+                    axes[r, c].axvline(t * w / figure.grid - 0.5, color="white", lw=0.4, alpha=0.6)
+
+
+def _draw_link(fig, axes, link: Link) -> None:
+    """One link of a figure: an arrow between its two panel points, a dot on each, and its
+    label at its end."""
+    from matplotlib.patches import ConnectionPatch
+
+    (ax_a, xy_a), (ax_b, xy_b) = _panel_point(axes, link.start), _panel_point(axes, link.end)
+    fig.add_artist(
+        ConnectionPatch(
+            xyA=xy_a,
+            coordsA=ax_a.transData,
+            xyB=xy_b,
+            coordsB=ax_b.transData,
+            color=link.colour,
+            lw=1.8,
+            arrowstyle="-|>",
+            mutation_scale=12,
+        )
+    )
+    for ax, xy in ((ax_a, xy_a), (ax_b, xy_b)):
+        ax.plot(*xy, "o", color=link.colour, ms=5)
+    if link.label:
+        ax_b.annotate(
+            link.label,
+            xy=xy_b,
+            xytext=(4, -4),
+            textcoords="offset points",
+            color=link.colour,
+            fontsize=8,
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "alpha": 0.7, "lw": 0},
+        )
 
 
 def write_figure_set(

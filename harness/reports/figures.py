@@ -112,37 +112,7 @@ def render_forest(
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(datasets), sharey=True, squeeze=False)[0]
     for ax, dataset in zip(axes, datasets, strict=True):
-        part = rows[rows["dataset"] == dataset]
-        ax.axvline(0.0, color="0.3", linewidth=0.9, linestyle="--", zorder=1)
-        for r in part.itertuples(index=False):
-            y = where[(r.block, r.comparison)]
-            if not math.isnan(r.low):
-                ax.plot(
-                    [r.low, r.high],
-                    [y, y],
-                    color="C0",
-                    linewidth=2.2,
-                    solid_capstyle="butt",
-                    zorder=2,
-                )
-            ax.plot([r.difference], [y], "o", color="C0", markersize=5, zorder=3)
-            if not math.isnan(r.boot_difference):
-                ax.plot(
-                    [r.boot_low, r.boot_high],
-                    [y - 0.28, y - 0.28],
-                    color="C1",
-                    linewidth=1.0,
-                    zorder=2,
-                )
-                ax.plot(
-                    [r.boot_difference],
-                    [y - 0.28],
-                    "o",
-                    markerfacecolor="white",
-                    color="C1",
-                    markersize=4,
-                    zorder=3,
-                )
+        _forest_intervals(ax, rows[rows["dataset"] == dataset], where)
         ax.set_title(dataset_labels.get(dataset, dataset), fontsize=10)
         ax.set_xlabel(
             f"{metric_label}: difference to {baseline_label}\n(percent points, 95% interval)",
@@ -156,36 +126,76 @@ def render_forest(
         label.set_fontweight("bold" if heading else "normal")
         label.set_fontsize(8.5 if heading else 8)
     if rows["boot_difference"].notna().any():
-        from matplotlib.lines import Line2D
+        _forest_legend(figure)
+    return _figure_bytes(figure, "pdf"), _figure_bytes(figure, "png")
 
-        figure.legend(
-            handles=[
-                Line2D(
-                    [], [], color="C0", marker="o", linewidth=2.2, label="over seeds (paired t)"
-                ),
-                Line2D(
-                    [],
-                    [],
-                    color="C1",
-                    marker="o",
-                    markerfacecolor="white",
-                    linewidth=1.0,
-                    label="over test queries (paired bootstrap)",
-                ),
-            ],
-            loc="outside lower center",
-            ncols=2,
-            fontsize=8,
-            frameon=False,
-        )
-    out = []
-    for fmt in ("pdf", "png"):
-        buffer = io.BytesIO()
-        figure.savefig(
-            buffer, format=fmt, dpi=150, metadata={"CreationDate": None} if fmt == "pdf" else None
-        )
-        out.append(buffer.getvalue())
-    return out[0], out[1]
+
+def _forest_intervals(ax, part: pd.DataFrame, where: Mapping[tuple[str, str], float]) -> None:
+    """One dataset's panel: the zero line, and per comparison its difference with the
+    interval over seeds and, where it has one, the paired bootstrap's just below."""
+    ax.axvline(0.0, color="0.3", linewidth=0.9, linestyle="--", zorder=1)
+    for r in part.itertuples(index=False):
+        y = where[(r.block, r.comparison)]
+        if not math.isnan(r.low):
+            ax.plot(
+                [r.low, r.high],
+                [y, y],
+                color="C0",
+                linewidth=2.2,
+                solid_capstyle="butt",
+                zorder=2,
+            )
+        ax.plot([r.difference], [y], "o", color="C0", markersize=5, zorder=3)
+        if not math.isnan(r.boot_difference):
+            ax.plot(
+                [r.boot_low, r.boot_high],
+                [y - 0.28, y - 0.28],
+                color="C1",
+                linewidth=1.0,
+                zorder=2,
+            )
+            ax.plot(
+                [r.boot_difference],
+                [y - 0.28],
+                "o",
+                markerfacecolor="white",
+                color="C1",
+                markersize=4,
+                zorder=3,
+            )
+
+
+def _forest_legend(figure) -> None:
+    """The legend of the two intervals (over seeds, over test queries), below the panels."""
+    from matplotlib.lines import Line2D
+
+    figure.legend(
+        handles=[
+            Line2D([], [], color="C0", marker="o", linewidth=2.2, label="over seeds (paired t)"),
+            Line2D(
+                [],
+                [],
+                color="C1",
+                marker="o",
+                markerfacecolor="white",
+                linewidth=1.0,
+                label="over test queries (paired bootstrap)",
+            ),
+        ],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _figure_bytes(figure, fmt: str) -> bytes:
+    """``figure`` saved as ``fmt`` (pdf: without a creation date, so the bytes repeat)."""
+    buffer = io.BytesIO()
+    figure.savefig(
+        buffer, format=fmt, dpi=150, metadata={"CreationDate": None} if fmt == "pdf" else None
+    )
+    return buffer.getvalue()
 
 
 def forest_paths(stem: Path) -> list[Path]:
