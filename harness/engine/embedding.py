@@ -11,6 +11,7 @@ that :func:`~harness.components.evaluation.evaluate_embeddings` calls. A head th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -158,13 +159,13 @@ CPU_FORWARD_BATCH = 32
 
 
 def loader_worker_init(worker_id: int) -> None:
-    """Each DataLoader worker ignores SIGTERM: a SIGTERM sent to the whole process group
-    (a sweep stopping its workers, a cluster's time limit) is handled by the main process,
-    which marks the run KILLED and shuts the workers down, instead of the workers dying
-    first and the main process reporting their deaths as an error."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Each DataLoader worker leaves the main process's process group: a SIGTERM sent to
+    the whole group (a sweep stopping its workers, a cluster's time limit) reaches the
+    main process alone, which marks the run KILLED and shuts the workers down, instead of
+    the workers dying first and the main process reporting their deaths as an error. The
+    workers still end with the main process (PyTorch's worker loop watches its parent), and
+    a SIGTERM sent to a worker itself (multiprocessing's shutdown at exit) still ends it."""
+    os.setpgid(0, 0)
 
 
 @torch.inference_mode()
