@@ -439,22 +439,29 @@ def _loss(name, cls, description, needs_classes=False, miner=None, reductions=No
     )
 
 
-def _dgml_margin(args: dict[str, Any]) -> dict[str, Any]:
-    if args.get("nu", 0):
-        raise HarnessError(
-            f"loss 'margin': reduction 'dgml' follows DGML's criteria/margin.py, which has no "
-            f"beta regulariser: nu must be 0, got {args['nu']}"
-        )
-    return {"reducer": ActiveTripletReducer()}
+def _active_triplet_margin(
+    reduction: str, source: str
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The margin loss divided by the triplets with an active term, as ``source`` (a
+    criteria/margin.py without a usable beta regulariser, so ``nu`` must be 0)."""
+
+    def loss_kwargs(args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("nu", 0):
+            raise HarnessError(
+                f"loss 'margin': reduction '{reduction}' follows {source}: nu must be 0, got {args['nu']}"
+            )
+        return {"reducer": ActiveTripletReducer()}
+
+    return loss_kwargs
 
 
-def _roth_margin(args: dict[str, Any]) -> dict[str, Any]:
-    if args.get("nu", 0):
-        raise HarnessError(
-            f"loss 'margin': reduction 'roth' follows Roth et al.'s criteria/margin.py, whose beta "
-            f"regulariser cannot run (l. 69 adds an undefined name): nu must be 0, got {args['nu']}"
-        )
-    return {"reducer": ActiveTripletReducer()}
+_dgml_margin = _active_triplet_margin(
+    "dgml", "DGML's criteria/margin.py, which has no beta regulariser"
+)
+_roth_margin = _active_triplet_margin(
+    "roth",
+    "Roth et al.'s criteria/margin.py, whose beta regulariser cannot run (l. 69 adds an undefined name)",
+)
 
 
 # The A-grouping authors' released code (XinyiXuXD/DGML-master, criteria/). Each group's
