@@ -51,7 +51,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
-    session.run("ruff", "check", "harness", "methods", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "harness", "tests", "benchmarks", "noxfile.py")
 
 
 @nox.session(python=False)

@@ -1,4 +1,4 @@
-"""Benchmark of AVSL's exhaustive ranking by the learned distance d^ (``methods.avsl``) on 2 CPU threads.
+"""Benchmark of AVSL's exhaustive ranking by the learned distance d^ (``harness.methods.avsl``) on 2 CPU threads.
 
 Workload: a CUB-sized test set (default 5,924 images, 100 classes, 3 levels, r = 512)
 of stored node data (unit embeddings per level: a class centre plus noise, more noise at
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 from harness.components.evaluation import exhaustive_knn  # noqa: E402
 from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics  # noqa: E402
 from harness.engine.embedding import make_pair_scorer, pair_chunks  # noqa: E402
-from methods import create_method  # noqa: E402
+from harness.methods import create_method  # noqa: E402
 
 LEVELS, R = 3, 512
 

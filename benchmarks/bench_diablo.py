@@ -51,7 +51,7 @@ def build(method: str, backbone: str, size: int, options: dict, device: torch.de
 
 
 def step_fn(model, metric_loss, optimizer, images, labels):
-    from methods import TrainingBatch
+    from harness.methods import TrainingBatch
 
     def step() -> None:
         with torch.autocast(

@@ -1,4 +1,4 @@
-"""Benchmark of DIML's batched re-ranking (``methods.diml``) on 2 CPU threads, or on a GPU
+"""Benchmark of DIML's batched re-ranking (``harness.methods.diml``) on 2 CPU threads, or on a GPU
 (``--device cuda``: both pipelines on the GPU, the harness's with its GPU-sized working set).
 
 Workload: 10,000 images searched against themselves (SOP-style), each query's top
@@ -61,8 +61,8 @@ sys.path.insert(0, str(REPO))
 
 from harness.components.evaluation import knn, rerank_top_k  # noqa: E402
 from harness.engine.embedding import make_reranker  # noqa: E402
-from methods import create_method  # noqa: E402
-from methods.diml import sinkhorn  # noqa: E402
+from harness.methods import create_method  # noqa: E402
+from harness.methods.diml import sinkhorn  # noqa: E402
 
 CHANNELS, SIZE, DIM, GRID, K = 2048, 7, 128, 4, 100
 PER_CLASS = 5

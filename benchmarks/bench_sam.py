@@ -1,6 +1,6 @@
 """SAM's training cost against ``plain`` on the same backbone: images/s, FLOPs, passes.
 
-SAM (methods/sam.py) trains the plain head with a second pass over soft-masked images
+SAM (harness/methods/sam.py) trains the plain head with a second pass over soft-masked images
 (similarity mining, Eq. 2-3): each step embeds the batch, computes the attention of the
 selected tuples' images (closed form on the last map; a double backward on an earlier
 stage), masks at most one batch of images and embeds them again, and backpropagates
@@ -58,7 +58,7 @@ def build(
 
 
 def step_fn(model, metric_loss, optimizer, images, labels):
-    from methods import TrainingBatch
+    from harness.methods import TrainingBatch
 
     def step() -> None:
         with torch.autocast(device_type=images.device.type, enabled=images.device.type == "cuda"):

@@ -80,7 +80,7 @@ def build(protocol_name: str, overrides: list[str], method: str, steps: int, dev
 def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
     from harness.base.device import amp_dtype
     from harness.components.data.transforms import normalize_batch
-    from methods import TrainingBatch
+    from harness.methods import TrainingBatch
 
     dtype = amp_dtype(device)
     image = trainer.cfg.protocol.image

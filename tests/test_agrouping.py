@@ -14,8 +14,8 @@ from pytorch_metric_learning import losses as pml_losses
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import attention_figure, part_attention_mass, upsample_maps
 from harness.components.losses import BinomialDevianceLoss, MetricLoss
-from methods import METHODS, TrainingBatch, create_method
-from methods.agrouping import GroupingHead, diversity_loss
+from harness.methods import METHODS, TrainingBatch, create_method
+from harness.methods.agrouping import GroupingHead, diversity_loss
 
 CHANNELS = {"s32": 64}
 EMB = 32

@@ -15,9 +15,8 @@ from harness.components.evaluation import evaluate_embeddings, exhaustive_knn
 from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics
 from harness.components.losses import MetricLoss, create_loss
 from harness.engine.embedding import make_pair_scorer, make_reranker
-from harness.reports.explanations import write_tuple_figures
-from methods import TrainingBatch
-from methods.avsl import (
+from harness.methods import TrainingBatch
+from harness.methods.avsl import (
     attribution,
     cam_certainty,
     class_activation_maps,
@@ -27,6 +26,7 @@ from methods.avsl import (
     reliability,
     similarity_nodes,
 )
+from harness.reports.explanations import write_tuple_figures
 from tests.test_conformance import BATCH, EMB, build, images
 
 

@@ -24,7 +24,7 @@ from harness.components.gradients import clip_gradients
 from harness.components.losses import MetricLoss, create_loss, create_miner, hard_triplets
 from harness.config.grids import load_grid
 from harness.config.protocol import apply_overrides, fingerprint, load_protocol
-from methods import TrainingBatch
+from harness.methods import TrainingBatch
 from tests.test_conformance import BATCH, EMB, build, images
 
 # ------------------------------------------------------------- 5: gradient clipping
@@ -149,7 +149,7 @@ def test_batch_proxies_average_the_negative_terms_over_the_batch_classes():
     loss = create_loss("proxy_anchor", num_classes=12, embedding_size=EMB)
     small = create_loss("proxy_anchor", num_classes=4, embedding_size=EMB)
     small.proxies.data = loss.proxies.data[labels.unique()].clone()
-    from methods.avsl import _batch_class_proxies
+    from harness.methods.avsl import _batch_class_proxies
 
     with _batch_class_proxies(loss, labels) as local:
         got = loss(emb, local)

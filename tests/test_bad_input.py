@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from methods import METHODS, HeadOutput
-from methods.base import MethodEntry
-from methods.plain import PlainHead
+from harness.methods import METHODS, HeadOutput
+from harness.methods.base import MethodEntry
+from harness.methods.plain import PlainHead
 
 from .conftest import TINY_PROTOCOL
 from .fixtures import make_cub

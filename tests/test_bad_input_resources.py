@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from methods import METHODS, HeadOutput
-from methods.base import MethodEntry
-from methods.plain import PlainHead
+from harness.methods import METHODS, HeadOutput
+from harness.methods.base import MethodEntry
+from harness.methods.plain import PlainHead
 
 from .fixtures import make_cars, make_cub, make_inshop, make_sop
 from .refusals import Refusal, assert_refused

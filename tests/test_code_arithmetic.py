@@ -16,9 +16,9 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.losses import MetricLoss, create_loss
 from harness.config.protocol import load_protocol
-from methods import TrainingBatch, create_method
-from methods.avsl import cam_certainty, normalized_edges
-from methods.base import HeadOutput
+from harness.methods import TrainingBatch, create_method
+from harness.methods.avsl import cam_certainty, normalized_edges
+from harness.methods.base import HeadOutput
 from tests.test_conformance import EMB, build
 
 CHANNELS = {"s8": 8, "s16": 16, "s32": 32}

@@ -24,7 +24,7 @@ from harness.components.backbones import Backbone, BackboneSpec
 from harness.components.losses import MetricLoss, create_miner, miner_for
 from harness.engine.embedding import make_reranker
 from harness.engine.model import EmbeddingModel, create_loss_module
-from methods import (
+from harness.methods import (
     METHODS,
     HeadOutput,
     Method,

@@ -20,7 +20,7 @@ from harness.components.losses import (
 )
 from harness.config.grids import expand, load_grid
 from harness.config.protocol import load_protocol
-from methods import TrainingBatch, create_method
+from harness.methods import TrainingBatch, create_method
 
 DGML_LOSSES = ("margin", "contrastive", "binomial_deviance")
 AGROUPING_PROTOCOLS = ("agrouping", "agrouping-googlenet", "agrouping-sec42")

@@ -13,8 +13,8 @@ from harness.base.errors import HarnessError
 from harness.components.backbones import create_backbone
 from harness.config.protocol import apply_overrides, load_protocol
 from harness.engine.model import EmbeddingModel, build_optimizer
-from methods import METHODS, create_method
-from methods.diablo import (
+from harness.methods import METHODS, create_method
+from harness.methods.diablo import (
     DiabloHead,
     dimension_wise_attention,
     feature_energy_share,

@@ -17,9 +17,8 @@ from harness.base.errors import HarnessError
 from harness.components.evaluation import evaluate_embeddings, rerank_top_k
 from harness.components.losses import MetricLoss
 from harness.engine.embedding import make_reranker
-from harness.reports.explanations import draw_figure
-from methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
-from methods.diml import (
+from harness.methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
+from harness.methods.diml import (
     PAPER,
     DIMLHead,
     PrecomputedDistance,
@@ -31,6 +30,7 @@ from methods.diml import (
     structural_similarity,
     transport_plans,
 )
+from harness.reports.explanations import draw_figure
 
 C = 48
 EMB = 16
@@ -178,7 +178,7 @@ def test_gradients_flow_through_the_iterations():
 def streamed(cost, mu, nu, *, eps, max_iter, tol, window):
     """Plans and iteration counts of the streaming solver (the re-ranking's), ``window``
     pairs at a time: ``window=1`` solves each pair alone, stopped at its own convergence."""
-    from methods.diml import _sinkhorn_stream
+    from harness.methods.diml import _sinkhorn_stream
 
     log_kernel, plans = cost / -eps, torch.empty_like(cost)
     iterations = torch.empty(len(cost), dtype=torch.long)
@@ -397,7 +397,7 @@ def test_batched_rerank_equals_a_per_pair_loop(marginals):
 
 
 def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
-    import methods.diml as diml
+    import harness.methods.diml as diml
 
     head = make(tol=1e-7, max_iter=1000)
     out, _ = embedded(head)

@@ -31,7 +31,7 @@ from harness.engine.distributed import (
     check_replicas_agree,
     wrap_model,
 )
-from methods.base import HeadOutput
+from harness.methods.base import HeadOutput
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = np.repeat(np.arange(12), 5)
@@ -197,7 +197,7 @@ def test_a_batch_that_does_not_split_is_refused():
     ],
 )
 def test_methods_that_cannot_train_across_processes_are_refused(method, reason):
-    from methods import METHODS
+    from harness.methods import METHODS
 
     entry = METHODS.get(method)
     assert reason in entry.cls.cross_process_refusal(entry.options())

@@ -57,15 +57,17 @@ def test_the_plugin_example_is_short():
 
 
 def test_the_plugin_example_registers_and_runs_as_written(tmp_path, data_root, tracking_dir):
-    """The block saved as ``methods/<name>.py`` (in a copy of the package, first on the
+    """The block saved as ``harness/methods/<name>.py`` (in a copy of the package, first on the
     path) is found with no other edit and trains and evaluates end to end."""
     name, code = _plugin_example()
     copy = tmp_path / "pkg"
     shutil.copytree(
-        REPO / "methods", copy / "methods", ignore=shutil.ignore_patterns("__pycache__")
+        REPO / "harness", copy / "harness", ignore=shutil.ignore_patterns("__pycache__")
     )
-    assert not (copy / "methods" / f"{name}.py").exists()
-    (copy / "methods" / f"{name}.py").write_text(code)
+    for data in ("protocols", "results"):  # found beside the package, as in the checkout
+        (copy / data).symlink_to(REPO / data)
+    assert not (copy / "harness" / "methods" / f"{name}.py").exists()
+    (copy / "harness" / "methods" / f"{name}.py").write_text(code)
     work = tmp_path / "work"
     work.mkdir()
     env = {

@@ -756,7 +756,7 @@ class _BatchRecorder(torch.nn.Module):
         self.head = argparse.Namespace(embedding_size=8)
 
     def forward(self, x):
-        from methods import HeadOutput
+        from harness.methods import HeadOutput
 
         self.sizes.append(len(x))
         return HeadOutput(

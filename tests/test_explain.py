@@ -23,7 +23,7 @@ from harness.components.explanation.scores import (
     region_scores,
 )
 from harness.engine.explain import near_miss_class_pairs, output_rows, similarity_gradcam
-from methods import list_methods
+from harness.methods import list_methods
 
 
 def _labels() -> torch.Tensor:

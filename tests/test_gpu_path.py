@@ -19,9 +19,9 @@ from harness.cli.main import main
 from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
 from harness.components.data.transforms import build_transform
 from harness.config.protocol import load_protocol
-from methods import METHODS, HeadOutput
-from methods.base import MethodEntry
-from methods.plain import PlainHead
+from harness.methods import METHODS, HeadOutput
+from harness.methods.base import MethodEntry
+from harness.methods.plain import PlainHead
 
 
 class _Images:

@@ -104,7 +104,7 @@ def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
 
 def test_fair_table_sweeps_every_registered_method_then_writes_its_tables(noxfile):
     from harness.config.grids import load_grid
-    from methods import list_methods
+    from harness.methods import list_methods
 
     session = RecordingSession()
     session.posargs = ["--smoke"]

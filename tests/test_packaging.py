@@ -19,7 +19,7 @@ def test_every_package_and_data_folder_is_listed():
     from setuptools import find_packages
 
     setup = PYPROJECT["tool"]["setuptools"]
-    assert set(find_packages(str(ROOT), include=["harness*", "methods*"])) <= set(setup["packages"])
+    assert set(find_packages(str(ROOT), include=["harness*"])) <= set(setup["packages"])
     # The data folders stay where they are in the checkout and ship inside harness.
     assert setup["package-dir"] == {
         "harness._protocols": "protocols",
@@ -65,10 +65,8 @@ def _requirement_name(spec: str) -> str:
 
 def test_every_imported_third_party_module_is_a_declared_dependency():
     declared = {_requirement_name(d) for d in PYPROJECT["project"]["dependencies"]}
-    modules = _imported_modules(ROOT / "harness") | _imported_modules(ROOT / "methods")
-    third_party = sorted(
-        m for m in modules if m not in sys.stdlib_module_names and m not in ("harness", "methods")
-    )
+    modules = _imported_modules(ROOT / "harness")
+    third_party = sorted(m for m in modules if m not in sys.stdlib_module_names and m != "harness")
     providers = packages_distributions()
     undeclared = []
     for module in third_party:

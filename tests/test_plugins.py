@@ -23,8 +23,8 @@ from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.cli.main import main
 from harness.config.grids import load_grid
-from methods import METHODS, HeadOutput, Method, list_methods, register_method
-from methods.base import PLUGIN_GROUP
+from harness.methods import METHODS, HeadOutput, Method, list_methods, register_method
+from harness.methods.base import PLUGIN_GROUP
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_PROTOCOL = REPO / "tests" / "protocols" / "tiny.toml"
@@ -294,7 +294,7 @@ PACKAGE_PLUGIN = '''\
 import torch.nn.functional as F
 from torch import nn
 
-from methods.base import HeadOutput, Method, register_method
+from harness.methods.base import HeadOutput, Method, register_method
 
 
 @register_method("tinyhead", description="installed plugin: average pooling + linear")

@@ -136,7 +136,7 @@ def test_validation_selection_needs_validation_classes(tmp_path):
 @pytest.mark.parametrize("name", list_protocols())
 def test_every_shipped_protocol_builds_its_method_options(name):
     """Method options a protocol fixes are real options of registered plugins."""
-    from methods import create_method
+    from harness.methods import create_method
 
     protocol = load_protocol(name)
     for method, options in protocol.methods.items():

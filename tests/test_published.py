@@ -122,7 +122,7 @@ def test_agrouping_ours_rows_use_margin_loss():
 def test_diml_methods():
     """The paper's "Baseline" rows are the harness's ``plain`` method (GAP + linear, the
     model DIML is applied to), so the table joins them to reproduced runs by name."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     _, rows = _load("diml.csv")
     assert {row["method"] for row in rows} == {"plain", "diml"}

@@ -147,7 +147,7 @@ def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tin
 def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol, monkeypatch):
     from harness.config.protocol import load_protocol
     from harness.engine.training import RunConfig, run_key
-    from methods.plain import PlainHead
+    from harness.methods.plain import PlainHead
 
     cfg = RunConfig(
         method="plain",
@@ -455,14 +455,14 @@ def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_pat
         )
 
     git("init", "-q")
-    (tmp_path / "methods").mkdir()
-    (tmp_path / "methods" / "plain.py").write_text("x = 1\n")
+    (tmp_path / "harness" / "methods").mkdir(parents=True)
+    (tmp_path / "harness" / "methods" / "plain.py").write_text("x = 1\n")
     git("add", ".")
     git("commit", "-qm", "init")
     assert not git_commit(tmp_path).endswith("-dirty")
     (tmp_path / "notes.txt").write_text("outputs and notes do not count\n")
     assert not git_commit(tmp_path).endswith("-dirty")
-    (tmp_path / "methods" / "new_method.py").write_text("y = 2\n")
+    (tmp_path / "harness" / "methods" / "new_method.py").write_text("y = 2\n")
     assert git_commit(tmp_path).endswith("-dirty")
 
 
@@ -478,19 +478,19 @@ def test_the_uncommitted_patch_turns_the_commit_into_the_code_that_ran(tmp_path)
         capture_output=True,
     )
     git("init", "-q")
-    (repo / "methods").mkdir()
-    (repo / "methods" / "plain.py").write_text("x = 1\n")
+    (repo / "harness" / "methods").mkdir(parents=True)
+    (repo / "harness" / "methods" / "plain.py").write_text("x = 1\n")
     git("add", ".")
     git("commit", "-qm", "init")
-    (repo / "methods" / "plain.py").write_text("x = 3\n")
-    (repo / "methods" / "new_method.py").write_text("y = 2\n")
+    (repo / "harness" / "methods" / "plain.py").write_text("x = 3\n")
+    (repo / "harness" / "methods" / "new_method.py").write_text("y = 2\n")
     (repo / "scratch.txt").write_text("not source\n")
     patch = tmp_path / "uncommitted.patch"
     patch.write_text(uncommitted_changes(repo))
     git("clone", "-q", str(repo), str(clone), cwd=tmp_path)
     git("apply", str(patch), cwd=clone)
-    assert (clone / "methods" / "plain.py").read_text() == "x = 3\n"
-    assert (clone / "methods" / "new_method.py").read_text() == "y = 2\n"
+    assert (clone / "harness" / "methods" / "plain.py").read_text() == "x = 3\n"
+    assert (clone / "harness" / "methods" / "new_method.py").read_text() == "y = 2\n"
     assert not (clone / "scratch.txt").exists()
 
 

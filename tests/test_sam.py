@@ -16,10 +16,9 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.losses import MetricLoss, create_loss
-from harness.reports.explanations import write_tuple_figures
-from methods import METHODS, TrainingBatch, check_method_options, list_methods
-from methods import sam as sam_module
-from methods.sam import (
+from harness.methods import METHODS, TrainingBatch, check_method_options, list_methods
+from harness.methods import sam as sam_module
+from harness.methods.sam import (
     SAMHead,
     closed_form_attention,
     eq1_attention,
@@ -31,6 +30,7 @@ from methods.sam import (
     soft_mask,
     triplet_weights,
 )
+from harness.reports.explanations import write_tuple_figures
 from tests.test_conformance import BATCH, EMB, IMAGE, build, images
 
 LABELS = torch.arange(BATCH) // 2  # 4 classes x 2
@@ -263,7 +263,7 @@ def test_select_tuples_takes_mined_tuples_without_sharing_images():
 def reference_select(indices, labels, form, embeddings=None, mining="random"):
     """The greedy disjoint selection of :func:`select_tuples` written directly: every input
     read on the host separately, the distances of the embeddings' host copy."""
-    from methods.sam import TUPLE_SIZE, candidate_tuples
+    from harness.methods.sam import TUPLE_SIZE, candidate_tuples
 
     k = TUPLE_SIZE[form]
     cand = candidate_tuples(indices, labels, form)

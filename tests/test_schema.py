@@ -15,7 +15,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.cli.schema import schema_text
-from methods import METHODS
+from harness.methods import METHODS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -21,7 +21,7 @@ def test_smoke_run_of_all_methods_on_the_embedded_dataset(workdir, capsys):
     out = workdir / "all.json"
     assert main(["run", "--methods", "all", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
-    from methods import list_methods
+    from harness.methods import list_methods
 
     assert {r["method"] for r in records} == set(list_methods(ablations=False))
     for record in records:

@@ -177,7 +177,7 @@ def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(
     """A worker killed after its run finished but before tagging it: the next start adopts
     the run, unless the method has a newer revision since."""
     from harness.cli.main import main
-    from methods.plain import PlainHead
+    from harness.methods.plain import PlainHead
 
     grid_path = _grid(workdir, methods=("plain",))
     grid = load_grid(grid_path)
@@ -262,7 +262,7 @@ def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
 
 
 def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypatch):
-    from methods.plain import PlainHead
+    from harness.methods.plain import PlainHead
 
     path = _grid(tmp_path, methods=("plain", "ngrouping"))
     before = {c.method: c.key for c in load_grid(path).cells}

@@ -10,7 +10,7 @@ bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
 The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
 flush). Mining (the protocol's miner) has data-dependent shapes by nature and is counted
 apart. A method whose step works on the host by its design (SAM's greedy tuple selection)
-says why in :meth:`~methods.Method.step_host_reads` and may make one transfer per step,
+says why in :meth:`~harness.methods.Method.step_host_reads` and may make one transfer per step,
 no more: its random draws come from torch's global generator, the CPU one, and are counted
 apart too (on a GPU they never touch the device; here every tensor stands for a device
 tensor, so they would look like device reads).
@@ -33,8 +33,8 @@ from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder, StepFlush
 from harness.engine.run_config import RunConfig
 from harness.engine.trainer import Trainer
-from methods import list_methods
-from methods import sam as sam_module
+from harness.methods import list_methods
+from harness.methods import sam as sam_module
 
 from .conftest import TINY_PROTOCOL
 

@@ -22,6 +22,7 @@ from harness.components.data.transforms import build_transform
 from harness.config.protocol import load_protocol
 from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
+from harness.methods import METHODS
 from harness.store.tracking import (
     EXPERIMENT_KIND_TAG,
     ML_VIEW_QUERY,
@@ -30,7 +31,6 @@ from harness.store.tracking import (
     load_finished_weights,
     ui_url,
 )
-from methods import METHODS
 
 REGISTERED = "dml-ui-embedder"
 

@@ -69,7 +69,7 @@ def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, s
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from methods import METHODS
+    from harness.methods import METHODS
 
     for name in METHODS:
         entry = METHODS.get(name)

@@ -47,7 +47,7 @@ def _request(args: argparse.Namespace) -> _Request:
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES, check_loss_args
     from harness.config.protocol import Deviation, apply_overrides, load_protocol, protocol_dir
-    from methods import METHODS, check_method_options, list_methods
+    from harness.methods import METHODS, check_method_options, list_methods
 
     DATASETS.get(args.dataset)
     from harness.engine.training import resolve_device
@@ -223,11 +223,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def shared_training(methods: list[str], protocol) -> dict[str, str]:
-    """Methods of this ``run`` that train as another one in it (:func:`methods.training_base`,
+    """Methods of this ``run`` that train as another one in it (:func:`harness.methods.training_base`,
     e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
     and evaluates them on its weights. Only in one process (under torchrun every process
     trains every run, and only process 0 knows the run ids)."""
-    from methods import training_base
+    from harness.methods import training_base
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return {}

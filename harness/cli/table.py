@@ -154,7 +154,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_baseline(name: str) -> None:
     """The baseline must be a registered method (a misspelt one would compare nothing)."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     if name not in METHODS:
         raise unknown_name("--baseline method", name, METHODS)

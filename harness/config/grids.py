@@ -339,7 +339,7 @@ def load_grid(
 def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``data`` with each ``methods = "all"`` (top level, ``[[extra]]``, ``[smoke]``) replaced
     by the names it stands for; ``exclude`` must name registered methods."""
-    from methods import METHODS, list_methods
+    from harness.methods import METHODS, list_methods
 
     tables = [data, *data.get("extra", []), data.get("smoke", {})]
     exclude = data.get("exclude", [])
@@ -412,7 +412,7 @@ def _cell_key(
     }
     if base_key:  # only then, so that the keys of grids without test-time methods never change
         fields["base_key"] = base_key
-    from methods import METHODS
+    from harness.methods import METHODS
 
     fields.update(METHODS.get(method).key_fields())
     payload = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
@@ -468,7 +468,7 @@ def expand(grid: Grid) -> list[Cell]:
     from harness.components.backbones import BACKBONES
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES
-    from methods import METHODS, training_base
+    from harness.methods import METHODS, training_base
 
     base = load_protocol(grid.protocol)
     path = (

@@ -195,7 +195,7 @@ def resolve_key(protocol: Protocol, key: str) -> Any:
     out. An unknown key is a :class:`HarnessError` naming it."""
     parts = key.split(".")
     if parts[0] == "methods" and len(parts) == 3:
-        from methods import METHODS
+        from harness.methods import METHODS
 
         method, option = parts[1:]
         if method not in METHODS:

@@ -2,7 +2,7 @@
 and a loss's arguments (``[loss.args.<name>]``).
 
 A method's options are declared by its plugin: the keyword arguments of its constructor,
-their annotations and defaults (:meth:`methods.base.MethodEntry.option_types`). They
+their annotations and defaults (:meth:`harness.methods.base.MethodEntry.option_types`). They
 become one strict pydantic model per method, so that ``nan``, ``"4"`` or ``true`` for a
 number is refused when the protocol is read, for every method it configures, run or not.
 A plugin's constructor still checks what relates its options (groups dividing the
@@ -28,7 +28,7 @@ __all__ = ["check_option_values", "check_loss_arg_values", "options_model", "Los
 def options_model(method: str) -> type[BaseModel]:
     """The pydantic model of ``method``'s options: each option's declared type, its
     default (the variant's preset where it has one), no other key."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     entry = METHODS.get(method)
     types, defaults = entry.option_types(), entry.options()

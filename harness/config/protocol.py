@@ -530,7 +530,7 @@ def protocol_json_schema() -> dict[str, Any]:
     method's options under ``[methods.<name>]`` (any table for another name, so that a copy
     generated earlier accepts a plugin added since) and the declared loss-argument ranges."""
     from harness.config.options import LossArguments, options_model
-    from methods import METHODS
+    from harness.methods import METHODS
 
     schema = json.loads(json.dumps(_sections_schema()))  # a copy: the cached one serves refusals
     schema.update(
@@ -566,7 +566,7 @@ def _validated(data: dict[str, Any]) -> Protocol:
         protocol = _adapter().validate_python(data)
     except ValidationError as err:
         raise refusal(err, _sections_schema(), what="protocol key") from None
-    from methods import METHODS
+    from harness.methods import METHODS
 
     for method, options in protocol.methods.items():
         if method in METHODS:  # an unknown name is refused by name on loading
@@ -652,7 +652,7 @@ def _check_registered_names(protocol: Protocol) -> None:
     from harness.components.backbones import BACKBONES
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES, check_loss_args
-    from methods import METHODS
+    from harness.methods import METHODS
 
     check_names(
         protocol.deviations,
@@ -749,7 +749,7 @@ def _declare_method_option(data: dict[str, Any], method: str, option: str) -> bo
     """``methods.<method>.<option>`` may set any option the method declares, whether or
     not the protocol file lists it (its current value: the method's default). True when
     the option was added here."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     options = METHODS.get(method).options()
     if option not in options:

@@ -192,7 +192,7 @@ def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     ``static_graph``: the same parameters take part in every step, and some never do
     (layers after the last stage a head reads), which DDP then learns in the first step
     instead of searching the graph each step. It needs to see the model's output tensors:
-    :class:`~methods.base.HeadOutput` is registered as a pytree for that."""
+    :class:`~harness.methods.base.HeadOutput` is registered as a pytree for that."""
     return torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None, static_graph=True
     )

@@ -2,11 +2,11 @@
 
 The engine knows one thing about methods that score their own way: a method may
 score (query, candidate) pairs from fields it keeps per image (``rerank_fields``,
-``rerank_k`` and :meth:`~methods.base.Method.rerank_by_ids`). :func:`make_reranker`
+``rerank_k`` and :meth:`~harness.methods.base.Method.rerank_by_ids`). :func:`make_reranker`
 is the one adapter from that hook to the id-based :data:`~harness.components.evaluation.Reranker`
 that :func:`~harness.components.evaluation.evaluate_embeddings` calls. A head that declares
 ``exhaustive_pairs`` is ranked by its pair scores over the whole gallery instead
-(:meth:`~methods.base.Method.score_pairs` through :func:`make_pair_scorer`, chunked).
+(:meth:`~harness.methods.base.Method.score_pairs` through :func:`make_pair_scorer`, chunked).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
 if TYPE_CHECKING:
     from harness.config.protocol import Protocol
     from harness.engine.model import EmbeddingModel
-    from methods.base import Method
+    from harness.methods.base import Method
 
 __all__ = [
     "loader_worker_init",

@@ -9,7 +9,7 @@ For a finished run of any method, on its test split:
    their nearest neighbour by the embedding (the pairs retrieval puts first).
 2. Maps, one per image of each pair, from two sources:
 
-   * ``method``: the method's own (:meth:`methods.Method.pair_maps`: A-grouping's and
+   * ``method``: the method's own (:meth:`harness.methods.Method.pair_maps`: A-grouping's and
      DIABLO's group maps, DIML's transport, AVSL's attribution, SAM's similarity attention);
      a method without maps is scored by the baseline only (one note line).
    * ``baseline``, for every run: similarity Grad-CAM of the embedding (Selvaraju et al.
@@ -18,7 +18,7 @@ For a finished run of any method, on its test split:
      feature map the backbone hands to the head, weights = its spatial mean, ReLU of the
      weighted sum. The target is the cosine for a same-class pair and its negative (the
      distance, up to a constant) for a pair of two classes, as SAM's Siamese weights
-     explain similarity and dissimilarity (Sec. 3.1.1); :meth:`~methods.Method.pair_maps`
+     explain similarity and dissimilarity (Sec. 3.1.1); :meth:`~harness.methods.Method.pair_maps`
      follows the same rule.
 
 3. Scores per pair, then mean and 95% t-interval over pairs (:mod:`harness.components.explanation.scores`):
@@ -228,7 +228,7 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     3-4 layout, :func:`~harness.components.explanation.maps.attention_figure`) and its pair figure (DIML Fig. 5,
     SAM Fig. 4) for the first pair."""
     from harness.components.explanation.maps import attention_figure
-    from methods import HeadOutput
+    from harness.methods import HeadOutput
 
     written = []
     images = load_images(ctx, pairs.query[:16])

@@ -115,7 +115,7 @@ def load_run(
     tags = run.data.tags
     protocol = _run_protocol(run_id)
     method, dataset = tags["method"], tags["dataset"]
-    from methods import METHODS
+    from harness.methods import METHODS
 
     if method not in METHODS:
         raise HarnessError(

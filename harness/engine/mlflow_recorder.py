@@ -22,6 +22,7 @@ from harness.engine.recorder import StepFlush
 from harness.engine.run_config import RunConfig, paper_deviations
 from harness.engine.runtime import log_line
 from harness.engine.trainer import Trainer
+from harness.methods import METHODS
 from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
 from harness.store.tracking import (
@@ -35,7 +36,6 @@ from harness.store.tracking import (
     uncommitted_changes,
     worker_id,
 )
-from methods import METHODS
 
 __all__ = ["MlflowRecorder", "run_params", "run_tags"]
 

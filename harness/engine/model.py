@@ -12,7 +12,7 @@ from harness.base.errors import HarnessError
 from harness.components.backbones import Backbone, create_backbone
 from harness.components.losses import create_loss
 from harness.config.protocol import Protocol
-from methods import HeadOutput, Method, create_method
+from harness.methods import HeadOutput, Method, create_method
 
 __all__ = [
     "EmbeddingModel",
@@ -92,7 +92,7 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The protocol's optimizer over parameter groups named ``backbone`` (with the
     pretrained copies a head keeps), the head's own groups and the loss's groups
-    (:meth:`methods.base.Method.loss_optimizer_groups`)."""
+    (:meth:`harness.methods.base.Method.loss_optimizer_groups`)."""
     o = protocol.optimizer
     # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
     # the backbone they came from.

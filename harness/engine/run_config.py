@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
 from harness.config.protocol import Deviation, Protocol
-from methods import METHODS
+from harness.methods import METHODS
 
 __all__ = ["RunConfig", "RunSettings", "default_checkpoint_root", "run_key", "paper_deviations"]
 

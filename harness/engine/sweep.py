@@ -348,7 +348,7 @@ def _adopt_finished(
     """The record of a finished run of the cell that no worker tagged (its worker was killed
     after the run finished), tagged now; None when there is none. Only a run of the same code
     (method revision) from the same weights is adopted."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     revision = str(METHODS.get(cell.method).cls.revision)
     for run in runs_of_cell(grid, cell, fp, "FINISHED"):

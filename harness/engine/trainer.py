@@ -61,8 +61,8 @@ from harness.engine.model import (
 from harness.engine.recorder import Recorder, StepFlush
 from harness.engine.run_config import RunConfig
 from harness.engine.runtime import epoch_seed, log_line, seed_everything
+from harness.methods import TrainingBatch
 from harness.store.tracking import load_finished_weights
-from methods import TrainingBatch
 
 __all__ = ["Trainer", "TrainingParts", "Progress"]
 

@@ -73,7 +73,7 @@ def suggest(
     trial, method: str, protocol, space: tuple[str, ...]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(method options, protocol overrides)`` suggested for ``trial``."""
-    from methods import METHODS
+    from harness.methods import METHODS
 
     options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
     check_space(protocol, space)
@@ -237,7 +237,7 @@ def tune_setup(
     from harness.components.data import DATASETS
     from harness.config.protocol import default_protocol, protocol_dir
     from harness.engine.training import RunSettings
-    from methods import METHODS
+    from harness.methods import METHODS
 
     METHODS.get(method)
     DATASETS.get(dataset)

@@ -1,10 +1,10 @@
 """The explanation figures and part statistics logged with a trained run.
 
-For heads that explain (:meth:`methods.base.Method.explain` and
-:meth:`methods.base.Method.figures`), the engine calls :func:`log_explanations` after
+For heads that explain (:meth:`harness.methods.base.Method.explain` and
+:meth:`harness.methods.base.Method.figures`), the engine calls :func:`log_explanations` after
 the test evaluation. Plugins return data; this module draws it: every picture with a
 map over it goes through :func:`draw_overlay`, every figure a plugin describes
-(:class:`methods.base.FigureData`) through :func:`draw_figure`, and
+(:class:`harness.methods.base.FigureData`) through :func:`draw_figure`, and
 :func:`write_figure_set` writes a figure set's figures and data files.
 """
 
@@ -28,7 +28,7 @@ from harness.components.explanation.images import (
     run_test_images,
 )
 from harness.components.explanation.maps import attention_figure, upsample_maps
-from methods.base import FigureData, FigureSet, HeadOutput, Link, Method
+from harness.methods.base import FigureData, FigureSet, HeadOutput, Link, Method
 
 __all__ = [
     "log_explanations",
@@ -91,7 +91,7 @@ def draw_overlay(
 
 
 def _panel_point(axes, point: tuple[int, int, float, float]):
-    """A :class:`~methods.base.Link` end: (axes, (x, y) in the panel's pixel coordinates)."""
+    """A :class:`~harness.methods.base.Link` end: (axes, (x, y) in the panel's pixel coordinates)."""
     row, col, fx, fy = point
     ax = axes[row, col]
     height, width = ax.images[0].get_array().shape[:2]
@@ -112,7 +112,7 @@ def heat_scale(fig, axes, label: str = "heat (min-max scaled per image)") -> Non
 
 
 def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
-    """Draw a plugin's :class:`~methods.base.FigureData` to a PNG at ``path``: its panels
+    """Draw a plugin's :class:`~harness.methods.base.FigureData` to a PNG at ``path``: its panels
     (:func:`draw_overlay`), the G x G grid over each, its links as arrows labelled at
     their end, a colour scale when a panel has a heat map, and its title after
     ``caption`` (which run and images). Drawn on an Agg canvas (no pyplot, no global
@@ -191,7 +191,7 @@ def _draw_link(fig, axes, link: Link) -> None:
 def write_figure_set(
     figures: FigureSet, out_dir: Path, stem: str, *, caption: str = ""
 ) -> list[Path]:
-    """Write a plugin's :class:`~methods.base.FigureSet` into ``out_dir``: each figure to
+    """Write a plugin's :class:`~harness.methods.base.FigureSet` into ``out_dir``: each figure to
     ``<stem><suffix>.png`` (titled after ``caption``), each record to ``<stem><suffix>.json``,
     each set of arrays to ``<stem><suffix>.npz`` (atomically). Returns the files written,
     figures first."""
@@ -220,7 +220,7 @@ def write_tuple_figures(
     caption: str = "",
 ) -> list[Path]:
     """Ask ``head`` for its ``kind`` figure of a tuple of test images
-    (:meth:`~methods.base.Method.figures`) and write what it returns, titled after
+    (:meth:`~harness.methods.base.Method.figures`) and write what it returns, titled after
     ``caption``; [] when it draws none."""
     if kind not in head.figure_tuples:
         return []

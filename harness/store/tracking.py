@@ -78,7 +78,7 @@ PACKAGES = (
     "dml-harness",
 )
 #: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
-SOURCE_FOLDERS = ("harness", "methods", "protocols")
+SOURCE_FOLDERS = ("harness", "protocols")
 #: The artifact folder of a SQLite store, beside its database file.
 ARTIFACT_FOLDER = "mlartifacts"
 #: The tag holding a run's checkpoint folder (absolute), where a killed run's partial

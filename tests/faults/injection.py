@@ -227,8 +227,8 @@ def zygote_main() -> None:
     import harness.engine.sweep  # noqa: F401
     import harness.engine.training  # noqa: F401
     import harness.engine.tune  # noqa: F401
+    import harness.methods  # noqa: F401
     import harness.reports.tables  # noqa: F401
-    import methods  # noqa: F401
 
     print("ready", flush=True)
     for line in sys.stdin:

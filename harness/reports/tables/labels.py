@@ -89,12 +89,12 @@ def label(labels: Mapping[str, str], name: str) -> str:
 def method_labels(
     methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, str]:
-    """Each method's row label, as its plugin declares it (:meth:`methods.MethodEntry.display_name`)
+    """Each method's row label, as its plugin declares it (:meth:`harness.methods.MethodEntry.display_name`)
     from the options its runs recorded (``recorded``: ``{method: {option: value}}``, the
     rest at their defaults); a name the registry does not know (a published row of
     another paper) is its own label."""
     # Imported when called: the plugins pull in torch, which reading a table never needs otherwise.
-    from methods import METHODS
+    from harness.methods import METHODS
 
     recorded = recorded or {}
     return {m: METHODS.get(m).display_name(recorded.get(m)) if m in METHODS else m for m in methods}
@@ -117,7 +117,7 @@ def recorded_options(runs: pd.DataFrame) -> dict[str, dict[str, Any]]:
 def method_order(baseline: str) -> list[str]:
     """Row order inside a block: the baseline row, then the methods in the order their
     plugins register them (each plugin registers its own baselines before its method)."""
-    from methods import METHODS  # imported when called, as in method_labels
+    from harness.methods import METHODS  # imported when called, as in method_labels
 
     return list(dict.fromkeys([baseline, *METHODS.registered()]))
 

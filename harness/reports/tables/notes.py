@@ -40,7 +40,7 @@ SETTINGS_NOTE = (
 def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
     """How the reproduced numbers were selected (from the runs' ``selection`` tags) against
     how the published ones were: the ``published_selection`` of the paper whose plugin is
-    registered under the published CSV's name (:class:`methods.PaperInfo`)."""
+    registered under the published CSV's name (:class:`harness.methods.PaperInfo`)."""
     notes = []
     if not runs.empty:
         parts = [
@@ -50,7 +50,7 @@ def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
         notes.append("Model selection of the reproduced numbers: " + "; ".join(parts) + ".")
     if published is not None:
         # Imported when called: the plugins pull in torch, which reading a table never needs otherwise.
-        from methods import METHODS
+        from harness.methods import METHODS
 
         stem = Path(published).stem
         paper = METHODS.get(stem).cls.paper if stem in METHODS else None

@@ -73,7 +73,7 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
-from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
 __all__ = [
     "DiabloHead",

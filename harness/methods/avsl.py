@@ -128,7 +128,7 @@ from torch.nn import init
 
 from harness.base.errors import HarnessError
 from harness.components.losses import PrecomputedDistance, distance_replaced, hard_triplets
-from methods.base import (
+from harness.methods.base import (
     FigureData,
     FigureSet,
     HeadOutput,

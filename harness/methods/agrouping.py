@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
-from methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
 
 __all__ = [
     "GroupingHead",

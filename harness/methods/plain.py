@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.base import HeadOutput, Method, register_method
+from harness.methods.base import HeadOutput, Method, register_method
 
 POOLS = ("avg", "max", "avg+max")
 

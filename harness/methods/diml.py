@@ -89,7 +89,7 @@ from torchvision.ops import roi_align
 
 from harness.base.errors import HarnessError
 from harness.components.losses import PrecomputedDistance, distance_replaced
-from methods.base import (
+from harness.methods.base import (
     FigureData,
     FigureSet,
     HeadOutput,
@@ -99,7 +99,7 @@ from methods.base import (
     register_method,
     register_variant,
 )
-from methods.plain import PlainHead
+from harness.methods.plain import PlainHead
 
 __all__ = [
     "DIMLHead",
@@ -660,7 +660,7 @@ _PROXY_LOSSES = tuple(
 class DIMLHead(PlainHead):
     """The plain head (GAP + Linear, L2-normalised) plus DIML's grid of local embeddings.
 
-    ``embed`` returns ``embedding`` (B x D, exactly :class:`~methods.plain.PlainHead`'s)
+    ``embed`` returns ``embedding`` (B x D, exactly :class:`~harness.methods.plain.PlainHead`'s)
     and ``local`` (B x G*G x D): the last feature map ROI-aligned to G x G over the whole
     map, projected by the same Linear at every cell and L2-normalised (Sec. 3.4).
 

@@ -3,10 +3,10 @@
 Every module of this package is imported here (``base`` first), so a new file
 ``methods/<name>.py`` whose class carries ``@register_method`` is registered without
 editing anything else. An installed package registers plugins through the entry-point
-group ``dml_harness.methods`` (:data:`~methods.base.PLUGIN_GROUP`); the registry imports
+group ``dml_harness.methods`` (:data:`~harness.methods.base.PLUGIN_GROUP`); the registry imports
 them at its first lookup.
 
->>> from methods import create_method, list_methods
+>>> from harness.methods import create_method, list_methods
 >>> list_methods('*grouping')
 ['agrouping', 'cgrouping', 'ggrouping', 'mgrouping', 'ngrouping']
 """
@@ -14,7 +14,7 @@ them at its first lookup.
 import importlib
 import pkgutil
 
-from methods.base import (
+from harness.methods.base import (
     METHODS,
     HeadOutput,
     Method,

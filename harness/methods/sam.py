@@ -4,7 +4,7 @@ Similarity Attention"). The authors released no code: this file implements the p
 text; every choice the text leaves open is named below. (A third-party TensorFlow SAM
 differs from the paper: learnable mask parameters, no gradient through the attention.)
 
-The head is the plain DML head (GAP -> Linear -> L2, :mod:`methods.plain`); SAM changes
+The head is the plain DML head (GAP -> Linear -> L2, :mod:`harness.methods.plain`); SAM changes
 training and explanation, not the embedding.
 
 Similarity attention (Sec. 3.1). For a tuple of unit embeddings, a weight vector w
@@ -127,7 +127,7 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import upsample_maps
-from methods.base import (
+from harness.methods.base import (
     FigureData,
     FigureSet,
     HeadOutput,
