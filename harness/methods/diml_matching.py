@@ -1,21 +1,10 @@
 """DIML's structural matching (Zhao et al., ICCV 2021, Secs. 3.1-3.2): the similarity of
-two G x G grids of local embeddings as an optimal transport between them.
-
-========================================  =================================================
-piece                                     paper
-========================================  =================================================
-:func:`local_similarity`                  S_ij = s(z_i, z_j), cost C = 1 - S (Eq. 3)
-:func:`uniform_marginals`                 Eq. 7
-:func:`cross_correlation_marginals`       Eqs. 8-9 ("CC")
-:func:`transport_plans`                   Eq. 4 for pairs of grids (the plan, entropic)
-:func:`structural_similarity`             Eq. 5 ("SS"), sum_ij T_ij S_ij
-:func:`structural_distance`               Eq. 6 with d = Euclidean distance (Eq. 16)
-:func:`pairwise_matching`                 every pair of a batch (training, App. A.3)
-========================================  =================================================
-
-The plans come from :func:`harness.components.transport.sinkhorn`; where the paper and
-the released code differ (the zero-mass ``delta`` of the marginals), see
-:mod:`harness.methods.diml`.
+two G x G grids of local embeddings as an optimal transport between them. The local
+similarities and the cost (Eq. 3), the uniform and cross-correlation marginals (Eqs. 7-9),
+the plans (Eq. 4, from :func:`harness.components.transport.sinkhorn`), the structural
+similarity and distance (Eqs. 5-6) and every pair of a training batch (App. A.3); each
+function names its equation. Where the paper and the released code differ (the zero-mass
+``delta`` of the marginals), see :mod:`harness.methods.diml`.
 """
 
 from __future__ import annotations
