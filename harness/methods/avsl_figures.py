@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.methods.avsl_graph import Graph, level_terms
-from harness.methods.base import FigureData, Panel
+from harness.methods.figures import FigureData, Panel
 
 __all__ = [
     "PairAttribution",

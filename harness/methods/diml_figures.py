@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.methods.base import FigureData, HeadOutput, Link, Panel
+from harness.methods.base import HeadOutput
 from harness.methods.diml_matching import transport_plans
+from harness.methods.figures import FigureData, Link, Panel
 
 __all__ = ["PairExplanation", "explain_pair", "pair_figure"]
 
