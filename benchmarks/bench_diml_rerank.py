@@ -60,9 +60,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.components.evaluation import knn, rerank_top_k  # noqa: E402
+from harness.components.transport import sinkhorn  # noqa: E402
 from harness.engine.embedding import make_reranker  # noqa: E402
 from harness.methods import create_method  # noqa: E402
-from harness.methods.diml import sinkhorn  # noqa: E402
 
 CHANNELS, SIZE, DIM, GRID, K = 2048, 7, 128, 4, 100
 PER_CLASS = 5

@@ -149,9 +149,9 @@ def test_batch_proxies_average_the_negative_terms_over_the_batch_classes():
     loss = create_loss("proxy_anchor", num_classes=12, embedding_size=EMB)
     small = create_loss("proxy_anchor", num_classes=4, embedding_size=EMB)
     small.proxies.data = loss.proxies.data[labels.unique()].clone()
-    from harness.methods.avsl import _batch_class_proxies
+    from harness.methods.avsl_losses import batch_class_proxies
 
-    with _batch_class_proxies(loss, labels) as local:
+    with batch_class_proxies(loss, labels) as local:
         got = loss(emb, local)
     torch.testing.assert_close(got, small(emb, torch.unique(labels, return_inverse=True)[1]))
     assert not torch.allclose(loss(emb, labels), got)

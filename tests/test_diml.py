@@ -16,6 +16,7 @@ from pytorch_metric_learning import miners as pml_miners
 from harness.base.errors import HarnessError
 from harness.components.evaluation import evaluate_embeddings, rerank_top_k
 from harness.components.losses import MetricLoss
+from harness.components.transport import SinkhornStream, sinkhorn
 from harness.engine.embedding import make_reranker
 from harness.methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
 from harness.methods.diml import (
@@ -25,7 +26,6 @@ from harness.methods.diml import (
     cross_correlation_marginals,
     explain_pair,
     pair_figure,
-    sinkhorn,
     structural_distance,
     structural_similarity,
     transport_plans,
@@ -175,28 +175,30 @@ def test_gradients_flow_through_the_iterations():
     assert torch.autograd.gradcheck(lambda x: sinkhorn(x, a, b, eps=0.3, max_iter=6, tol=0.0), (c,))
 
 
+class Blocks:
+    """A source of problems for the streaming solver: the next ``count`` pairs, in order."""
+
+    def __init__(self, log_kernel, mu, nu):
+        self.problems, self.pos = (log_kernel, mu, nu), 0
+
+    def __call__(self, count):
+        total = len(self.problems[0])
+        if self.pos >= total:
+            return None
+        rows = slice(self.pos, min(total, self.pos + count))
+        self.pos = rows.stop
+        return tuple(t[rows] for t in self.problems)
+
+
 def streamed(cost, mu, nu, *, eps, max_iter, tol, window):
     """Plans and iteration counts of the streaming solver (the re-ranking's), ``window``
     pairs at a time: ``window=1`` solves each pair alone, stopped at its own convergence."""
-    from harness.methods.diml import _sinkhorn_stream
-
-    log_kernel, plans = cost / -eps, torch.empty_like(cost)
+    plans = torch.empty_like(cost)
     iterations = torch.empty(len(cost), dtype=torch.long)
-    pos = 0
-
-    def source(count):
-        nonlocal pos
-        if pos >= len(cost):
-            return None
-        rows = slice(pos, min(len(cost), pos + count))
-        pos = rows.stop
-        return log_kernel[rows], mu[rows], nu[rows]
-
-    def sink(ids, u, kernel, v, _rows, _lk, its):
-        plans[ids] = u[:, :, None] * kernel * v[:, None, :]
-        iterations[ids] = its
-
-    _sinkhorn_stream(source, sink, max_iter=max_iter, tol=tol, window=window)
+    stream = SinkhornStream(max_iter=max_iter, tol=tol, window=window)
+    for solved in stream.solve(Blocks(cost / -eps, mu, nu)):
+        plans[solved.ids] = solved.plans()
+        iterations[solved.ids] = solved.iterations
     return plans, iterations
 
 
@@ -397,7 +399,7 @@ def test_batched_rerank_equals_a_per_pair_loop(marginals):
 
 
 def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
-    import harness.methods.diml as diml
+    import harness.methods.diml_rerank as diml_rerank
 
     head = make(tol=1e-7, max_iter=1000)
     out, _ = embedded(head)
@@ -405,7 +407,7 @@ def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
     ci = torch.randint(0, 40, (12, 30), generator=gen(13))
     query = {"embedding": out.embedding[qi], "local": out.local[qi]}
     cands = {"embedding": out.embedding[ci], "local": out.local[ci]}
-    monkeypatch.setattr(diml, "SINKHORN_WINDOW", 64)  # many admissions and retirements
+    monkeypatch.setattr(diml_rerank, "SINKHORN_WINDOW", 64)  # many admissions and retirements
     small = head.rerank_similarity(query, cands)
     monkeypatch.undo()
     ref = head.rerank_similarity(

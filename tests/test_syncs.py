@@ -33,8 +33,7 @@ from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder, StepFlush
 from harness.engine.run_config import RunConfig
 from harness.engine.trainer import Trainer
-from harness.methods import list_methods
-from harness.methods import sam as sam_module
+from harness.methods import list_methods, sam_tuples
 
 from .conftest import TINY_PROTOCOL
 
@@ -44,7 +43,7 @@ STEPS, SYNC_EVERY = 4, 2
 ONE_TRANSFER_PER_STEP = {"sam", "sam_quadruplet", "sam_siamese"}
 #: Host-only work inside a step, counted in its own section: draws from torch's global
 #: (CPU) generator.
-HOST_DRAWS = ((sam_module, "_random_order"), (sam_module, "_random_index"))
+HOST_DRAWS = ((sam_tuples, "_random_order"), (sam_tuples, "_random_index"))
 
 
 @pytest.fixture(scope="module")

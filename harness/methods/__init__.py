@@ -2,9 +2,10 @@
 
 Every module of this package is imported here (``base`` first), so a new file
 ``methods/<name>.py`` whose class carries ``@register_method`` is registered without
-editing anything else. An installed package registers plugins through the entry-point
-group ``dml_harness.methods`` (:data:`~harness.methods.base.PLUGIN_GROUP`); the registry imports
-them at its first lookup.
+editing anything else. The modules of a plugin's larger pieces (``diml_rerank.py``,
+``avsl_graph.py``) and of the figure dataclasses (``figures.py``) register nothing. An
+installed package registers plugins through the entry-point group ``dml_harness.methods``
+(:data:`~harness.methods.base.PLUGIN_GROUP`); the registry imports them at its first lookup.
 
 >>> from harness.methods import create_method, list_methods
 >>> list_methods('*grouping')

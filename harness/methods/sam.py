@@ -112,31 +112,49 @@ image alone is paired with itself, w = 1). :meth:`SAMHead.pair_maps` gives the s
 :meth:`SAMHead.triplet_maps` Fig. 4's anchor / positive / negative maps under the triplet
 weight, both in closed form on the last map; the run logs them as figures
 (:meth:`SAMHead.figures`).
+
+This file has the head, its variants and the paper's metadata, and exports every piece:
+the weights, Eq. 1, the masks and L_sm are :mod:`harness.methods.sam_attention`, the
+selection of the tuples to mask :mod:`harness.methods.sam_tuples`, and Fig. 4's maps and
+layout :mod:`harness.methods.sam_figures`.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from typing import cast
 
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import upsample_maps
 from harness.methods.base import (
-    FigureData,
     FigureSet,
     HeadOutput,
     Method,
-    Panel,
     PaperInfo,
     register_method,
     register_variant,
 )
+from harness.methods.sam_attention import (
+    FORMS,
+    NORMALIZATIONS,
+    TUPLE_SIZE,
+    autograd_attention,
+    closed_form_attention,
+    eq1_attention,
+    normalize_attention,
+    pair_weights,
+    quadruplet_weights,
+    similarity_mining_loss,
+    soft_mask,
+    triplet_weights,
+    tuple_weights,
+)
+from harness.methods.sam_figures import attention_row, local_attention_maps, unit_embedding
+from harness.methods.sam_tuples import MININGS, candidate_tuples, select_tuples
 
 __all__ = [
     "SAMHead",
@@ -174,275 +192,7 @@ PAPER = PaperInfo(
     ),
 )
 
-FORMS = ("triplet", "siamese", "quadruplet")
-TUPLE_SIZE = {"siamese": 2, "triplet": 3, "quadruplet": 4}
-NORMALIZATIONS = ("max", "minmax")
-MININGS = ("random", "hardest")
 STAGES = ("s8", "s16", "s32")
-_EPS = 1e-12
-
-
-# ------------------------------------------------------------------ Sec. 3.1: weights
-
-
-def triplet_weights(f_a: torch.Tensor, f_p: torch.Tensor, f_n: torch.Tensor) -> torch.Tensor:
-    """Sec. 3.1: w = w^p * w^n, w^p = 1 - |f_a - f_p|, w^n = |f_a - f_n| (element-wise)."""
-    return (1 - (f_a - f_p).abs()) * (f_a - f_n).abs()
-
-
-def pair_weights(f_1: torch.Tensor, f_2: torch.Tensor, same) -> torch.Tensor:
-    """Sec. 3.1.1, Siamese: w = 1 - |f_1 - f_2| if the pair is of one class, else |f_1 - f_2|.
-    ``same``: a bool or a bool tensor (one per pair)."""
-    diff = (f_1 - f_2).abs()
-    if isinstance(same, bool):
-        return 1 - diff if same else diff
-    return torch.where(torch.as_tensor(same, device=diff.device)[..., None], 1 - diff, diff)
-
-
-def quadruplet_weights(
-    f_a: torch.Tensor, f_p: torch.Tensor, f_n1: torch.Tensor, f_n2: torch.Tensor
-) -> torch.Tensor:
-    """Sec. 3.1.1, quadruplet: w = (1 - |f_a - f_p|) * |f_a - f_n1| * |f_a - f_n2|."""
-    return (1 - (f_a - f_p).abs()) * (f_a - f_n1).abs() * (f_a - f_n2).abs()
-
-
-def tuple_weights(features: torch.Tensor, form: str) -> torch.Tensor:
-    """T x k x D embeddings of T tuples (SAM's roles in order: a, p[, n[, n2]]; Siamese pairs
-    are positive pairs, the only ones similarity mining uses) -> T x D weight vectors."""
-    if form == "siamese":
-        return pair_weights(features[:, 0], features[:, 1], True)
-    if form == "triplet":
-        return triplet_weights(features[:, 0], features[:, 1], features[:, 2])
-    if form == "quadruplet":
-        return quadruplet_weights(features[:, 0], features[:, 1], features[:, 2], features[:, 3])
-    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-
-
-# ------------------------------------------------------------------ Sec. 3.1: Eq. 1
-
-
-def eq1_attention(maps: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """Eq. 1: M = ReLU(sum_k alpha_k A_k), alpha_k = GAP(ds/dA_k). ``maps``, ``grads``:
-    N x C x h x w -> N x h x w."""
-    alpha = grads.mean(dim=(2, 3))
-    return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
-
-
-def closed_form_attention(
-    maps: torch.Tensor, e: torch.Tensor, f: torch.Tensor, w: torch.Tensor, weight: torch.Tensor
-) -> torch.Tensor:
-    """Eq. 1 on the last map under GAP -> Linear (``weight`` D x C) -> L2, without autograd.
-
-    ``maps`` N x C x h x w, ``e`` N x D (before the L2 normalisation), ``f = e / |e|``,
-    ``w`` N x D (held constant). ds/de = (w - (w . f) f) / |e| (the Jacobian of the L2
-    normalisation), ds/dA_k(x, y) = (W^T ds/de)_k / (h w) at every (x, y), so alpha_k is that
-    constant and M = ReLU(A . W^T g) / (h w). Differentiable in all its inputs."""
-    g = (w - (w * f).sum(-1, keepdim=True) * f) / e.norm(dim=-1, keepdim=True).clamp_min(_EPS)
-    alpha = g @ weight / (maps.shape[-2] * maps.shape[-1])
-    return F.relu(torch.einsum("nchw,nc->nhw", maps, alpha))
-
-
-def autograd_attention(
-    maps: torch.Tensor, f: torch.Tensor, w: torch.Tensor, *, create_graph: bool
-) -> torch.Tensor:
-    """Eq. 1 by autograd: ds/dA is the vector-Jacobian product of f (computed from ``maps``)
-    with w (w held constant in the derivative; with ``create_graph`` the result stays
-    differentiable in the parameters, the maps and w). Rows must not interact (BatchNorm
-    frozen or in eval mode, as the protocols run it)."""
-    (grads,) = torch.autograd.grad(f, maps, grad_outputs=w, create_graph=create_graph)
-    return eq1_attention(maps, grads)
-
-
-# ------------------------------------------------------------------ Sec. 3.2: masks and L_sm
-
-
-def normalize_attention(maps: torch.Tensor, how: str = "max") -> torch.Tensor:
-    """Each H x W map of N x 1 x H x W on beta's scale: divided by its maximum (``"max"``)
-    or min-max rescaled (``"minmax"``); an all-zero map stays 0 (an assumption, see the
-    module docstring)."""
-    hi = maps.amax(dim=(-2, -1), keepdim=True)
-    if how == "max":
-        return maps / hi.clamp_min(_EPS)
-    if how == "minmax":
-        lo = maps.amin(dim=(-2, -1), keepdim=True)
-        return (maps - lo) / (hi - lo).clamp_min(_EPS)
-    raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {how!r}")
-
-
-def soft_mask(maps: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    """Sec. 3.2: 1 - Sigma(M), Sigma(Z) = sigmoid(alpha (Z - beta)), element-wise: the factor
-    that x is multiplied by (near 0 where the attention is high)."""
-    return 1 - torch.sigmoid(alpha * (maps - beta))
-
-
-def _norm(x: torch.Tensor) -> torch.Tensor:
-    """Euclidean norm over the last axis, with a finite gradient at 0."""
-    return (x.pow(2).sum(-1) + _EPS).sqrt()
-
-
-def similarity_mining_loss(features: torch.Tensor, form: str) -> torch.Tensor:
-    """L_sm on the masked images' embeddings, T x k x D (roles a, p[, n[, n2]]), averaged
-    over the T tuples: Eq. 2 (triplet), -||f*1 - f*2|| (Siamese positive pairs, Sec. 3.2.1),
-    Eq. 2 on (a, p, n1) plus Eq. 2 on (a, p, n2) (quadruplet, Sec. 3.2.1)."""
-    if form == "siamese":
-        return -_norm(features[:, 0] - features[:, 1]).mean()
-    d_ap = _norm(features[:, 0] - features[:, 1])
-    if form == "triplet":
-        return (d_ap - _norm(features[:, 0] - features[:, 2])).abs().mean()
-    if form == "quadruplet":
-        return (
-            (d_ap - _norm(features[:, 0] - features[:, 2])).abs()
-            + (d_ap - _norm(features[:, 0] - features[:, 3])).abs()
-        ).mean()
-    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-
-
-# ------------------------------------------------------------------ tuples
-
-
-def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
-    """The mined tuples as rows: positive pairs (Siamese) or triplets (triplet, quadruplet),
-    converted from a miner's pairs (a1, p, a2, n) or triplets (a, p, n) as PML converts them;
-    ``indices`` None (no miner): all of the batch's."""
-    if form == "siamese":
-        a1, p, _, _ = lmu.convert_to_pairs(indices, labels)
-        return torch.stack([a1, p], 1)
-    a, p, n = lmu.convert_to_triplets(indices, labels, t_per_anchor="all")
-    return torch.stack([a, p, n], 1)
-
-
-def select_tuples(
-    indices,
-    labels: torch.Tensor,
-    form: str,
-    embeddings: torch.Tensor | None = None,
-    mining: str = "random",
-) -> torch.Tensor:
-    """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
-    greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
-    second negative to a mined triplet (see the module docstring). Random choices use
-    torch's global generator (seeded per epoch by the trainer).
-
-    The greedy pass is sequential by nature and runs on the host: what it reads comes
-    over in one transfer (:func:`_to_host`); the distances and the hardest-first order are
-    computed on the embeddings' device before it."""
-    k = TUPLE_SIZE[form]
-    cand = candidate_tuples(indices, labels, form)
-    empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
-    if len(cand) == 0:
-        return empty
-    if mining not in MININGS:
-        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
-    if mining == "hardest" and embeddings is None:
-        raise ValueError("mining='hardest' needs the embeddings")
-    dist = hardest_first = None
-    if mining == "hardest":
-        assert embeddings is not None  # checked above
-        emb = embeddings.detach().float()
-        dist = torch.cdist(emb, emb)
-        hard = dist[cand[:, 0], cand[:, 1]]
-        if form != "siamese":
-            hard = hard - dist[cand[:, 0], cand[:, 2]]
-        hardest_first = torch.argsort(-hard, stable=True)
-    # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
-    quadruplet = form == "quadruplet"
-    rows, y, order, dist_rows = _to_host(
-        cand, labels if quadruplet else None, hardest_first, dist if quadruplet else None
-    )
-    if order is None:
-        order = _random_order(len(rows))
-    chosen = _greedy_disjoint(
-        rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining
-    )
-    if not chosen:
-        return empty
-    return torch.tensor(chosen, dtype=torch.long, device=labels.device)
-
-
-def _to_host(
-    cand: torch.Tensor,
-    labels: torch.Tensor | None,
-    order: torch.Tensor | None,
-    dist: torch.Tensor | None,
-) -> tuple[list[list[int]], list[int], list[int] | None, list[list[float]]]:
-    """One device-to-host transfer of what the greedy pass reads: the candidates (T x k)
-    and, where given, the labels, the order and the distance matrix, packed into one float64
-    vector (exact: indices and class ids are integers far below 2^53, and every float32
-    distance is a float64). Returns them as lists (``[]`` / None where not given)."""
-    parts = [t.flatten() for t in (cand, labels, order, dist) if t is not None]
-    flat = torch.cat([t.to(torch.float64) for t in parts]).tolist()
-    count, k = cand.shape
-    rows = [[int(i) for i in flat[r * k : (r + 1) * k]] for r in range(count)]
-    pos = count * k
-    y: list[int] = []
-    if labels is not None:
-        y, pos = [int(c) for c in flat[pos : pos + len(labels)]], pos + len(labels)
-    host_order = None
-    if order is not None:
-        host_order, pos = [int(t) for t in flat[pos : pos + count]], pos + count
-    batch = 0 if dist is None else len(dist)
-    dist_rows = [flat[pos + i * batch : pos + (i + 1) * batch] for i in range(batch)]
-    return rows, y, host_order, dist_rows
-
-
-def _random_order(count: int) -> list[int]:
-    """A random permutation of the candidates from torch's global generator, the CPU one: a
-    host draw that never waits for a device."""
-    return torch.randperm(count).tolist()
-
-
-def _random_index(count: int) -> int:
-    """A uniform index below ``count`` from torch's global (CPU) generator: a host draw."""
-    return int(torch.randint(count, ()))
-
-
-def _greedy_disjoint(
-    rows: list[list[int]],
-    y: list[int],
-    order: list[int],
-    dist: list[list[float]],
-    *,
-    batch: int,
-    form: str,
-    mining: str,
-) -> list[list[int]]:
-    """The candidates ``rows`` in ``order``, each kept when it shares no image with one kept
-    before; a quadruplet adds the nearest (hardest first) or a random unused image of a third
-    class (``y``) as n2; stops when fewer than k images are left."""
-    k = TUPLE_SIZE[form]
-    used, chosen, free = [False] * batch, [], batch
-    for t in order:
-        members = rows[t]
-        if len(set(members)) < len(members) or any(used[i] for i in members):
-            continue
-        if form == "quadruplet":
-            a, n1 = members[0], members[2]
-            pool = [
-                j
-                for j in range(batch)
-                if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
-            ]
-            if not pool:
-                continue
-            n2 = (
-                min(pool, key=lambda j: dist[a][j])
-                if mining == "hardest"
-                else pool[_random_index(len(pool))]
-            )
-            members = members + [n2]
-        chosen.append(members)
-        for i in members:
-            used[i] = True
-        free -= k
-        if free < k:
-            break
-    return chosen
-
-
-def _grid(n: int, height: int, width: int) -> tuple[int, int]:
-    """The h x w grid (h * w = n) whose aspect is closest to the image's."""
-    shapes = [(h, n // h) for h in range(1, n + 1) if n % h == 0]
-    return min(shapes, key=lambda s: abs(math.log(s[0] / s[1]) - math.log(height / width)))
 
 
 # ------------------------------------------------------------------ the head
@@ -690,23 +440,18 @@ class SAMHead(Method):
         Returns one h x w map per image (float32, on the CPU). For an earlier ``stage`` the
         maps are of ``s32`` (the closed form needs the last map). ``image_size`` (H, W) gives
         the map's aspect (its h x w grid)."""
-        bias = self.project.bias.detach().float().cpu()
-        maps = []
-        for out in outputs:
-            assert out.local is not None  # the head keeps its local embeddings
-            loc = out.local[0].detach().float().cpu()
-            e = loc.mean(0) + bias
-            f = F.normalize(e, dim=-1)
-            g = (w - (w @ f) * f) / e.norm().clamp_min(_EPS)
-            maps.append((F.relu(loc @ g) / len(loc)).view(*_grid(len(loc), *image_size)))
-        return maps
+        locals_ = [self._local(out) for out in outputs]
+        return local_attention_maps(locals_, self._bias(), w, image_size)
+
+    def _local(self, out: HeadOutput) -> torch.Tensor:
+        assert out.local is not None  # the head keeps its local embeddings
+        return out.local[0].detach().float().cpu()
+
+    def _bias(self) -> torch.Tensor:
+        return self.project.bias.detach().float().cpu()
 
     def _unit(self, out: HeadOutput) -> torch.Tensor:
-        assert out.local is not None  # the head keeps its local embeddings
-        return F.normalize(
-            out.local[0].detach().float().cpu().mean(0) + self.project.bias.detach().float().cpu(),
-            dim=-1,
-        )
+        return unit_embedding(self._local(out), self._bias())
 
     def local_pair_maps(
         self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
@@ -767,20 +512,6 @@ class SAMHead(Method):
             "detach_weights": trial.suggest_categorical("detach_weights", [False, True]),
             "mining": trial.suggest_categorical("mining", list(MININGS)),
         }
-
-
-def attention_row(images, maps, names, title: str = "") -> FigureData:
-    """Fig. 4's layout as data: images side by side, each with its attention map (h x w)
-    over it, titled by ``names``. Images: 3 x H x W in [0, 1]."""
-    return FigureData(
-        (
-            tuple(
-                Panel(image, heat, name)
-                for image, heat, name in zip(images, maps, names, strict=True)
-            ),
-        ),
-        title=title,
-    )
 
 
 register_variant(

@@ -1,0 +1,154 @@
+"""SAM's tuples for similarity mining (Zheng et al., IJCAI 2022, Sec. 3.2): which of the
+tuples the metric loss's miner chose get masked, each image at most once per step
+(:func:`select_tuples`; the rule, a choice where the paper is silent, is named in
+:mod:`harness.methods.sam`). The greedy pass is sequential and runs on the host."""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from harness.methods.sam_attention import TUPLE_SIZE
+
+__all__ = ["MININGS", "candidate_tuples", "select_tuples"]
+
+MININGS = ("random", "hardest")
+
+
+def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
+    """The mined tuples as rows: positive pairs (Siamese) or triplets (triplet, quadruplet),
+    converted from a miner's pairs (a1, p, a2, n) or triplets (a, p, n) as PML converts them;
+    ``indices`` None (no miner): all of the batch's."""
+    if form == "siamese":
+        a1, p, _, _ = lmu.convert_to_pairs(indices, labels)
+        return torch.stack([a1, p], 1)
+    a, p, n = lmu.convert_to_triplets(indices, labels, t_per_anchor="all")
+    return torch.stack([a, p, n], 1)
+
+
+def select_tuples(
+    indices,
+    labels: torch.Tensor,
+    form: str,
+    embeddings: torch.Tensor | None = None,
+    mining: str = "random",
+) -> torch.Tensor:
+    """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
+    greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
+    second negative to a mined triplet (see :mod:`harness.methods.sam`). Random choices use
+    torch's global generator (seeded per epoch by the trainer).
+
+    The greedy pass is sequential by nature and runs on the host: what it reads comes
+    over in one transfer (:func:`_to_host`); the distances and the hardest-first order are
+    computed on the embeddings' device before it."""
+    k = TUPLE_SIZE[form]
+    cand = candidate_tuples(indices, labels, form)
+    empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
+    if len(cand) == 0:
+        return empty
+    if mining not in MININGS:
+        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+    if mining == "hardest" and embeddings is None:
+        raise ValueError("mining='hardest' needs the embeddings")
+    dist = hardest_first = None
+    if mining == "hardest":
+        assert embeddings is not None  # checked above
+        emb = embeddings.detach().float()
+        dist = torch.cdist(emb, emb)
+        hard = dist[cand[:, 0], cand[:, 1]]
+        if form != "siamese":
+            hard = hard - dist[cand[:, 0], cand[:, 2]]
+        hardest_first = torch.argsort(-hard, stable=True)
+    # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
+    quadruplet = form == "quadruplet"
+    rows, y, order, dist_rows = _to_host(
+        cand, labels if quadruplet else None, hardest_first, dist if quadruplet else None
+    )
+    if order is None:
+        order = _random_order(len(rows))
+    chosen = _greedy_disjoint(
+        rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining
+    )
+    if not chosen:
+        return empty
+    return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+
+
+def _to_host(
+    cand: torch.Tensor,
+    labels: torch.Tensor | None,
+    order: torch.Tensor | None,
+    dist: torch.Tensor | None,
+) -> tuple[list[list[int]], list[int], list[int] | None, list[list[float]]]:
+    """One device-to-host transfer of what the greedy pass reads: the candidates (T x k)
+    and, where given, the labels, the order and the distance matrix, packed into one float64
+    vector (exact: indices and class ids are integers far below 2^53, and every float32
+    distance is a float64). Returns them as lists (``[]`` / None where not given)."""
+    parts = [t.flatten() for t in (cand, labels, order, dist) if t is not None]
+    flat = torch.cat([t.to(torch.float64) for t in parts]).tolist()
+    count, k = cand.shape
+    rows = [[int(i) for i in flat[r * k : (r + 1) * k]] for r in range(count)]
+    pos = count * k
+    y: list[int] = []
+    if labels is not None:
+        y, pos = [int(c) for c in flat[pos : pos + len(labels)]], pos + len(labels)
+    host_order = None
+    if order is not None:
+        host_order, pos = [int(t) for t in flat[pos : pos + count]], pos + count
+    batch = 0 if dist is None else len(dist)
+    dist_rows = [flat[pos + i * batch : pos + (i + 1) * batch] for i in range(batch)]
+    return rows, y, host_order, dist_rows
+
+
+def _random_order(count: int) -> list[int]:
+    """A random permutation of the candidates from torch's global generator, the CPU one: a
+    host draw that never waits for a device."""
+    return torch.randperm(count).tolist()
+
+
+def _random_index(count: int) -> int:
+    """A uniform index below ``count`` from torch's global (CPU) generator: a host draw."""
+    return int(torch.randint(count, ()))
+
+
+def _greedy_disjoint(
+    rows: list[list[int]],
+    y: list[int],
+    order: list[int],
+    dist: list[list[float]],
+    *,
+    batch: int,
+    form: str,
+    mining: str,
+) -> list[list[int]]:
+    """The candidates ``rows`` in ``order``, each kept when it shares no image with one kept
+    before; a quadruplet adds the nearest (hardest first) or a random unused image of a third
+    class (``y``) as n2; stops when fewer than k images are left."""
+    k = TUPLE_SIZE[form]
+    used, chosen, free = [False] * batch, [], batch
+    for t in order:
+        members = rows[t]
+        if len(set(members)) < len(members) or any(used[i] for i in members):
+            continue
+        if form == "quadruplet":
+            a, n1 = members[0], members[2]
+            pool = [
+                j
+                for j in range(batch)
+                if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
+            ]
+            if not pool:
+                continue
+            n2 = (
+                min(pool, key=lambda j: dist[a][j])
+                if mining == "hardest"
+                else pool[_random_index(len(pool))]
+            )
+            members = members + [n2]
+        chosen.append(members)
+        for i in members:
+            used[i] = True
+        free -= k
+        if free < k:
+            break
+    return chosen
