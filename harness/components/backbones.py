@@ -331,7 +331,9 @@ def _efficientnet_lite0(pretrained: bool, output_stride: int = 32):
     import timm
 
     # Dilation leaves the parameters as they are, so the ImageNet weights load either way.
-    model = timm.create_model("tf_efficientnet_lite0", pretrained=False, output_stride=output_stride)
+    model = timm.create_model(
+        "tf_efficientnet_lite0", pretrained=False, output_stride=output_stride
+    )
     if pretrained:
         model.load_state_dict(efficientnet_lite0_state_dict(), strict=True)
     return model, _EFFICIENTNET
@@ -353,17 +355,28 @@ def _skip_input_transform(body: nn.Module, name: str) -> None:
     body.transform_input = False  # type: ignore[assignment]  # a plain bool attribute of GoogLeNet
 
 
+#: Backbones built without a dilation option (torchvision's GoogLeNet): output stride 32 only.
+STRIDED_ONLY = frozenset({"googlenet"})
+
+
+def check_output_stride(name: str, output_stride: int) -> None:
+    """Refuse a dilated output stride for a backbone that cannot dilate, when the protocol
+    is read rather than once the dataset has loaded."""
+    if output_stride != 32 and name in STRIDED_ONLY:
+        dilating = ", ".join(n for n in BACKBONES.list() if n not in STRIDED_ONLY)
+        raise HarnessError(
+            f"protocol key 'backbone.output_stride' = {output_stride}: backbone '{name}' "
+            f"has only output stride 32 (dilation: {dilating})"
+        )
+
+
 @BACKBONES.register("googlenet")
 def _googlenet(pretrained: bool, output_stride: int = 32):
     """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does.
     torchvision builds it without dilation, so only the published output stride exists."""
     from torchvision.models import GoogLeNet_Weights, googlenet
 
-    if output_stride != 32:
-        raise HarnessError(
-            f"protocol key 'backbone.output_stride' = {output_stride}: backbone 'googlenet' "
-            f"has only output stride 32 (dilation: efficientnet_lite0, resnet18, resnet50)"
-        )
+    check_output_stride("googlenet", output_stride)
 
     try:
         weights = GoogLeNet_Weights.IMAGENET1K_V1 if pretrained else None

@@ -586,7 +586,7 @@ def _validated(data: dict[str, Any]) -> Protocol:
 def _check_component_names(protocol: Protocol) -> None:
     """The backbone, miner, transforms and metrics a protocol names are registered ones:
     a misspelt name is refused when the protocol is read, not once the dataset has loaded."""
-    from harness.components.backbones import BACKBONES
+    from harness.components.backbones import BACKBONES, check_output_stride
     from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
     from harness.components.evaluation import parse_metrics
     from harness.components.losses import MINERS
@@ -600,6 +600,7 @@ def _check_component_names(protocol: Protocol) -> None:
     for key, name, kind, valid in named:
         if name not in valid:
             raise HarnessError(f"protocol key '{key}': {unknown_name(kind, name, valid)}")
+    check_output_stride(protocol.backbone.name, protocol.backbone.output_stride)
     for key, metrics in (
         ("evaluation.metrics", protocol.evaluation.metrics),
         ("selection.metric", (protocol.selection.metric,)),
