@@ -23,6 +23,29 @@ def test_stages_have_declared_channels_and_strides(name):
         assert fmap.shape[-1] == 128 // STRIDES[stage]
 
 
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "resnet18"])
+def test_output_stride_16_doubles_the_last_map_with_the_same_weights(name):
+    """The smoke protocol's 6 x 6 map at 96 px: the last stage dilated, not strided. The
+    parameters are the strided network's, key for key and value for value, so the
+    ImageNet weights apply unchanged; the earlier stages are the same computation."""
+    torch.manual_seed(0)
+    strided = create_backbone(name, pretrained=False, out_stages=("s16", "s32")).eval()
+    dilated = create_backbone(name, pretrained=False, output_stride=16, out_stages=("s16", "s32"))
+    dilated.load_state_dict(strided.state_dict(), strict=True)
+    dilated.eval()
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        (s16, s32), (d16, d32) = strided(x), dilated(x)
+    assert s32.shape[-2:] == (3, 3) and d32.shape[-2:] == (6, 6)
+    assert d32.shape[1] == s32.shape[1]
+    torch.testing.assert_close(d16, s16)  # before the dilated stage nothing differs
+
+
+def test_output_stride_16_is_refused_where_the_backbone_cannot_dilate():
+    with pytest.raises(HarnessError, match="'googlenet' has only output stride 32"):
+        create_backbone("googlenet", pretrained=False, output_stride=16)
+
+
 def test_required_backbones_are_registered():
     assert {"resnet50", "resnet18", "googlenet", "efficientnet_lite0"} <= set(BACKBONES.list())
 

@@ -279,6 +279,22 @@ REFUSALS = [
         ("run", "--protocol", "agrouping", "--set", 'loss.args.margin.reduction="mean"'),
         "loss 'margin': unknown reduction 'mean' valid: dgml, pml",
     ),
+    Refusal(
+        (*RUN, "--methods", "plain", "--set", "backbone.output_stride=8"),
+        "protocol key 'backbone.output_stride' = 8: expected one of 16, 32",
+    ),
+    Refusal(
+        (
+            *RUN,
+            "--methods",
+            "plain",
+            "--set",
+            "backbone.name=googlenet",
+            "--set",
+            "backbone.output_stride=16",
+        ),
+        "protocol key 'backbone.output_stride' = 16: backbone 'googlenet' has only output stride 32",
+    ),
     # Method options: declared types for every method the protocol configures, run or not.
     Refusal(
         (*RUN, "--methods", "plain", "--set", "methods.agrouping.diversity_weight=nan"),

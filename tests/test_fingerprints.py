@@ -21,7 +21,7 @@ PINNED = {
     "diml": "548602adb330dd9d",
     "roth2020": "da7856d2b54f2029",
     "sam": "5e5f6203c0ba8025",
-    "smoke": "5c5a7bba12ff9786",
+    "smoke": "29647569af4d78fb",
 }
 
 

@@ -303,11 +303,11 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
 BACKBONES: Registry[Callable[..., tuple[nn.Module, BackboneSpec]]] = Registry("backbone")
 
 
-def _timm_model(timm_name: str, pretrained: bool, name: str) -> nn.Module:
+def _timm_model(timm_name: str, pretrained: bool, name: str, output_stride: int) -> nn.Module:
     import timm
 
     try:
-        return timm.create_model(timm_name, pretrained=pretrained)
+        return timm.create_model(timm_name, pretrained=pretrained, output_stride=output_stride)
     except Exception as err:
         if pretrained:
             raise _weights_unavailable(name, err) from None
@@ -315,20 +315,25 @@ def _timm_model(timm_name: str, pretrained: bool, name: str) -> nn.Module:
 
 
 @BACKBONES.register("resnet50")
-def _resnet50(pretrained: bool):
-    return _timm_model("resnet50.tv_in1k", pretrained, "resnet50"), _resnet_spec((512, 1024, 2048))
+def _resnet50(pretrained: bool, output_stride: int = 32):
+    body = _timm_model("resnet50.tv_in1k", pretrained, "resnet50", output_stride)
+    return body, _resnet_spec((512, 1024, 2048))
 
 
 @BACKBONES.register("resnet18")
-def _resnet18(pretrained: bool):
-    return _timm_model("resnet18.tv_in1k", pretrained, "resnet18"), _resnet_spec((128, 256, 512))
+def _resnet18(pretrained: bool, output_stride: int = 32):
+    body = _timm_model("resnet18.tv_in1k", pretrained, "resnet18", output_stride)
+    return body, _resnet_spec((128, 256, 512))
 
 
 @BACKBONES.register("efficientnet_lite0")
-def _efficientnet_lite0(pretrained: bool):
+def _efficientnet_lite0(pretrained: bool, output_stride: int = 32):
     import timm
 
-    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    # Dilation leaves the parameters as they are, so the ImageNet weights load either way.
+    model = timm.create_model(
+        "tf_efficientnet_lite0", pretrained=False, output_stride=output_stride
+    )
     if pretrained:
         model.load_state_dict(efficientnet_lite0_state_dict(), strict=True)
     return model, _EFFICIENTNET
@@ -350,10 +355,28 @@ def _skip_input_transform(body: nn.Module, name: str) -> None:
     body.transform_input = False  # type: ignore[assignment]  # a plain bool attribute of GoogLeNet
 
 
+#: Backbones built without a dilation option (torchvision's GoogLeNet): output stride 32 only.
+STRIDED_ONLY = frozenset({"googlenet"})
+
+
+def check_output_stride(name: str, output_stride: int) -> None:
+    """Refuse a dilated output stride for a backbone that cannot dilate, when the protocol
+    is read rather than once the dataset has loaded."""
+    if output_stride != 32 and name in STRIDED_ONLY:
+        dilating = ", ".join(n for n in BACKBONES.list() if n not in STRIDED_ONLY)
+        raise HarnessError(
+            f"protocol key 'backbone.output_stride' = {output_stride}: backbone '{name}' "
+            f"has only output stride 32 (dilation: {dilating})"
+        )
+
+
 @BACKBONES.register("googlenet")
-def _googlenet(pretrained: bool):
-    """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does."""
+def _googlenet(pretrained: bool, output_stride: int = 32):
+    """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does.
+    torchvision builds it without dilation, so only the published output stride exists."""
     from torchvision.models import GoogLeNet_Weights, googlenet
+
+    check_output_stride("googlenet", output_stride)
 
     try:
         weights = GoogLeNet_Weights.IMAGENET1K_V1 if pretrained else None
@@ -378,12 +401,14 @@ def create_backbone(
     freeze_bn: bool = True,
     out_stages: Sequence[str] = ("s32",),
     input_transform: bool = True,
+    output_stride: int = 32,
 ) -> Backbone:
     """Build a registered backbone; ``weights`` (a file) overrides the pretrained source.
     ``input_transform=False`` skips the backbone's own input conversion
-    (:func:`_skip_input_transform`)."""
+    (:func:`_skip_input_transform`); ``output_stride=16`` dilates the last stride-2 stage
+    instead of striding (the same weights, a map twice as wide)."""
     factory = BACKBONES.get(name)
-    body, spec = factory(pretrained and not weights)
+    body, spec = factory(pretrained and not weights, output_stride=output_stride)
     if weights:
         _load_weights_file(body, weights, name)
     if not input_transform:

@@ -77,6 +77,12 @@ class BackboneSpec:
     #: A backbone without such a conversion refuses false. Absent from the canonical form
     #: at its default (:data:`_FINGERPRINT_OMITTED_AT_DEFAULT`).
     input_transform: Bool = True
+    #: Input pixels per position of the last feature map: 32 (every registered backbone as
+    #: published) or 16, the last stride-2 stage dilated instead (timm's ``output_stride``),
+    #: so a small image keeps room to attend (96 px: a 6 x 6 map, not 3 x 3). The weights are
+    #: the same; only the last stage's receptive field and cost change. Absent from the
+    #: canonical form at its default (:data:`_FINGERPRINT_OMITTED_AT_DEFAULT`).
+    output_stride: Literal[16, 32] = 32
 
 
 @dataclass(frozen=True)
@@ -437,6 +443,7 @@ _OPTIONAL_KEYS = (
 #: is dropped with them.
 _FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "backbone.input_transform": True,
+    "backbone.output_stride": 32,
     "sampling.classes_with_replacement": False,
     "sampling.images_with_replacement": False,
     "optimizer.clip_grad_norm": 0.0,
@@ -579,7 +586,7 @@ def _validated(data: dict[str, Any]) -> Protocol:
 def _check_component_names(protocol: Protocol) -> None:
     """The backbone, miner, transforms and metrics a protocol names are registered ones:
     a misspelt name is refused when the protocol is read, not once the dataset has loaded."""
-    from harness.components.backbones import BACKBONES
+    from harness.components.backbones import BACKBONES, check_output_stride
     from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
     from harness.components.evaluation import parse_metrics
     from harness.components.losses import MINERS
@@ -593,6 +600,7 @@ def _check_component_names(protocol: Protocol) -> None:
     for key, name, kind, valid in named:
         if name not in valid:
             raise HarnessError(f"protocol key '{key}': {unknown_name(kind, name, valid)}")
+    check_output_stride(protocol.backbone.name, protocol.backbone.output_stride)
     for key, metrics in (
         ("evaluation.metrics", protocol.evaluation.metrics),
         ("selection.metric", (protocol.selection.metric,)),

@@ -68,6 +68,7 @@ def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> Emb
         weights=b.weights,
         freeze_bn=b.freeze_bn,
         input_transform=b.input_transform,
+        output_stride=b.output_stride,
     )
     return EmbeddingModel.assemble(
         backbone, method, embedding_size=protocol.embedding.size, options=options
