@@ -769,7 +769,7 @@ def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
     CPU_FORWARD_BATCH images: faster there, and the embeddings are the same."""
     from harness.components.data.base import ArrayImageSet
     from harness.components.data.transforms import build_transform
-    from harness.config.protocol import load_protocol
+    from harness.config.protocol_files import load_protocol
     from harness.engine.embedding import CPU_FORWARD_BATCH, embed_images
 
     image = load_protocol("smoke").image

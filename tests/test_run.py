@@ -145,7 +145,7 @@ def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tin
 
 
 def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol, monkeypatch):
-    from harness.config.protocol import load_protocol
+    from harness.config.protocol_files import load_protocol
     from harness.engine.training import RunConfig, run_key
     from harness.methods.plain import PlainHead
 
@@ -419,7 +419,7 @@ def test_resume_evaluates_a_shared_diml_again_into_its_own_run(workdir, tiny_pro
 
 def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     """On CUDA the GradScaler's scale and growth counter must survive a resume."""
-    from harness.config.protocol import load_protocol
+    from harness.config.protocol_files import load_protocol
     from harness.engine.recorder import NullRecorder
     from harness.engine.trainer import Trainer
     from harness.engine.training import RunConfig, prepare_splits
@@ -607,7 +607,8 @@ def test_run_shares_training_only_where_a_method_trains_as_another_in_the_same_r
     tiny_protocol, monkeypatch
 ):
     from harness.cli.run import shared_training
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
 
     protocol = load_protocol(tiny_protocol)
     assert shared_training(["plain", "diml", "diml_train", "diml_ss", "sam"], protocol) == {

@@ -19,7 +19,7 @@ from harness.base.metric_keys import GROUPS, HEADLINE, group_metrics, metric_key
 from harness.cli.main import main
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
 from harness.methods import METHODS

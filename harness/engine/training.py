@@ -20,7 +20,7 @@ from harness.base.device import configure_determinism
 from harness.base.errors import HarnessError
 from harness.components.data import DatasetSplits
 from harness.config.deviations import footnote
-from harness.config.protocol import fingerprint
+from harness.config.fingerprint import fingerprint
 from harness.engine.checkpoints import RunFolder
 from harness.engine.data import check_training_split, prepare_splits
 from harness.engine.distributed import Processes, barrier, processes_from_env

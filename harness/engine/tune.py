@@ -89,7 +89,7 @@ def suggest(
 def check_space(protocol, space: tuple[str, ...]) -> None:
     """Every ``--space`` field is a positive float of the protocol (searched over a decade
     either side of its value, on a log scale); checked before the study opens."""
-    from harness.config.protocol import flatten_keys
+    from harness.config.overrides import flatten_keys
 
     values = flatten_keys(protocol.to_dict())
     for field in space:
@@ -235,7 +235,7 @@ def tune_setup(
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
     from harness.components.data import DATASETS
-    from harness.config.protocol import default_protocol, protocol_dir
+    from harness.config.protocol_files import default_protocol, protocol_dir
     from harness.engine.training import RunSettings
     from harness.methods import METHODS
 
@@ -271,7 +271,8 @@ def tune_setup(
 def _validation_protocol(protocol_name: str, dataset: str, overrides: Sequence[str]):
     """The protocol with ``overrides`` applied and the deviations they make; it must select
     on validation."""
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
 
     base, deviations = apply_overrides(
         load_protocol(protocol_name).for_dataset(dataset), list(overrides)

@@ -323,7 +323,7 @@ def environment_tags() -> dict[str, str]:
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
-    from harness.config.protocol import flatten_keys
+    from harness.config.overrides import flatten_keys
 
     return {
         f"{prefix}{key}": json.dumps(value)
