@@ -610,7 +610,8 @@ def test_a_killed_runs_partial_checkpoint_is_removed_when_it_is_failed(
     import mlflow
 
     from harness.base.atomic import _OWNER
-    from harness.store.tracking import CHECKPOINT_DIR_TAG, tracking_uri
+    from harness.store.dead_runs import CHECKPOINT_DIR_TAG
+    from harness.store.location import tracking_uri
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

@@ -444,7 +444,7 @@ def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
 
 
 def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_path):
-    from harness.store.tracking import git_commit
+    from harness.store.provenance import git_commit
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -467,7 +467,7 @@ def test_the_recorded_commit_is_dirty_with_a_new_uncommitted_source_file(tmp_pat
 
 
 def test_the_uncommitted_patch_turns_the_commit_into_the_code_that_ran(tmp_path):
-    from harness.store.tracking import uncommitted_changes
+    from harness.store.provenance import uncommitted_changes
 
     repo, clone = tmp_path / "repo", tmp_path / "clone"
     repo.mkdir()

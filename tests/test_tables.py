@@ -336,7 +336,7 @@ def _fake_run(
 
 @pytest.fixture
 def experiment(workdir) -> str:
-    from harness.store.tracking import tracking_uri
+    from harness.store.location import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     return f"tables-{uuid.uuid4().hex[:8]}"

@@ -23,14 +23,8 @@ from harness.config.protocol_files import load_protocol
 from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
 from harness.methods import METHODS
-from harness.store.tracking import (
-    EXPERIMENT_KIND_TAG,
-    ML_VIEW_QUERY,
-    RUN_NOTE_TAG,
-    RUNS_VIEW,
-    load_finished_weights,
-    ui_url,
-)
+from harness.store.ui import EXPERIMENT_KIND_TAG, ML_VIEW_QUERY, RUN_NOTE_TAG, RUNS_VIEW, ui_url
+from harness.store.weights import load_finished_weights
 
 REGISTERED = "dml-ui-embedder"
 

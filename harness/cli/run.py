@@ -83,7 +83,7 @@ def _request(args: argparse.Namespace) -> _Request:
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
     if args.init_from:  # the store is read now, not after the dataset loads
-        from harness.store.tracking import check_finished_run
+        from harness.store.weights import check_finished_run
 
         check_finished_run(args.init_from, "--init-from")
     if args.init_from and not args.evaluate_only:  # trained from another run's weights

@@ -138,8 +138,8 @@ def _requeue_interrupted(study, experiment: str) -> int:
     (SIGTERM, Ctrl-C); mark their MLflow runs still RUNNING as KILLED. Returns how many."""
     from optuna.trial import TrialState
 
+    from harness.store.dead_runs import mark_dead_runs_killed, process_is_dead
     from harness.store.tracking import filter_value as q
-    from harness.store.tracking import mark_dead_runs_killed, process_is_dead
 
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
@@ -374,8 +374,8 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
 
     from harness.config.protocol import apply_overrides
     from harness.engine import training
+    from harness.store.dead_runs import worker_id
     from harness.store.queries import metric_history, set_run_tags
-    from harness.store.tracking import worker_id
 
     trial.set_user_attr("worker", worker_id())
     options, overrides = suggest(trial, setup.method, setup.protocol, setup.space)
