@@ -25,6 +25,7 @@ __all__ = [
     "environment_tags",
 ]
 
+#: The installed packages whose versions every run records (``version.<name>`` tags).
 PACKAGES = (
     "torch",
     "torchvision",
