@@ -27,7 +27,8 @@ import torch
 
 def build(method: str, backbone: str, size: int, options: dict, device: torch.device):
     from harness.components.losses import MetricLoss, create_loss, create_miner
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
     from harness.engine.model import build_model, build_optimizer
 
     protocol, _ = apply_overrides(
@@ -94,11 +95,11 @@ def main() -> None:
         "--option", action="append", default=[], help="DIABLO option, e.g. entries=16"
     )
     args = parser.parse_args()
-    from harness.config.protocol import _parse_value
+    from harness.config.overrides import parse_value
     from harness.engine.training import resolve_device, seed_everything
 
     device = resolve_device(args.device)
-    options = {k: _parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     seed_everything(0)
     images = torch.randn(args.batch, 3, args.size, args.size, device=device)
     labels = (torch.arange(args.batch, device=device) // 2) % 8

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from harness.config.protocol import load_protocol
+    from harness.config.protocol_files import load_protocol
     from harness.engine.training import resolve_device
 
     device = resolve_device(args.device)

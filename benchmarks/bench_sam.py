@@ -34,7 +34,8 @@ def build(
     method: str, backbone: str, size: int, options: dict, loss_name: str, device: torch.device
 ):
     from harness.components.losses import MetricLoss, create_loss, create_miner
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
     from harness.engine.model import build_model, build_optimizer
 
     protocol, _ = apply_overrides(
@@ -109,11 +110,11 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--option", action="append", default=[], help="SAM option, e.g. stage=s16")
     args = parser.parse_args()
-    from harness.config.protocol import _parse_value
+    from harness.config.overrides import parse_value
     from harness.engine.training import resolve_device, seed_everything
 
     device = resolve_device(args.device)
-    options = {k: _parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     seed_everything(0)
     images = torch.randn(args.batch, 3, args.size, args.size, device=device)
     labels = (torch.arange(args.batch, device=device) // 2) % 8

@@ -47,7 +47,8 @@ def timed(run: Callable[[], None], device: torch.device) -> float:
 def build(protocol_name: str, overrides: list[str], method: str, steps: int, device: torch.device):
     """The harness's trainer for ``method`` and ``steps`` batches of the protocol's size
     (random uint8 images, the sampler's class-balanced labels)."""
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
     from harness.engine.data import prepare_splits
     from harness.engine.recorder import NullRecorder
     from harness.engine.run_config import RunConfig

@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.base.atomic import atomic_write_text  # noqa: E402
-from tests.faults.injection import Lab, Row, format_table, scenarios  # noqa: E402
+from tests.faults.checks import Row  # noqa: E402
+from tests.faults.injection import format_table, scenarios  # noqa: E402
+from tests.faults.lab import Lab  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,14 @@ def workdir(tmp_path, monkeypatch, data_root, tracking_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_protocol() -> Path:
     return TINY_PROTOCOL
+
+
+@pytest.fixture
+def experiment(workdir) -> str:
+    """A fresh experiment name in the session's tracking store, MLflow pointed at it."""
+    import mlflow
+
+    from harness.store.location import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return f"tables-{uuid.uuid4().hex[:8]}"

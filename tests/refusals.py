@@ -71,3 +71,48 @@ def assert_refused(argv: list[str], match: str, capsys, watched: Iterable[Path])
     assert not new_files, f"left behind: {sorted(new_files)}"
     assert all_runs() == runs_before, "a new MLflow run was created"
     return lines[0]
+
+
+def assert_refused_in(
+    case: Refusal, folder: Path, store: Path, capsys, watched: Iterable[Path]
+) -> str:
+    """:func:`assert_refused` for ``case`` with its bad input built in ``folder``: its
+    ``prepare`` writes there, and ``{dir}`` in its command line and expected text is
+    ``folder``, ``{store}`` the folder of the tracking store's database."""
+    if case.prepare is not None:
+        case.prepare(folder)
+
+    def fill(text: str) -> str:
+        return text.replace("{dir}", str(folder)).replace("{store}", str(store))
+
+    argv = [fill(arg) for arg in case.argv]
+    return assert_refused(argv, fill(case.match), capsys, watched=watched)
+
+
+# ------------------------------------------------------------------ prepare steps
+
+
+def write_file(name: str, text: str) -> Callable[[Path], object]:
+    """A ``prepare`` step: the bad input file ``name`` with ``text``, under the case's folder."""
+    return lambda folder: (folder / name).write_text(text, encoding="utf-8")
+
+
+def small_synthetic(folder: Path) -> None:
+    """A ``prepare`` step: the synthetic dataset at a sixth of its classes and size, generated
+    in seconds, and loaded once (which packs its images) so that the case itself writes
+    nothing."""
+    from harness.components.data.synthetic import generate, load_synthetic, synthetic_root
+
+    generate(synthetic_root(folder), num_classes=16, images_per_class=4, size=32)
+    load_synthetic(folder)
+
+
+def unwritable_folder(folder: Path) -> Path:
+    """A folder under ``folder`` that no file can be created in, for any user (``/proc`` for
+    root, for whom a ``chmod 0o500`` folder stays writable)."""
+    if os.geteuid() == 0:
+        (folder / "ro").symlink_to("/proc", target_is_directory=True)
+    else:
+        (folder / "ro").mkdir()
+        (folder / "ro").chmod(0o500)
+    return folder / "ro"

@@ -22,8 +22,10 @@ from harness.components.data.sampling import (
 from harness.components.data.transforms import build_transform
 from harness.components.gradients import clip_gradients
 from harness.components.losses import MetricLoss, create_loss, create_miner, hard_triplets
+from harness.config.fingerprint import fingerprint
 from harness.config.grids import load_grid
-from harness.config.protocol import apply_overrides, fingerprint, load_protocol
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import load_protocol
 from harness.methods import TrainingBatch
 from tests.test_conformance import BATCH, EMB, build, images
 

@@ -1,6 +1,9 @@
 """Each bad input gets one clear line on stderr, exit status 2, and no half-written result:
 a table of refused inputs across every subcommand (each checked by
-:func:`tests.refusals.assert_refused`), then the failures found only once a run started."""
+:func:`tests.refusals.assert_refused`), then the failures found only once a run started.
+This module holds the output paths, ``run``'s own flags and the other commands; the
+protocol's keys, options and files are in ``test_bad_input_protocol.py``, ``sweep`` and
+``tune`` in ``test_bad_input_sweep_tune.py``."""
 
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from harness.methods.plain import PlainHead
 
 from .conftest import TINY_PROTOCOL
 from .fixtures import make_cub
-from .refusals import Refusal, assert_refused
+from .refusals import Refusal, assert_refused_in
+from .test_bad_input_protocol import PROTOCOL_REFUSALS
+from .test_bad_input_sweep_tune import SWEEP_TUNE_REFUSALS
 
 
 def _fails(capsys, args, match, out_path):
@@ -32,34 +37,6 @@ def _fails(capsys, args, match, out_path):
     assert "Traceback" not in err
     assert not out_path.exists()
     return last
-
-
-def _write(name: str, text: str) -> Callable[[Path], object]:
-    """A ``prepare`` step: the bad input file ``name`` with ``text``, under the case's folder."""
-    return lambda folder: (folder / name).write_text(text, encoding="utf-8")
-
-
-def _grid(body: str) -> str:
-    """A grid file on the tiny protocol with ``body`` appended (or replacing an axis)."""
-    axes = {
-        "methods": '["plain"]',
-        "losses": '["margin"]',
-        "backbones": '["efficientnet_lite0"]',
-        "datasets": '["synthetic"]',
-        "seeds": "[0]",
-    }
-    lines = [f'protocol = "{TINY_PROTOCOL}"']
-    lines += [f"{axis} = {value}" for axis, value in axes.items() if f"{axis} =" not in body]
-    return "\n".join([*lines, body]) + "\n"
-
-
-def _small_synthetic(folder: Path) -> None:
-    """The synthetic dataset at a sixth of its classes and size, generated in seconds, and
-    loaded once (which packs its images) so that the case itself writes nothing."""
-    from harness.components.data.synthetic import generate, load_synthetic, synthetic_root
-
-    generate(synthetic_root(folder), num_classes=16, images_per_class=4, size=32)
-    load_synthetic(folder)
 
 
 def _fifo(name: str) -> Callable[[Path], object]:
@@ -80,8 +57,9 @@ def _sqlite(name: str) -> Callable[[Path], object]:
 RUN = ("run", "--protocol", str(TINY_PROTOCOL))
 EXPLAIN = ("explain", "--run", "0123456789abcdef")
 
-#: Every bad input: the command line ({dir}: the case's folder, where ``prepare`` writes;
-#: {store}: the folder of the tracking store's database) and what its one error line must say.
+#: Every bad input of this topic: the command line ({dir}: the case's folder, where
+#: ``prepare`` writes; {store}: the folder of the tracking store's database) and what its
+#: one error line must say.
 REFUSALS = [
     # Output paths that would destroy data: the store's database and artifacts, devices,
     # FIFOs, folders, other databases. Each is refused before any work.
@@ -154,191 +132,6 @@ REFUSALS = [
         ("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
         "is the tracking store's database",
     ),
-    # Values of protocol keys (--set): type, range, finiteness, rules across keys.
-    Refusal(
-        (*RUN, "--set", "optimizer.lr_head=nan"),
-        "protocol key 'optimizer.lr_head' = nan: expected a finite number > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "training.sync_every=0"),
-        "protocol key 'training.sync_every' = 0: expected an integer > 0",
-    ),
-    Refusal((*RUN, "--fast", "--deterministic"), "--deterministic and --fast exclude each other"),
-    Refusal(
-        (*RUN, "--register", ""),
-        "run: argument --register: expected a model name without '/' or ':', got ''",
-    ),
-    Refusal(
-        (*RUN, "--register", "team/embedder"),
-        "expected a model name without '/' or ':', got 'team/embedder'",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimizer.lr_backbone=inf"),
-        "'optimizer.lr_backbone' = inf: expected a finite number >= 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimizer.lr_head=-1e-4"),
-        "'optimizer.lr_head' = -0.0001: expected a finite number > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimizer.weight_decay=-0.1"),
-        "'optimizer.weight_decay' = -0.1: expected a finite number >= 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimizer.momentum=1.5"),
-        "'optimizer.momentum' = 1.5: expected a finite number >= 0 and < 1",
-    ),
-    Refusal(
-        (*RUN, "--set", 'optimizer.name="adm"'),
-        '\'optimizer.name\' = "adm": expected one of "adam", "adamw"',
-    ),
-    Refusal(
-        (*RUN, "--set", "schedule.gamma=nan"),
-        "'schedule.gamma' = nan: expected a finite number > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "sampling.batches_per_epoch=-5"),
-        "'sampling.batches_per_epoch' = -5: expected an integer >= 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "sampling.samples_per_class=1"),
-        "'sampling.samples_per_class' = 1: expected an integer >= 2",
-    ),
-    Refusal(
-        (*RUN, "--set", "sampling.classes_per_batch=2.5"),
-        "'sampling.classes_per_batch' = 2.5: expected an integer >= 2",
-    ),
-    Refusal(
-        (*RUN, "--set", "selection.evaluate_every=0"),
-        "'selection.evaluate_every' = 0: expected an integer >= 1",
-    ),
-    Refusal(
-        (*RUN, "--set", "evaluation.batch_size=0"),
-        "'evaluation.batch_size' = 0: expected an integer > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "evaluation.metrics=[]"),
-        "'evaluation.metrics' = []: expected a non-empty list of strings",
-    ),
-    Refusal(
-        (*RUN, "--set", "splits.max_train_images_per_class=-1"),
-        "'splits.max_train_images_per_class' = -1: expected an integer >= 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "splits.validation_classes=1.0"),
-        "'splits.validation_classes' = 1.0: expected a finite number >= 0 and < 1",
-    ),
-    Refusal(
-        (*RUN, "--set", "embedding.size=0"),
-        "'embedding.size' = 0: expected an integer >= 2 and <= 8192",
-    ),
-    Refusal(
-        (*RUN, "--set", 'image.size="big"'),
-        "'image.size' = \"big\": expected an integer >= 32 and <= 1024",
-    ),
-    Refusal((*RUN, "--set", "image.resize=10"), "'image.resize' = 10: expected >= image.size (32)"),
-    Refusal(
-        (*RUN, "--set", "image.crop_scale=[0.5]"),
-        "'image.crop_scale' = [0.5]: expected a list of 2 finite numbers",
-    ),
-    Refusal(
-        (*RUN, "--set", "image.std=[0.5, 0.0, 0.5]"),
-        "'image.std[1]' = 0.0: expected a finite number > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "seeds=[]"),
-        "protocol key 'seeds' = []: expected a non-empty list of integers >= 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "backbone.pretrained=1"),
-        "'backbone.pretrained' = 1: expected true or false",
-    ),
-    Refusal(
-        (*RUN, "--set", "loss.args.margin.margin=-0.2", "--protocol", "smoke"),
-        "protocol key 'loss.args.margin.margin' = -0.2: expected a finite number >= 0",
-    ),
-    Refusal(
-        ("run", "--set", "loss.args.proxy_anchor.alpha=inf"),
-        "'loss.args.proxy_anchor.alpha' = inf: expected a finite number > 0",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimizer.lr=1"),
-        "unknown protocol key 'optimizer.lr' (did you mean 'optimizer.lr_",
-    ),
-    Refusal(
-        (*RUN, "--set", "optimiser.lr_head=1"),
-        "unknown protocol key 'optimiser.lr_head' (did you mean 'optimizer'?)",
-    ),
-    Refusal((*RUN, "--set", "schedule.epochs.x=1"), "unknown protocol key 'schedule.epochs.x'"),
-    Refusal(
-        (*RUN, "--set", "optimizer.lr_head"),
-        "override 'optimizer.lr_head' must look like key.path=value",
-    ),
-    Refusal((*RUN, "--set", "deviations.x.why=1"), "documents the protocol and is not a setting"),
-    Refusal(
-        ("run", "--protocol", "agrouping", "--set", 'loss.args.margin.reduction="mean"'),
-        "loss 'margin': unknown reduction 'mean' valid: dgml, pml",
-    ),
-    Refusal(
-        (*RUN, "--methods", "plain", "--set", "backbone.output_stride=8"),
-        "protocol key 'backbone.output_stride' = 8: expected one of 16, 32",
-    ),
-    Refusal(
-        (
-            *RUN,
-            "--methods",
-            "plain",
-            "--set",
-            "backbone.name=googlenet",
-            "--set",
-            "backbone.output_stride=16",
-        ),
-        "protocol key 'backbone.output_stride' = 16: backbone 'googlenet' has only output stride 32",
-    ),
-    # Method options: declared types for every method the protocol configures, run or not.
-    Refusal(
-        (*RUN, "--methods", "plain", "--set", "methods.agrouping.diversity_weight=nan"),
-        "protocol key 'methods.agrouping.diversity_weight' = nan: expected a finite number",
-    ),
-    Refusal(
-        (*RUN, "--methods", "plain", "--set", 'methods.agrouping.groups="4"'),
-        "protocol key 'methods.agrouping.groups' = \"4\": expected an integer",
-    ),
-    Refusal(
-        (*RUN, "--methods", "plain", "--set", 'methods.diml.add_global="yes"'),
-        "protocol key 'methods.diml.add_global' = \"yes\": expected true or false",
-    ),
-    Refusal(
-        ("run", "--methods", "agrouping", "--set", "methods.agrouping.groups=3"),
-        "method 'agrouping': groups must divide the embedding size 128, got 3",
-    ),
-    Refusal(
-        ("run", "--methods", "diablo", "--set", "methods.diablo.entries=7"),
-        "DIABLO entries (N) must be a positive divisor",
-    ),
-    Refusal(
-        ("run", "--methods", "plain", "--set", "methods.plain.groups=2"),
-        "unknown option 'groups' for method 'plain'",
-    ),
-    Refusal(
-        ("run", "--methods", "diml_train", "--loss", "proxy_anchor"),
-        "method 'diml_train' cannot train with loss 'proxy_anchor'",
-    ),
-    # The batch against the dataset's training split (read, then refused before a run is tracked).
-    Refusal(
-        (
-            *RUN,
-            "--methods",
-            "plain",
-            "--data-root",
-            "{dir}",
-            "--set",
-            "sampling.classes_per_batch=1000",
-        ),
-        "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class (1000 x 2 = 2000) "
-        "<= the 24 training images of synthetic (6 classes)",
-        _small_synthetic,
-    ),
     # run's own flags and names.
     Refusal(
         (*RUN, "--seeds", ","), "run: argument --seeds: expected comma-separated integers >= 0"
@@ -382,196 +175,6 @@ REFUSALS = [
     Refusal(
         (*RUN, "--evaluate-only"),
         "--evaluate-only evaluates the weights of a finished run: give --init-from",
-    ),
-    # Protocol files: a missing file, a folder, a syntax error, bad values, misspelt names.
-    Refusal(("run", "--protocol", "{dir}/none.toml"), "protocol file not found"),
-    Refusal(
-        ("run", "--protocol", "{dir}/folder.toml"),
-        "protocol file not found",
-        lambda folder: (folder / "folder.toml").mkdir(),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "malformed protocol file",
-        _write("p.toml", "[optimizer\nlr_head = 1\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'optimizer.lr_head' = \"fast\": expected a finite number > 0",
-        _write("p.toml", '[optimizer]\nlr_head = "fast"\n'),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'optimizer.lr_head' = nan",
-        _write("p.toml", "[optimizer]\nlr_head = nan\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'backbone' = 3: expected a table",
-        _write("p.toml", "backbone = 3\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'evaluation.recall_k.default' = []: expected a non-empty list",
-        _write("p.toml", "[evaluation.recall_k]\ndefault = []\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "unknown protocol key 'sampling.classes_per_bach' (did you mean 'classes_per_batch'?)",
-        _write("p.toml", "[sampling]\nclasses_per_bach = 8\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'methods.agroupng': unknown method 'agroupng'; did you mean 'agrouping'?",
-        _write("p.toml", "[methods.agroupng]\ngroups = 4\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'loss.args.margn': unknown loss 'margn'; did you mean 'margin'?",
-        _write("p.toml", "[loss.args.margn]\nmargin = 0.1\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "loss 'margin': unknown reduction 'dgm'; did you mean 'dgml'? valid: dgml, pml",
-        _write("p.toml", '[loss.args.margin]\nreduction = "dgm"\n'),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "protocol key 'loss.miners.margin' must be a table with a miner 'name'",
-        _write("p.toml", "[loss.miners.margin]\n"),
-    ),
-    Refusal(
-        ("run", "--protocol", "{dir}/p.toml"),
-        "section datasets.sop: protocol key 'schedule.epochs' = -1",
-        _write("p.toml", "[datasets.sop.schedule]\nepochs = -1\n"),
-    ),
-    # sweep: grid files and flags, refused before a trial is queued.
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "protocol key 'optimizer.lr_head' = -0.001: expected a finite number > 0",
-        _write("g.toml", _grid('set = { "optimizer.lr_head" = -1e-3 }')),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "grid key 'methods' = []: expected a non-empty list of strings",
-        _write("g.toml", _grid("methods = []")),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "grid key 'seeds[0]' = \"0\": expected an integer >= 0",
-        _write("g.toml", _grid('seeds = ["0"]')),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "unknown grid key 'methdos' (did you mean 'methods'?)",
-        _write("g.toml", _grid('methdos = ["plain"]')),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "malformed grid file",
-        _write("g.toml", _grid("[smoke")),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml"),
-        "grid key 'protocol' is missing",
-        _write("g.toml", 'methods = ["plain"]\n'),
-    ),
-    Refusal(
-        ("sweep", "--grid", "{dir}/g.toml", "--smoke"),
-        "has no [smoke] table; --smoke needs one",
-        _write("g.toml", _grid("[smoke]")),
-    ),
-    Refusal(("sweep", "--grid", "nope"), "unknown grid 'nope'"),
-    Refusal(("sweep", "--grid", "{dir}/none.toml"), "grid file not found"),
-    Refusal(
-        ("sweep", "--grid", "fair-roth2020", "--loader-workers", "-1"),
-        "sweep: argument --loader-workers: expected an integer >= 0",
-    ),
-    Refusal(
-        ("sweep", "--grid", "fair-roth2020", "--workers", "0"),
-        "sweep: argument --workers: expected an integer >= 1",
-    ),
-    Refusal(
-        ("sweep", "--grid", "fair-roth2020", "--heartbeat", "0"),
-        "sweep: argument --heartbeat: expected an integer >= 1",
-    ),
-    Refusal(
-        ("sweep", "--grid", "fair-roth2020", "--grace", "x"),
-        "sweep: argument --grace: expected an integer >= 1",
-    ),
-    Refusal(("sweep",), "sweep: the following arguments are required: --grid"),
-    # tune.
-    Refusal(
-        (
-            "tune",
-            "--method",
-            "plain",
-            "--trials",
-            "1",
-            "--protocol",
-            str(TINY_PROTOCOL),
-            "--space",
-            "optimizer.lr_hed",
-        ),
-        "--space: unknown protocol field 'optimizer.lr_hed'; did you mean 'optimizer.lr_head'?",
-    ),
-    Refusal(
-        (
-            "tune",
-            "--method",
-            "plain",
-            "--trials",
-            "1",
-            "--protocol",
-            str(TINY_PROTOCOL),
-            "--space",
-            "schedule.epochs",
-        ),
-        "--space: 'schedule.epochs' = 2; only positive float fields are tunable",
-    ),
-    Refusal(
-        ("tune", "--method", "plain", "--trials", "-1"),
-        "tune: argument --trials: expected an integer >= 1",
-    ),
-    Refusal(
-        ("tune", "--method", "plain", "--trials", "1", "--seeds", "1,a"),
-        "tune: argument --seeds: expected comma-separated",
-    ),
-    Refusal(
-        ("tune", "--method", "plain", "--trials", "1", "--loader-workers", "-1"),
-        "tune: argument --loader-workers",
-    ),
-    Refusal(("tune", "--method", "nope", "--trials", "1"), "unknown method 'nope'"),
-    Refusal(
-        (
-            "tune",
-            "--method",
-            "plain",
-            "--trials",
-            "1",
-            "--protocol",
-            str(TINY_PROTOCOL),
-            "--data-root",
-            "{dir}",
-            "--set",
-            "sampling.classes_per_batch=1000",
-        ),
-        "'sampling.classes_per_batch' = 1000: expected classes_per_batch x samples_per_class",
-        _small_synthetic,
-    ),
-    Refusal(
-        (
-            "tune",
-            "--method",
-            "plain",
-            "--trials",
-            "1",
-            "--protocol",
-            str(TINY_PROTOCOL),
-            "--set",
-            "optimizer.lr_head=nan",
-        ),
-        "protocol key 'optimizer.lr_head' = nan",
     ),
     # evaluate, table, explain, explain-table, deviations, methods, datasets, schema.
     Refusal(
@@ -628,7 +231,7 @@ REFUSALS = [
 
 
 def test_the_table_walks_every_subcommand():
-    commands = {case.argv[0] for case in REFUSALS}
+    commands = {case.argv[0] for case in (*REFUSALS, *PROTOCOL_REFUSALS, *SWEEP_TUNE_REFUSALS)}
     assert {
         "run",
         "sweep",
@@ -642,7 +245,7 @@ def test_the_table_walks_every_subcommand():
         "datasets",
         "schema",
     } <= commands
-    assert len(REFUSALS) >= 100
+    assert len(REFUSALS) + len(PROTOCOL_REFUSALS) + len(SWEEP_TUNE_REFUSALS) >= 100
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=str)
@@ -651,15 +254,8 @@ def test_every_bad_input_is_refused_with_one_line(
 ):
     """No case reads the synthetic dataset (each is refused first), so data_root stays as it was."""
     folder = tmp_path_factory.mktemp("input")
-    if case.prepare is not None:
-        case.prepare(folder)
-
-    def fill(text: str) -> str:
-        return text.replace("{dir}", str(folder)).replace("{store}", str(tracking_dir))
-
-    argv = [fill(arg) for arg in case.argv]
-    assert_refused(
-        argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir]
+    assert_refused_in(
+        case, folder, tracking_dir, capsys, watched=[workdir, data_root, folder, tracking_dir]
     )
 
 

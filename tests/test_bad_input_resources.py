@@ -338,7 +338,8 @@ CASES = [
 def store_settled(tracking_dir):
     """The session store with no run of a dead process left RUNNING (another test's), so
     that marking one FAILED does not add a line to a refusal's stderr."""
-    from harness.store.tracking import fail_dead_runs, tracking_uri
+    from harness.store.dead_runs import fail_dead_runs
+    from harness.store.location import tracking_uri
 
     fail_dead_runs()
     mlflow.set_tracking_uri(tracking_uri())

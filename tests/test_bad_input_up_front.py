@@ -2,7 +2,8 @@
 thousands deep, values past the declared ranges, names that are not registered, repeated
 seeds and methods, empty names, bad dataset index lines. Each case must pass
 :func:`tests.refusals.assert_refused` (exit 2, one ``error:`` line, no traceback, nothing
-new on disk or in the store); ``{dir}`` is the case's folder, where ``prepare`` writes."""
+new on disk or in the store); ``{dir}`` is the case's folder, where ``prepare`` writes.
+Stores that cannot work (9, 10, 11) are ``test_bad_input_stores.py``'s."""
 
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from harness.cli.main import main
-
 from .conftest import TINY_PROTOCOL
 from .fixtures import make_cub
-from .refusals import Refusal, assert_refused
+from .refusals import Refusal, assert_refused, assert_refused_in, unwritable_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 RUN = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL))
+
+
 CUB_RUN = (
     *RUN,
     "--dataset",
@@ -34,14 +36,24 @@ CUB_RUN = (
     "--set",
     "splits.max_test_images_per_class=0",
 )
+
+
 CUB = "{dir}/cub/CUB_200_2011"
+
+
 TUNE = ("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL))
+
+
 GRID_HEAD = (
     f'protocol = "{TINY_PROTOCOL}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
     'backbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n'
 )
+
+
 #: Arrays nested this deep overflow a recursive parser's stack.
 DEEP = 5000
+
+
 BINARY = bytes(range(256)) * 4
 
 
@@ -304,15 +316,8 @@ def test_the_table_covers_the_issue():
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_refused_up_front(case, workdir, data_root, tracking_dir, capsys, tmp_path_factory):
     folder = tmp_path_factory.mktemp("input")
-    if case.prepare is not None:
-        case.prepare(folder)
-
-    def fill(text: str) -> str:
-        return text.replace("{dir}", str(folder)).replace("{store}", str(tracking_dir))
-
-    argv = [fill(arg) for arg in case.argv]
-    assert_refused(
-        argv, fill(case.match), capsys, watched=[workdir, data_root, folder, tracking_dir]
+    assert_refused_in(
+        case, folder, tracking_dir, capsys, watched=[workdir, data_root, folder, tracking_dir]
     )
 
 
@@ -358,16 +363,6 @@ def test_weights_on_a_full_disk_name_the_file(tmp_path, monkeypatch):
 
 
 # 12. A data root that is a file, or one the synthetic set cannot be generated in.
-def _unwritable(folder: Path) -> Path:
-    """A folder no file can be created in, for any user (``/proc`` for root)."""
-    if os.geteuid() == 0:
-        (folder / "ro").symlink_to("/proc", target_is_directory=True)
-    else:
-        (folder / "ro").mkdir()
-        (folder / "ro").chmod(0o500)
-    return folder / "ro"
-
-
 @pytest.mark.parametrize(
     "argv, where, match",
     [
@@ -396,7 +391,7 @@ def test_a_bad_data_root_is_refused(
 ):
     folder = tmp_path_factory.mktemp("input")
     (folder / "afile").write_text("not a folder\n")
-    _unwritable(folder)
+    unwritable_folder(folder)
     if where != "-":
         monkeypatch.setenv("DML_HARNESS_DATA", str(folder / where))
     try:
@@ -433,106 +428,6 @@ def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, monkeypatch, ca
     again = synthetic.load_synthetic(tmp_path)
     assert f"synthetic cache {root} is corrupt (manifest.json:" in capsys.readouterr().err
     assert np.array_equal(np.asarray(again.train.images), expected)
-
-
-def _sqlite_file(folder: Path) -> None:
-    """``other.db``: an SQLite database that is not an MLflow store."""
-    import contextlib
-    import sqlite3
-
-    with contextlib.closing(sqlite3.connect(folder / "other.db")) as db:
-        db.execute("CREATE TABLE runs (id TEXT)")
-        db.commit()
-
-
-# 9, 10, 11. Stores that cannot work, probed once before any work; reading creates none.
-STORE_CASES = [
-    (
-        "sqlite:///{dir}/ro/mlflow.db",
-        RUN,
-        "the tracking store sqlite:///{dir}/ro/mlflow.db (MLFLOW_TRACKING_URI) "
-        "{dir}/ro: cannot write in",
-    ),
-    (
-        "http://127.0.0.1:9",
-        RUN,
-        "the tracking server http://127.0.0.1:9 does not answer within 5 s",
-    ),
-    (
-        "http://127.0.0.1:9",
-        ("table", "--experiment", "x"),
-        "the tracking server http://127.0.0.1:9 does not answer",
-    ),
-    (
-        "postgresql+psycopg://user@localhost/db",
-        RUN,
-        "the tracking store (MLFLOW_TRACKING_URI) localhost/db needs the "
-        "database driver 'psycopg', which is not installed: pip install psycopg[binary]",
-    ),
-    (
-        "sqlite:///{dir}/none/mlflow.db",
-        ("table", "--experiment", "x"),
-        "the tracking store sqlite:///{dir}/none/mlflow.db does not exist (MLFLOW_TRACKING_URI); reading creates none",
-    ),
-    (
-        "sqlite:///{dir}/mlflow.db",
-        ("explain-table", "--experiment", "x"),
-        "does not exist (MLFLOW_TRACKING_URI)",
-    ),
-    (
-        "sqlite:///{dir}/other.db",
-        ("table", "--experiment", "x"),
-        "the tracking store sqlite:///{dir}/other.db is an SQLite database without MLflow's tables",
-    ),
-    (
-        "",
-        (
-            "sweep",
-            "--grid",
-            str(ROOT / "tests" / "grids" / "tiny.toml"),
-            "--storage",
-            "postgresql+psycopg://u@h/db",
-        ),
-        "--storage h/db needs the database driver 'psycopg', which is not installed",
-    ),
-    (
-        "",
-        (*TUNE, "--storage", "mysql+pymysql://u@h/db"),
-        "--storage h/db needs the database driver 'pymysql'",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "uri, argv, match", STORE_CASES, ids=[f"{c[1][0]} {c[0] or c[1][-1]}" for c in STORE_CASES]
-)
-def test_a_store_that_cannot_work_is_refused_in_seconds(
-    uri, argv, match, workdir, data_root, tracking_dir, capsys, tmp_path_factory, monkeypatch
-):
-    import time
-
-    import mlflow
-
-    folder = tmp_path_factory.mktemp("input")
-    _unwritable(folder)
-    _sqlite_file(folder)
-    mlflow.set_tracking_uri(
-        f"sqlite:///{tracking_dir / 'mlflow.db'}"
-    )  # the contract's own look-ups
-    if uri:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.replace("{dir}", str(folder)))
-    start = time.monotonic()
-    try:
-        assert_refused(
-            list(argv),
-            match.replace("{dir}", str(folder)),
-            capsys,
-            watched=[workdir, data_root, folder, tracking_dir],
-        )
-    finally:
-        if not (folder / "ro").is_symlink():
-            (folder / "ro").chmod(0o700)
-    assert time.monotonic() - start < 10
 
 
 def test_a_sweep_announces_its_cells_and_yes_lifts_the_cap(capsys):
@@ -596,42 +491,3 @@ def test_sigterm_to_the_process_group_kills_the_run_quietly(tmp_path):
     assert stderr.strip().splitlines()[-1] == "interrupted"
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         assert [status for (status,) in db.execute("SELECT status FROM runs")] == ["KILLED"]
-
-
-def test_a_killed_runs_partial_checkpoint_is_removed_when_it_is_failed(
-    workdir, tracking_dir, capsys
-):
-    """A run SIGKILLed while writing ``last.pt`` leaves ``.last.pt.<host>-<pid>.<random>.tmp``
-    in its checkpoint folder; the command that marks the run FAILED removes it, and leaves
-    the files of live writers and the checkpoint itself."""
-    import socket
-    import uuid
-
-    import mlflow
-
-    from harness.base.atomic import _OWNER
-    from harness.store.tracking import CHECKPOINT_DIR_TAG, tracking_uri
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    dead = child.pid
-    folder = workdir / "ckpt" / "run-key"
-    folder.mkdir(parents=True)
-    host = _OWNER.rsplit("-", 1)[0]
-    partial = folder / f".last.pt.{host}-{dead}.abc123de.tmp"
-    live = folder / f".last.pt.{_OWNER}.fgh456ij.tmp"
-    for path in (partial, live, folder / "last.pt"):
-        path.write_bytes(b"x")
-    mlflow.set_tracking_uri(tracking_uri())
-    client = mlflow.MlflowClient()
-    experiment = client.create_experiment(f"partial-{uuid.uuid4().hex[:8]}")
-    run = client.create_run(
-        experiment,
-        tags={"harness_worker": f"{socket.gethostname()}:{dead}", CHECKPOINT_DIR_TAG: str(folder)},
-    ).info.run_id
-
-    assert (
-        main(["table", "--experiment", "no-such-experiment"]) == 2
-    )  # opens the store, then refuses
-    assert client.get_run(run).info.status == "FAILED"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, "last.pt"])

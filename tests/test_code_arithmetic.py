@@ -15,7 +15,7 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.losses import MetricLoss, create_loss
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.methods import TrainingBatch, create_method
 from harness.methods.avsl import cam_certainty, normalized_edges
 from harness.methods.base import HeadOutput

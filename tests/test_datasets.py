@@ -9,7 +9,8 @@ from harness.base.errors import HarnessError
 from harness.components.data import DATASETS, cap_per_class, carve_validation, seen_class_control
 from harness.components.data.fashion_mnist import read_idx
 from harness.components.data.synthetic import PARTS, generate, load_part_mask
-from harness.config.protocol import apply_overrides, load_protocol
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import load_protocol
 from harness.engine.training import prepare_splits
 
 from .fixtures import make_cars, make_cub, make_fashion_mnist, make_inshop, make_sop

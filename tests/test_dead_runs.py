@@ -15,7 +15,7 @@ import pytest
 
 from harness.base.faults import ENV as FAULT_ENV
 from harness.cli.main import main
-from harness.store.tracking import tracking_uri
+from harness.store.location import tracking_uri
 
 
 def _dead_pid() -> int:

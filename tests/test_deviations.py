@@ -12,8 +12,9 @@ import pytest
 from harness.base.errors import HarnessError
 from harness.cli.main import main
 from harness.config.deviations import PaperDeviation, deviation_tags, from_tag, grouped_notes
+from harness.config.fingerprint import fingerprint
 from harness.config.grids import load_grid
-from harness.config.protocol import fingerprint, load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.reports.tables import LatexRenderer, MarkdownRenderer, paper_deviation_notes
 
 DEVIATION = """

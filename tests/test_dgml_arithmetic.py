@@ -19,7 +19,7 @@ from harness.components.losses import (
     loss_reductions,
 )
 from harness.config.grids import expand, load_grid
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.methods import TrainingBatch, create_method
 
 DGML_LOSSES = ("margin", "contrastive", "binomial_deviance")

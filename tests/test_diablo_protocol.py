@@ -11,7 +11,10 @@ from PIL import Image
 
 from harness.base.errors import HarnessError
 from harness.components.data.transforms import MultiScaleCrop, build_transform
-from harness.config.protocol import ImageSpec, apply_overrides, fingerprint, load_protocol
+from harness.config.fingerprint import fingerprint
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import load_protocol
+from harness.config.sections import ImageSpec
 from harness.engine.training import prepare_splits
 
 from .fixtures import make_cub

@@ -44,7 +44,7 @@ def _run(client, exp_id, *, method, dataset, seed, r1, per_query, folder):
 @pytest.fixture
 def store_with_three_methods(workdir, tmp_path):
     """plain, ngrouping and agrouping on CUB and Cars, three seeds, per-query results stored."""
-    from harness.store.tracking import tracking_uri
+    from harness.store.location import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config.protocol import fingerprint, list_protocols, load_protocol
+from harness.config.fingerprint import fingerprint
+from harness.config.protocol_files import list_protocols, load_protocol
 
 #: fingerprint(protocol on cub200, split digest "digest", its default loss and arguments)
 PINNED = {

@@ -18,7 +18,7 @@ from harness.base.device import amp_dtype, amp_name
 from harness.cli.main import main
 from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
 from harness.components.data.transforms import build_transform
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.methods import METHODS, HeadOutput
 from harness.methods.base import MethodEntry
 from harness.methods.plain import PlainHead

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.base.errors import HarnessError
-from harness.config.protocol import apply_overrides, fingerprint, list_protocols, load_protocol
+from harness.config.fingerprint import fingerprint
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import list_protocols, load_protocol
 
 
 @pytest.mark.parametrize("name", ["smoke", "roth2020", "agrouping"])
@@ -196,7 +198,9 @@ def test_bad_dataset_sections_fail_at_load_naming_the_key(tmp_path, section, mes
 def test_set_accepts_any_declared_method_option_and_records_it():
     """``--set methods.<m>.<opt>=v`` for an option the protocol file does not list: accepted,
     a deviation from the method's default; setting the default changes nothing."""
-    from harness.config.protocol import apply_overrides, fingerprint, load_protocol
+    from harness.config.fingerprint import fingerprint
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
 
     smoke = load_protocol("smoke")
     assert "agrouping" not in smoke.methods

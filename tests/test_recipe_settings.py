@@ -15,8 +15,9 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.data.sampling import ClassBalancedBatchSampler
 from harness.components.losses import create_loss, create_miner
+from harness.config.fingerprint import fingerprint
 from harness.config.grids import load_grid
-from harness.config.protocol import fingerprint, load_protocol
+from harness.config.protocol_files import load_protocol
 
 # --------------------------------------------------------------- 1. GoogLeNet as DGML runs it
 

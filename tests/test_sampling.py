@@ -42,7 +42,7 @@ def test_too_few_classes_is_an_error():
 def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_protocol_size(
     num_classes, expected
 ):
-    from harness.config.protocol import load_protocol
+    from harness.config.protocol_files import load_protocol
     from harness.engine.data import adapted_sampling
 
     protocol = load_protocol("roth2020")  # 56 x 2 = 112

@@ -27,7 +27,7 @@ import torch
 from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
 from harness.components.losses import MetricLoss
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.engine import trainer as trainer_module
 from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder, StepFlush

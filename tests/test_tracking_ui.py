@@ -19,18 +19,12 @@ from harness.base.metric_keys import GROUPS, HEADLINE, group_metrics, metric_key
 from harness.cli.main import main
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
 from harness.methods import METHODS
-from harness.store.tracking import (
-    EXPERIMENT_KIND_TAG,
-    ML_VIEW_QUERY,
-    RUN_NOTE_TAG,
-    RUNS_VIEW,
-    load_finished_weights,
-    ui_url,
-)
+from harness.store.ui import EXPERIMENT_KIND_TAG, ML_VIEW_QUERY, RUN_NOTE_TAG, RUNS_VIEW, ui_url
+from harness.store.weights import load_finished_weights
 
 REGISTERED = "dml-ui-embedder"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.base.metric_keys import metric_key
-from harness.config.protocol import load_protocol
+from harness.config.protocol_files import load_protocol
 from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder
 from harness.engine.run_config import RunConfig

@@ -25,7 +25,7 @@ import pytest
 
 from harness.base.metric_keys import HEADLINE, metric_key
 from harness.cli.main import main
-from harness.store.tracking import ML_VIEW_QUERY, RUN_NOTE_TAG
+from harness.store.ui import ML_VIEW_QUERY, RUN_NOTE_TAG
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "results" / "ui-screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

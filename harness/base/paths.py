@@ -12,7 +12,7 @@ An output never takes the place of data: a path that is a device, a FIFO, a sock
 folder is refused (an atomic writer would rename its file over the device node), as is an
 existing SQLite database (a tracking store, an Optuna study, a sweep queue) and any
 :class:`ReservedPath` the caller names (the tracking store's database and artifact
-folder, :func:`harness.store.tracking.reserved_paths`).
+folder, :func:`harness.store.location.reserved_paths`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
 from harness.config.grids import list_grids, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
-from harness.config.protocol import apply_overrides, list_protocols, load_protocol
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import list_protocols, load_protocol
 
 
 def add_deviations_parser(subparsers) -> argparse.ArgumentParser:

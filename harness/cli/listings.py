@@ -110,8 +110,9 @@ def check_port_free(host: str, port: int) -> None:
 def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the MLflow UI; print (and with ``--open`` open) each experiment's runs page in
     the model-training view, the named or most recently active experiment first."""
+    from harness.store.location import tracking_uri
     from harness.store.queries import experiments_by_activity
-    from harness.store.tracking import prepare_for_ui, tracking_uri, ui_server_command, ui_url
+    from harness.store.ui import prepare_for_ui, ui_server_command, ui_url
 
     check_port_free(args.host, args.port)
     open_store()

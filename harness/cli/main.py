@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
-        from harness.store.tracking import record_invocation
+        from harness.store.provenance import record_invocation
 
         record_invocation(_program(), argv)  # each run records the command that made it
         code = args.func(args)

@@ -12,7 +12,7 @@ from typing import overload
 
 from harness.base.errors import HarnessError
 from harness.base.paths import writable_file, writable_folder, writable_stem
-from harness.store.tracking import reserved_paths
+from harness.store.location import reserved_paths
 
 __all__ = ["output_file", "output_folder", "output_stem", "check_study_storage"]
 

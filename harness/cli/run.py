@@ -15,7 +15,9 @@ from harness.cli.arguments import at_least, experiment_name, int_list, model_nam
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
-from harness.config.protocol import MAX_STEPS, Protocol, default_protocol
+from harness.config.protocol import Protocol
+from harness.config.protocol_files import default_protocol
+from harness.config.sections import MAX_STEPS
 
 __all__ = [
     "add_run_parser",
@@ -46,7 +48,9 @@ def _request(args: argparse.Namespace) -> _Request:
     """Check every name and flag before any work starts (one error line each)."""
     from harness.components.data import DATASETS
     from harness.components.losses import LOSSES, check_loss_args
-    from harness.config.protocol import Deviation, apply_overrides, load_protocol, protocol_dir
+    from harness.config.overrides import Deviation
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol, protocol_dir
     from harness.methods import METHODS, check_method_options, list_methods
 
     DATASETS.get(args.dataset)
@@ -79,7 +83,7 @@ def _request(args: argparse.Namespace) -> _Request:
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
     if args.init_from:  # the store is read now, not after the dataset loads
-        from harness.store.tracking import check_finished_run
+        from harness.store.weights import check_finished_run
 
         check_finished_run(args.init_from, "--init-from")
     if args.init_from and not args.evaluate_only:  # trained from another run's weights

@@ -3,7 +3,7 @@
 installed, a folder a new database can be written in; a command that only reads never
 creates or migrates a store), then runs whose process ended without finishing them
 (killed outright, out of memory, power lost) are marked FAILED, so that no table, sweep or
-UI shows them RUNNING (:func:`harness.store.tracking.fail_dead_runs`)."""
+UI shows them RUNNING (:func:`harness.store.dead_runs.fail_dead_runs`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ SETTING = "MLFLOW_TRACKING_URI"
 def open_store(*, read_only: bool = False) -> None:
     """Probe the store (:func:`probe_store`), then mark FAILED the runs left RUNNING by dead
     processes of this host, one line each. ``read_only``: the command only reads runs."""
-    from harness.store.tracking import fail_dead_runs
+    from harness.store.dead_runs import fail_dead_runs
 
     probe_store(read_only=read_only)
     for run_id in fail_dead_runs():
@@ -66,14 +66,14 @@ def probe_store(*, read_only: bool = False) -> None:
     (``read_only``), must already exist and be an MLflow store (reading never creates or
     migrates one)."""
     from harness.base.paths import writable_folder
-    from harness.store.tracking import _sqlite_database, tracking_uri
+    from harness.store.location import sqlite_database, tracking_uri
 
     uri = tracking_uri()
     check_driver(uri, f"the tracking store ({SETTING})")
     if uri.startswith(("http://", "https://")):
         _probe_server(uri)
         return
-    database = _sqlite_database(uri)
+    database = sqlite_database(uri)
     if database is None:
         return
     if read_only:

@@ -91,7 +91,7 @@ class SyncFreeAvgNonZeroReducer(SyncFreeThresholdReducer, AvgNonZeroReducer):
 
 
 #: PML reducer class -> its sync-free counterpart (exact types: a subclass may override
-#: the reduction, as :class:`~harness.components.losses.ActiveTripletReducer` does).
+#: the reduction, as :class:`~harness.components.losses.reductions.ActiveTripletReducer` does).
 _COUNTERPARTS: dict[type, type] = {
     DivisorReducer: SyncFreeDivisorReducer,
     AvgNonZeroReducer: SyncFreeAvgNonZeroReducer,

@@ -16,7 +16,7 @@ summary prints them, and every table that shows the run lists them under it. The
 documentation of the protocol, not settings: they do not enter its fingerprint.
 
 Two kinds of deviation exist, and both are printed: these (the protocol against the
-paper) and :class:`~harness.config.protocol.Deviation` (a run against its protocol: a
+paper) and :class:`~harness.config.overrides.Deviation` (a run against its protocol: a
 ``--set`` override, a grid's smoke settings).
 """
 

@@ -44,14 +44,9 @@ from pydantic import BaseModel, Field, ValidationError
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, applicable
-from harness.config.protocol import (
-    Deviation,
-    Protocol,
-    apply_overrides,
-    flatten_keys,
-    load_protocol,
-    protocol_dir,
-)
+from harness.config.overrides import Deviation, flatten_keys
+from harness.config.protocol import Protocol, apply_overrides
+from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
 
 __all__ = [

@@ -43,7 +43,8 @@ from pydantic import BaseModel, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation, applicable
-from harness.config.protocol import Protocol, load_protocol, protocol_dir
+from harness.config.protocol import Protocol
+from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import SPEC_CONFIG, Str, refusal
 
 __all__ = [

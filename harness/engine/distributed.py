@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from harness.base.errors import HarnessError
-from harness.components.losses import _MINE, MetricLoss, step_seed
+from harness.components.losses.metric_loss import _MINE, MetricLoss, step_seed
 
 __all__ = [
     "Processes",

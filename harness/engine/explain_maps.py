@@ -52,8 +52,8 @@ class RunContext:
 
 
 def _finished_run(run_id: str):
+    from harness.store.location import tracking_uri
     from harness.store.queries import find_run
-    from harness.store.tracking import tracking_uri
 
     run = find_run(run_id)
     if run is None:
@@ -109,7 +109,7 @@ def load_run(
         prepare_splits,
         resolve_device,
     )
-    from harness.store.tracking import load_finished_weights
+    from harness.store.weights import load_finished_weights
 
     run = _finished_run(run_id)
     tags = run.data.tags

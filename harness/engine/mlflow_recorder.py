@@ -25,17 +25,11 @@ from harness.engine.trainer import Trainer
 from harness.methods import METHODS
 from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
-from harness.store.tracking import (
-    CHECKPOINT_DIR_TAG,
-    RUN_NOTE_TAG,
-    Tracker,
-    environment_tags,
-    flatten,
-    git_commit,
-    tracking_uri,
-    uncommitted_changes,
-    worker_id,
-)
+from harness.store.dead_runs import CHECKPOINT_DIR_TAG, worker_id
+from harness.store.location import tracking_uri
+from harness.store.provenance import environment_tags, git_commit, uncommitted_changes
+from harness.store.tracking import Tracker, flatten
+from harness.store.ui import RUN_NOTE_TAG
 
 __all__ = ["MlflowRecorder", "run_params", "run_tags"]
 
@@ -303,7 +297,7 @@ def run_tags(
 ) -> dict[str, Any]:
     """A new run's tags: what it is (fingerprint, method and its revision, data, selection,
     deviations from the protocol and from the paper), how it executes, the environment and
-    code (:func:`~harness.store.tracking.environment_tags`), and ``cfg.tags`` last."""
+    code (:func:`~harness.store.provenance.environment_tags`), and ``cfg.tags`` last."""
     protocol = cfg.protocol
     tags = {
         "fingerprint": fingerprint,

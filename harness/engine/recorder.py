@@ -15,7 +15,7 @@ __all__ = ["StepFlush", "Recorder", "InMemoryRecorder", "NullRecorder"]
 @dataclass(frozen=True)
 class StepFlush:
     """What the training loop reads from the device at one flush: every
-    ``[training] sync_every`` steps (:class:`~harness.config.protocol.TrainingSpec`) and at
+    ``[training] sync_every`` steps (:class:`~harness.config.sections.TrainingSpec`) and at
     the end of an epoch, in one transfer. Between two flushes the loop only queues work.
 
     ``global_step``: steps trained by the run so far (the last step read, counted from 1);

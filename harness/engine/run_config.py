@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
-from harness.config.protocol import Deviation, Protocol
+from harness.config.overrides import Deviation
+from harness.config.protocol import Protocol
 from harness.methods import METHODS
 
 __all__ = ["RunConfig", "RunSettings", "default_checkpoint_root", "run_key", "paper_deviations"]

@@ -305,7 +305,7 @@ def tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name:
 def run_cell(
     grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict
 ):
-    from harness.config.protocol import fingerprint
+    from harness.config.fingerprint import fingerprint
     from harness.engine import training
 
     splits = _cell_splits(cell, settings, splits_cache)

@@ -62,7 +62,7 @@ from harness.engine.recorder import Recorder, StepFlush
 from harness.engine.run_config import RunConfig
 from harness.engine.runtime import epoch_seed, log_line, seed_everything
 from harness.methods import TrainingBatch
-from harness.store.tracking import load_finished_weights
+from harness.store.weights import load_finished_weights
 
 __all__ = ["Trainer", "TrainingParts", "Progress"]
 

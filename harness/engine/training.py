@@ -20,7 +20,7 @@ from harness.base.device import configure_determinism
 from harness.base.errors import HarnessError
 from harness.components.data import DatasetSplits
 from harness.config.deviations import footnote
-from harness.config.protocol import fingerprint
+from harness.config.fingerprint import fingerprint
 from harness.engine.checkpoints import RunFolder
 from harness.engine.data import check_training_split, prepare_splits
 from harness.engine.distributed import Processes, barrier, processes_from_env
@@ -37,7 +37,8 @@ from harness.engine.run_config import (
 from harness.engine.runtime import default_workers, log_line, resolve_device, seed_everything
 from harness.engine.trainer import Trainer
 from harness.methods import METHODS
-from harness.store.tracking import filter_value, mark_dead_runs_killed, newest_run
+from harness.store.dead_runs import mark_dead_runs_killed
+from harness.store.tracking import filter_value, newest_run
 
 __all__ = [
     "RunConfig",

@@ -89,7 +89,7 @@ def suggest(
 def check_space(protocol, space: tuple[str, ...]) -> None:
     """Every ``--space`` field is a positive float of the protocol (searched over a decade
     either side of its value, on a log scale); checked before the study opens."""
-    from harness.config.protocol import flatten_keys
+    from harness.config.overrides import flatten_keys
 
     values = flatten_keys(protocol.to_dict())
     for field in space:
@@ -138,8 +138,8 @@ def _requeue_interrupted(study, experiment: str) -> int:
     (SIGTERM, Ctrl-C); mark their MLflow runs still RUNNING as KILLED. Returns how many."""
     from optuna.trial import TrialState
 
+    from harness.store.dead_runs import mark_dead_runs_killed, process_is_dead
     from harness.store.tracking import filter_value as q
-    from harness.store.tracking import mark_dead_runs_killed, process_is_dead
 
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
@@ -235,7 +235,7 @@ def tune_setup(
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
     from harness.components.data import DATASETS
-    from harness.config.protocol import default_protocol, protocol_dir
+    from harness.config.protocol_files import default_protocol, protocol_dir
     from harness.engine.training import RunSettings
     from harness.methods import METHODS
 
@@ -271,7 +271,8 @@ def tune_setup(
 def _validation_protocol(protocol_name: str, dataset: str, overrides: Sequence[str]):
     """The protocol with ``overrides`` applied and the deviations they make; it must select
     on validation."""
-    from harness.config.protocol import apply_overrides, load_protocol
+    from harness.config.protocol import apply_overrides
+    from harness.config.protocol_files import load_protocol
 
     base, deviations = apply_overrides(
         load_protocol(protocol_name).for_dataset(dataset), list(overrides)
@@ -373,8 +374,8 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
 
     from harness.config.protocol import apply_overrides
     from harness.engine import training
+    from harness.store.dead_runs import worker_id
     from harness.store.queries import metric_history, set_run_tags
-    from harness.store.tracking import worker_id
 
     trial.set_user_attr("worker", worker_id())
     options, overrides = suggest(trial, setup.method, setup.protocol, setup.space)

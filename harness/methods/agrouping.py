@@ -58,7 +58,7 @@ Where the paper is silent or disagrees with the released code (DGML-master):
 * Loss arithmetic. The paper prints the losses of Table 1, not how their terms are
   averaged; the code's criteria average differently from pytorch-metric-learning (margin,
   contrastive, binomial deviance). The A-grouping protocols follow the code
-  (``reduction = "dgml"``, see :mod:`harness.components.losses`); the fair protocols keep
+  (``reduction = "dgml"``, see :mod:`harness.components.losses.reductions`); the fair protocols keep
   PML's reductions.
 """
 

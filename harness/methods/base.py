@@ -290,7 +290,7 @@ class Method(nn.Module):
         """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
         one group at the protocol's ``optimizer.lr_loss`` and ``optimizer.loss_weight_decay``
         (none when the loss has none). ``optimizer`` is the protocol's
-        :class:`~harness.config.protocol.OptimizerSpec`; override to train them elsewhere
+        :class:`~harness.config.sections.OptimizerSpec`; override to train them elsewhere
         (AVSL's code keeps its proxies in its collector)."""
         params = [p for p in loss_fn.parameters() if p.requires_grad]
         return (

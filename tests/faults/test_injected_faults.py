@@ -10,7 +10,10 @@ import signal
 
 import pytest
 
-from .injection import Lab, RunFaults, SweepFaults, TuneFaults
+from .lab import Lab
+from .run_faults import RunFaults
+from .sweep_faults import SweepFaults
+from .tune_faults import TuneFaults
 
 pytestmark = pytest.mark.slow
 

@@ -200,7 +200,7 @@ def batch_sampler(
     loss: str = "",
 ):
     """The protocol's batch sampler for a run of ``loss`` (``sampling``: its
-    :class:`~harness.config.protocol.SamplingSpec`; ``classes_per_batch`` x
+    :class:`~harness.config.sections.SamplingSpec`; ``classes_per_batch`` x
     ``samples_per_class`` as adapted to the split): class-balanced batches, or shuffled
     ones of the same size where ``sampling.sampler_for(loss)`` is ``"shuffle"``."""
     if sampling.sampler_for(loss) == "shuffle":

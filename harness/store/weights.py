@@ -1,0 +1,131 @@
+"""The selected weights of a FINISHED run, for a run that starts from them (``--init-from``,
+``--evaluate-only``) and for explanations: found, checked against the hash the run
+recorded, and loaded into a model."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import sys
+from pathlib import Path
+
+from harness.base.errors import HarnessError
+from harness.store.location import tracking_uri
+from harness.store.tracking import _existing_run_experiment
+
+__all__ = ["check_finished_run", "load_finished_weights"]
+
+# MLflow and torch are imported inside the functions that use them: importing them takes
+# seconds, which commands that never open the store (--help, schema, methods) should not pay.
+
+
+def _weights_file(
+    run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str
+) -> Path:
+    """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
+    two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
+    root still serves, else the absolute ``model_path``."""
+    recorded = tags.get("model_path", "")
+    relative = tags.get("model_relpath") or (
+        "/".join(Path(recorded).parts[-2:]) if recorded else ""
+    )
+    candidates = []
+    if (
+        relative
+        and checkpoint_root is not None
+        and not Path(relative).is_absolute()
+        and ".." not in Path(relative).parts
+    ):
+        candidates.append(Path(checkpoint_root) / relative)
+    if recorded:
+        candidates.append(Path(recorded))
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise HarnessError(
+        f"{flag}: run '{run_id}' has no saved model: looked for "
+        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (a checkpoint root "
+        f"where the run's checkpoints are now finds them)"
+    )
+
+
+def check_finished_run(run_id: str, flag: str) -> None:
+    """Refuse ``run_id`` unless it is a FINISHED run of the tracking store (one line naming
+    ``flag``): checked before a run that starts from its weights does any work."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    if _existing_run_experiment(client, run_id) is None:
+        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
+    status = client.get_run(run_id).info.status
+    if status != "FINISHED":
+        raise HarnessError(
+            f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights"
+        )
+
+
+def load_finished_weights(
+    model,
+    run_id: str,
+    *,
+    flag: str,
+    expect_fingerprint: str = "",
+    checkpoint_root: Path | None = None,
+) -> int:
+    """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
+    run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
+    setting), named at the start of every refusal.
+
+    The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
+    path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
+    or replaced since is one error line, not silently other weights.
+    Keys the new head does not have are an error; keys only the new head has (e.g. a
+    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    (evaluate-only runs): the run must have been trained under this same protocol and split.
+    """
+    import mlflow
+    import torch
+
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    if _existing_run_experiment(client, run_id) is None:
+        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
+    run = client.get_run(run_id)
+    if run.info.status != "FINISHED":
+        raise HarnessError(
+            f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+            f"selected weights"
+        )
+    path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
+    trained_under = run.data.tags.get("fingerprint", "")
+    if expect_fingerprint and trained_under != expect_fingerprint:
+        raise HarnessError(
+            f"{flag}: run '{run_id}' was trained under protocol fingerprint "
+            f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
+            f"without training needs the same protocol, dataset and loss"
+        )
+    data = path.read_bytes()
+    expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
+    if expected and found != expected:
+        raise HarnessError(
+            f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
+            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced"
+        )
+    try:
+        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = saved["model"]
+    except Exception as err:
+        raise HarnessError(
+            f"{flag}: {path} of run '{run_id}' is unreadable "
+            f"({type(err).__name__}: {str(err).strip()[:200]})"
+        ) from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    print(
+        f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
+        file=sys.stderr,
+        flush=True,
+    )
+    return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)
