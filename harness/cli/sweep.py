@@ -51,7 +51,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = load_grid(
         args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce
     )
-    options = cluster_options(args, grid)
+    # Nothing is written, and no dataset prepared, before Slurm has its say.
+    options = preflight(args, cluster_options(args, grid))
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
@@ -59,7 +60,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not quiet:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
-    options = preflight(args, options)  # nothing is written before Slurm has its say
     open_store()
     if args.cell:  # one process of a cell on several GPUs (torchrun)
         run_cell_process(grid, args.cell, _settings(args), args.cell_record)

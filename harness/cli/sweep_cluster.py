@@ -200,7 +200,7 @@ def cancel(args: argparse.Namespace, grid: Grid) -> int:
     if not records:
         raise HarnessError(f"grid {grid.name}: no job was submitted for it (nothing to cancel)")
     storage = args.storage or records[-1]["storage"]
-    done = cancel_sweep(grid, storage, records)
+    done = cancel_sweep(grid, storage, _existing_study(grid, storage), records)
     still = (
         f"; {done['still_running']} task(s) still ending (their cells go back to the queue "
         f"when their heartbeat is --grace seconds old)"

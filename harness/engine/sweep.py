@@ -24,6 +24,8 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
 
 The tracking store is the record of what is done: a restarted sweep skips every
 cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for it.
+The same workers run as the tasks of a Slurm job array (:mod:`harness.engine.cluster`);
+what differs there is :mod:`harness.engine.cells`'s.
 """
 
 from __future__ import annotations

@@ -149,27 +149,30 @@ def wait(records: list[dict[str, Any]], poll: float = 5.0) -> None:
         time.sleep(poll)
 
 
-def cancel_sweep(grid: Grid, storage: str, records: list[dict[str, Any]]) -> dict[str, int]:
+def cancel_sweep(grid: Grid, storage: str, study, records: list[dict[str, Any]]) -> dict[str, int]:
     """Cancel every submitted task still queued or running, wait for them to end, then end
-    the trials they held as failed ("cancelled"): their cells are queued again by the next
-    start, and finished cells stay as they are. Returns counts for the report."""
+    the trials they still hold as failed ("cancelled"): their cells are queued again by the
+    next start, and finished cells stay as they are. Returns counts for the report."""
     live = live_tasks(records)
-    slurm = [r["array"] for r in records if r.get("executor") == "slurm"]
-    slurm = [a for a in slurm if any(t.split("_")[0] == a for t in live)]
-    cancel_jobs(slurm)
-    local = [t for r in records if r.get("executor") == "local" for t in r["tasks"] if t in live]
-    for pid in local:  # submitit's local controller stops its task on SIGINT
-        os.kill(int(pid), signal.SIGINT)
-    cancelled = list(live)
+    held = [
+        t
+        for t in (study.get_trials(deepcopy=False) if study is not None else [])
+        if t.state.name == "RUNNING" and str(t.user_attrs.get("job", "")) in live
+    ]
+    arrays = [r["array"] for r in records if r.get("executor") == "slurm"]
+    cancel_jobs([a for a in arrays if any(t.split("_")[0] == a for t in live)])
+    for record in (r for r in records if r.get("executor") == "local"):
+        for pid in (t for t in record["tasks"] if t in live):
+            os.kill(int(pid), signal.SIGINT)  # submitit's local controller stops its task
     deadline = time.monotonic() + CANCEL_WAIT
     while live_tasks(records) and time.monotonic() < deadline:
         time.sleep(2)
     left = live_tasks(records)
-    released = release_trials(
+    release_trials(
         storage,
         grid.name,
-        [t for t in cancelled if t not in left],
+        [t for t in live if t not in left],
         "cancelled by sweep --cancel",
         again=False,
     )
-    return {"tasks": len(cancelled), "cells": released, "still_running": len(left)}
+    return {"tasks": len(live), "cells": len(held), "still_running": len(left)}
