@@ -15,11 +15,20 @@ from harness.cli.fetch import check_dataset
 from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
+from harness.cli.sweep_cluster import (
+    add_cluster_arguments,
+    cancel,
+    cluster_options,
+    preflight,
+    status,
+    submit,
+)
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
     open_study,
     queue_grid,
+    run_cell_process,
     storage_url,
     unfinished_cells,
     worker_loop,
@@ -31,41 +40,60 @@ __all__ = ["add_sweep_parser", "cmd_sweep"]
 def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.engine.training import resolve_device
 
+    if args.status or args.cancel:
+        grid = load_grid(args.status or args.cancel, smoke=args.smoke, max_cells=None)
+        check_study_storage(args.storage)
+        open_store(read_only=True)
+        return status(args, grid) if args.status else cancel(args, grid)
     resolve_device(args.device)
-    announce = (
-        None
-        if args.worker_only
-        else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
-    )
+    quiet = args.worker_only or args.cell
+    announce = None if quiet else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
     grid = load_grid(
         args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce
     )
+    # Nothing is written, and no dataset prepared, before Slurm has its say.
+    options = preflight(args, cluster_options(args, grid))
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
-    if not args.worker_only:  # the workers it starts share the check
+    if not quiet:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
     open_store()
+    if args.cell:  # one process of a cell on several GPUs (torchrun)
+        run_cell_process(grid, args.cell, _settings(args), args.cell_record)
+        return 0
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = worker_loop(grid, study, settings=_settings(args))
         return 1 if report["failed"] else 0
 
-    queue_grid(grid, study, storage_url(args.storage))
-    if args.workers == 1:
+    counts = queue_grid(grid, study, storage_url(args.storage))
+    if args.executor:
+        record = submit(args, grid, options, counts, _settings(args))
+        if record is None or not args.wait:
+            return 0
+        from harness.engine.sweep_status import wait
+
+        wait([record])
+    elif (args.workers or 1) == 1:
         worker_loop(grid, study, settings=_settings(args))
     else:
-        procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
-        try:
-            for p in procs:
-                p.wait()
-        except KeyboardInterrupt:
-            for p in procs:
-                p.terminate()
-            raise
+        _run_workers(args)
     return _final_report(grid, study)
+
+
+def _run_workers(args: argparse.Namespace) -> None:
+    """``--workers N``: N worker processes of this sweep on this machine, waited for."""
+    procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+    try:
+        for p in procs:
+            p.wait()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -125,14 +153,23 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sweep", help="run every cell of a grid once (restartable, multi-worker)"
     )
-    p.add_argument(
-        "--grid", required=True, help="grid name (protocols/grids/<name>.toml) or a .toml path"
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--grid", help="grid name (protocols/grids/<name>.toml) or a .toml path")
+    which.add_argument(
+        "--status",
+        metavar="GRID",
+        help="show each cell of a submitted grid: finished, running (with its job), queued, failed",
+    )
+    which.add_argument(
+        "--cancel",
+        metavar="GRID",
+        help="cancel a grid's submitted tasks (finished cells stay; running ones are queued again)",
     )
     p.add_argument(
         "--workers",
         type=at_least(1),
-        default=1,
-        help="local worker processes (default 1: in this process)",
+        help="local worker processes (default 1: in this process); with --executor, the "
+        "tasks of the array (default: one per cell to run)",
     )
     p.add_argument(
         "--storage",
@@ -163,6 +200,7 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)",
     )
+    add_cluster_arguments(p)
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_sweep)
     return p

@@ -20,7 +20,8 @@ no entry names are left out of the tables. ``[published] metrics`` maps a publis
 metric to the reproduced variant that the paper's definition matches (DIML:
 ``r_precision = "r_precision_query_in_r"``). ``baseline`` names the method every other
 row of a block is tested against in the tables (default ``plain``). Unknown keys are
-errors naming the key.
+errors naming the key. ``[executor.slurm]`` holds the resources each task of ``sweep
+--executor slurm`` asks for (:mod:`harness.config.executor`); it enters no cell key.
 
 Each :class:`Cell` has a ``key``: a hash of everything that determines its result
 (resolved protocol, dataset, loss and its arguments, method and options, seed,
@@ -44,10 +45,11 @@ from pydantic import BaseModel, Field, ValidationError
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, applicable
+from harness.config.executor import ExecutorTable, check_time
 from harness.config.overrides import Deviation, flatten_keys
 from harness.config.protocol import Protocol, apply_overrides
 from harness.config.protocol_files import load_protocol, protocol_dir
-from harness.config.schema import SPEC_CONFIG, Int, Str, refusal
+from harness.config.schema import SPEC_CONFIG, Int, Str, refusal, shown
 
 __all__ = [
     "Grid",
@@ -136,6 +138,8 @@ class GridFile(BaseModel):
     test_time: dict[Str, Str] = {}
     metrics: _Names | None = None
     baseline: Str | None = None
+    #: ``[executor.slurm]``: the resources of ``sweep --executor slurm`` (its options win).
+    executor: ExecutorTable = ExecutorTable()
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,8 @@ class Grid:
     paper_protocol: str = ""
     #: The grid's own datasets and backbones, against which a smoke version's are deviations.
     paper_axes: dict[str, list] = field(default_factory=dict, compare=False, repr=False)
+    #: The keys the grid's ``[executor.slurm]`` sets: defaults of ``sweep --executor slurm``.
+    slurm: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def grid_json_schema() -> dict[str, Any]:
@@ -257,9 +263,15 @@ def load_grid(
     except RecursionError:  # arrays or tables nested thousands deep
         raise HarnessError(f"malformed grid file {path}: nested too deeply") from None
     try:
-        GridFile.model_validate(data)
+        spec = GridFile.model_validate(data)
     except ValidationError as err:
         raise refusal(err, GridFile.model_json_schema(), what="grid key") from None
+    slurm_defaults = spec.executor.slurm.model_dump(exclude_none=True)
+    if "time" in slurm_defaults:
+        check_time(
+            slurm_defaults["time"],
+            f"grid key 'executor.slurm.time' = {shown(slurm_defaults['time'])}",
+        )
     data = _with_method_names(data, path)
     smoke_data = data.get("smoke", {})
     if smoke and not smoke_data:
@@ -318,6 +330,7 @@ def load_grid(
         published_metrics=dict(published_metrics),
         paper_protocol=resolved(str(data["protocol"])),
         paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")},
+        slurm=slurm_defaults,
     )
     count = cell_count(axes, extras)
     if on_count is not None:

@@ -99,7 +99,9 @@ def describe(node: dict[str, Any], defs: dict[str, Any], *, plural: bool = False
         kind = "non-empty list" if low == 1 and high is None else "list"
         return f"{kind + 's' if plural else 'a ' + kind} of {count}{items}"
     one, several = _NOUNS.get(kind, ("a value", "values"))
-    return (several if plural else one) + bounds
+    # A string of a given form (a Slurm time limit) is described by its examples.
+    like = f" like {' or '.join(shown(e) for e in node['examples'])}" if "examples" in node else ""
+    return (several if plural else one) + bounds + like
 
 
 def _resolved(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,8 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
 
 The tracking store is the record of what is done: a restarted sweep skips every
 cell with a FINISHED run carrying its ``cell_key`` and creates no new runs for it.
+The same workers run as the tasks of a Slurm job array (:mod:`harness.engine.cluster`);
+what differs there is :mod:`harness.engine.cells`'s.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
 from harness.config.grids import Cell, Grid
+from harness.engine.cells import cell_output, job_of_this_task, slurm_ids, train_in_processes
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "queue_grid",
     "worker_loop",
     "run_cell",
+    "run_cell_process",
     "runs_of_cell",
     "tag_cell",
     "pop_lock",
@@ -317,9 +321,29 @@ def run_cell(
     _kill_dead_runs(grid, cell, fp)
     if cell.base_key and not init_from:
         raise HarnessError(f"{cell.label}: its base cell {cell.base_key} has no finished run")
-    record = training.run_training(_run_config(grid, cell, settings, init_from), splits)
+    if settings.get("processes", 1) > 1:  # one process per GPU of the task, under torchrun
+        record = train_in_processes(grid.path, grid.smoke, cell.key, settings)
+    else:
+        record = training.run_training(_run_config(grid, cell, settings, init_from), splits)
     tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
+
+
+def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None:
+    """One of the processes ``torchrun`` starts for a cell on several GPUs: the cell's run
+    as :func:`run_cell` builds it, trained through the DDP path of ``run``. The worker that
+    started them holds the cell's trial and tags the run; process 0 writes the record."""
+    from harness.base.atomic import atomic_write_json
+    from harness.engine import training
+
+    cell = next((c for c in grid.cells if c.key == key), None)
+    if cell is None:
+        raise HarnessError(f"grid {grid.name} has no cell {key}")
+    init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
+    splits = _cell_splits(cell, settings, {})
+    result = training.run_training(_run_config(grid, cell, settings, init_from), splits)
+    if result:  # process 0
+        atomic_write_json(record, result)
 
 
 def _cell_splits(cell: Cell, settings: dict, splits_cache: dict):
@@ -407,6 +431,7 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
             "grid": grid.name,
             "grid_cell": cell.label,
             **deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
+            **slurm_ids(),  # the job that ran (or, resumed, finished) the cell
         },
     )
 
@@ -448,6 +473,8 @@ def worker_loop(
             study.tell(trial, state=TrialState.FAIL)
             continue
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        if job_of_this_task(settings):  # the cluster job that holds the cell (sweep --status)
+            trial.set_user_attr("job", job_of_this_task(settings))
         with _Heartbeat(study._storage, trial._trial_id):
             _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
 
@@ -482,8 +509,10 @@ def _work_on_trial(
         study.tell(trial, state=TrialState.PRUNED)
         return
     _log(f"trial {trial.number}: {cell.label} (cell {key})")
+    header = f"trial {trial.number}, job {job_of_this_task(settings) or 'none'}, {time.ctime()}"
     try:
-        record = run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
+        with cell_output(settings.get("cell_logs"), cell.label, header):
+            record = run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
     except KeyboardInterrupt:
         _settle(study, trial, state=TrialState.FAIL, error="interrupted")
         raise
