@@ -5,7 +5,10 @@ unless ``MLFLOW_TRACKING_URI`` is set. A SQLite store keeps its artifacts in the
 ``mlartifacts`` beside the database file (``results/mlartifacts`` for the default store):
 the two are one store, and copying or moving that pair keeps every table
 (:func:`artifact_root`; :func:`harness.store.queries.run_artifact_dir` reads artifacts
-from there, not from the absolute location MLflow recorded).
+from there, not from the absolute location MLflow recorded). The experiments the harness
+makes there record their artifacts under MLflow's proxied scheme, relative to that folder
+(:mod:`harness.store.artifacts`), so the MLflow UI and ``mlflow.pytorch.load_model`` follow
+a moved store too.
 Each run records the full protocol, fingerprint, deviations, method options,
 seed, git commit and package versions.
 """
@@ -25,6 +28,13 @@ from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.base.paths import ReservedPath
+from harness.store.artifacts import (
+    ARTIFACT_FOLDER,
+    PROXIED_ROOT,
+    resolve_proxied_locally,
+    sqlite_artifact_folder,
+)
+from harness.store.runs_view import VIEW_KEY, VIEW_NAME, outdated, view_tag
 
 __all__ = [
     "tracking_uri",
@@ -79,12 +89,11 @@ PACKAGES = (
 )
 #: Folders whose new, uncommitted files make the recorded commit ``-dirty``.
 SOURCE_FOLDERS = ("harness", "protocols")
-#: The artifact folder of a SQLite store, beside its database file.
-ARTIFACT_FOLDER = "mlartifacts"
 #: The tag holding a run's checkpoint folder (absolute), where a killed run's partial
 #: files are removed when it is marked FAILED.
 CHECKPOINT_DIR_TAG = "checkpoint_dir"
-#: The name of a run's logged MLflow model (``runs:/<run_id>/embedder``).
+#: The name of a logged MLflow model when its caller gives none (the runs of the harness
+#: name theirs after the run: method, dataset, loss and seed).
 MODEL_NAME = "embedder"
 #: The tag whose Markdown the MLflow UI shows as a run's description.
 RUN_NOTE_TAG = "mlflow.note.content"
@@ -95,10 +104,8 @@ EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 #: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
 ML_VIEW_QUERY = "workflowType=machine_learning"
 #: The saved view of the runs table that every experiment carries (the UI's Views menu;
-#: ``viewStateShareKey`` in a URL opens it): the headline test metrics as columns, best
-#: P@1 first. MLflow keeps column choices in the browser otherwise, so a new user would
-#: see no metric column at all.
-RUNS_VIEW = ("metric-learning", "Metric learning")
+#: ``viewStateShareKey`` in a URL opens it; :mod:`harness.store.runs_view`).
+RUNS_VIEW = (VIEW_KEY, VIEW_NAME)
 
 
 def tracking_uri() -> str:
@@ -170,26 +177,6 @@ def reserved_paths() -> tuple[ReservedPath, ...]:
         folder = Path(uri.removeprefix("file://").removeprefix("file:"))
         places.append(ReservedPath(folder, f"the tracking store ({uri})", folder=True))
     return tuple(places)
-
-
-def ui_server_command(host: str, port: int) -> list[str]:
-    """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
-    artifacts in :func:`artifact_root` (where :func:`experiment_id` puts them)."""
-    artifacts = artifact_root()
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        tracking_uri(),
-        "--default-artifact-root",
-        artifacts.as_uri(),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
 
 
 def _git(root: Path | None, *args: str, check: bool = False) -> str:
@@ -455,22 +442,26 @@ def newest_run(experiment: str, filter_string: str) -> str | None:
 
 def experiment_id(name: str) -> str:
     """The id of MLflow experiment ``name``, created on first use, of the model-development
-    kind (:data:`EXPERIMENT_KIND_TAG`). Sweep workers start together: when another process
+    kind (:data:`EXPERIMENT_KIND_TAG`); in a SQLite store its artifacts are recorded as
+    proxied URIs relative to :func:`artifact_root` (:mod:`harness.store.artifacts`), which
+    this process then resolves there. Sweep workers start together: when another process
     creates it between our look-up and our create, the store's unique-name constraint
     fails ours, and we take theirs."""
     import mlflow
 
+    resolve_proxied_locally()
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         prepare_for_ui(exp.experiment_id)
         return exp.experiment_id
     artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
+    proxied = sqlite_artifact_folder(tracking_uri()) is not None
     try:
         return mlflow.create_experiment(
             name,
-            artifact_location=artifacts.as_uri(),
-            tags=dict([EXPERIMENT_KIND_TAG, _runs_view_tag()]),
+            artifact_location=PROXIED_ROOT if proxied else artifacts.as_uri(),
+            tags=dict([EXPERIMENT_KIND_TAG, view_tag()]),
         )
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
@@ -480,39 +471,20 @@ def experiment_id(name: str) -> str:
 
 
 def prepare_for_ui(experiment: str) -> None:
-    """Give experiment id ``experiment`` the tags the harness's experiments carry (the
-    model-development kind, :data:`RUNS_VIEW`) where it lacks them (made before the
-    harness set them, or by another program)."""
+    """Give experiment id ``experiment`` the tags the harness's experiments carry where it
+    lacks them (made before the harness set them, or by another program): the
+    model-development kind, and :data:`RUNS_VIEW` (also where the harness wrote an older
+    form of it; :func:`harness.store.runs_view.outdated`)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri())
     present = client.get_experiment(experiment).tags
-    for key, value in (EXPERIMENT_KIND_TAG, _runs_view_tag()):
-        if key not in present:
-            client.set_experiment_tag(experiment, key, value)
-
-
-def _runs_view_tag() -> tuple[str, str]:
-    """The experiment tag of :data:`RUNS_VIEW`, in the envelope MLflow's UI saves views in
-    (``mlflow.sharedViewState.<key>``: name, times, and the table's state as JSON)."""
-    import time
-
-    from harness.base.metric_keys import HEADLINE, metric_key
-
-    columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
-    columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
-    columns += ["params.`seed`", "tags.`selected_epoch`"]
-    state = {
-        "selectedColumns": columns,
-        "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
-        "orderByAsc": False,
-    }
-    now = int(time.time() * 1000)
-    key, name = RUNS_VIEW
-    return (
-        f"mlflow.sharedViewState.{key}",
-        json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}),
-    )
+    key, kind = EXPERIMENT_KIND_TAG
+    if key not in present:
+        client.set_experiment_tag(experiment, key, kind)
+    view_key, view = view_tag()
+    if outdated(present.get(view_key)):
+        client.set_experiment_tag(experiment, view_key, view)
 
 
 def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
@@ -661,6 +633,8 @@ class Tracker:
         tab; ``mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")`` loads it), with the
         signature of ``input_example`` -> ``output_example`` and ``tags`` (shown in the
         Models tab); registered as ``registered_name`` when given. Returns the model's URI.
+        The model's source is the run's (the harness command and its commit): MLflow would
+        name the Python file that logged it, ``__main__.py`` for every harness command.
 
         Kept cheap: the pip requirements are named (MLflow would otherwise load the model
         in a subprocess to infer them) and the input example is not run again through a
@@ -692,12 +666,53 @@ class Tracker:
                 pip_requirements=requirements,
                 run_id=self.run_id,
                 step=step,
-                tags=tags,
+                tags={**self._source_tags(), **(tags or {})},
                 registered_model_name=registered_name or None,
                 serialization_format="pt2",
                 validate_serving_input=False,
             )
         return info.model_uri
+
+    def _source_tags(self) -> dict[str, str]:
+        """The run's source tags (:func:`source_tags`: command, source type, commit)."""
+        from mlflow.utils.mlflow_tags import (
+            MLFLOW_GIT_COMMIT,
+            MLFLOW_SOURCE_NAME,
+            MLFLOW_SOURCE_TYPE,
+        )
+
+        tags = self.client.get_run(self.run_id).data.tags
+        keys = (MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_GIT_COMMIT, "command")
+        return {key: tags[key] for key in keys if key in tags}
+
+    def log_model_scores(
+        self, model_uri: str, scores: dict[str, float], dataset: tuple[str, str]
+    ) -> None:
+        """``scores`` of the logged model ``model_uri`` (``models:/<id>``) on ``dataset``
+        (name, digest of its split, as :meth:`log_dataset` logged it), as metrics of this
+        run at step 0 that MLflow links to the model and the dataset: the UI's Models tab
+        lists the model's dataset and these scores under it."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        model_id = model_uri.removeprefix("models:/")
+        name, digest = dataset
+        items = [
+            Metric(
+                key,
+                float(value),
+                now,
+                0,
+                model_id=model_id,
+                dataset_name=name,
+                dataset_digest=digest,
+            )
+            for key, value in scores.items()
+        ]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
 
     def finish(self, status: str = "FINISHED") -> None:
         if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:
