@@ -1,11 +1,19 @@
 """A tracking store that moves: the SQLite file and its ``mlartifacts`` folder copied
 elsewhere (the original deleted) give byte-identical tables, paired-bootstrap marks
 included; a per-query artifact removed from the copy is named on stderr with its run,
-marked in the table, and ``harness table --strict`` fails on it."""
+marked in the table, and ``harness table --strict`` fails on it. ``harness ui`` on the
+copy serves its artifacts, and its models load."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -107,3 +115,88 @@ def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(
         assert not (tmp_path / "strict.md").exists()
     finally:
         shutil.copytree(moved, store)  # other tests of the module may read the store
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
+    """A run with an explanation figure, and the figure's artifact path."""
+    for run in runs:
+        folder = store / "mlartifacts" / run.info.run_id / "artifacts"
+        for image in sorted(folder.glob("explanations/*.png")):
+            return run, image.relative_to(folder).as_posix()
+    raise AssertionError(f"no run in {store} logged an explanation figure")
+
+
+@pytest.mark.slow
+def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
+    built_store, tmp_path, monkeypatch
+):
+    """The store copied elsewhere and the original deleted: ``harness ui`` on the copy
+    serves a run's explanation figure as the UI fetches it, and its model loads through
+    that server and, in this process, from the copy's SQLite URI: runs and models record
+    proxied URIs relative to the store, not the original's absolute path."""
+    import mlflow.pytorch
+    import torch
+
+    from harness.engine.export import example_images
+    from harness.store.artifacts import resolve_proxied_locally
+
+    store, experiment = built_store
+    moved = tmp_path / "elsewhere" / "store"
+    shutil.copytree(store, moved)
+    shutil.rmtree(store)
+    uri = f"sqlite:///{moved / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    port, log = _free_port(), tmp_path / "ui.log"
+    server = None
+    try:
+        mlflow.set_tracking_uri(uri)
+        run, image = _explanation_image(
+            moved, mlflow.search_runs(experiment_names=[experiment], output_format="list")
+        )
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
+        with log.open("w") as sink:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "harness", "ui", "--port", str(port)],
+                cwd=tmp_path,
+                env=dict(os.environ),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(f"{base}/health", server, log)
+        query = urllib.parse.urlencode({"path": image, "run_uuid": run.info.run_id})
+        with urllib.request.urlopen(f"{base}/get-artifact?{query}", timeout=30) as response:
+            served = response.read()
+        expected = (moved / "mlartifacts" / run.info.run_id / "artifacts" / image).read_bytes()
+        assert served == expected and served.startswith(b"\x89PNG")
+
+        images = torch.from_numpy(example_images(32))
+        mlflow.set_tracking_uri(base)  # through the server, as any MLflow client
+        through_server = mlflow.pytorch.load_model(run.data.tags["model_uri"])(images)
+        mlflow.set_tracking_uri(uri)  # the copy's SQLite URI, in this process
+        resolve_proxied_locally()
+        local = mlflow.pytorch.load_model(run.data.tags["model_uri"])(images)
+        assert through_server.shape == (2, 16) and torch.equal(through_server, local)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+        shutil.copytree(moved, store)  # other tests of the module read the store
+
+
+def _wait_for(url: str, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert server.poll() is None, log.read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the UI did not answer at {url} within {timeout:.0f} s")

@@ -1,8 +1,10 @@
 """What a run leaves for the MLflow UI, read back from a store made by one short
 ``run --methods plain,diml`` (DIML evaluated on plain's weights): grouped metric names
-with the headline metrics first, the source and command, the description, every method
-option as a param, the selected epoch of the shared run, and the embedder as an MLflow
-model that loads with ``mlflow.pytorch.load_model`` and embeds as the harness does."""
+with the headline metrics first and their readable copies, the source and command, the
+description, every method option as a param, the selected epoch of the shared run, the
+saved view, artifacts under proxied URIs, and the embedder as an MLflow model named after
+its run, with its source and dataset, that loads with ``mlflow.pytorch.load_model`` and
+embeds as the harness does."""
 
 from __future__ import annotations
 
@@ -15,7 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from harness.base.metric_keys import GROUPS, HEADLINE, group_metrics, metric_key, split_key
+from harness.base.metric_keys import (
+    GROUPS,
+    HEADLINE,
+    READABLE,
+    group_metrics,
+    metric_key,
+    split_key,
+)
 from harness.cli.main import main
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform
@@ -23,6 +32,8 @@ from harness.config.protocol_files import load_protocol
 from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
 from harness.methods import METHODS
+from harness.store.artifacts import PROXIED_ROOT
+from harness.store.runs_view import VERSION, VERSION_FIELD
 from harness.store.ui import EXPERIMENT_KIND_TAG, ML_VIEW_QUERY, RUN_NOTE_TAG, RUNS_VIEW, ui_url
 from harness.store.weights import load_finished_weights
 
@@ -80,7 +91,8 @@ def test_every_metric_is_in_a_group_with_the_headline_first(store):
     records, _ = store
     for method in ("plain", "diml"):
         metrics = _run(records, method).data.metrics
-        assert all(split_key(k) is not None for k in metrics), sorted(metrics)
+        grouped = {k: v for k, v in metrics.items() if k not in READABLE.values()}
+        assert all(split_key(k) is not None for k in grouped), sorted(metrics)
         test = sorted(k for k in metrics if k.startswith("test/"))
         assert [split_key(k)[1] for k in test[:4]] == list(HEADLINE)
         assert group_metrics(metrics, "test")["precision_at_1"] == pytest.approx(
@@ -97,6 +109,22 @@ def test_every_metric_is_in_a_group_with_the_headline_first(store):
         records["plain"]["mlflow_run_id"], metric_key("val", "mean_average_precision_at_r")
     )
     assert [m.step for m in history] == [1, 2]  # validation against the epoch
+    lr = mlflow.MlflowClient().get_metric_history(records["plain"]["mlflow_run_id"], "train/lr")
+    assert [m.step for m in lr] == list(range(1, 7))  # every step of 2 epochs of 3 batches
+
+
+def test_the_headline_is_also_logged_readable_and_tables_ignore_it(store):
+    """``P at 1`` & co. hold the headline test metrics in %, two decimals, beside the exact
+    fractions, which they leave as they were; no group reads them."""
+    records, _ = store
+    for method in ("plain", "diml"):
+        metrics = _run(records, method).data.metrics
+        for name in HEADLINE:
+            exact = records[method]["metrics"][name]
+            assert metrics[metric_key("test", name)] == pytest.approx(exact)
+            assert metrics[READABLE[name]] == round(100 * exact, 2)
+        assert set(READABLE) == set(HEADLINE)
+        assert not set(READABLE.values()) & set(group_metrics(metrics, "test"))
 
 
 def test_source_command_and_version_are_recorded(store):
@@ -117,8 +145,13 @@ def test_the_description_summarises_the_run(store):
         record, tags = records[method], _run(records, method).data.tags
         note = tags[RUN_NOTE_TAG]
         assert f"**{method}** on **synthetic**, protocol **tiny**" in note
-        assert "| P@1 | R@1 | MAP@R | NMI |" in note
-        assert f"{100 * record['metrics']['precision_at_1']:.2f}" in note
+        # A table: blank lines around, a header separator, one column for P@1 = R@1.
+        lines = note.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("| P@1"))
+        assert lines[header - 1] == "" and lines[header + 3] == ""
+        assert lines[header].split("|")[1:-1] == [" P@1 = R@1 ", " &emsp;MAP@R ", " &emsp;NMI "]
+        assert lines[header + 1] == "| ---: | ---: | ---: |"
+        assert f"| {100 * record['metrics']['precision_at_1']:.2f} |" in note
         assert f"Selected epoch {record['selected_epoch']}" in note
         assert (
             "Deviations from the paper:" in note and "Deviations from the protocol: none." in note
@@ -157,13 +190,16 @@ def test_the_experiment_is_of_the_model_development_kind(store):
     )  # the UI's saved-view envelope
     assert view["name"] == RUNS_VIEW[1] and isinstance(view["createdAt"], int)
     state = json.loads(view["state"])
-    assert [f"metrics.`{metric_key('test', m)}`" for m in HEADLINE] == [
-        c for c in state["selectedColumns"] if c.startswith("metrics.")
-    ]
-    assert (
-        state["orderByKey"] == f"metrics.`{metric_key('test', 'precision_at_1')}`"
-        and not state["orderByAsc"]
-    )
+    assert state[VERSION_FIELD] == VERSION
+    assert state["selectedColumns"] == [
+        *(f"tags.`{key}`" for key in ("method", "dataset", "loss", "seed")),
+        *(f"metrics.`{READABLE[m]}`" for m in HEADLINE),
+    ]  # no Source, Models or Dataset column
+    assert state["orderByKey"] == "metrics.`P at 1`" and not state["orderByAsc"]
+    assert state["runsHiddenMode"] == "SHOW_ALL" and state["isAccordionReordered"]
+    assert state["compareRunSections"][0]["name"] == "test"
+    bars = [c for c in state["compareRunCharts"] if c["metricSectionId"] == "section-test"]
+    assert [(c["type"], c["metricKey"]) for c in bars] == [("BAR", READABLE[m]) for m in HEADLINE]
     runs_page = ui_url("http://127.0.0.1:5000", experiment.experiment_id)
     assert runs_page.endswith(f"/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}")
     url = ui_url(
@@ -173,6 +209,19 @@ def test_the_experiment_is_of_the_model_development_kind(store):
         f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/"
         f"{records['plain']['mlflow_run_id']}?{ML_VIEW_QUERY}"
     )
+
+
+def test_artifacts_are_recorded_relative_to_the_store(store):
+    """Runs and models record ``mlflow-artifacts:`` URIs, which a SQLite store resolves to
+    the folder beside its database (a moved store keeps them)."""
+    records, _ = store
+    client = mlflow.MlflowClient()
+    run = _run(records, "plain")
+    assert client.get_experiment(run.info.experiment_id).artifact_location == PROXIED_ROOT
+    assert run.info.artifact_uri == f"{PROXIED_ROOT}{run.info.run_id}/artifacts"
+    model = client.get_logged_model(run.data.tags["model_uri"].split("/")[-1])
+    assert model.artifact_location.startswith(f"{PROXIED_ROOT}models/")
+    assert "weights/model.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
 
 
 def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(
@@ -200,6 +249,16 @@ def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(
     with torch.inference_mode():
         got = loaded(batch).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-5)
+    model = mlflow.MlflowClient().get_logged_model(run.data.tags["model_uri"].split("/")[-1])
+    assert model.name == "plain-synthetic-margin-seed0"
+    assert model.tags["mlflow.source.name"] == "python -m harness run"
+    assert model.tags["command"] == run.data.tags["command"]
+    assert model.tags["loss"] == "margin" and model.tags["dataset"] == "synthetic"
+    linked = {m.key: m for m in model.metrics if m.dataset_name}
+    assert set(linked) == set(READABLE.values())
+    assert {(m.dataset_name, m.dataset_digest) for m in linked.values()} == {
+        ("synthetic", run.data.tags["split_digest"])
+    }
     versions = mlflow.MlflowClient().search_model_versions(f"name = '{REGISTERED}'")
     assert {v.run_id for v in versions} >= {
         records["plain"]["mlflow_run_id"],

@@ -207,3 +207,131 @@ def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
         server.shutdown()
         server.server_close()
     assert opened == [url]
+
+
+def test_the_server_serves_artifacts_beside_the_store_through_the_harness_application(
+    workdir,
+):
+    """``mlflow server`` runs the harness's application (an ``mlflow.app`` entry point the
+    server's environment declares) and serves ``mlflow-artifacts:`` from the folder beside
+    the database."""
+    from importlib.metadata import distributions
+
+    from harness.store.artifacts import PROXIED_ROOT
+    from harness.store.location import artifact_root
+    from harness.store.ui_server import APP_NAME, server_command, server_environment
+
+    command = server_command("127.0.0.1", 5000)
+    assert command[1:4] == ["-m", "mlflow", "server"] and "--serve-artifacts" in command
+    assert command[command.index("--artifacts-destination") + 1] == artifact_root().as_uri()
+    assert command[command.index("--default-artifact-root") + 1] == PROXIED_ROOT
+    assert command[command.index("--app-name") + 1] == APP_NAME
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    with server_environment() as env:
+        path = env["PYTHONPATH"].split(os.pathsep)
+        found = [
+            entry
+            for dist in distributions(path=path[:1])
+            for entry in dist.entry_points
+            if entry.group == "mlflow.app"
+        ]
+        assert [(e.name, e.value) for e in found] == [(APP_NAME, "harness.store.ui_app:app")]
+        assert str(Path(__file__).resolve().parents[1]) in path  # this harness's source
+        folder = Path(path[0])
+    assert not folder.exists()  # gone with the server
+
+
+def test_the_index_page_sets_the_model_training_workflow_unless_the_browser_chose():
+    """The application rewrites only ``GET /`` (the UI's one page): the script that sets
+    the workflow when the browser holds none goes first in the head, the length follows,
+    and the request cannot be answered "not modified" from a page cached without it."""
+    import asyncio
+
+    from harness.store import ui_app
+
+    page = b"<html><head><title>MLflow</title></head><body></body></html>"
+    seen = []
+
+    async def inner(scope, receive, send):
+        seen.append(scope)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/html; charset=utf-8"),
+                    (b"content-length", str(len(page)).encode()),
+                    (b"etag", b"x"),
+                    (b"x-frame-options", b"SAMEORIGIN"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": page})
+
+    def request(path: str) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": path,
+            "headers": [(b"if-none-match", b"x"), (b"host", b"127.0.0.1")],
+        }
+        asyncio.run(ui_app.app(scope, None, send))
+        return sent
+
+    original = ui_app.mlflow_app
+    ui_app.mlflow_app = inner
+    try:
+        start, body = request("/")
+        assert seen[-1]["headers"] == [(b"host", b"127.0.0.1")]
+        other = request("/static-files/x.js")
+    finally:
+        ui_app.mlflow_app = original
+    html = body["body"]
+    assert html.startswith(b"<html><head><script>") and html.endswith(page[len(b"<html><head>") :])
+    assert f'"{ui_app.WORKFLOW_KEY}": "\\"{ui_app.WORKFLOW}\\""'.encode() in html
+    assert b"getItem(k)===null" in html  # a choice the browser holds stays
+    headers = dict(start["headers"])
+    assert headers[b"content-length"] == str(len(html)).encode()
+    assert b"etag" not in headers and headers[b"x-frame-options"] == b"SAMEORIGIN"
+    assert other[1]["body"] == page and dict(other[0]["headers"])[b"etag"] == b"x"
+    assert seen[-1]["headers"][0] == (b"if-none-match", b"x")  # other paths: as sent
+
+
+def test_a_view_the_harness_wrote_earlier_is_renewed_and_a_saved_one_kept():
+    from harness.store.runs_view import VERSION, VERSION_FIELD, outdated, view_tag
+
+    def envelope(state) -> str:
+        return json.dumps({"name": "v", "createdAt": 1, "state": json.dumps(state)})
+
+    assert outdated(None)
+    first = {"selectedColumns": ["metrics.`test/1_precision_at_1`"], "orderByKey": "x"}
+    assert outdated(envelope(first))  # the harness's first form, without a version
+    assert outdated(envelope({**first, VERSION_FIELD: VERSION - 1}))
+    assert not outdated(view_tag()[1])
+    saved = {**first, "runsPinned": [], "compareRunCharts": []}  # saved from the UI
+    assert not outdated(envelope(saved))
+    assert not outdated(json.dumps({"name": "v", "createdAt": 1, "state": "compressed"}))
+
+
+def test_runs_recorded_without_the_readable_headline_get_it(workdir):
+    from harness.store.ui_server import add_readable_headline
+
+    client = mlflow.MlflowClient()
+    experiment = client.create_experiment(f"readable-{time.time_ns()}")
+    old = client.create_run(experiment).info.run_id
+    client.log_metric(old, metric_key("test", "precision_at_1"), 0.459027777, step=2)
+    client.log_metric(old, metric_key("test", "nmi"), 0.6442)
+    client.set_terminated(old)
+    running = client.create_run(experiment).info.run_id
+    client.log_metric(running, metric_key("test", "nmi"), 0.5)
+    assert add_readable_headline(experiment) == 1
+    assert add_readable_headline(experiment) == 0  # once
+    metrics = client.get_run(old).data.metrics
+    assert metrics["P at 1"] == 45.9 and metrics["NMI"] == 64.42 and "R at 1" not in metrics
+    assert metrics[metric_key("test", "precision_at_1")] == 0.459027777
+    assert "NMI" not in client.get_run(running).data.metrics

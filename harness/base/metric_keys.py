@@ -11,6 +11,11 @@ MLflow's UI groups charts and the metric-column picker by the part before the fi
 - ``explain/``: faithfulness scores of the explanations and group attention mass;
 - ``system/``: throughput, wall time and memory.
 
+The headline test metrics are logged once more outside the groups, as percentages
+rounded to two decimals under short keys (:data:`READABLE`: ``P at 1``, ``R at 1``,
+``MAP at R``, ``NMI``), for the MLflow UI's columns and charts; MLflow allows no ``@``
+in a key. Tables and records read the grouped fractions, never these.
+
 The UI lists a group's metrics alphabetically. The protocol's headline metrics (P@1,
 R@1, MAP@R, NMI) carry a rank digit after the slash (``test/1_precision_at_1``), which
 sorts them first, in that order, in every group; :func:`metric_key` and
@@ -21,11 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["GROUPS", "HEADLINE", "metric_key", "split_key", "group_metrics"]
+__all__ = ["GROUPS", "HEADLINE", "READABLE", "metric_key", "split_key", "group_metrics", "readable"]
 
 GROUPS = ("test", "val", "paper_selection", "train", "explain", "system")
 #: The protocol's headline metrics, in the order tables and the UI show them.
 HEADLINE = ("precision_at_1", "recall_at_1", "mean_average_precision_at_r", "nmi")
+#: The short key of each headline metric's readable copy (a percentage, two decimals).
+READABLE = {
+    "precision_at_1": "P at 1",
+    "recall_at_1": "R at 1",
+    "mean_average_precision_at_r": "MAP at R",
+    "nmi": "NMI",
+}
 
 
 def metric_key(group: str, name: str) -> str:
@@ -59,3 +71,10 @@ def group_metrics(metrics: Mapping[str, float], group: str) -> dict[str, float]:
         if parts is not None and parts[0] == group:
             found[parts[1]] = value
     return found
+
+
+def readable(scores: Mapping[str, float]) -> dict[str, float]:
+    """The readable copies of the headline metrics among ``scores`` (bare names, fractions):
+    ``{"precision_at_1": 0.45902}`` -> ``{"P at 1": 45.9}``. A column of these reads at a
+    glance, where the fractions show as ``0.45902777...``."""
+    return {READABLE[name]: round(100 * scores[name], 2) for name in HEADLINE if name in scores}

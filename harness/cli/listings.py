@@ -108,11 +108,13 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    """Serve the MLflow UI; print (and with ``--open`` open) each experiment's runs page in
-    the model-training view, the named or most recently active experiment first."""
+    """Serve the MLflow UI (:mod:`harness.store.ui_server`); print (and with ``--open`` open)
+    each experiment's runs page in the saved view *Metric learning*, the named or most
+    recently active experiment first."""
     from harness.store.location import tracking_uri
     from harness.store.queries import experiments_by_activity
-    from harness.store.ui import prepare_for_ui, ui_server_command, ui_url
+    from harness.store.ui import prepare_for_ui, ui_url
+    from harness.store.ui_server import add_readable_headline, server_command, server_environment
 
     check_port_free(args.host, args.port)
     open_store()
@@ -128,6 +130,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         experiments = named + [e for e in experiments if e[1] != args.experiment]
     for exp_id, _ in experiments:
         prepare_for_ui(exp_id)  # the runs view the printed pages open
+        add_readable_headline(exp_id)  # its columns, for runs recorded without them
     pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [
         ("experiments", ui_url(base))
     ]
@@ -137,7 +140,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     if args.open:
         _open_when_up(base, pages[0][1])
-    return serve_process_group(ui_server_command(args.host, args.port))
+    with server_environment() as env:
+        return serve_process_group(server_command(args.host, args.port), env=env)
 
 
 def _open_when_up(base: str, url: str, timeout: float = 120.0) -> None:

@@ -55,7 +55,9 @@ def stop_process_group(pgid: int, grace: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def serve_process_group(cmd: list[str], grace: float = 10.0) -> int:
+def serve_process_group(
+    cmd: list[str], grace: float = 10.0, env: dict[str, str] | None = None
+) -> int:
     """Run ``cmd`` (a server) in its own session and process group until it exits; on
     SIGTERM or SIGINT stop the whole group, then exit.
 
@@ -63,9 +65,10 @@ def serve_process_group(cmd: list[str], grace: float = 10.0) -> int:
     to the server alone, or to a process that exec-ed into it, left those workers
     running and holding the port. Here every process it starts shares its group, and
     ``killpg`` reaches them all. Returns the server's exit status; a signal ends in
-    ``KeyboardInterrupt`` (exit 130 through :func:`main`) once the group is gone."""
+    ``KeyboardInterrupt`` (exit 130 through :func:`main`) once the group is gone. ``env``:
+    the server's environment (default: this process's)."""
     previous = signal.signal(signal.SIGTERM, terminated)
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         return proc.wait()
     finally:  # interrupted (or failed): the server and its workers go with us

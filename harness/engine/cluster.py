@@ -71,7 +71,7 @@ CARRIED_PREFIX = "DML_HARNESS_"
 def sweep_folder(grid: Grid) -> Path:
     """``sweeps/<grid>/`` beside the tracking store (``results/sweeps/<grid>`` by default):
     the sweep's submitted jobs, each cell's output and submitit's files."""
-    from harness.store.tracking import artifact_root
+    from harness.store.location import artifact_root
 
     return artifact_root().parent / "sweeps" / grid.name
 
@@ -108,7 +108,7 @@ class SweepTask(submitit.helpers.Checkpointable):
         os.chdir(spec.cwd)
         os.environ.update(spec.env)
         from harness.engine.sweep import open_study
-        from harness.store.tracking import fail_dead_runs
+        from harness.store.dead_runs import fail_dead_runs
 
         settings = {**spec.settings, "job_id": submitit.JobEnvironment().job_id}
         grid = load_grid(spec.grid, smoke=spec.smoke, max_cells=None)

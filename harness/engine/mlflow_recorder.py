@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from harness.base.device import amp_name
-from harness.base.metric_keys import metric_key
+from harness.base.metric_keys import metric_key, readable
 from harness.components.data import DatasetSplits
 from harness.components.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, save_per_query
 from harness.components.losses import miner_for
@@ -96,15 +96,15 @@ class MlflowRecorder:
     # ------------------------------------------------------------ Recorder
 
     def record_flush(self, flush: StepFlush) -> None:
-        """``train/loss`` at every step of the flush and ``train/lr`` at its last, against the
-        run's global step."""
+        """``train/loss`` and ``train/lr`` at every step of the flush, against the run's
+        global step: the learning rate as a curve that shows the schedule, not one point per
+        flush (a flush holds one epoch's steps, and the schedule steps per epoch)."""
         first = flush.global_step - len(flush.step_losses) + 1
+        steps = range(first, flush.global_step + 1)
         self.tracker.log_metric_steps(
             {
-                metric_key("train", "loss"): [
-                    (first + i, v) for i, v in enumerate(flush.step_losses)
-                ],
-                metric_key("train", "lr"): [(flush.global_step, flush.lr)],
+                metric_key("train", "loss"): list(zip(steps, flush.step_losses, strict=True)),
+                metric_key("train", "lr"): [(step, flush.lr) for step in steps],
             }
         )
 
@@ -151,11 +151,16 @@ class MlflowRecorder:
         )
         self.tracker.log_artifact(path, "weights")  # listed in the UI as weights/model.pt
 
-    def record_embedder(self, model: nn.Module, device: torch.device, selected_epoch: int) -> None:
-        """The selected weights as an MLflow model (``embedder``: images -> embeddings, the
-        UI's Models tab), its signature from a forward pass on two example images; registered
-        under ``--register``'s name when given."""
-        cfg = self.cfg
+    def record_embedder(
+        self, trainer: Trainer, selected_epoch: int, scores: dict[str, float]
+    ) -> None:
+        """The selected weights as an MLflow model (images -> embeddings, the UI's Models
+        tab) named after the run (:meth:`model_name`), its signature from a forward pass on
+        two example images; registered under ``--register``'s name when given. The headline
+        test ``scores`` go with it as readable percentages
+        (:func:`~harness.base.metric_keys.readable`), linked to the model and the run's
+        dataset, so that the Models tab names the data it was tested on."""
+        cfg, model, device = self.cfg, trainer.model, trainer.device
         embedder = ImageEmbedder(model, cfg.protocol.image).to(device).eval()
         images = example_images(cfg.protocol.image.size)
         with torch.inference_mode():
@@ -167,11 +172,13 @@ class MlflowRecorder:
                 embedder,
                 images,
                 embeddings,
+                name=self.model_name(),
                 step=selected_epoch,
                 registered_name=cfg.registered_model,
                 tags={
                     "method": cfg.method,
                     "dataset": cfg.dataset,
+                    "loss": cfg.loss,
                     "protocol": cfg.protocol.name,
                     "seed": str(cfg.seed),
                 },
@@ -179,6 +186,14 @@ class MlflowRecorder:
         finally:
             model.to(device)
         self.tracker.set_tags({"model_uri": uri})
+        self.tracker.log_model_scores(uri, readable(scores), (cfg.dataset, trainer.splits.digest()))
+
+    def model_name(self) -> str:
+        """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
+        no ``/``, ``:``, ``.``, ``%`` or quote in it: those become ``-``)."""
+        cfg = self.cfg
+        name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
+        return "".join("-" if c in "/:.%'\"" else c for c in name)
 
     def record_note(self, scores: dict[str, float], selected_epoch: int) -> None:
         """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`)."""

@@ -135,7 +135,7 @@ def _record_finished(
     """The finished run: its selected weights, the logged embedder, its description and
     explanations, then the run marked finished."""
     recorder.record_selected_weights(trainer.model, selected_epoch)
-    recorder.record_embedder(trainer.model, trainer.device, selected_epoch)
+    recorder.record_embedder(trainer, selected_epoch, test)
     recorder.record_note(test, selected_epoch)
     recorder.record_explanations(trainer.model, trainer.splits, trainer.device)
     recorder.finish()

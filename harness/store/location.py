@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.base.paths import ReservedPath
+from harness.store.artifacts import ARTIFACT_FOLDER
 
 __all__ = [
     "DEFAULT_URI",
@@ -26,8 +27,6 @@ __all__ = [
 ]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
-#: The artifact folder of a SQLite store, beside its database file.
-ARTIFACT_FOLDER = "mlartifacts"
 
 
 def tracking_uri() -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.base.errors import HarnessError
+from harness.store.artifacts import PROXIED_SCHEME, proxied_local_path, resolve_proxied_locally
 from harness.store.location import artifact_root, tracking_uri
 from harness.store.tracking import _existing_run_experiment, _search_runs
 
@@ -42,10 +43,12 @@ T = TypeVar("T")
 
 
 def client():
-    """An ``MlflowClient`` on the project's tracking store."""
+    """An ``MlflowClient`` on the project's tracking store, whose proxied artifact URIs
+    this process resolves (:func:`harness.store.artifacts.resolve_proxied_locally`)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
+    resolve_proxied_locally()
     return mlflow.MlflowClient()
 
 
@@ -159,13 +162,16 @@ def newest_finished_runs(experiments: Sequence[str]) -> list:
 
 def _recorded_artifact_dir(run) -> Path | None:
     """The local folder MLflow recorded for the run's artifacts (``file:`` URI or plain
-    path); None for a remote artifact store."""
+    path, or a proxied URI of a SQLite store: :func:`harness.store.artifacts.proxied_local_path`);
+    None for a remote artifact store."""
     from urllib.parse import unquote, urlparse
 
     uri = run.info.artifact_uri or ""
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
+    if parsed.scheme == PROXIED_SCHEME:
+        return proxied_local_path(uri, tracking_uri())
     return Path(uri) if parsed.scheme == "" and uri else None
 
 

@@ -4,6 +4,9 @@ One MLflow run per harness run (:class:`Tracker`), in an experiment made for the
 development view of the UI (:func:`experiment_id`). Each run records the full protocol,
 fingerprint, deviations, method options, seed, git commit and package versions
 (:mod:`harness.store.provenance`). Where the store is: :mod:`harness.store.location`.
+The experiments the harness makes in a SQLite store record their artifacts under MLflow's
+proxied scheme, relative to the folder beside the database (:mod:`harness.store.artifacts`),
+so the MLflow UI and ``mlflow.pytorch.load_model`` follow a moved store too.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.config.overrides import flatten_keys
+from harness.store.artifacts import PROXIED_ROOT, resolve_proxied_locally, sqlite_artifact_folder
 from harness.store.location import artifact_root, tracking_uri
 from harness.store.provenance import harness_version
-from harness.store.ui import EXPERIMENT_KIND_TAG, prepare_for_ui, runs_view_tag
+from harness.store.runs_view import view_tag
+from harness.store.ui import EXPERIMENT_KIND_TAG, prepare_for_ui
 
 __all__ = [
     "flatten",
@@ -32,7 +37,8 @@ __all__ = [
 # MLflow and torch are imported inside the functions that use them: importing them takes
 # seconds, which commands that never open the store (--help, schema, methods) should not pay.
 
-#: The name of a run's logged MLflow model (``runs:/<run_id>/embedder``).
+#: The name of a logged MLflow model when its caller gives none (the runs of the harness
+#: name theirs after the run: method, dataset, loss and seed).
 MODEL_NAME = "embedder"
 
 
@@ -88,22 +94,26 @@ def newest_run(experiment: str, filter_string: str) -> str | None:
 
 def experiment_id(name: str) -> str:
     """The id of MLflow experiment ``name``, created on first use, of the model-development
-    kind (:data:`EXPERIMENT_KIND_TAG`). Sweep workers start together: when another process
-    creates it between our look-up and our create, the store's unique-name constraint
-    fails ours, and we take theirs."""
+    kind (:data:`EXPERIMENT_KIND_TAG`); in a SQLite store its artifacts are recorded as
+    proxied URIs relative to :func:`~harness.store.location.artifact_root`
+    (:mod:`harness.store.artifacts`), which this process then resolves there. Sweep workers
+    start together: when another process creates it between our look-up and our create,
+    the store's unique-name constraint fails ours, and we take theirs."""
     import mlflow
 
+    resolve_proxied_locally()
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         prepare_for_ui(exp.experiment_id)
         return exp.experiment_id
     artifacts = artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
+    proxied = sqlite_artifact_folder(tracking_uri()) is not None
     try:
         return mlflow.create_experiment(
             name,
-            artifact_location=artifacts.as_uri(),
-            tags=dict([EXPERIMENT_KIND_TAG, runs_view_tag()]),
+            artifact_location=PROXIED_ROOT if proxied else artifacts.as_uri(),
+            tags=dict([EXPERIMENT_KIND_TAG, view_tag()]),
         )
     except mlflow.exceptions.MlflowException:
         exp = mlflow.get_experiment_by_name(name)
@@ -243,6 +253,8 @@ class Tracker:
         tab; ``mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")`` loads it), with the
         signature of ``input_example`` -> ``output_example`` and ``tags`` (shown in the
         Models tab); registered as ``registered_name`` when given. Returns the model's URI.
+        The model's source is the run's (the harness command and its commit): MLflow would
+        name the Python file that logged it, ``__main__.py`` for every harness command.
 
         Kept cheap: the pip requirements are named (MLflow would otherwise load the model
         in a subprocess to infer them) and the input example is not run again through a
@@ -274,12 +286,51 @@ class Tracker:
                 pip_requirements=requirements,
                 run_id=self.run_id,
                 step=step,
-                tags=tags,
+                tags={**self._source_tags(), **(tags or {})},
                 registered_model_name=registered_name or None,
                 serialization_format="pt2",
                 validate_serving_input=False,
             )
         return info.model_uri
+
+    def _source_tags(self) -> dict[str, str]:
+        """The run's source tags (command, source type, commit)."""
+        from mlflow.utils.mlflow_tags import (
+            MLFLOW_GIT_COMMIT,
+            MLFLOW_SOURCE_NAME,
+            MLFLOW_SOURCE_TYPE,
+        )
+
+        tags = self.client.get_run(self.run_id).data.tags
+        keys = (MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_GIT_COMMIT, "command")
+        return {key: tags[key] for key in keys if key in tags}
+
+    def log_model_scores(
+        self, model_uri: str, scores: dict[str, float], dataset: tuple[str, str]
+    ) -> None:
+        """``scores`` of the logged model ``model_uri`` (``models:/<id>``) on ``dataset``
+        (name, digest of its split, as :meth:`log_dataset` logged it), as metrics of this
+        run at step 0 that MLflow links to the model and the dataset: the UI's Models tab
+        lists the model's dataset and these scores under it."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        model_id = model_uri.removeprefix("models:/")
+        name, digest = dataset
+        items = [
+            Metric(
+                key,
+                float(value),
+                now,
+                0,
+                model_id=model_id,
+                dataset_name=name,
+                dataset_digest=digest,
+            )
+            for key, value in scores.items()
+        ]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
 
     def finish(self, status: str = "FINISHED") -> None:
         if status == "FINISHED" and "failure" in self.client.get_run(self.run_id).data.tags:

@@ -1,24 +1,19 @@
 """What the MLflow UI shows of the harness's experiments: the model-development view, the
-saved view of the runs table, a run's description, and the UI's server command and URLs."""
+saved view of the runs table (:mod:`harness.store.runs_view`), a run's description, and
+the UI's URLs. The server itself: :mod:`harness.store.ui_server`."""
 
 from __future__ import annotations
 
-import json
-import sys
-import time
-
-from harness.base.metric_keys import HEADLINE, metric_key
-from harness.store.location import artifact_root, tracking_uri
+from harness.store.location import tracking_uri
+from harness.store.runs_view import VIEW_KEY, VIEW_NAME, outdated, view_tag
 
 __all__ = [
     "RUN_NOTE_TAG",
     "EXPERIMENT_KIND_TAG",
     "ML_VIEW_QUERY",
     "RUNS_VIEW",
-    "ui_server_command",
     "ui_url",
     "prepare_for_ui",
-    "runs_view_tag",
 ]
 
 # MLflow is imported inside the functions that use it: importing it takes seconds, which
@@ -33,63 +28,25 @@ EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 #: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
 ML_VIEW_QUERY = "workflowType=machine_learning"
 #: The saved view of the runs table that every experiment carries (the UI's Views menu;
-#: ``viewStateShareKey`` in a URL opens it): the headline test metrics as columns, best
-#: P@1 first. MLflow keeps column choices in the browser otherwise, so a new user would
-#: see no metric column at all.
-RUNS_VIEW = ("metric-learning", "Metric learning")
-
-
-def ui_server_command(host: str, port: int) -> list[str]:
-    """The ``mlflow server`` command line of the MLflow UI over the tracking store, its
-    artifacts in :func:`~harness.store.location.artifact_root` (where
-    :func:`harness.store.tracking.experiment_id` puts them)."""
-    artifacts = artifact_root()
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        tracking_uri(),
-        "--default-artifact-root",
-        artifacts.as_uri(),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+#: ``viewStateShareKey`` in a URL opens it; :mod:`harness.store.runs_view`).
+RUNS_VIEW = (VIEW_KEY, VIEW_NAME)
 
 
 def prepare_for_ui(experiment: str) -> None:
-    """Give experiment id ``experiment`` the tags the harness's experiments carry (the
-    model-development kind, :data:`RUNS_VIEW`) where it lacks them (made before the
-    harness set them, or by another program)."""
+    """Give experiment id ``experiment`` the tags the harness's experiments carry where it
+    lacks them (made before the harness set them, or by another program): the
+    model-development kind, and :data:`RUNS_VIEW` (also where the harness wrote an older
+    form of it; :func:`harness.store.runs_view.outdated`)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri())
     present = client.get_experiment(experiment).tags
-    for key, value in (EXPERIMENT_KIND_TAG, runs_view_tag()):
-        if key not in present:
-            client.set_experiment_tag(experiment, key, value)
-
-
-def runs_view_tag() -> tuple[str, str]:
-    """The experiment tag of :data:`RUNS_VIEW`, in the envelope MLflow's UI saves views in
-    (``mlflow.sharedViewState.<key>``: name, times, and the table's state as JSON)."""
-    columns = [f"attributes.`{name}`" for name in ("Source", "Models", "Dataset")]
-    columns += [f"metrics.`{metric_key('test', name)}`" for name in HEADLINE]
-    columns += ["params.`seed`", "tags.`selected_epoch`"]
-    state = {
-        "selectedColumns": columns,
-        "orderByKey": f"metrics.`{metric_key('test', HEADLINE[0])}`",
-        "orderByAsc": False,
-    }
-    now = int(time.time() * 1000)
-    key, name = RUNS_VIEW
-    return (
-        f"mlflow.sharedViewState.{key}",
-        json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}),
-    )
+    key, kind = EXPERIMENT_KIND_TAG
+    if key not in present:
+        client.set_experiment_tag(experiment, key, kind)
+    view_key, view = view_tag()
+    if outdated(present.get(view_key)):
+        client.set_experiment_tag(experiment, view_key, view)
 
 
 def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:

@@ -1,0 +1,88 @@
+"""Where a SQLite store's artifacts live: in the folder ``mlartifacts`` beside its database
+file, recorded under MLflow's proxied scheme (``mlflow-artifacts:/<run id>/artifacts``)
+rather than as absolute paths, so that the database and the folder move as one.
+
+MLflow resolves a proxied URI through a tracking server started with
+``--artifacts-destination`` (``harness ui`` starts one on the folder beside the database).
+Without a server (``harness run``, tables, a notebook with the SQLite URI),
+:func:`resolve_proxied_locally` makes this process resolve it to that folder. A store
+moved with its folder then serves its artifacts and models from the new place, through
+``harness ui`` and in Python alike; the absolute location MLflow would record otherwise
+keeps pointing at the original, which may be gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+__all__ = [
+    "ARTIFACT_FOLDER",
+    "PROXIED_ROOT",
+    "PROXIED_SCHEME",
+    "sqlite_artifact_folder",
+    "proxied_local_path",
+    "resolve_proxied_locally",
+]
+
+#: The artifact folder of a SQLite store, beside its database file.
+ARTIFACT_FOLDER = "mlartifacts"
+#: MLflow's scheme of artifacts a tracking server serves from its artifact destination.
+PROXIED_SCHEME = "mlflow-artifacts"
+#: The artifact location of the experiments the harness makes in a SQLite store: runs get
+#: ``mlflow-artifacts:/<run id>/artifacts``, logged models ``mlflow-artifacts:/models/<id>/artifacts``.
+PROXIED_ROOT = f"{PROXIED_SCHEME}:/"
+
+
+def sqlite_artifact_folder(tracking_uri: str) -> Path | None:
+    """The artifact folder (absolute) of the SQLite store ``tracking_uri``; None for any
+    other store."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+    return (database.parent / ARTIFACT_FOLDER).resolve()
+
+
+def proxied_local_path(artifact_uri: str, tracking_uri: str) -> Path | None:
+    """The local path of proxied ``artifact_uri`` in the SQLite store ``tracking_uri``;
+    None when the URI is not proxied or the store is not SQLite (a server resolves it)."""
+    folder = sqlite_artifact_folder(tracking_uri)
+    parsed = urlparse(artifact_uri)
+    if folder is None or parsed.scheme != PROXIED_SCHEME:
+        return None
+    relative = unquote(parsed.path).lstrip("/")
+    if ".." in Path(relative).parts:
+        raise ValueError(f"artifact URI {artifact_uri!r} leaves the store's artifact folder")
+    return folder / relative
+
+
+def _repository(
+    artifact_uri: str, tracking_uri: str | None = None, registry_uri: str | None = None
+):
+    """MLflow's repository for ``artifact_uri`` (``mlflow-artifacts:``): the store's own
+    folder when the tracking URI is a SQLite store, else MLflow's proxy client (a server)."""
+    import mlflow
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+    from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+
+    local = proxied_local_path(artifact_uri, tracking_uri or mlflow.get_tracking_uri())
+    if local is None:
+        return MlflowArtifactsRepository(
+            artifact_uri, tracking_uri=tracking_uri, registry_uri=registry_uri
+        )
+    return LocalArtifactRepository(
+        local.as_uri(), tracking_uri=tracking_uri, registry_uri=registry_uri
+    )
+
+
+def resolve_proxied_locally() -> None:
+    """Make this process resolve ``mlflow-artifacts:`` URIs of a SQLite store to the folder
+    beside its database (writing and reading alike), and leave them to MLflow's proxy
+    client for a tracking server. Idempotent.
+
+    MLflow's artifact-repository registry maps a URI scheme to the class that serves it
+    (plugins register theirs the same way); its own class for this scheme needs an HTTP
+    tracking URI and fails on a SQLite one."""
+    from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
+
+    _artifact_repository_registry.register(PROXIED_SCHEME, _repository)
