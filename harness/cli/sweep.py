@@ -18,6 +18,7 @@ from harness.cli.store import open_store
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
+    check_datasets_unchanged,
     open_study,
     queue_grid,
     storage_url,
@@ -44,10 +45,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
+    open_store()
+    check_datasets_unchanged(grid)  # before the image checks: a refusal is one line
     if not args.worker_only:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
-    open_store()
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = worker_loop(grid, study, settings=_settings(args))

@@ -13,6 +13,7 @@ from torch import nn
 from harness.base.device import amp_name
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
+from harness.components.data.manifest import MANIFEST_ARTIFACT
 from harness.components.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, save_per_query
 from harness.components.losses import miner_for
 from harness.config.deviations import TAG_PREFIX, footnote, to_tag
@@ -37,7 +38,7 @@ from harness.store.tracking import (
     worker_id,
 )
 
-__all__ = ["MlflowRecorder", "run_params", "run_tags"]
+__all__ = ["MlflowRecorder", "run_params", "run_tags", "dataset_tags", "dataset_source"]
 
 
 class MlflowRecorder:
@@ -260,7 +261,10 @@ class MlflowRecorder:
                 "val": 0 if splits.val is None else len(splits.val),
                 "test": len(splits.test),
             },
+            extra=dataset_source(splits),
         )
+        if splits.files is not None:  # what a resumed grid on changed files compares with
+            tracker.log_text(splits.files.to_json(), MANIFEST_ARTIFACT)
         tracker.log_text(
             json.dumps(cfg.protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json"
         )
@@ -328,6 +332,7 @@ def run_tags(
         "compile": cfg.compile,
         "amp": amp_name(device, protocol.numerics.precision),
         **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
+        **dataset_tags(splits),
         **environment_tags(),
     }
     if splits.val is not None:
@@ -336,3 +341,19 @@ def run_tags(
         tags["sampling_adapted"] = sampling_note
     tags.update(cfg.tags)
     return tags
+
+
+def dataset_tags(splits: DatasetSplits) -> dict[str, str]:
+    """A dataset given by its path: where its files are and their fingerprint (paths,
+    sizes, labels), so that a run says which files it saw and ``explain`` finds them again;
+    nothing for a built-in dataset."""
+    if splits.files is None:
+        return {}
+    return {"dataset_path": splits.files.source, "dataset_fingerprint": splits.files.fingerprint}
+
+
+def dataset_source(splits: DatasetSplits) -> dict[str, str]:
+    """The source fields of the run's MLflow dataset input beyond the built-in ones: for a
+    dataset given by its path, the module that reads it, its path and its fingerprint."""
+    tags = dataset_tags(splits)
+    return {"loader": "harness.components.data.own", **tags} if tags else {}
