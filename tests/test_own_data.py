@@ -141,7 +141,7 @@ def test_a_given_validation_split_is_kept_and_not_carved(tmp_path, tiny_protocol
     csv_path = write_rows(tmp_path / "three.csv", "label,path,split", *rows)
     name = dataset_name(str(csv_path))
     splits = prepare_splits(load_protocol(str(tiny_protocol)), name, None, seed=0)
-    assert splits.val is not None
+    assert splits.val is not None and splits.val_given
     assert {p.split("/")[1] for p in splits.val.relpaths} == {"class_02", "class_03"}
     assert splits.train.num_classes == 2 and splits.test.num_classes == 2
 
@@ -244,3 +244,40 @@ def test_a_grids_cell_keys_follow_the_files(tmp_path):
     image = _image(folder, 1, 1)
     image.write_bytes(image.read_bytes() + b"\0")
     assert load_grid(grid_file).cells[0].key != cell.key
+
+
+def test_verify_stamps_the_folder_and_the_stamp_leaves_the_fingerprint_alone(folder, tmp_path):
+    from harness.components.data.verify import STAMP, check_images, verify_dataset
+
+    name = dataset_name(str(folder))
+    before = _fingerprint(folder)
+    said: list[str] = []
+    assert verify_dataset(name, None, say=said.append) == folder / STAMP
+    assert said == [f"dataset '{name}': 25 images decoded, all readable; stamp {folder / STAMP}"]
+    assert _fingerprint(folder) == before  # the stamp is no image of a class
+    check_images(dataset_name(str(folder)), None, say=said.append)
+    assert len(said) == 1  # a current stamp: no header check, nothing said
+
+    csv_path = make_csv(tmp_path / "tables", classes=8, per_class=2)
+    assert (
+        verify_dataset(dataset_name(str(csv_path)), None, say=said.append)
+        == csv_path.parent / STAMP
+    )
+
+
+def test_a_table_says_when_the_validation_split_came_with_the_dataset():
+    import pandas as pd
+
+    from harness.reports.tables.notes import selection_notes
+
+    runs = pd.DataFrame(
+        {
+            "selection": ["validation", "validation"],
+            "validation_classes": ["dataset", "dataset"],
+            "selection_metric": ["mean_average_precision_at_r"] * 2,
+        }
+    )
+    (note,) = selection_notes(runs, None)
+    assert note.endswith("on the dataset's own class-disjoint validation split.")
+    carved = runs.assign(validation_classes=["0.2", "0.2"])
+    assert "validation split of 20% of the training classes" in selection_notes(carved, None)[0]

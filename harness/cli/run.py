@@ -57,15 +57,14 @@ def _request(args: argparse.Namespace) -> _Request:
     from harness.components.data.own import dataset_name
     from harness.components.losses import LOSSES, check_loss_args
     from harness.config.protocol import Deviation, apply_overrides, load_protocol, protocol_dir
-    from harness.methods import METHODS, check_method_options, list_methods
-
-    dataset = dataset_name(args.dataset, name=args.dataset_name)
     from harness.engine.training import resolve_device
+    from harness.methods import METHODS, check_method_options, list_methods
 
     resolve_device(args.device)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
+    dataset = dataset_name(args.dataset, name=args.dataset_name)  # a path's files listed
     if args.data_root is not None and not args.data_root.is_dir() and not args.download:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_data_root(dataset, args.data_root)

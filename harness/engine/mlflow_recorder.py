@@ -13,6 +13,7 @@ from torch import nn
 from harness.base.device import amp_name
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
+from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.components.data.manifest import MANIFEST_ARTIFACT
 from harness.components.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, save_per_query
 from harness.components.losses import miner_for
@@ -337,6 +338,8 @@ def run_tags(
     }
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
+    if splits.val_given:  # the dataset's own validation split, not the protocol's carve
+        tags[VALIDATION_SPLIT_TAG] = GIVEN_VALIDATION
     if sampling_note:
         tags["sampling_adapted"] = sampling_note
     tags.update(cfg.tags)

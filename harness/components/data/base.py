@@ -36,7 +36,14 @@ __all__ = [
     "default_data_root",
     "carve_validation",
     "cap_per_class",
+    "VALIDATION_SPLIT_TAG",
+    "GIVEN_VALIDATION",
 ]
+
+
+#: The run tag (and its value) saying that the validation split came with the dataset
+#: (:attr:`DatasetSplits.val_given`), so that a table does not call it the protocol's carve.
+VALIDATION_SPLIT_TAG, GIVEN_VALIDATION = "validation_split", "dataset"
 
 
 def default_data_root() -> Path:
@@ -134,6 +141,9 @@ class DatasetSplits:
     extras: dict = field(default_factory=dict)
     #: A dataset given by its path: its file list, whose fingerprint covers file sizes too.
     files: FileManifest | None = None
+    #: Whether ``val`` came with the dataset (a CSV's validation rows), not carved from the
+    #: training classes by the protocol: tables say which.
+    val_given: bool = False
 
     def digest(self) -> str:
         """Hash of every image key and label in every split (part of the fingerprint), and

@@ -246,6 +246,7 @@ class OwnData:
             val=images(self.parts["val"]) if self.parts["val"] else None,
             gallery=images(self.parts["gallery"]) if self.parts["gallery"] else None,
             files=self.manifest,
+            val_given=bool(self.parts["val"]),
         )
 
 
