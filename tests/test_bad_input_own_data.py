@@ -247,6 +247,21 @@ CASES = [
     ),
     Refusal(
         (*RUN, "--dataset", "{dir}/d.csv"),
+        "test image imgs/class_03/img_0.webp has no is_query or is_gallery value",
+        _csv(
+            *[f"{r},," for r in GOOD[:2]],
+            f"{GOOD[2]},true,false",
+            f"{GOOD[3]},true,",
+            header=f"{HEADER},is_query,is_gallery",
+        ),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/d.csv"),
+        "no row with split 'train'",
+        _csv(*_rows({0: "test", 1: "test"})),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/d.csv"),
         "test image imgs/class_03/img_0.webp is neither a query nor a gallery image",
         _csv(
             *[f"{r},," for r in GOOD[:2]],

@@ -141,16 +141,13 @@ def _given_splits(rows: list[ManifestRow], source: Path) -> dict[str, list[Manif
     by = {value: [r for r in rows if r.split == value] for value in ("train", "validation", "test")}
     if not by["test"]:  # open-metric-learning's layout: "validation" is its evaluation split
         by["test"], by["validation"] = by["validation"], []
-    for split, kept in by.items():
-        if not kept and split != "validation":
-            raise HarnessError(
-                f"dataset {source}: no row with split '{split}'"
-                + (
-                    " (or 'validation', the test split of a CSV without 'test' rows)"
-                    if split == "test"
-                    else ""
-                )
-            )
+    if not by["train"]:
+        raise HarnessError(f"dataset {source}: no row with split 'train'")
+    if not by["test"]:
+        raise HarnessError(
+            f"dataset {source}: no row with split 'test' (or 'validation', the test split of "
+            f"a CSV without 'test' rows)"
+        )
     _check_disjoint({k: v for k, v in by.items() if v}, source)
     return {"train": by["train"], "val": by["validation"], "test": by["test"]}
 
