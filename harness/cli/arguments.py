@@ -15,8 +15,16 @@ __all__ = [
     "name_list",
     "model_name",
     "experiment_name",
+    "dataset_label",
+    "DATASET_HELP",
     "SEED_LIMIT",
 ]
+
+#: ``--dataset``'s help, the same for every command that takes it.
+DATASET_HELP = (
+    "a built-in dataset's name, or your own images by their path: a folder of class "
+    "folders or a .csv with open-metric-learning's columns (docs/own-data.md)"
+)
 
 #: Seeds are below this: numpy's and torch's generators take 32-bit seeds.
 SEED_LIMIT = 2**32
@@ -100,4 +108,14 @@ def model_name(text: str) -> str:
     name = text.strip()
     if not name or "/" in name or ":" in name:
         raise argparse.ArgumentTypeError(f"expected a model name without '/' or ':', got '{text}'")
+    return name
+
+
+def dataset_label(text: str) -> str:
+    """``--dataset-name``: the short name tables and MLflow give a dataset given by its
+    path; not empty and without a path separator (it names the default experiment and
+    the run's folders)."""
+    name = text.strip()
+    if not name or "/" in name or "\\" in name:
+        raise argparse.ArgumentTypeError(f"expected a name without '/' or '\\', got '{text}'")
     return name

@@ -26,12 +26,18 @@ def _note(text: str) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    if args.dataset is not None and not args.dataset.exists():
+        raise HarnessError(f"--dataset {args.dataset} does not exist")
     # Both checked before the explanations are computed and logged to the run, not after.
     args.json = output_file(args.json, "--json")
     out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out")
     open_store()
     ctx = load_run(
-        args.run, data_root=args.data_root, checkpoint_root=args.checkpoint_root, device=args.device
+        args.run,
+        data_root=args.data_root,
+        checkpoint_root=args.checkpoint_root,
+        device=args.device,
+        dataset_path=args.dataset,
     )
     record = explain_run(
         ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir
@@ -92,6 +98,13 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         help="seed of the pair sampling and the random orders",
     )
     p.add_argument("--data-root", type=Path)
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        metavar="PATH",
+        help="where the files of a run on your own dataset are now (default: where the run "
+        "read them; the run's fingerprint must match)",
+    )
     p.add_argument(
         "--checkpoint-root",
         type=Path,

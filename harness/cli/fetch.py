@@ -54,14 +54,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.components.data import DATASETS
+    from harness.components.data.own import dataset_name
     from harness.components.data.verify import verify_dataset
 
     if args.threads < 1:
         raise HarnessError(f"--threads must be >= 1, got {args.threads}")
-    DATASETS.get(args.name)
+    name = dataset_name(args.name)
     data_root = _existing_data_root(args.verify_data_root or args.data_root)
-    verify_dataset(args.name, data_root, threads=args.threads, progress=_show_progress(), say=_say)
+    verify_dataset(name, data_root, threads=args.threads, progress=_show_progress(), say=_say)
     return 0
 
 
@@ -172,7 +172,11 @@ def add_verify_parser(dataset_commands) -> None:
         "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
         "modification times) and otherwise checks each image's header before training.",
     )
-    verify.add_argument("name", help="a dataset name (python -m harness datasets lists them)")
+    verify.add_argument(
+        "name",
+        help="a dataset name (python -m harness datasets lists them), or your own dataset's "
+        "folder or .csv file",
+    )
     verify.add_argument(
         "--data-root",
         dest="verify_data_root",

@@ -11,7 +11,15 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least, experiment_name, int_list, model_name, name_list
+from harness.cli.arguments import (
+    DATASET_HELP,
+    at_least,
+    dataset_label,
+    experiment_name,
+    int_list,
+    model_name,
+    name_list,
+)
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import output_file, output_folder
 from harness.cli.store import open_store
@@ -37,6 +45,8 @@ class _Request:
     loss and the seeds."""
 
     methods: list[str]
+    #: The registered name of ``--dataset`` (a built-in one, or one given by its path).
+    dataset: str
     protocol: Protocol
     protocol_path: Path
     deviations: tuple
@@ -46,25 +56,24 @@ class _Request:
 
 def _request(args: argparse.Namespace) -> _Request:
     """Check every name and flag before any work starts (one error line each)."""
-    from harness.components.data import DATASETS
+    from harness.components.data.own import dataset_name
     from harness.components.losses import LOSSES, check_loss_args
     from harness.config.overrides import Deviation
     from harness.config.protocol import apply_overrides
     from harness.config.protocol_files import load_protocol, protocol_dir
-    from harness.methods import METHODS, check_method_options, list_methods
-
-    DATASETS.get(args.dataset)
     from harness.engine.training import resolve_device
+    from harness.methods import METHODS, check_method_options, list_methods
 
     resolve_device(args.device)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
+    dataset = dataset_name(args.dataset, name=args.dataset_name)  # a path's files listed
     if args.data_root is not None and not args.data_root.is_dir() and not args.download:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
-    check_data_root(args.dataset, args.data_root)
-    protocol_name = args.protocol or default_protocol(args.dataset)
-    protocol = load_protocol(protocol_name).for_dataset(args.dataset)
+    check_data_root(dataset, args.data_root)
+    protocol_name = args.protocol or default_protocol(dataset)
+    protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
     if args.epochs is not None:
         overrides.append(f"schedule.epochs={args.epochs}")
@@ -104,7 +113,7 @@ def _request(args: argparse.Namespace) -> _Request:
         else protocol_dir() / f"{protocol_name}.toml"
     )
     _check_outputs(args)
-    return _Request(methods, protocol, path, tuple(deviations), loss, seeds)
+    return _Request(methods, dataset, protocol, path, tuple(deviations), loss, seeds)
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -147,11 +156,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Under torchrun only process 0 reports (every process trains the same runs).
     main_process = os.environ.get("RANK", "0") in ("", "0")
     req = _request(args)
-    ensure_dataset(args.dataset, args.data_root, download=args.download)
+    ensure_dataset(req.dataset, args.data_root, download=args.download)
     if main_process:  # one process reads every image header (torchrun starts several)
-        check_dataset(args.dataset, args.data_root)
+        check_dataset(req.dataset, args.data_root)
     open_store()
-    protocol, methods, seeds = req.protocol, req.methods, req.seeds
+    protocol, methods, seeds, dataset = req.protocol, req.methods, req.seeds, req.dataset
     settings = RunSettings(
         data_root=args.data_root,
         device=args.device,
@@ -164,17 +173,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def splits_for(seed: int):
         splits = prepare_splits(
-            protocol, args.dataset, args.data_root, control=args.seen_class_control, seed=seed
+            protocol, dataset, args.data_root, control=args.seen_class_control, seed=seed
         )
         check_training_split(
-            protocol, args.dataset, splits
+            protocol, dataset, splits
         )  # before the summary line: a refusal is one line
         return splits
 
     splits = splits_for(seeds[0])
     if main_process:
         print(
-            f"protocol {protocol.name}; dataset {args.dataset}: {len(splits.train)} train / "
+            f"protocol {protocol.name}; dataset {dataset}: {len(splits.train)} train / "
             f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
             + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""),
             file=sys.stderr,
@@ -198,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cfg = RunConfig.build(
                 protocol,
                 method=method,
-                dataset=args.dataset,
+                dataset=dataset,
                 loss=req.loss,
                 seed=seed,
                 deviations=req.deviations,
@@ -247,7 +256,14 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         type=name_list,
         help="'all' (every registered method but ablation variants) or a comma-separated list",
     )
-    run.add_argument("--dataset", default=EMBEDDED_DEFAULT)
+    run.add_argument("--dataset", default=EMBEDDED_DEFAULT, help=DATASET_HELP)
+    run.add_argument(
+        "--dataset-name",
+        type=dataset_label,
+        metavar="NAME",
+        help="the short name of a --dataset PATH in tables and MLflow (default: the folder's "
+        "or the .csv file's name)",
+    )
     run.add_argument(
         "--protocol",
         help="protocol name or .toml path (default: smoke on synthetic "

@@ -26,6 +26,7 @@ from harness.cli.sweep_cluster import (
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
+    check_datasets_unchanged,
     open_study,
     queue_grid,
     run_cell_process,
@@ -57,10 +58,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
+    open_store()
+    check_datasets_unchanged(grid)  # before the image checks: a refusal is one line
     if not quiet:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
-    open_store()
     if args.cell:  # one process of a cell on several GPUs (torchrun)
         run_cell_process(grid, args.cell, _settings(args), args.cell_record)
         return 0

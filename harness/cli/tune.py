@@ -8,7 +8,14 @@ import math
 import sys
 from pathlib import Path
 
-from harness.cli.arguments import SEED_LIMIT, at_least, experiment_name, int_list
+from harness.cli.arguments import (
+    DATASET_HELP,
+    SEED_LIMIT,
+    at_least,
+    dataset_label,
+    experiment_name,
+    int_list,
+)
 from harness.cli.fetch import check_dataset
 from harness.cli.outputs import check_study_storage
 from harness.cli.run import check_checkpoint_root
@@ -27,14 +34,14 @@ __all__ = ["add_tune_parser", "cmd_tune"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    # torch: imported when a command needs it
+    # torch and the data loaders: imported when a command needs them
+    from harness.components.data.own import dataset_name
     from harness.engine.training import RunSettings, resolve_device
 
     resolve_device(args.device)
-
     setup = tune_setup(
         args.method,
-        args.dataset,
+        dataset_name(args.dataset, name=args.dataset_name),
         protocol=args.protocol,
         loss=args.loss,
         overrides=list(args.set or []),
@@ -105,7 +112,13 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         "then the best setting over the protocol's seeds (test)",
     )
     p.add_argument("--method", required=True)
-    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--dataset", default="synthetic", help=DATASET_HELP)
+    p.add_argument(
+        "--dataset-name",
+        type=dataset_label,
+        metavar="NAME",
+        help="the short name of a --dataset PATH (default: the folder's or the .csv file's name)",
+    )
     p.add_argument(
         "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
     )

@@ -19,14 +19,17 @@ N = 8 and N = 16): ``diablo_n16 = ["diablo@entries=16"]``; with it, published ro
 no entry names are left out of the tables. ``[published] metrics`` maps a published
 metric to the reproduced variant that the paper's definition matches (DIML:
 ``r_precision = "r_precision_query_in_r"``). ``baseline`` names the method every other
-row of a block is tested against in the tables (default ``plain``). Unknown keys are
+row of a block is tested against in the tables (default ``plain``). A ``datasets`` entry
+is a built-in dataset's name or your own dataset's path, relative to the grid file (a
+folder of class folders or a CSV: :mod:`harness.components.data.own`). Unknown keys are
 errors naming the key. ``[executor.slurm]`` holds the resources each task of ``sweep
 --executor slurm`` asks for (:mod:`harness.config.executor`); it enters no cell key.
 
 Each :class:`Cell` has a ``key``: a hash of everything that determines its result
 (resolved protocol, dataset, loss and its arguments, method and options, seed,
-deviations), computed without loading data, so a sweep can find finished cells in
-the tracking store.
+deviations; for a dataset given by its path, the fingerprint of its file list),
+computed without reading an image, so a sweep can find finished cells in the tracking
+store.
 """
 
 from __future__ import annotations
@@ -272,7 +275,7 @@ def load_grid(
             slurm_defaults["time"],
             f"grid key 'executor.slurm.time' = {shown(slurm_defaults['time'])}",
         )
-    data = _with_method_names(data, path)
+    data = _with_dataset_names(_with_method_names(data, path), path)
     smoke_data = data.get("smoke", {})
     if smoke and not smoke_data:
         raise HarnessError(f"grid {path.stem} has no [smoke] table; --smoke needs one")
@@ -375,6 +378,43 @@ def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return out
 
 
+def _with_dataset_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data`` with each ``datasets`` entry (top level, ``[[extra]]``, ``[smoke]``) that is
+    a path, relative to the grid's folder, replaced by the name it is registered under
+    (:func:`~harness.components.data.own.dataset_name`); two paths that would share a name
+    are an error."""
+    from harness.components.data.own import dataset_manifest, dataset_name
+
+    names: dict[str, str] = {}  # entry -> name
+    sources: dict[str, str] = {}  # name -> the folder or file it stands for
+
+    def name_of(entry: str) -> str:
+        if entry not in names:
+            try:
+                names[entry] = dataset_name(entry, base=path.parent)
+            except HarnessError as err:
+                raise HarnessError(f"grid {path.stem}, datasets: {err}") from None
+            files = dataset_manifest(names[entry])
+            if files is not None and sources.setdefault(names[entry], files.source) != files.source:
+                raise HarnessError(
+                    f"grid {path.stem}: datasets {sources[names[entry]]} and {files.source} would "
+                    f"both be named '{names[entry]}'; rename one of them"
+                )
+        return names[entry]
+
+    def named(table: dict[str, Any]) -> dict[str, Any]:
+        if "datasets" not in table:
+            return table
+        return {**table, "datasets": [name_of(entry) for entry in table["datasets"]]}
+
+    out = named(data)
+    if "extra" in data:
+        out["extra"] = [named(extra) for extra in data["extra"]]
+    if "smoke" in data:
+        out["smoke"] = named(data["smoke"])
+    return out
+
+
 def _with_extras(data: dict[str, Any], axis: str) -> list[str]:
     """The grid file's values of ``axis``, its ``[[extra]]`` sub-grids' included (Table 4's
     SOP row of agrouping-table3 is a paper dataset too)."""
@@ -420,7 +460,12 @@ def _cell_key(
     }
     if base_key:  # only then, so that the keys of grids without test-time methods never change
         fields["base_key"] = base_key
+    from harness.components.data.own import dataset_manifest
     from harness.methods import METHODS
+
+    files = dataset_manifest(dataset)
+    if files is not None:  # a dataset given by its path: changed files make new cells
+        fields["dataset_fingerprint"] = files.fingerprint
 
     fields.update(METHODS.get(method).key_fields())
     payload = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)

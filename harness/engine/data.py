@@ -41,7 +41,8 @@ def prepare_splits(
     control: bool = False,
     seed: int | None = None,
 ) -> DatasetSplits:
-    """Load the dataset, cap images per class (small protocols) and carve validation classes.
+    """Load the dataset, cap images per class (small protocols) and carve validation classes
+    (unless the dataset gives its own validation split, as a CSV's ``validation`` rows do).
 
     ``control`` swaps the training images for other images of the test classes
     (:func:`~harness.components.data.seen_class_control`, a diagnostic recorded as a deviation).
@@ -59,7 +60,9 @@ def prepare_splits(
     test_pool = splits.test
     splits.train = cap_per_class(splits.train, s.max_train_images_per_class, s.seed)
     splits.test = cap_per_class(splits.test, s.max_test_images_per_class, s.seed)
-    if protocol.selection.mode == "validation":
+    if splits.val is not None:  # given by the dataset (a CSV's validation rows): not carved
+        splits.val = cap_per_class(splits.val, s.max_train_images_per_class, s.seed)
+    elif protocol.selection.mode == "validation":
         splits = carve_validation(
             splits, s.validation_classes, cast(int, seed) if s.validation_by_run_seed else s.seed
         )

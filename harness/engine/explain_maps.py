@@ -93,16 +93,41 @@ def _run_protocol(run_id: str):
     return protocol_from_dict(data)
 
 
+def _own_dataset(run_id: str, tags: dict[str, str], path: Path | None) -> None:
+    """A run on a dataset given by its path: that dataset registered again under the run's
+    name, read from ``path`` (``explain --dataset``, when the files moved) or from where the
+    run found it. ``path`` for a run on a built-in dataset is an error."""
+    from harness.components.data.own import register_path
+
+    recorded = tags.get("dataset_path", "")
+    if path is None and not recorded:
+        return
+    if not recorded:
+        raise HarnessError(
+            f"explain: run '{run_id}' is on the built-in dataset '{tags['dataset']}'; "
+            f"--dataset names the files of a run on a dataset given by its path"
+        )
+    where = Path(path) if path is not None else Path(recorded)
+    if not where.exists():
+        raise HarnessError(
+            f"explain: dataset {where} of run '{run_id}' does not exist"
+            + ("" if path is not None else "; give where its files are now with --dataset PATH")
+        )
+    register_path(where, tags["dataset"])
+
+
 def load_run(
     run_id: str,
     *,
     data_root: Path | None = None,
     checkpoint_root: Path | None = None,
     device: str = "auto",
+    dataset_path: Path | None = None,
 ) -> RunContext:
     """Rebuild a finished run: protocol from its ``protocol/resolved.json``, splits (the
-    digest must match the recorded one), model with its selected weights (as
-    ``run --evaluate-only --init-from`` does)."""
+    digest must match the recorded one; a dataset given by its path is read from
+    ``dataset_path``, else from where the run read it), model with its selected weights
+    (as ``run --evaluate-only --init-from`` does)."""
     from harness.engine.training import (
         build_model,
         default_checkpoint_root,
@@ -121,12 +146,14 @@ def load_run(
         raise HarnessError(
             f"explain: run '{run_id}' is of method '{method}', which this code does not register"
         )
+    _own_dataset(run_id, tags, dataset_path)
     splits = prepare_splits(protocol, dataset, data_root, seed=int(tags["seed"]))
     recorded = tags.get("split_digest", "")
     if recorded and splits.digest() != recorded:
+        where = "--dataset" if "dataset_path" in tags else "--data-root"
         raise HarnessError(
             f"explain: the {dataset} splits found now (digest {splits.digest()}) are not the ones run "
-            f"'{run_id}' was tested on ({recorded}); point --data-root at that dataset"
+            f"'{run_id}' was tested on ({recorded}); point {where} at that dataset"
         )
     model = build_model(protocol, method, dict(protocol.methods.get(method, {})))
     load_finished_weights(

@@ -13,6 +13,8 @@ from torch import nn
 from harness.base.device import amp_name
 from harness.base.metric_keys import metric_key, readable
 from harness.components.data import DatasetSplits
+from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
+from harness.components.data.manifest import MANIFEST_ARTIFACT
 from harness.components.evaluation import PER_QUERY_ARTIFACT, evaluation_code_digest, save_per_query
 from harness.components.losses import miner_for
 from harness.config.deviations import TAG_PREFIX, footnote, to_tag
@@ -31,7 +33,7 @@ from harness.store.provenance import environment_tags, git_commit, uncommitted_c
 from harness.store.tracking import Tracker, flatten
 from harness.store.ui import RUN_NOTE_TAG
 
-__all__ = ["MlflowRecorder", "run_params", "run_tags"]
+__all__ = ["MlflowRecorder", "run_params", "run_tags", "dataset_tags", "dataset_source"]
 
 
 class MlflowRecorder:
@@ -269,7 +271,10 @@ class MlflowRecorder:
                 "val": 0 if splits.val is None else len(splits.val),
                 "test": len(splits.test),
             },
+            extra=dataset_source(splits),
         )
+        if splits.files is not None:  # what a resumed grid on changed files compares with
+            tracker.log_text(splits.files.to_json(), MANIFEST_ARTIFACT)
         tracker.log_text(
             json.dumps(cfg.protocol.to_dict(), indent=2, sort_keys=True), "protocol/resolved.json"
         )
@@ -337,11 +342,30 @@ def run_tags(
         "compile": cfg.compile,
         "amp": amp_name(device, protocol.numerics.precision),
         **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
+        **dataset_tags(splits),
         **environment_tags(),
     }
     if splits.val is not None:
         tags["num_val_images"] = len(splits.val)
+    if splits.val_given:  # the dataset's own validation split, not the protocol's carve
+        tags[VALIDATION_SPLIT_TAG] = GIVEN_VALIDATION
     if sampling_note:
         tags["sampling_adapted"] = sampling_note
     tags.update(cfg.tags)
     return tags
+
+
+def dataset_tags(splits: DatasetSplits) -> dict[str, str]:
+    """A dataset given by its path: where its files are and their fingerprint (paths,
+    sizes, labels), so that a run says which files it saw and ``explain`` finds them again;
+    nothing for a built-in dataset."""
+    if splits.files is None:
+        return {}
+    return {"dataset_path": splits.files.source, "dataset_fingerprint": splits.files.fingerprint}
+
+
+def dataset_source(splits: DatasetSplits) -> dict[str, str]:
+    """The source fields of the run's MLflow dataset input beyond the built-in ones: for a
+    dataset given by its path, the module that reads it, its path and its fingerprint."""
+    tags = dataset_tags(splits)
+    return {"loader": "harness.components.data.own", **tags} if tags else {}

@@ -234,13 +234,14 @@ def tune_setup(
 ) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
-    from harness.components.data import DATASETS
+    from harness.components.data.own import dataset_manifest
     from harness.config.protocol_files import default_protocol, protocol_dir
     from harness.engine.training import RunSettings
     from harness.methods import METHODS
 
     METHODS.get(method)
-    DATASETS.get(dataset)
+    files = dataset_manifest(dataset)  # a dataset given by its path: a study per file list
+    studied = f"{dataset}@{files.fingerprint}" if files is not None else dataset
     protocol_name = protocol or default_protocol(dataset)
     base, deviations = _validation_protocol(protocol_name, dataset, overrides)
     loss = _checked_loss(loss or base.loss.name, base)
@@ -261,7 +262,7 @@ def tune_setup(
         tuple(deviations),
         fields,
         path,
-        study_name(method, dataset, loss, base, fields),
+        study_name(method, studied, loss, base, fields),
         experiment or f"tune-{method}-{dataset}-{base.name}",
         seed if seed is not None else base.seeds[0],
         settings or RunSettings(),

@@ -200,10 +200,12 @@ class Tracker:
         data_root: Path | None = None,
         sizes: dict[str, int] | None = None,
         context: str = "train/val/test",
+        extra: dict[str, str] | None = None,
     ) -> None:
         """The run's dataset as an MLflow dataset input (name, split digest, image counts),
         so the UI lists it and runs on the same split share one dataset entry. Metadata
-        only (``MetaDataset``): the images stay where the data root has them."""
+        only (``MetaDataset``): the images stay where the data root has them. ``extra``:
+        more fields of its source (a dataset given by its path: the path, its fingerprint)."""
         from mlflow.data.code_dataset_source import CodeDatasetSource
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
@@ -214,6 +216,7 @@ class Tracker:
                 "loader": f"harness.components.data:{name}",
                 "data_root": str(data_root or "default"),
                 **{f"num_{k}_images": str(v) for k, v in (sizes or {}).items()},
+                **(extra or {}),
             }
         )
         dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # mlflow's Dataset is no ABC; MetaDataset leaves profile abstract

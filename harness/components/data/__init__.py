@@ -1,4 +1,5 @@
-"""Datasets: registry, official-layout loaders, the embedded synthetic set, sampling, transforms."""
+"""Datasets: registry, official-layout loaders, the embedded synthetic set, your own
+folders and CSVs (:mod:`harness.components.data.own`), sampling, transforms."""
 
 from harness.components.data import benchmarks, fashion_mnist, synthetic  # noqa: F401  (fill the registry)
 from harness.components.data.base import (

@@ -20,6 +20,7 @@ from PIL import Image
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
+from harness.components.data.manifest import FileManifest
 
 __all__ = [
     "ImageSet",
@@ -35,7 +36,14 @@ __all__ = [
     "default_data_root",
     "carve_validation",
     "cap_per_class",
+    "VALIDATION_SPLIT_TAG",
+    "GIVEN_VALIDATION",
 ]
+
+
+#: The run tag (and its value) saying that the validation split came with the dataset
+#: (:attr:`DatasetSplits.val_given`), so that a table does not call it the protocol's carve.
+VALIDATION_SPLIT_TAG, GIVEN_VALIDATION = "validation_split", "dataset"
 
 
 def default_data_root() -> Path:
@@ -131,9 +139,16 @@ class DatasetSplits:
     gallery: ImageSet | None = None
     #: Extra per-image data some datasets carry (e.g. synthetic part masks).
     extras: dict = field(default_factory=dict)
+    #: A dataset given by its path: its file list, whose fingerprint covers file sizes too.
+    files: FileManifest | None = None
+    #: Whether ``val`` came with the dataset (a CSV's validation rows), not carved from the
+    #: training classes by the protocol: tables say which.
+    val_given: bool = False
 
     def digest(self) -> str:
-        """Hash of every image key and label in every split (part of the fingerprint)."""
+        """Hash of every image key and label in every split (part of the fingerprint), and
+        of the file list's fingerprint for a dataset given by its path (so that a file
+        replaced by another of the same name changes it)."""
         h = hashlib.sha256(self.name.encode())
         for split_name in ("train", "val", "test", "gallery"):
             split = getattr(self, split_name)
@@ -142,6 +157,8 @@ class DatasetSplits:
             h.update(split_name.encode())
             for key, label in zip(split.keys(), split.labels.tolist(), strict=True):
                 h.update(f"{key}\t{label}\n".encode())
+        if self.files is not None:
+            h.update(f"files\t{self.files.fingerprint}\n".encode())
         return h.hexdigest()[:16]
 
 
@@ -238,6 +255,10 @@ class DatasetInfo:
     embedded: bool = False
     #: The official release's split counts, checked on a full tree (benchmarks only).
     official: OfficialCounts | None = None
+
+    def argument(self) -> str:
+        """How a command line names the dataset (``datasets verify NAME``)."""
+        return self.name
 
     def candidates(self, data_root: Path | None) -> list[Path]:
         root = Path(data_root) if data_root else default_data_root()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -160,8 +161,10 @@ def _listed_images(name: str, data_root: Path | None) -> tuple[Path, list[Path]]
 
 
 def verify_command(name: str, data_root: Path | None) -> str:
-    root = f" --data-root {data_root}" if data_root else ""
-    return f"python -m harness datasets verify {name}{root}"
+    """The command that verifies ``name`` (a dataset given by its path: by that path)."""
+    info = DATASETS.get(name)
+    root = f" --data-root {data_root}" if data_root and info.argument() == name else ""
+    return f"python -m harness datasets verify {shlex.quote(info.argument())}{root}"
 
 
 def verify_dataset(

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from harness.base.metric_keys import split_key
+from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.config.deviations import TAG_PREFIX
 from harness.reports.tables.columns import ROW
 
@@ -89,7 +90,10 @@ def _runs_frame(frame: pd.DataFrame, ids: dict) -> pd.DataFrame:
             .fillna(1)
             .astype(int),
             "selection": _column(frame, "tags.selection", "validation"),
-            "validation_classes": _column(frame, "params.protocol.splits.validation_classes"),
+            "validation_classes": _column(frame, "params.protocol.splits.validation_classes").where(
+                _column(frame, f"tags.{VALIDATION_SPLIT_TAG}") != GIVEN_VALIDATION,
+                GIVEN_VALIDATION,
+            ),
             "selection_metric": _column(frame, "params.protocol.selection.metric"),
             "evaluation_code": _column(frame, "tags.evaluation_code"),
             "options": _method_options(frame),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.components.data.base import GIVEN_VALIDATION
 from harness.config.deviations import from_tag, grouped_notes
 from harness.reports.tables.labels import METRIC_LABELS, label
 from harness.reports.tables.layout import distinct_in_order
@@ -31,6 +32,11 @@ SELECTION_TEXT = {
     "test-paper": "the epoch with the best TEST-set score (the papers' released code; optimistic)",
     "last": "the last epoch",
 }
+#: Validation on the dataset's own split (a CSV's ``validation`` rows), not a carve.
+GIVEN_SELECTION_TEXT = (
+    "the epoch with the best validation {metric}, on the dataset's own class-disjoint "
+    "validation split"
+)
 SETTINGS_NOTE = (
     "[...]: runs of one method that differ in method options, were tuned (harness tune) or "
     "trained from another run's weights (--init-from) are separate rows, labelled by what differs."
@@ -63,9 +69,12 @@ def _selection_text(runs: pd.DataFrame, mode: str) -> str:
     """How the runs of one selection mode chose their epoch, with their validation share
     and metric when all runs agree on them."""
     fractions = sorted({f for f in runs.get("validation_classes", []) if f})
-    fraction = f"{float(fractions[0]):.0%}" if len(fractions) == 1 else "a fraction"
     chosen = sorted({m for m in runs.get("selection_metric", []) if m})
     metric = label(METRIC_LABELS, chosen[0]) if len(chosen) == 1 else "score"
+    if mode == "validation" and fractions == [GIVEN_VALIDATION]:
+        return GIVEN_SELECTION_TEXT.format(metric=metric)
+    single = len(fractions) == 1 and fractions != [GIVEN_VALIDATION]
+    fraction = f"{float(fractions[0]):.0%}" if single else "a fraction"
     return SELECTION_TEXT.get(mode, mode).format(metric=metric, fraction=fraction)
 
 
