@@ -1,7 +1,7 @@
 """Stand-ins for Slurm's client commands, for the refusals that need a cluster to answer
 (a partition it does not know, resources beyond its nodes, an account it refuses) without
 one: shell scripts that print what Slurm 22.05 prints (transcribed from a real
-single-node cluster, ``tests/test_slurm.py``) for two partitions:
+single-node cluster, ``tests/engine/test_slurm.py``) for two partitions:
 
 * ``debug`` (the default): nodes of 2 CPUs and 1000 MB, no GPU, a time limit of 1 hour;
 * ``gpu``: nodes of 8 CPUs, 64000 MB and 2 GPUs, no time limit.

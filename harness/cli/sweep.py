@@ -24,9 +24,9 @@ from harness.cli.sweep_cluster import (
     submit,
 )
 from harness.config.grids import MAX_CELLS, Grid, load_grid
+from harness.engine.grid_datasets import check_datasets_unchanged
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
-    check_datasets_unchanged,
     open_study,
     queue_grid,
     run_cell_process,

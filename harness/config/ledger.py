@@ -27,7 +27,7 @@ Each entry is then, per cell, *matched* (the cell runs the authors' value), *dev
 (it runs another value and the entry's ``deviation`` is one of the cell's declared
 deviations, :mod:`harness.config.deviations`) or *undeclared* (another value that no
 applicable deviation names: a number its table would print without saying so).
-``tests/test_ledger.py`` requires no undeclared entry; ``python -m harness deviations
+``tests/config/test_ledger.py`` requires no undeclared entry; ``python -m harness deviations
 --grid G`` prints the counts per cell family.
 """
 

@@ -203,7 +203,7 @@ _OPTIONAL_KEYS = (
 #: they hold that default. Each is a setting added after runs were recorded: a protocol
 #: that leaves it at its default computes what it computed before, so it keeps the
 #: fingerprint and cell keys of those runs; one that sets it gets new ones. Each default
-#: here equals the field's (``tests/test_protocol.py`` checks it). A section left empty
+#: here equals the field's (``tests/config/test_protocol.py`` checks it). A section left empty
 #: is dropped with them.
 _FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "backbone.input_transform": True,

@@ -47,7 +47,6 @@ from harness.engine.cells import cell_output, job_of_this_task, slurm_ids, train
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 
 __all__ = [
-    "check_datasets_unchanged",
     "open_storage",
     "open_study",
     "storage_url",
@@ -148,46 +147,6 @@ def open_study(grid: Grid, storage: str | None, *, heartbeat: int = 30, grace: i
         direction="maximize",
         load_if_exists=True,
     )
-
-
-def check_datasets_unchanged(grid: Grid) -> None:
-    """Refuse a grid whose dataset given by its path has other files than when some of its
-    cells ran, with one line saying what changed (files added, removed, relabelled). Its
-    fingerprint is in the cell keys, so the sweep would otherwise run every cell again
-    beside the old ones, and the grid's tables would mix the two file lists."""
-    from harness.components.data.manifest import MANIFEST_ARTIFACT, FileManifest
-    from harness.components.data.own import dataset_manifest
-    from harness.store.queries import read_artifact
-    from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
-
-    for name in sorted({cell.dataset for cell in grid.cells}):
-        files = dataset_manifest(name)
-        if files is None:
-            continue
-        earlier = search_runs(
-            grid.experiment,
-            f"tags.grid = {q(grid.name)} and tags.dataset = {q(name)} "
-            f"and tags.dataset_fingerprint != {q(files.fingerprint)}",
-            max_results=1,
-        )
-        if not earlier:
-            continue
-        run = earlier[0]
-        old = read_artifact(
-            run.info.run_id,
-            MANIFEST_ARTIFACT,
-            lambda path: FileManifest.from_json(path.read_text(encoding="utf-8")),
-        )
-        what = (
-            files.changes_since(old)
-            if old is not None
-            else f"fingerprint {run.data.tags['dataset_fingerprint']}, now {files.fingerprint}"
-        )
-        raise HarnessError(
-            f"grid {grid.name}: the files of dataset '{name}' changed since run "
-            f"{run.info.run_id} of the grid ({what}); sweeping would mix two file lists in "
-            f"experiment '{grid.experiment}': restore the files, or give the grid another experiment"
-        )
 
 
 def finished_cells(grid: Grid) -> dict[str, str]:

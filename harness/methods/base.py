@@ -310,7 +310,7 @@ class Method(nn.Module):
         """Why this head's training step reads values from the device, where by its design
         it must (a selection made on the host, a solver that stops on each problem's
         convergence), or "" when it never does. The engine's own step reads nothing: with
-        "" the whole step only queues device work, which ``tests/test_syncs.py`` checks for
+        "" the whole step only queues device work, which ``tests/engine/test_syncs.py`` checks for
         every method that declares nothing. Mining the metric loss's tuples (the protocol's
         miner) produces data-dependent shapes by nature and is not counted here."""
         return ""

@@ -279,7 +279,7 @@ class Tracker:
         with warnings.catch_warnings():
             # torch.export's archive writer warns when parameters share storage without one
             # tensor spanning it (views); it stores them correctly, and the loaded model
-            # embeds identically (tests/test_tracking_ui.py).
+            # embeds identically (tests/store/test_tracking_ui.py).
             warnings.filterwarnings("ignore", message="No complete tensor found in the group")
             info = mlflow.pytorch.log_model(
                 model,

@@ -1,0 +1,230 @@
+"""A training step never waits for the device: proved on the CPU for every method.
+
+On a GPU the host queues a step's kernels and runs ahead unless something reads the
+device: a scalar read (``.item()``, ``float(t)``, ``bool(t)``), a copy to the host, or an
+op whose output shape depends on the data. :class:`~harness.base.syncs.SyncCounter`
+counts them on any device, so K steps of the engine's real epoch loop
+(:meth:`~harness.engine.trainer.Trainer.train_epoch`) are counted here, in float32 and under
+bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
+
+The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
+flush). Mining (the protocol's miner) has data-dependent shapes by nature and is counted
+apart. A method whose step works on the host by its design (SAM's greedy tuple selection)
+says why in :meth:`~harness.methods.Method.step_host_reads` and may make one transfer per step,
+no more: its random draws come from torch's global generator, the CPU one, and are counted
+apart too (on a GPU they never touch the device; here every tensor stands for a device
+tensor, so they would look like device reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from harness.base.errors import HarnessError
+from harness.base.syncs import SyncCounter
+from harness.components.losses import MetricLoss
+from harness.config.protocol_files import load_protocol
+from harness.engine import trainer as trainer_module
+from harness.engine.data import prepare_splits
+from harness.engine.recorder import InMemoryRecorder, StepFlush
+from harness.engine.run_config import RunConfig
+from harness.engine.trainer import Trainer
+from harness.methods import list_methods, sam_tuples
+from tests.conftest import TINY_PROTOCOL
+
+STEPS, SYNC_EVERY = 4, 2
+#: Methods whose step works on the host by design, with one transfer per step (each says
+#: why in step_host_reads).
+ONE_TRANSFER_PER_STEP = {"sam", "sam_quadruplet", "sam_siamese"}
+#: Host-only work inside a step, counted in its own section: draws from torch's global
+#: (CPU) generator.
+HOST_DRAWS = ((sam_tuples, "_random_order"), (sam_tuples, "_random_index"))
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    p = load_protocol(TINY_PROTOCOL)
+    return dataclasses.replace(
+        p,
+        sampling=dataclasses.replace(p.sampling, batches_per_epoch=STEPS),
+        training=dataclasses.replace(p.training, sync_every=SYNC_EVERY),
+    )
+
+
+@pytest.fixture(scope="module")
+def splits(protocol):
+    return prepare_splits(protocol, "synthetic", None, seed=0)
+
+
+def _count_steps(
+    protocol, splits, name: str, monkeypatch
+) -> tuple[SyncCounter, list[StepFlush], object]:
+    """One epoch of STEPS steps of ``name`` under the counter, its batches read beforehand
+    (the loader decodes and augments on the host, by design)."""
+    cfg = RunConfig.build(
+        protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
+    recorder = InMemoryRecorder()
+    trainer = Trainer.build(cfg, splits, recorder=recorder)
+    trainer.batches.loader = list(trainer.batches.loader)
+    mine = MetricLoss._mine
+    with SyncCounter() as counter:
+
+        def counted_mine(self, embeddings, labels):
+            with counter.section("mining"):
+                return mine(self, embeddings, labels)
+
+        monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
+        for owner, name in HOST_DRAWS:
+            monkeypatch.setattr(
+                owner, name, _in_section(counter, "host draws", getattr(owner, name))
+            )
+        trainer.train_epoch(0)
+    return counter, recorder.flushes, trainer.model.head
+
+
+def _in_section(counter: SyncCounter, section: str, function):
+    def counted(*args, **kwargs):
+        with counter.section(section):
+            return function(*args, **kwargs)
+
+    return counted
+
+
+def _cases() -> list[tuple[str, str]]:
+    """Every method in float32 and under bfloat16 autocast, DIABLO's variants but the first
+    in float32 only: they run the same modules wired at other points, and CPU bfloat16
+    (emulated) takes 4-10 s for each."""
+    first_diablo = next(n for n in list_methods() if n.startswith("diablo"))
+    return [
+        (name, precision)
+        for name in list_methods()
+        for precision in ("float32", "bfloat16")
+        if precision == "float32" or not name.startswith("diablo") or name == first_diablo
+    ]
+
+
+@pytest.mark.parametrize("name,precision", _cases())
+def test_training_steps_read_the_device_once_per_flush(
+    protocol, splits, name, precision, monkeypatch
+):
+    if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
+        monkeypatch.setattr(
+            trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16
+        )
+    counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
+
+    assert [f.global_step for f in flushes] == [2, 4]
+    assert all(
+        len(f.step_losses) == SYNC_EVERY and all(map(math.isfinite, f.step_losses)) for f in flushes
+    )
+    assert counter.shape_dependent == 0, dict(counter.ops)
+    reason = head.step_host_reads()
+    # No scalar read of the device inside a step, and one transfer per flush ...
+    assert counter.scalar_reads == 0
+    if name in ONE_TRANSFER_PER_STEP:
+        assert reason, f"{name} works on the host: step_host_reads must say why"
+        # ... plus one per step (every step here has mined candidates to select from).
+        assert counter.device_to_host == STEPS + len(flushes)
+        draws = counter.sections["host draws"]
+        assert draws["scalar_reads"] + draws["device_to_host"] > 0  # the draws were seen, apart
+    else:
+        assert not reason
+        assert counter.device_to_host == len(flushes) == STEPS // SYNC_EVERY
+
+
+def test_the_counter_sees_each_kind_of_wait():
+    x = torch.arange(6.0)
+    with SyncCounter() as counter:
+        float(x.sum())
+        bool(x[0] > 1)
+        x.tolist()
+        x[x > 2]
+        torch.nonzero(x)
+        with counter.section("mining"):
+            x.unique()
+    assert (counter.scalar_reads, counter.device_to_host, counter.shape_dependent) == (2, 1, 2)
+    assert counter.sections["mining"]["shape_dependent"] == 1
+    assert torch.Tensor.tolist is not None and x.tolist() == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        5.0,
+    ]  # restored
+
+
+def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workdir, tiny_protocol):
+    """``[training] sync_every`` changes when the loop reads the device, not a number: the
+    fingerprint and the epoch metrics are the default run's; ``train/loss`` and ``train/lr``
+    have every step (one epoch of 3), however the flushes split them."""
+    import json
+
+    import mlflow
+
+    from harness.cli.main import main
+
+    records = {}
+    for every in ("50", "2"):
+        out = workdir / f"{every}.json"
+        assert (
+            main(
+                [
+                    "run",
+                    "--methods",
+                    "plain",
+                    "--protocol",
+                    str(tiny_protocol),
+                    "--epochs",
+                    "1",
+                    "--set",
+                    f"training.sync_every={every}",
+                    "--checkpoint-root",
+                    str(workdir / every),
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        records[every] = json.loads(out.read_text())[0]
+    assert records["2"]["fingerprint"] == records["50"]["fingerprint"]
+    assert records["2"]["metrics"] == records["50"]["metrics"]
+    client = mlflow.MlflowClient()
+    histories = {
+        every: {
+            k: sorted((m.step, m.value) for m in client.get_metric_history(r["mlflow_run_id"], k))
+            for k in ("train/loss", "train/lr", "train/epoch_loss")
+        }
+        for every, r in records.items()
+    }
+    assert [s for s, _ in histories["2"]["train/loss"]] == [1, 2, 3]
+    assert histories["2"]["train/loss"] == histories["50"]["train/loss"]
+    assert histories["2"]["train/epoch_loss"] == histories["50"]["train/epoch_loss"]
+    assert [s for s, _ in histories["2"]["train/lr"]] == [1, 2, 3]
+    assert histories["2"]["train/lr"] == histories["50"]["train/lr"]
+    assert all(v == 1e-4 for _, v in histories["2"]["train/lr"])  # the backbone group's lr
+
+
+def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
+    """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
+    cfg = RunConfig.build(
+        protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0
+    )
+    recorder = InMemoryRecorder()
+    trainer = Trainer.build(cfg, splits, recorder=recorder)
+    step = trainer.train_step
+
+    def nan_from_third(images, labels, epoch, index):
+        loss, terms = step(images, labels, epoch, index)
+        return (loss * float("nan"), terms) if index == 2 else (loss, terms)
+
+    monkeypatch.setattr(trainer, "train_step", nan_from_third)
+    with pytest.raises(HarnessError, match=r"loss is nan at epoch 1, batch 3 "):
+        trainer.train_epoch(0)
+    assert [f.global_step for f in recorder.flushes] == [2]

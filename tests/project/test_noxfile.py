@@ -1,0 +1,177 @@
+"""The nox sessions' table step: file names, published values and the smoke caption."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    pytest.importorskip("nox")
+    spec = importlib.util.spec_from_file_location("harness_noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class RecordingSession:
+    def __init__(self):
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, *args, **kwargs):
+        self.calls.append(args)
+
+
+def _option(call: tuple[str, ...], flag: str) -> str:
+    return call[call.index(flag) + 1]
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+@pytest.mark.parametrize(
+    "grid, table",
+    [
+        ("agrouping-table3", "3,4"),
+        ("diml-table1", "1"),
+        ("diablo-table1", "1"),
+        ("avsl-table1", "1"),
+        ("sam-table1", "1"),
+    ],
+)
+def test_tables_are_named_after_the_grid_and_carry_the_published_values(
+    noxfile, grid, table, smoke
+):
+    session = RecordingSession()
+    noxfile._grid_tables(session, grid, smoke=smoke)
+    outs = sorted(_option(call, "--out") for call in session.calls)
+    assert outs == [f"results/tables/{grid}.md", f"results/tables/{grid}.tex"]
+    for call in session.calls:
+        assert _option(call, "--experiment") == grid + ("-smoke" if smoke else "")
+        assert _option(call, "--table") == table and _option(call, "--published").startswith(
+            "results/published/"
+        )
+        assert ("not comparable with the published columns" in _option(call, "--caption")) == smoke
+
+
+def test_every_paper_has_a_reproduce_session(noxfile):
+    import nox.registry
+
+    sessions = set(nox.registry.get())
+    assert {
+        "tests",
+        "lint",
+        "tables",
+        "reproduce-agrouping",
+        "reproduce-diml",
+        "reproduce-diablo",
+        "reproduce-avsl",
+        "reproduce-sam",
+    } <= sessions
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_diablo_tables_name_the_published_rows_beside_each_method(noxfile, smoke):
+    """DIABLO Table 1 prints binomial + DIABLO twice (N = 8, N = 16): the grid's
+    [published] rows reach the table command, one --published-row per published row."""
+    session = RecordingSession()
+    noxfile._grid_tables(session, "diablo-table1", smoke=smoke)
+    for call in session.calls:
+        rows = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-row"]
+        assert rows == [
+            "plain=plain@",
+            "diablo=diablo@",
+            "diablo=diablo@entries=8",
+            "diablo_n16=diablo@entries=16",
+        ]
+
+
+def test_reproduce_diablo_sweeps_the_grid_then_writes_its_tables(noxfile):
+    session = RecordingSession()
+    session.posargs = ["--smoke", "--workers", "2"]
+    noxfile.reproduce_diablo(session)
+    sweep, *tables = session.calls
+    assert sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "diablo-table1")
+    assert "--smoke" in sweep and _option(sweep, "--workers") == "2"
+    assert sorted(_option(call, "--out") for call in tables) == [
+        "results/tables/diablo-table1.md",
+        "results/tables/diablo-table1.tex",
+    ]
+
+
+def test_fair_table_sweeps_every_registered_method_then_writes_its_tables(noxfile):
+    from harness.config.grids import load_grid
+    from harness.methods import list_methods
+
+    session = RecordingSession()
+    session.posargs = ["--smoke"]
+    noxfile.fair_table(session)
+    sweep, *tables = session.calls
+    assert (
+        sweep[:6] == ("python", "-m", "harness", "sweep", "--grid", "fair-roth2020")
+        and "--smoke" in sweep
+    )
+    assert sorted(_option(call, "--out") for call in tables) == [
+        "results/tables/fair-roth2020.md",
+        "results/tables/fair-roth2020.tex",
+    ]
+    assert all(_option(call, "--baseline") == "plain" for call in tables)
+    for smoke in (False, True):  # a row per method of the `--methods all` list, in both versions
+        grid = load_grid("fair-roth2020", smoke=smoke)
+        assert {c.method for c in grid.cells} == set(list_methods(ablations=False))
+        assert len({c.seed for c in grid.cells}) >= 2 and grid.test_time == {"diml": "plain"}
+
+
+def test_diml_tables_compare_the_published_rp_with_the_query_in_r_variant(noxfile):
+    session = RecordingSession()
+    noxfile._grid_tables(session, "diml-table1", smoke=False)
+    for call in session.calls:
+        mapped = [call[i + 1] for i, arg in enumerate(call) if arg == "--published-metric"]
+        assert mapped == [
+            "r_precision=r_precision_query_in_r",
+            "mean_average_precision_at_r=mean_average_precision_at_r_query_in_r",
+        ]
+        assert "r_precision_query_in_r" in _option(call, "--metrics")
+
+
+def test_the_fair_table_smoke_caption_names_no_published_columns(noxfile):
+    """The harness's own table has no published values: its smoke caption says it is a
+    pipeline check without pointing at columns that do not exist."""
+    session = RecordingSession()
+    noxfile._grid_tables(session, "fair-roth2020", smoke=True)
+    for call in session.calls:
+        assert "--published" not in call
+        caption = _option(call, "--caption")
+        assert "a pipeline check" in caption and "published" not in caption
+
+
+def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(
+    noxfile, tmp_path, monkeypatch
+):
+    written = []
+
+    class SchemaSession(RecordingSession):
+        posargs: list[str] = []
+
+        def run(self, *args, **kwargs):
+            super().run(*args, **kwargs)
+            if "stdout" in kwargs:
+                written.append(kwargs["stdout"].name)
+
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    session = SchemaSession()
+    noxfile.docs(session)
+    *schemas, build = session.calls
+    assert schemas == [
+        ("python", "-m", "harness", "schema", "protocol"),
+        ("python", "-m", "harness", "schema", "grid"),
+    ]
+    assert written == [
+        str(tmp_path / "docs" / "protocol.schema.json"),
+        str(tmp_path / "docs" / "grid.schema.json"),
+    ]
+    assert build[:3] == ("mkdocs", "build", "--strict")

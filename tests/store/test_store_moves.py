@@ -1,0 +1,202 @@
+"""A tracking store that moves: the SQLite file and its ``mlartifacts`` folder copied
+elsewhere (the original deleted) give byte-identical tables, paired-bootstrap marks
+included; a per-query artifact removed from the copy is named on stderr with its run,
+marked in the table, and ``harness table --strict`` fails on it. ``harness ui`` on the
+copy serves its artifacts, and its models load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from harness.cli.main import main
+from harness.components.evaluation import PER_QUERY_ARTIFACT
+
+TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
+
+
+def _table(store: Path, experiment: str, fmt: str, out: Path, monkeypatch, *extra: str) -> int:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    return main(
+        [
+            "table",
+            "--experiment",
+            experiment,
+            "--format",
+            fmt,
+            "--metrics",
+            "recall_at_1,nmi",
+            "--baseline",
+            "plain",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def built_store(tmp_path_factory) -> tuple[Path, str]:
+    """A store of its own (database and artifacts in one folder) with a tiny grid run in
+    it: plain and ngrouping, two seeds each, every run with its per-query artifact."""
+    root = tmp_path_factory.mktemp("moving")
+    store, experiment = root / "store", f"tiny-{uuid.uuid4().hex[:6]}"
+    grid = root / "grid.toml"
+    grid.write_text(
+        f'name = "{experiment}"\nprotocol = "{TINY_PROTOCOL}"\nmethods = ["plain", "ngrouping"]\n'
+        'losses = ["margin"]\nbackbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n'
+        "seeds = [0, 1]\n"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+        assert (
+            main(["sweep", "--grid", str(grid), "--storage", f"sqlite:///{root / 'optuna.db'}"])
+            == 0
+        )
+    return store, experiment
+
+
+def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(
+    built_store, tmp_path, monkeypatch, capsys
+):
+    store, experiment = built_store
+    monkeypatch.chdir(tmp_path)
+    assert (store / "mlartifacts").is_dir()  # the artifacts live beside the database
+    original = {}
+    for fmt in ("markdown", "latex"):
+        assert _table(store, experiment, fmt, tmp_path / f"original.{fmt}", monkeypatch) == 0
+        original[fmt] = (tmp_path / f"original.{fmt}").read_bytes()
+    assert b"(Q=" in original["markdown"]  # the paired bootstrap read the per-query artifacts
+    assert "‡" not in original["markdown"].decode()
+
+    moved = tmp_path / "elsewhere" / "store"
+    shutil.copytree(store, moved)
+    shutil.rmtree(store)  # nothing of the original is left to read
+    try:
+        capsys.readouterr()
+        for fmt in ("markdown", "latex"):
+            assert _table(moved, experiment, fmt, tmp_path / f"moved.{fmt}", monkeypatch) == 0
+            assert (tmp_path / f"moved.{fmt}").read_bytes() == original[fmt]
+        assert "tables: run" not in capsys.readouterr().err
+
+        mlflow.set_tracking_uri(f"sqlite:///{moved / 'mlflow.db'}")
+        run = next(
+            r
+            for r in mlflow.search_runs(experiment_names=[experiment], output_format="list")
+            if r.data.tags["method"] == "ngrouping"
+        )
+        artifact = moved / "mlartifacts" / run.info.run_id / "artifacts" / PER_QUERY_ARTIFACT
+        artifact.unlink()
+        assert _table(moved, experiment, "markdown", tmp_path / "missing.md", monkeypatch) == 0
+        err = capsys.readouterr().err
+        line = next(x for x in err.splitlines() if run.info.run_id in x)
+        assert PER_QUERY_ARTIFACT in line and "ngrouping" in line and "R@1" in line
+        text = (tmp_path / "missing.md").read_text()
+        ngrouping_row = next(x for x in text.splitlines() if x.startswith("| N-grouping"))
+        assert "‡" in ngrouping_row and "per-query results of 1 run(s) are missing" in text
+
+        assert (
+            _table(moved, experiment, "markdown", tmp_path / "strict.md", monkeypatch, "--strict")
+            == 2
+        )
+        assert "error: --strict: 1 run(s) lack results" in capsys.readouterr().err
+        assert not (tmp_path / "strict.md").exists()
+    finally:
+        shutil.copytree(moved, store)  # other tests of the module may read the store
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
+    """A run with an explanation figure, and the figure's artifact path."""
+    for run in runs:
+        folder = store / "mlartifacts" / run.info.run_id / "artifacts"
+        for image in sorted(folder.glob("explanations/*.png")):
+            return run, image.relative_to(folder).as_posix()
+    raise AssertionError(f"no run in {store} logged an explanation figure")
+
+
+@pytest.mark.slow
+def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
+    built_store, tmp_path, monkeypatch
+):
+    """The store copied elsewhere and the original deleted: ``harness ui`` on the copy
+    serves a run's explanation figure as the UI fetches it, and its model loads through
+    that server and, in this process, from the copy's SQLite URI: runs and models record
+    proxied URIs relative to the store, not the original's absolute path."""
+    import mlflow.pytorch
+    import torch
+
+    from harness.engine.export import example_images
+    from harness.store.artifacts import resolve_proxied_locally
+
+    store, experiment = built_store
+    moved = tmp_path / "elsewhere" / "store"
+    shutil.copytree(store, moved)
+    shutil.rmtree(store)
+    uri = f"sqlite:///{moved / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    port, log = _free_port(), tmp_path / "ui.log"
+    server = None
+    try:
+        mlflow.set_tracking_uri(uri)
+        run, image = _explanation_image(
+            moved, mlflow.search_runs(experiment_names=[experiment], output_format="list")
+        )
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
+        with log.open("w") as sink:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "harness", "ui", "--port", str(port)],
+                cwd=tmp_path,
+                env=dict(os.environ),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(f"{base}/health", server, log)
+        query = urllib.parse.urlencode({"path": image, "run_uuid": run.info.run_id})
+        with urllib.request.urlopen(f"{base}/get-artifact?{query}", timeout=30) as response:
+            served = response.read()
+        expected = (moved / "mlartifacts" / run.info.run_id / "artifacts" / image).read_bytes()
+        assert served == expected and served.startswith(b"\x89PNG")
+
+        images = torch.from_numpy(example_images(32))
+        mlflow.set_tracking_uri(base)  # through the server, as any MLflow client
+        through_server = mlflow.pytorch.load_model(run.data.tags["model_uri"])(images)
+        mlflow.set_tracking_uri(uri)  # the copy's SQLite URI, in this process
+        resolve_proxied_locally()
+        local = mlflow.pytorch.load_model(run.data.tags["model_uri"])(images)
+        assert through_server.shape == (2, 16) and torch.equal(through_server, local)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+        shutil.copytree(moved, store)  # other tests of the module read the store
+
+
+def _wait_for(url: str, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert server.poll() is None, log.read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the UI did not answer at {url} within {timeout:.0f} s")
