@@ -12,7 +12,7 @@ import pytest
 
 from tests.refusals import Refusal, assert_refused
 
-from . import slurm_fakes
+from tests import slurm_fakes
 
 TINY = str(Path(__file__).parents[1] / "protocols" / "tiny.toml")
 GRID = str(Path(__file__).parents[1] / "grids" / "tiny.toml")
