@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.refusals import Refusal, assert_refused
-
 from tests import slurm_fakes
+from tests.refusals import Refusal, assert_refused
 
 TINY = str(Path(__file__).parents[1] / "protocols" / "tiny.toml")
 GRID = str(Path(__file__).parents[1] / "grids" / "tiny.toml")

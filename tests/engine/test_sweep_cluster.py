@@ -21,7 +21,6 @@ from harness.cli.main import main
 from harness.config.grids import load_grid
 from harness.engine.cluster import read_jobs, sweep_folder
 from harness.engine.sweep import CELL_ATTR
-
 from tests import slurm_fakes
 
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
