@@ -280,3 +280,16 @@ def test_a_table_says_when_the_validation_split_came_with_the_dataset():
     assert note.endswith("on the dataset's own class-disjoint validation split.")
     carved = runs.assign(validation_classes=["0.2", "0.2"])
     assert "validation split of 20% of the training classes" in selection_notes(carved, None)[0]
+
+
+def test_a_tune_study_is_one_per_file_list(folder):
+    from harness.engine.tune import tune_setup
+
+    name = dataset_name(str(folder))
+    setup = tune_setup("plain", name, protocol=str(TINY_PROTOCOL))
+    assert setup.dataset == name and f":{name}@{_fingerprint(folder)}:" in setup.name
+    assert setup.experiment == f"tune-plain-{name}-tiny"
+    image = _image(folder, 3, 0)
+    image.write_bytes(image.read_bytes() + b"\0")
+    changed = tune_setup("plain", dataset_name(str(folder)), protocol=str(TINY_PROTOCOL))
+    assert changed.name != setup.name
