@@ -89,7 +89,7 @@ def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
     ids = {"SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2"}
     for key, value in ids.items():  # the tasks inherit this environment
         monkeypatch.setenv(key, value)
-    grid_path = _grid(workdir)
+    grid_path = _grid(workdir, epochs=1)
     grid = load_grid(grid_path)
     argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
     assert main([*argv, "--workers", "2", "--wait"]) == 0
@@ -108,7 +108,7 @@ def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
         name = cell.label.replace("/", "__")
         err = (cells / f"{name}.err").read_text()
         assert err.startswith("==== trial ") and "job 4240_2" in err.splitlines()[0]
-        assert f"{cell.method} seed 0 epoch 2/2" in err
+        assert f"{cell.method} seed 0 epoch 1/1" in err
         assert (cells / f"{name}.out").is_file()
     [record] = read_jobs(grid)
     assert record["executor"] == "local" and len(record["tasks"]) == 2
