@@ -80,7 +80,7 @@ SWEEP_TUNE_REFUSALS = [
         ("sweep", "--grid", "fair-roth2020", "--grace", "x"),
         "sweep: argument --grace: expected an integer >= 1",
     ),
-    Refusal(("sweep",), "sweep: the following arguments are required: --grid"),
+    Refusal(("sweep",), "sweep: one of the arguments --grid --status --cancel is required"),
     # tune.
     Refusal(
         (
