@@ -141,8 +141,10 @@ def release_trials(
     :func:`job_of_this_task` names them) as failed, saying ``why``; with ``again``, queue
     their cells anew so that the sweep still runs them. Returns how many trials were ended."""
     import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    jobs = [job for job in jobs if job]  # "": workers started by hand, never released here
     if not jobs:
         return 0
     storage = open_storage(storage_url)
@@ -152,9 +154,11 @@ def release_trials(
         if trial.user_attrs.get("job") not in jobs or CELL_ATTR not in trial.user_attrs:
             continue
         key = trial.user_attrs[CELL_ATTR]
-        storage.set_trial_user_attr(trial._trial_id, "error", why)
-        if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
-            continue  # ended meanwhile by its own worker
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "error", why)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:  # its worker ended it meanwhile
+            continue
         ended += 1
         if again:
             label = trial.user_attrs.get("cell", key)

@@ -473,8 +473,9 @@ def worker_loop(
             study.tell(trial, state=TrialState.FAIL)
             continue
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        if job_of_this_task(settings):  # the cluster job that holds the cell (sweep --status)
-            trial.set_user_attr("job", job_of_this_task(settings))
+        # The cluster job that holds the cell, for sweep --status ("": a worker started by
+        # hand); set on every trial, since a retried trial inherits its predecessor's.
+        trial.set_user_attr("job", job_of_this_task(settings))
         with _Heartbeat(study._storage, trial._trial_id):
             _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -125,9 +126,17 @@ def _stop(procs: list[subprocess.Popen], env: dict[str, str]) -> None:
             proc.wait()
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture
 def slurm() -> Iterator[dict[str, str]]:
-    """A running one-node Slurm cluster; yields the environment its clients need."""
+    """A running one-node Slurm cluster; yields the environment its clients need.
+
+    The daemons run in sessions of their own and a SIGTERM to the test becomes an
+    interrupt, so that a test stopped from outside still cancels its jobs and stops the
+    daemons (the jobs' processes outlive the daemons otherwise)."""
     missing = [name for name in DAEMONS if shutil.which(name) is None]
     if missing:
         pytest.skip(
@@ -145,13 +154,14 @@ def slurm() -> Iterator[dict[str, str]]:
     (base / "slurm.conf").write_text(_conf(base, socket_path))
     env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
     procs: list[subprocess.Popen] = []
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         munge = [
             "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket_path}",
             f"--log-file={base / 'munged.log'}", f"--pid-file={base / 'munged.pid'}",
             f"--seed-file={base / 'munged.seed'}",
         ]  # fmt: skip
-        procs.append(subprocess.Popen(munge, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(munge, stderr=subprocess.DEVNULL, start_new_session=True))
         for _ in range(50):
             if socket_path.exists():
                 break
@@ -161,7 +171,12 @@ def slurm() -> Iterator[dict[str, str]]:
             conf = str(base / "slurm.conf")
             procs.append(
                 subprocess.Popen(
-                    [daemon, "-D", "-f", conf], env=env, stdout=out, stderr=out, cwd=base
+                    [daemon, "-D", "-f", conf],
+                    env=env,
+                    stdout=out,
+                    stderr=out,
+                    cwd=base,
+                    start_new_session=True,
                 )
             )
         if not _wait_idle(env):
@@ -170,6 +185,7 @@ def slurm() -> Iterator[dict[str, str]]:
         yield {"SLURM_CONF": str(base / "slurm.conf")}
     finally:
         _stop(procs, env)
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(base, ignore_errors=True)
 
 
