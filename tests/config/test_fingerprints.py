@@ -18,7 +18,7 @@ PINNED = {
     "avsl": "e257b4767339c7d9",
     "diablo": "b90bc2713f70adf2",
     "diablo-ablation": "3b058c9e5f6d4808",
-    "diablo-smoke": "c09c7b48c6e319c0",
+    "diablo-smoke": "d1a49ab4fcb203e6",
     "diml": "548602adb330dd9d",
     "roth2020": "da7856d2b54f2029",
     "sam": "5e5f6203c0ba8025",

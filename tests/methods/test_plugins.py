@@ -104,7 +104,7 @@ def test_a_new_plugin_without_pair_maps_declines_them(throwaway):
 
 
 def test_a_new_plugin_passes_the_conformance_suite(throwaway):
-    from tests import test_conformance as suite
+    from tests.methods import test_conformance as suite
 
     suite.test_builds_with_metadata(throwaway)
     for loss in ("margin", "proxy_anchor"):
