@@ -44,8 +44,8 @@ _FIRST_FORM = {"selectedColumns", "orderByKey", "orderByAsc"}
 #: ``diablo_dimension_post``, ``fashion-mnist`` and ``multi_similarity``.
 _RUN_COLUMNS = {"method": 140, "dataset": 100, "loss": 110, "seed": 50}
 _METRIC_WIDTH = 80
-#: The columns MLflow pins left, which the view narrows: the run's name and its start.
-_PINNED = {"attributes.`Run Name`": 170, "runDateAndNestInfo": 130}
+#: The columns MLflow pins left: the run's name (MLflow's width) and its start, narrowed.
+_PINNED = {"attributes.`Run Name`": 190, "runDateAndNestInfo": 130}
 #: MLflow's chart sections of metrics without a group and of ``system/`` metrics.
 _MLFLOW_SECTIONS = ("Model metrics", "System metrics")
 

@@ -21,8 +21,10 @@ __all__ = [
 
 #: The tag whose Markdown the MLflow UI shows as a run's description.
 RUN_NOTE_TAG = "mlflow.note.content"
-#: MLflow's experiment-kind tag, and the kind of every experiment the harness makes: the
-#: UI then treats it as model development, not as a generative-AI application.
+#: MLflow's experiment-kind tag, and the kind of every experiment the harness makes: model
+#: development, not a generative-AI application. The UI of MLflow 3.17 picks its view from
+#: the URL and the browser instead (:mod:`harness.store.ui_server`); other readers of the
+#: tag remain.
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 #: The query parameter that opens the MLflow UI's model-training view (runs table, metric
 #: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.

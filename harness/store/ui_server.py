@@ -9,8 +9,8 @@ while workflow navigation is on (MLflow 3.17: ``mlflow/server/js/build/static/js
 the provider of ``mlflow.workflowType``). So the server runs :mod:`harness.store.ui_app`,
 MLflow's own application whose index page sets that key to model training unless the
 browser already holds a choice, through MLflow's ``--app-name`` option: an application
-named by an ``mlflow.app`` entry point, which :func:`serve_ui` declares in a folder of
-its own on the server's ``PYTHONPATH``.
+named by an ``mlflow.app`` entry point, which :func:`server_environment` declares in a
+folder of its own on the server's ``PYTHONPATH``.
 """
 
 from __future__ import annotations

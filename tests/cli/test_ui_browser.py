@@ -106,15 +106,20 @@ def _page_text(driver, expected: list[str], timeout: float = 120) -> str:
     raise AssertionError(f"not on the page after {timeout:.0f} s: {missing}\n{text[:3000]}")
 
 
-def _open(driver, url: str, expected: list[str], shot: str) -> str:
-    """Open ``url``, wait for ``expected``, save screenshot ``shot`` and check the sidebar
-    is model training's: its Model registry link, which the generative-AI sidebar lacks,
-    and the browser's stored workflow."""
+def _open(driver, url: str, expected: list[str], shot: str, ready=None) -> str:
+    """Open ``url``, wait for ``expected`` (and ``ready(driver)``), save screenshot
+    ``shot`` and check the sidebar is model training's: its Model registry link, which the
+    generative-AI sidebar lacks, and the browser's stored workflow."""
     from selenium.webdriver.common.by import By
 
     driver.get(url)
     text = _page_text(driver, ["Model training", *expected])
+    deadline = time.time() + 120
+    while ready is not None and not ready(driver):
+        assert time.time() < deadline, f"{shot}: not drawn within 120 s"
+        time.sleep(1)
     time.sleep(2)  # the last requests of the page settle
+    text = driver.find_element(By.TAG_NAME, "body").text
     driver.save_screenshot(str(SCREENSHOTS / shot))
     registry = driver.find_elements(By.XPATH, "//a[normalize-space(.)='Model registry']")
     assert registry and registry[0].is_displayed(), f"{shot}: not the model-training sidebar"
@@ -243,7 +248,8 @@ def _check_the_view(browser, runs_page: str, records: dict) -> None:
         assert label in layout["headers"] and _within(layout["headers"][label], layout), label
     assert "Source" not in layout["headers"] and "Models" not in layout["headers"]
     best = max(records.values(), key=lambda r: r["metrics"]["precision_at_1"])
-    order = [row["attributes.`Run Name`"]["text"] for row in layout["rows"]]
+    # A run name's cell holds its colour's label, then the name.
+    order = [row["attributes.`Run Name`"]["text"].splitlines()[-1] for row in layout["rows"]]
     assert order[0] == f"{best['method']}-margin-seed0", order
     for row in layout["rows"]:
         method = row["tags.`method`"]["text"]
@@ -260,9 +266,8 @@ def _check_the_view(browser, runs_page: str, records: dict) -> None:
 def _check_the_charts(browser, runs_page: str, records: dict) -> None:
     """The view's charts: the ``test`` section first, the headline metrics first in it, as
     bars of every run."""
-    text = _open(
-        browser, f"{runs_page}&compareRunsMode=CHART", ["\ntest\n", "\nval\n"], "charts.png"
-    )
+    url = f"{runs_page}&compareRunsMode=CHART"
+    text = _open(browser, url, ["\ntest\n", "\nval\n"], "charts.png", ready=_bars_drawn)
     lines = text.splitlines()
     sections = [lines[i] for i in range(len(lines) - 1) if re.fullmatch(r"\(\d+\)", lines[i + 1])]
     assert sections[0] == "test", sections
@@ -270,8 +275,21 @@ def _check_the_charts(browser, runs_page: str, records: dict) -> None:
     assert [line for line in lines[first:] if line in READABLE.values()][:4] == [
         READABLE[m] for m in HEADLINE
     ]
-    for record in records.values():
-        assert f"{record['method']}-margin-seed0" in text  # every run, none hidden
+    bars = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.js-plotly-plot')).slice(0, 4)"
+        ".map(p => p.querySelectorAll('.barlayer .point').length)"
+    )
+    assert bars == [len(records)] * 4, bars  # a bar per run, none hidden
+
+
+def _bars_drawn(driver) -> bool:
+    """Whether the first chart has drawn its bars (the charts load after the page)."""
+    return bool(
+        driver.execute_script(
+            "const p = document.querySelector('.js-plotly-plot');"
+            "return p !== null && p.querySelectorAll('.barlayer .point').length > 0"
+        )
+    )
 
 
 def _check_the_run_and_its_model(browser, base: str, run) -> None:

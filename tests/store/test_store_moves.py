@@ -6,6 +6,7 @@ copy serves its artifacts, and its models load."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -134,36 +135,39 @@ def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
 
 @pytest.mark.slow
 def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
-    built_store, tmp_path, monkeypatch
+    tmp_path, data_root, monkeypatch
 ):
-    """The store copied elsewhere and the original deleted: ``harness ui`` on the copy
-    serves a run's explanation figure as the UI fetches it, and its model loads through
-    that server and, in this process, from the copy's SQLite URI: runs and models record
-    proxied URIs relative to the store, not the original's absolute path."""
+    """A store of one ``run --methods agrouping`` (a method that draws its explanations)
+    copied elsewhere and the original deleted: ``harness ui`` on the copy serves the run's
+    explanation figure as the UI fetches it, and its model loads through that server and,
+    in this process, from the copy's SQLite URI: runs and models record proxied URIs
+    relative to the store, not the original's absolute path."""
     import mlflow.pytorch
     import torch
 
     from harness.engine.export import example_images
     from harness.store.artifacts import resolve_proxied_locally
 
-    store, experiment = built_store
-    moved = tmp_path / "elsewhere" / "store"
+    store, moved = tmp_path / "store", tmp_path / "elsewhere" / "store"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    arguments = ["--methods", "agrouping", "--protocol", str(TINY_PROTOCOL)]
+    assert main(["run", *arguments, "--experiment", "moving"]) == 0
     shutil.copytree(store, moved)
     shutil.rmtree(store)
     uri = f"sqlite:///{moved / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    port, log = _free_port(), tmp_path / "ui.log"
-    server = None
+    previous, server = mlflow.get_tracking_uri(), None
     try:
         mlflow.set_tracking_uri(uri)
         run, image = _explanation_image(
-            moved, mlflow.search_runs(experiment_names=[experiment], output_format="list")
+            moved, mlflow.search_runs(experiment_names=["moving"], output_format="list")
         )
         assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
+        port, log = _free_port(), tmp_path / "ui.log"
         with log.open("w") as sink:
             server = subprocess.Popen(
                 [sys.executable, "-m", "harness", "ui", "--port", str(port)],
-                cwd=tmp_path,
                 env=dict(os.environ),
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -175,6 +179,9 @@ def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
             served = response.read()
         expected = (moved / "mlartifacts" / run.info.run_id / "artifacts" / image).read_bytes()
         assert served == expected and served.startswith(b"\x89PNG")
+        _show_in_browser(
+            f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts/{image}"
+        )
 
         images = torch.from_numpy(example_images(32))
         mlflow.set_tracking_uri(base)  # through the server, as any MLflow client
@@ -184,10 +191,48 @@ def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
         local = mlflow.pytorch.load_model(run.data.tags["model_uri"])(images)
         assert through_server.shape == (2, 16) and torch.equal(through_server, local)
     finally:
+        mlflow.set_tracking_uri(previous)
         if server is not None:
             server.terminate()
             server.wait(timeout=60)
-        shutil.copytree(moved, store)  # other tests of the module read the store
+
+
+def _show_in_browser(url: str) -> None:
+    """Where Chromium and selenium are installed: the artifact page ``url`` shows its image
+    in headless Chromium, saved as ``moved-artifact.png`` beside the browser test's
+    screenshots (:mod:`tests.test_ui_browser`) for a person to look at."""
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None or importlib.util.find_spec("selenium") is None:
+        return
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from tests.test_ui_browser import SCREENSHOTS
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.get(url)
+        deadline = time.time() + 120
+        script = (  # the figure, fetched from the server (an object URL or its address)
+            "return Array.from(document.images).some(i => i.naturalWidth > 0 && "
+            "(i.src.startsWith('blob:') || i.src.includes('get-artifact')))"
+        )
+        while not driver.execute_script(script):
+            assert time.time() < deadline, f"the artifact page {url} showed no image within 120 s"
+            time.sleep(1)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SCREENSHOTS / "moved-artifact.png"))
+    finally:
+        driver.quit()
 
 
 def _wait_for(url: str, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
