@@ -13,6 +13,9 @@ TINY_PROTOCOL = TESTS / "protocols" / "tiny.toml"
 
 # Never reach for a model hub from tests (timm would retry for ~30 s).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Runs skip the logged MLflow model (torch.export: about half of a tiny run's time); the
+# tests of the logged model ask for it with the `logged_models` fixture or the setting.
+os.environ.setdefault("DML_HARNESS_LOG_MODEL", "0")
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +54,9 @@ def experiment(workdir) -> str:
 
     mlflow.set_tracking_uri(tracking_uri())
     return f"tables-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def logged_models(monkeypatch) -> None:
+    """Runs log their embedder as an MLflow model, as they do outside the tests."""
+    monkeypatch.setenv("DML_HARNESS_LOG_MODEL", "1")

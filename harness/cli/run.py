@@ -160,6 +160,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if main_process:  # one process reads every image header (torchrun starts several)
         check_dataset(req.dataset, args.data_root)
     open_store()
+    from harness.engine.run_config import logs_model
+
+    if not logs_model() and args.register:  # a bad value is refused here, before any training
+        raise HarnessError(
+            "--register needs each run's logged model, and DML_HARNESS_LOG_MODEL is 0"
+        )
     protocol, methods, seeds, dataset = req.protocol, req.methods, req.seeds, req.dataset
     settings = RunSettings(
         data_root=args.data_root,

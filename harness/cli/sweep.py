@@ -59,6 +59,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
     open_store()
+    from harness.engine.run_config import logs_model
+
+    logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
     check_datasets_unchanged(grid)  # before the image checks: a refusal is one line
     if not quiet:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):

@@ -57,6 +57,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     check_study_storage(args.storage)
     check_dataset(setup.dataset, args.data_root)
     open_store()
+    from harness.engine.run_config import logs_model
+
+    logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)
     best = study.best_trial
     print(

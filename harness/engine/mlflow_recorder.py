@@ -21,7 +21,7 @@ from harness.config.deviations import TAG_PREFIX, footnote, to_tag
 from harness.engine.checkpoints import RunFolder
 from harness.engine.export import ImageEmbedder, example_images
 from harness.engine.recorder import StepFlush
-from harness.engine.run_config import RunConfig, paper_deviations
+from harness.engine.run_config import LOG_MODEL_ENV, RunConfig, logs_model, paper_deviations
 from harness.engine.runtime import log_line
 from harness.engine.trainer import Trainer
 from harness.methods import METHODS
@@ -161,8 +161,12 @@ class MlflowRecorder:
         two example images; registered under ``--register``'s name when given. The headline
         test ``scores`` go with it as readable percentages
         (:func:`~harness.base.metric_keys.readable`), linked to the model and the run's
-        dataset, so that the Models tab names the data it was tested on."""
+        dataset, so that the Models tab names the data it was tested on. Skipped where
+        ``$DML_HARNESS_LOG_MODEL`` is 0 (:func:`~harness.engine.run_config.logs_model`)."""
         cfg, model, device = self.cfg, trainer.model, trainer.device
+        if not logs_model():
+            self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
+            return
         embedder = ImageEmbedder(model, cfg.protocol.image).to(device).eval()
         images = example_images(cfg.protocol.image.size)
         with torch.inference_mode():

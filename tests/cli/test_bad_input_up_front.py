@@ -406,6 +406,22 @@ def test_a_bad_data_root_is_refused(
             (folder / "ro").chmod(0o700)
 
 
+# A bad $DML_HARNESS_LOG_MODEL, and --register where runs log no model.
+@pytest.mark.parametrize(
+    ("argv", "value", "match"),
+    [
+        (RUN, "yes", "DML_HARNESS_LOG_MODEL must be 1 (log each run's model) or 0, not 'yes'"),
+        ((*RUN, "--register", "embedder"), "0", "--register needs each run's logged model"),
+    ],
+    ids=["bad-value", "register-without-models"],
+)
+def test_a_bad_log_model_setting_is_refused(
+    argv, value, match, workdir, data_root, tracking_dir, capsys, monkeypatch
+):
+    monkeypatch.setenv("DML_HARNESS_LOG_MODEL", value)
+    assert_refused(list(argv), match, capsys, watched=[workdir, data_root, tracking_dir])
+
+
 # 19. A synthetic cache cut short is named and made again.
 def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, monkeypatch, capsys):
     import functools

@@ -165,7 +165,7 @@ def _within(cell: dict, layout: dict) -> bool:
 
 
 def test_every_address_opens_model_training_and_the_view_ranks_the_methods(
-    workdir, tiny_protocol, browser
+    workdir, tiny_protocol, browser, logged_models
 ):
     out, experiment = workdir / "records.json", f"ui-browser-{time.time_ns()}"
     assert (

@@ -135,7 +135,7 @@ def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
 
 @pytest.mark.slow
 def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
-    tmp_path, data_root, monkeypatch
+    tmp_path, data_root, monkeypatch, logged_models
 ):
     """A store of one ``run --methods agrouping`` (a method that draws its explanations)
     copied elsewhere and the original deleted: ``harness ui`` on the copy serves the run's

@@ -46,6 +46,8 @@ def store(tmp_path_factory, data_root, tracking_dir, tiny_protocol):
     folder = tmp_path_factory.mktemp("ui-store")
     before = os.getcwd()
     os.chdir(folder)
+    logged = pytest.MonkeyPatch()
+    logged.setenv("DML_HARNESS_LOG_MODEL", "1")  # this module reads the logged models
     try:
         out = folder / "records.json"
         assert (
@@ -69,6 +71,7 @@ def store(tmp_path_factory, data_root, tracking_dir, tiny_protocol):
         records = {r["method"]: r for r in json.loads(out.read_text())}
         yield records, folder
     finally:
+        logged.undo()
         os.chdir(before)
 
 
