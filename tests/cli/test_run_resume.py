@@ -96,8 +96,7 @@ def test_resume_in_another_experiment_starts_a_run_there(workdir, tiny_protocol)
     assert run.info.status == "FINISHED" and run.data.tags["fingerprint"] == a["fingerprint"]
 
 
-# plain's resume is the same path without AVSL's buffers: slow, to keep the default run short.
-@pytest.mark.parametrize("method", [pytest.param("plain", marks=pytest.mark.slow), "avsl"])
+@pytest.mark.parametrize("method", ["plain", "avsl"])
 def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol, method):
     """AVSL: its CAM-overlap edges (Eqs. 3-4) are buffers updated by momentum every step,
     so a resumed run matches only if the checkpoint carries them."""
