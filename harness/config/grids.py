@@ -159,6 +159,14 @@ def cell_count(axes: dict[str, list], extras: list[dict[str, list]]) -> int:
     return span(axes) + sum(span({**axes, **extra}) for extra in extras)
 
 
+def _protocol_slurm(protocol: str) -> dict[str, Any]:
+    """The ``[executor.slurm]`` table of the grid's protocol (its set keys)."""
+    slurm = load_protocol(protocol).executor.slurm.model_dump(exclude_none=True)
+    if "time" in slurm:
+        check_time(slurm["time"], f"protocol key 'executor.slurm.time' = {shown(slurm['time'])}")
+    return slurm
+
+
 def load_grid(
     name_or_path: str | Path,
     *,
@@ -228,6 +236,7 @@ def load_grid(
         return protocol
 
     protocol = resolved(str(top["protocol"]))
+    slurm_defaults = {**_protocol_slurm(protocol), **slurm_defaults}  # the grid's own win
     grid = Grid(
         name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""),
         path=path,

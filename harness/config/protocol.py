@@ -24,6 +24,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation
+from harness.config.executor import ExecutorTable
 from harness.config.options import (
     LossArguments,
     check_loss_arg_values,
@@ -93,6 +94,10 @@ class Protocol:
     #: Where this protocol departs from its paper or the authors' code (documentation:
     #: recorded and printed with every run, not fingerprinted): ``[deviations.<name>]``.
     deviations: dict[Str, PaperDeviation] = field(default_factory=dict)
+    #: ``[executor.slurm]``: the resources each cell of a grid on this protocol asks of a
+    #: Slurm cluster (a grid's own table and ``sweep``'s options win); not fingerprinted:
+    #: where a cell runs changes nothing it computes.
+    executor: ExecutorTable = field(default_factory=ExecutorTable)
 
     def __post_init__(self) -> None:
         """The rules that relate two keys (each key's own type and range is its annotation's)."""
@@ -148,6 +153,7 @@ class Protocol:
         fingerprint (and sweep cell keys) it would have without them."""
         data = self._full_dict()
         del data["deviations"]  # documentation of the protocol, not a setting
+        del data["executor"]  # where the cells run
         if not data["datasets"]:
             del data["datasets"]
         for section, key in _OPTIONAL_KEYS:
@@ -165,7 +171,9 @@ class Protocol:
 
     def _full_dict(self) -> dict[str, Any]:
         """Every field (what overrides address)."""
-        return jsonable(dataclasses.asdict(self))
+        data = jsonable(dataclasses.asdict(self))
+        data["executor"] = self.executor.model_dump(exclude_none=True)
+        return data
 
     def for_dataset(self, dataset: str) -> Protocol:
         """The protocol as it runs on ``dataset``: that dataset's settings applied, and

@@ -234,6 +234,26 @@ def test_the_executor_table_enters_no_cell_key(tmp_path):
     assert plain.slurm == {} and table.slurm == {"gpus_per_task": 4, "mem": "64G"}
 
 
+def test_the_protocol_s_executor_table_is_under_the_grid_s_and_not_fingerprinted(tmp_path):
+    """A protocol's ``[executor.slurm]`` gives a grid's defaults; the grid's own keys win,
+    and neither changes the protocol's fingerprint or the cells' keys."""
+    from harness.config.fingerprint import fingerprint
+    from harness.config.protocol_files import load_protocol
+
+    (tmp_path / "cluster").mkdir()
+    protocol = tmp_path / "cluster" / TINY_PROTOCOL.name  # the name enters the fingerprint
+    protocol.write_text(
+        TINY_PROTOCOL.read_text() + '\n[executor.slurm]\npartition = "gpu"\ntime = "2:00:00"\n'
+    )
+    path = _grid(tmp_path, extra='[executor.slurm]\ntime = "4:00:00"\nqos = "low"\n')
+    path.write_text(path.read_text().replace(str(TINY_PROTOCOL), str(protocol)))
+    assert load_grid(path).slurm == {"partition": "gpu", "time": "4:00:00", "qos": "low"}
+    assert load_protocol(str(protocol)).executor.slurm.partition == "gpu"
+    plain, with_table = load_protocol(str(TINY_PROTOCOL)), load_protocol(str(protocol))
+    assert fingerprint(plain, "d") == fingerprint(with_table, "d")
+    assert "executor" not in with_table.to_dict()
+
+
 def test_a_cell_on_several_gpus_is_trained_by_torchrun_through_the_ddp_path(
     workdir, capsys, monkeypatch, tmp_path_factory
 ):

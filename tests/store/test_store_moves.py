@@ -200,14 +200,14 @@ def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
 def _show_in_browser(url: str) -> None:
     """Where Chromium and selenium are installed: the artifact page ``url`` shows its image
     in headless Chromium, saved as ``moved-artifact.png`` beside the browser test's
-    screenshots (:mod:`tests.test_ui_browser`) for a person to look at."""
+    screenshots (:mod:`tests.cli.test_ui_browser`) for a person to look at."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver_path is None or importlib.util.find_spec("selenium") is None:
         return
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from tests.test_ui_browser import SCREENSHOTS
+    from tests.cli.test_ui_browser import SCREENSHOTS
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
