@@ -91,7 +91,11 @@ Choices where the paper is silent (assumptions; each is an option and in the sea
   mined triplet (a, p, n1) by a second negative n2 of a class other than a's and n1's (Chen
   et al. 2017's constraint; the paper only says both are negatives of a): random, or the
   nearest to a. So the masked pass sees at most one batch of images (about 2 forward passes
-  per step in all).
+  per step in all). ``selection`` says where this greedy pass runs: on the host
+  (``"host"``, default), or for pairs and triplets in its parallel form on the device
+  (``"device"``, :func:`~harness.methods.sam_tuples.disjoint_on_device`), which keeps the
+  same tuples in the same order (tests/methods/test_sam_tuples.py;
+  benchmarks/bench_sam_tuples.py counts the rounds it needs).
 * L_sm's reduction over tuples (not said): the mean, so gamma does not depend on the batch.
 
 A deviation of the ``sam`` protocol, not of the head: the paper trains on the whole training
@@ -154,7 +158,7 @@ from harness.methods.sam_attention import (
     tuple_weights,
 )
 from harness.methods.sam_figures import attention_row, local_attention_maps, unit_embedding
-from harness.methods.sam_tuples import MININGS, candidate_tuples, select_tuples
+from harness.methods.sam_tuples import MININGS, SELECTIONS, candidate_tuples, select_tuples
 
 __all__ = [
     "SAMHead",
@@ -208,7 +212,9 @@ class SAMHead(Method):
     module docstring). Options: ``form`` (``"triplet"`` | ``"siamese"`` | ``"quadruplet"``),
     ``stage`` (the map of Eq. 1), ``alpha`` / ``beta`` (Sigma), ``gamma`` (Eq. 3),
     ``normalize`` (M's scale), ``detach_weights`` (w constant in training), ``mining``
-    (which mined tuples are masked); all but ``form`` are assumptions, see above."""
+    (which mined tuples are masked), ``selection`` (where the greedy pass over them runs:
+    ``"host"``, or ``"device"`` for pairs and triplets, the same tuples without the host
+    round trip); all but ``form`` are assumptions, see above."""
 
     label = "SAM"
     figure_tuples = ("pair", "triplet")
@@ -227,6 +233,7 @@ class SAMHead(Method):
         normalize: str = "max",
         detach_weights: bool = False,
         mining: str = "random",
+        selection: str = "host",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if form not in FORMS:
@@ -245,7 +252,12 @@ class SAMHead(Method):
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         if mining not in MININGS:
             raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+        if selection not in SELECTIONS or (selection == "device" and form == "quadruplet"):
+            raise ValueError(
+                f"selection must be one of {SELECTIONS} ('host' for quadruplets), got {selection!r}"
+            )
         self.form, self.stage, self.normalize, self.mining = form, stage, normalize, mining
+        self.selection = selection
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.detach_weights = bool(detach_weights)
         self.project = nn.Linear(self.in_channels, embedding_size)
@@ -352,6 +364,12 @@ class SAMHead(Method):
         )
 
     def step_host_reads(self):
+        if self.selection == "device":
+            return (
+                "similarity mining selects its disjoint tuples on the device (select_tuples, "
+                "selection='device'); the number kept, which sizes the masked pass, is read "
+                "once per step, and the random order is drawn on the host"
+            )
         return (
             "similarity mining selects disjoint tuples greedily on the host (select_tuples): the "
             "mined candidates, and for quadruplets the labels and the distances they need, come "
@@ -373,7 +391,7 @@ class SAMHead(Method):
             raise HarnessError(
                 "SAM's loss needs the feature map its embed keeps (output.extras['map'])"
             )
-        tuples = select_tuples(indices, labels, self.form, f, self.mining)
+        tuples = select_tuples(indices, labels, self.form, f, self.mining, self.selection)
         if len(tuples) == 0:
             terms["similarity_mining"] = f.sum() * 0
             return terms

@@ -1,7 +1,8 @@
 """SAM's tuples for similarity mining (Zheng et al., IJCAI 2022, Sec. 3.2): which of the
 tuples the metric loss's miner chose get masked, each image at most once per step
 (:func:`select_tuples`; the rule, a choice where the paper is silent, is named in
-:mod:`harness.methods.sam`). The greedy pass is sequential and runs on the host."""
+:mod:`harness.methods.sam`). The greedy pass runs on the host, or in its parallel form on
+the device (:func:`disjoint_on_device`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,22 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from harness.methods.sam_attention import TUPLE_SIZE
 
-__all__ = ["MININGS", "candidate_tuples", "select_tuples"]
+__all__ = [
+    "MININGS",
+    "SELECTIONS",
+    "candidate_tuples",
+    "select_tuples",
+    "disjoint_on_device",
+    "settle_rounds",
+]
 
 MININGS = ("random", "hardest")
+#: Where the greedy pass runs: the sequential loop on the host, or its parallel form on the
+#: embeddings' device (:func:`disjoint_on_device`; pairs and triplets).
+SELECTIONS = ("host", "device")
+#: The parallel form's rounds: each settles at least the earliest undecided candidate, and
+#: on the batches measured (benchmarks/bench_sam_tuples.py) all settle within 12.
+DEVICE_ROUNDS = 32
 
 
 def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
@@ -32,15 +46,19 @@ def select_tuples(
     form: str,
     embeddings: torch.Tensor | None = None,
     mining: str = "random",
+    selection: str = "host",
 ) -> torch.Tensor:
     """The tuples similarity mining masks, T x k (k = 2, 3, 4), from the mined ``indices``:
     greedily, no image in two tuples; in random order or hardest first; a quadruplet adds a
     second negative to a mined triplet (see :mod:`harness.methods.sam`). Random choices use
     torch's global generator (seeded per epoch by the trainer).
 
-    The greedy pass is sequential by nature and runs on the host: what it reads comes
-    over in one transfer (:func:`_to_host`); the distances and the hardest-first order are
-    computed on the embeddings' device before it."""
+    ``selection="host"``: the greedy pass runs on the host, and what it reads comes over in
+    one transfer (:func:`_to_host`); the distances and the hardest-first order are computed
+    on the embeddings' device before it. ``"device"`` (pairs and triplets): the same pass in
+    its parallel form on the device (:func:`disjoint_on_device`), from the same order
+    (the random one drawn from the same CPU generator), so it keeps the same tuples
+    wherever its rounds settle every candidate."""
     k = TUPLE_SIZE[form]
     cand = candidate_tuples(indices, labels, form)
     empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
@@ -50,6 +68,12 @@ def select_tuples(
         raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
     if mining == "hardest" and embeddings is None:
         raise ValueError("mining='hardest' needs the embeddings")
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    if selection == "device" and form == "quadruplet":
+        raise ValueError(
+            "selection='device' takes pairs and triplets (a quadruplet's n2 is drawn in turn)"
+        )
     dist = hardest_first = None
     if mining == "hardest":
         assert embeddings is not None  # checked above
@@ -59,6 +83,11 @@ def select_tuples(
         if form != "siamese":
             hard = hard - dist[cand[:, 0], cand[:, 2]]
         hardest_first = torch.argsort(-hard, stable=True)
+    if selection == "device":
+        if hardest_first is None:
+            hardest_first = torch.tensor(_random_order(len(cand)), device=cand.device)
+        kept = disjoint_on_device(cand, hardest_first, batch=len(labels))
+        return cand[hardest_first[kept[hardest_first]]]
     # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
     quadruplet = form == "quadruplet"
     rows, y, order, dist_rows = _to_host(
@@ -72,6 +101,45 @@ def select_tuples(
     if not chosen:
         return empty
     return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+
+
+def disjoint_on_device(
+    cand: torch.Tensor, order: torch.Tensor, *, batch: int, rounds: int = DEVICE_ROUNDS
+) -> torch.Tensor:
+    """Which candidates (rows of ``cand``, T x k image indices below ``batch``) the greedy
+    pass in ``order`` keeps, as a T mask, computed in ``rounds`` fixed-shape rounds on
+    ``cand``'s device: the lexicographically first maximal set of candidates that share no
+    image, which is what the sequential pass (:func:`_greedy_disjoint`) returns.
+
+    Each round, a candidate that shares an image with a kept one is dropped, and an
+    undecided candidate is kept when it comes first in ``order`` among the undecided ones
+    on every image it holds: each earlier candidate it meets has then been dropped. The
+    first undecided candidate is settled every round, so T rounds always suffice; a
+    candidate still undecided after ``rounds`` is not kept (a smaller set, never an image
+    twice). A row that repeats an image is never kept, as on the host."""
+    return settle_rounds(cand, order, batch=batch, rounds=rounds)[0]
+
+
+def settle_rounds(
+    cand: torch.Tensor, order: torch.Tensor, *, batch: int, rounds: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`disjoint_on_device`'s rounds: the kept mask and the still undecided one."""
+    count, k = cand.shape
+    rank = torch.empty(count, dtype=torch.long, device=cand.device)
+    rank[order] = torch.arange(count, device=cand.device)
+    distinct = (cand.sort(dim=1).values.diff(dim=1) != 0).all(dim=1)
+    undecided, kept = distinct.clone(), torch.zeros_like(distinct)
+    members, last = cand.flatten(), torch.full((batch,), count, device=cand.device)
+    for _ in range(rounds):
+        held = kept.long().repeat_interleave(k)  # 1 on each image of a kept candidate
+        taken = torch.zeros(batch, dtype=torch.long, device=cand.device)
+        taken = taken.scatter_reduce(0, members, held, reduce="amax") > 0
+        undecided = undecided & ~taken[cand].any(dim=1)
+        alive_rank = torch.where(undecided, rank, count).repeat_interleave(k)
+        first = last.scatter_reduce(0, members, alive_rank, reduce="amin")
+        settled = undecided & (first[cand] == rank[:, None]).all(dim=1)
+        kept, undecided = kept | settled, undecided & ~settled
+    return kept, undecided
 
 
 def _to_host(

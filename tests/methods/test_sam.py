@@ -388,8 +388,8 @@ def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, monkeypatch):
     metric_loss = MetricLoss(loss, miner)
     selected = []
 
-    def spy_select(indices, labels, form, embeddings=None, mining="random"):
-        out = select_tuples(indices, labels, form, embeddings, mining)
+    def spy_select(indices, labels, form, embeddings=None, mining="random", selection="host"):
+        out = select_tuples(indices, labels, form, embeddings, mining, selection)
         selected.append((indices, out))
         return out
 
