@@ -357,7 +357,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         "--register",
         metavar="NAME",
         type=model_name,
-        help="register each run's trained embedder in MLflow's model registry as a version of NAME",
+        help="register each run's trained embedder in MLflow's model registry as a version of "
+        "NAME (each run logs its embedder as an MLflow model unless $DML_HARNESS_LOG_MODEL is 0)",
     )
     run.set_defaults(func=cmd_run)
     return run
