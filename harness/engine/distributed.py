@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from harness.base.errors import HarnessError
 from harness.components.losses.metric_loss import _MINE, MetricLoss, step_seed
+from harness.components.losses.mined import apply_loss
 
 __all__ = [
     "Processes",
@@ -167,7 +168,8 @@ class GatheredMetricLoss(MetricLoss):
         if indices is not _MINE:  # tuples mined on a gathered batch elsewhere
             raise HarnessError("a method that mines tuples itself cannot train across processes")
         embeddings, labels = self._gather(embeddings, labels)
-        return self.losses[copy](embeddings, labels, self._mine(embeddings, labels))
+        mined = self._mine(embeddings, labels)
+        return apply_loss(self.losses[copy], embeddings, labels, mined)
 
 
 def average_gradients(parameters, procs: Processes) -> None:

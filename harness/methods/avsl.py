@@ -129,7 +129,12 @@ from torch import nn
 from torch.nn import init
 
 from harness.base.errors import HarnessError
-from harness.components.losses import PrecomputedDistance, distance_replaced, hard_triplets
+from harness.components.losses import (
+    PrecomputedDistance,
+    apply_loss,
+    distance_replaced,
+    hard_triplets,
+)
 from harness.methods.avsl_figures import (
     PairAttribution,
     level_maps,
@@ -541,7 +546,7 @@ class AVSLHead(Method):
                 neg_margin(loss, self.final_neg_margin),
                 loss_labels(loss, batch.labels, batch_proxies=self.batch_proxies) as targets,
             ):
-                return loss(emb, targets, indices)
+                return apply_loss(loss, emb, targets, indices)
 
     def _collector_lr(self, lr_head: float) -> float:
         """The rate of the code's collector (alpha, beta, and the proxies with

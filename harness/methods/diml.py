@@ -92,7 +92,7 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torchvision.ops import roi_align
 
 from harness.base.errors import HarnessError
-from harness.components.losses import PrecomputedDistance, distance_replaced
+from harness.components.losses import PrecomputedDistance, apply_loss, distance_replaced
 from harness.components.transport import sinkhorn
 from harness.methods.base import (
     FigureSet,
@@ -442,7 +442,7 @@ class DIMLHead(PlainHead):
         with distance_replaced(
             loss, PrecomputedDistance(matrix, is_inverted=loss.distance.is_inverted)
         ):
-            return {"metric": loss(emb, labels, indices)}
+            return {"metric": apply_loss(loss, emb, labels, indices)}
 
     @staticmethod
     def _mine(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
+from harness.components.losses import MinedTriplets
 from harness.methods.sam_attention import TUPLE_SIZE
 
 __all__ = [
@@ -32,7 +33,9 @@ DEVICE_ROUNDS = 32
 def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
     """The mined tuples as rows: positive pairs (Siamese) or triplets (triplet, quadruplet),
     converted from a miner's pairs (a1, p, a2, n) or triplets (a, p, n) as PML converts them;
-    ``indices`` None (no miner): all of the batch's."""
+    ``indices`` None (no miner): all of the batch's; fixed-shape tuples: their valid ones."""
+    if isinstance(indices, MinedTriplets):
+        indices = indices.compact()
     if form == "siamese":
         a1, p, _, _ = lmu.convert_to_pairs(indices, labels)
         return torch.stack([a1, p], 1)

@@ -43,7 +43,7 @@ def roth_triplets(unit: torch.Tensor, labels: torch.Tensor, seed: int):
     """One distance-weighted triplet per anchor, the sampler both code and protocol use."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return RothDistanceWeightedMiner()(unit.detach(), labels)
+        return RothDistanceWeightedMiner()(unit.detach(), labels).compact()
 
 
 def protocol_loss(
@@ -172,8 +172,9 @@ class RecordingMiner:
         self.miner, self.draws = RothDistanceWeightedMiner(), []
 
     def __call__(self, embeddings, labels):
-        self.draws.append(self.miner(embeddings, labels))
-        return self.draws[-1]
+        mined = self.miner(embeddings, labels)
+        self.draws.append(mined.compact())
+        return mined
 
 
 def test_the_agrouping_metric_term_equals_the_codes_margin_forward():

@@ -8,12 +8,14 @@ counts them on any device, so K steps of the engine's real epoch loop
 bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
 
 The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
-flush). Mining (the protocol's miner) has data-dependent shapes by nature and is counted
-apart. A method whose step works on the host by its design (SAM's greedy tuple selection)
-says why in :meth:`~harness.methods.Method.step_host_reads` and may make one transfer per step,
-no more: its random draws come from torch's global generator, the CPU one, and are counted
-apart too (on a GPU they never touch the device; here every tensor stands for a device
-tensor, so they would look like device reads).
+flush). Mining is counted apart: in float32 the protocol's distance-weighted sampling runs
+in its fixed shape (``distance_weighted_fixed``, the losses taking its mask), and its
+section must be empty too; under bfloat16 it runs as PML's indexed miner, whose
+data-dependent shapes are allowed there. A method whose step works on the host by its design
+(SAM's greedy tuple selection) says why in :meth:`~harness.methods.Method.step_host_reads`
+and may make one transfer per step, no more: its random draws come from torch's global
+generator, the CPU one, and are counted apart too (on a GPU they never touch the device;
+here every tensor stands for a device tensor, so they would look like device reads).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
-from harness.components.losses import MetricLoss
+from harness.components.losses import MetricLoss, MinedTriplets
 from harness.config.protocol_files import load_protocol
 from harness.engine import trainer as trainer_module
 from harness.engine.data import prepare_splits
@@ -43,6 +45,9 @@ ONE_TRANSFER_PER_STEP = {"sam", "sam_quadruplet", "sam_siamese"}
 #: Host-only work inside a step, counted in its own section: draws from torch's global
 #: (CPU) generator.
 HOST_DRAWS = ((sam_tuples, "_random_order"), (sam_tuples, "_random_index"))
+#: SAM's host selection reads which fixed-shape tuples are valid (``MinedTriplets.compact``),
+#: counted in its own section; no other method may.
+COMPACTION = (MinedTriplets, "compact")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +88,8 @@ def _count_steps(
             monkeypatch.setattr(
                 owner, name, _in_section(counter, "host draws", getattr(owner, name))
             )
+        owner, name = COMPACTION
+        monkeypatch.setattr(owner, name, _in_section(counter, "compaction", getattr(owner, name)))
         trainer.train_epoch(0)
     return counter, recorder.flushes, trainer.model.head
 
@@ -116,7 +123,14 @@ def test_training_steps_read_the_device_once_per_flush(
         monkeypatch.setattr(
             trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16
         )
+    else:  # float32 with the fixed-shape form of the protocol's distance-weighted sampling
+        protocol = dataclasses.replace(
+            protocol, miner=dataclasses.replace(protocol.miner, name="distance_weighted_fixed")
+        )
     counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
+    mining = counter.sections["mining"]
+    if precision == "float32":  # the miner and the losses over its mask: no data-dependent shape
+        assert mining["shape_dependent"] == mining["scalar_reads"] == mining["device_to_host"] == 0
 
     assert [f.global_step for f in flushes] == [2, 4]
     assert all(
@@ -135,6 +149,7 @@ def test_training_steps_read_the_device_once_per_flush(
     else:
         assert not reason
         assert counter.device_to_host == len(flushes) == STEPS // SYNC_EVERY
+        assert "compaction" not in counter.sections  # the losses took the mask
 
 
 def test_the_counter_sees_each_kind_of_wait():

@@ -244,7 +244,9 @@ def test_hard_triplets_are_gedmls_hard_selector_by_hand():
             [0.1, 0.8, 0.2, 0.5, 0.0],
         ]
     )
-    a, p, n = hard_triplets(dist, labels, cutoff=0.5)
+    mined = hard_triplets(dist, labels, cutoff=0.5)
+    assert mined.valid.tolist() == [True, True, True, True, False]  # item 4 has no positive
+    a, p, n = mined.compact()
     # Largest positive distance 0.4 < 0.5: negatives are clamped at 0.4 from below.
     assert a.tolist() == [0, 1, 2, 3]  # item 4 has no positive
     assert p.tolist() == [1, 0, 3, 2]
@@ -262,7 +264,7 @@ def test_the_hard_negative_miner_is_hard_triplets_on_the_euclidean_distance():
     mined = create_miner("hard_negative")(emb, labels)
     torch.manual_seed(5)
     expected = hard_triplets(torch.cdist(emb, emb), labels, cutoff=0.5)
-    for got, want in zip(mined, expected, strict=True):
+    for got, want in zip(mined.compact(), expected.compact(), strict=True):
         assert torch.equal(got, want)
     assert load_protocol("avsl").miner.name == "hard_negative"
 

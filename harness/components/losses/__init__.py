@@ -15,7 +15,8 @@ code (:mod:`harness.components.losses.reductions` has each one, with the code's 
 The modules: :mod:`~harness.components.losses.tuple_losses` (losses over the batch's pairs,
 triplets and quadruplets), :mod:`~harness.components.losses.proxy_losses` (losses against
 learned class proxies), :mod:`~harness.components.losses.miners`,
-:mod:`~harness.components.losses.reductions`, :mod:`~harness.components.losses.registry`
+:mod:`~harness.components.losses.mined` (fixed-shape tuples and the losses that take them
+as a mask), :mod:`~harness.components.losses.reductions`, :mod:`~harness.components.losses.registry`
 (every loss and miner by name, and building them), :mod:`~harness.components.losses.metric_loss`
 (the run's loss as a plugin receives it) and :mod:`~harness.components.losses.distances`
 (losses on a matrix a method computes itself).
@@ -25,9 +26,15 @@ from __future__ import annotations
 
 from harness.components.losses.distances import PrecomputedDistance, distance_replaced
 from harness.components.losses.metric_loss import MetricLoss, step_seed
+from harness.components.losses.mined import MinedTriplets, apply_loss
 from harness.components.losses.miners import (
+    FixedDistanceWeightedMiner,
+    FixedShapeMiner,
     HardNegativeMiner,
+    IndexedHardNegativeMiner,
+    IndexedRothDistanceWeightedMiner,
     RothDistanceWeightedMiner,
+    hard_triplet_indices,
     hard_triplets,
 )
 from harness.components.losses.proxy_losses import ProxyAnchorLoss
@@ -71,4 +78,11 @@ __all__ = [
     "loss_defaults",
     "HardNegativeMiner",
     "hard_triplets",
+    "MinedTriplets",
+    "apply_loss",
+    "FixedShapeMiner",
+    "FixedDistanceWeightedMiner",
+    "IndexedRothDistanceWeightedMiner",
+    "IndexedHardNegativeMiner",
+    "hard_triplet_indices",
 ]

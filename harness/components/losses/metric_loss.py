@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from harness.components.losses.mined import apply_loss
+
 __all__ = ["MetricLoss", "step_seed"]
 
 
@@ -27,7 +29,9 @@ class MetricLoss:
     ``metric_loss(embeddings, labels)`` mines and applies instance 0; ``copy=p`` picks
     instance p; ``indices=`` applies the loss to tuples mined elsewhere (SAM's masked
     pass reuses the first pass's tuples: ``idx = metric_loss.mine(e, y)``, then
-    ``metric_loss(e, y, indices=idx)``). Embeddings are cast to float32 (AMP).
+    ``metric_loss(e, y, indices=idx)``); fixed-shape tuples
+    (:class:`~harness.components.losses.mined.MinedTriplets`) reach the loss as a mask
+    (:func:`~harness.components.losses.mined.apply_loss`). Embeddings are cast to float32 (AMP).
     The instances themselves belong to the trainer (optimised, checkpointed).
 
     Random miners (distance-weighted sampling) draw from torch's generator seeded by
@@ -83,4 +87,4 @@ class MetricLoss:
         embeddings = embeddings.float()
         if indices is _MINE:
             indices = self.mine(embeddings, labels)
-        return self.losses[copy](embeddings, labels, indices)
+        return apply_loss(self.losses[copy], embeddings, labels, indices)

@@ -1,5 +1,14 @@
 """Miners that PML has not, or runs otherwise than the seeds' code: Roth et al.'s
-distance-weighted sampling and GeDML's hard-negative selector."""
+distance-weighted sampling and GeDML's hard-negative selector; and the fixed-shape form of
+each, and of PML's distance-weighted miner, which return :class:`~harness.components.losses.mined.MinedTriplets`.
+
+A fixed-shape miner draws for every anchor of the batch, whatever its rows hold, and marks
+the slots it would have skipped as not valid, so its output's shape is the batch size's
+alone. Where the indexed miner draws from the rows it keeps with one ``torch.multinomial``
+call, the fixed-shape miner makes the same call on all rows: when every anchor is kept
+(a class-balanced batch of at least two classes, every protocol's case) the two draw the
+same tuples from the same seed, and otherwise the same distribution per kept anchor.
+``tests/components/test_fixed_shape_mining.py`` checks both."""
 
 from __future__ import annotations
 
@@ -10,11 +19,18 @@ from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from harness.components.losses.mined import MinedTriplets
+
 __all__ = [
     "inverse_sphere_log_weights",
+    "FixedShapeMiner",
     "RothDistanceWeightedMiner",
+    "IndexedRothDistanceWeightedMiner",
+    "FixedDistanceWeightedMiner",
     "hard_triplets",
+    "hard_triplet_indices",
     "HardNegativeMiner",
+    "IndexedHardNegativeMiner",
 ]
 
 
@@ -26,11 +42,37 @@ def inverse_sphere_log_weights(distances: torch.Tensor, dim: int) -> torch.Tenso
     )
 
 
-class RothDistanceWeightedMiner(pml_miners.BaseMiner):
-    """Distance-weighted sampling as Roth et al. 2020's code runs it (the ``distance``
-    batch miner of Revisiting_Deep_Metric_Learning_PyTorch; read here in the copies the
-    DIML and DGML seeds ship, ``batchminer/distance.py`` of wl-zhao/DIML and
-    XinyiXuXD/DGML-master, identical in what follows).
+class FixedShapeMiner(pml_miners.BaseMiner):
+    """A PML miner whose ``mine`` returns :class:`MinedTriplets`: a slot per draw and a mask,
+    a shape the batch size fixes."""
+
+    def output_assertion(self, output):
+        if not isinstance(output, MinedTriplets):
+            raise TypeError(f"{type(self).__name__}.mine must return MinedTriplets")
+        self.num_triplets = len(output)
+
+
+def _rows_or_uniform(weights: torch.Tensor) -> torch.Tensor:
+    """``weights`` with each row that weighs nothing made uniform, for ``torch.multinomial``
+    (which refuses a zero row); the caller marks that row's draws as not valid."""
+    empty = weights.sum(dim=1, keepdim=True) <= 0
+    return torch.where(empty, torch.ones_like(weights), weights)
+
+
+def _other_positives(labels, ref_labels, self_reference: bool) -> torch.Tensor:
+    """B x B' mask of each anchor's positives, itself excluded when the batch is its own reference."""
+    positive = labels[:, None] == ref_labels[None, :]
+    if self_reference:
+        positive.fill_diagonal_(False)
+    return positive
+
+
+class IndexedRothDistanceWeightedMiner(pml_miners.BaseMiner):
+    """Distance-weighted sampling as Roth et al. 2020's code runs it (the ``distance`` batch
+    miner of Revisiting_Deep_Metric_Learning_PyTorch; read here in the copies the DIML and
+    DGML seeds ship, ``batchminer/distance.py`` of wl-zhao/DIML and XinyiXuXD/DGML-master,
+    identical in what follows), returning PML's index lists (``distance_weighted_roth_indexed``;
+    :class:`RothDistanceWeightedMiner` is its fixed-shape form).
 
     Per anchor: distances clamped below at ``cutoff`` (0.5), negatives drawn with weight
     q(d)^-1 (:func:`inverse_sphere_log_weights`, Wu et al. 2017 Sec. 4), one triplet per
@@ -70,9 +112,7 @@ class RothDistanceWeightedMiner(pml_miners.BaseMiner):
 
     def mine(self, embeddings, labels, ref_emb, ref_labels):
         weights = self.negative_weights(embeddings, labels, ref_emb, ref_labels)
-        positive = labels[:, None] == ref_labels[None, :]
-        if ref_emb is embeddings:
-            positive.fill_diagonal_(False)
+        positive = _other_positives(labels, ref_labels, ref_emb is embeddings)
         usable = (weights.sum(dim=1) > 0) & positive.any(dim=1)
         anchors = torch.where(usable)[0]
         if len(anchors) == 0:
@@ -86,13 +126,115 @@ class RothDistanceWeightedMiner(pml_miners.BaseMiner):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
 
-def hard_triplets(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5):
+class RothDistanceWeightedMiner(FixedShapeMiner, IndexedRothDistanceWeightedMiner):
+    """Roth et al. 2020's distance-weighted sampling (:class:`IndexedRothDistanceWeightedMiner`)
+    in a fixed shape: one slot per anchor of the batch, valid where the anchor has a
+    positive and a negative of non-zero weight (the anchors the indexed miner keeps). The
+    two ``torch.multinomial`` calls are the indexed miner's on every row, so with every
+    anchor kept they draw the same triplets from the same seed."""
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        weights = self.negative_weights(embeddings, labels, ref_emb, ref_labels)
+        positive = _other_positives(labels, ref_labels, ref_emb is embeddings)
+        usable = (weights.sum(dim=1) > 0) & positive.any(dim=1)
+        positives = torch.multinomial(_rows_or_uniform(positive.to(weights.dtype)), 1).squeeze(1)
+        negatives = torch.multinomial(_rows_or_uniform(weights), 1).squeeze(1)
+        anchors = torch.arange(len(labels), device=labels.device)
+        return MinedTriplets(anchors, positives, negatives, usable)
+
+
+class FixedDistanceWeightedMiner(FixedShapeMiner):
+    """PML's ``DistanceWeightedMiner`` (Wu et al. 2017, Sec. 4, with PML's upper cutoff
+    ``nonzero_loss_cutoff`` and its count of triplets) in a fixed shape.
+
+    PML (``get_random_triplet_indices``, class by class) gives each anchor as many triplets
+    as its class has items in the reference set, k, each with a positive drawn uniformly
+    among the anchor's other same-class items and a negative drawn with weight q(d)^-1
+    (:func:`inverse_sphere_log_weights`, distances clamped below at ``cutoff``, zero at
+    ``nonzero_loss_cutoff`` or beyond and where not finite); an anchor whose negatives all
+    weigh zero, or whose class has no other item, gets none. Here every anchor has B' slots
+    (the reference set's size, k's bound), the first k of them valid for an anchor PML
+    keeps, drawn from the same two distributions. The draws themselves differ from PML's
+    (one call for all anchors, not one per class), as does the order of the triplets;
+    ``tests/components/test_fixed_shape_mining.py`` compares the distributions over
+    seeded draws and the expected loss. The log weights are shifted by each anchor's
+    largest (PML: the batch's largest), the same distribution unless PML's underflows.
+    """
+
+    def __init__(self, cutoff: float = 0.5, nonzero_loss_cutoff: float = 1.4, **kwargs):
+        super().__init__(**kwargs)
+        c_f.assert_distance_type(self, LpDistance, p=2, power=1, normalize_embeddings=True)
+        self.cutoff = float(cutoff)
+        self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
+        self.add_to_recordable_attributes(
+            list_of_names=["cutoff", "nonzero_loss_cutoff"], is_stat=False
+        )
+
+    def negative_weights(self, embeddings, labels, ref_emb, ref_labels) -> torch.Tensor:
+        """B x B' sampling weights of each anchor's negatives, as PML's (unnormalised)."""
+        distances = self.distance(embeddings, ref_emb).clamp(min=self.cutoff)
+        log_w = inverse_sphere_log_weights(distances, embeddings.size(1))
+        negative = (
+            (labels[:, None] != ref_labels[None, :])
+            & torch.isfinite(log_w)
+            & (distances < self.nonzero_loss_cutoff)
+        )
+        log_w = log_w.masked_fill(~negative, -math.inf)
+        shift = log_w.max(dim=1, keepdim=True).values.nan_to_num(0.0, neginf=0.0)
+        return torch.exp(log_w - shift)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        slots = len(ref_labels)
+        self_reference = ref_emb is embeddings
+        weights = self.negative_weights(embeddings, labels, ref_emb, ref_labels)
+        positive = _other_positives(labels, ref_labels, self_reference)
+        class_size = (labels[:, None] == ref_labels[None, :]).sum(dim=1)  # PML's k
+        usable = (weights.sum(dim=1) > 0) & positive.any(dim=1)
+        rows = torch.arange(len(labels), device=labels.device)
+        positives = torch.multinomial(
+            _rows_or_uniform(positive.to(weights.dtype)), slots, replacement=True
+        )
+        negatives = torch.multinomial(_rows_or_uniform(weights), slots, replacement=True)
+        slot = torch.arange(slots, device=labels.device)
+        valid = usable[:, None] & (slot[None, :] < class_size[:, None])
+        return MinedTriplets(
+            rows[:, None].expand(-1, slots).reshape(-1),
+            positives.reshape(-1),
+            negatives.reshape(-1),
+            valid.reshape(-1),
+        )
+
+    def get_default_distance(self):
+        return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+
+def hard_triplets(
+    dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5
+) -> MinedTriplets:
     """GeDML's ``HardSelector`` (zbr17/GeDML src/gedml/core/selectors/hard_selector.py lines
-    26-76) on a B x B distance matrix: one triplet (a, p, n) per anchor with a positive;
-    p drawn uniformly among the anchor's other same-class items (torch's generator), n the
-    nearest negative after the distances are clamped from below at min(largest positive
-    distance, ``cutoff``), so every negative closer than that cutoff ties and the lowest
-    index among them wins (``argmin``). Returns PML's triplet tuple of index tensors."""
+    26-76) on a B x B distance matrix, in a fixed shape: one slot per anchor, valid where the
+    anchor has another item of its class; p drawn uniformly among those (torch's generator),
+    n the nearest negative after the distances are clamped from below at min(largest
+    positive distance, ``cutoff``), so every negative closer than that cutoff ties and the
+    lowest index among them wins (``argmin``). The draws are :func:`hard_triplet_indices`'s
+    when every anchor has a positive."""
+    dist = dist.detach()
+    same = labels[:, None] == labels[None, :]
+    largest_positive = dist.masked_fill(~same, -math.inf).max()  # the diagonal is in ``same``
+    floor = torch.clamp(largest_positive, max=cutoff)
+    weights = torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
+    others = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    positives = torch.multinomial(_rows_or_uniform(others.float()), 1, replacement=True).flatten()
+    anchors = torch.arange(len(labels), device=labels.device)
+    return MinedTriplets(anchors, positives, weights.argmin(1), others.any(1))
+
+
+def hard_triplet_indices(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5):
+    """:func:`hard_triplets` as PML's index lists (``hard_negative_indexed``): one triplet
+    (a, p, n) per anchor with a positive; p drawn uniformly among the anchor's other
+    same-class items (torch's generator), n the nearest negative after the distances are
+    clamped from below at min(largest positive distance, ``cutoff``), so every negative
+    closer than that cutoff ties and the lowest index among them wins (``argmin``)."""
     dist = dist.detach()
     same = labels[:, None] == labels[None, :]
     floor = torch.clamp(dist[same].max(), max=cutoff)
@@ -104,19 +246,27 @@ def hard_triplets(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0
     return anchors, positives, negatives
 
 
-class HardNegativeMiner(pml_miners.BaseMiner):
-    """GeDML's ``HardSelector`` as a PML miner (:func:`hard_triplets` on the miner's
-    distance, by default the Euclidean distance of unit embeddings: GeDML's ``euclid``
-    metric). AVSL's margin configurations select with it (zbr17/AVSL
-    examples/config/links/link_margin.yaml line 8, link_avsl_margin.yaml lines 7-11;
-    cutoff 0.5: examples/config/args.csv line 52, ``--hardneg_cutoff``)."""
+class IndexedHardNegativeMiner(pml_miners.BaseMiner):
+    """GeDML's ``HardSelector`` as a PML miner returning index lists
+    (:func:`hard_triplet_indices`; ``hard_negative_indexed``)."""
 
     def __init__(self, cutoff: float = 0.5, **kwargs):
         super().__init__(**kwargs)
         self.cutoff = float(cutoff)
 
     def mine(self, embeddings, labels, ref_emb, ref_labels):
-        return hard_triplets(self.distance(embeddings, ref_emb), labels, cutoff=self.cutoff)
+        return hard_triplet_indices(self.distance(embeddings, ref_emb), labels, cutoff=self.cutoff)
 
     def get_default_distance(self):
         return LpDistance(normalize_embeddings=True, p=2, power=1)
+
+
+class HardNegativeMiner(FixedShapeMiner, IndexedHardNegativeMiner):
+    """GeDML's ``HardSelector`` as a fixed-shape PML miner (:func:`hard_triplets` on the
+    miner's distance, by default the Euclidean distance of unit embeddings: GeDML's ``euclid``
+    metric). AVSL's margin configurations select with it (zbr17/AVSL
+    examples/config/links/link_margin.yaml line 8, link_avsl_margin.yaml lines 7-11;
+    cutoff 0.5: examples/config/args.csv line 52, ``--hardneg_cutoff``)."""
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        return hard_triplets(self.distance(embeddings, ref_emb), labels, cutoff=self.cutoff)

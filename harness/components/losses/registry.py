@@ -13,7 +13,13 @@ from pytorch_metric_learning import miners as pml_miners
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.registry import Registry
-from harness.components.losses.miners import HardNegativeMiner, RothDistanceWeightedMiner
+from harness.components.losses.miners import (
+    FixedDistanceWeightedMiner,
+    HardNegativeMiner,
+    IndexedHardNegativeMiner,
+    IndexedRothDistanceWeightedMiner,
+    RothDistanceWeightedMiner,
+)
 from harness.components.losses.proxy_losses import ProxyAnchorLoss
 from harness.components.losses.reductions import CODE_REDUCTIONS, PML_REDUCTION, Reduction
 from harness.components.losses.tuple_losses import (
@@ -171,11 +177,25 @@ MINERS.register("distance_weighted")(
         description="Wu et al. 2017 (PML: upper cutoff 1.4, a class's size in triplets per anchor)",
     )
 )
+MINERS.register("distance_weighted_fixed")(
+    LossEntry(
+        FixedDistanceWeightedMiner,
+        {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4},
+        description="distance_weighted's distribution in a fixed shape (a mask over B slots per anchor)",
+    )
+)
 MINERS.register("distance_weighted_roth")(
     LossEntry(
         RothDistanceWeightedMiner,
         {"cutoff": 0.5},
-        description="Roth et al. 2020's code: no upper cutoff, one triplet per anchor",
+        description="Roth et al. 2020's code: no upper cutoff, one triplet per anchor (fixed shape)",
+    )
+)
+MINERS.register("distance_weighted_roth_indexed")(
+    LossEntry(
+        IndexedRothDistanceWeightedMiner,
+        {"cutoff": 0.5},
+        description="distance_weighted_roth returning index lists (a data-dependent shape)",
     )
 )
 MINERS.register("multi_similarity")(
@@ -192,7 +212,14 @@ MINERS.register("hard_negative")(
     LossEntry(
         HardNegativeMiner,
         {"cutoff": 0.5},
-        description="GeDML's HardSelector (AVSL's margin configurations)",
+        description="GeDML's HardSelector (AVSL's margin configurations; fixed shape)",
+    )
+)
+MINERS.register("hard_negative_indexed")(
+    LossEntry(
+        IndexedHardNegativeMiner,
+        {"cutoff": 0.5},
+        description="hard_negative returning index lists (a data-dependent shape)",
     )
 )
 MINERS.register("batch_hard")(
