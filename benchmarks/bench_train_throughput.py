@@ -9,7 +9,12 @@ the same precision (the autocast the harness picks for the device):
 * harness: :meth:`harness.engine.trainer.Trainer.train_epoch` over the same batches as the
   loader hands them (uint8, on the host): the copy to the device and normalisation, the
   per-step mining seed, the loss scaler, the on-device loss tally and its read every
-  ``[training] sync_every`` steps, the progress bar.
+  ``[training] sync_every`` steps, the progress bar;
+* compiled: the same loop under ``run --compile`` (:mod:`harness.engine.compiled_step`,
+  its own trainer and model, built alike): forward, loss and backward as one graph where
+  the miner works in a fixed shape (``--set miner.name=distance_weighted_fixed``), the
+  optimizer step as a second; with ``--cuda-graphs``, replayed as a CUDA graph. Its
+  compilation runs in the warm-up round, outside the timing.
 
 The data loader is left out of both (``bench_input_pipeline.py`` measures it with a JPEG
 tree): the ratio is the cost of the loop itself, the host syncs above all. The two loops
@@ -17,7 +22,8 @@ alternate in rounds of ``--steps`` steps, so background load hits both alike; ea
 is the median over the rounds.
 
 Usage: python benchmarks/bench_train_throughput.py [--protocol smoke] [--method plain]
-       [--steps 10] [--rounds 5] [--device auto] [--set KEY=VALUE ...]
+       [--steps 10] [--rounds 5] [--device auto] [--set KEY=VALUE ...] [--no-compile]
+       [--cuda-graphs]
 On a GPU: --protocol roth2020 --set backbone.pretrained=false --fast (ResNet-50, 224 px, batch 112).
 """
 
@@ -44,21 +50,35 @@ def timed(run: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def build(protocol_name: str, overrides: list[str], method: str, steps: int, device: torch.device):
+def build(
+    protocol_name: str,
+    overrides: list[str],
+    method: str,
+    steps: int,
+    device: torch.device,
+    *,
+    compile: bool = False,
+    cuda_graphs: bool = False,
+):
     """The harness's trainer for ``method`` and ``steps`` batches of the protocol's size
-    (random uint8 images, the sampler's class-balanced labels)."""
+    (random uint8 images, the sampler's class-balanced labels), compiled under ``compile``."""
     from harness.config.protocol import apply_overrides
     from harness.config.protocol_files import load_protocol
     from harness.engine.data import prepare_splits
     from harness.engine.recorder import NullRecorder
-    from harness.engine.run_config import RunConfig
+    from harness.engine.run_config import RunConfig, RunSettings
     from harness.engine.trainer import Trainer
 
     protocol = load_protocol(protocol_name).for_dataset("synthetic")
     protocol, _ = apply_overrides(protocol, [*overrides, f"sampling.batches_per_epoch={steps}"])
     splits = prepare_splits(protocol, "synthetic", None, seed=0)
     cfg = RunConfig.build(
-        protocol, method=method, dataset="synthetic", loss=protocol.loss.name, seed=0
+        protocol,
+        method=method,
+        dataset="synthetic",
+        loss=protocol.loss.name,
+        seed=0,
+        settings=RunSettings(compile=compile, cuda_graphs=cuda_graphs),
     )
     trainer = Trainer.build(cfg, splits, recorder=NullRecorder(), device=device)
     generator = torch.Generator().manual_seed(0)
@@ -126,6 +146,10 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="protocol override"
     )
+    parser.add_argument("--no-compile", action="store_true", help="leave the compiled loop out")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="the compiled loop as a CUDA graph"
+    )
     parser.add_argument(
         "--fast",
         action="store_true",
@@ -141,6 +165,18 @@ def main() -> None:
     protocol = trainer.cfg.protocol
     images = len(batches) * protocol.sampling.batch_size
     loops = {"bare": bare_loop(trainer, batches, device), "harness": harness_loop(trainer)}
+    if not args.no_compile:
+        compiled, _ = build(
+            args.protocol,
+            args.set,
+            args.method,
+            args.steps,
+            device,
+            compile=True,
+            cuda_graphs=args.cuda_graphs,
+        )
+        compiled.batches.loader = batches
+        loops["compiled"] = harness_loop(compiled)
     for run in loops.values():  # warm-up: allocator, autotuning, first-call costs
         run()
     seconds: dict[str, list[float]] = {name: [] for name in loops}
@@ -157,6 +193,9 @@ def main() -> None:
     print(f"bare loop:      {rate['bare']:9.1f} images/s")
     print(f"harness loop:   {rate['harness']:9.1f} images/s")
     print(f"harness / bare: {rate['harness'] / rate['bare']:9.3f}")
+    if "compiled" in rate:
+        print(f"compiled loop:  {rate['compiled']:9.1f} images/s")
+        print(f"compiled / bare: {rate['compiled'] / rate['bare']:8.3f}")
 
 
 if __name__ == "__main__":

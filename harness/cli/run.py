@@ -64,7 +64,14 @@ def _request(args: argparse.Namespace) -> _Request:
     from harness.engine.training import resolve_device
     from harness.methods import METHODS, check_method_options, list_methods
 
-    resolve_device(args.device)  # a device that is not there: refused before the dataset loads
+    device = resolve_device(
+        args.device
+    )  # a device that is not there: refused before the dataset loads
+    if args.cuda_graphs and device.type != "cuda":
+        raise HarnessError(
+            f"--cuda-graphs replays the compiled step as a CUDA graph and needs a GPU; "
+            f"--device {args.device} is {device.type} here"
+        )
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
@@ -175,6 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         deterministic=args.deterministic,
         fast=args.fast,
         compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
     )
 
     def splits_for(seed: int):
@@ -326,7 +334,15 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument(
         "--compile",
         action="store_true",
-        help="train through torch.compile of the model; recorded with each run (tag compile)",
+        help="train through torch.compile: forward, loss and backward as one graph where the "
+        "miner works in a fixed shape and the method on the device (else with graph breaks, "
+        "said in one line), the optimizer step as a second; recorded with each run (tag compile)",
+    )
+    run.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="--compile, with the step's graph replayed as a CUDA graph (a GPU and a step that "
+        "is one graph); recorded with each run (tag cuda_graphs)",
     )
     run.add_argument(
         "--checkpoint-root",

@@ -307,6 +307,7 @@ def run_params(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         "deterministic": cfg.deterministic,
         "fast": cfg.fast,
         "compile": cfg.compile,
+        "cuda_graphs": cfg.cuda_graphs,
     }
 
 
@@ -344,6 +345,7 @@ def run_tags(
         "deterministic": cfg.deterministic,
         "fast": cfg.fast,
         "compile": cfg.compile,
+        "cuda_graphs": cfg.cuda_graphs,
         "amp": amp_name(device, protocol.numerics.precision),
         **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
         **dataset_tags(splits),

@@ -65,8 +65,11 @@ class RunConfig:
     deterministic: bool = False
     #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
     fast: bool = False
-    #: Train through ``torch.compile`` of the model (evaluation runs the model as it is).
+    #: Train through ``torch.compile``: the whole step in one process
+    #: (:mod:`harness.engine.compiled_step`), the model inside DDP across processes.
     compile: bool = False
+    #: Replay the compiled step as a CUDA graph (``--cuda-graphs``; implies ``compile``).
+    cuda_graphs: bool = False
     #: Register the run's logged embedder under this name in MLflow's model registry (``--register``).
     registered_model: str = ""
 
@@ -105,7 +108,8 @@ class RunConfig:
             workers=settings.workers,
             deterministic=settings.deterministic,
             fast=settings.fast,
-            compile=settings.compile,
+            compile=settings.compile or settings.cuda_graphs,
+            cuda_graphs=settings.cuda_graphs,
             **cast(
                 dict[str, Any],
                 {"checkpoint_root": Path(settings.checkpoint_root)}
@@ -129,6 +133,7 @@ class RunSettings:
     deterministic: bool = False
     fast: bool = False
     compile: bool = False
+    cuda_graphs: bool = False
 
 
 #: The setting that turns off the logged MLflow model of each run (``0``); the selected

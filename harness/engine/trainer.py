@@ -38,8 +38,9 @@ from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
 from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_variants
 from harness.components.gradients import clip_gradients
-from harness.components.losses import MetricLoss, create_miner, miner_for
+from harness.components.losses import MetricLoss, create_miner, miner_for, step_seed
 from harness.config.protocol import Protocol
+from harness.engine.compiled_step import CompiledStep, compile_step, step_modules
 from harness.engine.data import TrainingBatches
 from harness.engine.distributed import (
     SINGLE_PROCESS,
@@ -48,7 +49,6 @@ from harness.engine.distributed import (
     average_gradients,
     barrier,
     check_replicas_agree,
-    wrap_model,
 )
 from harness.engine.embedding import evaluate_split
 from harness.engine.model import (
@@ -138,6 +138,8 @@ class Trainer:
     #: The autocast dtype of the training step (:func:`~harness.base.device.amp_dtype`), None: none.
     autocast_dtype: torch.dtype | None = None
     progress: Progress = field(default_factory=Progress)
+    #: The step's two halves compiled (``--compile``, single process), or None: eager.
+    compiled: CompiledStep | None = None
 
     @classmethod
     def build(
@@ -176,8 +178,10 @@ class Trainer:
                 cfg.loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
             )
         )
-        train_model, metric_loss = _step_modules(
-            model, loss_fn, miner, device, procs, compile=cfg.compile
+        # Single-process --compile captures the whole step (compile_step, below); across
+        # processes it compiles the model inside DDP.
+        train_model, metric_loss = step_modules(
+            model, loss_fn, miner, device, procs, compile=cfg.compile and procs.distributed
         )
         dtype = amp_dtype(device, protocol.numerics.precision)
         # A loss scaler only for float16 autocast (bfloat16 has float32's range).
@@ -185,7 +189,7 @@ class Trainer:
         parts = TrainingParts(
             model, loss_fn, optimizer, build_scheduler(protocol, optimizer), scaler
         )
-        return cls(
+        trainer = cls(
             cfg,
             splits,
             parts,
@@ -200,6 +204,21 @@ class Trainer:
             init_selected_epoch=init_selected_epoch,
             autocast_dtype=dtype,
         )
+        if (cfg.compile or cfg.cuda_graphs) and not procs.distributed:
+            trainer.compiled = compile_step(
+                trainer.forward_backward,
+                trainer.optimizer_step,
+                head=model.head,
+                miner=miner,
+                device=device,
+                dtype=dtype,
+                cuda_graphs=cfg.cuda_graphs,
+            )
+            if trainer.compiled.breaks_because:
+                log_line(
+                    f"compile: the step compiles with graph breaks: {trainer.compiled.breaks_because}"
+                )
+        return trainer
 
     @property
     def model(self) -> EmbeddingModel:
@@ -283,27 +302,46 @@ class Trainer:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward, the head's loss terms, backward and the optimizer step of one batch;
         returns the loss and its terms, on the device."""
-        parts, dtype = self.parts, self.autocast_dtype
         images = normalize_batch(images.to(self.device, non_blocking=True), self.cfg.protocol.image)
         labels = labels.to(self.device, non_blocking=True)
         images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
-        self.metric_loss.set_step(
-            self.cfg.seed, epoch, step
-        )  # random mining seeded per step (losses.MetricLoss)
+        self.parts.optimizer.zero_grad(set_to_none=True)
+        if self.compiled is not None:
+            # The draws inside the graph (mining, dropout) from the step's own seed.
+            torch.manual_seed(step_seed(self.cfg.seed, epoch, step))
+            loss, terms = self.compiled.forward_backward(images, labels)
+            self.compiled.optimizer_step()
+            return loss, terms
+        # Random mining seeded per step and call (losses.MetricLoss).
+        self.metric_loss.set_step(self.cfg.seed, epoch, step)
+        loss, terms = self.forward_backward(images, labels)
+        self.optimizer_step()
+        return loss, terms
+
+    def forward_backward(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The model's forward on a normalised batch, the head's loss terms and the backward
+        (gradients accumulate into cleared ``.grad``); returns the loss and its terms, detached."""
+        parts, dtype = self.parts, self.autocast_dtype
         with torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.train_model(images)
             terms = parts.model.head.loss_terms(
                 out, TrainingBatch(labels, self.metric_loss, images, parts.model)
             )
             loss = cast(torch.Tensor, sum(terms.values()))
-        parts.optimizer.zero_grad(set_to_none=True)
-        parts.scaler.scale(loss).backward()
+        # float16's loss scaler (the scaler is on for it alone); Dynamo does not trace GradScaler.
+        (parts.scaler.scale(loss) if dtype == torch.float16 else loss).backward()
+        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+    def optimizer_step(self) -> None:
+        """The loss's own gradients averaged across processes, clipping, the update."""
+        parts = self.parts
         if isinstance(self.metric_loss, GatheredMetricLoss):
             average_gradients(parts.loss_fn.parameters(), self.procs)
         clip_gradients(parts.optimizer, self.cfg.protocol.optimizer.clip_grad_norm, parts.scaler)
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()
-        return loss, terms
 
     # ------------------------------------------------------ selection, test
 
@@ -394,28 +432,6 @@ def _initial_model(
     # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
     # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
     return model.to(device, memory_format=torch.channels_last), init_selected_epoch  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
-
-
-def _step_modules(
-    model: EmbeddingModel,
-    loss_fn: nn.Module,
-    miner: Any,
-    device: torch.device,
-    procs: Processes,
-    *,
-    compile: bool,
-) -> tuple[nn.Module, MetricLoss]:
-    """The module a training step calls and the metric loss it hands the head: across
-    processes DDP and the loss over the gathered batch; compiled under ``compile`` (the
-    step's forward and backward; the weights are the model's own)."""
-    train_model: nn.Module = model
-    metric_loss = MetricLoss(loss_fn, miner)
-    if procs.distributed:
-        train_model = wrap_model(model, device)
-        metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
-    if compile:
-        train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
-    return train_model, metric_loss
 
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:

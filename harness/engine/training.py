@@ -161,6 +161,7 @@ def _run_record(
         "deterministic": cfg.deterministic,
         "fast": cfg.fast,
         "compile": cfg.compile,
+        "cuda_graphs": cfg.cuda_graphs,
         "metrics": {k: v for k, v in test.items() if not k.startswith("num_")},
     }
 

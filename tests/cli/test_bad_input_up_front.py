@@ -239,6 +239,11 @@ CASES = [
     Refusal(("sweep", "--grid", "fair-roth2020", "--device", "tpu"), "unknown device 'tpu'"),
     Refusal((*TUNE, "--device", "tpu"), "unknown device 'tpu'"),
     Refusal(
+        (*RUN, "--device", "cpu", "--cuda-graphs"),
+        "--cuda-graphs replays the compiled step as a CUDA graph and needs a GPU; "
+        "--device cpu is cpu here",
+    ),
+    Refusal(
         (*RUN, "--set", 'backbone.name="resnet5"'),
         "protocol key 'backbone.name': unknown backbone 'resnet5'; did you mean 'resnet50'?",
     ),

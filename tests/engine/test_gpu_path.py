@@ -184,8 +184,9 @@ def test_fast_turns_on_autotuning_and_any_kernel_and_excludes_deterministic(work
 
 @pytest.mark.slow
 def test_a_compiled_fast_run_trains_and_says_so(workdir, tiny_protocol):
-    """``--compile`` (torch.compile of the model, inductor on the CPU) trains to the eager
-    run's numbers within float tolerance; ``--fast`` and ``--compile`` are in the run's tags."""
+    """``--compile`` (inductor on the CPU; the tiny protocol's indexed miner: the step with
+    graph breaks) trains to the eager run's numbers within float tolerance; ``--fast`` and
+    ``--compile`` are in the run's tags."""
     from harness.base.device import configure_determinism
 
     records = {}
@@ -220,3 +221,43 @@ def test_a_compiled_fast_run_trains_and_says_so(workdir, tiny_protocol):
     assert eager.keys() == compiled.keys()
     for key in ("precision_at_1", "mean_average_precision_at_r"):
         assert compiled[key] == pytest.approx(eager[key], abs=0.05)
+
+
+def _compiled_run(workdir, tiny_protocol, capsys, *flags: str) -> dict:
+    out = workdir / "compiled.json"
+    code = main(
+        [
+            "run",
+            "--methods",
+            "plain",
+            "--protocol",
+            str(tiny_protocol),
+            "--epochs",
+            "1",
+            "--set",
+            'miner.name="distance_weighted_fixed"',
+            "--json",
+            str(out),
+            *flags,
+        ]
+    )
+    assert code == 0, capsys.readouterr().err[-3000:]
+    return json.loads(out.read_text())[0]
+
+
+@pytest.mark.slow
+def test_a_step_with_a_fixed_shape_miner_compiles_whole_and_trains(workdir, tiny_protocol, capsys):
+    """``--compile`` with a fixed-shape miner: one graph (``fullgraph=True``, so no break),
+    inductor on the CPU; no line about graph breaks; recorded."""
+    record = _compiled_run(workdir, tiny_protocol, capsys, "--compile")
+    assert "graph breaks" not in capsys.readouterr().err  # the run's progress lines
+    assert record["compile"] is True and record["cuda_graphs"] is False
+    assert 0 <= record["metrics"]["precision_at_1"] <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_replay_the_compiled_step_on_a_gpu(workdir, tiny_protocol, capsys):
+    record = _compiled_run(workdir, tiny_protocol, capsys, "--device", "cuda", "--cuda-graphs")
+    assert record["compile"] is True and record["cuda_graphs"] is True
+    run = mlflow.MlflowClient().get_run(record["mlflow_run_id"])
+    assert run.data.tags["cuda_graphs"] == "True"

@@ -1,0 +1,124 @@
+"""The training step under ``run --compile``: forward, loss and backward captured whole.
+
+``torch.compile`` captures a function as one graph only where nothing in it needs the
+host: no value read back, no shape that depends on the data, no Python the compiler
+cannot follow. A training step meets that when its miner works in a fixed shape
+(:class:`~harness.components.losses.miners.FixedShapeMiner`, or no miner) and its method
+declares no host work (:meth:`~harness.methods.Method.step_host_reads`). Then its
+forward, loss terms and backward compile with ``fullgraph=True``: one graph, replayed every
+step, and with ``--cuda-graphs`` (inductor's ``reduce-overhead`` mode) as a CUDA graph.
+
+The optimizer step (gradient clipping per group, the update) is a second compiled
+function: PyTorch's optimizers break the graph around their update on purpose
+(``torch/optim/optimizer.py``, ``_use_grad``: the update must run without autograd), so
+it cannot share the backward's graph.
+
+Elsewhere (an indexed miner, SAM's selection on the host) the step compiles with graph
+breaks where the host is needed, and the run says why in one line.
+
+Random draws inside the graph (the miner's, dropout) come from torch's global generator,
+seeded before each step from ``(seed, epoch, step)`` (:func:`~harness.components.losses.step_seed`):
+the step's draws depend on nothing else, as in eager training, but they are other draws
+than eager training's (which seeds each mining call apart), so a compiled run has its own
+numbers for a seed, recorded with the ``compile`` tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from harness.base.errors import HarnessError
+from harness.components.losses import FixedShapeMiner, MetricLoss
+from harness.engine.distributed import GatheredMetricLoss, Processes, wrap_model
+from harness.engine.model import EmbeddingModel
+
+__all__ = ["CompiledStep", "whole_graph_blocker", "compile_step", "step_modules"]
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """The compiled halves of a training step, and whether the first is one whole graph."""
+
+    forward_backward: Callable[..., Any]
+    optimizer_step: Callable[[], None]
+    fullgraph: bool
+    #: Why the step has graph breaks ("" where it has none).
+    breaks_because: str = ""
+
+
+def whole_graph_blocker(head: Any, miner: Any, dtype: torch.dtype | None = None) -> str:
+    """Why a step with ``head``, ``miner`` and autocast ``dtype`` cannot be one graph, or ""
+    where it can."""
+    if dtype == torch.float16:
+        return "float16's loss scaler (torch.amp.GradScaler) is not traced by torch.compile"
+    if miner is not None and not isinstance(miner, FixedShapeMiner):
+        return (
+            f"miner {type(miner).__name__} returns index lists whose length depends on the "
+            f"data (a fixed-shape miner: distance_weighted_fixed, distance_weighted_roth, "
+            f"hard_negative)"
+        )
+    host = head.step_host_reads()
+    if host:
+        return f"the method works on the host by design: {host}"
+    return ""
+
+
+def compile_step(
+    forward_backward: Callable[..., Any],
+    optimizer_step: Callable[[], None],
+    *,
+    head: Any,
+    miner: Any,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    cuda_graphs: bool = False,
+    backend: Any = "inductor",
+    optimizer_backend: Any = None,
+) -> CompiledStep:
+    """``forward_backward`` compiled whole where :func:`whole_graph_blocker` finds nothing
+    in the way (else with graph breaks), and ``optimizer_step`` compiled on its own.
+    ``cuda_graphs``: replay the first as a CUDA graph (a CUDA device and a whole graph only).
+    ``backend``: torch.compile's (``optimizer_backend`` for the second, default the same)."""
+    blocker = whole_graph_blocker(head, miner, dtype)
+    if cuda_graphs and device.type != "cuda":
+        raise HarnessError(
+            f"--cuda-graphs replays the compiled step on a GPU; the run's device is {device.type}"
+        )
+    if cuda_graphs and blocker:
+        raise HarnessError(f"--cuda-graphs needs the step as one graph, but {blocker}")
+    # The backward inside the captured function (Dynamo traces Tensor.backward only so).
+    torch._dynamo.config.trace_autograd_ops = True
+    options: dict[str, Any] = {"mode": "reduce-overhead"} if cuda_graphs else {}
+    return CompiledStep(
+        torch.compile(forward_backward, fullgraph=not blocker, backend=backend, **options),
+        torch.compile(optimizer_step, backend=optimizer_backend or backend),
+        fullgraph=not blocker,
+        breaks_because=blocker,
+    )
+
+
+def step_modules(
+    model: EmbeddingModel,
+    loss_fn: nn.Module,
+    miner: Any,
+    device: torch.device,
+    procs: Processes,
+    *,
+    compile: bool,
+) -> tuple[nn.Module, MetricLoss]:
+    """The module a training step calls and the metric loss it hands the head: across
+    processes DDP and the loss over the gathered batch; compiled under ``compile`` (the
+    step's forward and backward; the weights are the model's own)."""
+    train_model: nn.Module = model
+    metric_loss = MetricLoss(loss_fn, miner)
+    if procs.distributed:
+        train_model = wrap_model(model, device)
+        metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
+    if compile:
+        train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
+    return train_model, metric_loss

@@ -1,0 +1,120 @@
+"""``run --compile`` captures a training step whole: for every method whose step runs on
+the device, forward, loss and backward trace as one graph (``fullgraph=True``: a graph
+break is an error) and three steps compile it once (no recompilation), on the CPU with
+Dynamo's tracing alone (the ``eager`` backend: what is captured, not how fast it runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from harness.base.errors import HarnessError
+from harness.config.protocol_files import load_protocol
+from harness.engine.compiled_step import compile_step, whole_graph_blocker
+from harness.engine.data import prepare_splits
+from harness.engine.recorder import InMemoryRecorder
+from harness.engine.run_config import RunConfig
+from harness.engine.trainer import Trainer
+from harness.methods import list_methods
+from tests.conftest import TINY_PROTOCOL
+
+STEPS = 3
+#: Methods whose step works on the host by design (SAM's greedy selection of disjoint tuples).
+HOST_STEPS = {"sam", "sam_quadruplet", "sam_siamese"}
+#: One method per plugin family in the default run (each traces in 5-10 s); the named
+#: variants, which wire the same modules otherwise, with ``-m slow``.
+DEFAULT_RUN = {"plain", "agrouping", "avsl", "diablo", "diml_train"}
+
+
+def _device_steps() -> list:
+    return [
+        pytest.param(n, marks=() if n in DEFAULT_RUN else pytest.mark.slow)
+        for n in list_methods()
+        if n not in HOST_STEPS
+    ]
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    p = load_protocol(TINY_PROTOCOL)
+    return dataclasses.replace(
+        p,
+        sampling=dataclasses.replace(p.sampling, batches_per_epoch=STEPS),
+        miner=dataclasses.replace(p.miner, name="distance_weighted_fixed"),
+    )
+
+
+@pytest.fixture(scope="module")
+def splits(protocol):
+    return prepare_splits(protocol, "synthetic", None, seed=0)
+
+
+class CountingBackend:
+    """A Dynamo backend that runs each captured graph as traced and counts the captures."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs += 1
+        return graph_module.forward
+
+
+def _trainer(protocol, splits, name: str) -> Trainer:
+    cfg = RunConfig.build(protocol, method=name, dataset="synthetic", loss="margin", seed=0)
+    trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
+    trainer.batches.loader = list(trainer.batches.loader)
+    return trainer
+
+
+@pytest.mark.parametrize("name", _device_steps())
+def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
+    torch._dynamo.reset()
+    trainer = _trainer(protocol, splits, name)
+    miner = trainer.metric_loss.miner
+    assert whole_graph_blocker(trainer.model.head, miner) == ""
+    backend = CountingBackend()
+    trainer.compiled = compile_step(
+        trainer.forward_backward,
+        trainer.optimizer_step,
+        head=trainer.model.head,
+        miner=miner,
+        device=trainer.device,
+        backend=backend,
+        optimizer_backend="eager",  # PyTorch's optimizers break the graph around the update
+    )
+    assert trainer.compiled.fullgraph
+    before = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
+    summary = trainer.train_epoch(0)
+    assert backend.graphs == 1  # one graph for the three steps: no break, no recompilation
+    assert math.isfinite(summary["train_loss"])
+    after = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))  # it trained
+
+
+@pytest.mark.parametrize("name", sorted(HOST_STEPS))
+def test_a_step_with_host_work_says_why_it_has_graph_breaks(protocol, splits, name):
+    trainer = _trainer(protocol, splits, name)
+    reason = whole_graph_blocker(trainer.model.head, trainer.metric_loss.miner)
+    assert reason.startswith("the method works on the host by design")
+
+
+def test_an_indexed_miner_and_float16_are_named_as_what_breaks_the_graph(protocol, splits):
+    from harness.components.losses import create_miner
+
+    trainer = _trainer(protocol, splits, "plain")
+    head = trainer.model.head
+    assert "index lists" in whole_graph_blocker(head, create_miner("distance_weighted"))
+    assert "loss scaler" in whole_graph_blocker(head, None, torch.float16)
+    with pytest.raises(HarnessError, match="--cuda-graphs replays the compiled step on a GPU"):
+        compile_step(
+            trainer.forward_backward,
+            trainer.optimizer_step,
+            head=head,
+            miner=None,
+            device=torch.device("cpu"),
+            cuda_graphs=True,
+        )
