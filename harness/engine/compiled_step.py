@@ -60,7 +60,7 @@ def whole_graph_blocker(head: Any, miner: Any, dtype: torch.dtype | None = None)
         return (
             f"miner {type(miner).__name__} returns index lists whose length depends on the "
             f"data (a fixed-shape miner: distance_weighted_fixed, distance_weighted_roth, "
-            f"hard_negative)"
+            f"hard_negative, multi_similarity)"
         )
     host = head.step_host_reads()
     if host:

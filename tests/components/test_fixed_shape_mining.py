@@ -234,3 +234,52 @@ def test_the_indexed_miners_are_still_counted_as_data_dependent():
         create_miner("hard_negative_indexed")(emb, labels)
         pml_miners.DistanceWeightedMiner()(emb, labels)
     assert counter.shape_dependent > 0
+
+
+# ----------------------------------------------------- multi-similarity pairs as masks
+
+
+def _pair_mask(rows: torch.Tensor, cols: torch.Tensor, size: int) -> torch.Tensor:
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    mask[rows, cols] = True
+    return mask
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("distance", ["cosine", "euclidean"])
+def test_the_multi_similarity_masks_keep_pmls_pairs(seed, distance):
+    from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+
+    make = {"cosine": CosineSimilarity, "euclidean": lambda: LpDistance(normalize_embeddings=True)}
+    emb, labels = _batch(seed, classes=5, per_class=4)
+    if seed == 5:  # a single class: no negative pair, so nothing is kept
+        labels = torch.zeros_like(labels)
+    fixed = create_miner("multi_similarity", {"distance": make[distance]()})(emb, labels)
+    a1, p, a2, n = pml_miners.MultiSimilarityMiner(0.1, distance=make[distance]())(emb, labels)
+    assert torch.equal(fixed.positive, _pair_mask(a1, p, len(labels)))
+    assert torch.equal(fixed.negative, _pair_mask(a2, n, len(labels)))
+    assert (seed != 5) or not (fixed.positive.any() or fixed.negative.any())
+
+
+@pytest.mark.parametrize("args", [{}, {"reduction": "roth"}])
+def test_the_multi_similarity_loss_over_masks_is_pmls_bit_for_bit(args):
+    emb, labels = _batch(7, classes=5, per_class=4)
+    values, grads = [], []
+    for miner_name in ("multi_similarity", "multi_similarity_indexed"):
+        x = emb.clone().requires_grad_()
+        loss = create_loss("multi_similarity", args, num_classes=5, embedding_size=8)
+        value = apply_loss(loss, x, labels, create_miner(miner_name)(x.detach(), labels))
+        value.backward()
+        values.append(value.detach())
+        grads.append(x.grad)
+    assert torch.equal(values[0], values[1]) and torch.equal(grads[0], grads[1])
+
+
+def test_multi_similarity_mining_and_its_loss_never_wait_on_the_device():
+    emb, labels = _batch(3)
+    emb.requires_grad_()
+    loss = create_loss("multi_similarity", num_classes=6, embedding_size=8)
+    miner = create_miner("multi_similarity")
+    with SyncCounter() as counter:
+        apply_loss(loss, emb, labels, miner(emb.detach(), labels)).backward()
+    assert (counter.shape_dependent, counter.scalar_reads, counter.device_to_host) == (0, 0, 0)

@@ -269,7 +269,7 @@ def _roth_multi_similarity(emb, labels, alpha=2.0, beta=40.0, margin=0.1, thresh
 def test_roth_multi_similarity_averages_over_the_anchors_that_kept_both_kinds():
     emb, labels = _batch(spread=0.6)
     miner = create_miner("multi_similarity", {"epsilon": 0.1})
-    pairs = miner(emb, labels)
+    pairs = miner(emb, labels).compact()  # PML's index lists (a1, p, a2, n)
     kept = set(pairs[0].tolist()) & set(pairs[2].tolist())
     assert 0 < len(kept) < len(emb)  # the batch has anchors the code skips
     args = {"alpha": 2.0, "beta": 40.0, "base": 0.5}

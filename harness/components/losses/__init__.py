@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from harness.components.losses.distances import PrecomputedDistance, distance_replaced
 from harness.components.losses.metric_loss import MetricLoss, step_seed
-from harness.components.losses.mined import MinedTriplets, apply_loss
+from harness.components.losses.mined import MinedPairs, MinedTriplets, apply_loss
 from harness.components.losses.miners import (
     FixedDistanceWeightedMiner,
     FixedShapeMiner,
     HardNegativeMiner,
     IndexedHardNegativeMiner,
     IndexedRothDistanceWeightedMiner,
+    MultiSimilarityPairMiner,
     RothDistanceWeightedMiner,
     hard_triplet_indices,
     hard_triplets,
@@ -79,6 +80,8 @@ __all__ = [
     "HardNegativeMiner",
     "hard_triplets",
     "MinedTriplets",
+    "MinedPairs",
+    "MultiSimilarityPairMiner",
     "apply_loss",
     "FixedShapeMiner",
     "FixedDistanceWeightedMiner",

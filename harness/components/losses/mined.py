@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning.reducers import MeanReducer, MultipleReducers
 
-__all__ = ["MinedTriplets", "apply_loss", "masked_loss_types"]
+__all__ = ["MinedTriplets", "MinedPairs", "apply_loss", "masked_loss_types"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,24 @@ class MinedTriplets:
 
     def __len__(self) -> int:  # the slots, valid or not: a shape, no read of the device
         return len(self.anchors)
+
+
+@dataclass(frozen=True)
+class MinedPairs:
+    """Pairs as two B x B' masks over the batch's pairs: the positive and the negative pairs
+    kept (the multi-similarity miner's), a shape the batch size fixes."""
+
+    positive: torch.Tensor
+    negative: torch.Tensor
+
+    def compact(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PML's pair index lists (a1, p, a2, n), row by row (a data-dependent shape)."""
+        a1, p = torch.nonzero(self.positive, as_tuple=True)
+        a2, n = torch.nonzero(self.negative, as_tuple=True)
+        return a1, p, a2, n
+
+    def __len__(self) -> int:  # the pairs a mask covers, kept or not
+        return self.positive.numel()
 
 
 def _masked(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -156,26 +174,48 @@ def _contrastive(
     return _reduce(loss, loss_dict, embeddings, labels, t.valid)
 
 
+def _multi_similarity(loss: Any, embeddings, labels, pairs: MinedPairs) -> torch.Tensor:
+    """PML's ``MultiSimilarityLoss`` (Wang et al. 2019, Eq. 4) on the pair masks, which its
+    ``mat_based_loss`` builds from index lists itself; as PML, zero when at most one
+    positive and one negative pair are kept (``GenericPairLoss.compute_loss``)."""
+    mat = loss.distance(embeddings, embeddings)
+    loss_dict = loss._compute_loss(mat, pairs.positive.to(mat.dtype), pairs.negative.to(mat.dtype))
+    loss.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+    value = loss.reducer(loss_dict, embeddings, labels)  # per anchor: every anchor counts
+    few = (pairs.positive.sum() <= 1) & (pairs.negative.sum() <= 1)
+    return torch.where(few, (embeddings * 0).sum().to(value.dtype), value)
+
+
 #: Loss class -> its masked form. Exact types: a subclass may compute otherwise.
 _MASKED = {
     pml_losses.MarginLoss: _margin,
     pml_losses.TripletMarginLoss: _triplet,
     pml_losses.ContrastiveLoss: _contrastive,
 }
+#: Loss class -> its form over pair masks (the harness's multi-similarity subclass keeps
+#: PML's arithmetic up to its own reduction, which it applies in ``_compute_loss``).
+_PAIR_MASKED = {pml_losses.MultiSimilarityLoss: _multi_similarity}
+
+
+def register_pair_masked(cls: type) -> None:
+    """Let ``cls`` (a subclass of PML's ``MultiSimilarityLoss`` that overrides only
+    ``_compute_loss``) take :class:`MinedPairs` as masks."""
+    _PAIR_MASKED[cls] = _multi_similarity
 
 
 def masked_loss_types() -> tuple[type, ...]:
-    """The loss classes that take :class:`MinedTriplets` as a mask."""
-    return tuple(_MASKED)
+    """The loss classes that take :class:`MinedTriplets` or :class:`MinedPairs` as masks."""
+    return (*_MASKED, *_PAIR_MASKED)
 
 
 def apply_loss(loss: torch.nn.Module, embeddings, labels, indices=None) -> torch.Tensor:
     """``loss(embeddings, labels, indices)``, where ``indices`` may also be
-    :class:`MinedTriplets`: their masked form where the loss has one, else PML's on
-    ``compact()``. The batch is its own reference set."""
-    if not isinstance(indices, MinedTriplets):
+    :class:`MinedTriplets` or :class:`MinedPairs`: the loss's masked form where it has one,
+    else PML's on ``compact()``. The batch is its own reference set."""
+    if not isinstance(indices, MinedTriplets | MinedPairs):
         return loss(embeddings, labels, indices)
-    masked = _MASKED.get(type(loss))
+    table: dict[type, Any] = _MASKED if isinstance(indices, MinedTriplets) else _PAIR_MASKED
+    masked = table.get(type(loss))
     if masked is None:
         return loss(embeddings, labels, indices.compact())
     cast(Any, loss).reset_stats()  # PML's statistics, as its forward resets them

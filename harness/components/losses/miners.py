@@ -19,7 +19,7 @@ from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from harness.components.losses.mined import MinedTriplets
+from harness.components.losses.mined import MinedPairs, MinedTriplets
 
 __all__ = [
     "inverse_sphere_log_weights",
@@ -31,6 +31,7 @@ __all__ = [
     "hard_triplet_indices",
     "HardNegativeMiner",
     "IndexedHardNegativeMiner",
+    "MultiSimilarityPairMiner",
 ]
 
 
@@ -47,9 +48,8 @@ class FixedShapeMiner(pml_miners.BaseMiner):
     a shape the batch size fixes."""
 
     def output_assertion(self, output):
-        if not isinstance(output, MinedTriplets):
-            raise TypeError(f"{type(self).__name__}.mine must return MinedTriplets")
-        self.num_triplets = len(output)
+        if not isinstance(output, MinedTriplets | MinedPairs):
+            raise TypeError(f"{type(self).__name__}.mine must return MinedTriplets or MinedPairs")
 
 
 def _rows_or_uniform(weights: torch.Tensor) -> torch.Tensor:
@@ -270,3 +270,33 @@ class HardNegativeMiner(FixedShapeMiner, IndexedHardNegativeMiner):
 
     def mine(self, embeddings, labels, ref_emb, ref_labels):
         return hard_triplets(self.distance(embeddings, ref_emb), labels, cutoff=self.cutoff)
+
+
+class MultiSimilarityPairMiner(FixedShapeMiner, pml_miners.MultiSimilarityMiner):
+    """PML's ``MultiSimilarityMiner`` (Wang et al. 2019, Sec. 3.3, Eq. 3: a positive pair
+    is kept when its similarity is below the anchor's hardest negative's plus ``epsilon``, a
+    negative pair when above its hardest positive's minus ``epsilon``; the same with
+    distances, the inequalities turned) as two B x B' masks
+    (:class:`~harness.components.losses.mined.MinedPairs`) instead of the index lists
+    PML's loss turns back into masks. The pairs kept are PML's: the hardest pairs are
+    a row's maximum and minimum over a mask where PML sorts the row with sentinels."""
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels):
+        mat = self.distance(embeddings, ref_emb)
+        same = labels[:, None] == ref_labels[None, :]
+        positive = _other_positives(labels, ref_labels, ref_emb is embeddings)
+        negative = ~same
+        eps = self.epsilon
+        if self.distance.is_inverted:  # similarities
+            hardest_negative = mat.masked_fill(~negative, -math.inf).amax(dim=1, keepdim=True)
+            hardest_positive = mat.masked_fill(~positive, math.inf).amin(dim=1, keepdim=True)
+            kept_positive = positive & (mat - eps < hardest_negative)
+            kept_negative = negative & (mat + eps > hardest_positive)
+        else:
+            hardest_negative = mat.masked_fill(~negative, math.inf).amin(dim=1, keepdim=True)
+            hardest_positive = mat.masked_fill(~positive, -math.inf).amax(dim=1, keepdim=True)
+            kept_positive = positive & (mat + eps > hardest_negative)
+            kept_negative = negative & (mat - eps < hardest_positive)
+        # PML keeps nothing when the batch has no positive pair or no negative pair at all.
+        both = positive.any() & negative.any()
+        return MinedPairs(kept_positive & both, kept_negative & both)

@@ -18,6 +18,7 @@ from harness.components.losses.miners import (
     HardNegativeMiner,
     IndexedHardNegativeMiner,
     IndexedRothDistanceWeightedMiner,
+    MultiSimilarityPairMiner,
     RothDistanceWeightedMiner,
 )
 from harness.components.losses.proxy_losses import ProxyAnchorLoss
@@ -199,7 +200,18 @@ MINERS.register("distance_weighted_roth_indexed")(
     )
 )
 MINERS.register("multi_similarity")(
-    LossEntry(pml_miners.MultiSimilarityMiner, {"epsilon": 0.1}, description="Wang et al. 2019")
+    LossEntry(
+        MultiSimilarityPairMiner,
+        {"epsilon": 0.1},
+        description="Wang et al. 2019 (pair masks: a fixed shape)",
+    )
+)
+MINERS.register("multi_similarity_indexed")(
+    LossEntry(
+        pml_miners.MultiSimilarityMiner,
+        {"epsilon": 0.1},
+        description="multi_similarity returning index lists (PML's; a data-dependent shape)",
+    )
 )
 MINERS.register("triplet_margin")(
     LossEntry(

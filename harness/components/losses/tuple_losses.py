@@ -12,6 +12,7 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from harness.base.errors import HarnessError
+from harness.components.losses.mined import register_pair_masked
 
 __all__ = ["BinomialDevianceLoss", "MultiSimilarityLoss", "QuadrupletLoss"]
 
@@ -108,6 +109,9 @@ class MultiSimilarityLoss(pml_losses.MultiSimilarityLoss):
         mean = total / count.clamp(min=1).to(total.dtype)
         loss = torch.where(count > 0, mean, mat.sum() * 0)  # the zero keeps the graph
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
+
+
+register_pair_masked(MultiSimilarityLoss)  # takes MinedPairs as masks, as PML's class
 
 
 class QuadrupletLoss(pml_losses.BaseMetricLossFunction):
