@@ -69,7 +69,8 @@ def whole_graph_blocker(head: Any, miner: Any, dtype: torch.dtype | None = None)
 
 
 def compile_step(
-    forward_backward: Callable[..., Any],
+    forward_loss: Callable[..., Any],
+    backward: Callable[[torch.Tensor], None],
     optimizer_step: Callable[[], None],
     *,
     head: Any,
@@ -80,10 +81,12 @@ def compile_step(
     backend: Any = "inductor",
     optimizer_backend: Any = None,
 ) -> CompiledStep:
-    """``forward_backward`` compiled whole where :func:`whole_graph_blocker` finds nothing
-    in the way (else with graph breaks), and ``optimizer_step`` compiled on its own.
-    ``cuda_graphs``: replay the first as a CUDA graph (a CUDA device and a whole graph only).
-    ``backend``: torch.compile's (``optimizer_backend`` for the second, default the same)."""
+    """The step's forward, loss and ``backward`` compiled as one graph where
+    :func:`whole_graph_blocker` finds nothing in the way; elsewhere ``forward_loss`` compiled
+    with graph breaks and the backward run eagerly after it (Dynamo's traced backward needs
+    the whole graph). ``optimizer_step`` is compiled on its own. ``cuda_graphs``: replay the
+    whole graph as a CUDA graph (a CUDA device only). ``backend``: torch.compile's
+    (``optimizer_backend`` for the optimizer step, default the same)."""
     blocker = whole_graph_blocker(head, miner, dtype)
     if cuda_graphs and device.type != "cuda":
         raise HarnessError(
@@ -91,15 +94,27 @@ def compile_step(
         )
     if cuda_graphs and blocker:
         raise HarnessError(f"--cuda-graphs needs the step as one graph, but {blocker}")
+
+    def forward_backward(images, labels):
+        loss, terms = forward_loss(images, labels)
+        backward(loss)
+        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+    optimizer = torch.compile(optimizer_step, backend=optimizer_backend or backend)
+    if blocker:
+        compiled_forward = torch.compile(forward_loss, backend=backend)
+
+        def forward_then_backward(images, labels):
+            loss, terms = compiled_forward(images, labels)
+            backward(loss)
+            return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+        return CompiledStep(forward_then_backward, optimizer, False, blocker)
     # The backward inside the captured function (Dynamo traces Tensor.backward only so).
     torch._dynamo.config.trace_autograd_ops = True
     options: dict[str, Any] = {"mode": "reduce-overhead"} if cuda_graphs else {}
-    return CompiledStep(
-        torch.compile(forward_backward, fullgraph=not blocker, backend=backend, **options),
-        torch.compile(optimizer_step, backend=optimizer_backend or backend),
-        fullgraph=not blocker,
-        breaks_because=blocker,
-    )
+    whole = torch.compile(forward_backward, fullgraph=True, backend=backend, **options)
+    return CompiledStep(whole, optimizer, True)
 
 
 def step_modules(

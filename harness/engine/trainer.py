@@ -206,7 +206,8 @@ class Trainer:
         )
         if (cfg.compile or cfg.cuda_graphs) and not procs.distributed:
             trainer.compiled = compile_step(
-                trainer.forward_backward,
+                trainer.forward_loss,
+                trainer.backward,
                 trainer.optimizer_step,
                 head=model.head,
                 miner=miner,
@@ -321,18 +322,28 @@ class Trainer:
     def forward_backward(
         self, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The model's forward on a normalised batch, the head's loss terms and the backward
-        (gradients accumulate into cleared ``.grad``); returns the loss and its terms, detached."""
+        """:meth:`forward_loss` and :meth:`backward` (gradients accumulate into cleared
+        ``.grad``); returns the loss and its terms, detached."""
+        loss, terms = self.forward_loss(images, labels)
+        self.backward(loss)
+        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+    def forward_loss(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The model's forward on a normalised batch under autocast and the head's loss terms."""
         parts, dtype = self.parts, self.autocast_dtype
         with torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.train_model(images)
             terms = parts.model.head.loss_terms(
                 out, TrainingBatch(labels, self.metric_loss, images, parts.model)
             )
-            loss = cast(torch.Tensor, sum(terms.values()))
-        # float16's loss scaler (the scaler is on for it alone); Dynamo does not trace GradScaler.
-        (parts.scaler.scale(loss) if dtype == torch.float16 else loss).backward()
-        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+            return cast(torch.Tensor, sum(terms.values())), terms
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The backward, through float16's loss scaler (on for float16 alone; Dynamo does not
+        trace ``GradScaler``)."""
+        (self.parts.scaler.scale(loss) if self.autocast_dtype == torch.float16 else loss).backward()
 
     def optimizer_step(self) -> None:
         """The loss's own gradients averaged across processes, clipping, the update."""

@@ -78,7 +78,8 @@ def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
     assert whole_graph_blocker(trainer.model.head, miner) == ""
     backend = CountingBackend()
     trainer.compiled = compile_step(
-        trainer.forward_backward,
+        trainer.forward_loss,
+        trainer.backward,
         trainer.optimizer_step,
         head=trainer.model.head,
         miner=miner,
@@ -111,10 +112,43 @@ def test_an_indexed_miner_and_float16_are_named_as_what_breaks_the_graph(protoco
     assert "loss scaler" in whole_graph_blocker(head, None, torch.float16)
     with pytest.raises(HarnessError, match="--cuda-graphs replays the compiled step on a GPU"):
         compile_step(
-            trainer.forward_backward,
+            trainer.forward_loss,
+            trainer.backward,
             trainer.optimizer_step,
             head=head,
             miner=None,
             device=torch.device("cpu"),
             cuda_graphs=True,
         )
+
+
+@pytest.mark.parametrize("miner_name", ["distance_weighted_fixed", "distance_weighted"])
+def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name):
+    """Whole (a fixed-shape miner) or with graph breaks (PML's indexed miner, the backward
+    then run eagerly): the same three steps as eager training of ``plain`` (one mining
+    call a step, whose seed is the step's: the same draws), loss for loss and weight for
+    weight."""
+    chosen = dataclasses.replace(
+        protocol, miner=dataclasses.replace(protocol.miner, name=miner_name)
+    )
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        trainer = _trainer(chosen, splits, "plain")
+        if compiled:
+            trainer.compiled = compile_step(
+                trainer.forward_loss,
+                trainer.backward,
+                trainer.optimizer_step,
+                head=trainer.model.head,
+                miner=trainer.metric_loss.miner,
+                device=trainer.device,
+                backend="eager",
+            )
+            assert trainer.compiled.fullgraph == (miner_name == "distance_weighted_fixed")
+        summary = trainer.train_epoch(0)
+        results.append((summary["train_loss"], [p.detach() for p in trainer.model.parameters()]))
+    (eager_loss, eager_weights), (compiled_loss, compiled_weights) = results
+    assert compiled_loss == pytest.approx(eager_loss, rel=1e-5)
+    for a, b in zip(compiled_weights, eager_weights, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
