@@ -13,14 +13,17 @@ function: PyTorch's optimizers break the graph around their update on purpose
 (``torch/optim/optimizer.py``, ``_use_grad``: the update must run without autograd), so
 it cannot share the backward's graph.
 
-Elsewhere (an indexed miner, SAM's selection on the host) the step compiles with graph
-breaks where the host is needed, and the run says why in one line.
+Elsewhere (an indexed miner, SAM's selection on the host) the forward and loss compile
+with graph breaks where the host is needed, the backward runs eagerly after them (Dynamo
+traces a backward only inside a whole graph), and the run says why in one line.
 
 Random draws inside the graph (the miner's, dropout) come from torch's global generator,
 seeded before each step from ``(seed, epoch, step)`` (:func:`~harness.components.losses.step_seed`):
-the step's draws depend on nothing else, as in eager training, but they are other draws
-than eager training's (which seeds each mining call apart), so a compiled run has its own
-numbers for a seed, recorded with the ``compile`` tag.
+the step's draws depend on nothing else, as in eager training. Eager training seeds each
+mining call apart, with the same seed for a step's first: a method that mines once a
+step draws the same tuples either way; one that mines per group or level, or uses
+dropout, draws others, and inductor draws its own random numbers in any case, so a
+compiled run has its own numbers for a seed, recorded with the ``compile`` tag.
 """
 
 from __future__ import annotations
