@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from harness.base.errors import HarnessError
-from harness.components.losses import FixedShapeMiner, MetricLoss
+from harness.components.losses import FixedShapeMiner, MetricLoss, create_miner, miner_for
 from harness.engine.distributed import GatheredMetricLoss, Processes, wrap_model
 from harness.engine.model import EmbeddingModel
+from harness.engine.run_config import RunConfig
 
 __all__ = ["CompiledStep", "whole_graph_blocker", "compile_step", "step_modules"]
 
@@ -121,22 +122,25 @@ def compile_step(
 
 
 def step_modules(
+    cfg: RunConfig,
     model: EmbeddingModel,
     loss_fn: nn.Module,
-    miner: Any,
     device: torch.device,
     procs: Processes,
-    *,
-    compile: bool,
 ) -> tuple[nn.Module, MetricLoss]:
-    """The module a training step calls and the metric loss it hands the head: across
-    processes DDP and the loss over the gathered batch; compiled under ``compile`` (the
-    step's forward and backward; the weights are the model's own)."""
-    train_model: nn.Module = model
-    metric_loss = MetricLoss(loss_fn, miner)
-    if procs.distributed:
-        train_model = wrap_model(model, device)
-        metric_loss = GatheredMetricLoss(loss_fn, miner, procs)
-    if compile:
+    """The module a training step calls and the metric loss it hands the head, with the
+    run's miner (the protocol's, or its loss's own): across processes DDP and the loss over
+    the gathered batch, and under ``--compile`` the model compiled inside DDP (in one
+    process the trainer compiles the step itself, :func:`compile_step`)."""
+    protocol = cfg.protocol
+    miner = create_miner(
+        *miner_for(
+            cfg.loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
+        )
+    )
+    if not procs.distributed:
+        return model, MetricLoss(loss_fn, miner)
+    train_model: nn.Module = wrap_model(model, device)
+    if cfg.compile:
         train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
-    return train_model, metric_loss
+    return train_model, GatheredMetricLoss(loss_fn, miner, procs)

@@ -38,7 +38,7 @@ from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
 from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_variants
 from harness.components.gradients import clip_gradients
-from harness.components.losses import MetricLoss, create_miner, miner_for, step_seed
+from harness.components.losses import MetricLoss, step_seed
 from harness.config.protocol import Protocol
 from harness.engine.compiled_step import CompiledStep, compile_step, step_modules
 from harness.engine.data import TrainingBatches
@@ -173,16 +173,7 @@ class Trainer:
             procs=procs,
             loss=cfg.loss,
         )
-        miner = create_miner(
-            *miner_for(
-                cfg.loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
-            )
-        )
-        # Single-process --compile captures the whole step (compile_step, below); across
-        # processes it compiles the model inside DDP.
-        train_model, metric_loss = step_modules(
-            model, loss_fn, miner, device, procs, compile=cfg.compile and procs.distributed
-        )
+        train_model, metric_loss = step_modules(cfg, model, loss_fn, device, procs)
         dtype = amp_dtype(device, protocol.numerics.precision)
         # A loss scaler only for float16 autocast (bfloat16 has float32's range).
         scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
@@ -205,21 +196,27 @@ class Trainer:
             autocast_dtype=dtype,
         )
         if (cfg.compile or cfg.cuda_graphs) and not procs.distributed:
-            trainer.compiled = compile_step(
-                trainer.forward_loss,
-                trainer.backward,
-                trainer.optimizer_step,
-                head=model.head,
-                miner=miner,
-                device=device,
-                dtype=dtype,
-                cuda_graphs=cfg.cuda_graphs,
-            )
-            if trainer.compiled.breaks_because:
-                log_line(
-                    f"compile: the step compiles with graph breaks: {trainer.compiled.breaks_because}"
-                )
+            trainer.compile_step()
         return trainer
+
+    def compile_step(self) -> None:
+        """Compile the step (:func:`~harness.engine.compiled_step.compile_step`), saying why
+        where it has graph breaks. In one process only: across processes ``--compile``
+        compiles the model inside DDP (:func:`~harness.engine.compiled_step.step_modules`)."""
+        self.compiled = compile_step(
+            self.forward_loss,
+            self.backward,
+            self.optimizer_step,
+            head=self.model.head,
+            miner=self.metric_loss.miner,
+            device=self.device,
+            dtype=self.autocast_dtype,
+            cuda_graphs=self.cfg.cuda_graphs,
+        )
+        if self.compiled.breaks_because:
+            log_line(
+                f"compile: the step compiles with graph breaks: {self.compiled.breaks_because}"
+            )
 
     @property
     def model(self) -> EmbeddingModel:
