@@ -99,25 +99,22 @@ def compile_step(
     if cuda_graphs and blocker:
         raise HarnessError(f"--cuda-graphs needs the step as one graph, but {blocker}")
 
-    def forward_backward(images, labels):
-        loss, terms = forward_loss(images, labels)
-        backward(loss)
-        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+    def then_backward(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def forward_backward(images, labels):
+            loss, terms = forward(images, labels)
+            backward(loss)
+            return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+        return forward_backward
 
     optimizer = torch.compile(optimizer_step, backend=optimizer_backend or backend)
     if blocker:
         compiled_forward = torch.compile(forward_loss, backend=backend)
-
-        def forward_then_backward(images, labels):
-            loss, terms = compiled_forward(images, labels)
-            backward(loss)
-            return loss.detach(), {name: value.detach() for name, value in terms.items()}
-
-        return CompiledStep(forward_then_backward, optimizer, False, blocker)
+        return CompiledStep(then_backward(compiled_forward), optimizer, False, blocker)
     # The backward inside the captured function (Dynamo traces Tensor.backward only so).
     torch._dynamo.config.trace_autograd_ops = True
     options: dict[str, Any] = {"mode": "reduce-overhead"} if cuda_graphs else {}
-    whole = torch.compile(forward_backward, fullgraph=True, backend=backend, **options)
+    whole = torch.compile(then_backward(forward_loss), fullgraph=True, backend=backend, **options)
     return CompiledStep(whole, optimizer, True)
 
 
