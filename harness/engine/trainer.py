@@ -199,10 +199,11 @@ class Trainer:
             trainer.compile_step()
         return trainer
 
-    def compile_step(self) -> None:
-        """Compile the step (:func:`~harness.engine.compiled_step.compile_step`), saying why
-        where it has graph breaks. In one process only: across processes ``--compile``
-        compiles the model inside DDP (:func:`~harness.engine.compiled_step.step_modules`)."""
+    def compile_step(self, **backends: Any) -> None:
+        """Compile the step (:func:`~harness.engine.compiled_step.compile_step`, with its
+        ``backend`` and ``optimizer_backend`` when given), saying why where it has graph
+        breaks. In one process only: across processes ``--compile`` compiles the model inside
+        DDP (:func:`~harness.engine.compiled_step.step_modules`)."""
         self.compiled = compile_step(
             self.forward_loss,
             self.backward,
@@ -212,6 +213,7 @@ class Trainer:
             device=self.device,
             dtype=self.autocast_dtype,
             cuda_graphs=self.cfg.cuda_graphs,
+            **backends,
         )
         if self.compiled.breaks_because:
             log_line(

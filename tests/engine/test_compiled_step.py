@@ -77,16 +77,8 @@ def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
     miner = trainer.metric_loss.miner
     assert whole_graph_blocker(trainer.model.head, miner) == ""
     backend = CountingBackend()
-    trainer.compiled = compile_step(
-        trainer.forward_loss,
-        trainer.backward,
-        trainer.optimizer_step,
-        head=trainer.model.head,
-        miner=miner,
-        device=trainer.device,
-        backend=backend,
-        optimizer_backend="eager",  # PyTorch's optimizers break the graph around the update
-    )
+    # PyTorch's optimizers break the graph around the update: the optimizer step apart.
+    trainer.compile_step(backend=backend, optimizer_backend="eager")
     assert trainer.compiled.fullgraph
     before = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
     summary = trainer.train_epoch(0)
@@ -136,15 +128,8 @@ def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name
         torch._dynamo.reset()
         trainer = _trainer(chosen, splits, "plain")
         if compiled:
-            trainer.compiled = compile_step(
-                trainer.forward_loss,
-                trainer.backward,
-                trainer.optimizer_step,
-                head=trainer.model.head,
-                miner=trainer.metric_loss.miner,
-                device=trainer.device,
-                backend="eager",
-            )
+            trainer.compile_step(backend="eager")
+            assert trainer.compiled is not None
             assert trainer.compiled.fullgraph == (miner_name == "distance_weighted_fixed")
         summary = trainer.train_epoch(0)
         results.append((summary["train_loss"], [p.detach() for p in trainer.model.parameters()]))

@@ -208,6 +208,20 @@ class FixedDistanceWeightedMiner(FixedShapeMiner):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
 
+def _same_and_other_positives(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """B x B masks of same-class pairs (the diagonal included) and of each item's others."""
+    same = labels[:, None] == labels[None, :]
+    return same, same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+
+
+def _clamped_negative_distances(dist, same, cutoff: float) -> torch.Tensor:
+    """GeDML's selection weights: distances clamped from below at min(largest positive
+    distance, ``cutoff``), same-class entries at the dtype's maximum (never the argmin)."""
+    largest_positive = dist.masked_fill(~same, -math.inf).max()  # the diagonal is in ``same``
+    floor = torch.clamp(largest_positive, max=cutoff)
+    return torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
+
+
 def hard_triplets(
     dist: torch.Tensor, labels: torch.Tensor, *, cutoff: float = 0.5
 ) -> MinedTriplets:
@@ -218,12 +232,8 @@ def hard_triplets(
     positive distance, ``cutoff``), so every negative closer than that cutoff ties and the
     lowest index among them wins (``argmin``). The draws are :func:`hard_triplet_indices`'s
     when every anchor has a positive."""
-    dist = dist.detach()
-    same = labels[:, None] == labels[None, :]
-    largest_positive = dist.masked_fill(~same, -math.inf).max()  # the diagonal is in ``same``
-    floor = torch.clamp(largest_positive, max=cutoff)
-    weights = torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
-    others = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    dist, same, others = dist.detach(), *_same_and_other_positives(labels)
+    weights = _clamped_negative_distances(dist, same, cutoff)
     positives = torch.multinomial(_rows_or_uniform(others.float()), 1, replacement=True).flatten()
     anchors = torch.arange(len(labels), device=labels.device)
     return MinedTriplets(anchors, positives, weights.argmin(1), others.any(1))
@@ -235,11 +245,8 @@ def hard_triplet_indices(dist: torch.Tensor, labels: torch.Tensor, *, cutoff: fl
     same-class items (torch's generator), n the nearest negative after the distances are
     clamped from below at min(largest positive distance, ``cutoff``), so every negative
     closer than that cutoff ties and the lowest index among them wins (``argmin``)."""
-    dist = dist.detach()
-    same = labels[:, None] == labels[None, :]
-    floor = torch.clamp(dist[same].max(), max=cutoff)
-    weights = torch.maximum(dist, floor).masked_fill(same, torch.finfo(dist.dtype).max)
-    others = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    dist, same, others = dist.detach(), *_same_and_other_positives(labels)
+    weights = _clamped_negative_distances(dist, same, cutoff)
     anchors = torch.nonzero(others.any(1)).flatten()
     positives = torch.multinomial(others[anchors].float(), 1, replacement=True).flatten()
     negatives = weights[anchors].argmin(1)
