@@ -1,5 +1,6 @@
-"""SAM's tuple selection (``harness.methods.sam_tuples.select_tuples``): the greedy pass on
-the host against its parallel form on the device (``disjoint_on_device``).
+"""SAM's tuple selection (``harness.methods.sam_tuples``): the greedy pass on the host
+(``select_tuples``) against its parallel form on the device (``disjoint_on_device``) and
+its fixed-shape form (``select_fixed_tuples``, SAM's default).
 
 Workload: the candidates a miner hands SAM, on random unit embeddings of a P x K batch
 (classes x images per class): every triplet of the batch (PML's ``t_per_anchor="all"``,
@@ -7,7 +8,9 @@ what SAM converts a miner's pairs into) or its positive pairs, in random or hard
 order. For each seed, both selections run from the same order (the random one drawn from
 the same CPU generator state); reported per batch shape: the candidates, how many seeds
 give the same tuples in the same order, the rounds the parallel form needs to settle
-every candidate (its fixed count is ``DEVICE_ROUNDS``), and the median time of each.
+every candidate (its fixed count is ``DEVICE_ROUNDS``), and the median time of each; for
+the fixed-shape form (B // k rounds), which draws a random order of its own, how many
+seeds give the host's tuples hardest first, and its median time.
 
 Usage: python benchmarks/bench_sam_tuples.py [--seeds 20] [--device cpu] [--json out.json]
 """
@@ -25,6 +28,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from harness.methods.sam_tuples import (
     DEVICE_ROUNDS,
     candidate_tuples,
+    select_fixed_tuples,
     select_tuples,
     settle_rounds,
 )
@@ -58,7 +62,7 @@ def timed(fn) -> tuple[torch.Tensor, float]:
 def measure(classes: int, per_class: int, form: str, mining: str, seeds: int, device: str):
     batch = classes * per_class
     labels = torch.arange(classes, device=device).repeat_interleave(per_class)
-    same, rounds, host_s, device_s, count = 0, [], [], [], 0
+    same, same_fixed, rounds, host_s, device_s, fixed_s, count = 0, 0, [], [], [], [], 0
     for seed in range(seeds):
         torch.manual_seed(seed)
         emb = torch.nn.functional.normalize(torch.randn(batch, 64, device=device), dim=1)
@@ -70,8 +74,13 @@ def measure(classes: int, per_class: int, form: str, mining: str, seeds: int, de
             lambda i=indices, e=emb: select_tuples(i, labels, form, e, mining, selection="device")
         )
         same += int(torch.equal(host, on_device))
+        (rows, kept), t_fixed = timed(
+            lambda i=indices, e=emb: select_fixed_tuples(i, labels, form, e, mining)
+        )
+        same_fixed += int(torch.equal(rows[kept], host))
         host_s.append(t_host)
         device_s.append(t_device)
+        fixed_s.append(t_fixed)
         cand = candidate_tuples(indices, labels, form)
         count = len(cand)
         order = torch.randperm(len(cand), device=device)
@@ -86,6 +95,9 @@ def measure(classes: int, per_class: int, form: str, mining: str, seeds: int, de
         "rounds_to_settle_median": statistics.median(rounds),
         "host_ms": round(1e3 * statistics.median(host_s), 2),
         "device_ms": round(1e3 * statistics.median(device_s), 2),
+        # The fixed shape draws its random order on the device: the same tuples hardest first.
+        "fixed_same_tuples": f"{same_fixed}/{seeds}" if mining == "hardest" else "-",
+        "fixed_ms": round(1e3 * statistics.median(fixed_s), 2),
     }
 
 

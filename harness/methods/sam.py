@@ -91,12 +91,28 @@ Choices where the paper is silent (assumptions; each is an option and in the sea
   mined triplet (a, p, n1) by a second negative n2 of a class other than a's and n1's (Chen
   et al. 2017's constraint; the paper only says both are negatives of a): random, or the
   nearest to a. So the masked pass sees at most one batch of images (about 2 forward passes
-  per step in all). ``selection`` says where this greedy pass runs: on the host
-  (``"host"``, default), or for pairs and triplets in its parallel form on the device
-  (``"device"``, :func:`~harness.methods.sam_tuples.disjoint_on_device`), which keeps the
-  same tuples in the same order (tests/methods/test_sam_tuples.py;
-  benchmarks/bench_sam_tuples.py counts the rounds it needs).
-* L_sm's reduction over tuples (not said): the mean, so gamma does not depend on the batch.
+  per step in all). ``selection`` says where this greedy pass runs, none of which the
+  paper constrains:
+
+  - ``"fixed"`` (default): on the device in a fixed shape
+    (:func:`~harness.methods.sam_tuples.select_fixed_tuples`): B // k rounds, each keeping
+    the first candidate in the pass's order that is still free, into B // k tuple slots
+    with a mask of those kept. Hardest first it keeps the host's tuples; in random order it
+    draws the order (and a quadruplet's random n2) from the device's generator: the host's
+    distribution, other draws (tests/methods/test_sam_fixed_tuples.py). The masked pass
+    always embeds the B // k slots' images (k * (B // k) <= B), the unkept slots' L_sm
+    weighted 0, so nothing in the step depends on the data and ``run --compile`` captures
+    it as one graph. Under BatchNorm in training mode (``freeze_bn = false``) those
+    placeholder images would enter the masked pass's batch statistics: use ``"host"``
+    there to keep them out.
+  - ``"host"``: the sequential pass on the host, from one transfer per step, its random
+    order from the CPU generator.
+  - ``"device"`` (pairs and triplets): the sequential pass's parallel form on the device
+    (:func:`~harness.methods.sam_tuples.disjoint_on_device`), the host's tuples in the
+    host's order (tests/methods/test_sam_tuples.py; benchmarks/bench_sam_tuples.py counts
+    the rounds it needs), with one read of the number kept.
+* L_sm's reduction over tuples (not said): the mean over the tuples kept, so gamma does not
+  depend on the batch.
 
 A deviation of the ``sam`` protocol, not of the head: the paper trains on the whole training
 split (Sec. 4.1, the splits of Wang et al. 2019) and says nothing of model selection; the
@@ -158,7 +174,13 @@ from harness.methods.sam_attention import (
     tuple_weights,
 )
 from harness.methods.sam_figures import attention_row, local_attention_maps, unit_embedding
-from harness.methods.sam_tuples import MININGS, SELECTIONS, candidate_tuples, select_tuples
+from harness.methods.sam_tuples import (
+    MININGS,
+    SELECTIONS,
+    candidate_tuples,
+    select_fixed_tuples,
+    select_tuples,
+)
 
 __all__ = [
     "SAMHead",
@@ -213,8 +235,8 @@ class SAMHead(Method):
     ``stage`` (the map of Eq. 1), ``alpha`` / ``beta`` (Sigma), ``gamma`` (Eq. 3),
     ``normalize`` (M's scale), ``detach_weights`` (w constant in training), ``mining``
     (which mined tuples are masked), ``selection`` (where the greedy pass over them runs:
-    ``"host"``, or ``"device"`` for pairs and triplets, the same tuples without the host
-    round trip); all but ``form`` are assumptions, see above."""
+    ``"fixed"``, in a fixed shape on the device, ``"host"``, or ``"device"`` for pairs and
+    triplets); all but ``form`` are assumptions, see above."""
 
     label = "SAM"
     figure_tuples = ("pair", "triplet")
@@ -233,7 +255,7 @@ class SAMHead(Method):
         normalize: str = "max",
         detach_weights: bool = False,
         mining: str = "random",
-        selection: str = "host",
+        selection: str = "fixed",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if form not in FORMS:
@@ -254,7 +276,8 @@ class SAMHead(Method):
             raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
         if selection not in SELECTIONS or (selection == "device" and form == "quadruplet"):
             raise ValueError(
-                f"selection must be one of {SELECTIONS} ('host' for quadruplets), got {selection!r}"
+                f"selection must be one of {SELECTIONS} ('host' or 'fixed' for quadruplets), "
+                f"got {selection!r}"
             )
         self.form, self.stage, self.normalize, self.mining = form, stage, normalize, mining
         self.selection = selection
@@ -364,6 +387,8 @@ class SAMHead(Method):
         )
 
     def step_host_reads(self):
+        if self.selection == "fixed":
+            return ""
         if self.selection == "device":
             return (
                 "similarity mining selects its disjoint tuples on the device (select_tuples, "
@@ -391,7 +416,11 @@ class SAMHead(Method):
             raise HarnessError(
                 "SAM's loss needs the feature map its embed keeps (output.extras['map'])"
             )
-        tuples = select_tuples(indices, labels, self.form, f, self.mining, self.selection)
+        kept = None
+        if self.selection == "fixed":  # batch // k slots, a mask of those kept
+            tuples, kept = select_fixed_tuples(indices, labels, self.form, f, self.mining)
+        else:
+            tuples = select_tuples(indices, labels, self.form, f, self.mining, self.selection)
         if len(tuples) == 0:
             terms["similarity_mining"] = f.sum() * 0
             return terms
@@ -400,8 +429,8 @@ class SAMHead(Method):
         masks = self.masks(attention, batch.images.shape[-2:])
         masked = batch.images[rows] * masks.to(batch.images.dtype)
         f_star = batch.model(masked).embedding.float()
-        l_sm = similarity_mining_loss(f_star.view(len(tuples), -1, f_star.shape[-1]), self.form)
-        terms["similarity_mining"] = self.gamma * l_sm
+        f_star = f_star.view(len(tuples), -1, f_star.shape[-1])
+        terms["similarity_mining"] = self.gamma * similarity_mining_loss(f_star, self.form, kept)
         return terms
 
     # ---------------------------------------------------------------------- explanation

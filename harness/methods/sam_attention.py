@@ -24,6 +24,7 @@ __all__ = [
     "autograd_attention",
     "normalize_attention",
     "soft_mask",
+    "similarity_mining_terms",
     "similarity_mining_loss",
 ]
 
@@ -132,18 +133,29 @@ def _norm(x: torch.Tensor) -> torch.Tensor:
     return (x.pow(2).sum(-1) + EPS).sqrt()
 
 
-def similarity_mining_loss(features: torch.Tensor, form: str) -> torch.Tensor:
-    """L_sm on the masked images' embeddings, T x k x D (roles a, p[, n[, n2]]), averaged
-    over the T tuples: Eq. 2 (triplet), -||f*1 - f*2|| (Siamese positive pairs, Sec. 3.2.1),
-    Eq. 2 on (a, p, n1) plus Eq. 2 on (a, p, n2) (quadruplet, Sec. 3.2.1)."""
+def similarity_mining_terms(features: torch.Tensor, form: str) -> torch.Tensor:
+    """L_sm of each tuple from the masked images' embeddings, T x k x D (roles a, p[, n[,
+    n2]]) -> T: Eq. 2 (triplet), -||f*1 - f*2|| (Siamese positive pairs, Sec. 3.2.1), Eq. 2
+    on (a, p, n1) plus Eq. 2 on (a, p, n2) (quadruplet, Sec. 3.2.1)."""
     if form == "siamese":
-        return -_norm(features[:, 0] - features[:, 1]).mean()
+        return -_norm(features[:, 0] - features[:, 1])
     d_ap = _norm(features[:, 0] - features[:, 1])
     if form == "triplet":
-        return (d_ap - _norm(features[:, 0] - features[:, 2])).abs().mean()
+        return (d_ap - _norm(features[:, 0] - features[:, 2])).abs()
     if form == "quadruplet":
-        return (
-            (d_ap - _norm(features[:, 0] - features[:, 2])).abs()
-            + (d_ap - _norm(features[:, 0] - features[:, 3])).abs()
-        ).mean()
+        return (d_ap - _norm(features[:, 0] - features[:, 2])).abs() + (
+            d_ap - _norm(features[:, 0] - features[:, 3])
+        ).abs()
     raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+def similarity_mining_loss(
+    features: torch.Tensor, form: str, kept: torch.Tensor | None = None
+) -> torch.Tensor:
+    """L_sm averaged over the tuples (:func:`similarity_mining_terms`), or over those
+    ``kept`` (a T mask; 0 where none is) when the tuples fill fixed slots."""
+    terms = similarity_mining_terms(features, form)
+    if kept is None:
+        return terms.mean()
+    total = torch.where(kept, terms, torch.zeros_like(terms)).sum()
+    return total / kept.sum().clamp(min=1).to(terms.dtype)

@@ -1,15 +1,17 @@
 """SAM's tuples for similarity mining (Zheng et al., IJCAI 2022, Sec. 3.2): which of the
 tuples the metric loss's miner chose get masked, each image at most once per step
 (:func:`select_tuples`; the rule, a choice where the paper is silent, is named in
-:mod:`harness.methods.sam`). The greedy pass runs on the host, or in its parallel form on
-the device (:func:`disjoint_on_device`)."""
+:mod:`harness.methods.sam`). The greedy pass runs on the host, in its parallel form on
+the device (:func:`disjoint_on_device`), or in a fixed shape on the device
+(:func:`select_fixed_tuples`): a fixed number of tuple slots and a mask of the kept ones,
+so that the step has no shape that depends on the data and compiles as one graph."""
 
 from __future__ import annotations
 
 import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
-from harness.components.losses import MinedTriplets
+from harness.components.losses import MinedPairs, MinedTriplets
 from harness.methods.sam_attention import TUPLE_SIZE
 
 __all__ = [
@@ -19,12 +21,16 @@ __all__ = [
     "select_tuples",
     "disjoint_on_device",
     "settle_rounds",
+    "candidate_slots",
+    "greedy_in_slots",
+    "select_fixed_tuples",
 ]
 
 MININGS = ("random", "hardest")
-#: Where the greedy pass runs: the sequential loop on the host, or its parallel form on the
-#: embeddings' device (:func:`disjoint_on_device`; pairs and triplets).
-SELECTIONS = ("host", "device")
+#: Where the greedy pass runs: the sequential loop on the host, its parallel form on the
+#: embeddings' device (:func:`disjoint_on_device`; pairs and triplets), or the fixed-shape
+#: form on the device (:func:`select_fixed_tuples`; every form).
+SELECTIONS = ("host", "device", "fixed")
 #: The parallel form's rounds: each settles at least the earliest undecided candidate, and
 #: on the batches measured (benchmarks/bench_sam_tuples.py) all settle within 12.
 DEVICE_ROUNDS = 32
@@ -33,8 +39,9 @@ DEVICE_ROUNDS = 32
 def candidate_tuples(indices, labels: torch.Tensor, form: str) -> torch.Tensor:
     """The mined tuples as rows: positive pairs (Siamese) or triplets (triplet, quadruplet),
     converted from a miner's pairs (a1, p, a2, n) or triplets (a, p, n) as PML converts them;
-    ``indices`` None (no miner): all of the batch's; fixed-shape tuples: their valid ones."""
-    if isinstance(indices, MinedTriplets):
+    ``indices`` None (no miner): all of the batch's; fixed-shape tuples or pair masks: the
+    ones they keep."""
+    if isinstance(indices, (MinedTriplets, MinedPairs)):
         indices = indices.compact()
     if form == "siamese":
         a1, p, _, _ = lmu.convert_to_pairs(indices, labels)
@@ -71,8 +78,11 @@ def select_tuples(
         raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
     if mining == "hardest" and embeddings is None:
         raise ValueError("mining='hardest' needs the embeddings")
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    if selection not in SELECTIONS[:2]:
+        raise ValueError(
+            f"selection must be one of {SELECTIONS[:2]} (select_fixed_tuples for 'fixed'), "
+            f"got {selection!r}"
+        )
     if selection == "device" and form == "quadruplet":
         raise ValueError(
             "selection='device' takes pairs and triplets (a quadruplet's n2 is drawn in turn)"
@@ -223,3 +233,138 @@ def _greedy_disjoint(
         if free < k:
             break
     return chosen
+
+
+# ------------------------------------------------------------------ the fixed shape
+
+
+def _all_tuples(labels: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, form: str):
+    """Every pair (i, j) or triplet (a, p, n) of the batch in row-major order, with a mask:
+    (i, j) where ``positive[i, j]``, (a, p, n) where ``positive[a, p]`` and
+    ``negative[a, n]`` (B x B masks). The order is PML's: ``torch.where`` over the same
+    masks lists them row by row."""
+    b = len(labels)
+    idx = torch.arange(b, device=labels.device)
+    if form == "siamese":
+        i, j = idx.repeat_interleave(b), idx.repeat(b)
+        return torch.stack([i, j], 1), positive.flatten()
+    a, p, n = (
+        idx.repeat_interleave(b * b),
+        idx.repeat_interleave(b).repeat(b),
+        idx.repeat(b * b),
+    )
+    return torch.stack([a, p, n], 1), (positive[:, :, None] & negative[:, None, :]).flatten()
+
+
+def candidate_slots(indices, labels: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`candidate_tuples` in a fixed shape: T x k candidates (positive pairs, or
+    triplets for the triplet and quadruplet forms) and the T mask of those that count, in
+    the order :func:`candidate_tuples` lists the counted ones. From fixed-shape triplets
+    (:class:`~harness.components.losses.MinedTriplets`) a slot per triplet; from pair masks
+    (``MinedPairs``) or no miner (``None``: all of the batch's tuples), a slot per pair or
+    triplet of the batch. PML's index lists are converted as they are (every row counts:
+    their length is the miner's data-dependent shape)."""
+    if isinstance(indices, MinedTriplets):
+        columns = [indices.anchors, indices.positives, indices.negatives]
+        return torch.stack(columns[: 2 if form == "siamese" else 3], 1), indices.valid
+    if isinstance(indices, MinedPairs):
+        return _all_tuples(labels, indices.positive, indices.negative, form)
+    if indices is None:
+        same = labels[:, None] == labels[None, :]
+        eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+        return _all_tuples(labels, same & ~eye, ~same, form)
+    cand = candidate_tuples(indices, labels, form)
+    return cand, torch.ones(len(cand), dtype=torch.bool, device=cand.device)
+
+
+def greedy_in_slots(
+    cand: torch.Tensor,
+    valid: torch.Tensor,
+    priority: torch.Tensor,
+    *,
+    batch: int,
+    form: str,
+    labels: torch.Tensor | None = None,
+    n2_score: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host's greedy pass (:func:`_greedy_disjoint`) in ``batch // k`` fixed rounds on
+    the device. Round r keeps the counted candidate of lowest ``priority`` (the first in
+    the pass's order; ties to the lower slot, as a stable sort orders them) that shares no
+    image with one kept before and, for a quadruplet, has an unused image of a third class
+    left; a quadruplet then takes as n2 the image of lowest ``n2_score[a]`` (B x B) in that
+    pool. Each kept tuple ends the sequential pass's scan up to it, every candidate it
+    skipped stays blocked (the images in use only grow), so the rounds keep the sequential
+    pass's tuples in its order. Returns the ``batch // k`` x k tuples and the mask of the
+    rounds that kept one (a round that finds none keeps none; its row is a placeholder)."""
+    k = TUPLE_SIZE[form]
+    quadruplet = form == "quadruplet"
+    distinct = (cand.sort(dim=1).values.diff(dim=1) != 0).all(dim=1)
+    counted = valid & distinct
+    used = torch.zeros(batch, dtype=torch.bool, device=cand.device)
+    if quadruplet and (labels is None or n2_score is None):
+        raise ValueError("quadruplets need the labels and n2_score (n2 is of a third class)")
+    y = cand.new_zeros(batch) if labels is None else labels
+    score_n2 = priority.new_zeros(batch, batch) if n2_score is None else n2_score
+    same_class = y[:, None] == y[None, :]
+    last = torch.finfo(priority.dtype).max if priority.is_floating_point() else len(cand)
+    rows, kept = [], []
+    for _ in range(batch // k):
+        free = counted & ~used[cand].any(dim=1)
+        if quadruplet:
+            # A triplet's pool: unused images of neither a's class (which holds p) nor n1's.
+            unused_like = (same_class & ~used).sum(dim=1)  # unused images of i's class
+            left = (~used).sum() - unused_like[cand[:, 0]] - unused_like[cand[:, 2]]
+            free = free & (left > 0)
+        # One-element index tensors throughout: a 0-d one would be read as a Python int.
+        pick = torch.where(free, priority, last).argmin()[None]
+        members, found = cand[pick][0], free[pick]
+        if quadruplet:
+            a, n1 = members[:1], members[2:3]
+            pool = ~used & (y != y[a]) & (y != y[n1])
+            score = score_n2[a][0].masked_fill(~pool, torch.inf)
+            members = torch.cat([members, score.argmin()[None]])
+        used = used | (torch.zeros_like(used).index_fill(0, members, True) & found)
+        rows.append(members)
+        kept.append(found[0])
+    if not rows:
+        return cand.new_zeros(0, k), valid.new_zeros(0)
+    return torch.stack(rows), torch.stack(kept)
+
+
+def select_fixed_tuples(
+    indices,
+    labels: torch.Tensor,
+    form: str,
+    embeddings: torch.Tensor | None = None,
+    mining: str = "random",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_tuples` in a fixed shape: ``len(labels) // k`` x k tuples and the mask
+    of those kept, with no read of the device and no shape that depends on the data.
+
+    ``"hardest"`` keeps the host's tuples in the host's order (the same ranks, ties to the
+    earlier candidate). ``"random"`` draws its order on the device (a uniform priority per
+    candidate from torch's global generator for the device) and a quadruplet's random n2
+    the same way: the host's distribution over tuples, other draws (the host draws from
+    the CPU generator); given the host's order, the same tuples
+    (tests/methods/test_sam_tuples.py)."""
+    if mining not in MININGS:
+        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+    if mining == "hardest" and embeddings is None:
+        raise ValueError("mining='hardest' needs the embeddings")
+    cand, valid = candidate_slots(indices, labels, form)
+    n2_score = None
+    if mining == "hardest":
+        assert embeddings is not None  # checked above
+        emb = embeddings.detach().float()
+        dist = torch.cdist(emb, emb)
+        priority = -dist[cand[:, 0], cand[:, 1]]
+        if form != "siamese":
+            priority = priority + dist[cand[:, 0], cand[:, 2]]
+        n2_score = dist
+    else:
+        priority = torch.rand(len(cand), device=cand.device)
+        if form == "quadruplet":
+            n2_score = torch.rand(len(labels), len(labels), device=cand.device)
+    return greedy_in_slots(
+        cand, valid, priority, batch=len(labels), form=form, labels=labels, n2_score=n2_score
+    )

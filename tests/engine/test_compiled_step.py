@@ -1,5 +1,5 @@
-"""``run --compile`` captures a training step whole: for every method whose step runs on
-the device, forward, loss and backward trace as one graph (``fullgraph=True``: a graph
+"""``run --compile`` captures a training step whole: for every method (SAM with its
+default fixed-shape selection), forward, loss and backward trace as one graph (``fullgraph=True``: a graph
 break is an error) and three steps compile it once (no recompilation), on the CPU with
 Dynamo's tracing alone (the ``eager`` backend: what is captured, not how fast it runs)."""
 
@@ -22,18 +22,14 @@ from harness.methods import list_methods
 from tests.conftest import TINY_PROTOCOL
 
 STEPS = 3
-#: Methods whose step works on the host by design (SAM's greedy selection of disjoint tuples).
-HOST_STEPS = {"sam", "sam_quadruplet", "sam_siamese"}
 #: One method per plugin family in the default run (each traces in 5-10 s); the named
 #: variants, which wire the same modules otherwise, with ``-m slow``.
-DEFAULT_RUN = {"plain", "agrouping", "avsl", "diablo", "diml_train"}
+DEFAULT_RUN = {"plain", "agrouping", "avsl", "diablo", "diml_train", "sam"}
 
 
 def _device_steps() -> list:
     return [
-        pytest.param(n, marks=() if n in DEFAULT_RUN else pytest.mark.slow)
-        for n in list_methods()
-        if n not in HOST_STEPS
+        pytest.param(n, marks=() if n in DEFAULT_RUN else pytest.mark.slow) for n in list_methods()
     ]
 
 
@@ -63,17 +59,21 @@ class CountingBackend:
         return graph_module.forward
 
 
-def _trainer(protocol, splits, name: str) -> Trainer:
-    cfg = RunConfig.build(protocol, method=name, dataset="synthetic", loss="margin", seed=0)
+def _trainer(protocol, splits, name: str, **options) -> Trainer:
+    cfg = RunConfig.build(
+        protocol,
+        method=name,
+        dataset="synthetic",
+        loss="margin",
+        seed=0,
+        method_options=options or None,
+    )
     trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
     trainer.batches.loader = list(trainer.batches.loader)
     return trainer
 
 
-@pytest.mark.parametrize("name", _device_steps())
-def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
-    torch._dynamo.reset()
-    trainer = _trainer(protocol, splits, name)
+def _one_graph_for_three_steps(trainer: Trainer) -> None:
     miner = trainer.metric_loss.miner
     assert whole_graph_blocker(trainer.model.head, miner) == ""
     backend = CountingBackend()
@@ -88,9 +88,24 @@ def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))  # it trained
 
 
-@pytest.mark.parametrize("name", sorted(HOST_STEPS))
+@pytest.mark.parametrize("name", _device_steps())
+def test_the_step_is_one_graph_compiled_once(protocol, splits, name):
+    torch._dynamo.reset()
+    _one_graph_for_three_steps(_trainer(protocol, splits, name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mining", ["random", "hardest"])
+def test_sam_on_an_earlier_map_is_one_graph_with_its_autograd_grad(protocol, splits, mining):
+    """Eq. 1 by autograd (``stage="s16"``: ``torch.autograd.grad`` with ``create_graph``
+    inside the step) and either order of the fixed-shape selection: still one graph."""
+    torch._dynamo.reset()
+    _one_graph_for_three_steps(_trainer(protocol, splits, "sam", stage="s16", mining=mining))
+
+
+@pytest.mark.parametrize("name", ["sam", "sam_quadruplet"])
 def test_a_step_with_host_work_says_why_it_has_graph_breaks(protocol, splits, name):
-    trainer = _trainer(protocol, splits, name)
+    trainer = _trainer(protocol, splits, name, selection="host")
     reason = whole_graph_blocker(trainer.model.head, trainer.metric_loss.miner)
     assert reason.startswith("the method works on the host by design")
 

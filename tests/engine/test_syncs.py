@@ -12,7 +12,8 @@ flush). Mining is counted apart: in float32 the protocol's distance-weighted sam
 in its fixed shape (``distance_weighted_fixed``, the losses taking its mask), and its
 section must be empty too; under bfloat16 it runs as PML's indexed miner, whose
 data-dependent shapes are allowed there. A method whose step works on the host by its design
-(SAM's greedy tuple selection) says why in :meth:`~harness.methods.Method.step_host_reads`
+(SAM's greedy tuple selection, ``selection="host"``) says why in
+:meth:`~harness.methods.Method.step_host_reads`
 and may make one transfer per step, no more: its random draws come from torch's global
 generator, the CPU one, and are counted apart too (on a GPU they never touch the device;
 here every tensor stands for a device tensor, so they would look like device reads).
@@ -39,9 +40,9 @@ from harness.methods import list_methods, sam_tuples
 from tests.conftest import TINY_PROTOCOL
 
 STEPS, SYNC_EVERY = 4, 2
-#: Methods whose step works on the host by design, with one transfer per step (each says
-#: why in step_host_reads).
-ONE_TRANSFER_PER_STEP = {"sam", "sam_quadruplet", "sam_siamese"}
+#: Options under which a method's step works on the host by design, with one transfer per
+#: step (each says why in step_host_reads): SAM's greedy selection on the host.
+ONE_TRANSFER_PER_STEP = {"sam": {"selection": "host"}, "sam_quadruplet": {"selection": "host"}}
 #: Host-only work inside a step, counted in its own section: draws from torch's global
 #: (CPU) generator.
 HOST_DRAWS = ((sam_tuples, "_random_order"), (sam_tuples, "_random_index"))
@@ -66,12 +67,17 @@ def splits(protocol):
 
 
 def _count_steps(
-    protocol, splits, name: str, monkeypatch
+    protocol, splits, name: str, monkeypatch, options=None
 ) -> tuple[SyncCounter, list[StepFlush], object]:
-    """One epoch of STEPS steps of ``name`` under the counter, its batches read beforehand
-    (the loader decodes and augments on the host, by design)."""
+    """One epoch of STEPS steps of ``name`` (with method ``options``) under the counter, its
+    batches read beforehand (the loader decodes and augments on the host, by design)."""
     cfg = RunConfig.build(
-        protocol, method=name, dataset="synthetic", loss=protocol.loss.name, seed=0
+        protocol,
+        method=name,
+        dataset="synthetic",
+        loss=protocol.loss.name,
+        seed=0,
+        method_options=options,
     )
     recorder = InMemoryRecorder()
     trainer = Trainer.build(cfg, splits, recorder=recorder)
@@ -102,22 +108,22 @@ def _in_section(counter: SyncCounter, section: str, function):
     return counted
 
 
-def _cases() -> list[tuple[str, str]]:
+def _cases() -> list[tuple[str, str, str]]:
     """Every method in float32 and under bfloat16 autocast, DIABLO's variants but the first
     in float32 only: they run the same modules wired at other points, and CPU bfloat16
-    (emulated) takes 4-10 s for each."""
+    (emulated) takes 4-10 s for each. SAM's host selection too (``"host"``), in float32."""
     first_diablo = next(n for n in list_methods() if n.startswith("diablo"))
     return [
-        (name, precision)
+        (name, precision, "default")
         for name in list_methods()
         for precision in ("float32", "bfloat16")
         if precision == "float32" or not name.startswith("diablo") or name == first_diablo
-    ]
+    ] + [(name, "float32", "host") for name in ONE_TRANSFER_PER_STEP]
 
 
-@pytest.mark.parametrize("name,precision", _cases())
+@pytest.mark.parametrize("name,precision,options", _cases())
 def test_training_steps_read_the_device_once_per_flush(
-    protocol, splits, name, precision, monkeypatch
+    protocol, splits, name, precision, options, monkeypatch
 ):
     if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
         monkeypatch.setattr(
@@ -127,7 +133,9 @@ def test_training_steps_read_the_device_once_per_flush(
         protocol = dataclasses.replace(
             protocol, miner=dataclasses.replace(protocol.miner, name="distance_weighted_fixed")
         )
-    counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch)
+    on_host = options == "host"
+    method_options = ONE_TRANSFER_PER_STEP[name] if on_host else None
+    counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch, method_options)
     mining = counter.sections["mining"]
     if precision == "float32":  # the miner and the losses over its mask: no data-dependent shape
         assert mining["shape_dependent"] == mining["scalar_reads"] == mining["device_to_host"] == 0
@@ -140,7 +148,7 @@ def test_training_steps_read_the_device_once_per_flush(
     reason = head.step_host_reads()
     # No scalar read of the device inside a step, and one transfer per flush ...
     assert counter.scalar_reads == 0
-    if name in ONE_TRANSFER_PER_STEP:
+    if on_host:
         assert reason, f"{name} works on the host: step_host_reads must say why"
         # ... plus one per step (every step here has mined candidates to select from).
         assert counter.device_to_host == STEPS + len(flushes)

@@ -377,32 +377,39 @@ class SpyModel(nn.Module):
         return self.model(x)
 
 
+@pytest.mark.parametrize("selection", ["host", "fixed"])
 @pytest.mark.parametrize("name", ["sam", "sam_siamese", "sam_quadruplet"])
-def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, monkeypatch):
+def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, selection, monkeypatch):
     """The miner runs once; the metric loss and the tuple selection get its very tuples; the
-    masked pass embeds exactly the selected tuples' images, each multiplied by a mask in [0, 1]."""
-    model = build(name).train()
+    masked pass embeds exactly the selected tuples' images (in the fixed shape, those of
+    every slot, kept or not), each multiplied by a mask in [0, 1]."""
+    model = build(name, selection=selection).train()
     head = model.head
     miner = SpyMiner()
     loss = SpyLoss(create_loss("triplet", num_classes=4, embedding_size=EMB))
     metric_loss = MetricLoss(loss, miner)
     selected = []
 
-    def spy_select(indices, labels, form, embeddings=None, mining="random", selection="host"):
-        out = select_tuples(indices, labels, form, embeddings, mining, selection)
-        selected.append((indices, out))
-        return out
+    def spy(select):
+        def spied(indices, *args):
+            out = select(indices, *args)
+            selected.append((indices, out))
+            return out
 
-    monkeypatch.setattr(sam_module, "select_tuples", spy_select)
-    spy = SpyModel(model)
+        return spied
+
+    monkeypatch.setattr(sam_module, "select_tuples", spy(select_tuples))
+    monkeypatch.setattr(sam_module, "select_fixed_tuples", spy(sam_module.select_fixed_tuples))
+    spy_model = SpyModel(model)
     x = images()
     torch.manual_seed(0)
-    terms = head.loss_terms(model(x), TrainingBatch(LABELS, metric_loss, x, spy))
+    terms = head.loss_terms(model(x), TrainingBatch(LABELS, metric_loss, x, spy_model))
     assert set(terms) == {"metric", "similarity_mining"}
     assert len(miner.mined) == 1 and len(loss.indices) == 1 and len(selected) == 1
     mined = miner.mined[0]
     assert loss.indices[0] is mined and selected[0][0] is mined
-    tuples = selected[0][1]
+    slots = selected[0][1]
+    tuples = slots if selection == "host" else slots[0][slots[1]]
     k = {"sam": 3, "sam_siamese": 2, "sam_quadruplet": 4}[name]
     assert tuples.shape[1] == k and len(tuples) > 0
     triplets = {
@@ -414,10 +421,11 @@ def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, monkeypatch):
         )
     flat = tuples.flatten()
     assert len(set(flat.tolist())) == len(flat)  # each image masked at most once
-    assert len(spy.inputs) == 1
-    masked = spy.inputs[0]
-    assert masked.shape == (len(flat), 3, *IMAGE)
-    ratio = masked / x[flat]
+    assert len(spy_model.inputs) == 1
+    masked = spy_model.inputs[0]
+    embedded = flat if selection == "host" else slots[0].flatten()
+    assert masked.shape == (len(embedded), 3, *IMAGE)
+    ratio = masked / x[embedded]
     assert ratio.min() >= 0 and ratio.max() <= 1 and ratio.min() < 0.5  # soft masks erase something
 
 
