@@ -21,7 +21,7 @@ PINNED = {
     "diablo-smoke": "d1a49ab4fcb203e6",
     "diml": "548602adb330dd9d",
     "roth2020": "da7856d2b54f2029",
-    "sam": "5e5f6203c0ba8025",
+    "sam": "46f05f1f9e8419e7",
     "smoke": "29647569af4d78fb",
 }
 
