@@ -108,12 +108,14 @@ def _request(args: argparse.Namespace) -> _Request:
         deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
     seeds = args.seeds or list(protocol.seeds)
     for method in methods:  # a bad option value is one line now, not after the dataset loads
-        check_method_options(
+        head = check_method_options(
             method,
             protocol.methods.get(method, {}),
             embedding_size=protocol.embedding.size,
             loss=loss,
         )
+        if args.cuda_graphs:
+            _check_one_graph(method, head, protocol, loss, device)
     path = (
         Path(protocol_name)
         if protocol_name.endswith(".toml")
@@ -121,6 +123,21 @@ def _request(args: argparse.Namespace) -> _Request:
     )
     _check_outputs(args)
     return _Request(methods, dataset, protocol, path, tuple(deviations), loss, seeds)
+
+
+def _check_one_graph(method: str, head, protocol: Protocol, loss: str, device) -> None:
+    """``--cuda-graphs`` needs each method's step as one graph: what stands in the way (the
+    miner, the method's host work, float16's loss scaler) is one line before any run starts."""
+    from harness.base.device import amp_dtype
+    from harness.components.losses import create_miner, miner_for
+    from harness.engine.compiled_step import whole_graph_blocker
+
+    miner = create_miner(
+        *miner_for(loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners)
+    )
+    blocker = whole_graph_blocker(head, miner, amp_dtype(device, protocol.numerics.precision))
+    if blocker:
+        raise HarnessError(f"--cuda-graphs needs {method}'s step as one graph, but {blocker}")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

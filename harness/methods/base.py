@@ -576,9 +576,10 @@ _PLACEHOLDER_CHANNELS = {"s8": 8, "s16": 16, "s32": 32}
 
 def check_method_options(
     name: str, options: dict[str, Any], *, embedding_size: int, loss: str = ""
-) -> None:
+) -> Method:
     """Build the method once on placeholder channels, so that a bad option value (or a
-    loss the head cannot train with) is one clear error before any dataset or backbone loads."""
+    loss the head cannot train with) is one clear error before any dataset or backbone
+    loads; returns that placeholder head (for checks of its declared behaviour)."""
     head = create_method(
         name, channels=_PLACEHOLDER_CHANNELS, embedding_size=embedding_size, **options
     )
@@ -587,3 +588,4 @@ def check_method_options(
             f"method '{name}' cannot train with loss '{loss}' with these options; "
             f"valid: {', '.join(head.supported_losses)}"
         )
+    return head
