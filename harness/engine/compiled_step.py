@@ -40,8 +40,15 @@ from harness.components.losses import FixedShapeMiner, MetricLoss, create_miner,
 from harness.engine.distributed import GatheredMetricLoss, Processes, wrap_model
 from harness.engine.model import EmbeddingModel
 from harness.engine.run_config import RunConfig
+from harness.engine.runtime import log_line
 
-__all__ = ["CompiledStep", "whole_graph_blocker", "compile_step", "step_modules"]
+__all__ = [
+    "CompiledStep",
+    "whole_graph_blocker",
+    "compile_step",
+    "said_if_not_replayed",
+    "step_modules",
+]
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,30 @@ def compile_step(
     torch._dynamo.config.trace_autograd_ops = True
     options: dict[str, Any] = {"mode": "reduce-overhead"} if cuda_graphs else {}
     whole = torch.compile(then_backward(forward_loss), fullgraph=True, backend=backend, **options)
-    return CompiledStep(whole, optimizer, True)
+    return CompiledStep(said_if_not_replayed(whole) if cuda_graphs else whole, optimizer, True)
+
+
+def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` saying once, in one line, when inductor compiles it without the CUDA graph
+    asked for (its ``cudagraph_skips`` counter grows: a reason in inductor's own warning),
+    so a run tagged ``cuda_graphs`` that does not replay one says so."""
+    from torch._dynamo.utils import counters
+
+    said = False
+
+    def replayed(images, labels):
+        nonlocal said
+        before = counters["inductor"]["cudagraph_skips"]
+        out = step(images, labels)
+        if not said and counters["inductor"]["cudagraph_skips"] > before:
+            said = True
+            log_line(
+                "cuda-graphs: inductor compiled the step without a CUDA graph (its warning "
+                "above says why); it runs compiled, not replayed"
+            )
+        return out
+
+    return replayed
 
 
 def step_modules(

@@ -152,3 +152,21 @@ def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name
     assert compiled_loss == pytest.approx(eager_loss, rel=1e-5)
     for a, b in zip(compiled_weights, eager_weights, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_inductor_did_not_replay_says_so_once(capsys):
+    """Where inductor compiles the step without the CUDA graph asked for (its skip counter
+    grows), the run says so in one line, once."""
+    from torch._dynamo.utils import counters
+
+    from harness.engine.compiled_step import said_if_not_replayed
+
+    def skipped_step(images, labels):
+        counters["inductor"]["cudagraph_skips"] += 1
+        return images
+
+    step = said_if_not_replayed(skipped_step)
+    for _ in range(3):
+        step(torch.zeros(1), None)
+    err = capsys.readouterr().err
+    assert err.count("compiled the step without a CUDA graph") == 1

@@ -257,7 +257,12 @@ def test_a_step_with_a_fixed_shape_miner_compiles_whole_and_trains(workdir, tiny
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graphs_replay_the_compiled_step_on_a_gpu(workdir, tiny_protocol, capsys):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     record = _compiled_run(workdir, tiny_protocol, capsys, "--device", "cuda", "--cuda-graphs")
+    assert counters["inductor"]["cudagraph_skips"] == 0  # replayed, not only compiled
+    assert "without a CUDA graph" not in capsys.readouterr().err
     assert record["compile"] is True and record["cuda_graphs"] is True
     run = mlflow.MlflowClient().get_run(record["mlflow_run_id"])
     assert run.data.tags["cuda_graphs"] == "True"
