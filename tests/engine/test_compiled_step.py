@@ -129,19 +129,28 @@ def test_an_indexed_miner_and_float16_are_named_as_what_breaks_the_graph(protoco
         )
 
 
-@pytest.mark.parametrize("miner_name", ["distance_weighted_fixed", "distance_weighted"])
-def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name):
+@pytest.mark.parametrize(
+    "miner_name,method,options",
+    [
+        ("distance_weighted_fixed", "plain", {}),
+        ("distance_weighted", "plain", {}),
+        pytest.param(
+            "distance_weighted_fixed", "sam", {"mining": "hardest"}, marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name, method, options):
     """Whole (a fixed-shape miner) or with graph breaks (PML's indexed miner, the backward
     then run eagerly): the same three steps as eager training of ``plain`` (one mining
     call a step, whose seed is the step's: the same draws), loss for loss and weight for
-    weight."""
+    weight; SAM's too, hardest first (its fixed-shape selection then draws nothing)."""
     chosen = dataclasses.replace(
         protocol, miner=dataclasses.replace(protocol.miner, name=miner_name)
     )
     results = []
     for compiled in (False, True):
         torch._dynamo.reset()
-        trainer = _trainer(chosen, splits, "plain")
+        trainer = _trainer(chosen, splits, method, **options)
         if compiled:
             trainer.compile_step(backend="eager")
             assert trainer.compiled is not None
