@@ -74,10 +74,7 @@ def select_tuples(
     empty = torch.zeros(0, k, dtype=torch.long, device=labels.device)
     if len(cand) == 0:
         return empty
-    if mining not in MININGS:
-        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
-    if mining == "hardest" and embeddings is None:
-        raise ValueError("mining='hardest' needs the embeddings")
+    _check_mining(mining, embeddings)
     if selection not in SELECTIONS[:2]:
         raise ValueError(
             f"selection must be one of {SELECTIONS[:2]} (select_fixed_tuples for 'fixed'), "
@@ -90,11 +87,7 @@ def select_tuples(
     dist = hardest_first = None
     if mining == "hardest":
         assert embeddings is not None  # checked above
-        emb = embeddings.detach().float()
-        dist = torch.cdist(emb, emb)
-        hard = dist[cand[:, 0], cand[:, 1]]
-        if form != "siamese":
-            hard = hard - dist[cand[:, 0], cand[:, 2]]
+        hard, dist = _hardness(cand, embeddings, form)
         hardest_first = torch.argsort(-hard, stable=True)
     if selection == "device":
         if hardest_first is None:
@@ -114,6 +107,26 @@ def select_tuples(
     if not chosen:
         return empty
     return torch.tensor(chosen, dtype=torch.long, device=labels.device)
+
+
+def _check_mining(mining: str, embeddings: torch.Tensor | None) -> None:
+    if mining not in MININGS:
+        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
+    if mining == "hardest" and embeddings is None:
+        raise ValueError("mining='hardest' needs the embeddings")
+
+
+def _hardness(
+    cand: torch.Tensor, embeddings: torch.Tensor, form: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How hard each candidate is, d(a, p) - d(a, n) (d(1, 2) for pairs), and the distance
+    matrix it comes from (float32, no gradient)."""
+    emb = embeddings.detach().float()
+    dist = torch.cdist(emb, emb)
+    hard = dist[cand[:, 0], cand[:, 1]]
+    if form != "siamese":
+        hard = hard - dist[cand[:, 0], cand[:, 2]]
+    return hard, dist
 
 
 def disjoint_on_device(
@@ -346,21 +359,14 @@ def select_fixed_tuples(
     candidate from torch's global generator for the device) and a quadruplet's random n2
     the same way: the host's distribution over tuples, other draws (the host draws from
     the CPU generator); given the host's order, the same tuples
-    (tests/methods/test_sam_tuples.py)."""
-    if mining not in MININGS:
-        raise ValueError(f"mining must be one of {MININGS}, got {mining!r}")
-    if mining == "hardest" and embeddings is None:
-        raise ValueError("mining='hardest' needs the embeddings")
+    (tests/methods/test_sam_fixed_tuples.py)."""
+    _check_mining(mining, embeddings)
     cand, valid = candidate_slots(indices, labels, form)
     n2_score = None
     if mining == "hardest":
         assert embeddings is not None  # checked above
-        emb = embeddings.detach().float()
-        dist = torch.cdist(emb, emb)
-        priority = -dist[cand[:, 0], cand[:, 1]]
-        if form != "siamese":
-            priority = priority + dist[cand[:, 0], cand[:, 2]]
-        n2_score = dist
+        hard, n2_score = _hardness(cand, embeddings, form)
+        priority = -hard
     else:
         priority = torch.rand(len(cand), device=cand.device)
         if form == "quadruplet":

@@ -150,7 +150,9 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
 def test_status_shows_the_running_cell_and_cancel_stops_it_leaving_finished_cells(workdir, capsys):
     """A grid with a finished cell and a long one on one task: ``--status`` names the running
     cell's job; ``--cancel`` ends the task, fails that cell's trial, keeps the finished run."""
-    grid_path = _grid(workdir, epochs=40)
+    grid_path = _grid(
+        workdir, epochs=400
+    )  # far longer than the test: it must still run at --cancel
     grid = load_grid(grid_path)
     finished, running = grid.cells
     client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
