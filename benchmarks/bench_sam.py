@@ -5,8 +5,9 @@ SAM (harness/methods/sam.py) trains the plain head with a second pass over soft-
 selected tuples' images (closed form on the last map; a double backward on an earlier
 stage), masks at most one batch of images and embeds them again, and backpropagates
 through both passes. Its cost is therefore about (images through the backbone per step)
-/ (batch size) times plain's, i.e. about 2 (the masked pass holds at most one batch;
-fewer when the batch's tuples do not cover every image). This benchmark reports that
+/ (batch size) times plain's, i.e. about 2 (the masked pass holds at most one batch:
+k * (B // k) images under the default fixed-shape selection, fewer under
+``selection=host`` when the batch's tuples do not cover every image). This benchmark reports that
 pass count beside the measured slowdown (plain's rate / SAM's) and the FLOP ratio
 (forward + backward per training image, ``torch.utils.flop_counter``). Expected:
 slowdown near the pass count, not above ~3.
