@@ -321,7 +321,8 @@ def greedy_in_slots(
     same_class = y[:, None] == y[None, :]
     last = torch.finfo(priority.dtype).max if priority.is_floating_point() else len(cand)
     rows, kept = [], []
-    for _ in range(batch // k):
+    # No candidate (an index-list miner that found none: a shape the host knows): no slot.
+    for _ in range(batch // k if len(cand) else 0):
         free = counted & ~used[cand].any(dim=1)
         if quadruplet:
             # A triplet's pool: unused images of neither a's class (which holds p) nor n1's.

@@ -155,3 +155,13 @@ def test_l_sm_over_the_kept_slots_is_the_host_s(form):
     assert values["host"] != 0
     torch.testing.assert_close(values["fixed"], values["host"])
     torch.testing.assert_close(grads["fixed"], grads["host"])
+
+
+def test_no_candidate_and_a_batch_smaller_than_a_tuple_keep_nothing():
+    labels = torch.tensor([0, 0, 1, 1])
+    none = (torch.zeros(0, dtype=torch.long),) * 3  # an index-list miner that found none
+    for form in FORMS:
+        rows, kept = select_fixed_tuples(none, labels, form)
+        assert rows.shape == (0, sam_tuples.TUPLE_SIZE[form]) and kept.shape == (0,)
+    rows, kept = select_fixed_tuples(None, labels[:3], "quadruplet")
+    assert rows.shape == (0, 4)
