@@ -140,8 +140,8 @@ def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
         if not said and counters["inductor"]["cudagraph_skips"] > before:
             said = True
             log_line(
-                "cuda-graphs: inductor compiled the step without a CUDA graph (its warning "
-                "above says why); it runs compiled, not replayed"
+                "cuda-graphs: inductor compiled the step without a CUDA graph (inductor's log "
+                "says why: TORCH_LOGS=perf_hints); it runs compiled, not replayed"
             )
         return out
 

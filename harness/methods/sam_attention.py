@@ -154,8 +154,10 @@ def similarity_mining_loss(
 ) -> torch.Tensor:
     """L_sm averaged over the tuples (:func:`similarity_mining_terms`), or over those
     ``kept`` (a T mask; 0 where none is) when the tuples fill fixed slots."""
-    terms = similarity_mining_terms(features, form)
     if kept is None:
-        return terms.mean()
+        return similarity_mining_terms(features, form).mean()
+    # Unkept slots' features zeroed first: whatever their pass gave, no NaN reaches a gradient.
+    features = torch.where(kept[:, None, None], features, torch.zeros_like(features))
+    terms = similarity_mining_terms(features, form)
     total = torch.where(kept, terms, torch.zeros_like(terms)).sum()
     return total / kept.sum().clamp(min=1).to(terms.dtype)

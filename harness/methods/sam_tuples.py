@@ -308,7 +308,9 @@ def greedy_in_slots(
     pool. Each kept tuple ends the sequential pass's scan up to it, every candidate it
     skipped stays blocked (the images in use only grow), so the rounds keep the sequential
     pass's tuples in its order. Returns the ``batch // k`` x k tuples and the mask of the
-    rounds that kept one (a round that finds none keeps none; its row is a placeholder)."""
+    rounds that kept one (a round that finds none keeps none; its row is a placeholder).
+    Quadruplets' triplets are a miner's: p of a's class, n1 of another (the count of a
+    pool's images relies on it; n2 is never one of the triplet's images in any case)."""
     k = TUPLE_SIZE[form]
     quadruplet = form == "quadruplet"
     distinct = (cand.sort(dim=1).values.diff(dim=1) != 0).all(dim=1)
@@ -334,7 +336,7 @@ def greedy_in_slots(
         members, found = cand[pick][0], free[pick]
         if quadruplet:
             a, n1 = members[:1], members[2:3]
-            pool = ~used & (y != y[a]) & (y != y[n1])
+            pool = (~used & (y != y[a]) & (y != y[n1])).index_fill(0, members, False)
             score = score_n2[a][0].masked_fill(~pool, torch.inf)
             members = torch.cat([members, score.argmin()[None]])
         used = used | (torch.zeros_like(used).index_fill(0, members, True) & found)

@@ -165,3 +165,18 @@ def test_no_candidate_and_a_batch_smaller_than_a_tuple_keep_nothing():
         assert rows.shape == (0, sam_tuples.TUPLE_SIZE[form]) and kept.shape == (0,)
     rows, kept = select_fixed_tuples(None, labels[:3], "quadruplet")
     assert rows.shape == (0, 4)
+
+
+def test_an_unkept_slot_never_reaches_the_gradient():
+    """Whatever the masked pass gives an unkept slot (here NaN), L_sm and its gradient are
+    the kept slots' alone."""
+    from harness.methods.sam_attention import similarity_mining_loss
+
+    features = torch.randn(3, 3, 4, generator=torch.Generator().manual_seed(0))
+    features[2] = float("nan")
+    features.requires_grad_()
+    kept = torch.tensor([True, True, False])
+    loss = similarity_mining_loss(features, "triplet", kept)
+    (grad,) = torch.autograd.grad(loss, features)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all() and not grad[2].any()
+    torch.testing.assert_close(loss, similarity_mining_loss(features[:2], "triplet"))
