@@ -141,7 +141,7 @@ def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
             said = True
             log_line(
                 "cuda-graphs: inductor compiled the step without a CUDA graph (inductor's log "
-                "says why: TORCH_LOGS=perf_hints); it runs compiled, not replayed"
+                "says why: TORCH_LOGS=cudagraphs); it runs compiled, not replayed"
             )
         return out
 
