@@ -30,8 +30,10 @@ import datetime
 import json
 import math
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,6 +207,23 @@ def _importable_harness() -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
+@contextlib.contextmanager
+def _interruptible_tasks() -> Iterator[None]:
+    """SIGINT handled while the tasks are spawned. A sweep started as a shell's background
+    job (``... &``) ignores SIGINT, an ignored signal stays ignored across ``exec``, and
+    the local executor's tasks would inherit that: ``--cancel`` (SIGINT to each task's
+    controller) could not stop them. Handled here, they start with Python's own handler."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main_thread else None
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous)
+
+
 def task_spec(grid: Grid, storage: str, heartbeat: int, grace: int, settings: dict) -> TaskSpec:
     """The spec of the grid's tasks: this working directory, the carried environment, and
     each cell's output under the sweep's folder."""
@@ -236,7 +255,7 @@ def submit_tasks(
         executor = submitit.LocalExecutor(folder=folder / "submitit")
     executor.update_parameters(**executor_parameters(kind, options, minutes, grid))
     try:
-        with _importable_harness(), executor.batch():
+        with _importable_harness(), _interruptible_tasks(), executor.batch():
             jobs = [executor.submit(SweepTask(spec)) for _ in range(tasks)]
     except submitit.core.utils.FailedJobError as err:  # sbatch refused after all
         text = " ".join(str(err).split())

@@ -43,6 +43,10 @@ def _grid(
     return path
 
 
+def previous_sigint():
+    return signal.getsignal(signal.SIGINT)
+
+
 def _runs(experiment: str) -> list:
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.get_experiment_by_name(experiment)
@@ -147,9 +151,14 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     assert "checkpoint: handed back 1 cell(s)" in log.read_text()
 
 
-def test_status_shows_the_running_cell_and_cancel_stops_it_leaving_finished_cells(workdir, capsys):
+@pytest.mark.parametrize("in_background", [False, True])
+def test_status_shows_the_running_cell_and_cancel_stops_it_leaving_finished_cells(
+    workdir, capsys, in_background
+):
     """A grid with a finished cell and a long one on one task: ``--status`` names the running
-    cell's job; ``--cancel`` ends the task, fails that cell's trial, keeps the finished run."""
+    cell's job; ``--cancel`` ends the task, fails that cell's trial, keeps the finished run.
+    ``in_background``: the sweep started as a shell's background job (``... &``), which
+    ignores SIGINT; its tasks must stop at ``--cancel`` all the same."""
     grid_path = _grid(
         workdir, epochs=400
     )  # far longer than the test: it must still run at --cancel
@@ -162,7 +171,11 @@ def test_status_shows_the_running_cell_and_cancel_stops_it_leaving_finished_cell
     client.set_terminated(done.info.run_id, "FINISHED")
     storage = "sqlite:///results/optuna.db"
     argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
-    assert main(argv) == 0
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if in_background else previous_sigint())
+    try:
+        assert main(argv) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
     trial = _wait_for_running_trial(grid, storage)
     [record] = read_jobs(grid)
     assert trial.user_attrs["job"] == record["tasks"][0]
