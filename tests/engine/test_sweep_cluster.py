@@ -131,7 +131,7 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     """submitit's preemption signal (USR2) on the task mid-cell: the checkpoint hook fails
     the cell's trial at once and queues the cell again; submitit requeues the task, which
     runs the cell to its one FINISHED run."""
-    grid_path = _grid(workdir, methods=("plain",), epochs=4)
+    grid_path = _grid(workdir, methods=("plain",), epochs=12)  # still training 3 s in
     grid = load_grid(grid_path)
     storage = "sqlite:///results/optuna.db"
     argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
