@@ -129,13 +129,10 @@ def _check_one_graph(method: str, head, protocol: Protocol, loss: str, device) -
     """``--cuda-graphs`` needs each method's step as one graph: what stands in the way (the
     miner, the method's host work, float16's loss scaler) is one line before any run starts."""
     from harness.base.device import amp_dtype
-    from harness.components.losses import create_miner, miner_for
-    from harness.engine.compiled_step import whole_graph_blocker
+    from harness.engine.compiled_step import run_miner, whole_graph_blocker
 
-    miner = create_miner(
-        *miner_for(loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners)
-    )
-    blocker = whole_graph_blocker(head, miner, amp_dtype(device, protocol.numerics.precision))
+    dtype = amp_dtype(device, protocol.numerics.precision)
+    blocker = whole_graph_blocker(head, run_miner(loss, protocol), dtype)
     if blocker:
         raise HarnessError(f"--cuda-graphs needs {method}'s step as one graph, but {blocker}")
 

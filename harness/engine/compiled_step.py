@@ -46,6 +46,8 @@ __all__ = [
     "CompiledStep",
     "whole_graph_blocker",
     "compile_step",
+    "forward_then_backward",
+    "run_miner",
     "said_if_not_replayed",
     "step_modules",
 ]
@@ -107,12 +109,7 @@ def compile_step(
         raise HarnessError(f"--cuda-graphs needs the step as one graph, but {blocker}")
 
     def then_backward(forward: Callable[..., Any]) -> Callable[..., Any]:
-        def forward_backward(images, labels):
-            loss, terms = forward(images, labels)
-            backward(loss)
-            return loss.detach(), {name: value.detach() for name, value in terms.items()}
-
-        return forward_backward
+        return lambda images, labels: forward_then_backward(forward, backward, images, labels)
 
     optimizer = torch.compile(optimizer_step, backend=optimizer_backend or backend)
     if blocker:
@@ -123,6 +120,24 @@ def compile_step(
     options: dict[str, Any] = {"mode": "reduce-overhead"} if cuda_graphs else {}
     whole = torch.compile(then_backward(forward_loss), fullgraph=True, backend=backend, **options)
     return CompiledStep(said_if_not_replayed(whole) if cuda_graphs else whole, optimizer, True)
+
+
+def forward_then_backward(
+    forward: Callable[..., Any], backward: Callable[[torch.Tensor], None], images, labels
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``forward(images, labels)`` (the loss and its terms), then ``backward(loss)``; returns
+    the loss and its terms, detached: a training step's first half, eager or compiled."""
+    loss, terms = forward(images, labels)
+    backward(loss)
+    return loss.detach(), {name: value.detach() for name, value in terms.items()}
+
+
+def run_miner(loss: str, protocol: Any) -> Any:
+    """The miner a run of ``loss`` uses under ``protocol`` (the protocol's, or the
+    loss's own: :func:`~harness.components.losses.miner_for`)."""
+    return create_miner(
+        *miner_for(loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners)
+    )
 
 
 def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,12 +174,7 @@ def step_modules(
     run's miner (the protocol's, or its loss's own): across processes DDP and the loss over
     the gathered batch, and under ``--compile`` the model compiled inside DDP (in one
     process the trainer compiles the step itself, :func:`compile_step`)."""
-    protocol = cfg.protocol
-    miner = create_miner(
-        *miner_for(
-            cfg.loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
-        )
-    )
+    miner = run_miner(cfg.loss, cfg.protocol)
     if not procs.distributed:
         return model, MetricLoss(loss_fn, miner)
     train_model: nn.Module = wrap_model(model, device)

@@ -40,7 +40,12 @@ from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_
 from harness.components.gradients import clip_gradients
 from harness.components.losses import MetricLoss, step_seed
 from harness.config.protocol import Protocol
-from harness.engine.compiled_step import CompiledStep, compile_step, step_modules
+from harness.engine.compiled_step import (
+    CompiledStep,
+    compile_step,
+    forward_then_backward,
+    step_modules,
+)
 from harness.engine.data import TrainingBatches
 from harness.engine.distributed import (
     SINGLE_PROCESS,
@@ -323,9 +328,7 @@ class Trainer:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`forward_loss` and :meth:`backward` (gradients accumulate into cleared
         ``.grad``); returns the loss and its terms, detached."""
-        loss, terms = self.forward_loss(images, labels)
-        self.backward(loss)
-        return loss.detach(), {name: value.detach() for name, value in terms.items()}
+        return forward_then_backward(self.forward_loss, self.backward, images, labels)
 
     def forward_loss(
         self, images: torch.Tensor, labels: torch.Tensor
