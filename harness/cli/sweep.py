@@ -23,6 +23,7 @@ from harness.cli.sweep_cluster import (
     status,
     submit,
 )
+from harness.cli.sweep_tuned import queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.grid_datasets import check_datasets_unchanged
 from harness.engine.sweep import (
@@ -32,8 +33,8 @@ from harness.engine.sweep import (
     run_cell_process,
     storage_url,
     unfinished_cells,
-    worker_loop,
 )
+from harness.engine.tuned_sweep import check_tuned_grid, run_worker
 
 __all__ = ["add_sweep_parser", "cmd_sweep"]
 
@@ -69,12 +70,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.cell:  # one process of a cell on several GPUs (torchrun)
         run_cell_process(grid, args.cell, _settings(args), args.cell_record)
         return 0
+    if grid.tune is not None and not quiet:
+        check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
-        report = worker_loop(grid, study, settings=_settings(args))
+        report = run_worker(grid, study, settings=_settings(args))
         return 1 if report["failed"] else 0
 
-    counts = queue_grid(grid, study, storage_url(args.storage))
+    counts = (
+        queue_tuned_grid(grid, study, storage_url(args.storage))
+        if grid.tune is not None
+        else queue_grid(grid, study, storage_url(args.storage))
+    )
     if args.executor:
         record = submit(args, grid, options, counts, _settings(args))
         if record is None or not args.wait:
@@ -83,9 +90,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         wait([record])
     elif (args.workers or 1) == 1:
-        worker_loop(grid, study, settings=_settings(args))
+        run_worker(grid, study, settings=_settings(args))
     else:
         _run_workers(args)
+    if grid.tune is not None:
+        return tuned_final_report(grid, storage_url(args.storage))
     return _final_report(grid, study)
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from harness.config.executor import ExecutorTable
-from harness.config.schema import SPEC_CONFIG, Int, Str
+from harness.config.schema import SPEC_CONFIG, Bool, Int, Str
 
 __all__ = ["GridFile", "grid_json_schema"]
 
@@ -39,6 +39,41 @@ class _Smoke(_SubGrid):
     protocol: Str | None = None
     experiment: Str | None = None
     set: _Overrides | None = None
+    tune: _SmokeTune | None = None
+
+
+class _SmokeTune(BaseModel):
+    """``[smoke.tune]``: keys of ``[tune]`` replaced in the smoke version."""
+
+    model_config = SPEC_CONFIG
+    trials: Annotated[Int, Field(ge=1)] | None = None
+    folds: Annotated[Int, Field(ge=1)] | None = None
+    metric: Str | None = None
+    sampler_seed: Annotated[Int, Field(ge=0)] | None = None
+    round: Annotated[Int, Field(ge=1)] | None = None
+    pruner: Literal["median", "none"] | None = None
+    defaults: Bool | None = None
+    space: dict[Str, Any] | None = None
+
+
+class _Tune(BaseModel):
+    """``[tune]``: every study's budget and search space (:mod:`harness.config.tuning`)."""
+
+    model_config = SPEC_CONFIG
+    #: Trials per study: the same budget for every method of the grid.
+    trials: Annotated[Int, Field(ge=1)]
+    #: Class-disjoint folds of the training classes (1: the protocol's validation split).
+    folds: Annotated[Int, Field(ge=1)] = 1
+    #: The objective (default: the protocol's selection metric), mean over folds.
+    metric: Str | None = None
+    sampler_seed: Annotated[Int, Field(ge=0)] = 0
+    #: Trials suggested together, from the trials of earlier rounds.
+    round: Annotated[Int, Field(ge=1)] = 2
+    pruner: Literal["median", "none"] = "median"
+    #: Search the method's, the loss's and the learning rates' default spaces.
+    defaults: Bool = True
+    #: ``name = [low, high]``, ``{low, high, log}`` or ``{choices = [...]}``.
+    space: dict[Str, Any] = {}
 
 
 class _Published(BaseModel):
@@ -86,6 +121,7 @@ class GridFile(BaseModel):
     baseline: Str | None = None
     #: ``[executor.slurm]``: the resources of ``sweep --executor slurm`` (its options win).
     executor: ExecutorTable = ExecutorTable()
+    tune: _Tune | None = None
 
 
 def grid_json_schema() -> dict[str, Any]:

@@ -54,6 +54,7 @@ from harness.config.overrides import Deviation, flatten_keys
 from harness.config.protocol import Protocol, apply_overrides
 from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import refusal, shown
+from harness.config.tuning import TuneSpec, parse_tune
 
 __all__ = [
     "Grid",
@@ -95,6 +96,8 @@ class Cell:
     #: declared ``[deviations]``, and for a smoke cell every setting the smoke version
     #: changes (recorded with the run and printed under its tables; not in the key).
     paper_deviations: dict[str, PaperDeviation] = field(default_factory=dict, compare=False)
+    #: The key of everything but the seed: the cells of one tuned grid's study share it.
+    study_key: str = ""
 
     @property
     def label(self) -> str:
@@ -135,6 +138,9 @@ class Grid:
     paper_axes: dict[str, list] = field(default_factory=dict, compare=False, repr=False)
     #: The keys the grid's ``[executor.slurm]`` sets: defaults of ``sweep --executor slurm``.
     slurm: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: ``[tune]`` (with ``[smoke.tune]`` on top for the smoke version): every method tuned
+    #: with the same budget before the final runs (None: cells run as the protocol sets them).
+    tune: TuneSpec | None = None
 
 
 def grid_dir() -> Path:
@@ -236,6 +242,9 @@ def load_grid(
         return protocol
 
     protocol = resolved(str(top["protocol"]))
+    tune = _tune_spec(
+        data, smoke, protocol, dict(top.get("set", {})), all_methods, axes, extras, test_time
+    )
     slurm_defaults = {**_protocol_slurm(protocol), **slurm_defaults}  # the grid's own win
     grid = Grid(
         name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""),
@@ -260,6 +269,7 @@ def load_grid(
         paper_protocol=resolved(str(data["protocol"])),
         paper_axes={a: _with_extras(data, a) for a in ("datasets", "backbones")},
         slurm=slurm_defaults,
+        tune=tune,
     )
     count = cell_count(axes, extras)
     if on_count is not None:
@@ -271,6 +281,39 @@ def load_grid(
         )
     grid.cells.extend(expand(grid))
     return grid
+
+
+def _tune_spec(
+    data: dict[str, Any],
+    smoke: bool,
+    protocol: str,
+    overrides: dict[str, Any],
+    methods: set[str],
+    axes: dict[str, list],
+    extras: list[dict[str, list]],
+    test_time: dict[str, str],
+) -> TuneSpec | None:
+    """The grid's ``[tune]`` table (``[smoke.tune]``'s keys on top for the smoke version),
+    validated against the protocol, the grid's methods and losses."""
+    if "tune" not in data:
+        if smoke and data.get("smoke", {}).get("tune"):
+            raise HarnessError("grid key 'smoke.tune' needs a [tune] table in the grid")
+        return None
+    table = dict(data["tune"])
+    if smoke:
+        table.update(data.get("smoke", {}).get("tune", {}))
+    losses = sorted({loss for sub in (axes, *extras) for loss in sub.get("losses", axes["losses"])})
+    resolved, _ = apply_overrides(load_protocol(protocol), overrides)
+    spec = parse_tune(table, resolved, sorted(methods), losses)
+    for name in spec.space:
+        head, _, rest = name.partition(".")
+        if head == "method" and rest.split(".")[0] in test_time:
+            raise HarnessError(
+                f"grid key 'tune.space.\"{name}\"': '{rest.split('.')[0]}' is a test-time method "
+                f"(test_time), evaluated on its base's tuned weights with the protocol's options; "
+                f"its options cannot be searched apart from its base"
+            )
+    return spec
 
 
 def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -373,8 +416,9 @@ def _cell_key(
     seed: int,
     deviations: tuple[Deviation, ...],
     base_key: str = "",
+    tune: TuneSpec | None = None,
 ) -> str:
-    fields = {
+    fields: dict[str, Any] = {
         "protocol": protocol.to_dict(),
         "dataset": dataset,
         "loss": loss,
@@ -386,6 +430,8 @@ def _cell_key(
     }
     if base_key:  # only then, so that the keys of grids without test-time methods never change
         fields["base_key"] = base_key
+    if tune is not None:  # a tuned cell: its budget and space decide its result too
+        fields["tune"] = tune.canonical()
     from harness.components.data.own import dataset_manifest
     from harness.methods import METHODS
 
@@ -507,8 +553,21 @@ def expand(grid: Grid) -> list[Cell]:
                                 seed,
                                 deviations,
                                 base_key,
+                                grid.tune,
                             )
                             keys[(method, seed)] = key
+                            study_key = _cell_key(
+                                protocol,
+                                dataset,
+                                loss,
+                                loss_args,
+                                method,
+                                options,
+                                -1,
+                                deviations,
+                                "",
+                                grid.tune,
+                            )
                             cells.setdefault(
                                 key,
                                 Cell(
@@ -529,6 +588,7 @@ def expand(grid: Grid) -> list[Cell]:
                                     paper_deviations=cell_deviations(
                                         grid, protocol, method, dataset, backbone
                                     ),
+                                    study_key=study_key,
                                 ),
                             )
     return list(cells.values())

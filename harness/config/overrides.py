@@ -109,6 +109,8 @@ def set_dotted_keys(table: dict[str, Any], overrides: dict[str, Any]) -> tuple[D
             del node[parts[-1]]
             if not node and parts[0] == "methods":
                 del table["methods"][parts[1]]
+            elif not node and parts[:2] == ["loss", "args"]:
+                del table["loss"]["args"][parts[2]]
     return tuple(deviations)
 
 
@@ -116,9 +118,17 @@ def _unlisted_default(table: dict[str, Any], parts: list[str]) -> tuple[bool, An
     """Whether ``parts`` is a key the protocol may set though ``table`` does not list it,
     and its current value: ``methods.<method>.<option>`` for any option the method
     declares (its default), ``loss.args.<loss>.reduction`` for any loss the protocol has
-    arguments for (``"pml"``, PML's own reduction)."""
+    arguments for (``"pml"``, PML's own reduction), and ``loss.args.<loss>.<argument>``
+    for an argument the loss registry gives a default (that default)."""
     if parts[0] == "methods" and len(parts) == 3:
         return _unlisted_method_option(table, parts[1], parts[2])
+    if parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] != "reduction":
+        from harness.components.losses import LOSSES
+
+        section = table["loss"]["args"].get(parts[2])
+        if parts[2] in LOSSES and (not isinstance(section, dict) or parts[3] not in section):
+            defaults = LOSSES.get(parts[2]).defaults
+            return parts[3] in defaults, defaults.get(parts[3])
     if parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction":
         # Imported when used: importing the config layer stays free of torch and PML.
         from harness.components.losses import PML_REDUCTION

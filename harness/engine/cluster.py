@@ -47,7 +47,7 @@ from harness.config.executor import slurm_minutes
 from harness.config.grids import Grid, load_grid
 from harness.engine.cells import job_of_this_task
 from harness.engine.slurm import SlurmOptions
-from harness.engine.sweep import CELL_ATTR, open_storage, worker_loop
+from harness.engine.sweep import CELL_ATTR, open_storage
 
 __all__ = [
     "EXECUTORS",
@@ -116,7 +116,9 @@ class SweepTask(submitit.helpers.Checkpointable):
         grid = load_grid(spec.grid, smoke=spec.smoke, max_cells=None)
         fail_dead_runs()
         study = open_study(grid, spec.storage, heartbeat=spec.heartbeat, grace=spec.grace)
-        report = worker_loop(grid, study, settings=settings)
+        from harness.engine.tuned_sweep import run_worker
+
+        report = run_worker(grid, study, settings=settings)
         return {name: len(items) for name, items in report.items()}
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:

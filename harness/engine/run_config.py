@@ -72,6 +72,10 @@ class RunConfig:
     cuda_graphs: bool = False
     #: Register the run's logged embedder under this name in MLflow's model registry (``--register``).
     registered_model: str = ""
+    #: A trial of a hyperparameter search: trained and selected on validation only; the
+    #: test split is never evaluated (its splits come sealed), no model or explanation is
+    #: logged and no selected weights are kept.
+    search_only: bool = False
 
     @classmethod
     def build(
@@ -91,7 +95,7 @@ class RunConfig:
         come from the protocol (``[loss.args.<loss>]``), the method's options from the
         protocol unless given, the machine-side choices from ``settings``. ``run``: the
         remaining fields (``experiment``, ``resume``, ``init_from``, ``evaluate_only``,
-        ``tags``, ``protocol_path``, ``registered_model``)."""
+        ``tags``, ``protocol_path``, ``registered_model``, ``search_only``)."""
         settings = settings or RunSettings()
         options = protocol.methods.get(method, {}) if method_options is None else method_options
         return cls(

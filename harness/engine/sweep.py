@@ -62,6 +62,9 @@ __all__ = [
     "pop_lock",
     "unfinished_cells",
     "DEFAULT_STORAGE",
+    "Heartbeat",
+    "settle_trial",
+    "CELL_ATTR",
 ]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
@@ -107,7 +110,7 @@ def open_storage(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Heartbeats and fail_stale_trials are "experimental" in Optuna since 2.8; ask() warns
-    # that heartbeats are meant for optimize() (we send them ourselves, see _Heartbeat).
+    # that heartbeats are meant for optimize() (we send them ourselves, see Heartbeat).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     try:  # Optuna >= 4.9 renamed the callback and its argument
@@ -251,7 +254,7 @@ def pop_lock(url: str | None):
     return FileLock(url.removeprefix("sqlite:///") + ".pop.lock")
 
 
-class _Heartbeat:
+class Heartbeat:
     """Record an Optuna heartbeat for one trial every ``interval`` seconds in a thread."""
 
     def __init__(self, storage, trial_id: int):
@@ -476,7 +479,7 @@ def worker_loop(
         # The cluster job that holds the cell, for sweep --status ("": a worker started by
         # hand); set on every trial, since a retried trial inherits its predecessor's.
         trial.set_user_attr("job", job_of_this_task(settings))
-        with _Heartbeat(study._storage, trial._trial_id):
+        with Heartbeat(study._storage, trial._trial_id):
             _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
 
 
@@ -515,16 +518,16 @@ def _work_on_trial(
         with cell_output(settings.get("cell_logs"), cell.label, header):
             record = run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
     except KeyboardInterrupt:
-        _settle(study, trial, state=TrialState.FAIL, error="interrupted")
+        settle_trial(study, trial, state=TrialState.FAIL, error="interrupted")
         raise
     except Exception as err:
         text = f"{type(err).__name__}: {err}".strip().splitlines()[0][:500]
         _log(f"FAILED {cell.label}: {text}")
-        _settle(study, trial, state=TrialState.FAIL, error=text)
+        settle_trial(study, trial, state=TrialState.FAIL, error=text)
         report["failed"].append((cell.label, text))
         return
     metric = cell.protocol.selection.metric
-    _settle(
+    settle_trial(
         study,
         trial,
         value=float(record["metrics"].get(metric, 0.0)),
@@ -533,7 +536,7 @@ def _work_on_trial(
     report["done"].append(cell.label)
 
 
-def _settle(
+def settle_trial(
     study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = ""
 ) -> None:
     """Tell the study how ``trial`` ended, unless it was already ended under this worker:

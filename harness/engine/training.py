@@ -110,8 +110,12 @@ def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[st
             trainer.resume(plan.checkpoint)
         trainer.fit()
         selected_epoch = trainer.load_selected_weights()
-        test = trainer.test(selected_epoch)
-        _record_finished(recorder, trainer, test, selected_epoch)
+        if cfg.search_only:  # a search trial: scored on validation, the test split unread
+            test: dict[str, float] = {}
+            recorder.finish()
+        else:
+            test = trainer.test(selected_epoch)
+            _record_finished(recorder, trainer, test, selected_epoch)
         barrier(plan.procs)
     except BaseException as err:
         recorder.fail(err)

@@ -37,6 +37,7 @@ __all__ = [
     "missing_artifact",
     "run_artifact_dir",
     "log_to_run",
+    "record_derived_run",
 ]
 
 T = TypeVar("T")
@@ -257,3 +258,44 @@ def log_to_run(
         c.log_text(run_id, text, name)
     for path, folder in artifacts:
         c.log_artifact(run_id, str(path), folder)
+
+
+def record_derived_run(
+    experiment: str,
+    source_run_id: str,
+    *,
+    run_name: str,
+    tags: dict[str, Any],
+    metrics: dict[str, float],
+    artifacts: Sequence[tuple[Path, str]] = (),
+) -> str:
+    """A FINISHED run of ``experiment`` that trains nothing and reports ``metrics``: a
+    result derived from other runs (a tuned grid's "separated" mean over fold models, or
+    their "concatenated" embeddings). It carries the params and tags of ``source_run_id``
+    (what was trained, under which protocol), then ``tags`` on top, and ``artifacts``
+    (``(file, artifact folder)``). Returns its run id."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    from harness.store.tracking import experiment_id
+
+    c = client()
+    source = c.get_run(source_run_id)
+    run = c.create_run(experiment_id(experiment), run_name=run_name)
+    run_id = run.info.run_id
+    params = [Param(k, v) for k, v in source.data.params.items()]
+    for i in range(0, len(params), 100):
+        c.log_batch(run_id, params=params[i : i + 100])
+    inherited = {
+        k: v for k, v in source.data.tags.items() if not k.startswith(("mlflow.", "model_"))
+    }
+    items = [RunTag(k, str(v)[:5000]) for k, v in {**inherited, **tags}.items()]
+    for i in range(0, len(items), 100):
+        c.log_batch(run_id, tags=items[i : i + 100])
+    now = int(time.time() * 1000)
+    values = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    for i in range(0, len(values), 500):
+        c.log_batch(run_id, metrics=values[i : i + 500])
+    for path, folder in artifacts:
+        c.log_artifact(run_id, str(path), folder)
+    c.set_terminated(run_id, "FINISHED")
+    return run_id

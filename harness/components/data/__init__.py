@@ -13,6 +13,13 @@ from harness.components.data.base import (
     default_data_root,
     seen_class_control,
 )
+from harness.components.data.folds import (
+    SealedImageSet,
+    SealedSplitRead,
+    class_folds,
+    fold_splits,
+    seal_test,
+)
 
 __all__ = [
     "DATASETS",
@@ -24,4 +31,9 @@ __all__ = [
     "cap_per_class",
     "seen_class_control",
     "default_data_root",
+    "class_folds",
+    "fold_splits",
+    "seal_test",
+    "SealedImageSet",
+    "SealedSplitRead",
 ]

@@ -155,6 +155,10 @@ class DatasetSplits:
             if split is None:
                 continue
             h.update(split_name.encode())
+            sealed = getattr(split, "digest", None)
+            if isinstance(sealed, str):  # a sealed split (folds.SealedImageSet): its hidden content
+                h.update(sealed.encode())
+                continue
             for key, label in zip(split.keys(), split.labels.tolist(), strict=True):
                 h.update(f"{key}\t{label}\n".encode())
         if self.files is not None:

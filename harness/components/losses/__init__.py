@@ -50,6 +50,7 @@ from harness.components.losses.registry import (
     loss_reductions,
     miner_for,
 )
+from harness.components.losses.search_spaces import LOSS_SEARCH_SPACES, Range, loss_search_space
 from harness.components.losses.tuple_losses import (
     BinomialDevianceLoss,
     MultiSimilarityLoss,
@@ -88,4 +89,7 @@ __all__ = [
     "IndexedRothDistanceWeightedMiner",
     "IndexedHardNegativeMiner",
     "hard_triplet_indices",
+    "LOSS_SEARCH_SPACES",
+    "Range",
+    "loss_search_space",
 ]

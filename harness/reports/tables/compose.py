@@ -16,7 +16,7 @@ from harness.reports.tables.columns import DEFAULT_METRICS
 from harness.reports.tables.labels import method_labels, recorded_options
 from harness.reports.tables.latex import LatexRenderer
 from harness.reports.tables.layout import distinct_in_order
-from harness.reports.tables.load import load_runs
+from harness.reports.tables.load import load_runs, select_report
 from harness.reports.tables.markdown import MarkdownRenderer
 from harness.reports.tables.notes import (
     code_notes,
@@ -37,6 +37,7 @@ from harness.reports.tables.paired import (
 from harness.reports.tables.published import PublishedValues, attach_published, published_values
 from harness.reports.tables.render import TableContent, TableRenderer
 from harness.reports.tables.summary import summarize
+from harness.reports.tuning import tuning_notes
 
 __all__ = [
     "RENDERERS",
@@ -73,6 +74,8 @@ class TableRequest:
     published_metrics: Mapping[str, str] | None = None
     per_query: PerQueryLoader | None = artifact_per_query
     resamples: int = 10_000
+    #: A tuned grid's fold report: ``separated`` or ``concatenated`` (:mod:`harness.reports.tuning`).
+    report: str = "separated"
 
     def __post_init__(self):
         if self.fmt not in RENDERERS:
@@ -104,7 +107,7 @@ def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
     """``runs`` (default: :func:`~harness.reports.tables.load.load_runs` of the request's
     experiments) -> :class:`Table`. Each run whose per-query results a paired bootstrap
     needed and did not get is one line on stderr (and in ``problems``)."""
-    runs = load_runs(request.experiments) if runs is None else runs
+    runs = select_report(load_runs(request.experiments) if runs is None else runs, request.report)
     published = published_values(
         request.published, request.tables, request.published_rows, request.published_metrics
     )
@@ -181,6 +184,7 @@ def _notes(
         *variant_notes(metrics, dict(request.published_metrics or {})),
         *code_notes(runs),
         *setting_notes(cells),
+        *tuning_notes(runs),
         *published_notes(published.excluded, published.flagged),
     ]
 

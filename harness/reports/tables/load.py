@@ -15,7 +15,17 @@ from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.config.deviations import TAG_PREFIX
 from harness.reports.tables.columns import ROW
 
-__all__ = ["RUN_COLUMNS", "load_runs", "label_settings"]
+__all__ = ["RUN_COLUMNS", "TUNE_TAGS", "load_runs", "label_settings", "select_report"]
+
+#: A tuned grid's tags on its final results (:mod:`harness.reports.tuning`).
+TUNE_TAGS = (
+    "tune_budget",
+    "tune_trials",
+    "tune_params",
+    "tune_history",
+    "tune_report",
+    "tune_protocol",
+)
 
 #: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.
 RUN_COLUMNS = [
@@ -99,6 +109,8 @@ def _runs_frame(frame: pd.DataFrame, ids: dict) -> pd.DataFrame:
             "options": _method_options(frame),
             "tuned": _column(frame, "tags.tune_role") != "",
             "init_from": training_init,
+            # A tuned grid's final result: its budget, choice and search (reports/tuning.py).
+            **{name: _column(frame, f"tags.{name}") for name in TUNE_TAGS},
             "paper_deviations": _paper_deviations(frame),
         }
     )
@@ -150,14 +162,21 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     """Fill ``setting``: for each method, the options whose values differ between its runs
     (``"entries=16"``), ``tuned`` for runs tagged by ``harness tune`` and ``init-from`` for
     runs that trained from another run's weights; empty when all runs of the method agree.
-    Distinct option sets always get distinct labels, so they are separate rows."""
+    Distinct option sets always get distinct labels, so they are separate rows. The
+    options a tuned grid's search chose are not part of the label (each block may choose
+    others; the appendix table lists them): its rows are ``tuned``."""
     runs = runs.copy()
     for column, default in (("options", "{}"), ("tuned", False), ("init_from", False)):
         if column not in runs:
             runs[column] = default
     runs["setting"] = ""
+    searched = (
+        runs["tune_budget"].fillna("") != "" if "tune_budget" in runs else runs["tuned"] & False
+    )
     for _method, group in runs.groupby("method", sort=False):
-        parsed = {i: json.loads(o or "{}") for i, o in group["options"].items()}
+        parsed = {
+            i: {} if searched[i] else json.loads(o or "{}") for i, o in group["options"].items()
+        }
         keys = sorted({k for opts in parsed.values() for k in opts})
         varying = [k for k in keys if len({opts.get(k, "–") for opts in parsed.values()}) > 1]
         for i in group.index:
@@ -168,12 +187,21 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def select_report(runs: pd.DataFrame, report: str) -> pd.DataFrame:
+    """A tuned grid with k > 1 folds records two results per seed (``separated``,
+    ``concatenated``): keep ``report``'s, and every run that is not such a result."""
+    if "tune_report" not in runs:
+        return runs
+    kind = runs["tune_report"].fillna("")
+    return runs[(kind == "") | (kind == "single") | (kind == report)].reset_index(drop=True)
+
+
 def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
     """One run per (method, setting, protocol, seed): runs of an older method revision and
     older runs of the same seed are superseded, so that ``n`` counts seeds of the current
     code and the spread is over seeds, not over repeats of one. Runs of another setting
     (options, tuned, init) are never superseded: they are another row."""
-    cell = [*ROW, "dataset", "fingerprint"]
+    cell = [*ROW, "dataset", "fingerprint", *(["tune_report"] if "tune_report" in runs else [])]
     current = runs[
         runs["method_revision"] == runs.groupby(cell)["method_revision"].transform("max")
     ]

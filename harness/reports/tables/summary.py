@@ -65,7 +65,15 @@ def _over_seeds(cell: pd.DataFrame, metric: str) -> dict | None:
 
 
 def _check_fingerprints(runs: pd.DataFrame) -> None:
+    """One protocol per block. A tuned grid's rows differ in what their search chose (the
+    learning rates, the loss's arguments): they are compared by the protocol they were
+    searched under (``tune_protocol``), which must then be one."""
+    searched = runs["tune_protocol"].fillna("") if "tune_protocol" in runs else None
     for (backbone, loss, dataset), block in runs.groupby(BLOCK, sort=False):
+        prints_of = block["fingerprint"]
+        if searched is not None:
+            prints_of = searched[block.index].where(searched[block.index] != "", prints_of)
+        block = block.assign(fingerprint=prints_of)
         prints = sorted(set(block["fingerprint"]))
         if len(prints) > 1:
             a, b = prints[0], prints[1]

@@ -1,0 +1,112 @@
+"""``sweep --grid G`` for a grid with a ``[tune]`` table: what the start queues, the
+report at the end (each study's trials, the unfinished cells) and the tables it writes:
+``results/tables/<grid>.md`` and ``.tex`` (and ``-concatenated`` ones with k > 1 folds),
+the appendix of chosen settings ``<grid>.settings.md`` / ``.tex`` and the best-so-far
+figure ``<grid>.search.png`` / ``.pdf``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.config.grids import Grid
+from harness.engine.tuned_sweep import (
+    plan_tasks,
+    record_storage,
+    study_progress,
+    unfinished_tuned_cells,
+)
+
+__all__ = ["queue_tuned_grid", "tuned_final_report", "progress_lines", "write_tuned_tables"]
+
+TABLES = Path("results/tables")
+
+
+def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
+    """Queue what can run now; the counts ``sweep --executor`` sizes its array by."""
+    from harness.engine.sweep import pop_lock
+
+    with pop_lock(storage):
+        counts = plan_tasks(grid, queue, record_storage(storage))
+    spec = grid.tune
+    assert spec is not None
+    print(
+        f"[sweep] tuned grid {grid.name}: {counts['studies']} studies x {spec.trials} trials x "
+        f"{spec.folds} fold(s), then {len(grid.cells)} final cells x {spec.folds} fold(s); "
+        f"{counts['complete']} studies complete, {counts['trials_queued']} trials and "
+        f"{counts['finals_queued']} final cells queued, {counts['pending']} already queued or "
+        f"running; storage {storage}",
+        file=sys.stderr,
+        flush=True,
+    )
+    to_run = counts["trials_queued"] + counts["finals_queued"]
+    # Trials of later rounds and the final cells are queued as the earlier ones settle.
+    later = counts["studies"] * spec.trials + len(grid.cells)
+    return {"queued": to_run, "pending": counts["pending"], "waiting": [None] * later}
+
+
+def progress_lines(grid: Grid, storage: str) -> list[str]:
+    """One line per study: finished / pruned / running trials of its budget, best value."""
+    lines = []
+    for row in study_progress(grid, record_storage(storage)):
+        best = "-" if row["best"] is None else f"{100 * row['best']:.2f}"
+        lines.append(
+            f"  {row['study']}: {row['finished']} finished, {row['pruned']} pruned, "
+            f"{row['running']} running of {row['budget']}; best {best}"
+        )
+    return lines
+
+
+def tuned_final_report(grid: Grid, storage: str) -> int:
+    """The studies' progress and the unfinished final cells; the tables once every cell
+    is final. Exit status 1 while a cell is unfinished."""
+    print(f"grid {grid.name}: studies (trials of the budget, best validation value %)")
+    print("\n".join(progress_lines(grid, storage)))
+    missing = unfinished_tuned_cells(grid)
+    print(
+        f"grid {grid.name}: {len(grid.cells) - len(missing)}/{len(grid.cells)} final cells "
+        f"finished (MLflow experiment '{grid.experiment}')"
+    )
+    for cell in missing:
+        print(f"  not finished: {cell.label} (queued again on the next start)")
+    if missing:
+        return 1
+    for path in write_tuned_tables(grid, TABLES):
+        print(f"wrote {path}")
+    return 0
+
+
+def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
+    """The grid's tables (every report), the appendix and the figure, under ``folder``."""
+    from harness.base.atomic import atomic_write_text
+    from harness.reports.tables.compose import compose_table
+    from harness.reports.tables.load import load_runs, select_report
+    from harness.reports.tuning import settings_appendix, write_search_figure
+
+    assert grid.tune is not None
+    reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]
+    caption = grid.description or f"Tuned grid {grid.name}"
+    if grid.smoke:
+        caption += " -- smoke run: a pipeline check"
+    written: list[Path] = []
+    options: dict[str, Any] = {"baseline": grid.baseline}
+    if grid.metrics:
+        options["metrics"] = tuple(grid.metrics)
+    for report in reports:
+        suffix = "" if report == "separated" else "-concatenated"
+        title = caption + (f" ({report} fold models)" if grid.tune.folds > 1 else "")
+        for fmt, ext in (("markdown", "md"), ("latex", "tex")):
+            table = compose_table(
+                [grid.experiment], fmt=fmt, caption=title, report=report, **options
+            )
+            path = folder / f"{grid.name}{suffix}.{ext}"
+            atomic_write_text(path, table.text)
+            written.append(path)
+    runs = select_report(load_runs([grid.experiment]), "separated")
+    for fmt, ext in (("markdown", "md"), ("latex", "tex")):
+        path = folder / f"{grid.name}.settings.{ext}"
+        atomic_write_text(path, settings_appendix(runs, fmt))
+        written.append(path)
+    written += write_search_figure(runs, folder / grid.name)
+    return written

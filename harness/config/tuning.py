@@ -1,0 +1,312 @@
+"""A grid's ``[tune]`` table: every method of the grid given the same budget of
+hyperparameter-search trials before it is compared.
+
+The protocol follows Musgrave et al., "A Metric Learning Reality Check" (MLRC, ECCV 2020),
+Sec. 4.2 and its code (powerful-benchmarker): for each (method, loss, dataset, backbone)
+one study of ``trials`` Bayesian-optimisation trials (Optuna's TPE, seeded); a trial
+trains one model per class-disjoint fold of the training classes and scores the mean of
+their validation values (``metric``, MAP@R by default; MLRC: "mean validation accuracy
+over folds"); the best setting is then trained again with each of the grid's seeds, one
+model per fold, and scored on the test classes.
+
+Keys::
+
+    [tune]
+    trials = 50          # the budget, the same for every study of the grid
+    folds = 4            # class-disjoint folds of the training classes (1: the protocol's validation split)
+    metric = "mean_average_precision_at_r"
+    sampler_seed = 0
+    round = 2            # trials suggested together, from the trials of earlier rounds
+    pruner = "median"    # or "none": stop a trial between folds
+    defaults = true      # the method's, the loss's and the learning rates' spaces
+
+    [tune.space]         # added to (or replacing) the defaults, by name
+    "optimizer.lr_head" = { low = 1e-6, high = 1e-3, log = true }   # a protocol field
+    "loss.margin.margin" = [0.0, 0.5]                                # a loss argument
+    "method.agrouping.groups" = { choices = [2, 4, 8] }               # a method option
+
+Determinism: a trial's setting depends only on the trials of earlier rounds, in trial
+order, and on (``sampler_seed``, trial number); the pruner compares only with them. So a
+study ends with the same trials however many workers share it, and after any restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.base.errors import HarnessError
+from harness.config.overrides import flatten_keys
+
+__all__ = [
+    "TuneSpec",
+    "SpaceEntry",
+    "parse_tune",
+    "DEFAULT_PROTOCOL_SPACE",
+    "study_space",
+    "suggest_setting",
+]
+
+#: The protocol fields searched by default: a decade either side of the protocol's value,
+#: log-uniform (as ``harness tune``).
+DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
+PRUNERS = ("median", "none")
+_KEYS = {"trials", "folds", "metric", "sampler_seed", "round", "pruner", "defaults", "space"}
+
+
+@dataclass(frozen=True)
+class SpaceEntry:
+    """One searched name: a float range (``log``: log-uniform) or a list of ``choices``."""
+
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+    source: str = ""
+
+    def suggest(self, trial, name: str) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(name, list(self.choices))
+        return float(trial.suggest_float(name, self.low, self.high, log=self.log))
+
+    def describe(self) -> str:
+        if self.choices:
+            return "{" + ", ".join(str(c) for c in self.choices) + "}"
+        return f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """A validated ``[tune]`` table."""
+
+    trials: int
+    folds: int = 1
+    metric: str = "mean_average_precision_at_r"
+    sampler_seed: int = 0
+    round: int = 2
+    pruner: str = "median"
+    defaults: bool = True
+    #: ``{name: SpaceEntry}``: ``optimizer.*`` (protocol fields), ``loss.<loss>.<arg>``,
+    #: ``method.<method>.<option>``.
+    space: dict[str, SpaceEntry] = field(default_factory=dict)
+
+    def canonical(self) -> dict[str, Any]:
+        """What enters the cells' keys and the studies' names."""
+        return {
+            "trials": self.trials,
+            "folds": self.folds,
+            "metric": self.metric,
+            "sampler_seed": self.sampler_seed,
+            "round": self.round,
+            "pruner": self.pruner,
+            "defaults": self.defaults,
+            "space": {k: vars(v) for k, v in sorted(self.space.items())},
+        }
+
+    def digest(self) -> str:
+        payload = json.dumps(self.canonical(), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+    @property
+    def budget(self) -> str:
+        """The budget as a table's note says it."""
+        folds = f"{self.folds} class-disjoint folds" if self.folds > 1 else "the validation split"
+        return (
+            f"{self.trials} TPE trials x {folds} (sampler seed {self.sampler_seed}, "
+            f"{self.round} per round, pruner {self.pruner}), objective {self.metric}"
+        )
+
+
+def _entry(name: str, value: Any) -> SpaceEntry:
+    where = f"grid key 'tune.space.\"{name}\"'"
+    if isinstance(value, list):
+        if len(value) != 2 or not all(isinstance(v, int | float) for v in value):
+            raise HarnessError(f"{where} = {value!r}: expected [low, high] (two numbers)")
+        value = {"low": value[0], "high": value[1]}
+    if not isinstance(value, dict):
+        raise HarnessError(
+            f"{where} = {value!r}: expected [low, high], {{low, high, log}} or {{choices = [...]}}"
+        )
+    unknown = set(value) - {"low", "high", "log", "choices"}
+    if unknown:
+        raise HarnessError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    if "choices" in value:
+        choices = value["choices"]
+        if not isinstance(choices, list) or not choices:
+            raise HarnessError(f"{where}: choices must be a non-empty list")
+        return SpaceEntry(choices=tuple(choices))
+    low, high, log = value.get("low"), value.get("high"), bool(value.get("log", False))
+    if not isinstance(low, int | float) or not isinstance(high, int | float):
+        raise HarnessError(f"{where}: expected numbers low and high")
+    if not low < high:
+        raise HarnessError(
+            f"{where}: an empty or inverted range [{low}, {high}] (expected low < high)"
+        )
+    if log and low <= 0:
+        raise HarnessError(f"{where}: a log range needs low > 0 (got {low})")
+    return SpaceEntry(float(low), float(high), log)
+
+
+def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list[str]) -> TuneSpec:
+    """Validate a grid's ``[tune]`` table against its protocol (``protocol``: resolved),
+    methods and losses: one line naming the key for any mistake."""
+    if not isinstance(table, dict):
+        raise HarnessError("grid key 'tune': expected a table")
+    unknown = set(table) - _KEYS
+    if unknown:
+        raise HarnessError(
+            f"grid key 'tune.{sorted(unknown)[0]}': unknown (expected one of {', '.join(sorted(_KEYS))})"
+        )
+    ints = {}
+    for key, low in (("trials", 1), ("folds", 1), ("round", 1), ("sampler_seed", 0)):
+        value = table.get(key, {"trials": None, "folds": 1, "round": 2, "sampler_seed": 0}[key])
+        if value is None:
+            raise HarnessError("grid key 'tune.trials' is missing: the budget of every study")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise HarnessError(f"grid key 'tune.{key}' = {value!r}: expected an integer >= {low}")
+        ints[key] = value
+    pruner = table.get("pruner", "median")
+    if pruner not in PRUNERS:
+        raise HarnessError(f"grid key 'tune.pruner' = {pruner!r}: expected one of {PRUNERS}")
+    metric = table.get("metric", protocol.selection.metric)
+    if not isinstance(metric, str) or not metric:
+        raise HarnessError(f"grid key 'tune.metric' = {metric!r}: expected a metric name")
+    if protocol.selection.mode != "validation":
+        raise HarnessError(
+            f"a tuned grid needs selection.mode = 'validation' (protocol '{protocol.name}' has "
+            f"'{protocol.selection.mode}'): hyperparameters are never chosen on the test set"
+        )
+    space = {name: _entry(name, value) for name, value in dict(table.get("space", {})).items()}
+    for name in space:
+        _check_space_name(name, protocol, methods, losses)
+    return TuneSpec(
+        trials=ints["trials"],
+        folds=ints["folds"],
+        metric=metric,
+        sampler_seed=ints["sampler_seed"],
+        round=ints["round"],
+        pruner=pruner,
+        defaults=bool(table.get("defaults", True)),
+        space=space,
+    )
+
+
+def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]) -> None:
+    """A space name is a numeric protocol field, ``loss.<loss>.<arg>`` of a grid's loss,
+    or ``method.<method>.<option>`` of a grid's method."""
+    from harness.components.losses import LOSSES
+    from harness.methods import METHODS
+
+    where = f"grid key 'tune.space.\"{name}\"'"
+    head, _, rest = name.partition(".")
+    if head == "loss" and rest.count(".") == 1:
+        loss, arg = rest.split(".")
+        if loss not in losses:
+            raise HarnessError(f"{where}: '{loss}' is not a loss of the grid ({', '.join(losses)})")
+        import inspect
+
+        accepted = set(inspect.signature(LOSSES.get(loss).cls).parameters)
+        if arg not in accepted | set(LOSSES.get(loss).defaults):
+            raise HarnessError(f"{where}: the {loss} loss has no argument '{arg}'")
+        return
+    if head == "method" and rest.count(".") == 1:
+        method, option = rest.split(".")
+        if method not in methods:
+            raise HarnessError(
+                f"{where}: '{method}' is not a method of the grid ({', '.join(methods)})"
+            )
+        if option not in METHODS.get(method).options():
+            raise HarnessError(
+                f"{where}: method '{method}' has no option '{option}' "
+                f"(options: {', '.join(sorted(METHODS.get(method).options())) or 'none'})"
+            )
+        return
+    fields = flatten_keys(protocol.to_dict())
+    if name not in fields:
+        raise HarnessError(
+            f"{where}: not a protocol field, 'loss.<loss>.<argument>' or 'method.<method>.<option>'"
+        )
+    if isinstance(fields[name], bool) or not isinstance(fields[name], int | float):
+        raise HarnessError(
+            f"{where}: protocol field = {fields[name]!r} is not a number; only numbers are searched"
+        )
+
+
+def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, SpaceEntry]:
+    """The named entries a study of (``method``, ``loss``) searches besides the method's
+    own ``search_space``: the default learning rates and the loss's arguments (when
+    ``defaults``), then the grid's ``[tune.space]`` entries that concern it. Names are
+    those of Optuna's parameters: protocol fields as dotted keys (``loss.args.<loss>.<arg>``
+    for a loss argument), method options by the option's name."""
+    from harness.components.losses import loss_search_space
+
+    out: dict[str, SpaceEntry] = {}
+    if spec.defaults:
+        fields = flatten_keys(protocol.to_dict())
+        for key in DEFAULT_PROTOCOL_SPACE:
+            value = float(fields[key])
+            out[key] = SpaceEntry(value / 10, value * 10, True, source="a decade either side")
+        for arg, rng in loss_search_space(loss).items():
+            out[f"loss.args.{loss}.{arg}"] = SpaceEntry(
+                rng.low, rng.high, rng.log, source=rng.source
+            )
+    for name, entry in spec.space.items():
+        head, _, rest = name.partition(".")
+        if head == "loss" and rest.count(".") == 1:
+            if rest.split(".")[0] == loss:
+                out[f"loss.args.{rest}"] = entry
+        elif head == "method" and rest.count(".") == 1:
+            if rest.split(".")[0] == method:
+                out[rest.split(".")[1]] = entry
+        else:
+            out[name] = entry
+    return out
+
+
+class _Overriding:
+    """A trial whose ``suggest_*`` calls for names in ``fixed`` return those values: the
+    grid's entry for a method option replaces the plugin's own range for it."""
+
+    def __init__(self, trial, entries: dict[str, SpaceEntry]):
+        self.trial, self.entries = trial, entries
+
+    def __getattr__(self, attr: str):
+        real = getattr(self.trial, attr)
+        if not attr.startswith("suggest_"):
+            return real
+
+        def suggest(name, *args, **kwargs):
+            if name in self.entries:
+                return self.entries[name].suggest(self.trial, name)
+            return real(name, *args, **kwargs)
+
+        return suggest
+
+
+def suggest_setting(
+    trial, spec: TuneSpec, method: str, loss: str, protocol
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(method options, protocol overrides)`` that ``trial`` suggests for a study of
+    (``method``, ``loss``) under ``protocol``: the method's ``search_space`` (when
+    ``defaults``), then every entry of :func:`study_space`, in a fixed order."""
+    from harness.methods import METHODS
+
+    entries = study_space(spec, method, loss, protocol)
+    options_of = set(METHODS.get(method).options())
+    options: dict[str, Any] = {}
+    if spec.defaults:
+        options.update(
+            METHODS.get(method).cls.search_space(
+                _Overriding(trial, entries), embedding_size=protocol.embedding.size
+            )
+        )
+    overrides: dict[str, Any] = {}
+    for name in sorted(entries):
+        value = entries[name].suggest(trial, name)
+        if name in options_of and "." not in name:
+            options[name] = value
+        else:
+            overrides[name] = value
+    return options, overrides

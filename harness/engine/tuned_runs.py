@@ -1,0 +1,438 @@
+"""The runs of a tuned grid (:mod:`harness.engine.tuned_sweep`): a search trial's fold
+runs (the test split sealed) and its record in the study; a final cell's fold runs with
+the best setting, and MLRC's two reports of k fold models ("separated", "concatenated")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.base.errors import HarnessError
+from harness.base.metric_keys import group_metrics, metric_key
+from harness.config.grids import Cell, Grid
+from harness.config.tuning import TuneSpec
+from harness.engine.sweep import pop_lock
+from harness.engine.tuned_studies import (
+    Study,
+    best_trial,
+    fold_plan,
+    folds_experiment,
+    log,
+    record_study,
+    round_start,
+    search_experiment,
+    settled,
+    trial_setting,
+    tuned_studies,
+)
+
+__all__ = ["run_trial", "run_final_cell"]
+
+
+_PRUNE_AFTER = 3  # settled trials at a fold before the pruner compares with them
+
+
+def _splits(
+    cell: Cell, protocol, folds: int, fold: int | None, settings: dict, cache: dict, sealed: bool
+):
+    """The splits of ``fold`` of ``folds`` (None: the protocol's carve), the test split
+    sealed while searching; the dataset is loaded once per protocol split in ``cache``."""
+    from harness.components.data import fold_splits, seal_test
+    from harness.config.protocol import apply_overrides
+    from harness.engine.training import prepare_splits
+
+    key = (cell.dataset, repr(protocol.splits), fold is None, str(settings.get("data_root")))
+    if key not in cache:
+        base = protocol
+        if fold is not None:  # the whole training split: the folds replace the protocol's carve
+            base, _ = apply_overrides(protocol, {"selection.mode": "last"})
+        cache[key] = prepare_splits(base, cell.dataset, settings.get("data_root"), seed=cell.seed)
+    splits = cache[key]
+    if fold is not None:
+        splits = fold_splits(splits, folds, fold, protocol.splits.seed)
+    return seal_test(splits, "the hyperparameter search") if sealed else splits
+
+
+def _tuned_protocol(cell: Cell, overrides: dict[str, Any]):
+    """The cell's protocol with a setting's protocol overrides (learning rates, loss
+    arguments) applied: the tuned setting, recorded as ``tune_params``, not as deviations
+    (the grid asks for them to be searched)."""
+    from harness.config.protocol import apply_overrides
+
+    protocol, _ = apply_overrides(cell.protocol, overrides)
+    return protocol
+
+
+def _run_settings(settings: dict):
+    from harness.engine.training import RunSettings
+
+    return RunSettings(
+        data_root=settings.get("data_root"),
+        device=settings.get("device", "auto"),
+        workers=settings.get("loader_workers"),
+        checkpoint_root=settings.get("checkpoint_root"),
+    )
+
+
+def _finished_run(experiment: str, tags: dict[str, Any]):
+    """The FINISHED run of ``experiment`` with every tag of ``tags``, or None."""
+    from harness.store.queries import search_runs
+    from harness.store.tracking import filter_value as q
+
+    where = " and ".join(f"tags.{k} = {q(v)}" for k, v in tags.items())
+    runs = search_runs(experiment, f"attributes.status = 'FINISHED' and {where}")
+    return runs[0] if runs else None
+
+
+def _best_validation(run_id: str, metric: str) -> float:
+    from harness.store.queries import metric_history
+
+    history = metric_history(run_id, metric_key("val", metric))
+    if not history:
+        raise HarnessError(f"run {run_id} logged no {metric_key('val', metric)}")
+    return max(v for _, v in history)
+
+
+def _should_prune(spec: TuneSpec, fold: int, mean: float, history: dict[int, Any]) -> bool:
+    """MLRC stops nothing early; the harness's median rule between folds: stop after fold
+    ``fold`` when the running mean is below the median of the settled trials' running
+    means at that fold (of earlier rounds only, so the decision is the same on every
+    worker), once at least three of them reached it."""
+    if spec.pruner == "none":
+        return False
+    values = [
+        t.intermediate_values[fold] for t in history.values() if fold in t.intermediate_values
+    ]
+    return len(values) >= _PRUNE_AFTER and mean < statistics.median(values)
+
+
+def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -> float:
+    """Trial ``number`` of ``study``: its k fold runs (a finished one is read, not run
+    again), the mean of their best validation values, recorded in the study (once)."""
+    from optuna.trial import TrialState
+
+    from harness.components.data import SealedSplitRead
+
+    spec = study.spec
+    record = record_study(study, storage)
+    done = settled(record)
+    if number in done:  # settled by a worker that died before telling the queue
+        return float(done[number].value or 0.0)
+    history = {n: done[n] for n in range(round_start(spec, number))}
+    params, distributions, options, overrides = trial_setting(study, number, done)
+    setting = (params, options, _tuned_protocol(study.first, overrides))
+    log(f"{study.label} trial {number}: {params}")
+    values: list[float] = []
+    intermediate: dict[int, float] = {}
+    runs: list[str] = []
+    state = TrialState.COMPLETE
+    for fold in fold_plan(study.grid):
+        try:
+            run_id = _trial_fold_run(study, number, fold, setting, settings, cache)
+        except SealedSplitRead:  # a leak is a failure of the harness, never a pruned trial
+            raise
+        except HarnessError as err:  # a diverging setting: the trial ends, the study goes on
+            log(f"{study.label} trial {number} fold {fold}: {err}; recorded as pruned")
+            state = TrialState.PRUNED
+            break
+        runs.append(run_id)
+        values.append(_best_validation(run_id, spec.metric))
+        step = 0 if fold is None else fold
+        intermediate[step] = float(np.mean(values))
+        last = fold is None or fold == spec.folds - 1
+        if not last and _should_prune(spec, step, intermediate[step], history):
+            log(f"{study.label} trial {number}: pruned after fold {fold}")
+            state = TrialState.PRUNED
+            break
+    value = float(np.mean(values)) if state == TrialState.COMPLETE else None
+    attrs = {"number": number, "runs": runs, "fold_values": values}
+    with pop_lock(settings.get("storage")):
+        if number not in settled(record):
+            _add_trial(record, params, distributions, value, intermediate, state, attrs)
+    return value if value is not None else float("nan")
+
+
+def _add_trial(record, params, distributions, value, intermediate, state, attrs) -> None:
+    from optuna.trial import create_trial
+
+    record.add_trial(
+        create_trial(
+            params=params,
+            distributions=distributions,
+            value=value,
+            intermediate_values=intermediate,
+            state=state,
+            user_attrs=attrs,
+        )
+    )
+
+
+def _trial_fold_run(
+    study: Study, number: int, fold: int | None, setting: tuple, settings: dict, cache: dict
+) -> str:
+    """The run of one fold of a trial (its finished run if there is one): trained on the
+    fold's training classes with the test split sealed, selected on the fold."""
+    from harness.engine import training
+    from harness.store.queries import set_run_tags
+
+    params, options, protocol = setting
+    cell = study.first
+    tags = {
+        "tune_study": study.name,
+        "tune_trial": number,
+        "tune_fold": "validation" if fold is None else fold,
+        "tune_role": "trial",
+    }
+    run = _finished_run(search_experiment(study.grid), tags)
+    if run is not None:
+        return run.info.run_id
+    splits = _splits(cell, protocol, study.spec.folds, fold, settings, cache, sealed=True)
+    cfg = training.RunConfig.build(
+        protocol,
+        method=cell.method,
+        dataset=cell.dataset,
+        loss=cell.loss,
+        seed=cell.seed,
+        deviations=cell.deviations,
+        settings=_run_settings(settings),
+        method_options={**cell.method_options, **options},
+        protocol_path=cell.protocol_path,
+        resume=True,
+        search_only=True,
+        experiment=search_experiment(study.grid),
+        tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
+    )
+    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    set_run_tags(run_id, tags)
+    return run_id
+
+
+def _final_tags(study: Study, record, best, cell: Cell) -> dict[str, str]:
+    from harness.config.deviations import deviation_tags
+
+    history = settled(record)
+    values = [
+        None if history[n].value is None else round(float(history[n].value), 6)
+        for n in sorted(history)
+    ]
+    return {
+        "tune_study": study.name,
+        "tune_trial": str(best.user_attrs["number"]),
+        "tune_role": "final",
+        "tune_budget": study.spec.budget,
+        "tune_trials": str(len(history)),
+        "tune_params": json.dumps(best.params, sort_keys=True),
+        "tune_history": json.dumps(values),
+        # The protocol the study searched under: the tables compare tuned rows by it.
+        "tune_protocol": hashlib.sha256(cell.protocol.canonical_json().encode()).hexdigest()[:16],
+        "grid": study.grid.name,
+        "grid_cell": cell.label,
+        **deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
+    }
+
+
+def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict) -> None:
+    """A final cell: the best setting of its study trained with the cell's seed on each
+    fold (a test-time cell: its base cell's fold runs evaluated), then its results in the
+    grid's experiment."""
+    spec = grid.tune
+    assert spec is not None
+    base_cell = cell
+    if cell.base_key:
+        base_cell = next(c for c in grid.cells if c.key == cell.base_key)
+    study = next(s for s in tuned_studies(grid) if base_cell in s.cells)
+    record = record_study(study, storage)
+    best = best_trial(record)
+    _, _, options, overrides = trial_setting(study, int(best.user_attrs["number"]), settled(record))
+    protocol = _tuned_protocol(cell, overrides)
+    options = {**cell.method_options, **({} if cell.base_key else options)}
+    tags = _final_tags(study, record, best, cell)
+    run_ids = [
+        _final_fold_run(grid, cell, fold, (protocol, options, tags), settings, cache)
+        for fold in fold_plan(grid)
+    ]
+    if spec.folds > 1:
+        _record_fold_reports(grid, cell, protocol, options, run_ids, tags, settings, cache)
+    log(f"final {cell.label}: done ({len(run_ids)} run(s))")
+
+
+def _final_fold_run(
+    grid: Grid, cell: Cell, fold: int | None, setting: tuple, settings: dict, cache: dict
+) -> str:
+    """The final run of one fold of a cell (its finished run if there is one): with
+    ``folds = 1`` the cell's run in the grid's experiment, else a fold model in
+    ``<experiment>-folds``; a test-time cell evaluates its base cell's run of that fold."""
+    from harness.engine import training
+    from harness.store.queries import set_run_tags
+
+    protocol, options, tags = setting
+    spec = grid.tune
+    assert spec is not None
+    experiment = grid.experiment if spec.folds == 1 else folds_experiment(grid)
+    fold_name = "validation" if fold is None else str(fold)
+    fold_tags = {**tags, "tune_cell": cell.key, "tune_fold": fold_name}
+    if spec.folds == 1:
+        fold_tags["cell_key"] = cell.key
+    run = _finished_run(experiment, {"tune_cell": cell.key, "tune_fold": fold_name})
+    if run is not None:
+        return run.info.run_id
+    init_from = ""
+    if cell.base_key:
+        base_run = _finished_run(experiment, {"tune_cell": cell.base_key, "tune_fold": fold_name})
+        if base_run is None:
+            raise HarnessError(
+                f"{cell.label}: its base cell has no finished run of fold {fold_name}"
+            )
+        init_from = base_run.info.run_id
+    cfg = training.RunConfig.build(
+        protocol,
+        method=cell.method,
+        dataset=cell.dataset,
+        loss=cell.loss,
+        seed=cell.seed,
+        deviations=cell.deviations,
+        settings=_run_settings(settings),
+        method_options=options,
+        protocol_path=cell.protocol_path,
+        resume=True,
+        init_from=init_from,
+        evaluate_only=bool(cell.base_key),
+        experiment=experiment,
+        tags=fold_tags,
+    )
+    splits = _splits(cell, protocol, spec.folds, fold, settings, cache, sealed=False)
+    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    set_run_tags(run_id, fold_tags)
+    return run_id
+
+
+def _record_fold_reports(
+    grid: Grid,
+    cell: Cell,
+    protocol,
+    options: dict,
+    run_ids: list[str],
+    tags: dict[str, str],
+    settings,
+    cache,
+) -> None:
+    """MLRC's two reports of k fold models in the grid's experiment: ``separated`` (the
+    mean of the models' test metrics and per-query values) and ``concatenated`` (the
+    models' L2-normalised test embeddings joined, then evaluated; a re-ranking head's
+    global embeddings, as its re-ranking does not concatenate)."""
+    from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query, save_per_query
+    from harness.store.queries import find_run, read_artifact, record_derived_run
+
+    have = {run.data.tags.get("tune_report") for run in _cell_reports(grid, cell)}
+    folder, name = PER_QUERY_ARTIFACT.rsplit("/", 1)
+    common = {
+        **tags,
+        "cell_key": cell.key,
+        "tune_cell": cell.key,
+        "tune_fold_runs": " ".join(run_ids),
+    }
+    if "concatenated" not in have:
+        scores = _concatenated_scores(cell, protocol, options, run_ids, settings, cache)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            save_per_query(path, scores.per_query)
+            record_derived_run(
+                grid.experiment,
+                run_ids[0],
+                run_name=f"{cell.label} concatenated",
+                tags={**common, "tune_report": "concatenated"},
+                metrics={metric_key("test", k): v for k, v in scores.items()},
+                artifacts=[(path, folder)],
+            )
+    if "separated" not in have:
+        runs = [find_run(r) for r in run_ids]
+        tests = [group_metrics(r.data.metrics, "test") for r in runs]
+        shared = sorted(set.intersection(*(set(t) for t in tests)))
+        metrics = {metric_key("test", k): float(np.mean([t[k] for t in tests])) for k in shared}
+        arrays = [read_artifact(r, PER_QUERY_ARTIFACT, load_per_query) for r in run_ids]
+        artifacts = []
+        with tempfile.TemporaryDirectory() as tmp:
+            if all(a is not None for a in arrays):
+                keys = set.intersection(*(set(a) for a in arrays if a is not None))
+                mean = {k: np.mean([a[k] for a in arrays if a is not None], axis=0) for k in keys}
+                path = Path(tmp) / name
+                save_per_query(path, mean)
+                artifacts.append((path, folder))
+            record_derived_run(
+                grid.experiment,
+                run_ids[0],
+                run_name=f"{cell.label} separated",
+                tags={**common, "tune_report": "separated"},
+                metrics=metrics,
+                artifacts=artifacts,
+            )
+
+
+def _cell_reports(grid: Grid, cell: Cell) -> list:
+    from harness.store.queries import search_runs
+    from harness.store.tracking import filter_value as q
+
+    return search_runs(
+        grid.experiment,
+        f"attributes.status = 'FINISHED' and tags.cell_key = {q(cell.key)} and tags.tune_role = 'final'",
+    )
+
+
+def _concatenated_scores(
+    cell: Cell, protocol, options: dict, run_ids: list[str], settings: dict, cache: dict
+):
+    """The test metrics of the fold models' L2-normalised embeddings, concatenated."""
+    import torch
+
+    from harness.components.data.transforms import build_transform
+    from harness.components.evaluation import evaluate_embeddings, l2_normalize
+    from harness.engine.embedding import embed_images
+    from harness.engine.model import build_model
+    from harness.engine.runtime import resolve_device
+    from harness.store.weights import load_finished_weights
+
+    device = resolve_device(settings.get("device", "auto"))
+    splits = _splits(cell, protocol, 2, None, settings, cache, sealed=False)
+    transform = build_transform(protocol.image, train=False)
+    parts: dict[str, list[np.ndarray]] = {"test": [], "gallery": []}
+    for run_id in run_ids:
+        model = build_model(protocol, cell.method, options)
+        load_finished_weights(
+            model, run_id, flag="a fold model", checkpoint_root=settings.get("checkpoint_root")
+        )
+        model = model.to(device).eval()
+        for split in ("test", "gallery"):
+            images = getattr(splits, split)
+            if images is None:
+                continue
+            with torch.no_grad():
+                embedded, _ = embed_images(
+                    model,
+                    images,
+                    transform,
+                    protocol.image,
+                    batch_size=protocol.evaluation.batch_size,
+                    device=device,
+                    workers=0,
+                    keep=(),
+                    precision=protocol.numerics.precision,
+                )
+            parts[split].append(l2_normalize(np.asarray(embedded, dtype=np.float32)))
+    query = np.concatenate(parts["test"], axis=1)
+    gallery = np.concatenate(parts["gallery"], axis=1) if parts["gallery"] else None
+    return evaluate_embeddings(
+        query,
+        splits.test.labels,
+        gallery,
+        None if splits.gallery is None else splits.gallery.labels,
+        recall_k=protocol.evaluation.recall_k_for(cell.dataset),
+        metrics=protocol.evaluation.metrics,
+        use_gpu=device.type == "cuda",
+        per_query=True,
+    )

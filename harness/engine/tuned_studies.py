@@ -1,0 +1,189 @@
+"""The studies of a tuned grid (:mod:`harness.engine.tuned_sweep`): one per (backbone,
+loss, method, dataset), the record of its settled trials in the sweep's RDB storage, and
+the setting of each trial, a function of the earlier rounds' trials alone."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from harness.base.errors import HarnessError
+from harness.config.grids import Cell, Grid
+from harness.config.tuning import TuneSpec, suggest_setting
+
+__all__ = [
+    "Study",
+    "tuned_studies",
+    "search_experiment",
+    "folds_experiment",
+    "record_study",
+    "record_storage",
+    "settled",
+    "round_start",
+    "trial_setting",
+    "fold_plan",
+    "best_trial",
+    "finished_final_cells",
+    "log",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[tune {socket.gethostname()}:{os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def search_experiment(grid: Grid) -> str:
+    return f"{grid.experiment}-search"
+
+
+def folds_experiment(grid: Grid) -> str:
+    return f"{grid.experiment}-folds"
+
+
+@dataclass(frozen=True)
+class Study:
+    """The cells of one (backbone, loss, method, dataset) of a tuned grid (one per seed)
+    and the test-time cells that evaluate their final runs."""
+
+    grid: Grid
+    cells: tuple[Cell, ...]
+    dependents: tuple[Cell, ...] = field(default=())
+
+    @property
+    def spec(self) -> TuneSpec:
+        assert self.grid.tune is not None
+        return self.grid.tune
+
+    @property
+    def first(self) -> Cell:
+        return self.cells[0]
+
+    @property
+    def label(self) -> str:
+        c = self.first
+        return f"{c.backbone}/{c.loss}/{c.method}/{c.dataset}"
+
+    @property
+    def name(self) -> str:
+        return f"tune:{self.grid.name}:{self.label}:{self.first.study_key}"
+
+
+def tuned_studies(grid: Grid) -> list[Study]:
+    """The grid's studies, in the grid's cell order; every trained cell is in one."""
+    if grid.tune is None:
+        raise HarnessError(f"grid {grid.name} has no [tune] table")
+    trained: dict[str, list[Cell]] = {}
+    for cell in grid.cells:
+        if not cell.base_key:
+            trained.setdefault(cell.study_key, []).append(cell)
+    by_cell = {c.key: k for k, cells in trained.items() for c in cells}
+    dependents: dict[str, list[Cell]] = {}
+    for cell in grid.cells:
+        if cell.base_key:
+            dependents.setdefault(by_cell[cell.base_key], []).append(cell)
+    return [
+        Study(grid, tuple(sorted(cells, key=lambda c: c.seed)), tuple(dependents.get(k, ())))
+        for k, cells in trained.items()
+    ]
+
+
+def record_study(study: Study, storage):
+    import optuna
+
+    return optuna.create_study(
+        study_name=study.name, storage=storage, direction="maximize", load_if_exists=True
+    )
+
+
+def settled(record) -> dict[int, Any]:
+    """``{trial number: FrozenTrial}`` of a study's settled trials (finished or pruned)."""
+    from optuna.trial import TrialState
+
+    out: dict[int, Any] = {}
+    for t in record.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        out.setdefault(int(t.user_attrs["number"]), t)
+    return out
+
+
+def round_start(spec: TuneSpec, number: int) -> int:
+    return (number // spec.round) * spec.round
+
+
+def trial_setting(study: Study, number: int, history: dict[int, Any]):
+    """The setting of trial ``number``: ``(params, distributions, options, overrides)``,
+    suggested by TPE fitted on the settled trials of the earlier rounds (``history``),
+    added in trial order, and seeded by (``sampler_seed``, ``number``)."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    spec = study.spec
+    earlier = range(round_start(spec, number))
+    missing = [n for n in earlier if n not in history]
+    if missing:
+        raise HarnessError(
+            f"study {study.label}: trial {number} needs trials {missing} settled first"
+        )
+    seed = int(np.random.SeedSequence([spec.sampler_seed, number]).generate_state(1)[0])
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    memory = optuna.create_study(
+        direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed)
+    )
+    for n in earlier:
+        t = history[n]
+        memory.add_trial(
+            create_trial(
+                params=t.params,
+                distributions=t.distributions,
+                value=t.value if t.state == TrialState.COMPLETE else None,
+                intermediate_values=t.intermediate_values,
+                state=t.state,
+            )
+        )
+    trial = memory.ask()
+    first = study.first
+    options, overrides = suggest_setting(trial, spec, first.method, first.loss, first.protocol)
+    return dict(trial.params), dict(trial.distributions), options, overrides
+
+
+def fold_plan(grid: Grid) -> list[int | None]:
+    """The folds each trial and final cell trains: ``[None]`` (the protocol's validation
+    split) for ``folds = 1``, else ``[0, ..., k - 1]``."""
+    assert grid.tune is not None
+    return [None] if grid.tune.folds == 1 else list(range(grid.tune.folds))
+
+
+def best_trial(record) -> Any:
+    """The study's best finished trial: the highest value, the lowest number on a tie."""
+    from optuna.trial import TrialState
+
+    done = [t for t in settled(record).values() if t.state == TrialState.COMPLETE]
+    if not done:
+        raise HarnessError(f"study {record.study_name} has no finished trial (all pruned)")
+    return max(done, key=lambda t: (t.value, -int(t.user_attrs["number"])))
+
+
+def finished_final_cells(grid: Grid) -> set[str]:
+    """Keys of the cells with their final result(s) in the grid's experiment: the run
+    (``folds = 1``), or both the ``separated`` and the ``concatenated`` result."""
+    from harness.store.queries import all_runs
+
+    reports: dict[str, set[str]] = {}
+    for run in all_runs(grid.experiment, "attributes.status = 'FINISHED'"):
+        tags = run.data.tags
+        if tags.get("tune_role") == "final" and tags.get("cell_key"):
+            reports.setdefault(tags["cell_key"], set()).add(tags.get("tune_report", "single"))
+    assert grid.tune is not None
+    want = {"single"} if grid.tune.folds == 1 else {"separated", "concatenated"}
+    return {key for key, have in reports.items() if want <= have}
+
+
+def record_storage(url: str | None):
+    """The storage of the studies' records: the queue's database, without heartbeats."""
+    from harness.engine.sweep import open_storage
+
+    return open_storage(url, heartbeat=None, grace=None, retry_stale=False)

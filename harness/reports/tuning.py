@@ -1,0 +1,194 @@
+"""What a tuned grid's tables say of the search (:mod:`harness.engine.tuned_sweep`), read
+from the final runs' tags alone: the budget note under the table (and a warning with the
+rows marked when the rows' budgets differ), the appendix of each row's chosen
+hyperparameters (Markdown and LaTeX), and the best validation value so far against the
+trial number, one line per method of a block (MLRC, Musgrave et al. 2020, plots the same
+to show whether a budget was enough).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = [
+    "REPORTS",
+    "tuned_runs",
+    "tuning_notes",
+    "unequal_budget_rows",
+    "settings_appendix",
+    "best_so_far",
+    "write_search_figure",
+    "search_figure_paths",
+]
+
+#: A tuned grid's final results with k > 1 folds: the mean over the k fold models
+#: ("separated") or their concatenated embeddings ("concatenated"); "single" for k = 1.
+REPORTS = ("separated", "concatenated")
+BLOCK = ["backbone", "loss", "dataset"]
+
+
+def tuned_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that are final results of a tuned grid (a ``tune_budget`` tag)."""
+    if "tune_budget" not in runs:
+        return runs.iloc[0:0]
+    return runs[runs["tune_budget"].fillna("") != ""]
+
+
+def unequal_budget_rows(runs: pd.DataFrame) -> list[str]:
+    """Methods (``method on dataset, loss``) whose search had a budget other than the
+    budget most rows had: rows that were not tuned alike (a grid edited halfway)."""
+    tuned = tuned_runs(runs)
+    if tuned.empty:
+        return []
+    budgets = tuned["tune_budget"] + " / " + tuned["tune_trials"].astype(str)
+    usual = budgets.value_counts().index[0]
+    odd = tuned[budgets != usual]
+    return sorted({f"{r.method} on {r.dataset}, {r.loss}" for r in odd.itertuples()})
+
+
+def tuning_notes(runs: pd.DataFrame) -> list[str]:
+    """The tuned table's notes: the budget every row was given, which report the cells
+    are, and the rows with another budget, if any."""
+    tuned = tuned_runs(runs)
+    if tuned.empty:
+        return []
+    budget = tuned["tune_budget"].value_counts().index[0]
+    trials = tuned["tune_trials"].value_counts().index[0]
+    report = tuned["tune_report"].fillna("single").value_counts().index[0]
+    what = {
+        "separated": "each cell is the mean over seeds of the mean of the fold models' test "
+        "metrics (MLRC's separated report)",
+        "concatenated": "each cell is the mean over seeds of the test metrics of the fold "
+        "models' L2-normalised embeddings concatenated (MLRC's concatenated report)",
+        "single": "each cell is the mean over seeds of one model per seed",
+    }[report]
+    notes = [
+        f"Tuned: every row's hyperparameters chosen by the same budget, {budget} "
+        f"({trials} settled trials per study), on the training classes only (Musgrave et al. "
+        f"2020, Sec. 4.2); the best setting then trained with each seed: {what}. The chosen "
+        f"settings are in the appendix table."
+    ]
+    odd = unequal_budget_rows(runs)
+    if odd:
+        notes.append(
+            "NOT TUNED ALIKE: these rows' studies had another budget than the rest (the grid "
+            "was edited during its sweep), so they are not comparable: " + "; ".join(odd) + "."
+        )
+    return notes
+
+
+def _chosen(params: str) -> dict[str, str]:
+    values = json.loads(params or "{}")
+    return {k: (f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in sorted(values.items())}
+
+
+def settings_appendix(runs: pd.DataFrame, fmt: str = "markdown") -> str:
+    """One row per study (backbone, loss, dataset, method): its chosen hyperparameters
+    and the best mean validation value of its search, in Markdown or LaTeX (booktabs)."""
+    tuned = tuned_runs(runs)
+    if tuned.empty:
+        return ""
+    rows = []
+    for key, group in tuned.groupby([*BLOCK, "method"], sort=True):
+        first = group.iloc[0]
+        history = [v for v in json.loads(first["tune_history"] or "[]") if v is not None]
+        chosen = _chosen(first["tune_params"])
+        rows.append(
+            [
+                *[str(k) for k in key],
+                ", ".join(f"{k} = {v}" for k, v in chosen.items()) or "(none searched)",
+                f"{100 * max(history):.2f}" if history else "-",
+            ]
+        )
+    header = ["Backbone", "Loss", "Dataset", "Method", "Chosen setting", "Best val. (%)"]
+    if fmt == "latex":
+
+        def tex(text: str) -> str:
+            return text.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+        lines = [
+            r"\begin{table}[t]",
+            r"\centering\small",
+            r"\caption{Hyperparameters chosen by the search ("
+            + tex(str(tuned["tune_budget"].iloc[0]))
+            + ")}",
+            r"\begin{tabular}{llllp{6cm}r}",
+            r"\toprule",
+            " & ".join(header).replace("%", r"\%") + r" \\",
+            r"\midrule",
+            *[" & ".join(tex(c) for c in row) + r" \\" for row in rows],
+            r"\bottomrule",
+            r"\end{tabular}",
+            r"\end{table}",
+        ]
+        return "\n".join(lines) + "\n"
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join([":---"] * 5 + ["---:"]) + "|",
+        *["| " + " | ".join(row) + " |" for row in rows],
+    ]
+    return (
+        f"Hyperparameters chosen by the search ({tuned['tune_budget'].iloc[0]}):\n\n"
+        + "\n".join(out)
+        + "\n"
+    )
+
+
+def best_so_far(history: Sequence[float | None]) -> list[float]:
+    """The running maximum of a study's values by trial number (a pruned trial, None,
+    keeps the best so far; NaN before the first finished trial)."""
+    best, out = -math.inf, []
+    for value in history:
+        if value is not None:
+            best = max(best, value)
+        out.append(best if best > -math.inf else math.nan)
+    return out
+
+
+def search_figure_paths(stem: Path) -> list[Path]:
+    return [stem.with_name(stem.name + ".search.png"), stem.with_name(stem.name + ".search.pdf")]
+
+
+def write_search_figure(runs: pd.DataFrame, stem: Path) -> list[Path]:
+    """The best validation value so far against the trial number, one panel per block
+    (backbone, loss, dataset) and one line per method, as ``<stem>.search.png`` and
+    ``.pdf`` (each written atomically); nothing for runs that were not tuned."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.base.atomic import atomic_write_bytes
+
+    tuned = tuned_runs(runs)
+    if tuned.empty:
+        return []
+    blocks = list(tuned.groupby(BLOCK, sort=True))
+    figure, axes = plt.subplots(
+        1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
+    )
+    for ax, (key, group) in zip(axes[0], blocks, strict=True):
+        for method, rows in group.groupby("method", sort=True):
+            values = best_so_far(json.loads(rows.iloc[0]["tune_history"] or "[]"))
+            trials = range(1, len(values) + 1)
+            ax.plot(trials, [100 * v for v in values], marker="o", markersize=3, label=method)
+        ax.set_title(" / ".join(str(k) for k in key), fontsize=9)
+        ax.set_xlabel("trial")
+        ax.set_ylabel("best validation so far (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    paths = []
+    for path in search_figure_paths(stem):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=path.suffix[1:], dpi=150)
+        atomic_write_bytes(path, buffer.getvalue())
+        paths.append(path)
+    plt.close(figure)
+    return paths
