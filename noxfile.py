@@ -1,4 +1,5 @@
-"""nox sessions: tests, lint, docs, reproduce-agrouping, -diml, -diablo, -avsl, -sam, fair-table, tables.
+"""nox sessions: tests, lint, docs, reproduce-agrouping, -diml, -diablo, -avsl, -sam, fair-table,
+fair-tuned, tables.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -15,7 +16,11 @@ skipped) and writes its tables under ``results/tables``:
   triplet and quadruplet architectures on CUB;
 * ``fair-table``: the harness's own table (``protocols/grids/fair-roth2020.toml``): every
   registered method under ``roth2020``, three losses, four datasets, five seeds, each row
-  with its interval and paired tests against ``plain``.
+  with its interval and paired tests against ``plain``;
+* ``fair-tuned``: the same table with every method tuned alike first
+  (``protocols/grids/fair-tuned-roth2020.toml``: 50 TPE trials on 4 class-disjoint folds
+  per method, loss and dataset, as Musgrave et al. 2020), its tables written by the sweep:
+  the separated and concatenated reports, the chosen settings and the best-so-far figure.
 
 Every table cell carries the mean over seeds, the half-width of its 95% t-interval and
 n; each row is tested against the grid's ``baseline`` row of its block (default ``plain``).
@@ -173,6 +178,16 @@ def fair_table(session: nox.Session) -> None:
     """Every registered method under roth2020 with intervals and paired tests against plain:
     sweep ``fair-roth2020``, then ``results/tables/fair-roth2020.tex`` and ``.md``."""
     _reproduce(session, "fair-roth2020")
+
+
+@nox.session(name="fair-tuned", python=False)
+def fair_tuned(session: nox.Session) -> None:
+    """Every registered method tuned with the same budget, then compared: sweep
+    ``fair-tuned-roth2020`` (search, then final runs), which writes
+    ``results/tables/fair-tuned-roth2020.md`` / ``.tex``, ``-concatenated`` ones, the
+    appendix ``.settings.md`` / ``.tex`` and the figure ``.search.png``."""
+    _, forwarded = _sweep_args(list(session.posargs))
+    session.run("python", "-m", "harness", "sweep", "--grid", "fair-tuned-roth2020", *forwarded)
 
 
 @nox.session(python=False)

@@ -5,6 +5,7 @@ processes and its final report; the queue and the workers are
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,8 +100,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args: argparse.Namespace) -> None:
-    """``--workers N``: N worker processes of this sweep on this machine, waited for."""
-    procs = [subprocess.Popen(_worker_command(args)) for _ in range(args.workers)]
+    """``--workers N``: N worker processes of this sweep on this machine, waited for. Each
+    gets an equal share of the cores for its math library's threads (``OMP_NUM_THREADS``,
+    unless set): N processes of all cores' threads each would oversubscribe them."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.workers)))
+    procs = [subprocess.Popen(_worker_command(args), env=env) for _ in range(args.workers)]
     try:
         for p in procs:
             p.wait()

@@ -187,6 +187,12 @@ def status(args: argparse.Namespace, grid: Grid) -> int:
     live = live_tasks(records)
     states = cell_states(grid, _existing_study(grid, storage), live)
     print("\n".join(status_lines(grid, states, live, records)))
+    if grid.tune is not None:  # a tuned grid: each study's trials of its budget
+        from harness.cli.sweep_tuned import progress_lines
+        from harness.engine.sweep import storage_url
+
+        print(f"studies of {grid.name} (trials of the budget, best validation value %):")
+        print("\n".join(progress_lines(grid, storage_url(storage))))
     return 0
 
 

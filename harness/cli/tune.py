@@ -51,6 +51,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         settings=RunSettings(
             data_root=args.data_root, device=args.device, workers=args.loader_workers
         ),
+        folds=args.folds,
     )
     seeds = args.seeds
     check_checkpoint_root(None)  # checked before the search starts, not after it
@@ -124,6 +125,13 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
+    )
+    p.add_argument(
+        "--folds",
+        type=at_least(1),
+        default=1,
+        help="class-disjoint folds of the training classes a trial trains on, scored by their "
+        "mean (default 1: the protocol's validation split; MLRC: 4)",
     )
     p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")

@@ -70,9 +70,13 @@ def _get(protocol, dotted: str) -> Any:
 
 
 def suggest(
-    trial, method: str, protocol, space: tuple[str, ...]
+    trial, method: str, protocol, space: tuple[str, ...], loss: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(method options, protocol overrides)`` suggested for ``trial``."""
+    """``(method options, protocol overrides)`` suggested for ``trial``: the method's
+    ``search_space``, the ``space`` fields, and with ``loss`` the loss's arguments
+    (:data:`harness.components.losses.LOSS_SEARCH_SPACES`, as protocol fields
+    ``loss.args.<loss>.<argument>``)."""
+    from harness.components.losses import loss_search_space
     from harness.methods import METHODS
 
     options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
@@ -83,6 +87,9 @@ def suggest(
         )
         for field in space
     }
+    for arg, rng in loss_search_space(loss or "").items():
+        name = f"loss.args.{loss}.{arg}"
+        overrides[name] = rng.suggest(trial, name)
     return dict(options), overrides
 
 
@@ -104,10 +111,13 @@ def check_space(protocol, space: tuple[str, ...]) -> None:
             )
 
 
-def study_name(method: str, dataset: str, loss: str, protocol, space: tuple[str, ...]) -> str:
-    digest = hashlib.sha256((protocol.canonical_json() + repr(sorted(space))).encode()).hexdigest()[
-        :8
-    ]
+def study_name(
+    method: str, dataset: str, loss: str, protocol, space: tuple[str, ...], folds: int = 1
+) -> str:
+    """The study's name: method, dataset, loss, protocol and a digest of the protocol, the
+    searched fields and (k > 1) the folds."""
+    searched = repr(sorted(space)) + (f"folds={folds}" if folds > 1 else "")
+    digest = hashlib.sha256((protocol.canonical_json() + searched).encode()).hexdigest()[:8]
     return f"tune:{method}:{dataset}:{loss}:{protocol.name}:{digest}"
 
 
@@ -180,6 +190,9 @@ class TuneSetup:
     experiment: str
     seed: int
     settings: Any
+    #: Class-disjoint folds of the training classes a trial trains on (1: the protocol's
+    #: validation split; k > 1: k runs, the test split sealed, scored by their mean).
+    folds: int = 1
 
     @property
     def metric(self) -> str:
@@ -189,13 +202,34 @@ class TuneSetup:
     def splits(self):
         """The trials' splits (their seed's carve), loaded once for every trial; the
         protocol's batch is checked against them here, before the study opens."""
+        from harness.components.data import class_folds
+        from harness.config.protocol import apply_overrides
         from harness.engine.training import check_training_split, prepare_splits
 
-        splits = prepare_splits(
-            self.protocol, self.dataset, self.settings.data_root, seed=self.seed
-        )
-        check_training_split(self.protocol, self.dataset, splits)
+        if self.folds == 1:
+            splits = prepare_splits(
+                self.protocol, self.dataset, self.settings.data_root, seed=self.seed
+            )
+            check_training_split(self.protocol, self.dataset, splits)
+            return splits
+        # k folds: the whole training split, no validation carved (the folds replace it).
+        whole, _ = apply_overrides(self.protocol, {"selection.mode": "last"})
+        splits = prepare_splits(whole, self.dataset, self.settings.data_root, seed=self.seed)
+        try:
+            class_folds(splits.train.labels, self.folds, self.protocol.splits.seed)
+        except HarnessError as err:
+            raise HarnessError(f"--{err}") from None
         return splits
+
+    def trial_splits(self, fold: int | None):
+        """The splits of one run of a trial: the study's (``fold`` None), or fold ``fold``
+        of the training classes with the test split sealed."""
+        from harness.components.data import fold_splits, seal_test
+
+        if fold is None:
+            return self.splits
+        split = fold_splits(self.splits, self.folds, fold, self.protocol.splits.seed)
+        return seal_test(split, "the hyperparameter search")
 
     def config(self, protocol, deviations, seed: int, options: dict, tags: dict[str, Any]):
         """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
@@ -231,6 +265,7 @@ def tune_setup(
     seed: int | None = None,
     experiment: str | None = None,
     settings=None,
+    folds: int = 1,
 ) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
@@ -249,6 +284,8 @@ def tune_setup(
         s.strip() for s in (space.split(",") if space is not None else DEFAULT_SPACE) if s.strip()
     )
     check_space(base, fields)
+    if folds < 1:
+        raise HarnessError(f"--folds {folds}: expected at least 1")
     path = (
         Path(protocol_name)
         if protocol_name.endswith(".toml")
@@ -262,10 +299,11 @@ def tune_setup(
         tuple(deviations),
         fields,
         path,
-        study_name(method, studied, loss, base, fields),
+        study_name(method, studied, loss, base, fields, folds),
         experiment or f"tune-{method}-{dataset}-{base.name}",
         seed if seed is not None else base.seeds[0],
         settings or RunSettings(),
+        folds,
     )
 
 
@@ -369,20 +407,47 @@ def where_failures_are(setup: TuneSetup) -> str:
 
 
 def _objective(setup: TuneSetup, splits, trial) -> float:
-    """One trial: a run with the suggested setting, scored by its best validation value of
-    the selection metric; each epoch's value goes to the pruner as it is logged."""
-    import optuna
-
+    """One trial: a run with the suggested setting (with ``folds`` k > 1, one run per fold,
+    the test split sealed), scored by its best validation value of the selection metric,
+    the mean over folds. Each epoch's value goes to the pruner as it is logged (with
+    folds, each fold's running mean after the fold)."""
     from harness.config.protocol import apply_overrides
-    from harness.engine import training
     from harness.store.dead_runs import worker_id
-    from harness.store.queries import metric_history, set_run_tags
 
     trial.set_user_attr("worker", worker_id())
-    options, overrides = suggest(trial, setup.method, setup.protocol, setup.space)
+    options, overrides = suggest(trial, setup.method, setup.protocol, setup.space, setup.loss)
     protocol, extra = apply_overrides(setup.protocol, overrides)
-    tags = {"optuna_study": setup.name, "optuna_trial": trial.number, "tune_role": "trial"}
-    cfg = setup.config(protocol, setup.deviations + extra, setup.seed, setup.options(options), tags)
+    _log(f"trial {trial.number}: {options or '{}'} {overrides}")
+    folds: list[int | None] = [None] if setup.folds == 1 else list(range(setup.folds))
+    values = []
+    for fold in folds:
+        tags = {"optuna_study": setup.name, "optuna_trial": trial.number, "tune_role": "trial"}
+        if fold is not None:
+            tags["tune_fold"] = fold
+        cfg = setup.config(
+            protocol, setup.deviations + extra, setup.seed, setup.options(options), tags
+        )
+        values.append(_trial_run(setup, trial, cfg, setup.trial_splits(fold), fold))
+        if fold is not None and fold < setup.folds - 1:
+            _report_fold(trial, fold, sum(values) / len(values))
+    return sum(values) / len(values)
+
+
+def _report_fold(trial, fold: int, mean: float) -> None:
+    import optuna
+
+    trial.report(mean, fold)
+    if trial.should_prune():
+        raise optuna.TrialPruned(f"pruned after fold {fold}")
+
+
+def _trial_run(setup: TuneSetup, trial, cfg, splits, fold: int | None) -> float:
+    """One run of a trial, its best validation value (a fold's run never opens the test
+    split: ``search_only``)."""
+    import optuna
+
+    from harness.engine import training
+    from harness.store.queries import metric_history, set_run_tags
 
     def on_epoch(epoch: int, record: dict) -> None:  # so the pruner can stop a run early
         value = record.get(metric_key("val", setup.metric))
@@ -391,9 +456,11 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned after epoch {epoch}")
 
-    _log(f"trial {trial.number}: {options or '{}'} {overrides}")
+    cfg = dataclasses.replace(
+        cfg, epoch_callback=on_epoch if fold is None else None, search_only=fold is not None
+    )
     try:
-        record = training.run_training(dataclasses.replace(cfg, epoch_callback=on_epoch), splits)
+        record = training.run_training(cfg, splits)
     except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
         trial.set_user_attr("interrupted", True)
         raise
@@ -401,14 +468,24 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
         _log(f"trial {trial.number} failed: {err}")
         raise
     run_id = record["mlflow_run_id"]
-    set_run_tags(run_id, tags)
-    trial.set_user_attr("mlflow_run_id", run_id)
+    set_run_tags(run_id, cfg.tags)
+    trial.set_user_attr("mlflow_run_id" if fold is None else f"mlflow_run_id_fold{fold}", run_id)
     history = metric_history(run_id, metric_key("val", setup.metric))
     if not history:
         raise HarnessError(
             f"run {run_id} logged no {metric_key('val', setup.metric)}; cannot score the trial"
         )
     return max(v for _, v in history)
+
+
+def _split_params(setup: TuneSetup, params: dict[str, Any]) -> tuple[dict, dict]:
+    """A trial's parameters as ``(method options, protocol overrides)``: the searched
+    protocol fields and loss arguments are overrides, the rest the method's options."""
+    is_field = {k for k in params if k in setup.space or k.startswith("loss.args.")}
+    return (
+        {k: v for k, v in params.items() if k not in is_field},
+        {k: v for k, v in params.items() if k in is_field},
+    )
 
 
 def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[dict[str, Any]]:
@@ -419,10 +496,9 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
     from harness.store.queries import search_runs, set_run_tags
     from harness.store.tracking import filter_value as q
 
-    options = setup.options({k: v for k, v in best.params.items() if k not in setup.space})
-    protocol, extra = apply_overrides(
-        setup.protocol, {k: v for k, v in best.params.items() if k in setup.space}
-    )
+    chosen, fields = _split_params(setup, best.params)
+    options = setup.options(chosen)
+    protocol, extra = apply_overrides(setup.protocol, fields)
     seeds = seeds if seeds is not None else list(protocol.seeds)
     tags = {"optuna_study": setup.name, "optuna_trial": best.number, "tune_role": "reproduction"}
     done: dict[int, Any] = {}
@@ -432,8 +508,9 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
         f"and tags.optuna_study = {q(setup.name)} and tags.optuna_trial = {q(best.number)}",
     ):
         done.setdefault(int(run.data.tags["seed"]), run)
-    # A protocol that carves validation by the run's seed needs each seed's own split.
-    splits = None if protocol.splits.validation_by_run_seed else setup.splits
+    # A protocol that carves validation by the run's seed needs each seed's own split; with
+    # folds, the reproduction trains on the protocol's own split (one model per seed).
+    splits = None if protocol.splits.validation_by_run_seed or setup.folds > 1 else setup.splits
     records = []
     for seed in seeds:
         if seed in done:

@@ -138,9 +138,14 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
     best = optuna.load_study(study_name=name, storage=storage).best_trial
     assert [c.seed for c in repro] == [0, 1]
     assert repro[0].protocol.optimizer.lr_head == pytest.approx(best.params["optimizer.lr_head"])
+    # The loss's arguments are searched too (LOSS_SEARCH_SPACES), as protocol fields.
     assert repro[0].method_options == {
-        k: v for k, v in best.params.items() if k != "optimizer.lr_head"
+        k: v
+        for k, v in best.params.items()
+        if k != "optimizer.lr_head" and not k.startswith("loss.args.")
     }
+    assert repro[0].loss_args["margin"] == pytest.approx(best.params["loss.args.margin.margin"])
+    assert repro[0].loss_args["beta"] == pytest.approx(best.params["loss.args.margin.beta"])
     assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
     assert len(calls) == 7  # reproductions found in MLflow, not repeated
     assert "over seeds [0, 1]" in capsys.readouterr().out
@@ -316,3 +321,40 @@ def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(
 
     uninterrupted = study_params(f"sqlite:///{workdir / 'a.db'}", None)
     assert study_params(f"sqlite:///{workdir / 'b.db'}", 1) == uninterrupted
+
+
+@pytest.mark.slow
+def test_tune_with_folds_scores_the_mean_over_class_disjoint_folds_without_the_test_split(
+    workdir, tiny_protocol
+):
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    experiment = f"tune-folds-{uuid.uuid4().hex[:6]}"
+    argv = ["--method", "plain", "--protocol", str(tiny_protocol), "--storage", storage]
+    argv += ["--experiment", experiment, "--folds", "2", "--trials", "1", "--no-reproduce"]
+    assert _tune(*argv) == 0
+    runs = _runs(experiment)
+    assert sorted(r.data.tags["tune_fold"] for r in runs) == ["0", "1"]
+    assert not any(k.startswith("test/") for r in runs for k in r.data.metrics)
+    best = [
+        max(v.value for v in mlflow.MlflowClient().get_metric_history(r.info.run_id, key))
+        for r in runs
+        for key in [metric_key("val", "mean_average_precision_at_r")]
+    ]
+    name = study_name(
+        "plain",
+        "synthetic",
+        "margin",
+        load_protocol(tiny_protocol),
+        ("optimizer.lr_head", "optimizer.lr_backbone"),
+        folds=2,
+    )
+    trial = optuna.load_study(study_name=name, storage=storage).best_trial
+    assert trial.value == pytest.approx(sum(best) / 2)
+    assert {"loss.args.margin.margin", "loss.args.margin.beta"} <= set(trial.params)
+
+
+def test_tune_refuses_more_folds_than_the_training_classes_allow(workdir, tiny_protocol):
+    with pytest.raises(HarnessError, match="folds = 500 needs at least 1000 training classes"):
+        _tune(
+            "--method", "plain", "--protocol", str(tiny_protocol), "--folds", "500", "--trials", "1"
+        )
