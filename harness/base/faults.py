@@ -11,6 +11,7 @@ Points (``POINT``; a ``write:`` point matches the written file's name with
 
 * ``train_batch``: after a training batch's optimizer step;
 * ``evaluate``: when an evaluation (validation or test) has embedded its queries;
+* ``final_run``: before a tuned grid's final run of a fold starts (its search is over);
 * ``write:NAME``: inside :func:`harness.base.atomic.atomic_write`, once the data is in the
   temporary file and before it is fsynced and renamed over ``NAME``.
 

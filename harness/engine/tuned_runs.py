@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from harness.base.errors import HarnessError
+from harness.base.faults import fault_point
 from harness.base.metric_keys import group_metrics, metric_key
 from harness.config.grids import Cell, Grid
 from harness.config.tuning import TuneSpec
@@ -282,6 +283,7 @@ def _final_fold_run(
     run = _finished_run(experiment, {"tune_cell": cell.key, "tune_fold": fold_name})
     if run is not None:
         return run.info.run_id
+    fault_point("final_run")  # test-only hook (harness.base.faults); nothing when unset
     init_from = ""
     if cell.base_key:
         base_run = _finished_run(experiment, {"tune_cell": cell.base_key, "tune_fold": fold_name})

@@ -229,3 +229,74 @@ def test_a_tuned_sweep_on_two_workers_gives_every_study_its_budget_and_mlrc_repo
     for run in finals:
         history = json.loads(run.data.tags["tune_history"])
         assert len(history) == 3
+
+
+def _state(workdir: Path, storage: str) -> dict:
+    """Every study's settled trials (number: params, value) and the tables' text."""
+    grid = load_grid(TUNED)
+    rdb = optuna.storages.RDBStorage(storage)
+    trials = {
+        s.label: {
+            n: (t.params, t.value, t.state.name)
+            for n, t in settled(optuna.load_study(study_name=s.name, storage=rdb)).items()
+        }
+        for s in tuned_studies(grid)
+    }
+    tables = workdir / "results" / "tables"
+    texts = {
+        p.name: p.read_text()
+        for p in sorted(tables.glob("tiny-tuned*"))
+        if p.suffix in (".md", ".tex")
+    }
+    return {"trials": trials, "tables": texts}
+
+
+@pytest.mark.slow
+def test_a_tuned_sweep_killed_in_the_search_and_in_the_final_phase_ends_as_an_uninterrupted_one(
+    tmp_path,
+):
+    timing = ("--heartbeat", "1", "--grace", "6", "--workers", "2")
+
+    def sweep(folder: Path, fault: str = "") -> subprocess.CompletedProcess:
+        folder.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db",
+            "DML_HARNESS_CHECKPOINTS": str(folder / "checkpoints"),
+            "DML_HARNESS_LOG_MODEL": "0",
+        }
+        if fault:
+            env["DML_HARNESS_FAULT"] = fault
+        else:
+            env.pop("DML_HARNESS_FAULT", None)
+        storage = ("--storage", f"sqlite:///{folder}/optuna.db")
+        argv = [sys.executable, "-m", "harness", "sweep", "--grid", str(TUNED), *storage, *timing]
+        return subprocess.run(
+            argv, cwd=folder, env=env, capture_output=True, text=True, timeout=1800
+        )
+
+    reference, faulted = tmp_path / "reference", tmp_path / "faulted"
+    assert sweep(reference).returncode == 0
+    # Both workers killed (SIGKILL) at their 5th training batch: inside their first search
+    # runs (3 batches an epoch); then at their 2nd final run, once the search is over.
+    storage = f"sqlite:///{faulted}/optuna.db"
+    first = sweep(faulted, "train_batch:5:kill")
+    assert first.returncode != 0
+    assert all(len(t) < 3 for t in _state(faulted, storage)["trials"].values())  # search unfinished
+    second = sweep(faulted, "final_run:2:kill")
+    assert second.returncode != 0
+    assert all(len(t) == 3 for t in _state(faulted, storage)["trials"].values())  # search over
+    assert not (faulted / "results" / "tables").exists()  # the final phase unfinished
+    assert sweep(faulted).returncode == 0
+    want = _state(reference, f"sqlite:///{reference}/optuna.db")
+    got = _state(faulted, storage)
+    assert got["trials"] == want["trials"]
+    assert set(got["tables"]) == {
+        "tiny-tuned.md",
+        "tiny-tuned.tex",
+        "tiny-tuned-concatenated.md",
+        "tiny-tuned-concatenated.tex",
+        "tiny-tuned.settings.md",
+        "tiny-tuned.settings.tex",
+    }
+    assert got["tables"] == want["tables"]
