@@ -164,7 +164,8 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     runs that trained from another run's weights; empty when all runs of the method agree.
     Distinct option sets always get distinct labels, so they are separate rows. The
     options a tuned grid's search chose are not part of the label (each block may choose
-    others; the appendix table lists them): its rows are ``tuned``."""
+    others; the appendix table lists them): its rows are ``tuned``, and ``other budget``
+    where their study's budget differs from most rows' (not tuned alike)."""
     runs = runs.copy()
     for column, default in (("options", "{}"), ("tuned", False), ("init_from", False)):
         if column not in runs:
@@ -173,6 +174,12 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     searched = (
         runs["tune_budget"].fillna("") != "" if "tune_budget" in runs else runs["tuned"] & False
     )
+    budgets = (
+        runs["tune_budget"].fillna("") + "/" + runs["tune_trials"].fillna("").astype(str)
+        if "tune_trials" in runs
+        else pd.Series("", index=runs.index)
+    )
+    usual = budgets[searched].value_counts().index[0] if searched.any() else ""
     for _method, group in runs.groupby("method", sort=False):
         parsed = {
             i: {} if searched[i] else json.loads(o or "{}") for i, o in group["options"].items()
@@ -182,6 +189,8 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
         for i in group.index:
             parts = [f"{k}={parsed[i].get(k, '–')}" for k in varying]
             parts += ["tuned"] if runs.at[i, "tuned"] else []
+            # A tuned grid's row whose study had another budget than most rows'.
+            parts += ["other budget"] if usual and searched[i] and budgets[i] != usual else []
             parts += ["init-from"] if runs.at[i, "init_from"] else []
             runs.at[i, "setting"] = ", ".join(parts)
     return runs
