@@ -44,6 +44,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
+    "atomic_write_set",
     "atomic_save_torch",
     "finite_json",
     "sha256_file",
@@ -201,6 +202,84 @@ def publish_folder(tmp: Path, target: Path) -> None:
         _fsync_dir(Path(folder))
     os.rename(tmp, target)
     _fsync_dir(Path(target).parent)
+
+
+def atomic_write_set(files: dict[Path, bytes | str]) -> None:
+    """Write several files as one (a table and its figures): each is written whole to a
+    temporary file beside it and fsynced, then all are renamed over their targets. A
+    failure while writing (a full disk) leaves every target as it was; a rename that
+    fails puts back the targets already replaced (kept meanwhile as hard links) and
+    removes the new ones. ``str`` contents are written as UTF-8."""
+    staged: list[tuple[Path, Path]] = []  # (temporary file, target)
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            _refuse_to_replace_data(path)
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            staged.append((_staged(path, payload), path))
+        _replace_all(staged)
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    for folder in {path.parent for _, path in staged}:
+        _fsync_dir(folder)
+
+
+def _staged(path: Path, data: bytes) -> Path:
+    """``data`` in a new, fsynced temporary file beside ``path``; the file's path."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(path)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent
+        )
+    except OSError as err:
+        raise _write_error(path, err) from err
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
+            if hasattr(os, "fchmod"):
+                os.fchmod(fh.fileno(), _FILE_MODE)
+            os.fsync(fh.fileno())
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from err
+        raise
+    return tmp
+
+
+def _replace_all(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each temporary file over its target, all or none."""
+    kept: list[tuple[Path, Path | None]] = []  # (target, hard link to its previous file)
+    try:
+        for tmp, path in staged:
+            previous = None
+            if path.exists():
+                previous = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old.tmp")
+                os.link(path, previous)
+            kept.append((path, previous))
+            os.replace(tmp, path)
+    except BaseException as err:
+        for path, previous in reversed(kept):
+            with contextlib.suppress(OSError):
+                if previous is not None:
+                    os.replace(previous, path)
+                else:
+                    path.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(kept[-1][0] if kept else staged[0][1], err) from err
+        raise
+    finally:
+        for _, previous in kept:
+            if previous is not None:
+                with contextlib.suppress(OSError):
+                    previous.unlink()
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
