@@ -14,8 +14,18 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.base.paths import is_sqlite_database, writable_folder
 
-__all__ = ["open_store", "probe_store", "check_driver", "PROBE_TIMEOUT"]
+__all__ = [
+    "open_store",
+    "probe_store",
+    "check_driver",
+    "check_own_database",
+    "sqlite_tables",
+    "MLFLOW_TABLES",
+    "OPTUNA_TABLES",
+    "PROBE_TIMEOUT",
+]
 
 #: Seconds a tracking server has to answer the probe.
 PROBE_TIMEOUT = 5.0
@@ -31,6 +41,9 @@ DRIVERS = {
     "mssql+pyodbc": ("pyodbc", "pyodbc"),
 }
 SETTING = "MLFLOW_TRACKING_URI"
+#: Tables by which a tool's SQLite database is recognised as its own.
+MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 
 
 def open_store(*, read_only: bool = False) -> None:
@@ -65,7 +78,6 @@ def probe_store(*, read_only: bool = False) -> None:
     folder a database can be written in, or, for a command that only reads
     (``read_only``), must already exist and be an MLflow store (reading never creates or
     migrates one)."""
-    from harness.base.paths import writable_folder
     from harness.store.location import sqlite_database, tracking_uri
 
     uri = tracking_uri()
@@ -76,31 +88,60 @@ def probe_store(*, read_only: bool = False) -> None:
     database = sqlite_database(uri)
     if database is None:
         return
+    shown = f"the tracking store {uri}"
     if read_only:
         if not database.is_file():
-            raise HarnessError(
-                f"the tracking store {uri} does not exist ({SETTING}); reading creates none"
-            )
-        if not _is_mlflow_store(database):
-            raise HarnessError(
-                f"the tracking store {uri} is an SQLite database without MLflow's tables "
-                f"({SETTING}); reading leaves it as it is"
-            )
-    elif not database.is_file():
-        writable_folder(database.parent, f"the tracking store {uri} ({SETTING})")
+            raise HarnessError(f"{shown} does not exist ({SETTING}); reading creates none")
+        if (sqlite_tables(database) or set()) >= MLFLOW_TABLES:
+            return
+        raise HarnessError(
+            f"{shown} is an SQLite database without MLflow's tables ({SETTING}); "
+            f"reading leaves it as it is"
+            if is_sqlite_database(database)
+            else f"{shown} is not an SQLite database ({SETTING}); reading leaves it as it is"
+        )
+    if database.is_file():
+        check_own_database(database, f"{shown} ({SETTING})", "MLflow", MLFLOW_TABLES)
+    else:
+        writable_folder(database.parent, f"{shown} ({SETTING})")
 
 
-def _is_mlflow_store(database: Path) -> bool:
+def sqlite_tables(database: Path) -> set[str] | None:
+    """The names of the tables of the SQLite database file ``database`` (read only); None
+    when it is not an SQLite database or cannot be read."""
+    if not is_sqlite_database(database):
+        return None
     try:
         with contextlib.closing(
             sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=PROBE_TIMEOUT)
         ) as db:
-            names = {
+            return {
                 row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             }
     except sqlite3.Error:
-        return False
-    return {"experiments", "runs", "alembic_version"} <= names
+        return None
+
+
+def check_own_database(database: Path, shown: str, tool: str, tables: frozenset[str]) -> None:
+    """A store or storage that ``tool`` (MLflow, Optuna) would create its tables in is
+    taken only when it is new or already ``tool``'s: no file, an empty file, an SQLite
+    database without tables, or one holding ``tables``. Another program's database, or a
+    file that is not a database, is refused and left as it is. ``shown``: how the refusal
+    names it."""
+    if not database.is_file() or database.stat().st_size == 0:
+        return
+    found = sqlite_tables(database)
+    if found is None:
+        raise HarnessError(
+            f"{shown} is a file that is not an SQLite database; it is left as it is: "
+            f"give a new file name for {tool}'s database"
+        )
+    if found and not tables <= found:
+        listed = ", ".join(sorted(found)[:4]) + (", ..." if len(found) > 4 else "")
+        raise HarnessError(
+            f"{shown} is an SQLite database without {tool}'s tables (it holds {listed}); "
+            f"it is left as it is: give a new file name for {tool}'s database"
+        )
 
 
 def _probe_server(uri: str) -> None:

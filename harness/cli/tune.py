@@ -17,7 +17,7 @@ from harness.cli.arguments import (
     int_list,
 )
 from harness.cli.fetch import check_dataset
-from harness.cli.outputs import check_study_storage
+from harness.cli.outputs import add_output_argument, check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.engine.tune import (
@@ -125,7 +125,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
     )
-    p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
+    add_output_argument(
+        p, "--storage", form="storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)"
+    )
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
     p.add_argument(
