@@ -29,16 +29,19 @@ __all__ = [
 
 #: Seconds a tracking server has to answer the probe.
 PROBE_TIMEOUT = 5.0
-#: SQLAlchemy URL scheme -> (the driver module it imports, the package that provides it).
+#: SQLAlchemy driver -> (the module it imports, the package that provides it).
 DRIVERS = {
-    "postgresql": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg2": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg": ("psycopg", "psycopg[binary]"),
-    "postgresql+pg8000": ("pg8000", "pg8000"),
-    "mysql": ("MySQLdb", "mysqlclient"),
-    "mysql+mysqldb": ("MySQLdb", "mysqlclient"),
-    "mysql+pymysql": ("pymysql", "PyMySQL"),
-    "mssql+pyodbc": ("pyodbc", "pyodbc"),
+    "psycopg": ("psycopg", "psycopg[binary]"),
+    "psycopg2": ("psycopg2", "psycopg2-binary"),
+    "pg8000": ("pg8000", "pg8000"),
+    "asyncpg": ("asyncpg", "asyncpg"),
+    "mysqldb": ("MySQLdb", "mysqlclient"),
+    "pymysql": ("pymysql", "PyMySQL"),
+    "mysqlconnector": ("mysql.connector", "mysql-connector-python"),
+    "pyodbc": ("pyodbc", "pyodbc"),
+    "pymssql": ("pymssql", "pymssql"),
+    "oracledb": ("oracledb", "oracledb"),
+    "cx_oracle": ("cx_Oracle", "cx_Oracle"),
 }
 SETTING = "MLFLOW_TRACKING_URI"
 #: Tables by which a tool's SQLite database is recognised as its own.
@@ -60,11 +63,33 @@ def open_store(*, read_only: bool = False) -> None:
         )
 
 
+def _driver(uri: str) -> str | None:
+    """The driver SQLAlchemy imports for the database URL ``uri`` (its default for a URL
+    that names none, such as ``postgresql://``); None for a URL that is not a database's."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if not scheme or scheme in ("http", "https", "file", "databricks"):
+        return None
+    if "+" in scheme:
+        return scheme.split("+", 1)[1]
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        return str(make_url(uri).get_dialect().driver)
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        return None
+
+
 def check_driver(uri: str, where: str) -> None:
     """A database URL whose driver is not installed is one line naming the package."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    module, package = DRIVERS.get(scheme, (None, None))
-    if module is not None and importlib.util.find_spec(module) is None:
+    module, package = DRIVERS.get(_driver(uri) or "", (None, None))
+    if module is None:
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package of a dotted module is missing
+        found = False
+    if not found:
         raise HarnessError(
             f"{where} {uri.split('@')[-1] if '@' in uri else uri} needs the database driver "
             f"'{module}', which is not installed: pip install {package}"

@@ -226,6 +226,9 @@ REFUSALS = [
     Refusal(("schema", "yaml"), "schema: argument kind: invalid choice: 'yaml'"),
     Refusal(("bogus",), "argument command: invalid choice: 'bogus'"),
     Refusal(("--debug",), "the following arguments are required: command"),
+    # --debug shows the traceback of an internal error only: a user's error stays one line.
+    Refusal(("--debug", "run", "--loss", "tripplet"), "unknown loss 'tripplet'"),
+    Refusal((*RUN, "--methods", "nope", "--debug"), "unknown method 'nope'"),
 ]
 
 
