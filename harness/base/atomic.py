@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
-from harness.base.paths import is_sqlite_database, special_file_kind
+from harness.base.paths import NAME_MAX, is_sqlite_database, special_file_kind
 
 __all__ = [
     "atomic_write",
@@ -96,7 +96,7 @@ def atomic_write(
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
         fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent
+            prefix=f"{_temp_prefix(path)}{_OWNER}.", suffix=".tmp", dir=path.parent
         )
     except OSError as err:
         raise _write_error(path, err) from err
@@ -143,6 +143,17 @@ _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 _OWNER = f"{_HOST}-{os.getpid()}"
 
 
+def _temp_prefix(path: Path) -> str:
+    """``.NAME.``, how the temporary files of ``path`` start: its name, cut short where
+    needed so that the longest of them, ``.NAME.HOST-PID.RANDOM.old.tmp``, is still a name
+    of at most :data:`~harness.base.paths.NAME_MAX` bytes."""
+    room = NAME_MAX - len(os.fsencode(f"..{_OWNER}.RANDOMXX.old.tmp"))
+    name = path.name
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return f".{name}."
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -157,7 +168,7 @@ def _remove_orphans(path: Path) -> None:
     """Remove the temporary files of ``path`` left by writers on this host that have died
     (a reused pid keeps its file: the safe side). Files of other hosts on a shared folder,
     and of live writers, are left alone."""
-    prefix = f".{path.name}."
+    prefix = _temp_prefix(path)
     for tmp in path.parent.glob(f"{glob_escape(prefix)}*.tmp"):
         owner = tmp.name[len(prefix) : -len(".tmp")].rsplit(".", 1)[0]
         host, _, pid = owner.rpartition("-")
@@ -232,7 +243,7 @@ def _staged(path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
         fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent
+            prefix=f"{_temp_prefix(path)}{_OWNER}.", suffix=".tmp", dir=path.parent
         )
     except OSError as err:
         raise _write_error(path, err) from err

@@ -43,10 +43,14 @@ __all__ = [
     "read_text",
     "is_sqlite_database",
     "special_file_kind",
+    "NAME_MAX",
 ]
 
 #: The first 16 bytes of every SQLite 3 database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
+#: The longest file or folder name, in bytes, that common file systems take (ext4, XFS,
+#: Btrfs, APFS); an output path with a longer name is refused before any work.
+NAME_MAX = 255
 #: Files SQLite keeps beside a database while it is open; part of the database.
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
@@ -173,6 +177,18 @@ def _check_not_data(path: Path, raw: str, flag: str, reserved: Iterable[Reserved
         )
 
 
+def _check_name_lengths(path: Path, flag: str, what: str) -> None:
+    """Refuse a path with a file or folder name longer than :data:`NAME_MAX` bytes (the
+    write would fail with ENAMETOOLONG once the command has its result)."""
+    for name in path.parts:
+        size = len(os.fsencode(name))
+        if size > NAME_MAX:
+            raise HarnessError(
+                f"{flag}: the name '{name[:24]}...' is {size} bytes long; expected a {what} "
+                f"name of at most {NAME_MAX} bytes"
+            )
+
+
 def _nearest_existing(path: Path) -> Path:
     """``path`` or its closest ancestor that exists (``.`` for a bare relative name)."""
     for candidate in (path, *path.parents):
@@ -217,6 +233,7 @@ def writable_file(
     path = Path(raw)
     if not raw.strip():
         raise HarnessError(f"{flag} is empty; give a file name")
+    _check_name_lengths(path, flag, "file")
     if raw.endswith(("/", os.sep)) or path.is_dir():
         raise HarnessError(f"{flag} {raw} is a folder; give a file name")
     _check_not_data(path, raw, flag, reserved)
@@ -262,6 +279,7 @@ def writable_folder(
     if not raw.strip():
         raise HarnessError(f"{flag} is empty; give a folder")
     path = Path(raw)
+    _check_name_lengths(path, flag, "folder")
     _check_not_reserved(path, raw, flag, reserved, "folder")
     if path.exists() and not path.is_dir():
         raise HarnessError(f"{flag} {raw} is a file, not a folder")

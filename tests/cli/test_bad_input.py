@@ -131,6 +131,20 @@ REFUSALS = [
         ("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
         "is the tracking store's database",
     ),
+    # Output names longer than a file system takes (255 bytes), refused before any work.
+    Refusal(
+        (*RUN, "--json", "{dir}/" + "a" * 300 + ".json"),
+        "--json: the name 'aaaaaaaaaaaaaaaaaaaaaaaa...' is 305 bytes long; expected a file name "
+        "of at most 255 bytes",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "é" * 200),
+        "--json: the name 'éééééééééééééééééééééééé...' is 400 bytes long",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--out", "{dir}/" + "t" * 250),
+        "--out (forest plot): the name 'tttttttttttttttttttttttt...' is 261 bytes long",
+    ),
     # run's own flags and names.
     Refusal(
         (*RUN, "--seeds", ","), "run: argument --seeds: expected comma-separated integers >= 0"
