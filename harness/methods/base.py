@@ -38,7 +38,6 @@ preset options (and may carry their own `label`). What `figures` returns (`Figur
 from __future__ import annotations
 
 import inspect
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.methods.figures import FIGURE_TUPLES, FigureData, FigureSet, Link, Panel
+from harness.methods.names import method_name_rule
 
 if TYPE_CHECKING:
     from harness.components.backbones import Backbone
@@ -494,26 +494,6 @@ class MethodEntry:
 #: (``[project.entry-points."dml_harness.methods"]``): :data:`METHODS` imports each of its
 #: entry points once, at its first lookup.
 PLUGIN_GROUP = "dml_harness.methods"
-
-#: What a method's name may hold: it is one item of ``--methods a,b`` and of a grid's
-#: ``methods`` list.
-_METHOD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-#: The word that stands for every registered method (``--methods all``, ``methods = "all"``).
-ALL_METHODS = "all"
-
-
-def method_name_rule(name: str) -> str | None:
-    """Why ``name`` cannot name a method (None when it can): ``all`` is reserved, and a
-    name is letters, digits, ``_``, ``.`` and ``-`` (a comma would split it in two)."""
-    if name == ALL_METHODS:
-        return 'is reserved: --methods all and a grid\'s methods = "all" stand for every method'
-    if not _METHOD_NAME.fullmatch(name):
-        return (
-            "is not a method name: expected letters, digits, '_', '.' and '-', starting with "
-            "a letter or digit (--methods takes a comma-separated list)"
-        )
-    return None
-
 
 METHODS: Registry[MethodEntry] = Registry(
     "method", entry_point_group=PLUGIN_GROUP, name_rule=method_name_rule
