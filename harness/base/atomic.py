@@ -37,13 +37,14 @@ from typing import IO, Any
 
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
-from harness.base.paths import is_sqlite_database, special_file_kind
+from harness.base.paths import NAME_MAX, is_sqlite_database, special_file_kind
 
 __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
+    "atomic_write_set",
     "atomic_save_torch",
     "finite_json",
     "sha256_file",
@@ -95,7 +96,7 @@ def atomic_write(
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_orphans(path)
         fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent
+            prefix=f"{_temp_prefix(path)}{_OWNER}.", suffix=".tmp", dir=path.parent
         )
     except OSError as err:
         raise _write_error(path, err) from err
@@ -142,6 +143,17 @@ _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 _OWNER = f"{_HOST}-{os.getpid()}"
 
 
+def _temp_prefix(path: Path) -> str:
+    """``.NAME.``, how the temporary files of ``path`` start: its name, cut short where
+    needed so that the longest of them, ``.NAME.HOST-PID.RANDOM.old.tmp``, is still a name
+    of at most :data:`~harness.base.paths.NAME_MAX` bytes."""
+    room = NAME_MAX - len(os.fsencode(f"..{_OWNER}.RANDOMXX.old.tmp"))
+    name = path.name
+    while len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return f".{name}."
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -156,7 +168,7 @@ def _remove_orphans(path: Path) -> None:
     """Remove the temporary files of ``path`` left by writers on this host that have died
     (a reused pid keeps its file: the safe side). Files of other hosts on a shared folder,
     and of live writers, are left alone."""
-    prefix = f".{path.name}."
+    prefix = _temp_prefix(path)
     for tmp in path.parent.glob(f"{glob_escape(prefix)}*.tmp"):
         owner = tmp.name[len(prefix) : -len(".tmp")].rsplit(".", 1)[0]
         host, _, pid = owner.rpartition("-")
@@ -201,6 +213,84 @@ def publish_folder(tmp: Path, target: Path) -> None:
         _fsync_dir(Path(folder))
     os.rename(tmp, target)
     _fsync_dir(Path(target).parent)
+
+
+def atomic_write_set(files: dict[Path, bytes | str]) -> None:
+    """Write several files as one (a table and its figures): each is written whole to a
+    temporary file beside it and fsynced, then all are renamed over their targets. A
+    failure while writing (a full disk) leaves every target as it was; a rename that
+    fails puts back the targets already replaced (kept meanwhile as hard links) and
+    removes the new ones. ``str`` contents are written as UTF-8."""
+    staged: list[tuple[Path, Path]] = []  # (temporary file, target)
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            _refuse_to_replace_data(path)
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            staged.append((_staged(path, payload), path))
+        _replace_all(staged)
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    for folder in {path.parent for _, path in staged}:
+        _fsync_dir(folder)
+
+
+def _staged(path: Path, data: bytes) -> Path:
+    """``data`` in a new, fsynced temporary file beside ``path``; the file's path."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(path)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f"{_temp_prefix(path)}{_OWNER}.", suffix=".tmp", dir=path.parent
+        )
+    except OSError as err:
+        raise _write_error(path, err) from err
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
+            if hasattr(os, "fchmod"):
+                os.fchmod(fh.fileno(), _FILE_MODE)
+            os.fsync(fh.fileno())
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from err
+        raise
+    return tmp
+
+
+def _replace_all(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each temporary file over its target, all or none."""
+    kept: list[tuple[Path, Path | None]] = []  # (target, hard link to its previous file)
+    try:
+        for tmp, path in staged:
+            previous = None
+            if path.exists():
+                previous = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old.tmp")
+                os.link(path, previous)
+            kept.append((path, previous))
+            os.replace(tmp, path)
+    except BaseException as err:
+        for path, previous in reversed(kept):
+            with contextlib.suppress(OSError):
+                if previous is not None:
+                    os.replace(previous, path)
+                else:
+                    path.unlink()
+        if isinstance(err, OSError):
+            raise _write_error(kept[-1][0] if kept else staged[0][1], err) from err
+        raise
+    finally:
+        for _, previous in kept:
+            if previous is not None:
+                with contextlib.suppress(OSError):
+                    previous.unlink()
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:

@@ -13,6 +13,12 @@ folder is refused (an atomic writer would rename its file over the device node),
 existing SQLite database (a tracking store, an Optuna study, a sweep queue) and any
 :class:`ReservedPath` the caller names (the tracking store's database and artifact
 folder, :func:`harness.store.location.reserved_paths`).
+
+An output replaces only what its command wrote (:class:`Replacing`): a path that does not
+exist, or a file the command recognises as an earlier output of the same kind (its
+:class:`OutputKind`). Any other existing file is refused unless the user gives
+``--force``; one of the command's own inputs, and a file among the harness's records (a
+run's checkpoint folder, a dataset's folder), is refused even then.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.base.errors import HarnessError
 
 __all__ = [
     "ReservedPath",
+    "OutputKind",
+    "Replacing",
     "writable_file",
     "writable_folder",
     "writable_stem",
@@ -35,10 +43,14 @@ __all__ = [
     "read_text",
     "is_sqlite_database",
     "special_file_kind",
+    "NAME_MAX",
 ]
 
 #: The first 16 bytes of every SQLite 3 database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
+#: The longest file or folder name, in bytes, that common file systems take (ext4, XFS,
+#: Btrfs, APFS); an output path with a longer name is refused before any work.
+NAME_MAX = 255
 #: Files SQLite keeps beside a database while it is open; part of the database.
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
@@ -61,6 +73,51 @@ class ReservedPath:
         return candidate.parent == own.parent and candidate.name in (
             own.name,
             *(own.name + suffix for suffix in SQLITE_COMPANIONS),
+        )
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What a command writes to an output path: ``what`` names it in a refusal ("a table",
+    "a run --json record"), ``recognises(path)`` tells an existing file of that kind (one
+    the command may replace) from any other file."""
+
+    what: str
+    recognises: Callable[[Path], bool]
+
+
+@dataclass(frozen=True)
+class Replacing:
+    """What an output path may replace. ``kind``: the command's own earlier outputs;
+    ``force``: the user replaces any other file (``--force``); ``inputs``: (flag, path) of
+    the command's input files, never replaced; ``record``: names a path among the
+    harness's records (never replaced), else None."""
+
+    kind: OutputKind | None = None
+    force: bool = False
+    inputs: tuple[tuple[str, Path], ...] = ()
+    record: Callable[[Path], str | None] = field(default=lambda _path: None, compare=False)
+
+    def check(self, path: Path, raw: str, flag: str) -> None:
+        """Refuse ``path`` when writing it would replace what the command did not write."""
+        resolved = path.resolve()
+        for in_flag, given in self.inputs:
+            if given.resolve() == resolved:
+                raise HarnessError(
+                    f"{flag} {raw} is the command's input {in_flag}; give another file name"
+                )
+        record = self.record(resolved)
+        if record is not None:
+            raise HarnessError(
+                f"{flag} {raw} is {record}, which no output replaces; give another file name"
+            )
+        if not path.exists() or self.force:
+            return
+        if self.kind is not None and self.kind.recognises(path):
+            return
+        what = self.kind.what if self.kind is not None else "an output of this command"
+        raise HarnessError(
+            f"{flag} {raw} exists and is not {what}; give a new file name, or --force to replace it"
         )
 
 
@@ -120,6 +177,18 @@ def _check_not_data(path: Path, raw: str, flag: str, reserved: Iterable[Reserved
         )
 
 
+def _check_name_lengths(path: Path, flag: str, what: str) -> None:
+    """Refuse a path with a file or folder name longer than :data:`NAME_MAX` bytes (the
+    write would fail with ENAMETOOLONG once the command has its result)."""
+    for name in path.parts:
+        size = len(os.fsencode(name))
+        if size > NAME_MAX:
+            raise HarnessError(
+                f"{flag}: the name '{name[:24]}...' is {size} bytes long; expected a {what} "
+                f"name of at most {NAME_MAX} bytes"
+            )
+
+
 def _nearest_existing(path: Path) -> Path:
     """``path`` or its closest ancestor that exists (``.`` for a bare relative name)."""
     for candidate in (path, *path.parents):
@@ -148,21 +217,28 @@ def _check_can_create_in(folder: Path, shown: str, flag: str, what: str) -> None
 
 
 def writable_file(
-    text: str | os.PathLike | None, flag: str, *, reserved: Iterable[ReservedPath] = ()
+    text: str | os.PathLike | None,
+    flag: str,
+    *,
+    reserved: Iterable[ReservedPath] = (),
+    replacing: Replacing | None = None,
 ) -> Path | None:
     """``text`` as the path of a file the command will write, checked: not a folder (nor
     a name ending in ``/``), not a device, FIFO or socket, not an existing SQLite database,
-    not in a ``reserved`` place, inside a folder that exists or can be created, writable.
-    None stays None (the flag was not given)."""
+    not in a ``reserved`` place, not a file ``replacing`` refuses, inside a folder that
+    exists or can be created, writable. None stays None (the flag was not given)."""
     if text is None:
         return None
     raw = os.fspath(text)
     path = Path(raw)
     if not raw.strip():
         raise HarnessError(f"{flag} is empty; give a file name")
+    _check_name_lengths(path, flag, "file")
     if raw.endswith(("/", os.sep)) or path.is_dir():
         raise HarnessError(f"{flag} {raw} is a folder; give a file name")
     _check_not_data(path, raw, flag, reserved)
+    if replacing is not None:
+        replacing.check(path, raw, flag)
     _check_can_create_in(path.parent, raw, flag, "file")
     return path
 
@@ -173,14 +249,21 @@ def writable_stem(
     suffixes: tuple[str, ...],
     *,
     reserved: Iterable[ReservedPath] = (),
+    replacing: Callable[[str], Replacing] | None = None,
 ) -> Path | None:
     """An output path without suffix (``STEM.md``, ``STEM.tex``...): ``text`` must name a
-    file stem, not a folder, and every ``STEM + suffix`` must be writable."""
+    file stem, not a folder, and every ``STEM + suffix`` must be writable
+    (``replacing(suffix)``: what that file may replace)."""
     reserved = tuple(reserved)
     path = writable_file(text, flag, reserved=reserved)
     if path is not None:
         for suffix in suffixes:
-            writable_file(f"{path}{suffix}", flag, reserved=reserved)
+            writable_file(
+                f"{path}{suffix}",
+                flag,
+                reserved=reserved,
+                replacing=None if replacing is None else replacing(suffix),
+            )
     return path
 
 
@@ -196,6 +279,7 @@ def writable_folder(
     if not raw.strip():
         raise HarnessError(f"{flag} is empty; give a folder")
     path = Path(raw)
+    _check_name_lengths(path, flag, "folder")
     _check_not_reserved(path, raw, flag, reserved, "folder")
     if path.exists() and not path.is_dir():
         raise HarnessError(f"{flag} {raw} is a file, not a folder")

@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 from harness.base.errors import HarnessError, unknown_name
 
-__all__ = ["NameTaken", "Registry"]
+__all__ = ["NameTaken", "BadName", "Registry"]
 
 T = TypeVar("T")
 
@@ -21,13 +21,18 @@ class NameTaken(ValueError):
     """A name registered twice."""
 
 
+class BadName(ValueError):
+    """A name its registry's rule refuses (a reserved word, a character that splits lists)."""
+
+
 class Registry(Generic[T]):
     """``{name: entry}`` with ``register`` (a decorator), ``get`` and ``list``.
 
     With ``entry_point_group``, the first lookup (``get``, ``list``, ``in``, ...) also
     imports, once, every entry point of that group that an installed distribution
-    declares; importing one registers its entries. A plugin that fails to import, that
-    registers a name already taken, or that registers nothing is a
+    declares; importing one registers its entries. A plugin that fails to import (or
+    exits), that registers a name already taken or one ``name_rule`` refuses, or that
+    registers nothing is a
     :class:`~harness.base.errors.HarnessError` naming the distribution and the entry
     point, raised by that lookup and every later one.
 
@@ -36,15 +41,26 @@ class Registry(Generic[T]):
     ... def make_triplet(**kw): ...
     """
 
-    def __init__(self, kind: str, *, entry_point_group: str = ""):
+    def __init__(
+        self,
+        kind: str,
+        *,
+        entry_point_group: str = "",
+        name_rule: Callable[[str], str | None] | None = None,
+    ):
+        """``name_rule(name)``: why ``name`` cannot be registered (None when it can)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.name_rule = name_rule
         self._entries: dict[str, T] = {}
         self._plugins_loaded = not entry_point_group
         self._plugin_error: HarnessError | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(entry: T) -> T:
+            why = self.name_rule(name) if self.name_rule is not None else None
+            if why is not None:
+                raise BadName(f"{self.kind} name {name!r} {why}")
             if name in self._entries:
                 raise NameTaken(f"{self.kind} '{name}' is already registered")
             self._entries[name] = entry
@@ -99,9 +115,14 @@ class Registry(Generic[T]):
         before, imported_before = set(self._entries), point.module in sys.modules
         try:
             point.load()
-        except NameTaken as err:
+        except (NameTaken, BadName) as err:
             raise HarnessError(
                 f"{self._plugin_label(point)}: {err}; rename the plugin's {self.kind}"
+            ) from err
+        except SystemExit as err:  # the command would end here, silently, with its status
+            raise HarnessError(
+                f"{self._plugin_label(point)} called sys.exit({err.code!r}) when imported; "
+                f"a plugin's import only registers its {self.kind}s"
             ) from err
         except Exception as err:  # a plugin's import may fail in any way; the user needs its name
             raise HarnessError(

@@ -8,7 +8,7 @@ import argparse
 
 from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
-from harness.config.grids import list_grids, load_grid
+from harness.config.grids import MAX_CELLS, list_grids, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import list_protocols, load_protocol
@@ -30,6 +30,11 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
         "--ledger",
         help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "
         ".toml path) against the grid, instead of the ledgers that cover it",
+    )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help=f"with --grid: expand a grid of more than {MAX_CELLS:,} cells (refused without it)",
     )
     p.set_defaults(func=cmd_deviations)
     return p
@@ -64,16 +69,23 @@ def _grid_sections(
 ) -> list[tuple[str, dict[str, PaperDeviation], list[str]]]:
     """The deviations of every cell of the grid (the paper protocol's declared ones, and a
     smoke version's settings), and the settings the grid itself changes."""
-    grid = load_grid(args.grid, smoke=args.smoke)
+    grid = load_grid(args.grid, smoke=args.smoke, max_cells=_max_cells(args))
     found = {name: d for cell in grid.cells for name, d in cell.paper_deviations.items()}
     _, overrides = apply_overrides(load_protocol(grid.protocol), grid.overrides)
     settings = [f"{d}  (set by grid {grid.name})" for d in overrides]
     return [(f"grid {grid.name} (protocol {load_protocol(grid.protocol).name})", found, settings)]
 
 
+def _max_cells(args: argparse.Namespace) -> int | None:
+    """The most cells the grid may expand to: none with ``--yes``."""
+    return None if args.yes else MAX_CELLS
+
+
 def cmd_deviations(args: argparse.Namespace) -> int:
-    if (args.smoke or args.ledger) and not args.grid:
-        raise HarnessError("--smoke and --ledger go with --grid")
+    if (args.smoke or args.ledger or args.yes) and not args.grid:
+        raise HarnessError("--smoke, --ledger and --yes go with --grid")
+    # Every file read (the grid, its ledgers) before the first line is printed.
+    ledger_lines = _ledger_lines(args) if args.grid and not args.smoke else []
     if args.grid:
         sections = _grid_sections(args)
     else:
@@ -95,19 +107,18 @@ def cmd_deviations(args: argparse.Namespace) -> int:
             print(_describe(name, deviation))
         for line in settings:
             print(f"setting: {line}")
-    if args.grid and not args.smoke:
-        for line in _ledger_lines(args):
-            print(line)
+    for line in ledger_lines:
+        print(line)
     return 0
 
 
 def _ledger_lines(args: argparse.Namespace) -> list[str]:
     """Per ledger covering the grid (or ``--ledger``), one line per cell family."""
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid, max_cells=_max_cells(args))
     ledgers = [load_ledger(args.ledger)] if args.ledger else ledgers_for_grid(grid.name)
     lines = []
     for ledger in ledgers:
-        counts = family_counts(check_ledger(ledger, [str(args.grid)]))
+        counts = family_counts(check_ledger(ledger, [str(args.grid)], max_cells=_max_cells(args)))
         lines.append(
             f"recipe ledger {ledger.paper} ({ledger.path.name}, {len(ledger.entries)} entries), "
             f"per cell family:"

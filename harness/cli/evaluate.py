@@ -18,7 +18,7 @@ import numpy as np
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
-from harness.cli.outputs import output_file
+from harness.cli.outputs import add_force_argument, add_output_argument, output_file
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
 
@@ -71,7 +71,8 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--recall-k", default="1,2,4,8", help="comma-separated K for recall_at_K (default 1,2,4,8)"
     )
-    p.add_argument("--json", help="also write the result to this JSON file (atomically)")
+    add_output_argument(p, "--json", help="also write the result to this JSON file (atomically)")
+    add_force_argument(p)
     p.add_argument(
         "--chunk-size",
         type=at_least(1),
@@ -211,7 +212,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not metrics:
         raise HarnessError("--metrics is empty")
     parse_metrics(metrics, recall_k)
-    args.json = output_file(args.json, "--json")
+    args.json = output_file(args.json, "--json", kind="evaluate-json", args=args)
     use_gpu = _use_gpu(args.device)
 
     embeddings = load_embeddings(args.embeddings, "--embeddings")

@@ -12,7 +12,12 @@ from typing import Any
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
-from harness.cli.outputs import output_file, output_folder
+from harness.cli.outputs import (
+    add_force_argument,
+    add_output_argument,
+    output_file,
+    output_folder,
+)
 from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
 
@@ -29,7 +34,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.dataset is not None and not args.dataset.exists():
         raise HarnessError(f"--dataset {args.dataset} does not exist")
     # Both checked before the explanations are computed and logged to the run, not after.
-    args.json = output_file(args.json, "--json")
+    args.json = output_file(args.json, "--json", kind="explain-json", args=args)
     out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out")
     open_store()
     ctx = load_run(
@@ -89,8 +94,11 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
         "114 forward passes each)",
     )
-    p.add_argument("--out", help="folder for the figures (default results/explain/<run id>)")
-    p.add_argument("--json", help="write the scores to this file")
+    add_output_argument(
+        p, "--out", form="folder", help="folder for the figures (default results/explain/<run id>)"
+    )
+    add_output_argument(p, "--json", help="write the scores to this file")
+    add_force_argument(p)
     p.add_argument(
         "--seed",
         type=at_least(0),

@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.base.atomic import atomic_write_text
+from harness.base.atomic import atomic_write_set
 from harness.cli.arguments import experiment_name
-from harness.cli.outputs import output_stem
+from harness.cli.outputs import add_force_argument, add_output_argument, output_stem
 from harness.cli.store import open_store
 from harness.reports.explanation_table import explain_rows, latex_table, markdown_table
 
@@ -19,7 +19,10 @@ __all__ = ["add_explain_table_parser", "cmd_explain_table"]
 def cmd_explain_table(args: argparse.Namespace) -> int:
     name = args.name or "-".join(args.experiment)
     stem = output_stem(
-        args.out or Path("results") / "tables" / f"explain-{name}", "--out", (".md", ".tex")
+        args.out or Path("results") / "tables" / f"explain-{name}",
+        "--out",
+        (".md", ".tex"),
+        args=args,
     )
     open_store(read_only=True)
     rows = explain_rows(args.experiment)
@@ -28,8 +31,9 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
         f"interval over pairs; chance = the differing part's area share"
     )
     markdown = markdown_table(rows)
-    atomic_write_text(Path(f"{stem}.md"), markdown)
-    atomic_write_text(Path(f"{stem}.tex"), latex_table(rows, caption))
+    atomic_write_set(  # both, or neither
+        {Path(f"{stem}.md"): markdown, Path(f"{stem}.tex"): latex_table(rows, caption)}
+    )
     print(markdown, end="")
     print(f"wrote {stem}.md and {stem}.tex", file=sys.stderr)
     return 0
@@ -48,9 +52,13 @@ def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
         type=experiment_name,
         help="MLflow experiment (repeat for several)",
     )
-    p.add_argument(
-        "--out", help="output path without suffix (default results/tables/explain-<name>)"
+    add_output_argument(
+        p,
+        "--out",
+        form="stem",
+        help="output path without suffix (default results/tables/explain-<name>)",
     )
+    add_force_argument(p)
     p.add_argument("--name", help="name for the default output path (default: the experiments)")
     p.add_argument("--caption")
     p.set_defaults(func=cmd_explain_table)

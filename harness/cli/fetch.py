@@ -87,16 +87,10 @@ def check_data_root(name: str, data_root: Path | None) -> None:
     when it is not there yet."""
     from harness.cli.outputs import output_folder
     from harness.components.data import DATASETS
-    from harness.components.data.base import default_data_root
+    from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
 
-    root = Path(data_root) if data_root is not None else default_data_root()
-    flag = (
-        "--data-root"
-        if data_root is not None
-        else "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness)"
-    )
-    if root.exists() and not root.is_dir():
-        raise HarnessError(f"{flag} {root} is a file, not a folder")
+    root = data_root_folder(data_root)
+    flag = "--data-root" if data_root is not None else DATA_ROOT_SETTING
     info = DATASETS.get(name)
     if info.embedded and not (root / info.folder).is_dir():  # generated on first use
         output_folder(root / info.folder, flag)

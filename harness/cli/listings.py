@@ -20,9 +20,11 @@ __all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui"]
 def cmd_datasets(args: argparse.Namespace) -> int:
     """Per dataset: found or not, where, verified or not, and its image count."""
     from harness.components.data import DATASETS
+    from harness.components.data.base import data_root_folder
 
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    data_root_folder(args.data_root)  # the default root ($DML_HARNESS_DATA) a file: refused
     for name in DATASETS:
         info = DATASETS.get(name)
         where, status, images = _dataset_state(name, info, args.data_root)

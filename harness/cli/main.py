@@ -18,7 +18,6 @@ import errno
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 from harness.base.errors import HarnessError
@@ -130,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         code = args.func(args)
         sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
         return code
-    except HarnessError as err:
-        if getattr(args, "debug", False):
-            traceback.print_exc()
+    except HarnessError as err:  # the user's input: one line, with or without --debug
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped (head, less): not an error

@@ -1,15 +1,18 @@
 """Signals and child processes of the command line: SIGTERM unwinds like Ctrl-C, and a
-server (``ui``) runs in its own process group, stopped whole."""
+server (``ui``) runs in the command's own process group, so that a signal to that group
+(Ctrl-C, a SIGKILL of the group) reaches it and its workers too, and is stopped whole with
+every process it started when the command ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["terminated", "serve_process_group", "stop_process_group"]
+__all__ = ["terminated", "serve_process_group", "stop_tree"]
 
 
 def terminated(signum, frame):
@@ -19,38 +22,52 @@ def terminated(signum, frame):
     raise KeyboardInterrupt
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a live (not zombie) member. Zombies count
-    as members for ``killpg`` until reaped, and a container's PID 1 may never reap them."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
+def _descendants(pid: int) -> list[int]:
+    """The processes started by ``pid`` and by them, read from ``/proc`` (empty where there
+    is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-            return True
-    return False
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
-def stop_process_group(pgid: int, grace: float = 10.0) -> None:
-    """SIGTERM every process of group ``pgid``, wait up to ``grace`` seconds, SIGKILL the rest."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         try:
-            os.killpg(pgid, sig)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state != "Z"
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM ``proc`` and every process it started, wait up to ``grace`` seconds, SIGKILL
+    the rest."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        pids += [p for p in _descendants(proc.pid) if p not in pids]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not _group_alive(pgid):
+            proc.poll()  # reap the server, so that it no longer counts
+            if not any(_alive(p) for p in pids):
                 return
             time.sleep(0.1)
 
@@ -58,20 +75,21 @@ def stop_process_group(pgid: int, grace: float = 10.0) -> None:
 def serve_process_group(
     cmd: list[str], grace: float = 10.0, env: dict[str, str] | None = None
 ) -> int:
-    """Run ``cmd`` (a server) in its own session and process group until it exits; on
-    SIGTERM or SIGINT stop the whole group, then exit.
+    """Run ``cmd`` (a server) until it exits; on SIGTERM or SIGINT stop it and every
+    process it started, then exit.
 
-    ``mlflow server`` starts worker processes of its own (uvicorn / gunicorn); a signal
-    to the server alone, or to a process that exec-ed into it, left those workers
-    running and holding the port. Here every process it starts shares its group, and
-    ``killpg`` reaches them all. Returns the server's exit status; a signal ends in
-    ``KeyboardInterrupt`` (exit 130 through :func:`main`) once the group is gone. ``env``:
-    the server's environment (default: this process's)."""
+    ``mlflow server`` starts worker processes of its own (uvicorn / gunicorn). They stay
+    in this command's process group: a signal sent to the group (Ctrl-C in a terminal, a
+    supervisor's SIGKILL of the group) ends them with it, and none is left holding the
+    port. When the command ends otherwise, the server and its workers are stopped as a
+    tree (:func:`stop_tree`). Returns the server's exit status; a signal ends in
+    ``KeyboardInterrupt`` (exit 130 through :func:`main`) once they are gone. ``env``: the
+    server's environment (default: this process's)."""
     previous = signal.signal(signal.SIGTERM, terminated)
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    proc = subprocess.Popen(cmd, env=env)
     try:
         return proc.wait()
     finally:  # interrupted (or failed): the server and its workers go with us
         signal.signal(signal.SIGTERM, previous)
-        stop_process_group(proc.pid, grace)
+        stop_tree(proc, grace)
         proc.wait()

@@ -21,7 +21,12 @@ from harness.cli.arguments import (
     name_list,
 )
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
-from harness.cli.outputs import output_file, output_folder
+from harness.cli.outputs import (
+    add_force_argument,
+    add_output_argument,
+    output_file,
+    output_folder,
+)
 from harness.cli.store import open_store
 from harness.config.protocol import Protocol
 from harness.config.protocol_files import default_protocol
@@ -140,7 +145,7 @@ def _check_one_graph(method: str, head, protocol: Protocol, loss: str, device) -
 def _check_outputs(args: argparse.Namespace) -> None:
     """``--json`` and the checkpoint root must be writable before the first epoch, not
     after the last one."""
-    args.json = output_file(args.json, "--json")
+    args.json = output_file(args.json, "--json", kind="run-json", args=args)
     check_checkpoint_root(args.checkpoint_root)
 
 
@@ -329,7 +334,8 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         type=experiment_name,
         help="MLflow experiment (default: <dataset>-<protocol>)",
     )
-    run.add_argument("--json", help="write the result records to this file")
+    add_output_argument(run, "--json", help="write the result records to this file")
+    add_force_argument(run)
     run.add_argument(
         "--resume", action="store_true", help="continue interrupted runs from their last checkpoint"
     )
@@ -358,8 +364,10 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         help="--compile, with the step's graph replayed as a CUDA graph (a GPU and a step that "
         "is one graph); recorded with each run (tag cuda_graphs)",
     )
-    run.add_argument(
+    add_output_argument(
+        run,
         "--checkpoint-root",
+        form="folder",
         type=Path,
         help="checkpoints and selected weights (default "
         "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "

@@ -14,23 +14,39 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
+from harness.base.paths import is_sqlite_database, writable_folder
 
-__all__ = ["open_store", "probe_store", "check_driver", "PROBE_TIMEOUT"]
+__all__ = [
+    "open_store",
+    "probe_store",
+    "check_driver",
+    "check_own_database",
+    "sqlite_tables",
+    "MLFLOW_TABLES",
+    "OPTUNA_TABLES",
+    "PROBE_TIMEOUT",
+]
 
 #: Seconds a tracking server has to answer the probe.
 PROBE_TIMEOUT = 5.0
-#: SQLAlchemy URL scheme -> (the driver module it imports, the package that provides it).
+#: SQLAlchemy driver -> (the module it imports, the package that provides it).
 DRIVERS = {
-    "postgresql": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg2": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg": ("psycopg", "psycopg[binary]"),
-    "postgresql+pg8000": ("pg8000", "pg8000"),
-    "mysql": ("MySQLdb", "mysqlclient"),
-    "mysql+mysqldb": ("MySQLdb", "mysqlclient"),
-    "mysql+pymysql": ("pymysql", "PyMySQL"),
-    "mssql+pyodbc": ("pyodbc", "pyodbc"),
+    "psycopg": ("psycopg", "psycopg[binary]"),
+    "psycopg2": ("psycopg2", "psycopg2-binary"),
+    "pg8000": ("pg8000", "pg8000"),
+    "asyncpg": ("asyncpg", "asyncpg"),
+    "mysqldb": ("MySQLdb", "mysqlclient"),
+    "pymysql": ("pymysql", "PyMySQL"),
+    "mysqlconnector": ("mysql.connector", "mysql-connector-python"),
+    "pyodbc": ("pyodbc", "pyodbc"),
+    "pymssql": ("pymssql", "pymssql"),
+    "oracledb": ("oracledb", "oracledb"),
+    "cx_oracle": ("cx_Oracle", "cx_Oracle"),
 }
 SETTING = "MLFLOW_TRACKING_URI"
+#: Tables by which a tool's SQLite database is recognised as its own.
+MLFLOW_TABLES = frozenset({"experiments", "runs", "alembic_version"})
+OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 
 
 def open_store(*, read_only: bool = False) -> None:
@@ -47,11 +63,33 @@ def open_store(*, read_only: bool = False) -> None:
         )
 
 
+def _driver(uri: str) -> str | None:
+    """The driver SQLAlchemy imports for the database URL ``uri`` (its default for a URL
+    that names none, such as ``postgresql://``); None for a URL that is not a database's."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if not scheme or scheme in ("http", "https", "file", "databricks"):
+        return None
+    if "+" in scheme:
+        return scheme.split("+", 1)[1]
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        return str(make_url(uri).get_dialect().driver)
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        return None
+
+
 def check_driver(uri: str, where: str) -> None:
     """A database URL whose driver is not installed is one line naming the package."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    module, package = DRIVERS.get(scheme, (None, None))
-    if module is not None and importlib.util.find_spec(module) is None:
+    module, package = DRIVERS.get(_driver(uri) or "", (None, None))
+    if module is None:
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package of a dotted module is missing
+        found = False
+    if not found:
         raise HarnessError(
             f"{where} {uri.split('@')[-1] if '@' in uri else uri} needs the database driver "
             f"'{module}', which is not installed: pip install {package}"
@@ -65,7 +103,6 @@ def probe_store(*, read_only: bool = False) -> None:
     folder a database can be written in, or, for a command that only reads
     (``read_only``), must already exist and be an MLflow store (reading never creates or
     migrates one)."""
-    from harness.base.paths import writable_folder
     from harness.store.location import sqlite_database, tracking_uri
 
     uri = tracking_uri()
@@ -76,31 +113,60 @@ def probe_store(*, read_only: bool = False) -> None:
     database = sqlite_database(uri)
     if database is None:
         return
+    shown = f"the tracking store {uri}"
     if read_only:
         if not database.is_file():
-            raise HarnessError(
-                f"the tracking store {uri} does not exist ({SETTING}); reading creates none"
-            )
-        if not _is_mlflow_store(database):
-            raise HarnessError(
-                f"the tracking store {uri} is an SQLite database without MLflow's tables "
-                f"({SETTING}); reading leaves it as it is"
-            )
-    elif not database.is_file():
-        writable_folder(database.parent, f"the tracking store {uri} ({SETTING})")
+            raise HarnessError(f"{shown} does not exist ({SETTING}); reading creates none")
+        if (sqlite_tables(database) or set()) >= MLFLOW_TABLES:
+            return
+        raise HarnessError(
+            f"{shown} is an SQLite database without MLflow's tables ({SETTING}); "
+            f"reading leaves it as it is"
+            if is_sqlite_database(database)
+            else f"{shown} is not an SQLite database ({SETTING}); reading leaves it as it is"
+        )
+    if database.is_file():
+        check_own_database(database, f"{shown} ({SETTING})", "MLflow", MLFLOW_TABLES)
+    else:
+        writable_folder(database.parent, f"{shown} ({SETTING})")
 
 
-def _is_mlflow_store(database: Path) -> bool:
+def sqlite_tables(database: Path) -> set[str] | None:
+    """The names of the tables of the SQLite database file ``database`` (read only); None
+    when it is not an SQLite database or cannot be read."""
+    if not is_sqlite_database(database):
+        return None
     try:
         with contextlib.closing(
             sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=PROBE_TIMEOUT)
         ) as db:
-            names = {
+            return {
                 row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             }
     except sqlite3.Error:
-        return False
-    return {"experiments", "runs", "alembic_version"} <= names
+        return None
+
+
+def check_own_database(database: Path, shown: str, tool: str, tables: frozenset[str]) -> None:
+    """A store or storage that ``tool`` (MLflow, Optuna) would create its tables in is
+    taken only when it is new or already ``tool``'s: no file, an empty file, an SQLite
+    database without tables, or one holding ``tables``. Another program's database, or a
+    file that is not a database, is refused and left as it is. ``shown``: how the refusal
+    names it."""
+    if not database.is_file() or database.stat().st_size == 0:
+        return
+    found = sqlite_tables(database)
+    if found is None:
+        raise HarnessError(
+            f"{shown} is a file that is not an SQLite database; it is left as it is: "
+            f"give a new file name for {tool}'s database"
+        )
+    if found and not tables <= found:
+        listed = ", ".join(sorted(found)[:4]) + (", ..." if len(found) > 4 else "")
+        raise HarnessError(
+            f"{shown} is an SQLite database without {tool}'s tables (it holds {listed}); "
+            f"it is left as it is: give a new file name for {tool}'s database"
+        )
 
 
 def _probe_server(uri: str) -> None:

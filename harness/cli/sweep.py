@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
 from harness.cli.fetch import check_dataset
-from harness.cli.outputs import check_study_storage
+from harness.cli.outputs import add_output_argument, check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.cli.sweep_cluster import (
@@ -190,8 +190,10 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
         help="local worker processes (default 1: in this process); with --executor, the "
         "tasks of the array (default: one per cell to run)",
     )
-    p.add_argument(
+    add_output_argument(
+        p,
         "--storage",
+        form="storage",
         help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
         "postgresql://user@host/db across machines)",
     )
@@ -199,8 +201,10 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
-    p.add_argument(
+    add_output_argument(
+        p,
         "--checkpoint-root",
+        form="folder",
         type=Path,
         help="checkpoints and selected weights (default "
         "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",

@@ -107,9 +107,15 @@ def cluster_options(args: argparse.Namespace, grid: Grid) -> SlurmOptions:
 
 
 def preflight(args: argparse.Namespace, options: SlurmOptions) -> SlurmOptions:
-    """Slurm's answer before anything is written: Slurm installed, the partition known,
-    the resources within its limits, ``sbatch --test-only`` accepting the jobs. Returns
-    the options with a time limit (the partition's when none is given)."""
+    """The executor's answer before anything is written. Local: the GPUs a task asks for
+    are on this machine. Slurm: Slurm installed, the partition known, the resources within
+    its limits, ``sbatch --test-only`` accepting the jobs; the options are returned with a
+    time limit (the partition's when none is given)."""
+    if args.executor == "local":
+        from harness.engine.cluster import check_local_gpus
+
+        check_local_gpus(options)
+        return options
     if args.executor != "slurm":
         return options
     from harness.engine.cluster import DEFAULT_MINUTES

@@ -9,18 +9,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.base.atomic import atomic_write_set
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text, readable_file
 from harness.cli.arguments import experiment_name
-from harness.cli.outputs import output_file
+from harness.cli.outputs import add_force_argument, add_output_argument, output_file
 from harness.cli.store import open_store
-from harness.reports.figures import forest_paths, write_forest
+from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables import (
     DEFAULT_METRICS,
     TableRequest,
     compose,
     parse_published_row,
-    write_atomic,
 )
 
 __all__ = ["add_table_parser", "cmd_table"]
@@ -57,13 +57,12 @@ def cmd_table(args: argparse.Namespace) -> int:
     if metric_map and not args.published:
         raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
     name = args.name or "+".join(args.experiment)
+    kind = ".tex" if args.format == "latex" else ".md"
     out = output_file(
-        args.out
-        or Path("results") / "tables" / f"{name}.{'tex' if args.format == 'latex' else 'md'}",
-        "--out",
+        args.out or Path("results") / "tables" / f"{name}{kind}", "--out", kind=kind, args=args
     )
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
-        output_file(figure, "--out (forest plot)")
+        output_file(figure, "--out (forest plot)", args=args)
     open_store(read_only=True)
     table = compose(
         TableRequest(
@@ -83,8 +82,8 @@ def cmd_table(args: argparse.Namespace) -> int:
             f"--strict: {len(table.problems)} run(s) lack results the table needs "
             f"(listed above); nothing written"
         )
-    write_atomic(out, table.text)
-    figures = write_forest(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
+    figures = forest_files(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
+    atomic_write_set({out: table.text, **figures})  # the table and its figures, or none
     print(table.text)
     print(
         f"written to {out}"
@@ -106,7 +105,13 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
         help="MLflow experiment to read (repeat for several)",
     )
     p.add_argument("--format", choices=("latex", "markdown"), default="latex")
-    p.add_argument("--out", help="output file (default results/tables/<name>.tex|.md)")
+    add_output_argument(
+        p,
+        "--out",
+        help="output file (default results/tables/<name>.tex|.md); the forest plot is written "
+        "beside it",
+    )
+    add_force_argument(p)
     p.add_argument(
         "--name", help="table name for the default output path (default: the experiment)"
     )

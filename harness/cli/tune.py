@@ -17,7 +17,7 @@ from harness.cli.arguments import (
     int_list,
 )
 from harness.cli.fetch import check_dataset
-from harness.cli.outputs import check_study_storage
+from harness.cli.outputs import add_output_argument, check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.engine.tune import (
@@ -133,7 +133,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         help="class-disjoint folds of the training classes a trial trains on, scored by their "
         "mean (default 1: the protocol's validation split; MLRC: 4)",
     )
-    p.add_argument("--storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)")
+    add_output_argument(
+        p, "--storage", form="storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)"
+    )
     p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
     p.add_argument(

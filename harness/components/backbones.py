@@ -347,12 +347,23 @@ def _skip_input_transform(body: nn.Module, name: str) -> None:
     it: it wraps the network's children in a ``Sequential`` (XinyiXuXD/DGML-master@7834411
     architectures/googlenet.py:18-19), which skips ``GoogLeNet.forward``. A backbone
     without such a conversion refuses, so that the setting never reads as applied."""
-    if not hasattr(body, "transform_input"):
+    check_input_transform(name, False)
+    body.transform_input = False  # type: ignore[assignment]  # a plain bool attribute of GoogLeNet
+
+
+#: Backbones with a conversion of their inputs of their own (``backbone.input_transform``).
+INPUT_TRANSFORMING = frozenset({"googlenet"})
+
+
+def check_input_transform(name: str, input_transform: bool) -> None:
+    """Refuse ``backbone.input_transform = false`` for a backbone without an input
+    conversion of its own to skip, when the protocol is read rather than once the dataset
+    has loaded (the setting never reads as applied)."""
+    if not input_transform and name not in INPUT_TRANSFORMING:
         raise HarnessError(
             f"protocol key 'backbone.input_transform' = false: backbone '{name}' has no input "
-            f"transform of its own to skip (only googlenet has one)"
+            f"transform of its own to skip (only {', '.join(sorted(INPUT_TRANSFORMING))} has one)"
         )
-    body.transform_input = False  # type: ignore[assignment]  # a plain bool attribute of GoogLeNet
 
 
 #: Backbones built without a dilation option (torchvision's GoogLeNet): output stride 32 only.

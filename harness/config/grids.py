@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,6 +152,9 @@ def list_grids() -> list[str]:
     return sorted(p.stem for p in grid_dir().glob("*.toml"))
 
 
+#: A grid's name: it names the sweep's folder (``sweeps/<name>``), its queue's study and
+#: its experiment, so it is one plain file name.
+GRID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: The most cells a grid expands to unless its sweep is given ``--yes``: a larger one is
 #: most likely an axis written by mistake (each cell is a training run).
 MAX_CELLS = 5_000
@@ -245,15 +249,23 @@ def load_grid(
     tune = _tune_spec(
         data, smoke, protocol, dict(top.get("set", {})), all_methods, axes, extras, test_time
     )
+    name = str(data.get("name", path.stem))
+    if not GRID_NAME.fullmatch(name):
+        raise HarnessError(
+            f"grid key 'name' = {shown(name)}: expected a name of letters, digits, '.', '_' "
+            f"and '-' that starts with a letter or digit (it names the sweep's folder under "
+            f"sweeps/, its study and its experiment)"
+            if "name" in data
+            else f"grid file {path}: its name {name!r} cannot name a sweep; expected a file "
+            f"name of letters, digits, '.', '_' and '-' (or a 'name' key)"
+        )
     slurm_defaults = {**_protocol_slurm(protocol), **slurm_defaults}  # the grid's own win
     grid = Grid(
-        name=str(data.get("name", path.stem)) + ("-smoke" if smoke else ""),
+        name=name + ("-smoke" if smoke else ""),
         path=path,
         description=str(data.get("description", "")),
         protocol=protocol,
-        experiment=str(
-            top.get("experiment") or (data.get("name", path.stem) + ("-smoke" if smoke else ""))
-        ),
+        experiment=str(top.get("experiment") or (name + ("-smoke" if smoke else ""))),
         axes=axes,
         extras=tuple(extras),
         overrides=dict(top.get("set", {})),

@@ -42,7 +42,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.base.paths import read_text
 from harness.config.deviations import PaperDeviation, applicable
+from harness.config.grids import MAX_CELLS, load_grid
 from harness.config.protocol import Protocol
 from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import SPEC_CONFIG, Str, refusal
@@ -157,9 +159,11 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
     if not path.is_file():
         raise HarnessError(f"ledger file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text(path, "TOML"))
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed ledger file {path}: {err}") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise HarnessError(f"malformed ledger file {path}: nested too deeply") from None
     try:
         parsed = _LedgerFile.model_validate(data)
     except ValidationError as err:
@@ -259,11 +263,9 @@ def _same(a: Any, b: Any) -> bool:
 # ---------------------------------------------------------------------------- checks
 
 
-def _grid_cases(name: str) -> list[Case]:
-    from harness.config.grids import load_grid
-
+def _grid_cases(name: str, max_cells: int | None) -> list[Case]:
     cases, seen = [], set()
-    for cell in load_grid(name).cells:
+    for cell in load_grid(name, max_cells=max_cells).cells:
         marker = (cell.backbone, cell.loss, cell.method, cell.dataset)
         if marker in seen:  # seeds share everything a ledger reads
             continue
@@ -313,11 +315,16 @@ def _status(entry: LedgerEntry, case: Case, actual: Any) -> str:
     return "deviating" if entry.deviation and entry.deviation in case.deviations else "undeclared"
 
 
-def check_ledger(ledger: Ledger, grids: list[str] | None = None) -> list[Check]:
+def check_ledger(
+    ledger: Ledger, grids: list[str] | None = None, *, max_cells: int | None = MAX_CELLS
+) -> list[Check]:
     """Every entry of ``ledger`` on every cell it applies to, of the grids it covers (or
     of ``grids``) and of the protocols it lists (only when ``grids`` is None). An entry
-    naming an unknown key is a :class:`HarnessError` naming the ledger, the entry and the key."""
-    cases = [c for g in (ledger.grids if grids is None else grids) for c in _grid_cases(g)]
+    naming an unknown key is a :class:`HarnessError` naming the ledger, the entry and the
+    key; a grid of more than ``max_cells`` cells (None: no cap) is refused."""
+    cases = [
+        c for g in (ledger.grids if grids is None else grids) for c in _grid_cases(g, max_cells)
+    ]
     if grids is None:
         cases += [c for spec in ledger.protocols for c in _protocol_cases(*spec)]
     checks = []

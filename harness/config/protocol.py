@@ -321,10 +321,14 @@ def _validated(data: dict[str, Any]) -> Protocol:
 def _check_component_names(protocol: Protocol) -> None:
     """The backbone, miner, transforms and metrics a protocol names are registered ones:
     a misspelt name is refused when the protocol is read, not once the dataset has loaded."""
-    from harness.components.backbones import BACKBONES, check_output_stride
+    from harness.components.backbones import (
+        BACKBONES,
+        check_input_transform,
+        check_output_stride,
+    )
     from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
     from harness.components.evaluation import parse_metrics
-    from harness.components.losses import MINERS
+    from harness.components.losses import LOSSES, MINERS
 
     named = [
         ("backbone.name", protocol.backbone.name, BACKBONES.kind, BACKBONES.list()),
@@ -335,7 +339,13 @@ def _check_component_names(protocol: Protocol) -> None:
     for key, name, kind, valid in named:
         if name not in valid:
             raise HarnessError(f"protocol key '{key}': {unknown_name(kind, name, valid)}")
+    for loss in protocol.sampling.loss_samplers:
+        if loss not in LOSSES:
+            raise HarnessError(
+                f"protocol key 'sampling.loss_samplers': {unknown_name(LOSSES.kind, loss, LOSSES.list())}"
+            )
     check_output_stride(protocol.backbone.name, protocol.backbone.output_stride)
+    check_input_transform(protocol.backbone.name, protocol.backbone.input_transform)
     for key, metrics in (
         ("evaluation.metrics", protocol.evaluation.metrics),
         ("selection.metric", (protocol.selection.metric,)),

@@ -94,8 +94,9 @@ class ImageSpec:
     ] = (3 / 4, 4 / 3)
     #: ``random_resized_crop_flip`` only: Resize(train_resize) (the shorter side) before the
     #: crop; 0: the crop is taken from the image as read (AVSL's code resizes to 256 first,
-    #: zbr17/AVSL examples/config/param/transforms/train_transforms.yaml lines 4-5).
-    train_resize: Annotated[Int, NonNegative] = 0
+    #: zbr17/AVSL examples/config/param/transforms/train_transforms.yaml lines 4-5). At most
+    #: 2048, as ``resize``.
+    train_resize: Annotated[Int, Field(ge=0, le=2048)] = 0
     eval_transform: Str = "resize_center_crop"
     #: ``multiscale_crop_flip``: the image is resized to s*size x s*size with s uniform in
     #: [low, high], then randomly cropped to size x size (DIABLO Sec. 3.5: [0.8, 1.8]).

@@ -50,6 +50,7 @@ from harness.engine.slurm import SlurmOptions
 from harness.engine.sweep import CELL_ATTR, open_storage
 
 __all__ = [
+    "check_local_gpus",
     "EXECUTORS",
     "TaskSpec",
     "SweepTask",
@@ -168,6 +169,23 @@ def release_trials(
             label = trial.user_attrs.get("cell", key)
             study.enqueue_trial({}, user_attrs={CELL_ATTR: key, "cell": label})
     return ended
+
+
+def check_local_gpus(options: SlurmOptions, available: int | None = None) -> None:
+    """The local executor runs every task on this machine: a task asking for more GPUs
+    than this machine has (``available``, default: the GPUs torch sees) is refused before
+    anything is queued, rather than trained as that many CPU processes."""
+    gpus = options.gpus_per_task or 0
+    if available is None:
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > available:
+        raise HarnessError(
+            f"--gpus-per-task {gpus}: the local executor runs each task on this machine, which "
+            f"has {available} GPU{'s' * (available != 1)}; expected at most {available} "
+            f"(0: the task trains on the CPU)"
+        )
 
 
 def executor_parameters(

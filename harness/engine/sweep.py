@@ -125,14 +125,15 @@ def open_storage(
     engine = (
         {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     )
-    try:
-        return RDBStorage(
-            url,
-            engine_kwargs=engine,
-            heartbeat_interval=heartbeat,
-            grace_period=grace,
-            **(retry if retry_stale else {}),
-        )
+    try:  # two workers creating one new SQLite storage at once would race on its tables
+        with pop_lock(url):
+            return RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=heartbeat,
+                grace_period=grace,
+                **(retry if retry_stale else {}),
+            )
     except Exception as err:  # unreachable server, missing driver, bad URL
         raise HarnessError(
             f"cannot open the Optuna storage {url}: {type(err).__name__}: "
@@ -209,7 +210,8 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
 def queue_grid(grid: Grid, study, storage: str) -> dict[str, Any]:
     """:func:`enqueue_cells`, saying what it found: how many cells are finished, queued,
     pending or waiting, and which failed cells are retried (``storage``: the study's URL)."""
-    counts = enqueue_cells(grid, study)
+    with pop_lock(storage):  # two sweeps started at once queue each cell once
+        counts = enqueue_cells(grid, study)
     _log(
         f"grid {grid.name}: {counts['total']} cells, {counts['finished']} finished (skipped), "
         f"{counts['queued']} queued, {counts['pending']} already queued or running, "
@@ -236,17 +238,18 @@ def enqueue_ready_dependents(grid: Grid, study) -> int:
 
 
 def pop_lock(url: str | None):
-    """Serialise popping a queued trial among the processes of one machine on SQLite.
+    """Serialise popping a queued trial among the processes of one machine on SQLite (and
+    creating the storage, and queueing the cells).
 
-    Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
-    workers that ask at the same moment can both get the same trial and run the cell
-    twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
-    exclusive lock on a file beside the database does the same for local workers.
+        Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
+        workers that ask at the same moment can both get the same trial and run the cell
+        twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
+        exclusive lock on a file beside the database does the same for local workers.
 
-    ``url``: the storage URL the study was opened with (:func:`storage_url`), passed in
-    rather than read back from Optuna's storage objects (private, and wrapped in a cache).
-    The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
-    Windows), released when the block ends or the process dies."""
+        ``url``: the storage URL the study was opened with (:func:`storage_url`), passed in
+        rather than read back from Optuna's storage objects (private, and wrapped in a cache).
+        The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
+        Windows), released when the block ends or the process dies."""
     if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
         return contextlib.nullcontext()
     from filelock import FileLock

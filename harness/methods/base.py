@@ -49,6 +49,7 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.methods.figures import FIGURE_TUPLES, FigureData, FigureSet, Link, Panel
+from harness.methods.names import method_name_rule
 
 if TYPE_CHECKING:
     from harness.components.backbones import Backbone
@@ -494,7 +495,9 @@ class MethodEntry:
 #: entry points once, at its first lookup.
 PLUGIN_GROUP = "dml_harness.methods"
 
-METHODS: Registry[MethodEntry] = Registry("method", entry_point_group=PLUGIN_GROUP)
+METHODS: Registry[MethodEntry] = Registry(
+    "method", entry_point_group=PLUGIN_GROUP, name_rule=method_name_rule
+)
 
 
 def register_method(name: str, *, description: str = "", **preset):

@@ -30,6 +30,7 @@ __all__ = [
     "lead_metric",
     "render_forest",
     "write_forest",
+    "forest_files",
 ]
 
 #: Columns of :func:`forest_rows` (and of the CSV beside each figure).
@@ -206,12 +207,23 @@ def forest_paths(stem: Path) -> list[Path]:
 def write_forest(
     stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, metrics: Sequence[str] = ()
 ) -> list[Path]:
-    """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), atomically; nothing
-    when there are no paired tests. Returns the paths written."""
-    from harness.base.atomic import atomic_write_bytes, atomic_write_text
+    """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), written together
+    (:func:`harness.base.atomic.atomic_write_set`); nothing when there are no paired tests.
+    Returns the paths written."""
+    from harness.base.atomic import atomic_write_set
 
+    files = forest_files(stem, tests, labels, metrics=metrics)
+    atomic_write_set(files)
+    return list(files)
+
+
+def forest_files(
+    stem: Path, tests: pd.DataFrame, labels: Mapping[str, str], *, metrics: Sequence[str] = ()
+) -> dict[Path, bytes | str]:
+    """The contents of :func:`write_forest`'s files by path, rendered, not written (empty
+    when there are no paired tests): a caller writes them with its own files as one set."""
     if tests is None or tests.empty:
-        return []
+        return {}
     metric = lead_metric(tests, metrics)
     rows = forest_rows(tests, labels, metric)
     pdf, png = render_forest(
@@ -221,7 +233,8 @@ def write_forest(
         dataset_labels=DATASET_LABELS,
     )
     paths = forest_paths(stem)
-    atomic_write_bytes(paths[0], pdf)
-    atomic_write_bytes(paths[1], png)
-    atomic_write_text(paths[2], rows.to_csv(index=False, float_format="%.6f"))
-    return paths
+    return {
+        paths[0]: pdf,
+        paths[1]: png,
+        paths[2]: rows.to_csv(index=False, float_format="%.6f"),
+    }

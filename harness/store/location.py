@@ -29,11 +29,25 @@ __all__ = [
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 
 
+def _setting() -> str:
+    """``MLFLOW_TRACKING_URI``, else :data:`DEFAULT_URI`; the variable set but empty (or
+    blank) is one error line: it names no store, and no store is guessed for it."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None:
+        return DEFAULT_URI
+    if not uri.strip():
+        raise HarnessError(
+            f"MLFLOW_TRACKING_URI is set but empty: expected a tracking store such as "
+            f"{DEFAULT_URI} or http://host:5000 (unset it for {DEFAULT_URI})"
+        )
+    return uri
+
+
 def tracking_uri() -> str:
     """The store's URI; a SQLite store's folder is created (a relative path's only: an
     absolute one names a store that should exist). A database path that is a folder, or
     under a file, is one error line naming ``MLFLOW_TRACKING_URI``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    uri = _setting()
     database = sqlite_database(uri)
     if database is not None:
         if database.is_dir():
@@ -76,7 +90,7 @@ def reserved_paths() -> tuple[ReservedPath, ...]:
     """The places of the tracking store that no output may take (``--json``, ``--out``,
     figures, checkpoints): a SQLite store's database file and its artifact folder, a file
     store's folder. Computed from ``MLFLOW_TRACKING_URI`` alone: nothing is created."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    uri = _setting()
     database = sqlite_database(uri)
     if database is not None:
         return (

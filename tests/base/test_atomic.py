@@ -137,6 +137,20 @@ def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp
     )
 
 
+def test_a_name_of_the_longest_length_is_written_and_replaced(tmp_path):
+    """A target whose name takes all of NAME_MAX bytes is written and replaced atomically
+    (its temporary files take a shortened name), leaving no temporary file."""
+    from harness.base.atomic import atomic_write_set
+    from harness.base.paths import NAME_MAX
+
+    target = tmp_path / ("\u00e9" * 124 + "xy.json")
+    assert len(os.fsencode(target.name)) == NAME_MAX
+    atomic_write_bytes(target, b"first")
+    atomic_write_set({target: b"second", tmp_path / "t.md": "table"})
+    assert target.read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, "t.md"])
+
+
 def test_the_writer_never_replaces_a_special_file_or_a_database(tmp_path):
     """``os.replace`` would put the new file where a FIFO, a folder or a database was: each
     is one error line, and the thing at the path is left as it was."""

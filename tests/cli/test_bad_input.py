@@ -25,7 +25,7 @@ from tests.cli.test_bad_input_protocol import PROTOCOL_REFUSALS
 from tests.cli.test_bad_input_sweep_tune import SWEEP_TUNE_REFUSALS
 from tests.conftest import TINY_PROTOCOL
 from tests.fixtures import make_cub
-from tests.refusals import Refusal, assert_refused_in
+from tests.refusals import Refusal, assert_refused_in, write_file
 
 
 def _fails(capsys, args, match, out_path):
@@ -53,6 +53,16 @@ def _sqlite(name: str) -> Callable[[Path], object]:
     return make
 
 
+def _grid_of_seeds(seeds: int) -> str:
+    """A grid file on the tiny protocol with ``seeds`` cells (one per seed)."""
+    return (
+        f'protocol = "{TINY_PROTOCOL}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
+        f'backbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\n'
+        f"seeds = {list(range(seeds))}\n"
+    )
+
+
+TINY_GRID = Path(__file__).parents[1] / "grids" / "tiny.toml"
 RUN = ("run", "--protocol", str(TINY_PROTOCOL))
 EXPLAIN = ("explain", "--run", "0123456789abcdef")
 
@@ -130,6 +140,20 @@ REFUSALS = [
     Refusal(
         ("sweep", "--grid", "fair-roth2020", "--storage", "sqlite:///{store}/mlflow.db"),
         "is the tracking store's database",
+    ),
+    # Output names longer than a file system takes (255 bytes), refused before any work.
+    Refusal(
+        (*RUN, "--json", "{dir}/" + "a" * 300 + ".json"),
+        "--json: the name 'aaaaaaaaaaaaaaaaaaaaaaaa...' is 305 bytes long; expected a file name "
+        "of at most 255 bytes",
+    ),
+    Refusal(
+        ("evaluate", "--embeddings", "e.npy", "--labels", "l.npy", "--json", "é" * 200),
+        "--json: the name 'éééééééééééééééééééééééé...' is 400 bytes long",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--out", "{dir}/" + "t" * 250),
+        "--out (forest plot): the name 'tttttttttttttttttttttttt...' is 261 bytes long",
     ),
     # run's own flags and names.
     Refusal(
@@ -214,6 +238,18 @@ REFUSALS = [
     ),
     Refusal(("deviations", "--grid", "nope"), "unknown grid 'nope'"),
     Refusal(("deviations", "--protocol", "nope"), "unknown protocol 'nope'"),
+    Refusal(
+        ("deviations", "--grid", "{dir}/big.toml"),
+        "grid big has 10,000 cells, more than 5,000 (each a training run); check its axes, "
+        "or give --yes",
+        write_file("big.toml", _grid_of_seeds(10_000)),
+    ),
+    Refusal(
+        ("deviations", "--grid", str(TINY_GRID), "--ledger", "{dir}/l.toml"),
+        "{dir}/l.toml is not a UTF-8 TOML file (byte 10 cannot be decoded)",
+        lambda folder: (folder / "l.toml").write_bytes(b'paper = "x\xff"\n'),
+    ),
+    Refusal(("deviations", "--yes"), "--smoke, --ledger and --yes go with --grid"),
     Refusal(("methods", "--bogus"), "unrecognized arguments: --bogus"),
     Refusal(
         ("datasets", "fetch", "cub200", "--timeout", "0"),
@@ -226,6 +262,9 @@ REFUSALS = [
     Refusal(("schema", "yaml"), "schema: argument kind: invalid choice: 'yaml'"),
     Refusal(("bogus",), "argument command: invalid choice: 'bogus'"),
     Refusal(("--debug",), "the following arguments are required: command"),
+    # --debug shows the traceback of an internal error only: a user's error stays one line.
+    Refusal(("--debug", "run", "--loss", "tripplet"), "unknown loss 'tripplet'"),
+    Refusal((*RUN, "--methods", "nope", "--debug"), "unknown method 'nope'"),
 ]
 
 
@@ -256,6 +295,16 @@ def test_every_bad_input_is_refused_with_one_line(
     assert_refused_in(
         case, folder, tracking_dir, capsys, watched=[workdir, data_root, folder, tracking_dir]
     )
+
+
+def test_deviations_of_a_grid_over_the_cell_cap_lists_them_with_yes(workdir, capsys):
+    """The refusal of a grid over the cap says "give --yes"; with it, the grid is listed."""
+    (workdir / "big.toml").write_text(_grid_of_seeds(5_001))
+    assert main(["deviations", "--grid", str(workdir / "big.toml")]) == 2
+    assert "give --yes" in capsys.readouterr().err
+    assert main(["deviations", "--grid", str(workdir / "big.toml"), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("grid big (protocol tiny): 0 deviations from the paper or its code")
 
 
 def test_missing_data_root_names_the_expected_file(workdir, capsys, tmp_path):

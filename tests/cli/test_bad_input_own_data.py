@@ -6,13 +6,15 @@ roles cannot be read one way only, files that are not images, names that would c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from harness.base.errors import HarnessError
 from tests.conftest import TINY_PROTOCOL
-from tests.own_data import make_class_folders, write_rows
+from tests.own_data import ROTATED, make_class_folders, write_rows
 from tests.refusals import Refusal, assert_refused
 
 RUN = ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL))
@@ -73,6 +75,26 @@ def _flat(case: Path) -> None:
     (case / "flat" / "a.jpg").write_bytes(b"")
 
 
+def _rename(old: str, new: bytes) -> Callable[[Path], object]:
+    """Rename ``old`` (below the dataset folder) to the raw bytes ``new`` (a name that
+    need not be UTF-8)."""
+    return lambda folder: os.rename(bytes(folder / old), bytes(folder) + b"/" + new)
+
+
+def _cut(relpath: str) -> Callable[[Path], object]:
+    """Cut the image ``relpath`` (below the dataset folder) to half its bytes."""
+
+    def cut(folder: Path) -> None:
+        data = (folder / relpath).read_bytes()
+        (folder / relpath).write_bytes(data[: len(data) // 2])
+
+    return cut
+
+
+def _one_image_per_class(folder: Path) -> None:
+    (folder / ROTATED).unlink()  # the second image of class_00
+
+
 def _grid(dataset_lines: str) -> Callable[[Path], object]:
     def prepare(case: Path) -> None:
         make_class_folders(case / "a" / "imgs", classes=8, per_class=2)
@@ -127,6 +149,24 @@ CASES = [
         "class folder {dir}/imgs/class_08 holds no image",
         _folders(then=lambda folder: (folder / "class_08").mkdir()),
     ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/imgs"),
+        "dataset {dir}/imgs: every class of the training split holds one image; expected at "
+        "least one class with 2 images or more",
+        _folders(per_class=1, then=_one_image_per_class),
+    ),
+    # Names that are not UTF-8.
+    Refusal(
+        (*RUN, "--dataset", "{dir}/imgs"),
+        "dataset folder {dir}/imgs: the file name {dir}/imgs/class_00/img_\\xff.jpg is not "
+        "UTF-8; expected UTF-8 names",
+        _folders(then=_rename("class_00/img_0.jpg", b"class_00/img_\xff.jpg")),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/imgs"),
+        "dataset folder {dir}/imgs: the folder name {dir}/imgs/class_\\xfe is not UTF-8",
+        _folders(then=_rename("class_01", b"class_\xfe")),
+    ),
     # A file that is not an image, found by the header check before training.
     Refusal(
         (*RUN, "--dataset", "{dir}/imgs"),
@@ -137,6 +177,18 @@ CASES = [
         ("datasets", "verify", "{dir}/imgs"),
         "corrupt image {dir}/imgs/class_05/scan.jpg: UnidentifiedImageError",
         _folders(then=_not_an_image),
+    ),
+    # A PNG cut short (no IEND chunk), in the training split and in the test split.
+    Refusal(
+        (*RUN, "--dataset", "{dir}/imgs"),
+        "corrupt image {dir}/imgs/class_01/img_0.png: OSError: image file is truncated "
+        "(found by the header check before training)",
+        _folders(then=_cut("class_01/img_0.png")),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/imgs"),
+        "corrupt image {dir}/imgs/class_06/img_1.png: OSError: image file is truncated",
+        _folders(then=_cut("class_06/img_1.png")),
     ),
     # CSVs: columns.
     Refusal(
@@ -154,6 +206,11 @@ CASES = [
         "{dir}/d.csv: column 'is_query' without its pair",
         _csv(*[f"{r},true" for r in GOOD], header=f"{HEADER},is_query"),
     ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/d.csv"),
+        "{dir}/d.csv: column 'label' appears 2 times (columns 1, 4); expected each column once",
+        _csv(*[f"{r},9" for r in GOOD], header=f"{HEADER},label"),
+    ),
     Refusal((*RUN, "--dataset", "{dir}/d.csv"), "{dir}/d.csv lists no image", _csv()),
     Refusal(
         (*RUN, "--dataset", "{dir}/d.csv"),
@@ -170,6 +227,11 @@ CASES = [
         (*RUN, "--dataset", "{dir}/d.csv"),
         "{dir}/d.csv, row 6: path 'imgs/../../outside.jpg' escapes the CSV's folder through '..'",
         _csv(*GOOD, "3,imgs/../../outside.jpg,test"),
+    ),
+    Refusal(
+        (*RUN, "--dataset", "{dir}/d.csv"),
+        "{dir}/d.csv, row 6: path 'imgs/class_03/im\\x00g_1.jpg' holds a NUL byte",
+        _csv(*GOOD, "3,imgs/class_03/im\0g_1.jpg,test"),
     ),
     Refusal(
         (*RUN, "--dataset", "{dir}/d.csv"),
@@ -341,10 +403,15 @@ def test_refused(case, workdir, data_root, tracking_dir, capsys, tmp_path_factor
 
 
 def test_a_csv_that_holds_its_own_images_is_read(tmp_path):
-    """The good rows the cases above spoil are themselves a dataset (so each case fails
-    for its one bad line)."""
+    """The good rows the cases above spoil are a dataset once a class of each split has a
+    second image (the pair rule, checked after every rule the cases break), so that each
+    case fails for its one bad line."""
     from harness.components.data.own import dataset_name
 
     make_class_folders(tmp_path / "imgs", classes=8, per_class=2)
     write_rows(tmp_path / "d.csv", HEADER, *GOOD)
+    with pytest.raises(HarnessError, match="every class of the training split holds one image"):
+        dataset_name(str(tmp_path / "d.csv"))
+    pairs = ("0,imgs/class_00/img_1.png,train", "2,imgs/class_02/img_1.webp,test")
+    write_rows(tmp_path / "d.csv", HEADER, *GOOD, *pairs)
     assert dataset_name(str(tmp_path / "d.csv")) == "d"

@@ -61,6 +61,19 @@ PROTOCOL_REFUSALS = [
         "'sampling.batches_per_epoch' = -5: expected an integer >= 0",
     ),
     Refusal(
+        (*RUN, "--set", "image.train_resize=50000"),
+        "protocol key 'image.train_resize' = 50000: expected an integer >= 0 and <= 2048",
+    ),
+    Refusal(
+        (*RUN, "--set", 'sampling.loss_samplers={nope="shuffle"}'),
+        "protocol key 'sampling.loss_samplers': unknown loss 'nope'",
+    ),
+    Refusal(  # the tiny protocol's backbone, efficientnet_lite0: refused before the dataset loads
+        (*RUN, "--set", "backbone.input_transform=false"),
+        "protocol key 'backbone.input_transform' = false: backbone 'efficientnet_lite0' has no "
+        "input transform of its own to skip (only googlenet has one)",
+    ),
+    Refusal(
         (*RUN, "--set", "sampling.samples_per_class=1"),
         "'sampling.samples_per_class' = 1: expected an integer >= 2",
     ),

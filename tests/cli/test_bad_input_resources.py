@@ -391,6 +391,22 @@ ENV_CASES = [
         ("explain-table", "--experiment", "e"),
         "afile, a file",
     ),
+    (
+        {"MLFLOW_TRACKING_URI": ""},
+        RUN,
+        "MLFLOW_TRACKING_URI is set but empty: expected a tracking store",
+    ),
+    (
+        {"MLFLOW_TRACKING_URI": " "},
+        ("table", "--experiment", "e"),
+        "MLFLOW_TRACKING_URI is set but empty",
+    ),
+    (
+        {"DML_HARNESS_DATA": "afile"},
+        ("datasets",),
+        "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness) afile is a file, "
+        "not a folder",
+    ),
 ]
 
 

@@ -19,12 +19,17 @@ SLURM = ("sweep", "--grid", GRID, "--executor", "slurm")
 LOCAL = ("sweep", "--grid", GRID, "--executor", "local")
 
 
-def grid_with(table: str):
-    """``slurm-grid.toml``: the tiny grid with ``table`` (an ``[executor.slurm]``) added."""
+def grid_with(table: str, *, replace_name: bool = False):
+    """``slurm-grid.toml``: the tiny grid with ``table`` (an ``[executor.slurm]``) added,
+    or (``replace_name``) with ``table`` as its ``name = ...`` line."""
 
     def prepare(where: Path) -> None:
         text = Path(GRID).read_text().replace("../protocols/tiny.toml", TINY)
-        (where / "slurm-grid.toml").write_text(text + "\n" + table + "\n")
+        if replace_name:
+            text = text.replace('name = "tiny"', table)
+        else:
+            text += "\n" + table + "\n"
+        (where / "slurm-grid.toml").write_text(text)
 
     return prepare
 
@@ -97,6 +102,15 @@ CASES = [
     ),
     Refusal(
         ("sweep", "--cancel", GRID), "grid tiny: no job was submitted for it (nothing to cancel)"
+    ),
+    Refusal(
+        (*LOCAL, "--gpus-per-task", "2"),  # this machine has fewer than 2 GPUs
+        "--gpus-per-task 2: the local executor runs each task on this machine, which has",
+    ),
+    Refusal(
+        ("sweep", "--grid", "slurm-grid.toml", "--executor", "local"),
+        "grid key 'name' = \"../../escaped\": expected a name of letters, digits, '.', '_' and '-'",
+        grid_with('name = "../../escaped"', replace_name=True),
     ),
     Refusal(("sweep", "--status", "nosuch-grid"), "unknown grid 'nosuch-grid'"),
     Refusal(

@@ -54,6 +54,12 @@ STORE_CASES = [
         "the tracking store (MLFLOW_TRACKING_URI) localhost/db needs the "
         "database driver 'psycopg', which is not installed: pip install psycopg[binary]",
     ),
+    (  # SQLAlchemy's driver for a URL that names none: psycopg (not installed here)
+        "postgresql://user@localhost/db",
+        RUN,
+        "the tracking store (MLFLOW_TRACKING_URI) localhost/db needs the "
+        "database driver 'psycopg', which is not installed: pip install psycopg[binary]",
+    ),
     (
         "sqlite:///{dir}/none/mlflow.db",
         ("table", "--experiment", "x"),

@@ -86,7 +86,7 @@ STAND_IN = textwrap.dedent("""
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the processes")
 def test_sigterm_stops_the_server_and_its_workers(tmp_path):
-    """``ui`` runs the server in its own process group and, on SIGTERM, stops the group."""
+    """``ui`` runs the server in its process group and, on SIGTERM, stops it and its workers."""
     supervisor = subprocess.Popen(
         [
             sys.executable,
@@ -115,6 +115,42 @@ def test_sigterm_stops_the_server_and_its_workers(tmp_path):
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
+        for name in ("server.pid", "worker.pid"):
+            if (tmp_path / name).exists():
+                try:
+                    os.kill(int((tmp_path / name).read_text() or 0), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the processes")
+def test_a_sigkill_of_the_ui_process_group_ends_the_server_and_its_workers(tmp_path):
+    """A supervisor that SIGKILLs ``ui``'s process group (no handler runs) leaves no server
+    or worker holding the port: they are in that group."""
+    supervisor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom harness.cli.processes import serve_process_group\n"
+            "sys.exit(serve_process_group([sys.executable, '-c', sys.argv[1], sys.argv[2]]))",
+            STAND_IN,
+            str(tmp_path),
+        ],
+        start_new_session=True,  # its own group, as a shell or a supervisor starts it
+    )
+    try:
+        deadline = time.time() + 60
+        while not ((tmp_path / "server.pid").exists() and (tmp_path / "worker.pid").exists()):
+            assert supervisor.poll() is None
+            assert time.time() < deadline, "the stand-in server did not start"
+            time.sleep(0.05)
+        time.sleep(0.1)
+        pids = {int((tmp_path / name).read_text()) for name in ("server.pid", "worker.pid")}
+        assert all(_alive(p) for p in pids)
+        os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(timeout=30)
+        assert _wait_gone(pids, timeout=10) == set(), "processes left after SIGKILL of the group"
+    finally:
         for name in ("server.pid", "worker.pid"):
             if (tmp_path / name).exists():
                 try:

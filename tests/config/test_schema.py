@@ -45,6 +45,18 @@ def test_the_published_copy_is_the_generated_schema_up_to_registered_methods(kin
     )
 
 
+def test_the_published_protocol_schema_is_the_schema_command_for_every_method_it_lists():
+    """Each method the published copy lists has the options ``harness schema`` prints for it
+    (a method option added to the code, and not published, fails here)."""
+    published = json.loads((DOCS / "protocol.schema.json").read_text(encoding="utf-8"))
+    generated = json.loads(schema_text("protocol"))
+    listed = published["properties"]["methods"]["properties"]
+    options = generated["properties"]["methods"]["properties"]
+    assert listed, "the published copy lists no method"
+    stale = sorted(m for m in listed if listed[m] != options.get(m))
+    assert not stale, f"docs/protocol.schema.json is stale for {stale}: nox -s docs"
+
+
 def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
     """Where ``value`` breaks the JSON Schema ``node``, for the keywords the harness's
     schemas use (``type``, ``properties``, ``additionalProperties``, ``required``,

@@ -250,10 +250,11 @@ def test_a_broken_plugin_is_one_error_naming_its_distribution_and_entry_point(
 
 
 def _harness(
-    *args: str, cwd: Path, path: list[Path], timeout: int = 600
+    *args: str, cwd: Path, path: list[Path], timeout: int = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
+        **(env or {}),
         "PYTHONPATH": os.pathsep.join(
             [*map(str, path), str(REPO), os.environ.get("PYTHONPATH", "")]
         ),
@@ -284,6 +285,63 @@ def test_a_broken_installed_plugin_is_one_error_line_of_the_command(tmp_path):
         f"broken-head 0.1, group {PLUGIN_GROUP}) failed to load: ModuleNotFoundError: "
         "No module named 'no_such_module_anywhere'"
     )
+
+
+_VARIANT = (
+    "from harness.methods import register_variant\nfrom harness.methods.plain import PlainHead\n"
+)
+
+#: Installed plugins the command refuses, each with one error line, exit status 2, nothing
+#: written and no run: (the plugin module's code, the command, what the line says).
+PLUGIN_REFUSALS = [
+    (
+        _VARIANT + "register_variant('all', PlainHead)\n",
+        ("methods",),
+        "method plugin 'bad' (entry point bad = \"bad_head\" of distribution bad-head 0.1, "
+        f"group {PLUGIN_GROUP}): method name 'all' is reserved: --methods all and a grid's "
+        'methods = "all" stand for every method; rename the plugin\'s method',
+    ),
+    (
+        _VARIANT + "register_variant('a,b', PlainHead)\n",
+        ("run", "--methods", "a,b", "--protocol", str(TINY_PROTOCOL)),
+        "method name 'a,b' is not a method name: expected letters, digits",
+    ),
+    (
+        _VARIANT + "register_variant('all', PlainHead)\n",
+        ("run", "--methods", "all", "--protocol", str(TINY_PROTOCOL)),
+        "method name 'all' is reserved",
+    ),
+    (
+        "import sys\nsys.exit(0)\n",
+        ("run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL)),
+        "method plugin 'bad' (entry point bad = \"bad_head\" of distribution bad-head 0.1, "
+        f"group {PLUGIN_GROUP}) called sys.exit(0) when imported; a plugin's import only "
+        "registers its methods",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "module, argv, expected", PLUGIN_REFUSALS, ids=[" ".join(c[1][:3]) for c in PLUGIN_REFUSALS]
+)
+def test_an_installed_plugin_that_cannot_work_is_refused(tmp_path, module, argv, expected):
+    """The refusal contract, for a command started as users start it (the plugin is
+    installed, found through its entry point): exit 2, one ``error:`` line, no traceback,
+    nothing written (no store, no dataset, no run)."""
+    site, work = tmp_path / "site", tmp_path / "work"
+    _distribution(site, "bad-head", {"bad": "bad_head"}, {"bad_head": module})
+    work.mkdir()
+    env = {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+        "DML_HARNESS_DATA": str(work / "data"),
+    }
+    done = _harness(*argv, cwd=work, path=[site], env=env)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert expected in lines[0]
+    assert list(work.iterdir()) == []
 
 
 # ------------------------------------------------------------------ a package installed with pip

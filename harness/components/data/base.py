@@ -34,6 +34,8 @@ __all__ = [
     "DATASETS",
     "register_dataset",
     "default_data_root",
+    "DATA_ROOT_SETTING",
+    "data_root_folder",
     "carve_validation",
     "cap_per_class",
     "VALIDATION_SPLIT_TAG",
@@ -49,6 +51,21 @@ VALIDATION_SPLIT_TAG, GIVEN_VALIDATION = "validation_split", "dataset"
 def default_data_root() -> Path:
     """``$DML_HARNESS_DATA`` or ``~/.cache/dml-harness``."""
     return Path(os.environ.get("DML_HARNESS_DATA", "~/.cache/dml-harness")).expanduser()
+
+
+#: How an error line names the default data root.
+DATA_ROOT_SETTING = "the data root ($DML_HARNESS_DATA, else ~/.cache/dml-harness)"
+
+
+def data_root_folder(data_root: Path | None) -> Path:
+    """``data_root`` (``--data-root``), else :func:`default_data_root`; one that exists but
+    is not a folder (a file) is one error line naming where it came from. A root not there
+    yet is returned as it is (datasets are then missing, or generated there)."""
+    root = Path(data_root) if data_root is not None else default_data_root()
+    if root.exists() and not root.is_dir():
+        flag = "--data-root" if data_root is not None else DATA_ROOT_SETTING
+        raise HarnessError(f"{flag} {root} is a file, not a folder")
+    return root
 
 
 class ImageSet:

@@ -122,6 +122,17 @@ def _check_classes(split: str, rows: Sequence[ManifestRow], source: Path) -> Non
         )
 
 
+def _check_pairs(split: str, rows: Sequence[ManifestRow], source: Path) -> None:
+    """A split in which every class holds one image has no pair of images of a class: no
+    positive to train on, no match for a query to retrieve."""
+    if len({r.label for r in rows}) == len(rows):
+        raise HarnessError(
+            f"dataset {source}: every class of the {split} split holds one image; expected "
+            f"at least one class with 2 images or more (a pair of one class to learn from, "
+            f"or to retrieve)"
+        )
+
+
 def _check_disjoint(parts: dict[str, list[ManifestRow]], source: Path) -> None:
     """A label in two of the given splits is an error naming it and an image of each."""
     seen: dict[str, tuple[str, ManifestRow]] = {}
@@ -212,6 +223,9 @@ def assign_splits(rows: list[ManifestRow], source: Path) -> dict[str, list[Manif
     if parts["val"]:
         _check_classes("validation", parts["val"], source)
     _check_classes("test", parts["test"] + parts["gallery"], source)
+    _check_pairs("training", parts["train"], source)
+    if not parts["gallery"]:  # queries searched against the test split itself
+        _check_pairs("test", parts["test"], source)
     return parts
 
 

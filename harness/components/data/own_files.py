@@ -28,7 +28,7 @@ from harness.base.errors import HarnessError
 from harness.base.paths import read_text
 from harness.components.data.manifest import ManifestRow
 
-__all__ = ["IMAGE_SUFFIXES", "SPLIT_VALUES", "scan_folder", "read_csv"]
+__all__ = ["IMAGE_SUFFIXES", "SPLIT_VALUES", "scan_folder", "read_csv", "shown_path"]
 
 #: File suffixes of the image formats this Pillow reads (``.jpg``, ``.png``, ``.webp``...).
 IMAGE_SUFFIXES = frozenset(Image.registered_extensions())
@@ -58,6 +58,8 @@ def scan_folder(root: Path) -> tuple[list[ManifestRow], list[str]]:
     except OSError as err:
         raise HarnessError(f"dataset folder {root} cannot be read: {err.strerror or err}") from None
     classes = [e for e in entries if e.is_dir() and not e.name.startswith(".")]
+    for folder in classes:
+        _check_name(folder, root)
     if not classes:
         what = "is empty" if not entries else "holds no class folder"
         raise HarnessError(
@@ -69,6 +71,7 @@ def scan_folder(root: Path) -> tuple[list[ManifestRow], list[str]]:
     for folder in classes:
         found = len(rows)
         for path in _files_below(folder):
+            _check_name(path, root)
             relpath = path.relative_to(root).as_posix()
             if path.suffix.lower() not in IMAGE_SUFFIXES:
                 skipped.append(relpath)
@@ -80,6 +83,24 @@ def scan_folder(root: Path) -> tuple[list[ManifestRow], list[str]]:
                 f".webp); remove it or add its images"
             )
     return rows, skipped
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as text an error line can print: bytes that are not UTF-8 as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _check_name(path: Path, root: Path) -> None:
+    """A path below ``root`` that is not UTF-8 (the manifest, the fingerprint and the
+    tracking store hold paths as UTF-8 text) is an error naming it."""
+    try:
+        path.relative_to(root).as_posix().encode("utf-8")
+    except UnicodeEncodeError:
+        kind = "folder" if path.is_dir() else "file"
+        raise HarnessError(
+            f"dataset folder {root}: the {kind} name {shown_path(path)} is not UTF-8; "
+            f"expected UTF-8 names (rename it)"
+        ) from None
 
 
 def _files_below(folder: Path) -> list[Path]:
@@ -94,6 +115,13 @@ def _files_below(folder: Path) -> list[Path]:
 
 def _columns(reader: csv.DictReader, csv_path: Path) -> list[str]:
     columns = [c.strip() for c in (reader.fieldnames or [])]
+    for name in ("label", "path", "split", "is_query", "is_gallery"):
+        where = [str(i + 1) for i, column in enumerate(columns) if column == name]
+        if len(where) > 1:
+            raise HarnessError(
+                f"{csv_path}: column '{name}' appears {len(where)} times (columns "
+                f"{', '.join(where)}); expected each column once"
+            )
     for needed in ("label", "path"):
         if needed not in columns:
             raise HarnessError(
@@ -114,6 +142,10 @@ def _relative_path(text: str, where: str) -> str:
     empty, absolute or escaping (``..``) one is an error naming ``where``."""
     if not text.strip():
         raise HarnessError(f"{where}: empty path")
+    if "\0" in text:
+        raise HarnessError(
+            f"{where}: path {text!r} holds a NUL byte; expected a file name without one"
+        )
     path = PurePosixPath(text)
     if path.is_absolute():
         raise HarnessError(f"{where}: path {text!r} is absolute; expected one relative to the CSV")

@@ -6,7 +6,7 @@ in the dataset's folder (:data:`STAMP`). The stamp holds a digest of the image l
 each file's size and modification time: a file added, removed, replaced or touched since
 makes it stale. ``run`` checks the stamp (:func:`check_images`); a tree without a current
 one gets a header check instead (each file opened and its format and size read, no pixel
-decoded; a JPEG without its end marker is decoded in full), which finds missing, empty,
+decoded; a JPEG or PNG without its end marker is decoded in full), which finds missing, empty,
 truncated and non-image files in seconds, and one line says how to verify fully.
 
 Images the harness generates itself (the embedded synthetic set, packed into one array)
@@ -78,19 +78,22 @@ def stamp_is_current(root: Path, digest: str) -> bool:
     return isinstance(stamp, dict) and stamp.get("digest") == digest
 
 
-#: The end-of-image marker a complete JPEG file ends with, and how far from the end of the
-#: file it is looked for (some writers pad the file after it).
-JPEG_END, JPEG_END_WITHIN = b"\xff\xd9", 4096
+#: The end a complete file of each format ends with (a JPEG's end-of-image marker, a
+#: PNG's IEND chunk), looked for within :data:`END_WITHIN` bytes of the end of the file
+#: (some writers pad the file after it).
+FORMAT_ENDS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}
+END_WITHIN = 4096
 
 
 def _header_problem(path: Path) -> str | None:
     """Why ``path`` is not an image PIL can read the header of (None when it is). A JPEG
-    without its end-of-image marker near the end of the file (cut short by a copy or a
-    download) is decoded in full to tell."""
+    or PNG without its end (:data:`FORMAT_ENDS`) near the end of the file (cut short by a
+    copy or a download) is decoded in full to tell."""
     try:
         with Image.open(path) as img:
             width, height = img.size
-            if img.format == "JPEG" and not _ends_a_jpeg(path):
+            end = FORMAT_ENDS.get(img.format or "")
+            if end is not None and not _ends_with(path, end):
                 img.load()
     except FileNotFoundError:
         return "missing"
@@ -99,10 +102,10 @@ def _header_problem(path: Path) -> str | None:
     return None if width > 0 and height > 0 else f"size {width}x{height}"
 
 
-def _ends_a_jpeg(path: Path) -> bool:
+def _ends_with(path: Path, end: bytes) -> bool:
     with open(path, "rb") as fh:
-        fh.seek(max(0, fh.seek(0, os.SEEK_END) - JPEG_END_WITHIN))
-        return JPEG_END in fh.read()
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - END_WITHIN))
+        return end in fh.read()
 
 
 def _decode_problem(path: Path) -> str | None:
