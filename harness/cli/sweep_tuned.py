@@ -78,35 +78,37 @@ def tuned_final_report(grid: Grid, storage: str) -> int:
 
 
 def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
-    """The grid's tables (every report), the appendix and the figure, under ``folder``."""
-    from harness.base.atomic import atomic_write_text
+    """The grid's tables (each report, Markdown and LaTeX) under ``folder``, each with its
+    forest plot, its appendix of chosen settings and its best-so-far figure, each table
+    written with its files as one set."""
+    from harness.base.atomic import atomic_write_set
+    from harness.reports.figures import forest_files
     from harness.reports.tables.compose import compose_table
     from harness.reports.tables.load import load_runs, select_report
-    from harness.reports.tuning import settings_appendix, write_search_figure
+    from harness.reports.tuning import tuned_table_files
 
     assert grid.tune is not None
     reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]
     caption = grid.description or f"Tuned grid {grid.name}"
     if grid.smoke:
         caption += " -- smoke run: a pipeline check"
-    written: list[Path] = []
     options: dict[str, Any] = {"baseline": grid.baseline}
     if grid.metrics:
         options["metrics"] = tuple(grid.metrics)
+    runs = load_runs([grid.experiment])
+    written: list[Path] = []
     for report in reports:
-        suffix = "" if report == "separated" else "-concatenated"
+        stem = folder / (grid.name if report == "separated" else f"{grid.name}-{report}")
         title = caption + (f" ({report} fold models)" if grid.tune.folds > 1 else "")
-        for fmt, ext in (("markdown", "md"), ("latex", "tex")):
+        for fmt, ext in (("markdown", ".md"), ("latex", ".tex")):
             table = compose_table(
                 [grid.experiment], fmt=fmt, caption=title, report=report, **options
             )
-            path = folder / f"{grid.name}{suffix}.{ext}"
-            atomic_write_text(path, table.text)
-            written.append(path)
-    runs = select_report(load_runs([grid.experiment]), "separated")
-    for fmt, ext in (("markdown", "md"), ("latex", "tex")):
-        path = folder / f"{grid.name}.settings.{ext}"
-        atomic_write_text(path, settings_appendix(runs, fmt))
-        written.append(path)
-    written += write_search_figure(runs, folder / grid.name)
+            files = {
+                stem.with_suffix(ext): table.text,
+                **forest_files(stem, table.tests, table.labels, metrics=table.metrics),
+                **tuned_table_files(select_report(runs, report), stem, fmt),
+            }
+            atomic_write_set(files)
+            written += [p for p in files if p not in written]
     return written

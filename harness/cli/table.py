@@ -22,6 +22,8 @@ from harness.reports.tables import (
     compose,
     parse_published_row,
 )
+from harness.reports.tables.load import load_runs, select_report
+from harness.reports.tuning import REPORTS, tuned_table_files
 
 __all__ = ["add_table_parser", "cmd_table"]
 
@@ -75,6 +77,7 @@ def cmd_table(args: argparse.Namespace) -> int:
             published_rows=rows or None,
             baseline=args.baseline,
             published_metrics=metric_map or None,
+            report=args.report,
         )
     )
     if args.strict and table.problems:
@@ -83,6 +86,13 @@ def cmd_table(args: argparse.Namespace) -> int:
             f"(listed above); nothing written"
         )
     figures = forest_files(out.with_suffix(""), table.tests, table.labels, metrics=table.metrics)
+    # A tuned grid's table: its appendix of chosen settings and its best-so-far figure too.
+    tuned = tuned_table_files(
+        select_report(load_runs(args.experiment), args.report), out.with_suffix(""), args.format
+    )
+    for path in tuned:
+        output_file(path, "--out (tuned table's appendix and figure)", args=args)
+    figures = {**figures, **tuned}
     atomic_write_set({out: table.text, **figures})  # the table and its figures, or none
     print(table.text)
     print(
@@ -147,6 +157,13 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
         f"else {','.join(DEFAULT_METRICS)})",
     )
     p.add_argument("--caption")
+    p.add_argument(
+        "--report",
+        choices=REPORTS,
+        default="separated",
+        help="a tuned grid with k > 1 folds: the mean of the fold models' metrics (separated, "
+        "the default) or their concatenated embeddings' (concatenated)",
+    )
     p.add_argument(
         "--strict",
         action="store_true",

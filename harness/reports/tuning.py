@@ -22,8 +22,9 @@ __all__ = [
     "unequal_budget_rows",
     "settings_appendix",
     "best_so_far",
-    "write_search_figure",
+    "search_figure_files",
     "search_figure_paths",
+    "tuned_table_files",
 ]
 
 #: A tuned grid's final results with k > 1 folds: the mean over the k fold models
@@ -154,10 +155,10 @@ def search_figure_paths(stem: Path) -> list[Path]:
     return [stem.with_name(stem.name + ".search.png"), stem.with_name(stem.name + ".search.pdf")]
 
 
-def write_search_figure(runs: pd.DataFrame, stem: Path) -> list[Path]:
+def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | str]:
     """The best validation value so far against the trial number, one panel per block
-    (backbone, loss, dataset) and one line per method, as ``<stem>.search.png`` and
-    ``.pdf`` (each written atomically); nothing for runs that were not tuned."""
+    (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
+    by path, rendered, not written (empty for runs that were not tuned)."""
     import io
 
     import matplotlib
@@ -165,11 +166,9 @@ def write_search_figure(runs: pd.DataFrame, stem: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.base.atomic import atomic_write_bytes
-
     tuned = tuned_runs(runs)
     if tuned.empty:
-        return []
+        return {}
     blocks = list(tuned.groupby(BLOCK, sort=True))
     figure, axes = plt.subplots(
         1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
@@ -184,11 +183,27 @@ def write_search_figure(runs: pd.DataFrame, stem: Path) -> list[Path]:
         ax.set_ylabel("best validation so far (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-    paths = []
+    files: dict[Path, bytes | str] = {}
     for path in search_figure_paths(stem):
         buffer = io.BytesIO()
-        figure.savefig(buffer, format=path.suffix[1:], dpi=150)
-        atomic_write_bytes(path, buffer.getvalue())
-        paths.append(path)
+        # No creation date in the file: the same runs give the same bytes.
+        figure.savefig(buffer, format=path.suffix[1:], dpi=150, metadata=_NO_DATE[path.suffix])
+        files[path] = buffer.getvalue()
     plt.close(figure)
-    return paths
+    return files
+
+
+_NO_DATE: dict[str, dict] = {".png": {"Software": None}, ".pdf": {"CreationDate": None}}
+
+
+def tuned_table_files(runs: pd.DataFrame, stem: Path, fmt: str) -> dict[Path, bytes | str]:
+    """What a tuned table gets beside it: the appendix of chosen settings
+    (``<stem>.settings.md`` or ``.tex``) and the best-so-far figure; empty when the runs
+    were not tuned."""
+    if tuned_runs(runs).empty:
+        return {}
+    ext = ".tex" if fmt == "latex" else ".md"
+    return {
+        stem.with_name(stem.name + ".settings" + ext): settings_appendix(runs, fmt),
+        **search_figure_files(runs, stem),
+    }

@@ -12,8 +12,8 @@ from harness.reports.tables.load import label_settings
 from harness.reports.tuning import (
     best_so_far,
     settings_appendix,
+    tuned_table_files,
     tuning_notes,
-    write_search_figure,
 )
 
 BUDGET = "4 TPE trials x 2 class-disjoint folds (sampler seed 0, 2 per round, pruner median)"
@@ -61,6 +61,12 @@ def test_the_appendix_lists_each_rows_chosen_setting_in_markdown_and_latex():
 
 def test_best_so_far_keeps_the_best_over_pruned_trials(tmp_path):
     assert best_so_far([None, 0.2, None, 0.1, 0.4])[1:] == [0.2, 0.2, 0.2, 0.4]
-    paths = write_search_figure(_runs(), tmp_path / "grid")
-    assert [p.name for p in paths] == ["grid.search.png", "grid.search.pdf"]
-    assert all(p.stat().st_size > 1000 for p in paths)
+    files = tuned_table_files(_runs(), tmp_path / "grid", "latex")
+    assert sorted(p.name for p in files) == [
+        "grid.search.pdf",
+        "grid.search.png",
+        "grid.settings.tex",
+    ]
+    assert all(len(data) > 500 for data in files.values())
+    assert files == tuned_table_files(_runs(), tmp_path / "grid", "latex")  # the same bytes
+    assert tuned_table_files(_runs().assign(tune_budget=""), tmp_path / "grid", "latex") == {}
