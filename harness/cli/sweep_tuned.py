@@ -27,8 +27,9 @@ def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
     """Queue what can run now; the counts ``sweep --executor`` sizes its array by."""
     from harness.engine.sweep import pop_lock
 
+    records = record_storage(storage)  # opened before the lock, which opening may take
     with pop_lock(storage):
-        counts = plan_tasks(grid, queue, record_storage(storage))
+        counts = plan_tasks(grid, queue, records)
     spec = grid.tune
     assert spec is not None
     print(
