@@ -277,3 +277,48 @@ def test_a_smoke_grid_on_a_real_slurm_survives_a_cancelled_task(
             f"then ran; {len(finished)}/{len(grid.cells)} cells FINISHED once; {agreed} running "
             f"cells shown by --status, each RUNNING in squeue"
         )
+
+
+@pytest.mark.slow  # a tuned grid's search and final phase on a real cluster: 5 to 20 minutes
+def test_a_tuned_grid_on_a_real_slurm_ends_as_a_local_sweep(slurm, workdir, monkeypatch):
+    """The tuned test grid (2 studies x 3 trials x 2 folds, then 4 final cells) as an array
+    of 2 tasks, against the same grid swept by 2 local workers: every study complete with
+    the same trials, and the same tables, byte for byte."""
+    import optuna
+
+    from harness.engine.tuned_studies import settled, tuned_studies
+
+    grid_file = str(Path(__file__).resolve().parents[1] / "grids" / "tiny-tuned.toml")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per worker on either side
+    monkeypatch.setenv("DML_HARNESS_LOG_MODEL", "0")
+    outcome = {}
+    for where in ("local", "slurm"):
+        folder = workdir / where
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        monkeypatch.setenv("DML_HARNESS_CHECKPOINTS", str(folder / "checkpoints"))
+        if where == "slurm":
+            for key, value in slurm.items():
+                monkeypatch.setenv(key, value)
+        storage = f"sqlite:///{folder / 'optuna.db'}"
+        argv = ["sweep", "--grid", grid_file, "--storage", storage, "--workers", "2"]
+        argv += ["--device", "cpu", "--heartbeat", "2", "--grace", "20"]
+        if where == "slurm":
+            argv += ["--executor", "slurm", "--cpus-per-task", "1", "--wait"]
+        assert main(argv) == 0
+        grid = load_grid(grid_file)
+        rdb = optuna.storages.RDBStorage(storage)
+        trials = {
+            s.label: {
+                n: (t.params, t.value)
+                for n, t in settled(optuna.load_study(study_name=s.name, storage=rdb)).items()
+            }
+            for s in tuned_studies(grid)
+        }
+        assert all(len(t) == 3 for t in trials.values())  # every study has its whole budget
+        tables = folder / "results" / "tables"
+        texts = {p.name: p.read_text() for p in sorted(tables.glob("tiny-tuned*.md"))}
+        outcome[where] = (trials, texts)
+    assert outcome["slurm"] == outcome["local"]
+    assert "tiny-tuned.md" in outcome["slurm"][1]
