@@ -60,6 +60,19 @@ def _splits(
     return seal_test(splits, "the hyperparameter search") if sealed else splits
 
 
+def _fold_record(spec: TuneSpec, splits, fold: int | None, protocol) -> dict[str, str]:
+    """What a fold run records of its fold: the rule that drew it (k folds of the training
+    classes from the protocol's split seed) and a digest of its held-out classes."""
+    if fold is None:
+        return {"tune_folds": "the protocol's validation split"}
+    held_out = ",".join(str(c) for c in sorted(set(splits.val.labels.tolist())))
+    return {
+        "tune_folds": f"{spec.folds} class-disjoint folds of the training classes, seed "
+        f"{protocol.splits.seed}",
+        "tune_fold_classes": hashlib.sha256(held_out.encode()).hexdigest()[:16],
+    }
+
+
 def _tuned_protocol(cell: Cell, overrides: dict[str, Any]):
     """The cell's protocol with a setting's protocol overrides (learning rates, loss
     arguments) applied: the tuned setting, recorded as ``tune_params``, not as deviations
@@ -194,6 +207,7 @@ def _trial_fold_run(
     if run is not None:
         return run.info.run_id
     splits = _splits(cell, protocol, study.spec.folds, fold, settings, cache, sealed=True)
+    tags = {**tags, **_fold_record(study.spec, splits, fold, protocol)}
     cfg = training.RunConfig.build(
         protocol,
         method=cell.method,
@@ -292,6 +306,8 @@ def _final_fold_run(
                 f"{cell.label}: its base cell has no finished run of fold {fold_name}"
             )
         init_from = base_run.info.run_id
+    splits = _splits(cell, protocol, spec.folds, fold, settings, cache, sealed=False)
+    fold_tags = {**fold_tags, **_fold_record(spec, splits, fold, protocol)}
     cfg = training.RunConfig.build(
         protocol,
         method=cell.method,
@@ -308,7 +324,6 @@ def _final_fold_run(
         experiment=experiment,
         tags=fold_tags,
     )
-    splits = _splits(cell, protocol, spec.folds, fold, settings, cache, sealed=False)
     run_id = training.run_training(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id
@@ -337,6 +352,7 @@ def _record_fold_reports(
         **tags,
         "cell_key": cell.key,
         "tune_cell": cell.key,
+        "tune_fold": "all",
         "tune_fold_runs": " ".join(run_ids),
     }
     if "concatenated" not in have:

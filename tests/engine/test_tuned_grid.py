@@ -208,6 +208,8 @@ def test_a_tuned_sweep_on_two_workers_gives_every_study_its_budget_and_mlrc_repo
     assert len(search) == 2 * 3 * 2  # studies x trials x folds
     assert all(not any(k.startswith("test/") for k in r.data.metrics) for r in search)
     assert all(r.data.tags["tune_role"] == "trial" for r in search)
+    # Every trial of both studies, on either worker, trained on the same two folds.
+    assert len({r.data.tags["tune_fold_classes"] for r in search}) == 2
     finals = runs("grid-tiny-tuned")
     assert (
         sorted(r.data.tags["tune_report"] for r in finals)
