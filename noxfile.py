@@ -106,14 +106,20 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
             "a pipeline check"
             + (", not comparable with the published columns" if published else "")
         )
-    for fmt, ext in (("latex", "tex"), ("markdown", "md")):
+    tune = {**data.get("tune", {}), **(data.get("smoke", {}).get("tune", {}) if smoke else {})}
+    # A tuned grid with k > 1 folds: the concatenated fold models' table too.
+    reports = ["separated", "concatenated"] if tune.get("folds", 1) > 1 else ["separated"]
+    for fmt, ext, report in [
+        (f, e, r) for r in reports for f, e in (("latex", "tex"), ("markdown", "md"))
+    ]:
+        suffix = "" if report == "separated" else f"-{report}"
         args = [
             "--experiment",
             experiment,
             "--format",
             fmt,
             "--out",
-            f"results/tables/{data['name']}.{ext}",
+            f"results/tables/{data['name']}{suffix}.{ext}",
             "--caption",
             caption,
         ]
@@ -134,6 +140,8 @@ def _grid_tables(session: nox.Session, grid: str, *, smoke: bool) -> None:
             args += ["--metrics", ",".join(data["metrics"])]
         if data.get("baseline"):
             args += ["--baseline", data["baseline"]]
+        if tune:
+            args += ["--report", report]
         session.run("python", "-m", "harness", "table", *args)
 
 
