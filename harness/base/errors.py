@@ -5,11 +5,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["HarnessError", "unknown_name"]
+__all__ = ["HarnessError", "NonFiniteLoss", "unknown_name"]
 
 
 class HarnessError(Exception):
     """An error caused by the user's input; the CLI prints ``str(err)`` and exits 2."""
+
+
+class NonFiniteLoss(HarnessError):
+    """A run's loss became NaN or infinite: the setting diverged (a search's trial ends
+    with it; the study goes on)."""
 
 
 def unknown_name(kind: str, name: str, valid: Iterable[str]) -> HarnessError:

@@ -65,10 +65,14 @@ class SpaceEntry:
     log: bool = False
     choices: tuple[Any, ...] = ()
     source: str = ""
+    #: Integers in ``[low, high]`` (an integer target: a group count, a batch layout).
+    integer: bool = False
 
     def suggest(self, trial, name: str) -> Any:
         if self.choices:
             return trial.suggest_categorical(name, list(self.choices))
+        if self.integer:
+            return int(trial.suggest_int(name, int(self.low), int(self.high), log=self.log))
         return float(trial.suggest_float(name, self.low, self.high, log=self.log))
 
     def describe(self) -> str:
@@ -136,6 +140,8 @@ def _entry(name: str, value: Any) -> SpaceEntry:
         choices = value["choices"]
         if not isinstance(choices, list) or not choices:
             raise HarnessError(f"{where}: choices must be a non-empty list")
+        if not all(isinstance(c, bool | int | float | str) for c in choices):
+            raise HarnessError(f"{where}: choices must be numbers, booleans or strings")
         return SpaceEntry(choices=tuple(choices))
     low, high, log = value.get("low"), value.get("high"), bool(value.get("log", False))
     if not isinstance(low, int | float) or not isinstance(high, int | float):
@@ -171,16 +177,20 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
     if pruner not in PRUNERS:
         raise HarnessError(f"grid key 'tune.pruner' = {pruner!r}: expected one of {PRUNERS}")
     metric = table.get("metric", protocol.selection.metric)
-    if not isinstance(metric, str) or not metric:
-        raise HarnessError(f"grid key 'tune.metric' = {metric!r}: expected a metric name")
+    logged = _validation_metrics(protocol)
+    if metric not in logged:
+        raise HarnessError(
+            f"grid key 'tune.metric' = {metric!r}: expected a metric the validation logs "
+            f"({', '.join(logged)})"
+        )
     if protocol.selection.mode != "validation":
         raise HarnessError(
             f"a tuned grid needs selection.mode = 'validation' (protocol '{protocol.name}' has "
             f"'{protocol.selection.mode}'): hyperparameters are never chosen on the test set"
         )
     space = {name: _entry(name, value) for name, value in dict(table.get("space", {})).items()}
-    for name in space:
-        _check_space_name(name, protocol, methods, losses)
+    for name, entry in space.items():
+        space[name] = _typed(name, entry, _check_space_name(name, protocol, methods, losses))
     return TuneSpec(
         trials=ints["trials"],
         folds=ints["folds"],
@@ -193,9 +203,19 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
     )
 
 
-def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]) -> None:
+def _validation_metrics(protocol) -> list[str]:
+    """The metrics each epoch's validation logs: the protocol's retrieval metrics and its
+    selection metric."""
+    from harness.components.evaluation import RETRIEVAL_METRICS
+
+    wanted = [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS]
+    return list(dict.fromkeys([*wanted, protocol.selection.metric]))
+
+
+def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]) -> Any:
     """A space name is a numeric protocol field, ``loss.<loss>.<arg>`` of a grid's loss,
-    or ``method.<method>.<option>`` of a grid's method."""
+    or ``method.<method>.<option>`` of a grid's method; returns its current value (None
+    where it has none), whose type the searched values keep."""
     from harness.components.losses import LOSSES
     from harness.methods import METHODS
 
@@ -210,7 +230,7 @@ def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]
         accepted = set(inspect.signature(LOSSES.get(loss).cls).parameters)
         if arg not in accepted | set(LOSSES.get(loss).defaults):
             raise HarnessError(f"{where}: the {loss} loss has no argument '{arg}'")
-        return
+        return protocol.loss_args(loss).get(arg, LOSSES.get(loss).defaults.get(arg))
     if head == "method" and rest.count(".") == 1:
         method, option = rest.split(".")
         if method not in methods:
@@ -222,7 +242,7 @@ def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]
                 f"{where}: method '{method}' has no option '{option}' "
                 f"(options: {', '.join(sorted(METHODS.get(method).options())) or 'none'})"
             )
-        return
+        return {**METHODS.get(method).options(), **protocol.methods.get(method, {})}.get(option)
     fields = flatten_keys(protocol.to_dict())
     if name not in fields:
         raise HarnessError(
@@ -232,6 +252,23 @@ def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]
         raise HarnessError(
             f"{where}: protocol field = {fields[name]!r} is not a number; only numbers are searched"
         )
+    return fields[name]
+
+
+def _typed(name: str, entry: SpaceEntry, current: Any) -> SpaceEntry:
+    """``entry`` searched in its target's type: an integer target (a batch layout, a group
+    count) gets integers, so a range on it needs integer bounds."""
+    where = f"grid key 'tune.space.\"{name}\"'"
+    if entry.choices:
+        return entry
+    if isinstance(current, int) and not isinstance(current, bool):
+        if entry.low != int(entry.low) or entry.high != int(entry.high):
+            raise HarnessError(
+                f"{where}: '{name}' is an integer ({current}); expected integer bounds, got "
+                f"[{entry.low:g}, {entry.high:g}]"
+            )
+        return SpaceEntry(entry.low, entry.high, entry.log, integer=True)
+    return entry
 
 
 def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, SpaceEntry]:
@@ -247,7 +284,8 @@ def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, S
         fields = flatten_keys(protocol.to_dict())
         for key in DEFAULT_PROTOCOL_SPACE:
             value = float(fields[key])
-            out[key] = SpaceEntry(value / 10, value * 10, True, source="a decade either side")
+            if value > 0:  # a frozen part (learning rate 0) stays frozen
+                out[key] = SpaceEntry(value / 10, value * 10, True, source="a decade either side")
         for arg, rng in loss_search_space(loss).items():
             out[f"loss.args.{loss}.{arg}"] = SpaceEntry(
                 rng.low, rng.high, rng.log, source=rng.source

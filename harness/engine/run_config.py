@@ -172,12 +172,21 @@ def run_key(cfg: RunConfig, fp: str) -> str:
             "seed": cfg.seed,
             "init_from": cfg.init_from,
             **({"evaluate_only": True} if cfg.evaluate_only else {}),
+            # A search trial's run is its trial's own, even where two trials draw one setting.
+            **({"search_trial": _search_trial(cfg.tags)} if cfg.search_only else {}),
             **METHODS.get(cfg.method).key_fields(),
         },
         sort_keys=True,
         default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _search_trial(tags: dict[str, str]) -> str:
+    """Which trial of which study a search run belongs to (``tune_*`` or ``optuna_*`` tags)."""
+    study = tags.get("tune_study") or tags.get("optuna_study", "")
+    trial = tags.get("tune_trial") or tags.get("optuna_trial", "")
+    return f"{study}:{trial}:{tags.get('tune_fold', '')}"
 
 
 def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:

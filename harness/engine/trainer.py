@@ -31,7 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from harness.base.device import amp_dtype
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, NonFiniteLoss
 from harness.base.faults import fault_point
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
@@ -524,7 +524,7 @@ class _EpochMeter:
         bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
         cfg = self.trainer.cfg
         if bad is not None:
-            raise HarnessError(
+            raise NonFiniteLoss(
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
                 f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
             )

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, NonFiniteLoss
 from harness.base.faults import fault_point
 from harness.base.metric_keys import group_metrics, metric_key
 from harness.config.grids import Cell, Grid
-from harness.config.tuning import TuneSpec
+from harness.config.tuning import TuneSpec, suggest_setting
 from harness.engine.sweep import pop_lock
 from harness.engine.tuned_studies import (
     Study,
@@ -48,7 +49,14 @@ def _splits(
     from harness.config.protocol import apply_overrides
     from harness.engine.training import prepare_splits
 
-    key = (cell.dataset, repr(protocol.splits), fold is None, str(settings.get("data_root")))
+    by_seed = cell.seed if protocol.splits.validation_by_run_seed else None  # its own carve
+    key = (
+        cell.dataset,
+        repr(protocol.splits),
+        fold is None,
+        str(settings.get("data_root")),
+        by_seed,
+    )
     if key not in cache:
         base = protocol
         if fold is not None:  # the whole training split: the folds replace the protocol's carve
@@ -131,15 +139,13 @@ def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -
     again), the mean of their best validation values, recorded in the study (once)."""
     from optuna.trial import TrialState
 
-    from harness.components.data import SealedSplitRead
-
     spec = study.spec
     record = record_study(study, storage)
     done = settled(record)
     if number in done:  # settled by a worker that died before telling the queue
         return float(done[number].value or 0.0)
-    history = {n: done[n] for n in range(round_start(spec, number))}
     params, distributions, options, overrides = trial_setting(study, number, done)
+    history = {n: done[n] for n in range(round_start(spec, number))}
     setting = (params, options, _tuned_protocol(study.first, overrides))
     log(f"{study.label} trial {number}: {params}")
     values: list[float] = []
@@ -149,9 +155,7 @@ def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -
     for fold in fold_plan(study.grid):
         try:
             run_id = _trial_fold_run(study, number, fold, setting, settings, cache)
-        except SealedSplitRead:  # a leak is a failure of the harness, never a pruned trial
-            raise
-        except HarnessError as err:  # a diverging setting: the trial ends, the study goes on
+        except NonFiniteLoss as err:  # a diverging setting: the trial ends, the study goes on
             log(f"{study.label} trial {number} fold {fold}: {err}; recorded as pruned")
             state = TrialState.PRUNED
             break
@@ -264,7 +268,14 @@ def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict)
     study = next(s for s in tuned_studies(grid) if base_cell in s.cells)
     record = record_study(study, storage)
     best = best_trial(record)
-    _, _, options, overrides = trial_setting(study, int(best.user_attrs["number"]), settled(record))
+    # The recorded parameters themselves (not a new suggestion) make the final setting.
+    options, overrides = suggest_setting(
+        optuna.trial.FixedTrial(best.params),
+        study.spec,
+        base_cell.method,
+        base_cell.loss,
+        base_cell.protocol,
+    )
     protocol = _tuned_protocol(cell, overrides)
     options = {**cell.method_options, **({} if cell.base_key else options)}
     tags = _final_tags(study, record, best, cell)
@@ -364,6 +375,7 @@ def _record_fold_reports(
                 grid.experiment,
                 run_ids[0],
                 run_name=f"{cell.label} concatenated",
+                drop=_FOLD_RUN_TAGS,
                 tags={**common, "tune_report": "concatenated"},
                 metrics={metric_key("test", k): v for k, v in scores.items()},
                 artifacts=[(path, folder)],
@@ -386,10 +398,21 @@ def _record_fold_reports(
                 grid.experiment,
                 run_ids[0],
                 run_name=f"{cell.label} separated",
+                drop=_FOLD_RUN_TAGS,
                 tags={**common, "tune_report": "separated"},
                 metrics=metrics,
                 artifacts=artifacts,
             )
+
+
+#: Tags of a fold run that do not describe a result derived from all folds.
+_FOLD_RUN_TAGS = (
+    "tune_fold_classes",
+    "selected_epoch",
+    "harness_worker",
+    "checkpoint_dir",
+    "run_key",
+)
 
 
 def _cell_reports(grid: Grid, cell: Cell) -> list:

@@ -34,6 +34,7 @@ the tables write their notes, the appendix of chosen settings and the best-so-fa
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -179,7 +180,13 @@ def tuned_worker_loop(
                 counts = plan_tasks(grid, queue, storage, retry_failed=False)
             if counts["trials_queued"] or counts["finals_queued"]:
                 continue
-            if not by["RUNNING"] and not _queue_trials(queue)["RUNNING"]:
+            if not _queue_trials(queue)["RUNNING"]:
+                # Nothing runs now; a task that ended since the plan above may have readied
+                # the next round (it records before it ends): plan once more, then stop.
+                with pop_lock(settings.get("storage")):
+                    again = plan_tasks(grid, queue, storage, retry_failed=False)
+                if again["trials_queued"] or again["finals_queued"]:
+                    continue
                 return report
             time.sleep(poll)
             continue
@@ -230,7 +237,8 @@ def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
         settle_trial(queue, task, state=TrialState.FAIL, error=text)
         report["failed"].append((name, text))
         return
-    settle_trial(queue, task, value=value)
+    # A pruned trial's task ended as it should: its queue entry is told a number, not NaN.
+    settle_trial(queue, task, value=value if math.isfinite(value) else 0.0)
     report["done"].append(name)
 
 
@@ -302,6 +310,12 @@ def check_tuned_grid(grid: Grid, settings: dict) -> None:
         seen.add(key)
         whole, _ = apply_overrides(cell.protocol, {"selection.mode": "last"})
         splits = prepare_splits(whole, cell.dataset, settings.get("data_root"), seed=cell.seed)
+        if splits.val is not None:  # a CSV's own validation rows: the folds would replace them
+            raise HarnessError(
+                f"grid {grid.name}, dataset {cell.dataset}: tune.folds = {grid.tune.folds} draws "
+                f"validation folds from the training classes, but the dataset gives its own "
+                f"validation split; use folds = 1 (that split) or a dataset without one"
+            )
         try:
             class_folds(splits.train.labels, grid.tune.folds, cell.protocol.splits.seed)
         except HarnessError as err:

@@ -268,12 +268,14 @@ def record_derived_run(
     tags: dict[str, Any],
     metrics: dict[str, float],
     artifacts: Sequence[tuple[Path, str]] = (),
+    drop: Sequence[str] = (),
 ) -> str:
     """A FINISHED run of ``experiment`` that trains nothing and reports ``metrics``: a
     result derived from other runs (a tuned grid's "separated" mean over fold models, or
     their "concatenated" embeddings). It carries the params and tags of ``source_run_id``
-    (what was trained, under which protocol), then ``tags`` on top, and ``artifacts``
-    (``(file, artifact folder)``). Returns its run id."""
+    (what was trained, under which protocol) less the tags in ``drop`` (what describes
+    the source run alone), then ``tags`` on top, and ``artifacts`` (``(file, artifact
+    folder)``). Returns its run id."""
     from mlflow.entities import Metric, Param, RunTag
 
     from harness.store.tracking import experiment_id
@@ -286,7 +288,9 @@ def record_derived_run(
     for i in range(0, len(params), 100):
         c.log_batch(run_id, params=params[i : i + 100])
     inherited = {
-        k: v for k, v in source.data.tags.items() if not k.startswith(("mlflow.", "model_"))
+        k: v
+        for k, v in source.data.tags.items()
+        if not k.startswith(("mlflow.", "model_")) and k not in drop
     }
     items = [RunTag(k, str(v)[:5000]) for k, v in {**inherited, **tags}.items()]
     for i in range(0, len(items), 100):

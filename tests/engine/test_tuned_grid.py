@@ -116,6 +116,18 @@ def test_a_bad_tune_table_is_one_line_naming_the_key(tmp_path, tune, message):
     assert "\n" not in str(err.value)
 
 
+def test_an_integer_target_is_searched_in_integers():
+    from harness.config.protocol_files import load_protocol
+    from harness.config.tuning import parse_tune, study_space
+
+    protocol = load_protocol(GRIDS.parent / "protocols" / "tiny.toml")
+    table = {"trials": 2, "space": {"sampling.samples_per_class": [2, 4]}}
+    spec = parse_tune(table, protocol, ["plain"], ["margin"])
+    entry = study_space(spec, "plain", "margin", protocol)["sampling.samples_per_class"]
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    assert isinstance(entry.suggest(trial, "sampling.samples_per_class"), int)
+
+
 def test_a_tuned_grid_needs_selection_on_validation(tmp_path):
     path = _grid_file(tmp_path, "trials = 2\n", extra='set = {"selection.mode" = "test-paper"}\n')
     with pytest.raises(HarnessError, match="never chosen on the test set"):
