@@ -65,7 +65,9 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
         "separated": "each cell is the mean over seeds of the mean of the fold models' test "
         "metrics (MLRC's separated report)",
         "concatenated": "each cell is the mean over seeds of the test metrics of the fold "
-        "models' L2-normalised embeddings concatenated (MLRC's concatenated report)",
+        "models' L2-normalised embeddings concatenated (MLRC's concatenated report; a "
+        "re-ranking method's rows are its global embeddings', since a re-ranking does not "
+        "concatenate, so a test-time method's row repeats its base method's)",
         "single": "each cell is the mean over seeds of one model per seed",
     }[report]
     notes = [
