@@ -97,7 +97,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     print(table.text)
     print(
         f"written to {out}"
-        + (f"; forest plot {', '.join(p.name for p in figures)}" if figures else ""),
+        + (f"; beside it {', '.join(p.name for p in figures)}" if figures else ""),
         file=sys.stderr,
     )
     return 0

@@ -85,6 +85,14 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
     return notes
 
 
+def studied_method(study: str) -> str:
+    """The method a study searched, from its name (``tune:<grid>:<backbone>/<loss>/<method>/
+    <dataset>:<key>``): a test-time method's rows carry their base method's study."""
+    parts = str(study or "").split(":")
+    label = parts[2].split("/") if len(parts) > 3 else []
+    return label[2] if len(label) == 4 else ""
+
+
 def _chosen(params: str) -> dict[str, str]:
     values = json.loads(params or "{}")
     return {k: (f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in sorted(values.items())}
@@ -101,10 +109,14 @@ def settings_appendix(runs: pd.DataFrame, fmt: str = "markdown") -> str:
         first = group.iloc[0]
         history = [v for v in json.loads(first["tune_history"] or "[]") if v is not None]
         chosen = _chosen(first["tune_params"])
+        base = studied_method(first.get("tune_study", ""))
+        setting = ", ".join(f"{k} = {v}" for k, v in chosen.items()) or "(none searched)"
+        if base and base != key[-1]:  # a test-time method: its base method's search
+            setting = f"{base}'s setting, evaluated at test time: {setting}"
         rows.append(
             [
                 *[str(k) for k in key],
-                ", ".join(f"{k} = {v}" for k, v in chosen.items()) or "(none searched)",
+                setting,
                 f"{100 * max(history):.2f}" if history else "-",
             ]
         )
@@ -175,13 +187,19 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     figure, axes = plt.subplots(
         1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
     )
+    from matplotlib.ticker import MaxNLocator
+
     for ax, (key, group) in zip(axes[0], blocks, strict=True):
         for method, rows in group.groupby("method", sort=True):
+            base = studied_method(rows.iloc[0].get("tune_study", ""))
+            if base and base != method:  # a test-time method has no search of its own
+                continue
             values = best_so_far(json.loads(rows.iloc[0]["tune_history"] or "[]"))
             trials = range(1, len(values) + 1)
             ax.plot(trials, [100 * v for v in values], marker="o", markersize=3, label=method)
         ax.set_title(" / ".join(str(k) for k in key), fontsize=9)
         ax.set_xlabel("trial")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("best validation so far (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)

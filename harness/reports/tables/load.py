@@ -25,6 +25,7 @@ TUNE_TAGS = (
     "tune_history",
     "tune_report",
     "tune_protocol",
+    "tune_study",
 )
 
 #: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.
