@@ -191,14 +191,18 @@ def status(args: argparse.Namespace, grid: Grid) -> int:
     records = read_jobs(grid)
     storage = args.storage or (records[-1]["storage"] if records else None)
     live = live_tasks(records)
-    states = cell_states(grid, _existing_study(grid, storage), live)
-    print("\n".join(status_lines(grid, states, live, records)))
-    if grid.tune is not None:  # a tuned grid: each study's trials of its budget
+    if grid.tune is not None:  # a tuned grid: each study's trials, then its final cells
         from harness.cli.sweep_tuned import progress_lines
         from harness.engine.sweep import storage_url
+        from harness.engine.tuned_sweep import unfinished_tuned_cells
 
         print(f"studies of {grid.name} (trials of the budget, best validation value %):")
         print("\n".join(progress_lines(grid, storage_url(storage))))
+        missing = unfinished_tuned_cells(grid)
+        print(f"final cells: {len(grid.cells) - len(missing)}/{len(grid.cells)} finished")
+        return 0
+    states = cell_states(grid, _existing_study(grid, storage), live)
+    print("\n".join(status_lines(grid, states, live, records)))
     return 0
 
 
