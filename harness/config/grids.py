@@ -34,6 +34,7 @@ store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -553,33 +554,15 @@ def expand(grid: Grid) -> list[Cell]:
                                 f"Method.trains_as names '{base_method}' with the protocol's options for it)"
                             )
                         options = dict(protocol.methods.get(method, {}))
+                        key_of = functools.partial(
+                            _cell_key, protocol, dataset, loss, loss_args, method, options
+                        )
+                        # What a tuned grid's study shares: every field but the seed.
+                        study_key = key_of(-1, deviations, "", grid.tune)
                         for seed in sub["seeds"]:
                             base_key = keys[(base_method, seed)] if base_method else ""
-                            key = _cell_key(
-                                protocol,
-                                dataset,
-                                loss,
-                                loss_args,
-                                method,
-                                options,
-                                seed,
-                                deviations,
-                                base_key,
-                                grid.tune,
-                            )
+                            key = key_of(seed, deviations, base_key, grid.tune)
                             keys[(method, seed)] = key
-                            study_key = _cell_key(
-                                protocol,
-                                dataset,
-                                loss,
-                                loss_args,
-                                method,
-                                options,
-                                -1,
-                                deviations,
-                                "",
-                                grid.tune,
-                            )
                             cells.setdefault(
                                 key,
                                 Cell(

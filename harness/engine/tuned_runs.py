@@ -91,6 +91,26 @@ def _tuned_protocol(cell: Cell, overrides: dict[str, Any]):
     return protocol
 
 
+def _fold_config(cell: Cell, protocol, options: dict, settings: dict, **run: Any):
+    """A fold run of ``cell`` under a tuned ``protocol`` with the method ``options``,
+    resumable; ``run``: the rest of :meth:`RunConfig.build`'s fields."""
+    from harness.engine import training
+
+    return training.RunConfig.build(
+        protocol,
+        method=cell.method,
+        dataset=cell.dataset,
+        loss=cell.loss,
+        seed=cell.seed,
+        deviations=cell.deviations,
+        settings=_run_settings(settings),
+        method_options=options,
+        protocol_path=cell.protocol_path,
+        resume=True,
+        **run,
+    )
+
+
 def _run_settings(settings: dict):
     from harness.engine.training import RunSettings
 
@@ -212,17 +232,11 @@ def _trial_fold_run(
         return run.info.run_id
     splits = _splits(cell, protocol, study.spec.folds, fold, settings, cache, sealed=True)
     tags = {**tags, **_fold_record(study.spec, splits, fold, protocol)}
-    cfg = training.RunConfig.build(
+    cfg = _fold_config(
+        cell,
         protocol,
-        method=cell.method,
-        dataset=cell.dataset,
-        loss=cell.loss,
-        seed=cell.seed,
-        deviations=cell.deviations,
-        settings=_run_settings(settings),
-        method_options={**cell.method_options, **options},
-        protocol_path=cell.protocol_path,
-        resume=True,
+        {**cell.method_options, **options},
+        settings,
         search_only=True,
         experiment=search_experiment(study.grid),
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
@@ -319,17 +333,11 @@ def _final_fold_run(
         init_from = base_run.info.run_id
     splits = _splits(cell, protocol, spec.folds, fold, settings, cache, sealed=False)
     fold_tags = {**fold_tags, **_fold_record(spec, splits, fold, protocol)}
-    cfg = training.RunConfig.build(
+    cfg = _fold_config(
+        cell,
         protocol,
-        method=cell.method,
-        dataset=cell.dataset,
-        loss=cell.loss,
-        seed=cell.seed,
-        deviations=cell.deviations,
-        settings=_run_settings(settings),
-        method_options=options,
-        protocol_path=cell.protocol_path,
-        resume=True,
+        options,
+        settings,
         init_from=init_from,
         evaluate_only=bool(cell.base_key),
         experiment=experiment,
