@@ -362,11 +362,7 @@ def _record_fold_reports(
     mean of the models' test metrics and per-query values) and ``concatenated`` (the
     models' L2-normalised test embeddings joined, then evaluated; a re-ranking head's
     global embeddings, as its re-ranking does not concatenate)."""
-    from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query, save_per_query
-    from harness.store.queries import find_run, read_artifact, record_derived_run
-
     have = {run.data.tags.get("tune_report") for run in _cell_reports(grid, cell)}
-    folder, name = PER_QUERY_ARTIFACT.rsplit("/", 1)
     common = {
         **tags,
         "cell_key": cell.key,
@@ -376,41 +372,57 @@ def _record_fold_reports(
     }
     if "concatenated" not in have:
         scores = _concatenated_scores(cell, protocol, options, run_ids, settings, cache)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / name
-            save_per_query(path, scores.per_query)
-            record_derived_run(
-                grid.experiment,
-                run_ids[0],
-                run_name=f"{cell.label} concatenated",
-                drop=_FOLD_RUN_TAGS,
-                tags={**common, "tune_report": "concatenated"},
-                metrics={metric_key("test", k): v for k, v in scores.items()},
-                artifacts=[(path, folder)],
-            )
+        metrics = {metric_key("test", k): v for k, v in scores.items()}
+        _record_report(grid, cell, run_ids, "concatenated", common, metrics, scores.per_query)
     if "separated" not in have:
-        runs = [find_run(r) for r in run_ids]
-        tests = [group_metrics(r.data.metrics, "test") for r in runs]
-        shared = sorted(set.intersection(*(set(t) for t in tests)))
-        metrics = {metric_key("test", k): float(np.mean([t[k] for t in tests])) for k in shared}
-        arrays = [read_artifact(r, PER_QUERY_ARTIFACT, load_per_query) for r in run_ids]
+        metrics, per_query = _separated(run_ids)
+        _record_report(grid, cell, run_ids, "separated", common, metrics, per_query)
+
+
+def _separated(run_ids: list[str]) -> tuple[dict[str, float], dict | None]:
+    """The mean of the fold runs' test metrics and (when every run has them) per-query values."""
+    from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query
+    from harness.store.queries import find_run, read_artifact
+
+    tests = [group_metrics(find_run(r).data.metrics, "test") for r in run_ids]
+    shared = sorted(set.intersection(*(set(t) for t in tests)))
+    metrics = {metric_key("test", k): float(np.mean([t[k] for t in tests])) for k in shared}
+    arrays = [read_artifact(r, PER_QUERY_ARTIFACT, load_per_query) for r in run_ids]
+    if any(a is None for a in arrays):
+        return metrics, None
+    keys = set.intersection(*(set(a) for a in arrays if a is not None))
+    return metrics, {k: np.mean([a[k] for a in arrays if a is not None], axis=0) for k in keys}
+
+
+def _record_report(
+    grid: Grid,
+    cell: Cell,
+    run_ids: list[str],
+    report: str,
+    tags: dict[str, str],
+    metrics: dict[str, float],
+    per_query: dict | None,
+) -> None:
+    """One report of a cell's fold models as a run of the grid's experiment, with its
+    per-query values (for the tables' paired bootstrap) when there are any."""
+    from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
+    from harness.store.queries import record_derived_run
+
+    folder, name = PER_QUERY_ARTIFACT.rsplit("/", 1)
+    with tempfile.TemporaryDirectory() as tmp:
         artifacts = []
-        with tempfile.TemporaryDirectory() as tmp:
-            if all(a is not None for a in arrays):
-                keys = set.intersection(*(set(a) for a in arrays if a is not None))
-                mean = {k: np.mean([a[k] for a in arrays if a is not None], axis=0) for k in keys}
-                path = Path(tmp) / name
-                save_per_query(path, mean)
-                artifacts.append((path, folder))
-            record_derived_run(
-                grid.experiment,
-                run_ids[0],
-                run_name=f"{cell.label} separated",
-                drop=_FOLD_RUN_TAGS,
-                tags={**common, "tune_report": "separated"},
-                metrics=metrics,
-                artifacts=artifacts,
-            )
+        if per_query is not None:
+            save_per_query(Path(tmp) / name, per_query)
+            artifacts.append((Path(tmp) / name, folder))
+        record_derived_run(
+            grid.experiment,
+            run_ids[0],
+            run_name=f"{cell.label} {report}",
+            drop=_FOLD_RUN_TAGS,
+            tags={**tags, "tune_report": report},
+            metrics=metrics,
+            artifacts=artifacts,
+        )
 
 
 #: Tags of a fold run that do not describe a result derived from all folds.
