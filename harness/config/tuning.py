@@ -304,7 +304,7 @@ def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, S
 
 
 class _Overriding:
-    """A trial whose ``suggest_*`` calls for names in ``fixed`` return those values: the
+    """A trial whose ``suggest_*`` calls for names in ``entries`` use those entries: the
     grid's entry for a method option replaces the plugin's own range for it."""
 
     def __init__(self, trial, entries: dict[str, SpaceEntry]):
