@@ -89,7 +89,7 @@ def _discard_stdout() -> None:
     could not be written adds no second message."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - open until the process exits
+    sys.stdout = open(os.devnull, "w")  # open until the process exits
 
 
 def _is_store_error(err: BaseException) -> bool:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped (head, less): not an error
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps Python's exit-time flush quiet
+        sys.stdout = open(os.devnull, "w")  # keeps Python's exit-time flush quiet
         return 0
     except Exception as err:  # errors from DataLoader workers are re-raised as other types
         if (

@@ -27,6 +27,7 @@ from harness.cli.sweep_cluster import (
 from harness.cli.sweep_tuned import queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.grid_datasets import check_datasets_unchanged
+from harness.engine.slurm import SlurmOptions
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
     open_study,
@@ -41,15 +42,37 @@ __all__ = ["add_sweep_parser", "cmd_sweep"]
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.engine.training import resolve_device
-
     if args.status or args.cancel:
         grid = load_grid(args.status or args.cancel, smoke=args.smoke, max_cells=None)
         check_study_storage(args.storage)
         open_store(read_only=True)
         return status(args, grid) if args.status else cancel(args, grid)
-    resolve_device(args.device)
     quiet = args.worker_only or args.cell
+    grid, options = _checked_grid(args, quiet=quiet)
+    if args.cell:  # one process of a cell on several GPUs (torchrun)
+        run_cell_process(grid, args.cell, _settings(args), args.cell_record)
+        return 0
+    if grid.tune is not None and not quiet:
+        check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
+    study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
+    if args.worker_only:
+        report = run_worker(grid, study, settings=_settings(args))
+        return 1 if report["failed"] else 0
+    if not _queue_and_work(args, grid, study, options):
+        return 0
+    if grid.tune is not None:
+        return tuned_final_report(grid, storage_url(args.storage))
+    return _final_report(grid, study)
+
+
+def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, SlurmOptions]:
+    """The grid, with everything a sweep needs checked before its first cell: the device,
+    the cluster's options (before anything is written or any dataset prepared), the
+    folders, the stores and the datasets (each worker it starts shares the check)."""
+    from harness.engine.run_config import logs_model
+    from harness.engine.training import resolve_device
+
+    resolve_device(args.device)
     announce = None if quiet else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
     grid = load_grid(
         args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce
@@ -61,23 +84,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
     open_store()
-    from harness.engine.run_config import logs_model
-
     logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
     check_datasets_unchanged(grid)  # before the image checks: a refusal is one line
     if not quiet:  # the workers it starts share the check
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
-    if args.cell:  # one process of a cell on several GPUs (torchrun)
-        run_cell_process(grid, args.cell, _settings(args), args.cell_record)
-        return 0
-    if grid.tune is not None and not quiet:
-        check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
-    study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
-    if args.worker_only:
-        report = run_worker(grid, study, settings=_settings(args))
-        return 1 if report["failed"] else 0
+    return grid, options
 
+
+def _queue_and_work(
+    args: argparse.Namespace, grid: Grid, study, options: SlurmOptions
+) -> bool:
+    """Queue the grid's cells and work them off (here, in ``--workers`` processes or as a
+    cluster job); False when the cluster job was submitted and not waited for."""
     counts = (
         queue_tuned_grid(grid, study, storage_url(args.storage))
         if grid.tune is not None
@@ -86,7 +105,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.executor:
         record = submit(args, grid, options, counts, _settings(args))
         if record is None or not args.wait:
-            return 0
+            return False
         from harness.engine.sweep_status import wait
 
         wait([record])
@@ -94,9 +113,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         run_worker(grid, study, settings=_settings(args))
     else:
         _run_workers(args)
-    if grid.tune is not None:
-        return tuned_final_report(grid, storage_url(args.storage))
-    return _final_report(grid, study)
+    return True
 
 
 def _run_workers(args: argparse.Namespace) -> None:

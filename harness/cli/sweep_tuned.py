@@ -84,7 +84,7 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     written with its files as one set."""
     from harness.base.atomic import atomic_write_set
     from harness.reports.figures import forest_files
-    from harness.reports.tables.compose import compose_table
+    from harness.reports.tables.compose import TableRequest, make_table
     from harness.reports.tables.load import load_runs, select_report
     from harness.reports.tuning import tuned_table_files
 
@@ -102,8 +102,10 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
         stem = folder / (grid.name if report == "separated" else f"{grid.name}-{report}")
         title = caption + (f" ({report} fold models)" if grid.tune.folds > 1 else "")
         for fmt, ext in (("markdown", ".md"), ("latex", ".tex")):
-            table = compose_table(
-                [grid.experiment], fmt=fmt, caption=title, report=report, **options
+            table = make_table(
+                TableRequest(
+                    experiments=(grid.experiment,), fmt=fmt, caption=title, report=report, **options
+                )
             )
             files = {
                 stem.with_suffix(ext): table.text,

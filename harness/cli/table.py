@@ -1,5 +1,5 @@
 """``python -m harness table --experiment NAME``: the table's arguments; the table itself
-is :func:`harness.reports.tables.compose`'s, the forest plot beside it
+is :func:`harness.reports.tables.make_table`'s, the forest plot beside it
 :func:`harness.reports.figures.write_forest`'s."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables import (
     DEFAULT_METRICS,
     TableRequest,
-    compose,
+    make_table,
     parse_published_row,
 )
 from harness.reports.tables.load import load_runs, select_report
@@ -29,35 +29,7 @@ __all__ = ["add_table_parser", "cmd_table"]
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    tables = [t.strip() for t in (args.table or "").split(",") if t.strip()]
-    if tables and not args.published:
-        raise HarnessError("--table needs --published (the CSV the table number refers to)")
-    metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
-    if metrics:  # a misspelt metric is refused, not left out of the table
-        from harness.components.evaluation import parse_metrics
-
-        try:
-            parse_metrics(
-                m.removesuffix("_std") for m in metrics
-            )  # a published spread: recall_at_1_std
-        except HarnessError as err:
-            raise HarnessError(f"--metrics: {err}") from None
-    rows: dict[str, list[str]] = {}
-    for reproduced, spec in _pairs(
-        args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"
-    ):
-        parse_published_row(spec)
-        rows.setdefault(reproduced, []).append(spec)
-    if rows and not args.published:
-        raise HarnessError("--published-row needs --published (the CSV the rows are in)")
-    _check_baseline(args.baseline)
-    if readable_file(args.published, "--published"):
-        read_text(args.published, "CSV")
-    metric_map = dict(
-        _pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC")
-    )
-    if metric_map and not args.published:
-        raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
+    request = _request(args)
     name = args.name or "+".join(args.experiment)
     kind = ".tex" if args.format == "latex" else ".md"
     out = output_file(
@@ -66,20 +38,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     for figure in forest_paths(out.with_suffix("")):  # written beside the table
         output_file(figure, "--out (forest plot)", args=args)
     open_store(read_only=True)
-    table = compose(
-        TableRequest(
-            experiments=tuple(args.experiment),
-            fmt=args.format,
-            published=args.published,
-            tables=tuple(tables),
-            metrics=tuple(metrics) if metrics else None,
-            caption=args.caption or "",
-            published_rows=rows or None,
-            baseline=args.baseline,
-            published_metrics=metric_map or None,
-            report=args.report,
-        )
-    )
+    table = make_table(request)
     if args.strict and table.problems:
         raise HarnessError(
             f"--strict: {len(table.problems)} run(s) lack results the table needs "
@@ -101,6 +60,57 @@ def cmd_table(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _request(args: argparse.Namespace) -> TableRequest:
+    """The table the arguments ask for, each argument checked (a flag that needs
+    ``--published`` without it, a misspelt metric or baseline is refused)."""
+    tables = [t.strip() for t in (args.table or "").split(",") if t.strip()]
+    if tables and not args.published:
+        raise HarnessError("--table needs --published (the CSV the table number refers to)")
+    metrics = _metrics(args.metrics)
+    rows: dict[str, list[str]] = {}
+    for reproduced, spec in _pairs(
+        args.published_row, "--published-row", "METHOD=PUBLISHED_METHOD@SETTING"
+    ):
+        parse_published_row(spec)
+        rows.setdefault(reproduced, []).append(spec)
+    if rows and not args.published:
+        raise HarnessError("--published-row needs --published (the CSV the rows are in)")
+    _check_baseline(args.baseline)
+    if readable_file(args.published, "--published"):
+        read_text(args.published, "CSV")
+    metric_map = dict(
+        _pairs(args.published_metric, "--published-metric", "PUBLISHED_METRIC=REPRODUCED_METRIC")
+    )
+    if metric_map and not args.published:
+        raise HarnessError("--published-metric needs --published (the CSV whose metric it renames)")
+    return TableRequest(
+        experiments=tuple(args.experiment),
+        fmt=args.format,
+        published=args.published,
+        tables=tuple(tables),
+        metrics=tuple(metrics) if metrics else None,
+        caption=args.caption or "",
+        published_rows=rows or None,
+        baseline=args.baseline,
+        published_metrics=metric_map or None,
+        report=args.report,
+    )
+
+
+def _metrics(text: str | None) -> list[str] | None:
+    """``--metrics``, each name checked: a misspelt metric is refused, not left out of the
+    table (a published spread, ``recall_at_1_std``, is its metric's)."""
+    metrics = [m.strip() for m in text.split(",")] if text else None
+    if metrics:
+        from harness.components.evaluation import parse_metrics
+
+        try:
+            parse_metrics(m.removesuffix("_std") for m in metrics)
+        except HarnessError as err:
+            raise HarnessError(f"--metrics: {err}") from None
+    return metrics
 
 
 def add_table_parser(subparsers) -> argparse.ArgumentParser:
@@ -125,27 +135,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--name", help="table name for the default output path (default: the experiment)"
     )
-    p.add_argument(
-        "--published",
-        type=Path,
-        help="CSV of published numbers, e.g. results/published/agrouping.csv",
-    )
-    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
-    p.add_argument(
-        "--published-row",
-        action="append",
-        metavar="METHOD=PUBLISHED@SETTING",
-        help="the published rows beside a reproduced method, by the CSV's method and setting "
-        "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
-        "given, rows not named are left out",
-    )
-    p.add_argument(
-        "--published-metric",
-        action="append",
-        metavar="PUBLISHED=REPRODUCED",
-        help="compare a published metric with a reproduced variant defined as the paper defines it, "
-        "e.g. r_precision=r_precision_query_in_r (DIML; repeat)",
-    )
+    _add_published_arguments(p)
     p.add_argument(
         "--baseline",
         default="plain",
@@ -172,6 +162,32 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_table)
     return p
+
+
+def _add_published_arguments(p: argparse.ArgumentParser) -> None:
+    """The published numbers set beside the reproduced ones: the CSV, its tables, rows
+    and metrics."""
+    p.add_argument(
+        "--published",
+        type=Path,
+        help="CSV of published numbers, e.g. results/published/agrouping.csv",
+    )
+    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
+    p.add_argument(
+        "--published-row",
+        action="append",
+        metavar="METHOD=PUBLISHED@SETTING",
+        help="the published rows beside a reproduced method, by the CSV's method and setting "
+        "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
+        "given, rows not named are left out",
+    )
+    p.add_argument(
+        "--published-metric",
+        action="append",
+        metavar="PUBLISHED=REPRODUCED",
+        help="compare a published metric with a reproduced variant defined as the paper defines it, "
+        "e.g. r_precision=r_precision_query_in_r (DIML; repeat)",
+    )
 
 
 def _check_baseline(name: str) -> None:

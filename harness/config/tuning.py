@@ -137,13 +137,21 @@ def _entry(name: str, value: Any) -> SpaceEntry:
     if unknown:
         raise HarnessError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     if "choices" in value:
-        choices = value["choices"]
-        if not isinstance(choices, list) or not choices:
-            raise HarnessError(f"{where}: choices must be a non-empty list")
-        if not all(isinstance(c, bool | int | float | str) for c in choices):
-            raise HarnessError(f"{where}: choices must be numbers, booleans or strings")
-        return SpaceEntry(choices=tuple(choices))
-    low, high, log = value.get("low"), value.get("high"), bool(value.get("log", False))
+        return _choices_entry(where, value["choices"])
+    return _range_entry(where, value.get("low"), value.get("high"), bool(value.get("log", False)))
+
+
+def _choices_entry(where: str, choices: Any) -> SpaceEntry:
+    """``{choices = [...]}``: a non-empty list of numbers, booleans or strings."""
+    if not isinstance(choices, list) or not choices:
+        raise HarnessError(f"{where}: choices must be a non-empty list")
+    if not all(isinstance(c, bool | int | float | str) for c in choices):
+        raise HarnessError(f"{where}: choices must be numbers, booleans or strings")
+    return SpaceEntry(choices=tuple(choices))
+
+
+def _range_entry(where: str, low: Any, high: Any, log: bool) -> SpaceEntry:
+    """``[low, high]`` or ``{low, high, log}``: a non-empty range, positive when ``log``."""
     if not isinstance(low, int | float) or not isinstance(high, int | float):
         raise HarnessError(f"{where}: expected numbers low and high")
     if not low < high:

@@ -129,12 +129,7 @@ from torch import nn
 from torch.nn import init
 
 from harness.base.errors import HarnessError
-from harness.components.losses import (
-    PrecomputedDistance,
-    apply_loss,
-    distance_replaced,
-    hard_triplets,
-)
+from harness.components.losses import PrecomputedDistance, apply_loss, distance_replaced
 from harness.methods.avsl_figures import (
     PairAttribution,
     level_maps,
@@ -144,9 +139,6 @@ from harness.methods.avsl_figures import (
     reliable_nodes_figure,
 )
 from harness.methods.avsl_graph import (
-    CAM_SHIFTS,
-    CAMS,
-    LINK_TIES,
     Graph,
     attribution,
     cam_certainty,
@@ -158,18 +150,18 @@ from harness.methods.avsl_graph import (
     similarity_nodes,
 )
 from harness.methods.avsl_losses import (
-    DISTANCES,
-    FINAL_LOSSES,
-    LEVEL_MINERS,
     SUPPORTED_LOSSES,
     collector_proxy_groups,
     final_loss_matrix,
+    hard_level_tuples,
     level_distance,
     loss_labels,
+    mines_hard,
     neg_margin,
     param_group,
     proxy_references,
 )
+from harness.methods.avsl_options import check_choices, check_ranges, checked_level_weights
 from harness.methods.base import FigureSet, HeadOutput, Method, PaperInfo, register_method
 
 __all__ = [
@@ -200,9 +192,6 @@ PAPER = PaperInfo(
         "AVSL: no validation split in the paper; the released code (zbr17/AVSL) stops early on the test set"
     ),
 )
-
-
-RANKS = ("exhaustive", "rerank")
 
 
 def pair_distance_matrix(
@@ -270,45 +259,19 @@ class AVSLHead(Method):
         final_loss: str = "shared",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
-        all_stages = ("s8", "s16", "s32")
         if not 1 <= int(levels) <= 3:
             raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
-        for option, value, valid in (
-            ("cam", cam, CAMS),
-            ("cam_shift", cam_shift, CAM_SHIFTS),
-            ("rank", rank, RANKS),
-            ("distance", distance, DISTANCES),
-            ("link_ties", link_ties, LINK_TIES),
-            ("level_miner", level_miner, LEVEL_MINERS),
-            ("final_loss", final_loss, FINAL_LOSSES),
-        ):
-            if value not in valid:
-                raise ValueError(f"{option} must be one of {', '.join(valid)}; got {value!r}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if topk < 1:
-            raise ValueError(f"topk must be at least 1, got {topk}")
-        if collector_lr < 0:
-            raise ValueError(
-                f"collector_lr must be >= 0 (0: lr_head x inference_lr_scale), got {collector_lr}"
-            )
-        if rank == "rerank" and rerank_k < 1:
-            raise ValueError(f"rerank_k must be at least 1 with rank='rerank', got {rerank_k}")
-        weights = (
-            [1.0] * int(levels) if level_weights is None else [float(w) for w in level_weights]
-        )
-        if len(weights) != int(levels):
-            raise ValueError(f"level_weights needs {levels} values, got {len(weights)}")
+        check_choices(cam, cam_shift, rank, distance, link_ties, level_miner, final_loss)
+        check_ranges(momentum, topk, collector_lr, rank, rerank_k)
+        weights = checked_level_weights(levels, level_weights)
         self.num_levels = int(levels)
-        self.stages = all_stages[3 - self.num_levels :]
+        self.stages = ("s8", "s16", "s32")[3 - self.num_levels :]
         self.topk = min(int(topk), embedding_size)
-        self.momentum = float(momentum)
-        self.reliability_gain = float(reliability_gain)
+        self.momentum, self.reliability_gain = float(momentum), float(reliability_gain)
         self.rectify = bool(rectify) and self.num_levels > 1
         self.cam, self.cam_shift = cam, cam_shift
         self.level_weights, self.final_weight = weights, float(final_weight)
-        self.rank = rank
-        self.exhaustive_pairs = rank == "exhaustive"
+        self.rank, self.exhaustive_pairs = rank, rank == "exhaustive"
         self.rerank_k = int(rerank_k) if rank == "rerank" else 0
         self.inference_lr_scale = float(inference_lr_scale)
         self.distance, self.link_ties = distance, link_ties
@@ -320,13 +283,17 @@ class AVSLHead(Method):
         self.hard_cutoff = float(hard_cutoff)
         separate = final_loss == "separate" and self.rectify and self.final_weight != 0
         self.metric_loss_copies = self.num_levels + (1 if separate else 0)
+        self._build(channels, embedding_size)
+
+    def _build(self, channels: dict[str, int], r: int) -> None:
+        """The per-level projections g^l (kaiming-normal fan_out weights, zero bias, as the
+        code), alpha and beta of Eq. 6 and the edge buffers of Eq. 4 (r = embedding size)."""
         self.project = nn.ModuleList()
         for stage in self.stages:
-            conv = nn.Linear(channels[stage], embedding_size)  # a 1x1 conv on pooled features
+            conv = nn.Linear(channels[stage], r)  # a 1x1 conv on pooled features
             init.kaiming_normal_(conv.weight, mode="fan_out")
             init.zeros_(conv.bias)
             self.project.append(conv)
-        r = embedding_size
         self.alphas = nn.ParameterList(
             [nn.Parameter(torch.ones(r)) for _ in range(self.num_levels - 1)]
         )
@@ -479,10 +446,9 @@ class AVSLHead(Method):
                 level_distance(metric.module(copy), squared=self.distance == "squared") as module,
                 loss_labels(module, labels, batch_proxies=self.batch_proxies) as targets,
             ):
-                if self._mines_hard(module):
-                    indices = self._hard_tuples(
-                        metric, module.distance(emb.detach().float()), targets, module
-                    )
+                if mines_hard(module, self.level_miner):
+                    dist = module.distance(emb.detach().float())
+                    indices = hard_level_tuples(metric, dist, targets, module, self.hard_cutoff)
                     loss = metric(emb, targets, copy=copy, indices=indices)
                 else:
                     loss = metric(emb, targets, copy=copy)
@@ -490,23 +456,6 @@ class AVSLHead(Method):
         if self.rectify and self.final_weight:
             terms["final"] = self.final_weight * self._final_loss(output, batch)
         return terms
-
-    def _mines_hard(self, loss: nn.Module) -> bool:
-        """``level_miner="hard"`` mines the tuples of a loss without proxies; a proxy loss
-        keeps the protocol's miner (none for ProxyAnchor: the code's DefaultSelector,
-        link_avsl_proxyanchor.yaml lines 7-11)."""
-        return self.level_miner == "hard" and getattr(loss, "proxies", None) is None
-
-    def _hard_tuples(self, metric, dist: torch.Tensor, labels: torch.Tensor, loss: Any):
-        """:func:`hard_triplets` on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
-        if getattr(loss, "distance", None) is None or loss.distance.is_inverted:
-            raise HarnessError(
-                "AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
-                "loss (margin)"
-            )
-        return metric.seeded(
-            lambda d, y: hard_triplets(d, y, cutoff=self.hard_cutoff), dist, labels
-        )
 
     def _final_loss(self, output, batch) -> torch.Tensor:
         metric = batch.metric_loss
@@ -535,8 +484,8 @@ class AVSLHead(Method):
             matrix = final_loss_matrix(d, distance, squared=self.distance == "squared")
             emb = output.embedding.float()
             # The code's fourth HardSelector, on d^ (link_avsl_margin.yaml).
-            if self._mines_hard(loss):
-                indices = self._hard_tuples(metric, matrix, batch.labels, loss)
+            if mines_hard(loss, self.level_miner):
+                indices = hard_level_tuples(metric, matrix, batch.labels, loss, self.hard_cutoff)
             else:
                 indices = metric.mine(emb, batch.labels)
             with (

@@ -14,7 +14,7 @@ from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torch import nn
 
 from harness.base.errors import HarnessError
-from harness.components.losses import distance_replaced
+from harness.components.losses import MetricLoss, distance_replaced, hard_triplets
 
 __all__ = [
     "DISTANCES",
@@ -23,6 +23,8 @@ __all__ = [
     "SUPPORTED_LOSSES",
     "level_distance",
     "loss_labels",
+    "mines_hard",
+    "hard_level_tuples",
     "final_loss_matrix",
     "batch_class_proxies",
     "neg_margin",
@@ -75,6 +77,26 @@ def loss_labels(loss: nn.Module, labels: torch.Tensor, *, batch_proxies: bool):
     if batch_proxies and isinstance(getattr(loss, "proxies", None), nn.Parameter):
         return batch_class_proxies(loss, labels)
     return nullcontext(labels)
+
+
+def mines_hard(loss: nn.Module, level_miner: str) -> bool:
+    """``level_miner="hard"`` mines the tuples of a loss without proxies; a proxy loss
+    keeps the protocol's miner (none for ProxyAnchor: the code's DefaultSelector,
+    link_avsl_proxyanchor.yaml lines 7-11)."""
+    return level_miner == "hard" and getattr(loss, "proxies", None) is None
+
+
+def hard_level_tuples(
+    metric: MetricLoss, dist: torch.Tensor, labels: torch.Tensor, loss: Any, cutoff: float
+) -> Any:
+    """:func:`~harness.components.losses.hard_triplets` (GeDML's HardSelector at
+    ``cutoff``) on ``dist`` under the step's mining seed (``level_miner="hard"``)."""
+    if getattr(loss, "distance", None) is None or loss.distance.is_inverted:
+        raise HarnessError(
+            "AVSL's level_miner='hard' mines on a distance: it needs a Euclidean-distance "
+            "loss (margin)"
+        )
+    return metric.seeded(lambda d, y: hard_triplets(d, y, cutoff=cutoff), dist, labels)
 
 
 def final_loss_matrix(d: torch.Tensor, distance: Any, *, squared: bool) -> torch.Tensor:

@@ -46,20 +46,10 @@ def format_results(records: list[dict]) -> str:
     for r in records:
         groups[(r["dataset"], r["method"], r["loss"])].append(r)
     header = ["dataset", "method", "loss", "seeds"] + [_short(m) for m in metrics]
-    rows = []
-    for (dataset, method, loss), runs in groups.items():
-        cells = [dataset, method, loss, str(len(runs))]
-        for m in metrics:
-            values = np.array([r["metrics"].get(m, np.nan) for r in runs]) * 100
-            if np.isnan(values).all():
-                cells.append("-")
-                continue
-            cell = f"{values.mean():.2f}"
-            finite = values[~np.isnan(values)]
-            if len(finite) > 1:
-                cell += f"±{t_half_width(finite):.2f}"
-            cells.append(cell)
-        rows.append(cells)
+    rows = [
+        [dataset, method, loss, str(len(runs)), *(_cell(runs, m) for m in metrics)]
+        for (dataset, method, loss), runs in groups.items()
+    ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -68,22 +58,41 @@ def format_results(records: list[dict]) -> str:
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
-    deviations = sorted({d for r in records for d in r.get("deviations", [])})
     out = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
     if any(len(runs) > 1 for runs in groups.values()):
         out.append("mean ± half-width of the 95% Student t-interval over seeds")
-    out.append(
+    return "\n".join(out + _footer(records))
+
+
+def _cell(runs: list[dict], metric: str) -> str:
+    """The mean of ``metric`` over the seeds' runs in %, with the half-width of its 95%
+    interval when more than one run has it; "-" when none has."""
+    values = np.array([r["metrics"].get(metric, np.nan) for r in runs]) * 100
+    if np.isnan(values).all():
+        return "-"
+    cell = f"{values.mean():.2f}"
+    finite = values[~np.isnan(values)]
+    if len(finite) > 1:
+        cell += f"±{t_half_width(finite):.2f}"
+    return cell
+
+
+def _footer(records: list[dict]) -> list[str]:
+    """The lines under the table: the protocol and its model selection, the runs'
+    deviations from the protocol and from the papers."""
+    out = [
         f"protocol {records[0]['protocol']} (fingerprint {records[0]['fingerprint']}), "
         f"model selection: {records[0]['selection']}"
         + ("  [TEST-SET SELECTION: paper mode]" if records[0]["selection"] == "test-paper" else "")
-    )
+    ]
+    deviations = sorted({d for r in records for d in r.get("deviations", [])})
     if deviations:
         out.append("deviations: " + "; ".join(deviations))
     paper_deviations = sorted({d for r in records for d in r.get("paper_deviations", [])})
     if paper_deviations:
         out.append("deviations from the papers or their code:")
         out += [f"  {line}" for line in paper_deviations]
-    return "\n".join(out)
+    return out
 
 
 def run_note(

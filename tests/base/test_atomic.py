@@ -50,7 +50,7 @@ def test_two_concurrent_writers_of_one_file_do_not_collide(tmp_path):
         try:
             for _ in range(25):
                 atomic_write_bytes(target, data)
-        except BaseException as err:  # noqa: BLE001 - reported below
+        except BaseException as err:  # reported below
             errors.append(err)
 
     threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]

@@ -226,7 +226,7 @@ def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
     assert opened == []  # nothing answers yet
 
     class Healthy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+        def do_GET(self):  # the handler's name is http.server's
             self.send_response(200)
             self.end_headers()
 

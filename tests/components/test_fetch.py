@@ -35,7 +35,7 @@ class _Handler(BaseHTTPRequestHandler):
     ``("half-once", bytes)`` (the first request gets half the body, then the connection
     closes) or ``("stall", bytes)`` (headers, then silence)."""
 
-    def do_GET(self):  # noqa: N802 - the http.server hook's name
+    def do_GET(self):  # the http.server hook's name
         self.server.log.append((self.path, self.headers.get("Range")))
         route = self.server.routes.get(self.path, 404)
         if isinstance(route, int):

@@ -142,13 +142,14 @@ def test_a_run_records_and_prints_its_deviations(workdir, protocol_with_deviatio
     tags = mlflow.MlflowClient().get_run(record["mlflow_run_id"]).data.tags
     assert from_tag(tags["deviation.validation_carve"]).why == "model selection off the test set"
     # Every table that shows the run ends with it.
-    from harness.reports.tables import build_table
+    from harness.reports.tables import TableRequest, make_table
 
     for fmt, last in (
         ("markdown", "- Model selection off the test set: validation_carve"),
         ("latex", "}"),
     ):
-        text = build_table(["deviations-e2e"], fmt=fmt, per_query=None).rstrip()
+        request = TableRequest(experiments=("deviations-e2e",), fmt=fmt, per_query=None)
+        text = make_table(request).text.rstrip()
         assert text.splitlines()[-1].startswith(last), text[-300:]
 
 

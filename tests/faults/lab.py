@@ -4,6 +4,7 @@ real command."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -159,18 +160,24 @@ class Zygote:
         self.proc.wait(timeout=60)
 
 
+#: The imports a child would otherwise pay for, done once in the zygote.
+_PRELOADED = (
+    "mlflow",
+    "optuna",
+    "harness.cli.main",
+    "harness.engine.sweep",
+    "harness.engine.training",
+    "harness.engine.tune",
+    "harness.methods",
+    "harness.reports.tables",
+)
+
+
 def zygote_main() -> None:
     """The zygote's loop: one JSON request per line in, the child's pid then its exit
     status (negative: the signal that ended it, as ``subprocess`` reports) out."""
-    import mlflow  # noqa: F401
-    import optuna  # noqa: F401
-
-    import harness.cli.main  # noqa: F401  (the imports a child would otherwise pay for)
-    import harness.engine.sweep  # noqa: F401
-    import harness.engine.training  # noqa: F401
-    import harness.engine.tune  # noqa: F401
-    import harness.methods  # noqa: F401
-    import harness.reports.tables  # noqa: F401
+    for module in _PRELOADED:
+        importlib.import_module(module)
 
     print("ready", flush=True)
     for line in sys.stdin:

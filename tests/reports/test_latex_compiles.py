@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from harness.config.grids import list_grids, load_grid
-from harness.reports.tables import LATEX_PACKAGES, TableRequest, compose
+from harness.reports.tables import LATEX_PACKAGES, TableRequest, make_table
 
 pytestmark = [
     pytest.mark.slow,
@@ -122,7 +122,7 @@ def test_every_grid_table_compiles_and_fits_the_text_block(grid_name, tmp_path):
         published_metrics=grid.published_metrics or None,
         per_query=lambda run_id: None,
     )  # no per-query results: the ‡ marks and note
-    table = compose(request, runs=planted_runs(grid))
+    table = make_table(request, runs=planted_runs(grid))
     assert table.problems and "$^{\\ddagger}$" in table.text and "$^\\dagger$" in table.text
     assert "\\scriptsize" not in table.text and "\\tiny" not in table.text
     assert not table.tests.empty  # the paired-tests tables are compiled too

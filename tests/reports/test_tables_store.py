@@ -11,12 +11,19 @@ import pytest
 from harness.base.errors import HarnessError
 from harness.reports.tables import (
     CELL_COLUMNS,
+    TableRequest,
     attach_published,
     load_published,
+    make_table,
     render_markdown,
     summarize,
 )
 from tests.table_runs import DIABLO_ROWS, PUBLISHED, fake_run, table_parser
+
+
+def _table_text(experiments: list[str], **options) -> str:
+    """The text of the table of ``experiments`` (``options``: :class:`TableRequest`'s)."""
+    return make_table(TableRequest(experiments=tuple(experiments), **options)).text
 
 
 def test_table_command_reads_finished_runs_and_writes_atomically(experiment, workdir, capsys):
@@ -146,8 +153,6 @@ def test_a_mislabelled_published_column_is_never_compared(experiment, capsys):
     """A-grouping Table 2 heads its ResNet-50 SOP column R@2 but prints R@10 values there
     (Ours-R 91.8 against Table 4's R@2 83.11): the rows stay in the CSV, flagged, and the
     table leaves them out with a footnote and one line on stderr."""
-    from harness.reports.tables import build_table
-
     pub = load_published(PUBLISHED, ["2"])
     assert not (
         (pub.dataset == "sop") & (pub.metric == "recall_at_2") & (pub.backbone == "resnet50")
@@ -158,18 +163,16 @@ def test_a_mislabelled_published_column_is_never_compared(experiment, capsys):
     assert "agrouping sop recall_at_2 (table 2): column_mislabelled" in capsys.readouterr().err
     client = mlflow.MlflowClient()
     fake_run(client, client.create_experiment(experiment), method="agrouping", seed=0, r1=0.70)
-    text = build_table([experiment], fmt="markdown", published=PUBLISHED, tables=["2"])
+    text = _table_text([experiment], fmt="markdown", published=PUBLISHED, tables=("2",))
     assert "91.80" not in text and "79.20" in text  # Ours-R SOP: R@1 compared, the "R@2" not
     assert "Published values not compared: " in text and "never compared as R@2" in text
-    latex = build_table([experiment], fmt="latex", published=PUBLISHED, tables=["2"])
+    latex = _table_text([experiment], fmt="latex", published=PUBLISHED, tables=("2",))
     assert "Published values not compared" in latex and latex.rstrip().endswith("\\end{table*}")
 
 
 def test_diml_k_sweep_rows_carry_their_note_into_the_table(experiment):
     """DIML Table 3's test-only rows and Tables 5-6 come from the released code's K-sweep
     evaluation: compared, with the note as a footnote."""
-    from harness.reports.tables import build_table
-
     diml = PUBLISHED.with_name("diml.csv")
     rows = {"plain": ["plain@diml_stage=none"], "diml": ["diml@diml_stage=test"]}
     pub = load_published(diml, ["3"], rows)
@@ -178,8 +181,8 @@ def test_diml_k_sweep_rows_carry_their_note_into_the_table(experiment):
     assert set(load_published(diml, ["1"])["note"]) == {""}
     client = mlflow.MlflowClient()
     fake_run(client, client.create_experiment(experiment), method="diml", seed=0, r1=0.70)
-    text = build_table(
-        [experiment], fmt="markdown", published=diml, tables=["3"], published_rows=rows
+    text = _table_text(
+        [experiment], fmt="markdown", published=diml, tables=("3",), published_rows=rows
     )
     assert "Published values marked ksweep: from the released code's K-sweep evaluation" in text
 
@@ -216,7 +219,7 @@ def test_runs_differing_only_in_a_method_option_are_two_rows(experiment, workdir
 
 def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir, tmp_path):
     from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
-    from harness.reports.tables import artifact_per_query, build_table
+    from harness.reports.tables import artifact_per_query
 
     client = mlflow.MlflowClient()
     exp_id = client.create_experiment(experiment)
@@ -242,8 +245,8 @@ def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir
     for rid, arrays in stored.items():  # round trip through the store
         back = artifact_per_query(rid)
         assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
-    text = build_table(
-        [experiment], fmt="markdown", metrics=["recall_at_1"], baseline="plain", resamples=500
+    text = _table_text(
+        [experiment], fmt="markdown", metrics=("recall_at_1",), baseline="plain", resamples=500
     )
     a_row = next(line for line in text.splitlines() if line.startswith("| A-grouping"))
     assert "⇑" in a_row  # the bootstrap over 200 queries sees the better first ranks

@@ -375,7 +375,7 @@ def _download(
     if have:
         request.add_header("Range", f"bytes={have}-")
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - http(s) URLs of the sources
+        response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:  # the part is already whole: the checksum decides
             return path

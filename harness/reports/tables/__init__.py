@@ -8,7 +8,7 @@ of seeds, a paired comparison with the block's baseline row, and the published n
 with the difference beside it.
 
 One module per step, each step a plain function that is easy to test;
-:func:`~harness.reports.tables.compose.compose` runs them for a
+:func:`~harness.reports.tables.compose.make_table` runs them for a
 :class:`~harness.reports.tables.compose.TableRequest`:
 
 1. :mod:`~harness.reports.tables.load` (tracking store -> one row per run, the newest per
@@ -46,9 +46,7 @@ from harness.reports.tables.compose import (
     RENDERERS,
     Table,
     TableRequest,
-    build_table,
-    compose,
-    compose_table,
+    make_table,
     write_atomic,
 )
 from harness.reports.tables.labels import (
@@ -94,9 +92,7 @@ __all__ = [
     "render_latex",
     "render_markdown",
     "write_atomic",
-    "build_table",
-    "compose_table",
-    "compose",
+    "make_table",
     "TableRequest",
     "Table",
     "TableContent",

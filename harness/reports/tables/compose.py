@@ -43,9 +43,7 @@ __all__ = [
     "RENDERERS",
     "TableRequest",
     "Table",
-    "compose",
-    "compose_table",
-    "build_table",
+    "make_table",
     "write_atomic",
 ]
 
@@ -103,7 +101,7 @@ class Table:
     problems: tuple[str, ...] = ()
 
 
-def compose(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
+def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
     """``runs`` (default: :func:`~harness.reports.tables.load.load_runs` of the request's
     experiments) -> :class:`Table`. Each run whose per-query results a paired bootstrap
     needed and did not get is one line on stderr (and in ``problems``)."""
@@ -187,16 +185,6 @@ def _notes(
         *tuning_notes(runs),
         *published_notes(published.excluded, published.flagged),
     ]
-
-
-def compose_table(experiments: Sequence[str], **options) -> Table:
-    """Tracking store -> :class:`Table` (``options``: the fields of :class:`TableRequest`)."""
-    return compose(TableRequest(experiments=tuple(experiments), **options))
-
-
-def build_table(experiments: Sequence[str], **options) -> str:
-    """Tracking store -> table text (:func:`compose_table`'s, same options)."""
-    return compose_table(experiments, **options).text
 
 
 def write_atomic(path: Path, text: str) -> None:

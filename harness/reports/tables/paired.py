@@ -76,7 +76,7 @@ def paired_tests(
       ``resamples`` resamples, seed 0;
     * ``boot_missing``: the runs (ids, space-separated) whose per-query results ``per_query``
       did not give, for a metric that has per-query values: that bootstrap is owed, not
-      computed (the table marks the cell and :func:`~harness.reports.tables.compose.compose`
+      computed (the table marks the cell and :func:`~harness.reports.tables.compose.make_table`
       reports the runs).
     """
     if runs.empty or baseline not in set(runs["method"]):
