@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import builtins
 import fnmatch
+import importlib
+import pkgutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
 from harness.base.errors import HarnessError, unknown_name
 
-__all__ = ["NameTaken", "BadName", "Registry"]
+__all__ = ["NameTaken", "BadName", "Registry", "import_modules"]
 
 T = TypeVar("T")
 
@@ -141,3 +143,13 @@ class Registry(Generic[T]):
             f"{self.kind} plugin '{point.name}' (entry point {point.name} = \"{point.value}\" of "
             f"distribution {dist}, group {self.entry_point_group})"
         )
+
+
+def import_modules(package: str, path: Iterable[str], *, skip: Iterable[str] = ()) -> None:
+    """Import every module of ``package`` (its ``__name__`` and ``__path__``) in name order,
+    but those in ``skip`` and those named with ``_``: a module whose decorators register its
+    entries is then registered by adding its file."""
+    left_out = set(skip)
+    for module in sorted(info.name for info in pkgutil.iter_modules(path)):
+        if module not in left_out and not module.startswith("_"):
+            importlib.import_module(f"{package}.{module}")

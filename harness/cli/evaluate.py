@@ -215,23 +215,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     args.json = output_file(args.json, "--json", kind="evaluate-json", args=args)
     use_gpu = _use_gpu(args.device)
 
-    embeddings = load_embeddings(args.embeddings, "--embeddings")
-    labels = load_labels(args.labels, "--labels", len(embeddings), "--embeddings")
-    gallery: np.ndarray | None = None  # None: every embedding is a query against the others
-    gallery_labels: np.ndarray | None = None
-    if args.query_embeddings is None:
-        query, query_labels = embeddings, labels
-    else:
-        gallery, gallery_labels = embeddings, labels
-        query = load_embeddings(args.query_embeddings, "--query-embeddings")
-        query_labels = load_labels(
-            args.query_labels, "--query-labels", len(query), "--query-embeddings"
-        )
-        if query.shape[1] != embeddings.shape[1]:
-            raise HarnessError(
-                f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
-                f"{embeddings.shape[1]}"
-            )
+    query, query_labels, gallery, gallery_labels = _load_inputs(args)
     _check_some_query_has_a_positive(query_labels, gallery_labels)
 
     result = evaluate_embeddings(
@@ -245,27 +229,51 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         use_gpu=use_gpu,
         kmeans_seed=args.seed,
     )
-    mode = "self" if gallery is None else "query-gallery"
     print(_format(result, len(query), None if gallery is None else len(gallery)))
     if args.json:
-        record = {
-            "mode": mode,
-            "embeddings": str(args.embeddings),
-            "labels": str(args.labels),
-            "query_embeddings": None
-            if args.query_embeddings is None
-            else str(args.query_embeddings),
-            "query_labels": None if args.query_labels is None else str(args.query_labels),
-            "normalized": True,
-            "recall_k": recall_k,
-            "kmeans_seed": args.seed,
-            "num_queries": result["num_queries"],
-            "num_lone_queries": result["num_lone_queries"],
-            "metrics": {k: _jsonable(v) for k, v in result.items() if not k.startswith("num_")},
-        }
-        atomic_write_json(args.json, record)
+        atomic_write_json(args.json, _record(args, result, recall_k, same=gallery is None))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _load_inputs(
+    args: argparse.Namespace,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(query, query labels, gallery, gallery labels): with no ``--query-embeddings`` every
+    embedding is a query against the others (gallery None)."""
+    embeddings = load_embeddings(args.embeddings, "--embeddings")
+    labels = load_labels(args.labels, "--labels", len(embeddings), "--embeddings")
+    if args.query_embeddings is None:
+        return embeddings, labels, None, None
+    query = load_embeddings(args.query_embeddings, "--query-embeddings")
+    query_labels = load_labels(
+        args.query_labels, "--query-labels", len(query), "--query-embeddings"
+    )
+    if query.shape[1] != embeddings.shape[1]:
+        raise HarnessError(
+            f"--query-embeddings has {query.shape[1]} dimensions but --embeddings has "
+            f"{embeddings.shape[1]}"
+        )
+    return query, query_labels, embeddings, labels
+
+
+def _record(
+    args: argparse.Namespace, result: dict[str, float], recall_k: list[int], *, same: bool
+) -> dict:
+    """What ``--json`` holds: the inputs, the settings, the counts and the metrics."""
+    return {
+        "mode": "self" if same else "query-gallery",
+        "embeddings": str(args.embeddings),
+        "labels": str(args.labels),
+        "query_embeddings": None if args.query_embeddings is None else str(args.query_embeddings),
+        "query_labels": None if args.query_labels is None else str(args.query_labels),
+        "normalized": True,
+        "recall_k": recall_k,
+        "kmeans_seed": args.seed,
+        "num_queries": result["num_queries"],
+        "num_lone_queries": result["num_lone_queries"],
+        "metrics": {k: _jsonable(v) for k, v in result.items() if not k.startswith("num_")},
+    }
 
 
 def _format(result: dict[str, float], num_query: int, num_gallery: int | None) -> str:

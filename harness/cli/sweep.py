@@ -92,9 +92,7 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
     return grid, options
 
 
-def _queue_and_work(
-    args: argparse.Namespace, grid: Grid, study, options: SlurmOptions
-) -> bool:
+def _queue_and_work(args: argparse.Namespace, grid: Grid, study, options: SlurmOptions) -> bool:
     """Queue the grid's cells and work them off (here, in ``--workers`` processes or as a
     cluster job); False when the cluster job was submitted and not waited for."""
     counts = (

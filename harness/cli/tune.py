@@ -146,6 +146,22 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)"
     )
+    _add_seed_arguments(p)
+    p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
+    p.add_argument(
+        "--experiment",
+        type=experiment_name,
+        help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)",
+    )
+    p.add_argument("--data-root", type=Path)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
+    p.set_defaults(func=cmd_tune)
+    return p
+
+
+def _add_seed_arguments(p: argparse.ArgumentParser) -> None:
+    """The seeds of the trials, of the reproduction and of the sampler."""
     p.add_argument(
         "--seed",
         type=at_least(0, SEED_LIMIT - 1),
@@ -160,14 +176,3 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         default=0,
         help="seed of the TPE sampler",
     )
-    p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
-    p.add_argument(
-        "--experiment",
-        type=experiment_name,
-        help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)",
-    )
-    p.add_argument("--data-root", type=Path)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
-    p.set_defaults(func=cmd_tune)
-    return p

@@ -12,9 +12,7 @@ installed package registers plugins through the entry-point group ``dml_harness.
 ['agrouping', 'cgrouping', 'ggrouping', 'mgrouping', 'ngrouping']
 """
 
-import importlib
-import pkgutil
-
+from harness.base.registry import import_modules
 from harness.methods.base import (
     METHODS,
     HeadOutput,
@@ -29,15 +27,8 @@ from harness.methods.base import (
     training_base,
 )
 
-
-def _import_plugins() -> None:
-    """Import every module of the package in name order; importing one registers it."""
-    for module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
-        if module != "base" and not module.startswith("_"):
-            importlib.import_module(f"{__name__}.{module}")
-
-
-_import_plugins()
+# Every module of the package, in name order: importing one registers its methods.
+import_modules(__name__, __path__, skip=("base",))
 
 __all__ = [
     "METHODS",

@@ -52,17 +52,25 @@ def _weights_file(
 def check_finished_run(run_id: str, flag: str) -> None:
     """Refuse ``run_id`` unless it is a FINISHED run of the tracking store (one line naming
     ``flag``): checked before a run that starts from its weights does any work."""
+    _finished_run(run_id, flag)
+
+
+def _finished_run(run_id: str, flag: str):
+    """The FINISHED run ``run_id`` of the tracking store (an MLflow ``Run``); anything else
+    is one line naming ``flag``."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
     if _existing_run_experiment(client, run_id) is None:
         raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
-    status = client.get_run(run_id).info.status
-    if status != "FINISHED":
+    run = client.get_run(run_id)
+    if run.info.status != "FINISHED":
         raise HarnessError(
-            f"{flag}: run '{run_id}' is {status}, not FINISHED, and has no selected weights"
+            f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
+            f"selected weights"
         )
+    return run
 
 
 def load_finished_weights(
@@ -84,19 +92,7 @@ def load_finished_weights(
     re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
     (evaluate-only runs): the run must have been trained under this same protocol and split.
     """
-    import mlflow
-    import torch
-
-    mlflow.set_tracking_uri(tracking_uri())
-    client = mlflow.MlflowClient()
-    if _existing_run_experiment(client, run_id) is None:
-        raise HarnessError(f"{flag}: no run '{run_id}' in the tracking store {tracking_uri()}")
-    run = client.get_run(run_id)
-    if run.info.status != "FINISHED":
-        raise HarnessError(
-            f"{flag}: run '{run_id}' is {run.info.status}, not FINISHED, and has no "
-            f"selected weights"
-        )
+    run = _finished_run(run_id, flag)
     path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
     trained_under = run.data.tags.get("fingerprint", "")
     if expect_fingerprint and trained_under != expect_fingerprint:
@@ -105,21 +101,7 @@ def load_finished_weights(
             f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
             f"without training needs the same protocol, dataset and loss"
         )
-    data = path.read_bytes()
-    expected, found = run.data.tags.get("model_sha256", ""), hashlib.sha256(data).hexdigest()
-    if expected and found != expected:
-        raise HarnessError(
-            f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
-            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced"
-        )
-    try:
-        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        state = saved["model"]
-    except Exception as err:
-        raise HarnessError(
-            f"{flag}: {path} of run '{run_id}' is unreadable "
-            f"({type(err).__name__}: {str(err).strip()[:200]})"
-        ) from None
+    state, selected = _saved_weights(path, run_id, run.data.tags.get("model_sha256", ""), flag)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
@@ -128,4 +110,26 @@ def load_finished_weights(
         file=sys.stderr,
         flush=True,
     )
-    return int(saved.get("selected_epoch") or run.data.tags.get("selected_epoch") or 0)
+    return int(selected or run.data.tags.get("selected_epoch") or 0)
+
+
+def _saved_weights(path: Path, run_id: str, expected: str, flag: str) -> tuple[dict, int | None]:
+    """The model state and the selected epoch saved at ``path``, its bytes' sha256 checked
+    against ``expected`` (the run's ``model_sha256`` tag, when it has one)."""
+    import torch
+
+    data = path.read_bytes()
+    found = hashlib.sha256(data).hexdigest()
+    if expected and found != expected:
+        raise HarnessError(
+            f"{flag}: {path} does not match the weights recorded for run '{run_id}' "
+            f"(sha256 {found[:12]}..., recorded {expected[:12]}...): the file was changed or replaced"
+        )
+    try:
+        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return saved["model"], saved.get("selected_epoch")
+    except Exception as err:
+        raise HarnessError(
+            f"{flag}: {path} of run '{run_id}' is unreadable "
+            f"({type(err).__name__}: {str(err).strip()[:200]})"
+        ) from None

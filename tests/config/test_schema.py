@@ -57,6 +57,25 @@ def test_the_published_protocol_schema_is_the_schema_command_for_every_method_it
     assert not stale, f"docs/protocol.schema.json is stale for {stale}: nox -s docs"
 
 
+_KINDS = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "null": type(None),
+    "integer": int,
+    "number": (int, float),
+}
+_BOUNDS = {
+    "minimum": operator.ge,
+    "maximum": operator.le,
+    "exclusiveMinimum": operator.gt,
+    "exclusiveMaximum": operator.lt,
+    "minItems": operator.ge,
+    "maxItems": operator.le,
+}
+
+
 def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
     """Where ``value`` breaks the JSON Schema ``node``, for the keywords the harness's
     schemas use (``type``, ``properties``, ``additionalProperties``, ``required``,
@@ -72,18 +91,23 @@ def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
             if any(not schema_errors(value, option, defs) for option in node["anyOf"])
             else [where]
         )
-    kinds = {
-        "object": dict,
-        "array": list,
-        "string": str,
-        "boolean": bool,
-        "null": type(None),
-        "integer": int,
-        "number": (int, float),
-    }
+    own = _value_errors(value, node, where)
+    if own:
+        return own
+    errors = []
+    if isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, node["items"], defs, f"{where}[{i}]")
+    if isinstance(value, dict):
+        errors += _member_errors(value, node, defs, where)
+    return errors
+
+
+def _value_errors(value, node: dict, where: str) -> list[str]:
+    """The value's own breaks of ``node``: its type, its allowed values, its bounds."""
     kind = node.get("type")
     if kind and (
-        not isinstance(value, kinds[kind])
+        not isinstance(value, _KINDS[kind])
         or (kind in ("integer", "number") and isinstance(value, bool))
     ):
         return [f"{where}: not {kind}"]
@@ -91,32 +115,22 @@ def schema_errors(value, node: dict, defs: dict, where: str = "") -> list[str]:
         "const" in node and value != node["const"]
     ):
         return [f"{where}: {value!r} not allowed"]
-    bounds = {
-        "minimum": operator.ge,
-        "maximum": operator.le,
-        "exclusiveMinimum": operator.gt,
-        "exclusiveMaximum": operator.lt,
-        "minItems": operator.ge,
-        "maxItems": operator.le,
-    }
-    for key, holds in bounds.items():
+    for key, holds in _BOUNDS.items():
         if key in node and not holds(len(value) if key.endswith("Items") else value, node[key]):
             return [f"{where}: {key} {node[key]}"]
-    errors = []
-    if isinstance(value, list) and "items" in node:
-        for i, item in enumerate(value):
-            errors += schema_errors(item, node["items"], defs, f"{where}[{i}]")
-    if isinstance(value, dict):
-        errors += [
-            f"{where}.{key}: missing" for key in node.get("required", []) if key not in value
-        ]
-        extra = node.get("additionalProperties", True)
-        for key, item in value.items():
-            child = node.get("properties", {}).get(key, extra)
-            if child is False:
-                errors.append(f"{where}.{key}: unknown key")
-            elif isinstance(child, dict):
-                errors += schema_errors(item, child, defs, f"{where}.{key}")
+    return []
+
+
+def _member_errors(value: dict, node: dict, defs: dict, where: str) -> list[str]:
+    """An object's breaks: required keys missing, unknown keys, and its members' own."""
+    errors = [f"{where}.{key}: missing" for key in node.get("required", []) if key not in value]
+    extra = node.get("additionalProperties", True)
+    for key, item in value.items():
+        child = node.get("properties", {}).get(key, extra)
+        if child is False:
+            errors.append(f"{where}.{key}: unknown key")
+        elif isinstance(child, dict):
+            errors += schema_errors(item, child, defs, f"{where}.{key}")
     return errors
 
 

@@ -274,32 +274,16 @@ def reference_select(indices, labels, form, embeddings=None, mining="random"):
     if embeddings is not None and (mining == "hardest" or form == "quadruplet"):
         emb = embeddings.detach().float().cpu()
         dist = torch.cdist(emb, emb)
-    if mining == "random":
-        order = torch.randperm(len(cand)).tolist()
-    else:
-        hard = dist[cand[:, 0], cand[:, 1]]
-        if form != "siamese":
-            hard = hard - dist[cand[:, 0], cand[:, 2]]
-        order = torch.argsort(-hard, stable=True).tolist()
     rows, y = cand.tolist(), labels.tolist()
     used, chosen, free = [False] * batch, [], batch
-    for t in order:
+    for t in _reference_order(cand, form, mining, dist):
         members = rows[t]
         if len(set(members)) < len(members) or any(used[i] for i in members):
             continue
         if form == "quadruplet":
-            a, n1 = members[0], members[2]
-            pool = [
-                j
-                for j in range(batch)
-                if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
-            ]
-            if not pool:
+            n2 = _reference_n2(members, used, y, mining, dist)
+            if n2 is None:
                 continue
-            if mining == "hardest":
-                n2 = min(pool, key=lambda j: float(dist[a, j]))
-            else:
-                n2 = pool[int(torch.randint(len(pool), ()))]
             members = members + [n2]
         chosen.append(members)
         for i in members:
@@ -308,6 +292,32 @@ def reference_select(indices, labels, form, embeddings=None, mining="random"):
         if free < k:
             break
     return torch.tensor(chosen, dtype=torch.long).view(-1, k)
+
+
+def _reference_order(cand, form, mining, dist) -> list[int]:
+    """The order the candidates are tried in: random, or hardest first (stable)."""
+    if mining == "random":
+        return torch.randperm(len(cand)).tolist()
+    hard = dist[cand[:, 0], cand[:, 1]]
+    if form != "siamese":
+        hard = hard - dist[cand[:, 0], cand[:, 2]]
+    return torch.argsort(-hard, stable=True).tolist()
+
+
+def _reference_n2(members, used, y, mining, dist):
+    """A quadruplet's fourth member: a free item of a third class, the nearest to the
+    anchor (hardest) or a random one; None when there is none."""
+    a, n1 = members[0], members[2]
+    pool = [
+        j
+        for j in range(len(used))
+        if not used[j] and j not in members and y[j] != y[a] and y[j] != y[n1]
+    ]
+    if not pool:
+        return None
+    if mining == "hardest":
+        return min(pool, key=lambda j: float(dist[a, j]))
+    return pool[int(torch.randint(len(pool), ()))]
 
 
 def random_mined_batch(seed):

@@ -1,6 +1,8 @@
 """The layout is checked, not only described: the layers contract and the one-store-module
 contract (pyproject.toml's ``[tool.importlinter]``), no import circle between any two
-modules, no long function or module in the engine and no long module among the plugins."""
+modules, no long function in any layer and no logic in a package's ``__init__``. (No module
+over 600 lines: tests/project/test_code_size.py; no function too complex: ruff's C901 and
+PLR0915, tests/project/test_code_style.py.)"""
 
 from __future__ import annotations
 
@@ -11,12 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("harness",)
-#: The engine's functions read like the steps they run; a longer one hides several concerns.
+#: A function reads like the steps it runs; a longer one hides several concerns.
 MAX_FUNCTION_LINES = 60
-#: An engine module holds one piece of the engine, not a subsystem.
-MAX_ENGINE_MODULE_LINES = 600
-#: A plugin module holds one paper's head (or one of its pieces), not the whole paper.
-MAX_PLUGIN_MODULE_LINES = 600
+#: Functions over the limit in modules that are split apart from these checks, until then.
+PENDING = {"harness/cli/run.py"}
 
 
 def _modules() -> dict[str, Path]:
@@ -115,35 +115,66 @@ def test_every_layer_is_a_folder_and_every_module_sits_in_one():
     assert loose == []
 
 
-@pytest.mark.parametrize("layer", ["engine", "reports"])
-def test_no_engine_or_reports_function_is_longer_than_60_lines(layer):
+LAYERS = sorted(p.name for p in (REPO / "harness").iterdir() if (p / "__init__.py").is_file())
+
+
+def _long_functions(source: str) -> list[str]:
+    """``name:line (length)`` of each function of ``source`` over the limit."""
     long = []
-    for path in sorted((REPO / "harness" / layer).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    long.append(
-                        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)"
-                    )
-    assert long == []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                long.append(f"{node.name}:{node.lineno} ({length} lines)")
+    return long
 
 
-def test_no_engine_module_is_longer_than_600_lines():
-    long = [
-        f"{path.relative_to(REPO)} ({n} lines)"
-        for path in sorted((REPO / "harness" / "engine").rglob("*.py"))
-        if (n := len(path.read_text().splitlines())) > MAX_ENGINE_MODULE_LINES
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_function_is_longer_than_60_lines(layer):
+    long = {
+        str(path.relative_to(REPO)): found
+        for path in sorted((REPO / "harness" / layer).rglob("*.py"))
+        if str(path.relative_to(REPO)) not in PENDING
+        and (found := _long_functions(path.read_text()))
+    }
+    assert long == {}
+
+
+def test_the_length_check_finds_a_long_function():
+    """The check above can fail: a 61-line function is reported, a 60-line one is not."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))
+    source = f"def short():\n{body}\n\ndef long():\n{body}    y = 0\n"
+    assert _long_functions(source) == ["long:63 (61 lines)"]
+
+
+def test_every_layer_is_checked():
+    assert set(LAYERS) == {
+        "base",
+        "cli",
+        "components",
+        "config",
+        "engine",
+        "methods",
+        "reports",
+        "store",
+    }
+
+
+def _init_definitions(source: str) -> list[str]:
+    """``name:line`` of each function or class defined in a package ``__init__``."""
+    return [
+        f"{node.name}:{node.lineno}"
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
     ]
-    assert long == []
 
 
-def test_no_plugin_module_is_longer_than_600_lines():
-    """A paper's plugin file holds its head, variants and metadata; its pieces that grow
-    (solvers, graphs, figures) live in modules of their own."""
-    long = [
-        f"{path.relative_to(REPO)} ({n} lines)"
-        for path in sorted((REPO / "harness" / "methods").rglob("*.py"))
-        if (n := len(path.read_text().splitlines())) > MAX_PLUGIN_MODULE_LINES
-    ]
-    assert long == []
+def test_no_package_init_defines_a_function_or_class():
+    """A package's ``__init__`` says what the package is and re-exports its public names;
+    its functions and classes live in modules a reader finds by name."""
+    found = {
+        str(path.relative_to(REPO)): names
+        for path in sorted((REPO / "harness").rglob("__init__.py"))
+        if (names := _init_definitions(path.read_text()))
+    }
+    assert found == {}

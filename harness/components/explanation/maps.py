@@ -137,19 +137,10 @@ def attention_figure(
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
-    imgs, mp = _numpy(images), _numpy(maps)
-    if imgs.ndim != 4 or imgs.shape[1] not in (1, 3):
-        raise ValueError(f"images must be B x 3 x H x W, got shape {imgs.shape}")
-    if mp.ndim != 4 or mp.shape[0] != imgs.shape[0] or mp.shape[2:] != imgs.shape[2:]:
-        raise ValueError(f"maps must be B x K x H x W matching images {imgs.shape}, got {mp.shape}")
-    if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+    pictures, mp = _checked_figure_inputs(images, maps, top)
     batch, groups = mp.shape[:2]
     cols = min(top, batch)
     order = np.argsort(-_scores(mp, rank_by), axis=0, kind="stable")[:cols]  # cols x K
-    pictures = np.clip(imgs.transpose(0, 2, 3, 1), 0.0, 1.0)
-    if pictures.shape[-1] == 1:
-        pictures = np.repeat(pictures, 3, axis=-1)
 
     # At least 3 inches wide, so that the labels stay legible in the MLflow UI's preview.
     fig = Figure(
@@ -157,19 +148,7 @@ def attention_figure(
     )
     FigureCanvasAgg(fig)
     axes = fig.subplots(groups, cols, squeeze=False)
-    overlay = None
-    for g in range(groups):
-        for c in range(cols):
-            ax = axes[g, c]
-            i = int(order[c, g])
-            ax.imshow(pictures[i])
-            overlay = ax.imshow(mp[i, g], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(titles[g] if titles is not None else f"group {g + 1}", fontsize=11)
-            if g == groups - 1:
-                ax.set_xlabel(f"#{c + 1}", fontsize=10)
+    overlay = _draw_rows(axes, pictures, mp, order, cmap=cmap, alpha=alpha, titles=titles)
     ranking = rank_by if isinstance(rank_by, str) else "score"
     fig.supxlabel(
         f"each row's {cols} images with the highest map {ranking}, strongest first", fontsize=10
@@ -177,7 +156,6 @@ def attention_figure(
     if title:
         fig.suptitle(title, fontsize=11)
     # The scale drawn opaque (the overlays are blended at ``alpha`` over the images).
-    assert overlay is not None  # the grid has at least one cell
     scale = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=overlay.get_cmap())
     colorbar = fig.colorbar(scale, ax=axes, shrink=0.8, fraction=0.05)
     colorbar.set_label(
@@ -187,6 +165,52 @@ def attention_figure(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def _checked_figure_inputs(images, maps, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """The images (B x 3 x H x W, or one channel) as pictures to draw (B x H x W x 3 in
+    [0, 1]) and the maps (B x K x H x W) as a numpy array, their shapes checked."""
+    imgs, mp = _numpy(images), _numpy(maps)
+    if imgs.ndim != 4 or imgs.shape[1] not in (1, 3):
+        raise ValueError(f"images must be B x 3 x H x W, got shape {imgs.shape}")
+    if mp.ndim != 4 or mp.shape[0] != imgs.shape[0] or mp.shape[2:] != imgs.shape[2:]:
+        raise ValueError(f"maps must be B x K x H x W matching images {imgs.shape}, got {mp.shape}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    pictures = np.clip(imgs.transpose(0, 2, 3, 1), 0.0, 1.0)
+    if pictures.shape[-1] == 1:
+        pictures = np.repeat(pictures, 3, axis=-1)
+    return pictures, mp
+
+
+def _draw_rows(
+    axes,
+    pictures: np.ndarray,
+    maps: np.ndarray,
+    order: np.ndarray,
+    *,
+    cmap: str,
+    alpha: float,
+    titles: Sequence[str] | None,
+):
+    """Each group's row: its images in ``order`` (cols x K) with the group's map overlaid,
+    the row named, the columns numbered; returns the last overlay (for the colour scale)."""
+    groups, cols = axes.shape
+    overlay = None
+    for g in range(groups):
+        for c in range(cols):
+            ax = axes[g, c]
+            i = int(order[c, g])
+            ax.imshow(pictures[i])
+            overlay = ax.imshow(maps[i, g], cmap=cmap, alpha=alpha, vmin=0.0, vmax=1.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(titles[g] if titles is not None else f"group {g + 1}", fontsize=11)
+            if g == groups - 1:
+                ax.set_xlabel(f"#{c + 1}", fontsize=10)
+    assert overlay is not None  # the grid has at least one cell
+    return overlay
 
 
 def part_attention_mass(maps, part_labels, num_parts: int | None = None) -> np.ndarray:

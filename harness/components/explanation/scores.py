@@ -166,38 +166,48 @@ def perturbation_curves(
     # insertion at 1 are the intact query, deletion at 1 and insertion at 0 the blank image
     # (one for all pairs). Only the inner steps go through the model per order.
     blank = embed(torch.zeros_like(queries[:1])).float()  # 1 x D
-    inner = steps - 2
     per_chunk = 6  # pairs whose masks are built at once (memory: 6 x 39 images)
     for start in range(0, n, per_chunk):
         rows = slice(start, min(n, start + per_chunk))
         fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
         keep = masks[:, 1:-1].to(device)[:, :, None]  # p x inner x 1 x H x W
-        q = queries[rows]
-        images = torch.cat(
-            [(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q]
+        t_moved, t_intact = _perturbed_targets(
+            embed, queries[rows], keep, gallery[rows], sign[rows], batch
         )
-        emb = torch.cat(
-            [embed(images[i : i + batch]).float() for i in range(0, len(images), batch)]
-        )
-        p = len(q)
-        intact = emb[2 * p * inner :]  # p x D
-        moved = emb[: 2 * p * inner].view(2, p, inner, -1)  # deletion, then insertion
-        t_moved = (moved * gallery[rows][None, :, None]).sum(-1) * sign[rows][None, :, None]
-        t_intact = (intact * gallery[rows]).sum(-1) * sign[rows]
         t_blank = (blank * gallery[rows]).sum(-1) * sign[rows]
-        deletion[rows] = (
-            ((1 + torch.cat([t_intact[:, None], t_moved[0], t_blank[:, None]], 1)) / 2)
-            .double()
-            .cpu()
-        )
-        insertion[rows] = (
-            ((1 + torch.cat([t_blank[:, None], t_moved[1], t_intact[:, None]], 1)) / 2)
-            .double()
-            .cpu()
-        )
+        deletion[rows] = _curve(t_intact, t_moved[0], t_blank)
+        insertion[rows] = _curve(t_blank, t_moved[1], t_intact)
         if on_chunk is not None:
-            on_chunk(p)
+            on_chunk(len(t_intact))
     return fractions, deletion, insertion
+
+
+def _perturbed_targets(
+    embed,
+    q: torch.Tensor,
+    keep: torch.Tensor,
+    gallery: torch.Tensor,
+    sign: torch.Tensor,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The targets t of p queries (p x 3 x H x W) against their partners (p x D): with
+    their pixels deleted and inserted at each inner step (``keep``: p x inner x 1 x H x W
+    masks), 2 x p x inner, and intact, p; the images go through ``embed`` ``batch`` at a
+    time."""
+    images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q])
+    emb = torch.cat([embed(images[i : i + batch]).float() for i in range(0, len(images), batch)])
+    p, inner = keep.shape[:2]
+    intact = emb[2 * p * inner :]  # p x D
+    moved = emb[: 2 * p * inner].view(2, p, inner, -1)  # deletion, then insertion
+    t_moved = (moved * gallery[None, :, None]).sum(-1) * sign[None, :, None]
+    t_intact = (intact * gallery).sum(-1) * sign
+    return t_moved, t_intact
+
+
+def _curve(first: torch.Tensor, inner: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """One curve per pair, (1 + t) / 2 from its first point through its inner steps to its
+    last (p x S, float64 on the host)."""
+    return ((1 + torch.cat([first[:, None], inner, last[:, None]], 1)) / 2).double().cpu()
 
 
 def curve_auc(values: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
