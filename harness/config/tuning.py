@@ -35,10 +35,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from harness.base.errors import HarnessError
 from harness.config.overrides import flatten_keys
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 __all__ = [
     "TuneSpec",
@@ -313,7 +316,9 @@ def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, S
 
 class _Overriding:
     """A trial whose ``suggest_*`` calls for names in ``entries`` use those entries: the
-    grid's entry for a method option replaces the plugin's own range for it."""
+    grid's entry for a method option replaces the plugin's own range for it. It answers
+    every other attribute as the Optuna trial it wraps, so a plugin's ``search_space``
+    takes it as that trial."""
 
     def __init__(self, trial, entries: dict[str, SpaceEntry]):
         self.trial, self.entries = trial, entries
@@ -345,7 +350,7 @@ def suggest_setting(
     if spec.defaults:
         options.update(
             METHODS.get(method).cls.search_space(
-                _Overriding(trial, entries), embedding_size=protocol.embedding.size
+                cast("Trial", _Overriding(trial, entries)), embedding_size=protocol.embedding.size
             )
         )
     overrides: dict[str, Any] = {}

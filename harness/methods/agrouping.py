@@ -65,14 +65,24 @@ Where the paper is silent or disagrees with the released code (DGML-master):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
-from harness.methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.methods.base import (
+    HeadOutput,
+    Method,
+    PaperInfo,
+    TrainingBatch,
+    register_method,
+    register_variant,
+)
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 __all__ = [
     "GroupingHead",
@@ -181,7 +191,7 @@ class MultiLinearGrouping(nn.Module):
         self.groups = groups
         self.project = nn.Linear(in_channels, groups * dim, bias=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.project(x.mean(dim=(2, 3))).unflatten(-1, (self.groups, -1)), {}
 
 
@@ -205,7 +215,7 @@ class GateGrouping(nn.Module):
         self.masks = nn.Conv2d(hidden, groups * in_channels, kernel_size=1)
         self.project = nn.Linear(in_channels, dim, bias=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         b, c, h, w = x.shape
         masks = self.masks(self.shared(x)).view(b, self.groups, c, h, w)
         if self.sigmoid:
@@ -242,7 +252,7 @@ class ChannelGrouping(nn.Module):
         self.excite = nn.ModuleList(_SqueezeExcite(in_channels, reduction) for _ in range(groups))
         self.project = nn.Linear(in_channels, dim, bias=True)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         pooled = x.mean(dim=(2, 3))  # B x C
         weights = torch.stack([se(pooled) for se in self.excite], dim=1)  # B x P x C
         return self.project(weights * pooled.unsqueeze(1)), {"channel_weights": weights}
@@ -322,7 +332,7 @@ class GroupingHead(Method):
         self.metric_loss_copies = groups if loss_per_group else 1
         self.metric_loss_dim = self.group_dim
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         feats, aux = self.grouping(maps[-1])
         groups = F.normalize(feats, dim=-1)  # B x P x d, unit rows
         embedding = groups.flatten(1) / math.sqrt(self.groups)  # unit norm
@@ -330,13 +340,14 @@ class GroupingHead(Method):
             embedding=embedding, groups=groups, attention=aux.pop("attention", None), extras=aux
         )
 
-    def loss_terms(self, output, batch):
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Eq. 14 without the L2 term (that is weight decay, see :meth:`optimizer_groups`):
         ``metric`` = the metric loss on each group separately, averaged over the P groups
         (the protocol's miner runs per group too, as in the code; group p uses loss
         instance p when the trainer holds one per group); ``diversity`` = lambda1 * Eq. 4,
         already weighted (absent when P = 1 or lambda1 = 0)."""
         groups, metric_loss = output.groups, batch.metric_loss
+        assert groups is not None  # embed always returns the groups
         per_group = metric_loss.copies > 1
         metric = torch.stack(
             [
@@ -351,7 +362,7 @@ class GroupingHead(Method):
             )
         return terms
 
-    def optimizer_groups(self, lr, weight_decay):
+    def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """lambda2 of Eq. 14 as weight decay, per part as in the code's ``set_lr``: the
         queries (A-grouping) get ``query_weight_decay``; the rest of the head (key, value,
         baselines' layers) ``head_weight_decay``, defaulting to the protocol's."""
@@ -370,7 +381,7 @@ class GroupingHead(Method):
             )
         return out
 
-    def explain(self, images, output):
+    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Eq. 9-10: the attention maps (A-grouping) or the channel-mean gate masks
         (G-grouping), B x P x h x w, bilinearly resized to the image and min-max
         normalised per map to [0, 1]; None for the M-, C- and N-grouping heads."""
@@ -379,17 +390,21 @@ class GroupingHead(Method):
             return None
         return upsample_maps(maps, images.shape[-2:])
 
-    def pair_maps(self, query, gallery, same):
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Eq. 9's raw maps (attention, or G-grouping's gates) of each image, weighted by each
         group's share of the pair's (dis)similarity (:func:`~harness.components.explanation.maps.grouped_pair_maps`);
         None for the M-, C- and N-grouping heads, which have no spatial maps."""
 
-        def maps(out):
+        def maps(out: HeadOutput) -> torch.Tensor | None:
             return out.attention if out.attention is not None else out.extras.get("gate_maps")
 
-        if maps(query) is None or maps(gallery) is None:
+        query_maps, gallery_maps = maps(query), maps(gallery)
+        if query_maps is None or gallery_maps is None:
             return None
-        return grouped_pair_maps(maps(query), maps(gallery), query.groups, gallery.groups, same)
+        assert query.groups is not None and gallery.groups is not None
+        return grouped_pair_maps(query_maps, gallery_maps, query.groups, gallery.groups, same)
 
     @property
     def explains_pairs(self) -> bool:
@@ -397,7 +412,7 @@ class GroupingHead(Method):
         return self.grouping_name in ("attention", "gate")
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         """P in {2, 4, 8} (only values dividing ``embedding_size``) and lambda1
         log-uniform in [1e-3, 1e-1]."""
         choices = [g for g in (2, 4, 8) if embedding_size % g == 0]
@@ -421,7 +436,7 @@ class SingleEmbeddingHead(GroupingHead):
     label = "N-grouping"
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         return {}
 
 

@@ -121,7 +121,7 @@ Where the paper and the released code differ or are silent (each choice is an op
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -162,7 +162,17 @@ from harness.methods.avsl_losses import (
     proxy_references,
 )
 from harness.methods.avsl_options import check_choices, check_ranges, checked_level_weights
-from harness.methods.base import FigureSet, HeadOutput, Method, PaperInfo, register_method
+from harness.methods.base import (
+    FigureSet,
+    HeadOutput,
+    Method,
+    PaperInfo,
+    TrainingBatch,
+    register_method,
+)
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 __all__ = [
     "AVSLHead",
@@ -337,9 +347,9 @@ class AVSLHead(Method):
 
     # ---------------------------------------------------------------------- embed
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         levels, cams, certs = [], [], []
-        for fmap, conv in zip(maps, self.project, strict=True):
+        for fmap, conv in zip(maps, cast(Sequence[nn.Linear], self.project), strict=True):
             pooled = fmap.mean(dim=(2, 3)) + fmap.amax(dim=(2, 3))
             levels.append(F.normalize(conv(pooled), dim=-1))
             with torch.no_grad(), torch.autocast(device_type=fmap.device.type, enabled=False):
@@ -366,7 +376,9 @@ class AVSLHead(Method):
         (q_lev, q_cert), (g_lev, g_cert) = _fields(query), _fields(gallery)
         return -pair_distance_matrix(self, q_lev, q_cert, g_lev, g_cert)
 
-    def rerank_similarity(self, query, candidates):
+    def rerank_similarity(
+        self, query: dict[str, torch.Tensor], candidates: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """-d^ of Q x K pairs (query fields Q x L x r, candidates Q x K x L x r)."""
         (q_lev, q_cert), (c_lev, c_cert) = _fields(query), _fields(candidates)
         return -self.graph().distance(q_lev[:, None], c_lev, q_cert[:, None], c_cert)
@@ -385,24 +397,30 @@ class AVSLHead(Method):
         (xl, xc), (yl, yc) = _output_fields(query), _output_fields(gallery)
         return pair_attribution(self.graph(), xl[0], xc[0], yl[0], yc[0])
 
-    def figures(self, kind, images, outputs):
+    def figures(
+        self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]
+    ) -> FigureSet | None:
         """Figs. 6 and 7 for a (query, nearest neighbour) pair (:func:`reliable_nodes_figure`,
         :func:`node_expansion_figure`), and the pair's attribution as data (JSON)."""
         query, gallery = outputs
         if not (query.levels and query.cams and "certainty" in query.extras) or self.num_levels < 2:
             return None
+        assert gallery.cams is not None  # a head output of this head, as the query's
         record = self.pair_attribution(query, gallery)
-        cams = tuple([c[0].float().cpu() for c in out.cams] for out in (query, gallery))
+        cams = tuple([c[0].float().cpu() for c in cams] for cams in (query.cams, gallery.cams))
+        query_image, gallery_image = images
         return FigureSet(
             figures=(
-                reliable_nodes_figure(*images, cams, record),
-                node_expansion_figure(*images, cams, record),
+                reliable_nodes_figure(query_image, gallery_image, cams, record),
+                node_expansion_figure(query_image, gallery_image, cams, record),
             ),
             records={"_avsl_attribution": record.to_dict()},
         )
 
     @torch.no_grad()
-    def pair_maps(self, query, gallery, same):
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Eq. 11 drawn on the images: every node's weight lambda_i^l (P pairs at once) on its
         normalised CAM (the one of Eq. 5: min-shifted, L1-normalised), summed over the nodes
         and the levels (each level's map resized to the finest level's grid).
@@ -416,10 +434,14 @@ class AVSLHead(Method):
         same = torch.as_tensor(same, device=lam.device)[:, None, None]
         # P x L x r
         weights = torch.where(same, lam * (xl * yl).clamp_min(0), contributions).clamp_min(0)
+        assert query.cams is not None and gallery.cams is not None  # embed keeps the CAMs
         size = tuple(query.cams[0].shape[-2:])
-        return tuple(node_weight_maps(out.cams, weights, size) for out in (query, gallery))
+        return (
+            node_weight_maps(query.cams, weights, size),
+            node_weight_maps(gallery.cams, weights, size),
+        )
 
-    def explain(self, images, output):
+    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Per level (K = L maps), the mean of the nodes' normalised CAMs at image size, in [0, 1]."""
         if not output.cams:
             return None
@@ -428,18 +450,19 @@ class AVSLHead(Method):
     # -------------------------------------------------------------------- training
 
     @classmethod
-    def cross_process_refusal(cls, options):
+    def cross_process_refusal(cls, options: dict[str, Any]) -> str:
         return (
             "its CAM edges are momentum buffers updated from each batch: each process would "
             "update them from its share, and DistributedDataParallel would overwrite them with "
             "process 0's; train it in one process"
         )
 
-    def loss_terms(self, output, batch):
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Eq. 10: sum_l w_l L^m(level l) + w_f L^f(d^) (see the module docstring)."""
         labels = batch.labels
         metric = batch.metric_loss
         terms = {}
+        assert output.levels is not None  # embed always returns the levels
         for level, emb in enumerate(output.levels):
             copy = level if metric.copies > 1 else 0
             with (
@@ -502,7 +525,7 @@ class AVSLHead(Method):
         ``proxies_in_collector``): ``collector_lr``, else ``lr_head x inference_lr_scale``."""
         return self.collector_lr or lr_head * self.inference_lr_scale
 
-    def optimizer_groups(self, lr, weight_decay):
+    def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         inference = list(self.alphas.parameters()) + list(self.betas.parameters())
         ids = {id(p) for p in inference}
         head = [p for p in self.head_parameters() if id(p) not in ids]
@@ -511,7 +534,7 @@ class AVSLHead(Method):
             groups.append(param_group(inference, self._collector_lr(lr), weight_decay, "inference"))
         return groups
 
-    def loss_optimizer_groups(self, loss_fn, optimizer):
+    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer: Any) -> list[dict[str, Any]]:
         """With ``proxies_in_collector``, the loss copies' proxies train as the code's
         collector does (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
         optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at the
@@ -534,7 +557,7 @@ class AVSLHead(Method):
         return "; ".join(reasons)
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size) -> dict[str, Any]:
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         ks = sorted({min(k, embedding_size) for k in (32, 64, 128, 256)})
         return {
             "topk": trial.suggest_categorical("topk", ks),

@@ -142,8 +142,17 @@ def reliability(
 
 
 def level_terms(
-    x_levels, y_levels, x_cert, y_cert, edges, alphas, betas, gain, rectify, detach_nodes=False
-):
+    x_levels: torch.Tensor,
+    y_levels: torch.Tensor,
+    x_cert: torch.Tensor,
+    y_cert: torch.Tensor,
+    edges: Sequence[torch.Tensor],
+    alphas: Sequence[torch.Tensor],
+    betas: Sequence[torch.Tensor],
+    gain: float,
+    rectify: bool,
+    detach_nodes: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per level: nodes delta^l (..., r) and reliabilities p^l (levels >= 2)."""
     deltas, probs = [], []
     for level in range(x_levels.shape[-2]):

@@ -7,22 +7,26 @@ every attribute the engine reads is declared on `Method` with its default,
 so the engine never asks a head what it has (no `hasattr`).
 
 Hooks the engine calls (B: images, D: embedding size, Q queries, K candidates, G
-gallery items, P pairs):
+gallery items, P pairs); ``tests/project/test_method_contract.py`` checks that this table
+names every hook `Method` defines and nothing else:
 
 | hook | what the engine does with it |
 |---|---|
 | `embed` | maps of `stages` (B x C_s x H_s x W_s each) -> `HeadOutput`; `embedding` (B x D) is ranked |
-| `setup` | called once with the backbone at build time |
+| `setup` | called once with the backbone at build time (other `stages`, pretrained segment copies) |
 | `loss_terms` | named loss terms of a `TrainingBatch`, summed by the trainer |
-| `optimizer_groups` | the head's optimizer parameter groups |
+| `optimizer_groups` | the head's optimizer parameter groups (per-part learning rates) |
+| `loss_optimizer_groups` | the metric loss's trained parameters' groups (proxies, margin beta) |
+| `step_host_reads` | why a training step reads the device from the host, or "" (checked: none) |
 | `rerank_similarity` | Q x K scores that replace the cosine on each query's top `rerank_k` candidates |
 | `rerank_by_ids` | the same from stored fields and ids, what the evaluation calls (default: `rerank_similarity`) |
 | `score_pairs` | Q x G scores of every pair, for a head with `exhaustive_pairs` (default: `rerank_similarity`) |
 | `explain` | B x K x H x W maps, drawn on test images after training |
-| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `harness explain` (`explains_pairs`: any?) |
+| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `harness explain` |
+| `explains_pairs` | whether `pair_maps` gives maps (default: whether the class overrides it) |
 | `figures` | a paper figure of a test tuple (`figure_tuples`) as data (`FigureSet`); the engine draws it |
-| `search_space` | the Optuna search space over the method's options |
-| `cross_process_refusal` | why the method cannot train across processes, or "" |
+| `search_space` | the Optuna search space over the method's options (`harness tune`) |
+| `cross_process_refusal` | why the method cannot train across processes (`torchrun`), or "" |
 | `trains_as` | the method whose training is this one's (test-time methods) |
 | `display_name` | the method's row label in tables, from a run's options |
 
@@ -31,8 +35,10 @@ Attributes the engine reads (declared below with their defaults): `stages`,
 `metric_loss_dim`, `supported_losses`, `figure_tuples`, `label`,
 `revision`. Paper metadata lives on the class as data (`PaperInfo`); paper
 defaults are the constructor's keyword defaults; named variants are registered with
-preset options (and may carry their own `label`). What `figures` returns (`FigureSet`,
-`FigureData`, `Panel`, `Link`) is defined in `harness.methods.figures` and exported here.
+preset options (and may carry their own `label`). What a head returns and receives
+(`HeadOutput`, `TrainingBatch`, `PaperInfo`) is defined in `harness.methods.head_data`,
+what `figures` returns (`FigureSet`, `FigureData`, `Panel`, `Link`) in
+`harness.methods.figures`; both are exported here.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -49,11 +55,13 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.methods.figures import FIGURE_TUPLES, FigureData, FigureSet, Link, Panel
+from harness.methods.head_data import HeadOutput, PaperInfo, TrainingBatch
 from harness.methods.names import method_name_rule
 
 if TYPE_CHECKING:
+    from optuna.trial import Trial
+
     from harness.components.backbones import Backbone
-    from harness.components.losses import MetricLoss
 
 __all__ = [
     "HeadOutput",
@@ -74,97 +82,6 @@ __all__ = [
     "check_method_options",
     "list_methods",
 ]
-
-
-@dataclass(frozen=True)
-class PaperInfo:
-    title: str
-    authors: str
-    year: int
-    venue: str = ""
-    arxiv: str = ""
-    code_url: str = ""
-    #: Tables of the paper this harness transcribes into ``results/published``.
-    tables: tuple[str, ...] = ()
-    #: How the published numbers were selected (validation split or not), for the
-    #: footnote of a table that sets them beside reproduced ones.
-    published_selection: str = ""
-
-
-@dataclass
-class HeadOutput:
-    """What a head returns. Only ``embedding`` is required.
-
-    * ``embedding``: B x D, L2-normalised, used for retrieval.
-    * ``groups``: B x P x d, one normalised embedding per group (A-grouping family).
-    * ``local``: B x N x D local embeddings on a grid (DIML).
-    * ``levels``: list of B x D_l embeddings per backbone level (AVSL).
-    * ``cams``: list of B x D_l x H_l x W_l class activation maps per level (AVSL).
-    * ``attention``: B x P x H x W spatial attention over the feature map.
-    * ``extras``: anything else a plugin's own hooks need.
-    """
-
-    embedding: torch.Tensor
-    groups: torch.Tensor | None = None
-    local: torch.Tensor | None = None
-    levels: list[torch.Tensor] | None = None
-    cams: list[torch.Tensor] | None = None
-    attention: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def select(self, index: int) -> HeadOutput:
-        """Item ``index`` as a batch of one: every tensor field, list of tensors and tensor
-        in ``extras`` sliced along its first (batch) axis."""
-
-        def one(value):
-            if isinstance(value, torch.Tensor):
-                return value[index : index + 1]
-            if isinstance(value, (list, tuple)):
-                return [one(v) for v in value]
-            return value
-
-        return HeadOutput(
-            **{
-                name: one(getattr(self, name))
-                for name in self.__dataclass_fields__
-                if name != "extras"
-            },
-            extras={k: one(v) for k, v in self.extras.items()},
-        )
-
-    def field(self, name: str) -> torch.Tensor:
-        """A stored field by name, as one tensor: an attribute (a list such as ``levels`` is
-        stacked along dim 1: B x L x D) or, failing that, an entry of ``extras``."""
-        value = getattr(self, name, None) if name in self.__dataclass_fields__ else None
-        if value is None:
-            if name not in self.extras:
-                raise KeyError(f"head output has no field '{name}'")
-            value = self.extras[name]
-        return torch.stack(list(value), 1) if isinstance(value, (list, tuple)) else value
-
-
-# DistributedDataParallel finds the tensors a model returns by flattening its output as a
-# pytree, to hook the start of the backward pass into them. A dataclass it cannot flatten
-# is opaque to it: with parameters that take no part in the loss (the timm classifier the
-# heads never call), gradients were then never reduced across processes, and each process
-# silently stepped with its own share's gradient.
-torch.export.register_dataclass(HeadOutput)
-
-
-@dataclass
-class TrainingBatch:
-    """What :meth:`Method.loss_terms` gets besides the head's output.
-
-    * ``labels``: B class ids (0..C-1).
-    * ``metric_loss``: the run's :class:`~harness.components.losses.MetricLoss` (loss instances + miner).
-    * ``images``: the normalised input batch, and ``model``: the whole embedding model
-      (backbone + this head), for methods that run a second pass (SAM's masked images).
-    """
-
-    labels: torch.Tensor
-    metric_loss: MetricLoss
-    images: torch.Tensor | None = None
-    model: nn.Module | None = None
 
 
 class Method(nn.Module):
@@ -287,7 +204,7 @@ class Method(nn.Module):
             }
         ]
 
-    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer) -> list[dict[str, Any]]:
+    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer: Any) -> list[dict[str, Any]]:
         """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
         one group at the protocol's ``optimizer.lr_loss`` and ``optimizer.loss_weight_decay``
         (none when the loss has none). ``optimizer`` is the protocol's
@@ -337,7 +254,7 @@ class Method(nn.Module):
         return None
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size: int) -> dict[str, Any]:
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``;
         ``harness tune`` builds the method with them (``embedding_size``: the protocol's,
         for options that must divide it)."""

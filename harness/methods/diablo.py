@@ -66,6 +66,8 @@ validation set that picks the epoch, so the model trains on 80% of the training 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +75,19 @@ from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.components.explanation.maps import grouped_pair_maps, upsample_maps
-from harness.methods.base import HeadOutput, Method, PaperInfo, register_method, register_variant
+from harness.methods.base import (
+    HeadOutput,
+    Method,
+    PaperInfo,
+    TrainingBatch,
+    register_method,
+    register_variant,
+)
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
+
+    from harness.components.backbones import Backbone
 
 __all__ = [
     "DiabloHead",
@@ -138,7 +152,7 @@ def feature_energy_share(
     return (attention.pow(2) * energy[:, None]).sum(2) / energy.sum(1)[:, None].clamp_min(eps)
 
 
-def _resize(attention: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def _resize(attention: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     """B x N x c x h x w -> B x N x c x H x W, bilinear (convex weights: sums over N stay 1)."""
     if tuple(attention.shape[-2:]) == tuple(size):
         return attention
@@ -196,7 +210,7 @@ class DiabloHead(Method):
 
     # ---------------------------------------------------------------------- building
 
-    def setup(self, backbone):
+    def setup(self, backbone: Backbone) -> None:
         """Cut the backbone (Sec. 4.1): F = the input point of ``s16`` (pre) or ``s32``
         (post); phi = a pretrained copy of that stage; psi = the backbone from F on."""
         super().setup(backbone)
@@ -230,7 +244,7 @@ class DiabloHead(Method):
         select = feature_wise_attention if self.selection == "feature" else dimension_wise_attention
         return select(phi, self.dictionary.float(), self.temperature)
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         if "phi" not in self.pretrained:
             raise HarnessError("DIABLO was not set up with a backbone (call setup first)")
         features = maps[-1]
@@ -241,13 +255,15 @@ class DiabloHead(Method):
             if self.rescale:  # uniform attention hands psi F itself (see the module docstring)
                 weighted = weighted * self.entries
             weighted = weighted.to(features.dtype)
-            refined = self.backbone.run(
-                weighted.flatten(0, 1), start=self.input_point
-            )  # Eq. 4, psi per entry
+            refined = cast(  # Eq. 4, psi per entry
+                torch.Tensor, self.backbone.run(weighted.flatten(0, 1), start=self.input_point)
+            )
             pooled = refined.mean(dim=(2, 3)).view(b, self.entries, -1)
             explained_on = features
         else:
-            refined = self.backbone.run(features, start=self.input_point)  # Eq. 1
+            refined = cast(
+                torch.Tensor, self.backbone.run(features, start=self.input_point)
+            )  # Eq. 1
             attention = _resize(self.attention(features), refined.shape[-2:])
             pooled = merge(refined.float(), attention).mean(dim=(-2, -1))  # Eq. 2, then GAP
             explained_on = refined
@@ -256,35 +272,42 @@ class DiabloHead(Method):
         )
         branches = F.normalize(branches + self.branch_bias, dim=-1)  # B x N x D/N
         if self.selection == "feature":  # the N attention maps themselves
-            maps = attention[:, :, 0].detach()
+            shown = attention[:, :, 0].detach()
         else:
-            maps = feature_energy_share(explained_on.float().detach(), attention.detach())
+            shown = feature_energy_share(explained_on.float().detach(), attention.detach())
         return HeadOutput(
-            embedding=branches.flatten(1) / math.sqrt(self.entries), groups=branches, attention=maps
+            embedding=branches.flatten(1) / math.sqrt(self.entries),
+            groups=branches,
+            attention=shown,
         )
 
-    def loss_terms(self, output, batch):
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """One metric loss on the concatenation of the N branches (Sec. 3.1), at unit norm."""
         return {"metric": batch.metric_loss(output.embedding, batch.labels)}
 
     # ---------------------------------------------------------------------- explanation
 
-    def explain(self, images, output):
+    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Per image, N maps resized to the image and min-max normalised: the attention maps
         A^(n) (feature-wise), or each entry's share of the feature energy per location
         (dimension-wise, :func:`feature_energy_share`)."""
+        assert output.attention is not None  # embed always keeps the maps
         return upsample_maps(output.attention, images.shape[-2:])
 
-    def pair_maps(self, query, gallery, same):
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The N entries' maps of each image (the ones :meth:`explain` draws), weighted by
         each branch's share of the pair's (dis)similarity: the embedding's cosine is the mean
         of the N branch cosines (:func:`~harness.components.explanation.maps.grouped_pair_maps`)."""
+        assert query.attention is not None and gallery.attention is not None
+        assert query.groups is not None and gallery.groups is not None
         return grouped_pair_maps(
             query.attention, gallery.attention, query.groups, gallery.groups, same
         )
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         """alpha log-uniform in [1, 50]; N in {2, 4, 8, 16} dividing the embedding size;
         psi's input rescaled or not."""
         entries = [n for n in (2, 4, 8, 16) if embedding_size % n == 0]

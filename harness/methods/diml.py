@@ -75,29 +75,32 @@ Where the paper and the released code (wl-zhao/DIML) differ or are silent:
   iteration). Multi-similarity's pair mining (Eq. 18's s*) runs on the combined
   similarity of Eq. 19, as the code's ``multisimilarity_diml`` criterion does; the
   margin loss's distance-weighted sampler runs on the global embeddings, as the code's
-  ``margin_diml`` criterion does (``DIMLHead._mine``).
+  ``margin_diml`` criterion does (:func:`harness.methods.diml_training.training_tuples`,
+  with the rest of the training mode).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning import losses as pml_losses
-from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
 from torchvision.ops import roi_align
 
 from harness.base.errors import HarnessError
-from harness.components.losses import PrecomputedDistance, apply_loss, distance_replaced
+from harness.components.losses import (
+    PrecomputedDistance,
+    apply_loss,
+    distance_replaced,
+)
 from harness.components.transport import sinkhorn
 from harness.methods.base import (
     FigureSet,
     HeadOutput,
     PaperInfo,
+    TrainingBatch,
     register_method,
     register_variant,
 )
@@ -105,7 +108,6 @@ from harness.methods.diml_figures import PairExplanation, explain_pair, pair_fig
 from harness.methods.diml_matching import (
     MARGINALS,
     cross_correlation_marginals,
-    euclidean_from_cosine,
     local_similarity,
     pairwise_matching,
     structural_distance,
@@ -114,7 +116,16 @@ from harness.methods.diml_matching import (
     uniform_marginals,
 )
 from harness.methods.diml_rerank import SINKHORN_STOPS, StructuralReranking, sinkhorn_diml_code
+from harness.methods.diml_training import (
+    STRUCTURAL_LOSSES,
+    combined_matrix,
+    structural_loss,
+    training_tuples,
+)
 from harness.methods.plain import PlainHead
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 __all__ = [
     "DIMLHead",
@@ -155,37 +166,6 @@ PAPER = PaperInfo(
 
 #: Grid sizes of the paper's Table 6 / Fig. 4.
 GRIDS = (1, 2, 4, 7)
-
-
-# ---------------------------------------------------------- losses on a DIML matrix
-
-
-#: Harness loss names whose PML loss compares the images of a batch pairwise (Eqs. 15-19
-#: apply); proxy losses would need G x G proxies (Eq. 21) and are not supported.
-STRUCTURAL_LOSSES = (
-    "margin",
-    "multi_similarity",
-    "contrastive",
-    "triplet",
-    "binomial_deviance",
-    "circle",
-    "lifted_structure",
-)
-_PROXY_LOSSES = tuple(
-    getattr(pml_losses, name)
-    for name in (
-        "ProxyAnchorLoss",
-        "ProxyNCALoss",
-        "ArcFaceLoss",
-        "NormalizedSoftmaxLoss",
-        "SoftTripleLoss",
-        "LargeMarginSoftmaxLoss",
-        "CosFaceLoss",
-        "SphereFaceLoss",
-        "SubCenterArcFaceLoss",
-    )
-    if hasattr(pml_losses, name)
-)
 
 
 # ---------------------------------------------------------------------------- head
@@ -279,7 +259,7 @@ class DIMLHead(PlainHead):
         )
         return F.normalize(self.project(pooled.flatten(2).transpose(1, 2)), dim=-1)
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         fmap = maps[-1]
         embedding = F.normalize(self.project(fmap.mean(dim=(2, 3))), dim=-1)
         return HeadOutput(embedding=embedding, local=self.local_grid(fmap))
@@ -305,7 +285,9 @@ class DIMLHead(PlainHead):
         )
 
     @torch.no_grad()
-    def rerank_similarity(self, query, candidates):
+    def rerank_similarity(
+        self, query: dict[str, torch.Tensor], candidates: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """Multi-scale matching (Sec. 3.3, App. A.2): scores of Q x K (query, candidate)
         pairs, cosine + structural similarity (Eq. 5), or the structural similarity alone
         when ``add_global`` is False.
@@ -334,11 +316,14 @@ class DIMLHead(PlainHead):
             q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k
         )
 
-    def figures(self, kind, images, outputs):
+    def figures(
+        self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]
+    ) -> FigureSet | None:
         """Fig. 5 for a (query, nearest neighbour) pair: marginals, plan and the largest and
         smallest part-wise contributions (:func:`pair_figure`)."""
-        explanation = explain_pair(*outputs, marginals=self.marginals, eps=self.eps)
-        return FigureSet(figures=(pair_figure(*images, explanation),))
+        query, gallery = outputs
+        explanation = explain_pair(query, gallery, marginals=self.marginals, eps=self.eps)
+        return FigureSet(figures=(pair_figure(images[0], images[1], explanation),))
 
     @torch.no_grad()
     def rerank_by_ids(
@@ -379,7 +364,7 @@ class DIMLHead(PlainHead):
     # ------------------------------------------------------------------- training
 
     @classmethod
-    def cross_process_refusal(cls, options):
+    def cross_process_refusal(cls, options: dict[str, Any]) -> str:
         if options.get("train_structural"):
             return (
                 "its training mode builds the structural pair matrix from the local batch, so the "
@@ -388,26 +373,27 @@ class DIMLHead(PlainHead):
         return ""
 
     @classmethod
-    def trains_as(cls, options):
+    def trains_as(cls, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         """Without ``train_structural`` DIML is training-free (Sec. 3.4): the head is the
         plain average-pooling head, and its local embeddings reuse that head's Linear, so
         its training is ``plain``'s step for step."""
         return None if options.get("train_structural") else ("plain", {"pool": "avg"})
 
-    def loss_terms(self, output, batch):
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """The metric loss; with ``train_structural`` on DIML's pair matrix (App. A.3).
 
         Distance-based losses (margin, contrastive, triplet: Eqs. 15-16) see
         ``(d_global + d_struct) / 2`` with d the Euclidean distance of unit vectors;
         similarity-based ones (multi-similarity: Eqs. 18-19) see ``(s_global + s_struct) / 2``.
         The loss is the run's PML loss (``batch.metric_loss.module()``, with its learnable
-        beta and hyperparameters) and its miner; see :meth:`_mine` for which similarity
-        the miner sees.
+        beta and hyperparameters) and its miner; which similarity the miner sees is
+        :func:`~harness.methods.diml_training.training_tuples`'s.
         """
         labels = batch.labels
         if not self.train_structural:
             return {"metric": batch.metric_loss(output.embedding, labels)}
-        loss = self._structural_loss(batch.metric_loss)
+        loss = structural_loss(batch.metric_loss)
+        assert output.local is not None  # embed always returns the grid
         emb = output.embedding.float()
         with torch.autocast(device_type=emb.device.type, enabled=False):  # matching in float32
             plan, s = pairwise_matching(
@@ -420,23 +406,8 @@ class DIMLHead(PlainHead):
                 plan_grad=self.plan_grad,
             )
             cos = emb @ emb.t()
-        if loss.distance.is_inverted:
-            if not isinstance(loss.distance, CosineSimilarity):
-                raise HarnessError(
-                    f"DIML training needs a cosine or Euclidean loss distance, got "
-                    f"{type(loss.distance).__name__}"
-                )
-            matrix = (cos + structural_similarity(plan, s)) / 2  # Eq. 19
-        else:
-            if not isinstance(loss.distance, LpDistance) or loss.distance.p != 2:
-                raise HarnessError(
-                    f"DIML training needs a cosine or Euclidean loss distance, got "
-                    f"{type(loss.distance).__name__}"
-                )
-            matrix = (euclidean_from_cosine(cos) + structural_distance(plan, s)) / 2  # Eq. 16
-            if loss.distance.power != 1:
-                matrix = matrix**loss.distance.power
-        indices = self._mine(
+        matrix = combined_matrix(loss.distance, cos, plan, s)
+        indices = training_tuples(
             batch.metric_loss, emb, labels, matrix, inverted=loss.distance.is_inverted
         )
         with distance_replaced(
@@ -444,51 +415,9 @@ class DIMLHead(PlainHead):
         ):
             return {"metric": apply_loss(loss, emb, labels, indices)}
 
-    @staticmethod
-    def _mine(
-        metric_loss,
-        emb: torch.Tensor,
-        labels: torch.Tensor,
-        matrix: torch.Tensor,
-        *,
-        inverted: bool,
-    ):
-        """The miner's tuples for DIML training.
-
-        Multi-similarity's pair mining is part of the loss (Eq. 18: s* keeps the pairs whose
-        similarity passes min_p s(k, p) - epsilon or max_n s(k, n) + epsilon), and Eq. 19
-        replaces that s by the combined similarity, so the miner sees ``matrix``, as the
-        released code does (``criteria/multisimilarity_diml.py`` selects its pairs on the
-        combined similarity). A batch sampler (distance-weighted sampling for the margin
-        loss) sees the global embeddings, as the code's ``batchminer(pooled_feature)``
-        in ``criteria/margin_diml.py`` does.
-        """
-        miner = metric_loss.miner
-        if not isinstance(miner, pml_miners.MultiSimilarityMiner):
-            return metric_loss.mine(emb, labels)
-        if miner.distance.is_inverted != inverted:
-            raise HarnessError(
-                "DIML training mines multi-similarity pairs on the loss's combined matrix; the "
-                "miner and the loss must both use a similarity (or both a distance)"
-            )
-        # A copy: PML's MultiSimilarityMiner writes its sort sentinels into the matrix it gets.
-        with distance_replaced(
-            miner, PrecomputedDistance(matrix.detach().clone(), is_inverted=inverted)
-        ):
-            return metric_loss.mine(emb, labels)
-
-    def _structural_loss(self, metric_loss) -> torch.nn.Module:
-        loss = metric_loss.module()
-        if isinstance(loss, _PROXY_LOSSES) or getattr(loss, "distance", None) is None:
-            raise HarnessError(
-                f"DIML's training mode needs a pair- or triplet-based loss "
-                f"({', '.join(STRUCTURAL_LOSSES)}), got {type(loss).__name__}"
-            )
-        return loss
-
     # ---------------------------------------------------------------- explanation
 
-    def explain(self, images, output):
+    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """Per image, where its grid agrees with its own embedding: relu(<z_i, psi>) on the
         G x G grid (Eq. 8 with the image as its own partner), at image size, in [0, 1]."""
         if output.local is None:
@@ -503,7 +432,9 @@ class DIMLHead(PlainHead):
         return ((maps - lo) / (hi - lo).clamp_min(1e-12)).clamp(0, 1)
 
     @torch.no_grad()
-    def pair_maps(self, query, gallery, same):
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Fig. 5 as data, for P pairs at once: each cell's part of the transport. With the
         plan T of Eq. 4 (cost 1 - S), a query cell i carries sum_j T_ij S_ij of the structural
         similarity (Eq. 5) and sum_j T_ij (1 - S_ij) of the transport cost; a same-class pair
@@ -530,7 +461,7 @@ class DIMLHead(PlainHead):
         return explain_pair(query_out, gallery_out, **self._options())
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         return {
             "grid": trial.suggest_categorical("grid", [2, 4, 7]),
             "eps": trial.suggest_float("eps", 0.02, 0.2, log=True),

@@ -7,11 +7,16 @@ DIML applies at every spatial location for its local embeddings.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from harness.methods.base import HeadOutput, Method, register_method
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
 
 POOLS = ("avg", "max", "avg+max")
 
@@ -36,10 +41,10 @@ class PlainHead(Method):
             return fmap.amax(dim=(2, 3))
         return fmap.mean(dim=(2, 3)) + fmap.amax(dim=(2, 3))
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         fmap = maps[-1]
         return HeadOutput(embedding=F.normalize(self.project(self.pooled(fmap)), dim=-1))
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         return {"pool": trial.suggest_categorical("pool", list(POOLS))}

@@ -142,7 +142,7 @@ layout :mod:`harness.methods.sam_figures`.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +155,7 @@ from harness.methods.base import (
     HeadOutput,
     Method,
     PaperInfo,
+    TrainingBatch,
     register_method,
     register_variant,
 )
@@ -173,7 +174,7 @@ from harness.methods.sam_attention import (
     triplet_weights,
     tuple_weights,
 )
-from harness.methods.sam_figures import attention_row, local_attention_maps, unit_embedding
+from harness.methods.sam_figures import attention_row, local_pair_maps, triplet_maps, tuple_figures
 from harness.methods.sam_tuples import (
     MININGS,
     SELECTIONS,
@@ -181,6 +182,11 @@ from harness.methods.sam_tuples import (
     select_fixed_tuples,
     select_tuples,
 )
+
+if TYPE_CHECKING:
+    from optuna.trial import Trial
+
+    from harness.components.backbones import Backbone
 
 __all__ = [
     "SAMHead",
@@ -289,7 +295,7 @@ class SAMHead(Method):
     def closed_form(self) -> bool:
         return self.stage == "s32"
 
-    def setup(self, backbone):
+    def setup(self, backbone: Backbone) -> None:
         """Attention on an earlier map: the backbone stops there and :meth:`embed` runs the
         rest (``backbone.run``), so the map is in the graph of the embedding."""
         super().setup(backbone)
@@ -305,7 +311,7 @@ class SAMHead(Method):
             else cast(torch.Tensor, self.backbone.run(fmap, start=self.stage))
         )
 
-    def embed(self, maps):
+    def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         fmap = maps[-1]
         last = self._last_map(fmap)
         e = self.project(last.mean(dim=(2, 3)))
@@ -379,14 +385,14 @@ class SAMHead(Method):
         return soft_mask(normalize_attention(up, self.normalize), self.alpha, self.beta)
 
     @classmethod
-    def cross_process_refusal(cls, options):
+    def cross_process_refusal(cls, options: dict[str, Any]) -> str:
         return (
             "its similarity mining runs a second pass of the model on masked images and "
             "differentiates the similarity with autograd.grad, which DistributedDataParallel "
             "does not support; train it in one process"
         )
 
-    def step_host_reads(self):
+    def step_host_reads(self) -> str:
         if self.selection == "fixed":
             return ""
         if self.selection == "device":
@@ -401,7 +407,7 @@ class SAMHead(Method):
             "over in one transfer per step; the random order is drawn on the host"
         )
 
-    def loss_terms(self, output, batch):
+    def loss_terms(self, output: HeadOutput, batch: TrainingBatch) -> dict[str, torch.Tensor]:
         """Eq. 3: the metric loss on the mined tuples, and gamma L_sm on soft-masked images of
         (a selection of) the same tuples, through a second pass of ``batch.model``."""
         f, labels = output.embedding, batch.labels
@@ -435,7 +441,7 @@ class SAMHead(Method):
 
     # ---------------------------------------------------------------------- explanation
 
-    def explain(self, images, output):
+    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
         """One map per image (K = 1): its similarity attention with its nearest neighbour in
         the batch under w = 1 - |f - f_nn| (itself, w = 1, when alone), upsampled to the
         image and min-max normalised. Works under ``no_grad`` / ``inference_mode``."""
@@ -458,96 +464,56 @@ class SAMHead(Method):
             m = self.attention(a, e, f, w, create_graph=False)
         return upsample_maps(m.detach()[:, None], images.shape[-2:])
 
-    def pair_maps(self, query, gallery, same):
+    def pair_maps(
+        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Eq. 1 for P pairs at once, on the feature map of ``stage``: each image's similarity
         attention under the Siamese weight of Sec. 3.1.1, w = 1 - |f_q - f_g| for a same-class
         pair (what makes it similar), |f_q - f_g| for a pair of two classes (what tells it
         apart). P x h x w each."""
-        maps = [query.extras.get("map"), gallery.extras.get("map")]
-        if maps[0] is None or maps[1] is None:
+        query_map, gallery_map = query.extras.get("map"), gallery.extras.get("map")
+        if query_map is None or gallery_map is None:
             return None
         grad = nullcontext() if self.closed_form else torch.enable_grad()
-        with torch.inference_mode(False), self._fp32(maps[0].device), grad:
-            leaves = [m.detach().clone().float().requires_grad_(not self.closed_form) for m in maps]
-            (e_q, f_q), (e_g, f_g) = (self.features32(a) for a in leaves)
-            w = pair_weights(f_q.detach(), f_g.detach(), torch.as_tensor(same, device=f_q.device))
-            return tuple(
-                self.attention(a, e, f, w, create_graph=False).detach()
-                for a, e, f in ((leaves[0], e_q, f_q), (leaves[1], e_g, f_g))
+        with torch.inference_mode(False), self._fp32(query_map.device), grad:
+            a_q, a_g = (
+                m.detach().clone().float().requires_grad_(not self.closed_form)
+                for m in (query_map, gallery_map)
             )
-
-    @torch.no_grad()
-    def local_attention(
-        self, outputs: list[HeadOutput], w: torch.Tensor, image_size=(1, 1)
-    ) -> list[torch.Tensor]:
-        """Eq. 1 in closed form for each image of a tuple under the tuple's weight ``w``,
-        from the per-location embeddings of the last map (``local``: W A_ij, eval mode):
-        with e = mean_ij W A_ij + b and f = e / |e|, ds/dA_ij = W^T g / HW for
-        g = (w - (w.f) f) / |e| at every location, so M = ReLU(sum_ij (W A_ij) . g) / HW.
-        Returns one h x w map per image (float32, on the CPU). For an earlier ``stage`` the
-        maps are of ``s32`` (the closed form needs the last map). ``image_size`` (H, W) gives
-        the map's aspect (its h x w grid)."""
-        locals_ = [self._local(out) for out in outputs]
-        return local_attention_maps(locals_, self._bias(), w, image_size)
-
-    def _local(self, out: HeadOutput) -> torch.Tensor:
-        assert out.local is not None  # the head keeps its local embeddings
-        return out.local[0].detach().float().cpu()
+            (e_q, f_q), (e_g, f_g) = self.features32(a_q), self.features32(a_g)
+            w = pair_weights(f_q.detach(), f_g.detach(), torch.as_tensor(same, device=f_q.device))
+            return (
+                self.attention(a_q, e_q, f_q, w, create_graph=False).detach(),
+                self.attention(a_g, e_g, f_g, w, create_graph=False).detach(),
+            )
 
     def _bias(self) -> torch.Tensor:
         return self.project.bias.detach().float().cpu()
-
-    def _unit(self, out: HeadOutput) -> torch.Tensor:
-        return unit_embedding(self._local(out), self._bias())
 
     def local_pair_maps(
         self, query: HeadOutput, gallery: HeadOutput, *, same: bool = True, image_size=(1, 1)
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """One (query, gallery) pair's similarity attention in closed form from ``local``
-        (what the run's figure draws): two h x w maps under the Siamese weight (w = 1 -
-        |f_q - f_g| for ``same``, else |f_q - f_g|)."""
-        if query.local is None or gallery.local is None:
-            return None
-        w = pair_weights(self._unit(query), self._unit(gallery), same)
-        q, g = self.local_attention([query, gallery], w, image_size)
-        return q, g
+        (what the run's figure draws; :func:`~harness.methods.sam_figures.local_pair_maps`).
+        For an earlier ``stage`` the maps are of ``s32`` (the closed form needs the last
+        map)."""
+        return local_pair_maps(query, gallery, self._bias(), same=same, image_size=image_size)
 
     def triplet_maps(
         self, anchor: HeadOutput, positive: HeadOutput, negative: HeadOutput, image_size=(1, 1)
     ) -> list[torch.Tensor] | None:
-        """Fig. 4's maps as data: anchor, positive and negative attention under the triplet
-        weight w = (1 - |f_a - f_p|) * |f_a - f_n| (Sec. 3.1)."""
-        if any(o.local is None for o in (anchor, positive, negative)):
-            return None
-        w = triplet_weights(*(self._unit(o) for o in (anchor, positive, negative)))
-        return self.local_attention([anchor, positive, negative], w, image_size)
+        """Fig. 4's maps as data (:func:`~harness.methods.sam_figures.triplet_maps`)."""
+        return triplet_maps(anchor, positive, negative, self._bias(), image_size)
 
-    def figures(self, kind, images, outputs):
-        """Fig. 4's layout: each image with its similarity attention (:func:`attention_row`).
-        A ``"pair"`` (query, nearest neighbour) under the positive-pair weight
-        w = 1 - |f_q - f_g| (:meth:`local_pair_maps`); a ``"triplet"`` under the triplet
-        weight (:meth:`triplet_maps`), whose maps are kept as data too (``.npz``)."""
-        size = images[0].shape[-2:]
-        if kind == "pair":
-            maps = self.local_pair_maps(*outputs, image_size=size)
-            if maps is None:
-                return None
-            cosine = float(self._unit(outputs[0]) @ self._unit(outputs[1]))
-            note = "" if self.stage == "s32" else f" (drawn on s32; trained on {self.stage})"
-            title = f"SAM similarity attention, w = 1 - |f_q - f_g|{note}; cosine {cosine:.3f}"
-            return FigureSet(figures=(attention_row(images, maps, ["query", "gallery"], title),))
-        maps = self.triplet_maps(*outputs, image_size=size)
-        if maps is None:
-            return None
-        names = ["anchor", "positive", "negative"]
-        title = "SAM Fig. 4: triplet attention, w = (1 - |f_a - f_p|) * |f_a - f_n|"
-        return FigureSet(
-            figures=(attention_row(images, maps, names, title),),
-            arrays={"": dict(zip(names, maps, strict=True))},
-        )
+    def figures(
+        self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]
+    ) -> FigureSet | None:
+        """Fig. 4's layout: each image with its similarity attention
+        (:func:`~harness.methods.sam_figures.tuple_figures`)."""
+        return tuple_figures(kind, images, outputs, self._bias(), stage=self.stage)
 
     @classmethod
-    def search_space(cls, trial, *, embedding_size):
+    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         """The paper-silent choices: stage, alpha, beta, gamma, M's normalisation, w held
         constant or not, which mined tuples are masked."""
         return {
