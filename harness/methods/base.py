@@ -14,7 +14,7 @@ names every hook `Method` defines and nothing else:
 |---|---|
 | `embed` | maps of `stages` (B x C_s x H_s x W_s each) -> `HeadOutput`; `embedding` (B x D) is ranked |
 | `setup` | called once with the backbone at build time (other `stages`, pretrained segment copies) |
-| `loss_terms` | named loss terms of a `TrainingBatch`, summed by the trainer |
+| `loss_terms` | named loss terms of a `TrainingBatch` (batch means; pairs via its `metric_loss`), summed |
 | `optimizer_groups` | the head's optimizer parameter groups (per-part learning rates) |
 | `loss_optimizer_groups` | the metric loss's trained parameters' groups (proxies, margin beta) |
 | `step_host_reads` | why a training step reads the device from the host, or "" (checked: none) |
@@ -23,12 +23,12 @@ names every hook `Method` defines and nothing else:
 | `score_pairs` | Q x G scores of every pair, for a head with `exhaustive_pairs` (default: `rerank_similarity`) |
 | `explain` | B x K x H x W maps, drawn on test images after training |
 | `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `harness explain` |
-| `explains_pairs` | whether `pair_maps` gives maps (default: whether the class overrides it) |
+| `explains_pairs` | whether `pair_maps` gives maps (default: overrides it); the conformance tests hold it |
 | `figures` | a paper figure of a test tuple (`figure_tuples`) as data (`FigureSet`); the engine draws it |
 | `search_space` | the Optuna search space over the method's options (`harness tune`) |
 | `cross_process_refusal` | why the method cannot train across processes (`torchrun`), or "" |
-| `trains_as` | the method whose training is this one's (test-time methods) |
-| `display_name` | the method's row label in tables, from a run's options |
+| `trains_as` | the method whose training is this one's (a test-time-only method) |
+| `display_name` | the method's row label in tables, from a run's options (or the `label` attribute) |
 
 Attributes the engine reads (declared below with their defaults): `stages`,
 `rerank_fields`, `rerank_k`, `exhaustive_pairs`, `metric_loss_copies`,

@@ -21,7 +21,7 @@ from harness.methods.sam_tuples import (
     select_fixed_tuples,
     select_tuples,
 )
-from tests.methods.test_sam import random_mined_batch
+from tests.methods.sam_references import random_mined_batch
 
 FORMS = ("triplet", "siamese", "quadruplet")
 

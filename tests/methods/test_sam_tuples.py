@@ -14,7 +14,7 @@ from harness.methods.sam_tuples import (
     select_tuples,
     settle_rounds,
 )
-from tests.methods.test_sam import random_mined_batch
+from tests.methods.sam_references import random_mined_batch
 
 
 def test_a_small_case_by_hand():

@@ -16,7 +16,9 @@ The modules: :mod:`~harness.components.losses.tuple_losses` (losses over the bat
 triplets and quadruplets), :mod:`~harness.components.losses.proxy_losses` (losses against
 learned class proxies), :mod:`~harness.components.losses.miners`,
 :mod:`~harness.components.losses.mined` (fixed-shape tuples and the losses that take them
-as a mask), :mod:`~harness.components.losses.reductions`, :mod:`~harness.components.losses.registry`
+as a mask), :mod:`~harness.components.losses.reductions` (the ``reduction`` argument),
+:mod:`~harness.components.losses.sync_free_reducers` (PML's reducers computed without a
+host sync), :mod:`~harness.components.losses.registry`
 (every loss and miner by name, and building them), :mod:`~harness.components.losses.metric_loss`
 (the run's loss as a plugin receives it) and :mod:`~harness.components.losses.distances`
 (losses on a matrix a method computes itself).

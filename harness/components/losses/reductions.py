@@ -60,7 +60,7 @@ import torch
 from pytorch_metric_learning.reducers import MeanReducer
 
 from harness.base.errors import HarnessError
-from harness.components.reducers import SyncFreeDivisorReducer
+from harness.components.losses.sync_free_reducers import SyncFreeDivisorReducer
 
 __all__ = ["PML_REDUCTION", "Reduction", "ActiveTripletReducer", "CODE_REDUCTIONS"]
 
@@ -89,7 +89,7 @@ class ActiveTripletReducer(SyncFreeDivisorReducer):
     number of active hinge terms, the positive and the negative term of a triplet counted
     apart, which gives 0.5-1x this value. Sub-losses that are not per triplet (the beta
     regulariser) keep ``DivisorReducer``'s arithmetic, computed without a host sync
-    (:class:`~harness.components.reducers.SyncFreeDivisorReducer`).
+    (:class:`~harness.components.losses.sync_free_reducers.SyncFreeDivisorReducer`).
     """
 
     def triplet_reduction(self, losses, loss_indices, embeddings, labels, divisor=1):

@@ -23,12 +23,12 @@ from harness.components.losses.miners import (
 )
 from harness.components.losses.proxy_losses import ProxyAnchorLoss
 from harness.components.losses.reductions import CODE_REDUCTIONS, PML_REDUCTION, Reduction
+from harness.components.losses.sync_free_reducers import use_sync_free_reducers
 from harness.components.losses.tuple_losses import (
     BinomialDevianceLoss,
     MultiSimilarityLoss,
     QuadrupletLoss,
 )
-from harness.components.reducers import use_sync_free_reducers
 
 __all__ = [
     "LossEntry",
@@ -317,7 +317,7 @@ def create_loss(
 ) -> torch.nn.Module:
     """A PML-style loss: ``loss(embeddings, labels, indices_tuple=None) -> scalar``, its
     reducers PML's arithmetic queued on the device without a host sync
-    (:mod:`harness.components.reducers`)."""
+    (:mod:`harness.components.losses.sync_free_reducers`)."""
     entry = LOSSES.get(name)
     kwargs = check_loss_args(name, args)
     if entry.needs_classes:

@@ -10,7 +10,7 @@ data), on every loss call: the harness's one source of such waits per training s
 
 The subclasses here take the same decisions with :func:`torch.where` on the device, so
 the loss is queued and the host runs on. Their values are PML's: the divisor and the
-mean are the same sums divided by the same counts (``tests/components/test_reducers.py`` compares
+mean are the same sums divided by the same counts (``tests/components/test_sync_free_reducers.py`` compares
 them on random batches, the zero-divisor and the all-zero cases included). Where PML
 returns ``zero_loss(embeddings)`` (``sum(embeddings * 0)``), these return the same
 zero through :func:`torch.where`, so the graph still reaches the embeddings.

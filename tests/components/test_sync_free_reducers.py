@@ -17,7 +17,7 @@ from pytorch_metric_learning.reducers import (
 
 from harness.base.syncs import SyncCounter
 from harness.components.losses import LOSSES, MetricLoss, check_loss_args, create_loss, create_miner
-from harness.components.reducers import (
+from harness.components.losses.sync_free_reducers import (
     SyncFreeAvgNonZeroReducer,
     SyncFreeDivisorReducer,
     SyncFreeThresholdReducer,
