@@ -241,6 +241,7 @@ def _trial_fold_run(
         experiment=search_experiment(study.grid),
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
     )
+    training.check_training_split(cfg.protocol, cfg.dataset, splits)
     run_id = training.run_training(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, tags)
     return run_id
@@ -343,6 +344,7 @@ def _final_fold_run(
         experiment=experiment,
         tags=fold_tags,
     )
+    training.check_training_split(cfg.protocol, cfg.dataset, splits)
     run_id = training.run_training(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id
