@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
@@ -40,7 +41,9 @@ from harness.engine.tuned_sweep import check_tuned_grid, run_worker
 __all__ = ["add_sweep_parser", "cmd_sweep"]
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = None) -> int:
+    """Queue the grid's cells and run them here (``train``: default ``run_training``), or
+    submit them as tasks (``submitter``: default ``submit_tasks``)."""
     from harness.engine.training import resolve_device
 
     if args.status or args.cancel:
@@ -75,7 +78,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
-        report = run_worker(grid, study, settings=_settings(args))
+        report = run_worker(grid, study, settings=_settings(args), train=train)
         return 1 if report["failed"] else 0
 
     counts = (
@@ -84,14 +87,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else queue_grid(grid, study, storage_url(args.storage))
     )
     if args.executor:
-        record = submit(args, grid, options, counts, _settings(args))
+        record = submit(args, grid, options, counts, _settings(args), submitter)
         if record is None or not args.wait:
             return 0
         from harness.engine.sweep_status import wait
 
         wait([record])
     elif (args.workers or 1) == 1:
-        run_worker(grid, study, settings=_settings(args))
+        run_worker(grid, study, settings=_settings(args), train=train)
     else:
         _run_workers(args)
     if grid.tune is not None:

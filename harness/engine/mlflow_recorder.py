@@ -77,7 +77,8 @@ class MlflowRecorder:
 
     @property
     def run_id(self) -> str:
-        return self.tracker.run_id
+        """The tracked run's id ("" until :meth:`open`)."""
+        return "" if self._tracker is None else self._tracker.run_id
 
     def open(self, run_id: str | None = None) -> None:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,17 @@ class RunSettings:
         root = Path(self.checkpoint_root) if self.checkpoint_root else default_checkpoint_root()
         object.__setattr__(self, "checkpoint_root", root)
         object.__setattr__(self, "compile", self.compile or self.cuda_graphs)
+
+    @classmethod
+    def of_worker(cls, settings: Mapping[str, Any]) -> RunSettings:
+        """The settings of a sweep worker's runs, from its ``data_root``, ``device``,
+        ``loader_workers`` and ``checkpoint_root``."""
+        return cls(
+            data_root=settings.get("data_root"),
+            device=settings.get("device", "auto"),
+            workers=settings.get("loader_workers"),
+            checkpoint_root=settings.get("checkpoint_root") or default_checkpoint_root(),
+        )
 
 
 @dataclass

@@ -422,12 +422,6 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
     from harness.config.deviations import deviation_tags
     from harness.engine import training
 
-    run_settings = training.RunSettings(
-        data_root=settings.get("data_root"),
-        device=settings.get("device", "auto"),
-        workers=settings.get("loader_workers"),
-        checkpoint_root=settings.get("checkpoint_root"),
-    )
     return training.RunConfig.build(
         cell.protocol,
         method=cell.method,
@@ -435,7 +429,7 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
         loss=cell.loss,
         seed=cell.seed,
         deviations=cell.deviations,
-        settings=run_settings,
+        settings=training.RunSettings.of_worker(settings),
         method_options=cell.method_options,
         protocol_path=cell.protocol_path,
         resume=True,

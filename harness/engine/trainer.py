@@ -149,37 +149,7 @@ class Trainer:
         if model is None:
             seed_everything(cfg.seed)
             model = on_device(build_model(protocol, cfg.method, cfg.method_options), device)
-        num_classes = len(np.unique(splits.train.labels))
-        loss_module = create_loss_module(
-            model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
-        ).to(device)
-        optimizer = build_optimizer(protocol, model, loss_module)
-        batches = TrainingBatches.build(
-            protocol,
-            splits,
-            seed=cfg.seed,
-            device=device,
-            workers=workers,
-            procs=procs,
-            loss=cfg.loss,
-        )
-        dtype = amp_dtype(device, protocol.numerics.precision)
-        # A loss scaler only for float16 autocast (bfloat16 has float32's range).
-        scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
-        parts = TrainingParts(
-            model, loss_module, optimizer, build_scheduler(protocol, optimizer), scaler
-        )
-        step = TrainingStep.build(
-            protocol,
-            cfg.loss,
-            parts,
-            device=device,
-            procs=procs,
-            autocast_dtype=dtype,
-            compile=cfg.settings.compile,
-        )
-        if cfg.settings.compile and not procs.distributed:
-            step.compile(cuda_graphs=cfg.settings.cuda_graphs)
+        parts, batches, step = _training_parts(cfg, splits, model, device, workers, procs)
         return cls(
             protocol,
             parts,
@@ -334,6 +304,46 @@ class Trainer:
         scores = self.evaluator(self.model, "test", metrics=metrics, per_query=True)
         self.recorder.record_test(scores, selected_epoch)
         return scores
+
+
+def _training_parts(
+    cfg: RunConfig,
+    splits: DatasetSplits,
+    model: EmbeddingModel,
+    device: torch.device,
+    workers: int,
+    procs: Processes,
+) -> tuple[TrainingParts, TrainingBatches, TrainingStep]:
+    """The loss module, optimizer, schedule and loss scaler around ``model``, the batches
+    of ``splits.train`` and the step of ``cfg`` (compiled in one process under
+    ``compile``), built in this order (the order of the random draws they make)."""
+    protocol = cfg.protocol
+    num_classes = len(np.unique(splits.train.labels))
+    loss_module = create_loss_module(
+        model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
+    ).to(device)
+    optimizer = build_optimizer(protocol, model, loss_module)
+    batches = TrainingBatches.build(
+        protocol, splits, seed=cfg.seed, device=device, workers=workers, procs=procs, loss=cfg.loss
+    )
+    dtype = amp_dtype(device, protocol.numerics.precision)
+    # A loss scaler only for float16 autocast (bfloat16 has float32's range).
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    parts = TrainingParts(
+        model, loss_module, optimizer, build_scheduler(protocol, optimizer), scaler
+    )
+    step = TrainingStep.build(
+        protocol,
+        cfg.loss,
+        parts,
+        device=device,
+        procs=procs,
+        autocast_dtype=dtype,
+        compile=cfg.settings.compile,
+    )
+    if cfg.settings.compile and not procs.distributed:
+        step.compile(cuda_graphs=cfg.settings.cuda_graphs)
+    return parts, batches, step
 
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:

@@ -103,22 +103,11 @@ def _fold_config(cell: Cell, protocol, options: dict, settings: dict, **run: Any
         loss=cell.loss,
         seed=cell.seed,
         deviations=cell.deviations,
-        settings=_run_settings(settings),
+        settings=training.RunSettings.of_worker(settings),
         method_options=options,
         protocol_path=cell.protocol_path,
         resume=True,
         **run,
-    )
-
-
-def _run_settings(settings: dict):
-    from harness.engine.training import RunSettings
-
-    return RunSettings(
-        data_root=settings.get("data_root"),
-        device=settings.get("device", "auto"),
-        workers=settings.get("loader_workers"),
-        checkpoint_root=settings.get("checkpoint_root"),
     )
 
 
