@@ -29,12 +29,13 @@ from harness.cli.outputs import (
     output_folder,
 )
 from harness.cli.store import open_store
-from harness.config.protocol import Protocol
+from harness.config.overrides import Deviation
+from harness.config.protocol import Protocol, apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
 from harness.config.sections import MAX_STEPS
 
 if TYPE_CHECKING:
-    from harness.engine.training import RunSettings, TrainFunction
+    from harness.engine import RunSettings, TrainFunction
 
 __all__ = [
     "add_run_parser",
@@ -94,7 +95,7 @@ def _request(args: argparse.Namespace) -> _Request:
 def _settings(args: argparse.Namespace) -> RunSettings:
     """Where and how the runs execute, the device resolved once (``auto``: a GPU if there
     is one) and refused here when it is not there."""
-    from harness.engine.training import RunSettings, resolve_device
+    from harness.engine import RunSettings, resolve_device
 
     if args.deterministic and args.fast:
         raise HarnessError("--deterministic and --fast exclude each other")
@@ -123,8 +124,6 @@ def _protocol(
     overrides), the deviations of ``--set``, ``--epochs``, ``--loss``, ``--init-from`` and
     ``--seen-class-control``, and the loss."""
     from harness.components.losses import LOSSES, check_loss_args
-    from harness.config.overrides import Deviation
-    from harness.config.protocol import apply_overrides
 
     protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
@@ -166,9 +165,7 @@ def _check_method(
     graph: what stands in the way (the miner, the method's host work, float16's loss
     scaler) is one line before any run starts."""
     from harness.base.device import amp_dtype
-    from harness.engine.compiled_step import whole_graph_blocker
-    from harness.engine.runtime import resolve_device
-    from harness.engine.step import run_miner
+    from harness.engine import resolve_device, run_miner, whole_graph_blocker
     from harness.methods import check_method_options
 
     head = check_method_options(
@@ -191,7 +188,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def check_checkpoint_root(root: Path | None) -> None:
     """The folder training writes its checkpoints in (``--checkpoint-root``, else the
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
-    from harness.engine.training import default_checkpoint_root
+    from harness.engine import default_checkpoint_root
 
     output_folder(
         root or default_checkpoint_root(),
@@ -205,8 +202,7 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
     """Train and test each method with each seed (``train``: what trains one run, default
     :func:`~harness.engine.training.run_training`); print the table, write ``--json``."""
     from harness.base.device import CUBLAS_WORKSPACE
-    from harness.engine.distributed import shutdown
-    from harness.engine.training import run_training
+    from harness.engine import run_training, shutdown
     from harness.reports.results import format_results
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
@@ -239,7 +235,7 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
 def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -> None:
     """The dataset there (fetched with ``--download``) and readable, the tracking store
     open, and ``--register`` with a logged model: before any training."""
-    from harness.engine.run_config import logs_model
+    from harness.engine import logs_model
 
     ensure_dataset(req.dataset, args.data_root, download=args.download)
     if main_process:  # one process reads every image header (torchrun starts several)
@@ -254,7 +250,7 @@ def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -
 def _splits(args: argparse.Namespace, req: _Request, seed: int):
     """The splits of ``seed``'s runs, the protocol's batch rule checked on them (before
     the summary line: a refusal is one line)."""
-    from harness.engine.training import training_splits
+    from harness.engine import training_splits
 
     return training_splits(
         req.protocol, req.dataset, args.data_root, control=args.seen_class_control, seed=seed
@@ -291,7 +287,7 @@ def _run_seed(
 ) -> list[dict]:
     """Every method's run with ``seed``: the methods that train first, then those that
     evaluate a trained one's weights (``shared``)."""
-    from harness.engine.training import RunConfig
+    from harness.engine import RunConfig
 
     records: list[dict] = []
     trained: dict[str, str] = {}  # method -> its run id, this seed

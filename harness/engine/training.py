@@ -12,6 +12,7 @@ checkpoints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,9 @@ class _RunPlan:
         self.checkpointer = FolderCheckpointer(self.folder, {"fingerprint": self.fp})
 
 
-#: What trains one run (:func:`run_training`, or a stand-in handed to ``sweep`` and ``tune``):
-#: ``(cfg, splits, on_epoch=...)`` -> the run's record.
-TrainFunction = Any
+#: What trains one run (:func:`run_training`, or a stand-in handed to ``run``, ``sweep`` and
+#: ``tune``): ``(cfg, splits)`` (``tune`` adds ``on_epoch=``) -> the run's record.
+TrainFunction = Callable[..., dict[str, Any]]
 
 
 def run_training(
