@@ -22,8 +22,9 @@ from harness.cli.main import main
 from harness.engine import run_training
 
 
-def run_cli(*args: str) -> int:
-    return main(["run", *args])
+def run_cli(*args: str, train=None) -> int:
+    """``run`` with ``args``; ``train``: what trains each run (default: the harness's own)."""
+    return main(["run", *args], train=train)
 
 
 def _records(path: Path) -> list[dict]:
