@@ -80,7 +80,7 @@ def build(
         seed=0,
         settings=RunSettings(compile=compile, cuda_graphs=cuda_graphs),
     )
-    trainer = Trainer.build(cfg, splits, recorder=NullRecorder(), device=device)
+    trainer = Trainer.from_config(cfg, splits, recorder=NullRecorder(), device=device)
     generator = torch.Generator().manual_seed(0)
     size, batch = protocol.image.size, protocol.sampling.batch_size
     labels = (torch.arange(batch) // protocol.sampling.samples_per_class) % len(
@@ -104,7 +104,7 @@ def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
     from harness.methods import TrainingBatch
 
     dtype = amp_dtype(device)
-    image = trainer.cfg.protocol.image
+    image = trainer.protocol.image
     ready = [
         (
             normalize_batch(images.to(device), image).contiguous(memory_format=torch.channels_last),
@@ -122,7 +122,7 @@ def bare_loop(trainer, batches, device: torch.device) -> Callable[[], None]:
                 out = model(images)
                 loss = sum(
                     head.loss_terms(
-                        out, TrainingBatch(labels, trainer.metric_loss, images, model)
+                        out, TrainingBatch(labels, trainer.step.metric_loss, images, model)
                     ).values()
                 )
             loss.backward()
@@ -162,7 +162,7 @@ def main() -> None:
     device = resolve_device(args.device)
     configure_determinism(False, fast=args.fast)
     trainer, batches = build(args.protocol, args.set, args.method, args.steps, device)
-    protocol = trainer.cfg.protocol
+    protocol = trainer.protocol
     images = len(batches) * protocol.sampling.batch_size
     loops = {"bare": bare_loop(trainer, batches, device), "harness": harness_loop(trainer)}
     if not args.no_compile:

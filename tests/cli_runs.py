@@ -8,8 +8,9 @@ from pathlib import Path
 from harness.cli.main import main
 
 
-def run_cli(*args: str) -> int:
-    return main(["run", *args])
+def run_cli(*args: str, train=None) -> int:
+    """``run`` with ``args``; ``train``: what trains each run (default: the harness's own)."""
+    return main(["run", *args], train=train)
 
 
 def read_records(path: Path) -> list[dict]:

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.cli.processes import terminated
@@ -118,7 +119,11 @@ def _program() -> str:
     return "dml-harness" if name == "dml-harness" else "python -m harness"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, train: Any = None) -> int:
+    """Run the command of ``argv`` (default: the process's arguments); its errors are one
+    line on stderr. ``train``: what trains one run of ``run``, ``sweep`` and ``tune``
+    (default :func:`harness.engine.training.run_training`; tests and notebooks hand a
+    stand-in)."""
     args = None
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         from harness.store.provenance import record_invocation
 
         record_invocation(_program(), argv)  # each run records the command that made it
-        code = args.func(args)
+        code = args.func(args) if train is None else args.func(args, train=train)
         sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit
         return code
     except HarnessError as err:  # the user's input: one line, with or without --debug

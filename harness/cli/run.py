@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
@@ -28,9 +29,13 @@ from harness.cli.outputs import (
     output_folder,
 )
 from harness.cli.store import open_store
-from harness.config.protocol import Protocol
-from harness.config.protocol_files import default_protocol
+from harness.config.overrides import Deviation
+from harness.config.protocol import Protocol, apply_overrides
+from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
 from harness.config.sections import MAX_STEPS
+
+if TYPE_CHECKING:
+    from harness.engine import RunSettings, TrainFunction
 
 __all__ = [
     "add_run_parser",
@@ -47,7 +52,7 @@ EMBEDDED_DEFAULT = "synthetic"
 @dataclass(frozen=True)
 class _Request:
     """What ``run`` was asked for, checked: methods, the protocol with its deviations, the
-    loss and the seeds."""
+    loss, the seeds and where and how the runs execute."""
 
     methods: list[str]
     #: The registered name of ``--dataset`` (a built-in one, or one given by its path).
@@ -57,26 +62,15 @@ class _Request:
     deviations: tuple
     loss: str
     seeds: list[int]
+    settings: RunSettings
 
 
 def _request(args: argparse.Namespace) -> _Request:
     """Check every name and flag before any work starts (one error line each)."""
     from harness.components.data.own import dataset_name
-    from harness.components.losses import LOSSES, check_loss_args
-    from harness.config.overrides import Deviation
-    from harness.config.protocol import apply_overrides
-    from harness.config.protocol_files import load_protocol, protocol_dir
-    from harness.engine.training import resolve_device
-    from harness.methods import METHODS, check_method_options, list_methods
+    from harness.methods import METHODS, list_methods
 
-    device = resolve_device(
-        args.device
-    )  # a device that is not there: refused before the dataset loads
-    if args.cuda_graphs and device.type != "cuda":
-        raise HarnessError(
-            f"--cuda-graphs replays the compiled step as a CUDA graph and needs a GPU; "
-            f"--device {args.device} is {device.type} here"
-        )
+    settings = _settings(args)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
     for name in methods:
         METHODS.get(name)
@@ -85,6 +79,52 @@ def _request(args: argparse.Namespace) -> _Request:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     check_data_root(dataset, args.data_root)
     protocol_name = args.protocol or default_protocol(dataset)
+    protocol, deviations, loss = _protocol(args, protocol_name, dataset)
+    for method in methods:  # a bad option value is one line now, not after the dataset loads
+        _check_method(args, method, protocol, loss, settings)
+    path = (
+        Path(protocol_name)
+        if protocol_name.endswith(".toml")
+        else protocol_dir() / f"{protocol_name}.toml"
+    )
+    _check_outputs(args)
+    seeds = args.seeds or list(protocol.seeds)
+    return _Request(methods, dataset, protocol, path, deviations, loss, seeds, settings)
+
+
+def _settings(args: argparse.Namespace) -> RunSettings:
+    """Where and how the runs execute, the device resolved once (``auto``: a GPU if there
+    is one) and refused here when it is not there."""
+    from harness.engine import RunSettings, resolve_device
+
+    if args.deterministic and args.fast:
+        raise HarnessError("--deterministic and --fast exclude each other")
+    device = resolve_device(args.device)
+    if args.cuda_graphs and device.type != "cuda":
+        raise HarnessError(
+            f"--cuda-graphs replays the compiled step as a CUDA graph and needs a GPU; "
+            f"--device {args.device} is {device.type} here"
+        )
+    return RunSettings(
+        data_root=args.data_root,
+        device=device.type,
+        workers=args.workers,
+        checkpoint_root=args.checkpoint_root,
+        deterministic=args.deterministic,
+        fast=args.fast,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
+    )
+
+
+def _protocol(
+    args: argparse.Namespace, protocol_name: str, dataset: str
+) -> tuple[Protocol, tuple, str]:
+    """The protocol as it runs on ``dataset`` (resolved for it once, here, before the
+    overrides), the deviations of ``--set``, ``--epochs``, ``--loss``, ``--init-from`` and
+    ``--seen-class-control``, and the loss."""
+    from harness.components.losses import LOSSES, check_loss_args
+
     protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
     if args.epochs is not None:
@@ -92,54 +132,50 @@ def _request(args: argparse.Namespace) -> _Request:
     protocol, deviations = apply_overrides(protocol, overrides)
     loss = args.loss or protocol.loss.name
     LOSSES.get(loss)
-    check_loss_args(
-        loss, protocol.loss_args(loss)
-    )  # a bad --set loss.args value: one line, before any work
+    check_loss_args(loss, protocol.loss_args(loss))  # a bad --set loss.args value: one line
     if loss != protocol.loss.name and loss not in protocol.loss.args:
         deviations += (Deviation("loss.name", protocol.loss.name, loss),)
+    _check_init_from(args)
+    if args.init_from and not args.evaluate_only:  # trained from another run's weights
+        deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
+    if args.seen_class_control:
+        deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
+    return protocol, tuple(deviations), loss
+
+
+def _check_init_from(args: argparse.Namespace) -> None:
+    """``--init-from`` names a finished run of the store (read now, not after the dataset
+    loads); ``--evaluate-only`` needs it and trains no epoch."""
     if args.evaluate_only and not args.init_from:
         raise HarnessError(
             "--evaluate-only evaluates the weights of a finished run: give --init-from RUN_ID"
         )
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
-    if args.init_from:  # the store is read now, not after the dataset loads
+    if args.init_from:
         from harness.store.weights import check_finished_run
 
         check_finished_run(args.init_from, "--init-from")
-    if args.init_from and not args.evaluate_only:  # trained from another run's weights
-        deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
-    if args.seen_class_control:
-        deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
-    seeds = args.seeds or list(protocol.seeds)
-    for method in methods:  # a bad option value is one line now, not after the dataset loads
-        head = check_method_options(
-            method,
-            protocol.methods.get(method, {}),
-            embedding_size=protocol.embedding.size,
-            loss=loss,
-        )
-        if args.cuda_graphs:
-            _check_one_graph(method, head, protocol, loss, device)
-    path = (
-        Path(protocol_name)
-        if protocol_name.endswith(".toml")
-        else protocol_dir() / f"{protocol_name}.toml"
-    )
-    _check_outputs(args)
-    return _Request(methods, dataset, protocol, path, tuple(deviations), loss, seeds)
 
 
-def _check_one_graph(method: str, head, protocol: Protocol, loss: str, device) -> None:
-    """``--cuda-graphs`` needs each method's step as one graph: what stands in the way (the
-    miner, the method's host work, float16's loss scaler) is one line before any run starts."""
+def _check_method(
+    args: argparse.Namespace, method: str, protocol: Protocol, loss: str, settings: RunSettings
+) -> None:
+    """The method's options of the protocol, and under ``--cuda-graphs`` its step as one
+    graph: what stands in the way (the miner, the method's host work, float16's loss
+    scaler) is one line before any run starts."""
     from harness.base.device import amp_dtype
-    from harness.engine.compiled_step import run_miner, whole_graph_blocker
+    from harness.engine import resolve_device, run_miner, whole_graph_blocker
+    from harness.methods import check_method_options
 
-    dtype = amp_dtype(device, protocol.numerics.precision)
-    blocker = whole_graph_blocker(head, run_miner(loss, protocol), dtype)
-    if blocker:
-        raise HarnessError(f"--cuda-graphs needs {method}'s step as one graph, but {blocker}")
+    head = check_method_options(
+        method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size, loss=loss
+    )
+    if settings.cuda_graphs:
+        dtype = amp_dtype(resolve_device(settings.device), protocol.numerics.precision)
+        blocker = whole_graph_blocker(head, run_miner(loss, protocol), dtype)
+        if blocker:
+            raise HarnessError(f"--cuda-graphs needs {method}'s step as one graph, but {blocker}")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -152,7 +188,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def check_checkpoint_root(root: Path | None) -> None:
     """The folder training writes its checkpoints in (``--checkpoint-root``, else the
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
-    from harness.engine.training import default_checkpoint_root
+    from harness.engine import default_checkpoint_root
 
     output_folder(
         root or default_checkpoint_root(),
@@ -162,67 +198,76 @@ def check_checkpoint_root(root: Path | None) -> None:
     )
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    if args.deterministic and args.fast:
-        raise HarnessError("--deterministic and --fast exclude each other")
-    if args.deterministic:  # before anything touches CUDA (cuBLAS reads its workspace setting once)
-        from harness.base.device import CUBLAS_WORKSPACE
-
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
-    from harness.engine.distributed import shutdown
-    from harness.engine.training import (
-        RunConfig,
-        RunSettings,
-        check_training_split,
-        prepare_splits,
-        run_training,
-    )
+def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
+    """Train and test each method with each seed (``train``: what trains one run, default
+    :func:`~harness.engine.training.run_training`); print the table, write ``--json``."""
+    from harness.base.device import CUBLAS_WORKSPACE
+    from harness.engine import run_training, shutdown
     from harness.reports.results import format_results
 
+    if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     # Under torchrun only process 0 reports (every process trains the same runs).
     main_process = os.environ.get("RANK", "0") in ("", "0")
     req = _request(args)
+    _check_inputs(args, req, main_process)
+    shared = {} if args.init_from else shared_training(req.methods, req.protocol)
+    splits = _splits(args, req, req.seeds[0])
+    if main_process:
+        _announce(req, splits, shared)
+    records: list[dict] = []
+    try:
+        for seed in req.seeds:
+            if req.protocol.splits.validation_by_run_seed and seed != req.seeds[0]:
+                splits = _splits(args, req, seed)  # each seed its own carve
+            records += _run_seed(args, req, seed, splits, shared, train or run_training)
+    finally:
+        shutdown()  # a process group left open would hang the other processes' exit
+    if not main_process:
+        return 0
+    records.sort(key=lambda r: (req.seeds.index(r["seed"]), req.methods.index(r["method"])))
+    print(format_results(records))
+    if args.json:
+        atomic_write_json(args.json, records)
+    return 0
+
+
+def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -> None:
+    """The dataset there (fetched with ``--download``) and readable, the tracking store
+    open, and ``--register`` with a logged model: before any training."""
+    from harness.engine import logs_model
+
     ensure_dataset(req.dataset, args.data_root, download=args.download)
     if main_process:  # one process reads every image header (torchrun starts several)
         check_dataset(req.dataset, args.data_root)
     open_store()
-    from harness.engine.run_config import logs_model
-
     if not logs_model() and args.register:  # a bad value is refused here, before any training
         raise HarnessError(
             "--register needs each run's logged model, and DML_HARNESS_LOG_MODEL is 0"
         )
-    protocol, methods, seeds, dataset = req.protocol, req.methods, req.seeds, req.dataset
-    settings = RunSettings(
-        data_root=args.data_root,
-        device=args.device,
-        workers=args.workers,
-        checkpoint_root=args.checkpoint_root,
-        deterministic=args.deterministic,
-        fast=args.fast,
-        compile=args.compile,
-        cuda_graphs=args.cuda_graphs,
+
+
+def _splits(args: argparse.Namespace, req: _Request, seed: int):
+    """The splits of ``seed``'s runs, the protocol's batch rule checked on them (before
+    the summary line: a refusal is one line)."""
+    from harness.engine import training_splits
+
+    return training_splits(
+        req.protocol, req.dataset, args.data_root, control=args.seen_class_control, seed=seed
     )
 
-    def splits_for(seed: int):
-        splits = prepare_splits(
-            protocol, dataset, args.data_root, control=args.seen_class_control, seed=seed
-        )
-        check_training_split(
-            protocol, dataset, splits
-        )  # before the summary line: a refusal is one line
-        return splits
 
-    splits = splits_for(seeds[0])
-    if main_process:
-        print(
-            f"protocol {protocol.name}; dataset {dataset}: {len(splits.train)} train / "
-            f"{0 if splits.val is None else len(splits.val)} val / {len(splits.test)} test images"
-            + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""),
-            file=sys.stderr,
-        )
-    shared = {} if args.init_from else shared_training(methods, protocol)
-    if shared and main_process:
+def _announce(req: _Request, splits, shared: dict[str, str]) -> None:
+    """The protocol, the dataset's split sizes and the deviations; the methods that are
+    evaluated on another's trained weights."""
+    val = 0 if splits.val is None else len(splits.val)
+    print(
+        f"protocol {req.protocol.name}; dataset {req.dataset}: {len(splits.train)} train / "
+        f"{val} val / {len(splits.test)} test images"
+        + (f"; deviations: {', '.join(map(str, req.deviations))}" if req.deviations else ""),
+        file=sys.stderr,
+    )
+    if shared:
         print(
             "; ".join(
                 f"{m}: evaluated on {b}'s trained weights (it trains as {b})"
@@ -230,42 +275,42 @@ def cmd_run(args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
-    records = []
-    for seed in seeds:
-        if protocol.splits.validation_by_run_seed and seed != seeds[0]:  # each seed its own carve
-            splits = splits_for(seed)
-        trained: dict[str, str] = {}  # method -> its run id, this seed
-        for method in sorted(methods, key=lambda m: m in shared):  # base methods first
-            base = shared.get(method, "")
-            cfg = RunConfig.build(
-                protocol,
-                method=method,
-                dataset=dataset,
-                loss=req.loss,
-                seed=seed,
-                deviations=req.deviations,
-                settings=settings,
-                protocol_path=req.protocol_path,
-                resume=args.resume,
-                experiment=args.experiment or "",
-                init_from=trained[base] if base else args.init_from or "",
-                evaluate_only=bool(base) or args.evaluate_only,
-                registered_model=args.register or "",
-            )
-            try:
-                records.append(run_training(cfg, splits))
-            except BaseException:
-                shutdown()  # a process group left open would hang the other processes' exit
-                raise
-            trained[method] = records[-1].get("mlflow_run_id", "")
-    shutdown()
-    if not main_process:
-        return 0
-    records.sort(key=lambda r: (seeds.index(r["seed"]), methods.index(r["method"])))  # as asked
-    print(format_results(records))
-    if args.json:
-        atomic_write_json(args.json, records)
-    return 0
+
+
+def _run_seed(
+    args: argparse.Namespace,
+    req: _Request,
+    seed: int,
+    splits,
+    shared: dict[str, str],
+    train: TrainFunction,
+) -> list[dict]:
+    """Every method's run with ``seed``: the methods that train first, then those that
+    evaluate a trained one's weights (``shared``)."""
+    from harness.engine import RunConfig
+
+    records: list[dict] = []
+    trained: dict[str, str] = {}  # method -> its run id, this seed
+    for method in sorted(req.methods, key=lambda m: m in shared):  # base methods first
+        base = shared.get(method, "")
+        cfg = RunConfig.build(
+            req.protocol,
+            method=method,
+            dataset=req.dataset,
+            loss=req.loss,
+            seed=seed,
+            deviations=req.deviations,
+            settings=req.settings,
+            protocol_path=req.protocol_path,
+            resume=args.resume,
+            experiment=args.experiment or "",
+            init_from=trained[base] if base else args.init_from or "",
+            evaluate_only=bool(base) or args.evaluate_only,
+            registered_model=args.register or "",
+        )
+        records.append(train(cfg, splits))
+        trained[method] = records[-1].get("mlflow_run_id", "")
+    return records
 
 
 def shared_training(methods: list[str], protocol) -> dict[str, str]:
@@ -283,6 +328,15 @@ def shared_training(methods: list[str], protocol) -> dict[str, str]:
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
     run = subparsers.add_parser("run", help="train and evaluate methods under a fair protocol")
+    _add_what_arguments(run)
+    _add_how_arguments(run)
+    _add_weights_arguments(run)
+    run.set_defaults(func=cmd_run)
+    return run
+
+
+def _add_what_arguments(run: argparse.ArgumentParser) -> None:
+    """What runs: the methods, the dataset, the protocol and its overrides, the seeds."""
     run.add_argument(
         "--methods",
         default=["all"],
@@ -317,6 +371,10 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)",
     )
+
+
+def _add_how_arguments(run: argparse.ArgumentParser) -> None:
+    """Where and how the runs execute, and where they record."""
     run.add_argument("--data-root", type=Path)
     run.add_argument(
         "--download",
@@ -364,6 +422,11 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         help="--compile, with the step's graph replayed as a CUDA graph (a GPU and a step that "
         "is one graph); recorded with each run (tag cuda_graphs)",
     )
+
+
+def _add_weights_arguments(run: argparse.ArgumentParser) -> None:
+    """The weights: where they are kept, the run they start from, what is evaluated, and
+    the registered model."""
     add_output_argument(
         run,
         "--checkpoint-root",
@@ -398,5 +461,3 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
         help="register each run's trained embedder in MLflow's model registry as a version of "
         "NAME (each run logs its embedder as an MLflow model unless $DML_HARNESS_LOG_MODEL is 0)",
     )
-    run.set_defaults(func=cmd_run)
-    return run

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
@@ -41,7 +42,9 @@ from harness.engine.tuned_sweep import check_tuned_grid, run_worker
 __all__ = ["add_sweep_parser", "cmd_sweep"]
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = None) -> int:
+    """Queue the grid's cells and run them here (``train``: default ``run_training``), or
+    submit them as tasks (``submitter``: default ``submit_tasks``)."""
     if args.status or args.cancel:
         grid = load_grid(args.status or args.cancel, smoke=args.smoke, max_cells=None)
         check_study_storage(args.storage)
@@ -56,9 +59,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
-        report = run_worker(grid, study, settings=_settings(args))
+        report = run_worker(grid, study, settings=_settings(args), train=train)
         return 1 if report["failed"] else 0
-    if not _queue_and_work(args, grid, study, options):
+    if not _queue_and_work(args, grid, study, options, train=train, submitter=submitter):
         return 0
     if grid.tune is not None:
         return tuned_final_report(grid, storage_url(args.storage))
@@ -92,23 +95,32 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
     return grid, options
 
 
-def _queue_and_work(args: argparse.Namespace, grid: Grid, study, options: SlurmOptions) -> bool:
-    """Queue the grid's cells and work them off (here, in ``--workers`` processes or as a
-    cluster job); False when the cluster job was submitted and not waited for."""
+def _queue_and_work(
+    args: argparse.Namespace,
+    grid: Grid,
+    study,
+    options: SlurmOptions,
+    *,
+    train: Any = None,
+    submitter: Any = None,
+) -> bool:
+    """Queue the grid's cells and work them off (here with ``train``, in ``--workers``
+    processes, or as a cluster job through ``submitter``); False when the cluster job was
+    submitted and not waited for."""
     counts = (
         queue_tuned_grid(grid, study, storage_url(args.storage))
         if grid.tune is not None
         else queue_grid(grid, study, storage_url(args.storage))
     )
     if args.executor:
-        record = submit(args, grid, options, counts, _settings(args))
+        record = submit(args, grid, options, counts, _settings(args), submitter)
         if record is None or not args.wait:
             return False
         from harness.engine.sweep_status import wait
 
         wait([record])
     elif (args.workers or 1) == 1:
-        run_worker(grid, study, settings=_settings(args))
+        run_worker(grid, study, settings=_settings(args), train=train)
     else:
         _run_workers(args)
     return True

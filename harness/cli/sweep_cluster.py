@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
@@ -137,10 +138,16 @@ def preflight(args: argparse.Namespace, options: SlurmOptions) -> SlurmOptions:
 
 
 def submit(
-    args: argparse.Namespace, grid: Grid, options: SlurmOptions, counts: dict, settings: dict
+    args: argparse.Namespace,
+    grid: Grid,
+    options: SlurmOptions,
+    counts: dict,
+    settings: dict,
+    submitter: Any = None,
 ) -> dict | None:
     """Submit the grid's queued cells as tasks (``--workers`` of them, else one per cell to
-    run); returns the submitted array's record, None when no cell is left to run."""
+    run) through ``submitter`` (default :func:`harness.engine.cluster.submit_tasks`);
+    returns the submitted array's record, None when no cell is left to run."""
     from harness.engine.cluster import submit_tasks, task_spec
     from harness.engine.sweep import storage_url
 
@@ -157,7 +164,7 @@ def submit(
         args.grace,
         {**settings, "processes": gpus if gpus > 1 else 1},
     )
-    record = submit_tasks(args.executor, grid, spec, options, tasks)
+    record = (submitter or submit_tasks)(args.executor, grid, spec, options, tasks)
     limit = f", time {options.time}" if options.time else ""
     print(
         f"submitted {args.executor} array {record['array']}: {tasks} task(s) for {to_run} "

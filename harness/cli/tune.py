@@ -7,6 +7,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.cli.arguments import (
     DATASET_HELP,
@@ -33,7 +34,9 @@ from harness.reports.results import format_results
 __all__ = ["add_tune_parser", "cmd_tune"]
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
+    """The study's trials, its best trial, and the best setting reproduced over the seeds
+    (``train``: what trains one run, default :func:`~harness.engine.training.run_training`)."""
     # torch and the data loaders: imported when a command needs them
     from harness.components.data.own import dataset_name
     from harness.engine.training import RunSettings, resolve_device
@@ -52,6 +55,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             data_root=args.data_root, device=args.device, workers=args.loader_workers
         ),
         folds=args.folds,
+        train=train,
     )
     seeds = args.seeds
     check_checkpoint_root(None)  # checked before the search starts, not after it

@@ -1,5 +1,8 @@
-"""A run's files under the checkpoint root: the resumable checkpoint of its last epoch,
-guarded by a checksum file, and the selected weights.
+"""Checkpoints: the :class:`Checkpointer` a :class:`~harness.engine.trainer.Trainer` saves
+each epoch's resumable state through and a resume loads it from, kept in memory
+(:class:`InMemoryCheckpointer`) or in a run's folder under the checkpoint root
+(:class:`FolderCheckpointer`: ``last.pt``, guarded by a checksum file, beside the
+selected weights).
 
 Checkpoints are checked before a resume trusts them: a file cut short (disk full, a copy
 interrupted, a crash on a file system that reorders writes) must restart the run, never
@@ -9,18 +12,27 @@ digests a resume accepts.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from harness.base.atomic import atomic_save_torch, atomic_write_json
 from harness.engine.runtime import log_line
 
-__all__ = ["CHECKPOINT_KEYS", "CheckpointFile", "RunFolder"]
+__all__ = [
+    "CHECKPOINT_KEYS",
+    "Checkpointer",
+    "InMemoryCheckpointer",
+    "FolderCheckpointer",
+    "CheckpointFile",
+    "RunFolder",
+]
 
 #: What a resumable checkpoint holds at least.
 CHECKPOINT_KEYS = ("epoch", "model", "loss", "optimizer", "scheduler", "history", "best")
@@ -128,3 +140,47 @@ class RunFolder:
         """Where the run writes a file of ``name`` (the folder made first)."""
         self.path.mkdir(parents=True, exist_ok=True)
         return self.path / name
+
+
+@runtime_checkable
+class Checkpointer(Protocol):
+    """Where a run's resumable state goes after each epoch, and where a resume finds it."""
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        """Keep ``checkpoint`` (live tensors: a checkpointer that holds it copies them) as
+        the one a resume continues from."""
+
+    def load(self) -> dict[str, Any] | None:
+        """The checkpoint a resume continues from, or None (none kept, or one refused)."""
+        ...
+
+
+@dataclass
+class InMemoryCheckpointer:
+    """A :class:`Checkpointer` that keeps a copy of every checkpoint it is given (tests,
+    notebooks); :meth:`load` returns the last."""
+
+    saved: list[dict[str, Any]] = field(default_factory=list)
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        # A copy: the checkpoint holds the live tensors of the model and optimizer.
+        self.saved.append(copy.deepcopy(checkpoint))
+
+    def load(self) -> dict[str, Any] | None:
+        return copy.deepcopy(self.saved[-1]) if self.saved else None
+
+
+@dataclass
+class FolderCheckpointer:
+    """A :class:`Checkpointer` into a run's folder: ``last.pt`` and its checksum file
+    (:meth:`RunFolder.save_last`); ``stamp`` is saved with every checkpoint (the run's
+    fingerprint, and its tracked run, which a resume continues)."""
+
+    folder: RunFolder
+    stamp: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        self.folder.save_last({**checkpoint, **self.stamp})
+
+    def load(self) -> dict[str, Any] | None:
+        return self.folder.load_last()

@@ -30,16 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch import nn
 
 from harness.base.errors import HarnessError
-from harness.components.losses import FixedShapeMiner, MetricLoss, create_miner, miner_for
-from harness.engine.distributed import GatheredMetricLoss, Processes, wrap_model
-from harness.engine.model import EmbeddingModel
-from harness.engine.run_config import RunConfig
+from harness.components.losses import FixedShapeMiner
 from harness.engine.runtime import log_line
 
 __all__ = [
@@ -47,9 +43,7 @@ __all__ = [
     "whole_graph_blocker",
     "compile_step",
     "forward_then_backward",
-    "run_miner",
     "said_if_not_replayed",
-    "step_modules",
 ]
 
 
@@ -132,14 +126,6 @@ def forward_then_backward(
     return loss.detach(), {name: value.detach() for name, value in terms.items()}
 
 
-def run_miner(loss: str, protocol: Any) -> Any:
-    """The miner a run of ``loss`` uses under ``protocol`` (the protocol's, or the
-    loss's own: :func:`~harness.components.losses.miner_for`)."""
-    return create_miner(
-        *miner_for(loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners)
-    )
-
-
 def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
     """``step`` saying once, in one line, when inductor compiles it without the CUDA graph
     asked for (its ``cudagraph_skips`` counter grows: a reason in inductor's own warning),
@@ -161,23 +147,3 @@ def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return replayed
-
-
-def step_modules(
-    cfg: RunConfig,
-    model: EmbeddingModel,
-    loss_fn: nn.Module,
-    device: torch.device,
-    procs: Processes,
-) -> tuple[nn.Module, MetricLoss]:
-    """The module a training step calls and the metric loss it hands the head, with the
-    run's miner (the protocol's, or its loss's own): across processes DDP and the loss over
-    the gathered batch, and under ``--compile`` the model compiled inside DDP (in one
-    process the trainer compiles the step itself, :func:`compile_step`)."""
-    miner = run_miner(cfg.loss, cfg.protocol)
-    if not procs.distributed:
-        return model, MetricLoss(loss_fn, miner)
-    train_model: nn.Module = wrap_model(model, device)
-    if cfg.compile:
-        train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
-    return train_model, GatheredMetricLoss(loss_fn, miner, procs)

@@ -150,8 +150,8 @@ class GatheredMetricLoss(MetricLoss):
     would on the same global batch, and all compute the same loss.
     """
 
-    def __init__(self, losses, miner, procs: Processes):
-        super().__init__(losses, miner)
+    def __init__(self, loss_module, miner, procs: Processes):
+        super().__init__(loss_module, miner)
         self.procs = procs
 
     def _gather(
@@ -169,7 +169,7 @@ class GatheredMetricLoss(MetricLoss):
             raise HarnessError("a method that mines tuples itself cannot train across processes")
         embeddings, labels = self._gather(embeddings, labels)
         mined = self._mine(embeddings, labels)
-        return apply_loss(self.losses[copy], embeddings, labels, mined)
+        return apply_loss(self.instances[copy], embeddings, labels, mined)
 
 
 def average_gradients(parameters, procs: Processes) -> None:

@@ -12,7 +12,9 @@ that :func:`~harness.components.evaluation.evaluate_embeddings` calls. A head th
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +24,7 @@ from torch.utils.data import DataLoader
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
+from harness.components.data import DatasetSplits
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     from harness.methods.base import Method
 
 __all__ = [
+    "Evaluator",
+    "SplitEvaluator",
     "loader_worker_init",
     "embed_images",
     "evaluate_split",
@@ -320,3 +325,57 @@ def _with_global(ranked: Scores, plain: Scores) -> Scores:
     )
     out.per_query = ranked.per_query
     return out
+
+
+@typing.runtime_checkable
+class Evaluator(typing.Protocol):
+    """What a :class:`~harness.engine.trainer.Trainer` scores a model with: ``split``
+    ``"val"`` (the selection on validation) or ``"test"`` (the test split, searched against
+    its gallery where it has one), the ``metrics`` named; ``per_query``: keep the per-query
+    values behind every retrieval mean (``result.per_query``)."""
+
+    def __call__(
+        self,
+        model: EmbeddingModel,
+        split: str,
+        *,
+        metrics: tuple[str, ...],
+        per_query: bool = False,
+    ) -> Scores: ...
+
+
+@dataclass
+class SplitEvaluator:
+    """The :class:`Evaluator` of a run: :func:`evaluate_split` on its ``splits`` under its
+    protocol (the dataset's recall@k), on ``device`` with ``workers`` loading processes."""
+
+    splits: DatasetSplits
+    protocol: Protocol
+    dataset: str
+    device: torch.device = torch.device("cpu")
+    workers: int = 0
+
+    def __call__(
+        self,
+        model: EmbeddingModel,
+        split: str,
+        *,
+        metrics: tuple[str, ...],
+        per_query: bool = False,
+    ) -> Scores:
+        if split not in ("val", "test"):
+            raise HarnessError(f"no split '{split}' to evaluate (val or test)")
+        queries, gallery = (
+            (self.splits.val, None) if split == "val" else (self.splits.test, self.splits.gallery)
+        )
+        return evaluate_split(
+            model,
+            queries,
+            gallery,
+            self.protocol,
+            self.dataset,
+            device=self.device,
+            workers=self.workers,
+            metrics=metrics,
+            per_query=per_query,
+        )

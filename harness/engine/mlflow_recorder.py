@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -19,11 +20,11 @@ from harness.components.evaluation import PER_QUERY_ARTIFACT, evaluation_code_di
 from harness.components.losses import miner_for
 from harness.config.deviations import TAG_PREFIX, footnote, to_tag
 from harness.engine.checkpoints import RunFolder
+from harness.engine.data import adapted_sampling
 from harness.engine.export import ImageEmbedder, example_images
-from harness.engine.recorder import StepFlush
+from harness.engine.recorder import FinishedRun, StepFlush
 from harness.engine.run_config import LOG_MODEL_ENV, RunConfig, logs_model, paper_deviations
 from harness.engine.runtime import log_line
-from harness.engine.trainer import Trainer
 from harness.methods import METHODS
 from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
@@ -33,22 +34,38 @@ from harness.store.provenance import environment_tags, git_commit, uncommitted_c
 from harness.store.tracking import Tracker, flatten
 from harness.store.ui import RUN_NOTE_TAG
 
+CPU = torch.device("cpu")
+
 __all__ = ["MlflowRecorder", "run_params", "run_tags", "dataset_tags", "dataset_source"]
 
 
 class MlflowRecorder:
     """A :class:`~harness.engine.recorder.Recorder` into one MLflow run and the run's folder:
-    per-step and per-epoch metrics, a checkpoint after every epoch, the test scores and
-    per-query values; and for the finished run its selected weights, the logged embedder,
-    its description and explanations. :meth:`open` makes or continues the MLflow run."""
+    the run's description, per-step and per-epoch metrics, the test scores and per-query
+    values; and for the finished run its selected weights, the logged embedder, its
+    description and explanations. :meth:`open` makes or continues the MLflow run.
 
-    def __init__(self, cfg: RunConfig, folder: RunFolder, *, experiment: str, fingerprint: str):
+    ``splits``, ``world_size`` and ``device``: what the run trains and evaluates on, and
+    where (recorded with it, and used for the logged embedder and the explanations)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        folder: RunFolder,
+        *,
+        experiment: str,
+        fingerprint: str,
+        splits: DatasetSplits,
+        world_size: int = 1,
+        device: torch.device = CPU,
+    ):
         self.cfg, self.folder, self.experiment, self.fingerprint = (
             cfg,
             folder,
             experiment,
             fingerprint,
         )
+        self.splits, self.world_size, self.device = splits, world_size, device
         self._tracker: Tracker | None = None
 
     @property
@@ -60,7 +77,8 @@ class MlflowRecorder:
 
     @property
     def run_id(self) -> str:
-        return self.tracker.run_id
+        """The tracked run's id ("" until :meth:`open`)."""
+        return "" if self._tracker is None else self._tracker.run_id
 
     def open(self, run_id: str | None = None) -> None:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run
@@ -70,12 +88,12 @@ class MlflowRecorder:
             self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id
         )
 
-    def start(self, trainer: Trainer, checkpoint: dict[str, Any] | None) -> None:
+    def start(self, checkpoint: dict[str, Any] | None) -> None:
         """Record the run's metadata (a new run) or which code continued it (a resumed one);
         a checkpoint whose run is not in this store gives its history to the new run."""
         tracker = self.tracker
         if checkpoint is None or not tracker.resumed:
-            self._log_metadata(trainer)
+            self._log_metadata()
             tracker.set_tags({"run_key": self.folder.key})
         else:  # the run's git_commit tag is its first segment's; say which code continued it
             tracker.set_tags({"git_commit_at_resume": git_commit()})
@@ -110,11 +128,10 @@ class MlflowRecorder:
             }
         )
 
-    def record_epoch(self, record: dict[str, Any], checkpoint: dict[str, Any]) -> None:
+    def record_epoch(self, record: dict[str, Any]) -> None:
         self.tracker.log_metrics(
             {k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"]
         )
-        self.folder.save_last({**checkpoint, "mlflow_run_id": self.run_id})
 
     def record_test(self, scores: dict[str, float], selected_epoch: int) -> None:
         """``test/*`` at the selected epoch, the digest of the code that computed them, and
@@ -154,7 +171,7 @@ class MlflowRecorder:
         self.tracker.log_artifact(path, "weights")  # listed in the UI as weights/model.pt
 
     def record_embedder(
-        self, trainer: Trainer, selected_epoch: int, scores: dict[str, float]
+        self, model: nn.Module, selected_epoch: int, scores: dict[str, float]
     ) -> None:
         """The selected weights as an MLflow model (images -> embeddings, the UI's Models
         tab) named after the run (:meth:`model_name`), its signature from a forward pass on
@@ -163,7 +180,7 @@ class MlflowRecorder:
         (:func:`~harness.base.metric_keys.readable`), linked to the model and the run's
         dataset, so that the Models tab names the data it was tested on. Skipped where
         ``$DML_HARNESS_LOG_MODEL`` is 0 (:func:`~harness.engine.run_config.logs_model`)."""
-        cfg, model, device = self.cfg, trainer.model, trainer.device
+        cfg, device = self.cfg, self.device
         if not logs_model():
             self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
             return
@@ -192,7 +209,7 @@ class MlflowRecorder:
         finally:
             model.to(device)
         self.tracker.set_tags({"model_uri": uri})
-        self.tracker.log_model_scores(uri, readable(scores), (cfg.dataset, trainer.splits.digest()))
+        self.tracker.log_model_scores(uri, readable(scores), (cfg.dataset, self.splits.digest()))
 
     def model_name(self) -> str:
         """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
@@ -218,21 +235,28 @@ class MlflowRecorder:
         )
         self.tracker.set_tags({RUN_NOTE_TAG: note})
 
-    def record_explanations(
-        self, model: nn.Module, splits: DatasetSplits, device: torch.device
-    ) -> None:
+    def record_explanations(self, model: nn.Module) -> None:
+        """The head's explanations of test images (:func:`~harness.reports.explanations.log_explanations`)."""
         cfg = self.cfg
         log_explanations(
             model,
-            splits,
+            self.splits,
             cfg.protocol,
-            device,
+            self.device,
             self.folder.path,
             self.tracker,
             run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}",
         )
 
-    def finish(self) -> None:
+    def finish(self, result: FinishedRun | None) -> None:
+        """The finished run: its selected weights, the logged embedder, its description and
+        explanations (none of them for a search trial, ``result`` None), then the run
+        marked FINISHED."""
+        if result is not None:
+            self.record_selected_weights(result.model, result.selected_epoch)
+            self.record_embedder(result.model, result.selected_epoch, result.test)
+            self.record_note(result.test, result.selected_epoch)
+            self.record_explanations(result.model)
         self.tracker.finish("FINISHED")
 
     def fail(self, err: BaseException) -> None:
@@ -251,25 +275,26 @@ class MlflowRecorder:
 
     # ------------------------------------------------------------- metadata
 
-    def _log_metadata(self, trainer: Trainer) -> None:
+    def _log_metadata(self) -> None:
         """A new run's parameters, tags, dataset input, resolved protocol and deviations,
         protocol file, and the uncommitted changes of the code that runs it."""
-        cfg, splits, tracker = self.cfg, trainer.splits, self.tracker
-        tracker.log_params(run_params(cfg, trainer.procs.world_size))
+        cfg, splits, tracker = self.cfg, self.splits, self.tracker
+        tracker.log_params(run_params(cfg, self.world_size))
+        classes = len(np.unique(splits.train.labels))
         tags = run_tags(
             cfg,
             self.fingerprint,
             splits,
-            sampling_note=trainer.batches.sampling_note,
-            world_size=trainer.procs.world_size,
-            device=trainer.device,
+            sampling_note=adapted_sampling(cfg.protocol, classes)[2],
+            world_size=self.world_size,
+            device=self.device,
         )
         tracker.set_tags(tags)
         # The dataset and its split digest as an MLflow dataset input (the UI's Datasets column).
         tracker.log_dataset(
             cfg.dataset,
             splits.digest(),
-            data_root=cfg.data_root,
+            data_root=cfg.settings.data_root,
             sizes={
                 "train": len(splits.train),
                 "val": 0 if splits.val is None else len(splits.val),
@@ -304,10 +329,10 @@ def run_params(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         "dataset": cfg.dataset,
         "method": cfg.method,
         "world_size": world_size,
-        "deterministic": cfg.deterministic,
-        "fast": cfg.fast,
-        "compile": cfg.compile,
-        "cuda_graphs": cfg.cuda_graphs,
+        "deterministic": cfg.settings.deterministic,
+        "fast": cfg.settings.fast,
+        "compile": cfg.settings.compile,
+        "cuda_graphs": cfg.settings.cuda_graphs,
     }
 
 
@@ -342,10 +367,10 @@ def run_tags(
         "evaluate_only": cfg.evaluate_only,
         "miner": miner_for(cfg.loss, protocol.miner.name, loss_miners=protocol.loss.miners)[0],
         "world_size": world_size,
-        "deterministic": cfg.deterministic,
-        "fast": cfg.fast,
-        "compile": cfg.compile,
-        "cuda_graphs": cfg.cuda_graphs,
+        "deterministic": cfg.settings.deterministic,
+        "fast": cfg.settings.fast,
+        "compile": cfg.settings.compile,
+        "cuda_graphs": cfg.settings.cuda_graphs,
         "amp": amp_name(device, protocol.numerics.precision),
         **{TAG_PREFIX + n: to_tag(d) for n, d in paper_deviations(cfg).items()},
         **dataset_tags(splits),

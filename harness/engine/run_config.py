@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
@@ -27,10 +28,52 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """Where and how a run executes, none of which changes its result (``--data-root``,
+    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``, ``--fast``,
+    ``--compile``, ``--cuda-graphs``); the last four are recorded with each run."""
+
+    data_root: Path | None = None
+    #: ``auto``, ``cpu`` or ``cuda`` (:func:`~harness.engine.runtime.resolve_device`).
+    device: str = "auto"
+    #: Data-loading processes; None: :func:`~harness.engine.runtime.default_workers`.
+    workers: int | None = None
+    #: Where checkpoints and selected weights live (``--checkpoint-root``; None given:
+    #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
+    #: weights relative to it too, so a moved root still serves ``--init-from``.
+    checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
+    #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
+    deterministic: bool = False
+    #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
+    fast: bool = False
+    #: Train through ``torch.compile``: the whole step in one process
+    #: (:mod:`harness.engine.compiled_step`), the model inside DDP across processes.
+    compile: bool = False
+    #: Replay the compiled step as a CUDA graph (``--cuda-graphs``; implies ``compile``).
+    cuda_graphs: bool = False
+
+    def __post_init__(self) -> None:
+        root = Path(self.checkpoint_root) if self.checkpoint_root else default_checkpoint_root()
+        object.__setattr__(self, "checkpoint_root", root)
+        object.__setattr__(self, "compile", self.compile or self.cuda_graphs)
+
+    @classmethod
+    def of_worker(cls, settings: Mapping[str, Any]) -> RunSettings:
+        """The settings of a sweep worker's runs, from its ``data_root``, ``device``,
+        ``loader_workers`` and ``checkpoint_root``."""
+        return cls(
+            data_root=settings.get("data_root"),
+            device=settings.get("device", "auto"),
+            workers=settings.get("loader_workers"),
+            checkpoint_root=settings.get("checkpoint_root") or default_checkpoint_root(),
+        )
+
+
 @dataclass
 class RunConfig:
     """One run: what it trains (method, dataset, protocol, loss, seed, deviations), where
-    and how it executes, and how it is tracked."""
+    and how it executes (:class:`RunSettings`), and how it is tracked."""
 
     method: str
     dataset: str
@@ -41,9 +84,8 @@ class RunConfig:
     deviations: tuple[Deviation, ...] = ()
     protocol_path: Path | None = None
     method_options: dict[str, Any] = field(default_factory=dict)
-    data_root: Path | None = None
-    device: str = "auto"
-    workers: int | None = None
+    #: Where and how the run executes (device, workers, checkpoint root, kernels, compile).
+    settings: RunSettings = field(default_factory=RunSettings)
     resume: bool = False
     #: A finished run (MLflow run id) whose selected weights initialise this one,
     #: e.g. DIML applied at test time to a trained ``plain`` model.
@@ -53,29 +95,21 @@ class RunConfig:
     #: ``--epochs 0`` this is not a deviation: the protocol's training happened in the base run.
     evaluate_only: bool = False
     experiment: str = ""
-    #: Where checkpoints and selected weights live (``--checkpoint-root``, else
-    #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
-    #: weights relative to it too, so a moved root still serves ``--init-from``.
-    checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
     #: Extra MLflow tags set when the run starts (sweep: cell_key, grid; tune: optuna_*).
     tags: dict[str, str] = field(default_factory=dict)
-    #: Called after each epoch as ``(epoch, record)``; may raise (e.g. ``optuna.TrialPruned``).
-    epoch_callback: Any = None
-    #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
-    deterministic: bool = False
-    #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).
-    fast: bool = False
-    #: Train through ``torch.compile``: the whole step in one process
-    #: (:mod:`harness.engine.compiled_step`), the model inside DDP across processes.
-    compile: bool = False
-    #: Replay the compiled step as a CUDA graph (``--cuda-graphs``; implies ``compile``).
-    cuda_graphs: bool = False
     #: Register the run's logged embedder under this name in MLflow's model registry (``--register``).
     registered_model: str = ""
     #: A trial of a hyperparameter search: trained and selected on validation only; the
     #: test split is never evaluated (its splits come sealed), no model or explanation is
     #: logged and no selected weights are kept.
     search_only: bool = False
+
+    def __post_init__(self) -> None:
+        # The protocol as it runs on the dataset: callers resolve it where they load it,
+        # before their overrides (then this is a no-op); a protocol that still has
+        # per-dataset sections is resolved here.
+        if self.protocol.datasets:
+            self.protocol = self.protocol.for_dataset(self.dataset)
 
     @classmethod
     def build(
@@ -96,7 +130,6 @@ class RunConfig:
         protocol unless given, the machine-side choices from ``settings``. ``run``: the
         remaining fields (``experiment``, ``resume``, ``init_from``, ``evaluate_only``,
         ``tags``, ``protocol_path``, ``registered_model``, ``search_only``)."""
-        settings = settings or RunSettings()
         options = protocol.methods.get(method, {}) if method_options is None else method_options
         return cls(
             method=method,
@@ -107,37 +140,9 @@ class RunConfig:
             seed=seed,
             deviations=tuple(deviations),
             method_options=dict(options),
-            data_root=settings.data_root,
-            device=settings.device,
-            workers=settings.workers,
-            deterministic=settings.deterministic,
-            fast=settings.fast,
-            compile=settings.compile or settings.cuda_graphs,
-            cuda_graphs=settings.cuda_graphs,
-            **cast(
-                dict[str, Any],
-                {"checkpoint_root": Path(settings.checkpoint_root)}
-                if settings.checkpoint_root
-                else {},
-            ),
+            settings=settings or RunSettings(),
             **run,
         )
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Where and how a run executes, none of which changes its result (``--data-root``,
-    ``--device``, data-loading workers, ``--checkpoint-root``, ``--deterministic``, ``--fast``,
-    ``--compile``); the last three are recorded with each run."""
-
-    data_root: Path | None = None
-    device: str = "auto"
-    workers: int | None = None
-    checkpoint_root: Path | None = None
-    deterministic: bool = False
-    fast: bool = False
-    compile: bool = False
-    cuda_graphs: bool = False
 
 
 #: The setting that turns off the logged MLflow model of each run (``0``); the selected

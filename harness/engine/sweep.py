@@ -313,8 +313,16 @@ def tag_cell(run_id: str, grid: Grid, cell: Cell, trial_number: int, study_name:
 
 
 def run_cell(
-    grid: Grid, cell: Cell, trial_number: int, study_name: str, settings: dict, splits_cache: dict
+    grid: Grid,
+    cell: Cell,
+    trial_number: int,
+    study_name: str,
+    settings: dict,
+    splits_cache: dict,
+    train: Any = None,
 ):
+    """Train the cell's run (``train``: :func:`~harness.engine.training.run_training`, or a
+    stand-in), or adopt a finished untagged one; the run tagged with the cell and trial."""
     from harness.config.fingerprint import fingerprint
     from harness.engine import training
 
@@ -330,7 +338,8 @@ def run_cell(
     if settings.get("processes", 1) > 1:  # one process per GPU of the task, under torchrun
         record = train_in_processes(grid.path, grid.smoke, cell.key, settings)
     else:
-        record = training.run_training(_run_config(grid, cell, settings, init_from), splits)
+        train = train or training.run_training
+        record = train(_run_config(grid, cell, settings, init_from), splits)
     tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
 
@@ -353,7 +362,8 @@ def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None
 
 
 def _cell_splits(cell: Cell, settings: dict, splits_cache: dict):
-    """The cell's splits, prepared once per key in ``splits_cache``."""
+    """The cell's splits, prepared once per key in ``splits_cache``, the batch rule of the
+    cell's protocol checked on them."""
     from harness.engine import training
 
     protocol = cell.protocol
@@ -369,6 +379,7 @@ def _cell_splits(cell: Cell, settings: dict, splits_cache: dict):
         splits_cache[split_key] = training.prepare_splits(
             protocol, cell.dataset, settings.get("data_root"), seed=cell.seed
         )
+    training.check_training_split(protocol, cell.dataset, splits_cache[split_key])
     return splits_cache[split_key]
 
 
@@ -411,12 +422,6 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
     from harness.config.deviations import deviation_tags
     from harness.engine import training
 
-    run_settings = training.RunSettings(
-        data_root=settings.get("data_root"),
-        device=settings.get("device", "auto"),
-        workers=settings.get("loader_workers"),
-        checkpoint_root=settings.get("checkpoint_root"),
-    )
     return training.RunConfig.build(
         cell.protocol,
         method=cell.method,
@@ -424,7 +429,7 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
         loss=cell.loss,
         seed=cell.seed,
         deviations=cell.deviations,
-        settings=run_settings,
+        settings=training.RunSettings.of_worker(settings),
         method_options=cell.method_options,
         protocol_path=cell.protocol_path,
         resume=True,
@@ -443,11 +448,12 @@ def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
 
 
 def worker_loop(
-    grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0
+    grid: Grid, study, *, settings: dict | None = None, poll: float = 2.0, train: Any = None
 ) -> dict[str, list]:
     """Pop and run queued cells until none is queued or running anywhere.
 
     ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
+    ``train``: what trains a cell's run (default :func:`~harness.engine.training.run_training`).
     Returns ``{"done": [...], "failed": [(label, error)], "skipped": [...]}`` for this worker."""
     from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
@@ -483,7 +489,9 @@ def worker_loop(
         # hand); set on every trial, since a retried trial inherits its predecessor's.
         trial.set_user_attr("job", job_of_this_task(settings))
         with Heartbeat(study._storage, trial._trial_id):
-            _work_on_trial(grid, study, trial, cells.get(key), settings, splits_cache, report)
+            _work_on_trial(
+                grid, study, trial, cells.get(key), settings, splits_cache, report, train
+            )
 
 
 def _work_on_trial(
@@ -494,6 +502,7 @@ def _work_on_trial(
     settings: dict,
     splits_cache: dict,
     report: dict[str, list],
+    train: Any = None,
 ) -> None:
     """Run the cell of a popped ``trial`` and tell the study how it ended, or end the trial
     without running it (a cell no longer in the grid, or one finished or running
@@ -519,7 +528,9 @@ def _work_on_trial(
     header = f"trial {trial.number}, job {job_of_this_task(settings) or 'none'}, {time.ctime()}"
     try:
         with cell_output(settings.get("cell_logs"), cell.label, header):
-            record = run_cell(grid, cell, trial.number, study.study_name, settings, splits_cache)
+            record = run_cell(
+                grid, cell, trial.number, study.study_name, settings, splits_cache, train
+            )
     except KeyboardInterrupt:
         settle_trial(study, trial, state=TrialState.FAIL, error="interrupted")
         raise

@@ -1,6 +1,8 @@
-"""The training of one run as an object: a :class:`Trainer` builds what the run trains
-with, trains an epoch, validates and keeps the best epoch, and tests the selected
-weights, reporting to the :class:`~harness.engine.recorder.Recorder` it is given.
+"""The training of one run as an object: a :class:`Trainer` is made from its parts (the
+modules and optimizer, the training batches, the step, an evaluator, a checkpointer and a
+recorder), trains an epoch, validates and keeps the best epoch, and tests the selected
+weights. :meth:`Trainer.from_config` builds those parts for a
+:class:`~harness.engine.run_config.RunConfig`.
 
 Seeded everywhere (python, numpy, torch; deterministic kernels where they exist, required
 with ``--deterministic``, cuDNN autotuning with ``--fast``), AMP (bf16 where supported,
@@ -13,7 +15,7 @@ saved, and the loader's workers can persist across epochs.
 
 Across processes (:mod:`harness.engine.distributed`) each takes a share of every global
 batch, the metric loss sees the gathered batch, DDP averages gradients, and process 0
-alone evaluates and records.
+alone evaluates, records and checkpoints.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from harness.base.device import amp_dtype
@@ -35,72 +37,37 @@ from harness.base.errors import HarnessError, NonFiniteLoss
 from harness.base.faults import fault_point
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
-from harness.components.data.transforms import normalize_batch
 from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_variants
-from harness.components.gradients import clip_gradients
-from harness.components.losses import MetricLoss, step_seed
 from harness.config.protocol import Protocol
-from harness.engine.compiled_step import (
-    CompiledStep,
-    compile_step,
-    forward_then_backward,
-    step_modules,
-)
+from harness.engine.checkpoints import Checkpointer, InMemoryCheckpointer
 from harness.engine.data import TrainingBatches
-from harness.engine.distributed import (
-    SINGLE_PROCESS,
-    GatheredMetricLoss,
-    Processes,
-    average_gradients,
-    barrier,
-    check_replicas_agree,
-)
-from harness.engine.embedding import evaluate_split
+from harness.engine.distributed import SINGLE_PROCESS, Processes, barrier, check_replicas_agree
+from harness.engine.embedding import Evaluator, SplitEvaluator
 from harness.engine.model import (
     EmbeddingModel,
     build_model,
     build_optimizer,
     build_scheduler,
     create_loss_module,
+    on_device,
 )
 from harness.engine.recorder import Recorder, StepFlush
 from harness.engine.run_config import RunConfig
 from harness.engine.runtime import epoch_seed, log_line, seed_everything
-from harness.methods import TrainingBatch
-from harness.store.weights import load_finished_weights
+from harness.engine.step import TrainingParts, TrainingStep
 
-__all__ = ["Trainer", "TrainingParts", "Progress"]
+__all__ = ["Trainer", "TrainingParts", "Progress", "EpochCallback", "StepFunction"]
 
 CPU = torch.device("cpu")
 
-
-@dataclass
-class TrainingParts:
-    """The modules and optimizer state a run trains: what a checkpoint saves and a resume
-    restores."""
-
-    model: EmbeddingModel
-    loss_fn: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "loss": self.loss_fn.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-        }  # AMP's loss scale: a resume continues it
-
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        self.model.load_state_dict(checkpoint["model"])
-        self.loss_fn.load_state_dict(checkpoint["loss"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.scheduler.load_state_dict(checkpoint["scheduler"])
-        if checkpoint.get("scaler"):  # absent in older checkpoints; empty when AMP is off
-            self.scaler.load_state_dict(checkpoint["scaler"])
+#: Called after each epoch as ``(epoch, record)`` in process 0; may raise (e.g.
+#: ``optuna.TrialPruned``, which stops the run).
+EpochCallback = Callable[[int, dict[str, Any]], None]
+#: A training step: ``(images, labels, seed, epoch, step) -> (loss, terms)`` on the device
+#: (:class:`~harness.engine.step.TrainingStep`).
+StepFunction = Callable[
+    [torch.Tensor, torch.Tensor, int, int, int], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
 
 
 def _no_best() -> dict[str, Any]:
@@ -109,121 +76,97 @@ def _no_best() -> dict[str, Any]:
 
 @dataclass
 class Progress:
-    """Where the epochs stand: the next epoch, the per-epoch records, and the best epoch
-    so far (its score and weights)."""
+    """Where the epochs stand: the epoch the trainer started from (0, or a checkpoint's),
+    the per-epoch records, the best epoch so far (its score and weights), and the next
+    epoch to train."""
 
     start_epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] = field(default_factory=_no_best)
+    next_epoch: int = -1  # -1: start_epoch
+
+    def __post_init__(self) -> None:
+        if self.next_epoch < 0:
+            self.next_epoch = self.start_epoch
 
 
 @dataclass
 class Trainer:
-    """One run's training: its configuration, data, modules, progress and recorder.
+    """One run's training, made from its parts: the ``protocol`` it follows (epochs,
+    selection, evaluation, sync interval), the ``parts`` it trains, its training
+    ``batches``, the ``step`` that trains one batch, the ``evaluator`` that scores the model
+    on validation and test, the ``checkpointer`` each epoch's state goes to and the
+    ``recorder`` its results go to.
 
-    Made by :meth:`build`; :meth:`fit` runs the epochs (:meth:`run_epoch`: :meth:`train_epoch`,
-    :meth:`validate_and_select`, the record), :meth:`load_selected_weights` and :meth:`test`
-    finish the run."""
+    :meth:`fit` runs the epochs (:meth:`run_epoch`: :meth:`train_epoch`,
+    :meth:`validate_and_select`, the record and the checkpoint), :meth:`load_selected_weights`
+    and :meth:`test` finish the run; :meth:`resume` continues after a checkpoint.
+    :meth:`from_config` builds every part for a run's configuration."""
 
-    cfg: RunConfig
-    splits: DatasetSplits
+    protocol: Protocol
     parts: TrainingParts
     batches: TrainingBatches
-    #: The module a training step calls: the model, or DDP (and ``torch.compile``) around it.
-    train_model: nn.Module
-    metric_loss: MetricLoss
+    step: StepFunction
+    evaluator: Evaluator
     recorder: Recorder
+    checkpointer: Checkpointer = field(default_factory=InMemoryCheckpointer)
+    seed: int = 0
+    #: The method and loss names, in progress lines and errors.
+    method: str = ""
+    loss: str = ""
     device: torch.device = CPU
     procs: Processes = SINGLE_PROCESS
-    #: Data-loading processes of the training loader and of each evaluation.
-    workers: int = 0
-    fingerprint: str = ""
-    #: The selected epoch of the ``init_from`` run whose weights the model starts from.
+    #: Train no epoch: the model's weights (those of ``init_selected_epoch``) are the run's.
+    evaluate_only: bool = False
+    #: The selected epoch of the run whose weights the model starts from (0: none).
     init_selected_epoch: int = 0
-    #: The autocast dtype of the training step (:func:`~harness.base.device.amp_dtype`), None: none.
-    autocast_dtype: torch.dtype | None = None
+    on_epoch: EpochCallback | None = None
     progress: Progress = field(default_factory=Progress)
-    #: The step's two halves compiled (``--compile``, single process), or None: eager.
-    compiled: CompiledStep | None = None
 
     @classmethod
-    def build(
+    def from_config(
         cls,
         cfg: RunConfig,
         splits: DatasetSplits,
         *,
         recorder: Recorder,
+        checkpointer: Checkpointer | None = None,
+        evaluator: Evaluator | None = None,
+        model: EmbeddingModel | None = None,
+        init_selected_epoch: int = 0,
         device: torch.device = CPU,
         workers: int = 0,
         procs: Processes = SINGLE_PROCESS,
-        fingerprint: str = "",
+        on_epoch: EpochCallback | None = None,
     ) -> Trainer:
-        """Seed, then build the model (from ``cfg.init_from``'s weights when given, which
-        must carry ``fingerprint`` for an evaluate-only run), the loss, optimizer, batches,
-        miner and schedule of ``cfg`` on ``splits``."""
+        """The trainer of ``cfg`` on ``splits``: the loss module, optimizer, schedule,
+        batches and step of its protocol, around ``model`` (already on ``device``, with the
+        weights of ``init_selected_epoch``: the caller seeded before building it) or, when
+        None, a fresh model built after seeding. ``evaluator``: default a
+        :class:`~harness.engine.embedding.SplitEvaluator` of ``splits``; ``checkpointer``:
+        default an :class:`~harness.engine.checkpoints.InMemoryCheckpointer`."""
         protocol = cfg.protocol
-        seed_everything(cfg.seed)
-        model, init_selected_epoch = _initial_model(cfg, device, fingerprint)
-        num_classes = len(np.unique(splits.train.labels))
-        loss_fn = create_loss_module(
-            model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
-        ).to(device)
-        optimizer = build_optimizer(protocol, model, loss_fn)
-        batches = TrainingBatches.build(
+        if model is None:
+            seed_everything(cfg.seed)
+            model = on_device(build_model(protocol, cfg.method, cfg.method_options), device)
+        parts, batches, step = _training_parts(cfg, splits, model, device, workers, procs)
+        return cls(
             protocol,
-            splits,
-            seed=cfg.seed,
-            device=device,
-            workers=workers,
-            procs=procs,
-            loss=cfg.loss,
-        )
-        train_model, metric_loss = step_modules(cfg, model, loss_fn, device, procs)
-        dtype = amp_dtype(device, protocol.numerics.precision)
-        # A loss scaler only for float16 autocast (bfloat16 has float32's range).
-        scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
-        parts = TrainingParts(
-            model, loss_fn, optimizer, build_scheduler(protocol, optimizer), scaler
-        )
-        trainer = cls(
-            cfg,
-            splits,
             parts,
             batches,
-            train_model,
-            metric_loss,
+            step,
+            evaluator or SplitEvaluator(splits, protocol, cfg.dataset, device, workers),
             recorder,
+            checkpointer or InMemoryCheckpointer(),
+            seed=cfg.seed,
+            method=cfg.method,
+            loss=cfg.loss,
             device=device,
             procs=procs,
-            workers=workers,
-            fingerprint=fingerprint,
+            evaluate_only=cfg.evaluate_only,
             init_selected_epoch=init_selected_epoch,
-            autocast_dtype=dtype,
+            on_epoch=on_epoch,
         )
-        if (cfg.compile or cfg.cuda_graphs) and not procs.distributed:
-            trainer.compile_step()
-        return trainer
-
-    def compile_step(self, **backends: Any) -> None:
-        """Compile the step (:func:`~harness.engine.compiled_step.compile_step`, with its
-        ``backend`` and ``optimizer_backend`` when given), saying why where it has graph
-        breaks. In one process only: across processes ``--compile`` compiles the model inside
-        DDP (:func:`~harness.engine.compiled_step.step_modules`)."""
-        self.compiled = compile_step(
-            self.forward_loss,
-            self.backward,
-            self.optimizer_step,
-            head=self.model.head,
-            miner=self.metric_loss.miner,
-            device=self.device,
-            dtype=self.autocast_dtype,
-            cuda_graphs=self.cfg.cuda_graphs,
-            **backends,
-        )
-        if self.compiled.breaks_because:
-            log_line(
-                f"compile: the step compiles with graph breaks: {self.compiled.breaks_because}"
-            )
 
     @property
     def model(self) -> EmbeddingModel:
@@ -232,7 +175,7 @@ class Trainer:
     @property
     def epochs(self) -> int:
         """The epochs the run trains: the protocol's, none for an evaluate-only run."""
-        return 0 if self.cfg.evaluate_only else self.cfg.protocol.schedule.epochs
+        return 0 if self.evaluate_only else self.protocol.schedule.epochs
 
     # ----------------------------------------------------------------- state
 
@@ -243,11 +186,11 @@ class Trainer:
             **self.parts.state(),
             "history": self.progress.history,
             "best": self.progress.best,
-            "fingerprint": self.fingerprint,
         }
 
     def resume(self, checkpoint: dict[str, Any]) -> None:
-        """Continue after the checkpoint's epoch: its weights, optimizer state and progress."""
+        """Continue after the checkpoint's epoch: its weights, optimizer state and progress
+        (a checkpoint of :meth:`checkpoint`, as the checkpointer's ``load`` returns it)."""
         self.parts.restore(checkpoint)
         self.progress = Progress(
             checkpoint["epoch"], list(checkpoint["history"]), dict(checkpoint["best"])
@@ -255,15 +198,18 @@ class Trainer:
 
     # ---------------------------------------------------------------- epochs
 
-    def fit(self) -> None:
-        """The epochs from where the progress stands to the protocol's last."""
-        for epoch in range(self.progress.start_epoch, self.epochs):
+    def fit(self, until: int | None = None) -> None:
+        """The epochs from where the progress stands to epoch ``until`` (default: the
+        protocol's last)."""
+        last = self.epochs if until is None else min(until, self.epochs)
+        for epoch in range(self.progress.next_epoch, last):
             self.run_epoch(epoch)
+            self.progress.next_epoch = epoch + 1
 
     def run_epoch(self, epoch: int) -> None:
         """Train, step the schedule; in process 0 evaluate on the selection split when due
-        (keeping the best weights), print a line and record the epoch with its checkpoint
-        while the other processes wait; then ``cfg.epoch_callback`` (which may raise)."""
+        (keeping the best weights), print a line, record the epoch and save its checkpoint
+        while the other processes wait; then ``on_epoch`` (which may raise)."""
         summary = self.train_epoch(epoch)
         record = {"epoch": epoch + 1, **_epoch_metrics(summary, self.device)}
         self.parts.scheduler.step()
@@ -271,11 +217,12 @@ class Trainer:
         if self.procs.is_main:
             record.update(self.validate_and_select(epoch))
             self.progress.history.append(record)
-            log_line(_epoch_line(self.cfg, record, self.epochs, self.cfg.protocol.selection.metric))
-            self.recorder.record_epoch(record, self.checkpoint(epoch + 1))
+            log_line(_epoch_line(self, record))
+            self.recorder.record_epoch(record)
+            self.checkpointer.save(self.checkpoint(epoch + 1))
         barrier(self.procs)  # the other processes wait for this epoch's evaluation and checkpoint
-        if self.procs.is_main and self.cfg.epoch_callback is not None:
-            self.cfg.epoch_callback(epoch + 1, record)
+        if self.procs.is_main and self.on_epoch is not None:
+            self.on_epoch(epoch + 1, record)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch of :meth:`train_step`, queued without waiting on the device: each step's
@@ -284,10 +231,10 @@ class Trainer:
         where a non-finite loss stops the run and names its first batch. Returns the epoch's
         mean loss (``train_loss``, ``train_loss_<term>``), throughput and seconds."""
         torch.manual_seed(
-            epoch_seed(self.cfg.seed, epoch)
+            epoch_seed(self.seed, epoch)
         )  # dropout (miners: per step, augmentation: per image)
         self.batches.sampler.set_epoch(epoch)
-        self.train_model.train()
+        self.parts.model.train()
         meter = _EpochMeter(self, epoch)
         step = -1
         for step, (images, labels, _) in enumerate(meter.bar):
@@ -305,56 +252,8 @@ class Trainer:
     def train_step(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Forward, the head's loss terms, backward and the optimizer step of one batch;
-        returns the loss and its terms, on the device."""
-        images = normalize_batch(images.to(self.device, non_blocking=True), self.cfg.protocol.image)
-        labels = labels.to(self.device, non_blocking=True)
-        images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
-        self.parts.optimizer.zero_grad(set_to_none=True)
-        if self.compiled is not None:
-            # The draws inside the graph (mining, dropout) from the step's own seed.
-            torch.manual_seed(step_seed(self.cfg.seed, epoch, step))
-            loss, terms = self.compiled.forward_backward(images, labels)
-            self.compiled.optimizer_step()
-            return loss, terms
-        # Random mining seeded per step and call (losses.MetricLoss).
-        self.metric_loss.set_step(self.cfg.seed, epoch, step)
-        loss, terms = self.forward_backward(images, labels)
-        self.optimizer_step()
-        return loss, terms
-
-    def forward_backward(
-        self, images: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """:meth:`forward_loss` and :meth:`backward` (gradients accumulate into cleared
-        ``.grad``); returns the loss and its terms, detached."""
-        return forward_then_backward(self.forward_loss, self.backward, images, labels)
-
-    def forward_loss(
-        self, images: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The model's forward on a normalised batch under autocast and the head's loss terms."""
-        parts, dtype = self.parts, self.autocast_dtype
-        with torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None):
-            out = self.train_model(images)
-            terms = parts.model.head.loss_terms(
-                out, TrainingBatch(labels, self.metric_loss, images, parts.model)
-            )
-            return cast(torch.Tensor, sum(terms.values())), terms
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """The backward, through float16's loss scaler (on for float16 alone; Dynamo does not
-        trace ``GradScaler``)."""
-        (self.parts.scaler.scale(loss) if self.autocast_dtype == torch.float16 else loss).backward()
-
-    def optimizer_step(self) -> None:
-        """The loss's own gradients averaged across processes, clipping, the update."""
-        parts = self.parts
-        if isinstance(self.metric_loss, GatheredMetricLoss):
-            average_gradients(parts.loss_fn.parameters(), self.procs)
-        clip_gradients(parts.optimizer, self.cfg.protocol.optimizer.clip_grad_norm, parts.scaler)
-        parts.scaler.step(parts.optimizer)
-        parts.scaler.update()
+        """One batch through :attr:`step`; returns the loss and its terms, on the device."""
+        return self.step(images, labels, self.seed, epoch, step)
 
     # ------------------------------------------------------ selection, test
 
@@ -362,24 +261,14 @@ class Trainer:
         """When the protocol's selection evaluates after ``epoch``: the retrieval metrics on
         its split under their logged keys (``val/*``, or ``paper_selection/*`` for selection
         on the test set), the weights kept when the selection metric is the best so far."""
-        selection = self.cfg.protocol.selection
+        selection = self.protocol.selection
         due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == self.epochs
         if selection.mode not in ("validation", "test-paper") or not due:
             return {}
-        if selection.mode == "validation":
-            queries, gallery, group = self.splits.val, None, "val"
-        else:
-            queries, gallery, group = self.splits.test, self.splits.gallery, "paper_selection"
-        scores = evaluate_split(
-            self.model,
-            queries,
-            gallery,
-            self.cfg.protocol,
-            self.cfg.dataset,
-            device=self.device,
-            workers=self.workers,
-            metrics=_selection_metrics(self.cfg.protocol),
+        split, group = (
+            ("val", "val") if selection.mode == "validation" else ("test", "paper_selection")
         )
+        scores = self.evaluator(self.model, split, metrics=_selection_metrics(self.protocol))
         if scores[selection.metric] > self.progress.best["score"]:
             self.progress.best = {
                 "epoch": epoch + 1,
@@ -391,8 +280,8 @@ class Trainer:
     def load_selected_weights(self) -> int:
         """Load the selected epoch's weights into the model; returns that epoch (for an
         evaluate-only run, the epoch its base run selected: those are the weights it has)."""
-        selection = self.cfg.protocol.selection
-        if self.cfg.evaluate_only:
+        selection = self.protocol.selection
+        if self.evaluate_only:
             return self.init_selected_epoch
         if selection.mode == "last":
             return self.epochs
@@ -411,40 +300,50 @@ class Trainer:
         """The model's weights (those of ``selected_epoch``) on the test split, recorded.
         The papers' metric variants ride along (not protocol settings), and the per-query
         values behind every retrieval mean are kept for intervals and paired tests."""
-        protocol = self.cfg.protocol
-        scores = evaluate_split(
-            self.model,
-            self.splits.test,
-            self.splits.gallery,
-            protocol,
-            self.cfg.dataset,
-            device=self.device,
-            workers=self.workers,
-            metrics=with_paper_variants(protocol.evaluation.metrics),
-            per_query=True,
-        )
+        metrics = with_paper_variants(self.protocol.evaluation.metrics)
+        scores = self.evaluator(self.model, "test", metrics=metrics, per_query=True)
         self.recorder.record_test(scores, selected_epoch)
         return scores
 
 
-def _initial_model(
-    cfg: RunConfig, device: torch.device, fingerprint: str
-) -> tuple[EmbeddingModel, int]:
-    """The run's model on ``device`` and the epoch its weights come from (0: fresh ones;
-    else the selected epoch of ``cfg.init_from``)."""
-    model = build_model(cfg.protocol, cfg.method, cfg.method_options)
-    init_selected_epoch = 0
-    if cfg.init_from:
-        init_selected_epoch = load_finished_weights(
-            model,
-            cfg.init_from,
-            flag="--init-from",
-            checkpoint_root=cfg.checkpoint_root,
-            expect_fingerprint=fingerprint if cfg.evaluate_only else "",
-        )
-    # Channels-last on every device: cuDNN's tensor-core kernels want it, and oneDNN's CPU
-    # convolutions (depthwise ones above all) run 10-15% faster with it on the smoke protocol.
-    return model.to(device, memory_format=torch.channels_last), init_selected_epoch  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
+def _training_parts(
+    cfg: RunConfig,
+    splits: DatasetSplits,
+    model: EmbeddingModel,
+    device: torch.device,
+    workers: int,
+    procs: Processes,
+) -> tuple[TrainingParts, TrainingBatches, TrainingStep]:
+    """The loss module, optimizer, schedule and loss scaler around ``model``, the batches
+    of ``splits.train`` and the step of ``cfg`` (compiled in one process under
+    ``compile``), built in this order (the order of the random draws they make)."""
+    protocol = cfg.protocol
+    num_classes = len(np.unique(splits.train.labels))
+    loss_module = create_loss_module(
+        model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
+    ).to(device)
+    optimizer = build_optimizer(protocol, model, loss_module)
+    batches = TrainingBatches.build(
+        protocol, splits, seed=cfg.seed, device=device, workers=workers, procs=procs, loss=cfg.loss
+    )
+    dtype = amp_dtype(device, protocol.numerics.precision)
+    # A loss scaler only for float16 autocast (bfloat16 has float32's range).
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    parts = TrainingParts(
+        model, loss_module, optimizer, build_scheduler(protocol, optimizer), scaler
+    )
+    step = TrainingStep.build(
+        protocol,
+        cfg.loss,
+        parts,
+        device=device,
+        procs=procs,
+        autocast_dtype=dtype,
+        compile=cfg.settings.compile,
+    )
+    if cfg.settings.compile and not procs.distributed:
+        step.compile(cuda_graphs=cfg.settings.cuda_graphs)
+    return parts, batches, step
 
 
 def _selection_metrics(protocol: Protocol) -> tuple[str, ...]:
@@ -489,14 +388,14 @@ class _EpochMeter:
 
     def __init__(self, trainer: Trainer, epoch: int):
         self.trainer, self.epoch = trainer, epoch
-        self.sync_every = trainer.cfg.protocol.training.sync_every
+        self.sync_every = trainer.protocol.training.sync_every
         self.steps_before = epoch * len(trainer.batches.sampler)
         self.seen, self.started = 0, time.perf_counter()
         self.tally = _StepTally(self.sync_every, trainer.device)
         self.sums: dict[str, float] = {}
         self.bar = tqdm(
             trainer.batches.loader,
-            desc=f"{trainer.cfg.method} epoch {epoch + 1}/{trainer.epochs}",
+            desc=f"{trainer.method} epoch {epoch + 1}/{trainer.epochs}",
             unit="batch",
             leave=False,
             disable=None,
@@ -522,11 +421,11 @@ class _EpochMeter:
         first = step - self.tally.filled + 1
         losses, self.sums = self.tally.read()
         bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
-        cfg = self.trainer.cfg
+        trainer = self.trainer
         if bad is not None:
             raise NonFiniteLoss(
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
-                f"(method '{cfg.method}', loss '{cfg.loss}'); run stopped and marked FAILED"
+                f"(method '{trainer.method}', loss '{trainer.loss}'); run stopped and marked FAILED"
             )
         self.bar.set_postfix(
             loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
@@ -581,9 +480,10 @@ def _epoch_metrics(summary: dict[str, float], device: torch.device) -> dict[str,
     return record
 
 
-def _epoch_line(cfg: RunConfig, record: dict, epochs: int, metric: str) -> str:
+def _epoch_line(trainer: Trainer, record: dict) -> str:
+    metric = trainer.protocol.selection.metric
     parts = [
-        f"{cfg.method:>12s} seed {cfg.seed} epoch {record['epoch']}/{epochs}",
+        f"{trainer.method:>12s} seed {trainer.seed} epoch {record['epoch']}/{trainer.epochs}",
         f"loss {record[metric_key('train', 'epoch_loss')]:.4f}",
         f"{record[metric_key('system', 'train_images_per_s')]:.0f} img/s",
     ]

@@ -1,7 +1,9 @@
-"""One run, from its configuration to its tracked result: :func:`run_training` composes
-the pieces of :mod:`harness.engine` (a :class:`~harness.engine.trainer.Trainer` recording
-into an :class:`~harness.engine.mlflow_recorder.MlflowRecorder`), and this module is where
-``run``, ``sweep`` and ``tune`` import them from.
+"""One run, from its configuration to its tracked result: :func:`run_training` prepares
+the run once (device, processes, splits, fingerprint, the checkpoint it continues, the
+weights it starts from) and composes the pieces of :mod:`harness.engine` (a
+:class:`~harness.engine.trainer.Trainer` recording into an
+:class:`~harness.engine.mlflow_recorder.MlflowRecorder` and checkpointing into the run's
+folder); this module is where ``run``, ``sweep`` and ``tune`` import them from.
 
 Under ``torchrun`` one run trains across processes (:mod:`harness.engine.distributed`):
 each trains its share of every batch, and process 0 alone evaluates, tracks and
@@ -10,7 +12,8 @@ checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +24,14 @@ from harness.base.errors import HarnessError
 from harness.components.data import DatasetSplits
 from harness.config.deviations import footnote
 from harness.config.fingerprint import fingerprint
-from harness.engine.checkpoints import RunFolder
+from harness.config.protocol import Protocol
+from harness.engine.checkpoints import FolderCheckpointer, RunFolder
 from harness.engine.data import check_training_split, prepare_splits
 from harness.engine.distributed import Processes, barrier, processes_from_env
+from harness.engine.embedding import Evaluator
 from harness.engine.mlflow_recorder import MlflowRecorder
-from harness.engine.model import EmbeddingModel, build_model
-from harness.engine.recorder import NullRecorder, StepFlush
+from harness.engine.model import EmbeddingModel, build_model, on_device
+from harness.engine.recorder import FinishedRun, NullRecorder, Recorder, StepFlush
 from harness.engine.run_config import (
     RunConfig,
     RunSettings,
@@ -35,18 +40,21 @@ from harness.engine.run_config import (
     run_key,
 )
 from harness.engine.runtime import default_workers, log_line, resolve_device, seed_everything
-from harness.engine.trainer import Trainer
+from harness.engine.trainer import EpochCallback, Trainer
 from harness.methods import METHODS
 from harness.store.dead_runs import mark_dead_runs_killed
 from harness.store.tracking import filter_value, newest_run
+from harness.store.weights import load_finished_weights
 
 __all__ = [
     "RunConfig",
     "RunSettings",
     "EmbeddingModel",
     "StepFlush",
+    "TrainFunction",
     "prepare_splits",
     "check_training_split",
+    "training_splits",
     "build_model",
     "run_training",
     "run_key",
@@ -58,11 +66,27 @@ __all__ = [
 ]
 
 
+def training_splits(
+    protocol: Protocol,
+    dataset: str,
+    data_root: Path | None,
+    *,
+    control: bool = False,
+    seed: int | None = None,
+) -> DatasetSplits:
+    """The splits a run trains and is evaluated on (:func:`~harness.engine.data.prepare_splits`),
+    the protocol's rules that need them checked (its batch fits in the training split):
+    what ``run``, ``sweep`` and ``tune`` hand :func:`run_training`."""
+    splits = prepare_splits(protocol, dataset, data_root, control=control, seed=seed)
+    check_training_split(protocol, dataset, splits)
+    return splits
+
+
 @dataclass
 class _RunPlan:
-    """What one run works from, fixed before it starts: the resolved configuration, the
-    device and processes, the splits and their fingerprint, its folder and experiment,
-    and the checkpoint (or, evaluate-only, the earlier run) it continues."""
+    """What one run works from, fixed before it starts: the configuration, the device and
+    processes, the splits and their fingerprint, its folder and experiment, and the
+    checkpoint (or, evaluate-only, the earlier run) it continues."""
 
     cfg: RunConfig
     device: torch.device
@@ -72,55 +96,132 @@ class _RunPlan:
     fp: str
     folder: RunFolder
     experiment: str
+    checkpointer: FolderCheckpointer = field(init=False)
     checkpoint: dict[str, Any] | None = None
     #: An evaluate-only run trains nothing and keeps no last.pt: it resumes into its run.
     previous: str | None = None
 
+    def __post_init__(self) -> None:
+        self.checkpointer = FolderCheckpointer(self.folder, {"fingerprint": self.fp})
 
-def run_training(cfg: RunConfig, splits: DatasetSplits | None = None) -> dict[str, Any]:
+
+#: What trains one run (:func:`run_training`, or a stand-in handed to ``run``, ``sweep`` and
+#: ``tune``): ``(cfg, splits)`` (``tune`` adds ``on_epoch=``) -> the run's record.
+TrainFunction = Callable[..., dict[str, Any]]
+
+
+def run_training(
+    cfg: RunConfig,
+    splits: DatasetSplits | None = None,
+    *,
+    on_epoch: EpochCallback | None = None,
+    evaluator: Evaluator | None = None,
+) -> dict[str, Any]:
     """Train and test one run; returns the record written by ``run --json`` (empty in the
     processes other than 0 of a distributed run, which train their share and wait).
+
+    ``splits``: the run's, with the protocol's batch rule checked on them
+    (:func:`training_splits`, or :func:`~harness.engine.data.check_training_split` on splits
+    shared between runs); None: prepared and checked here. ``on_epoch``: called after each
+    epoch with ``(epoch, record)`` (may raise, e.g. ``optuna.TrialPruned``). ``evaluator``:
+    what scores the model on validation and test (default:
+    :class:`~harness.engine.embedding.SplitEvaluator` of the splits).
 
     Model selection follows ``protocol.selection``: the epoch with the best
     validation metric ("validation"), the best test metric ("test-paper", the
     seeds' released-code behaviour, labelled everywhere) or the last epoch.
 
-    The steps, in order: prepare (device, splits, fingerprint, checkpoint), build (model,
-    loss, optimizer, sampler), open the tracked run and resume the checkpoint's state,
-    train the epochs with per-epoch selection, test the selected weights, record.
+    The steps, in order: prepare (device, splits, fingerprint, checkpoint), build (model
+    with the weights it starts from, loss, optimizer, sampler), open the tracked run and
+    resume the checkpoint's state, train the epochs with per-epoch selection, test the
+    selected weights, record.
     """
     plan = _prepare(cfg, splits)
-    cfg = plan.cfg
-    recorder = MlflowRecorder(cfg, plan.folder, experiment=plan.experiment, fingerprint=plan.fp)
-    trainer = Trainer.build(
+    recorder = MlflowRecorder(
         cfg,
-        plan.splits,
-        recorder=recorder if plan.procs.is_main else NullRecorder(),
-        device=plan.device,
-        workers=plan.workers,
-        procs=plan.procs,
+        plan.folder,
+        experiment=plan.experiment,
         fingerprint=plan.fp,
+        splits=plan.splits,
+        world_size=plan.procs.world_size,
+        device=plan.device,
+    )
+    trainer = _trainer(
+        plan, recorder if plan.procs.is_main else NullRecorder(), on_epoch, evaluator
     )
     if not plan.procs.is_main:
         return _follow(trainer, plan.checkpoint)
     recorder.open(plan.checkpoint.get("mlflow_run_id") if plan.checkpoint else plan.previous)
+    plan.checkpointer.stamp["mlflow_run_id"] = recorder.run_id
+    selected_epoch, test = _train_and_test(trainer, recorder, plan)
+    return _run_record(plan, recorder.run_id, selected_epoch, test)
+
+
+def _trainer(
+    plan: _RunPlan,
+    recorder: Recorder,
+    on_epoch: EpochCallback | None,
+    evaluator: Evaluator | None,
+) -> Trainer:
+    """The run's trainer, its model built (seeded) with the weights it starts from."""
+    model, init_selected_epoch = _initial_model(plan)
+    return Trainer.from_config(
+        plan.cfg,
+        plan.splits,
+        recorder=recorder,
+        checkpointer=plan.checkpointer,
+        evaluator=evaluator,
+        model=model,
+        init_selected_epoch=init_selected_epoch,
+        device=plan.device,
+        workers=plan.workers,
+        procs=plan.procs,
+        on_epoch=on_epoch,
+    )
+
+
+def _initial_model(plan: _RunPlan) -> tuple[EmbeddingModel, int]:
+    """Seed, then the run's model on its device and the epoch its weights come from (0:
+    fresh ones; else the selected epoch of ``init_from``, read from the tracking store and
+    the checkpoint root; an evaluate-only run's must carry the run's fingerprint)."""
+    cfg = plan.cfg
+    seed_everything(cfg.seed)
+    model = build_model(cfg.protocol, cfg.method, cfg.method_options)
+    init_selected_epoch = 0
+    if cfg.init_from:
+        init_selected_epoch = load_finished_weights(
+            model,
+            cfg.init_from,
+            flag="--init-from",
+            checkpoint_root=cfg.settings.checkpoint_root,
+            expect_fingerprint=plan.fp if cfg.evaluate_only else "",
+        )
+    return on_device(model, plan.device), init_selected_epoch
+
+
+def _train_and_test(
+    trainer: Trainer, recorder: Recorder, plan: _RunPlan
+) -> tuple[int, dict[str, float]]:
+    """Process 0's run from its start to its end in the recorder: resume, fit, test the
+    selected weights (a search trial: scored on validation, the test split unread),
+    finish; on any error the run is marked failed and the error raised."""
     try:
-        recorder.start(trainer, plan.checkpoint)
+        recorder.start(plan.checkpoint)
         if plan.checkpoint is not None:
             trainer.resume(plan.checkpoint)
         trainer.fit()
         selected_epoch = trainer.load_selected_weights()
-        if cfg.search_only:  # a search trial: scored on validation, the test split unread
+        if plan.cfg.search_only:
             test: dict[str, float] = {}
-            recorder.finish()
+            recorder.finish(None)
         else:
             test = trainer.test(selected_epoch)
-            _record_finished(recorder, trainer, test, selected_epoch)
+            recorder.finish(FinishedRun(trainer.model, selected_epoch, test))
         barrier(plan.procs)
     except BaseException as err:
         recorder.fail(err)
         raise
-    return _run_record(plan, recorder.run_id, selected_epoch, test)
+    return selected_epoch, test
 
 
 def _follow(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
@@ -131,18 +232,6 @@ def _follow(trainer: Trainer, checkpoint: dict[str, Any] | None) -> dict[str, An
     trainer.fit()
     barrier(trainer.procs)  # process 0 tests and saves the selected weights
     return {}
-
-
-def _record_finished(
-    recorder: MlflowRecorder, trainer: Trainer, test: dict[str, float], selected_epoch: int
-) -> None:
-    """The finished run: its selected weights, the logged embedder, its description and
-    explanations, then the run marked finished."""
-    recorder.record_selected_weights(trainer.model, selected_epoch)
-    recorder.record_embedder(trainer, selected_epoch, test)
-    recorder.record_note(test, selected_epoch)
-    recorder.record_explanations(trainer.model, trainer.splits, trainer.device)
-    recorder.finish()
 
 
 def _run_record(
@@ -162,35 +251,37 @@ def _run_record(
         "selected_epoch": selected_epoch,
         "mlflow_run_id": run_id,
         "world_size": plan.procs.world_size,
-        "deterministic": cfg.deterministic,
-        "fast": cfg.fast,
-        "compile": cfg.compile,
-        "cuda_graphs": cfg.cuda_graphs,
+        "deterministic": cfg.settings.deterministic,
+        "fast": cfg.settings.fast,
+        "compile": cfg.settings.compile,
+        "cuda_graphs": cfg.settings.cuda_graphs,
         "metrics": {k: v for k, v in test.items() if not k.startswith("num_")},
     }
 
 
 def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
-    """Resolve the protocol, device and processes; load the splits; fingerprint the run;
-    find the checkpoint (or, evaluate-only, the earlier run) a resume continues."""
-    # Callers resolve the protocol for the dataset before applying overrides; this is a
-    # no-op then, and resolves a protocol that still has per-dataset sections.
-    cfg = replace(cfg, protocol=cfg.protocol.for_dataset(cfg.dataset))
+    """Resolve the device and processes; load the splits (unless given); fingerprint the
+    run; find the checkpoint (or, evaluate-only, the earlier run) a resume continues."""
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError(
             "an evaluate-only run needs init_from (the run whose weights it evaluates)"
         )
-    device = resolve_device(cfg.device)
-    configure_determinism(cfg.deterministic, fast=cfg.fast)
+    settings = cfg.settings
+    device = resolve_device(settings.device)
+    configure_determinism(settings.deterministic, fast=settings.fast)
     procs, device = processes_from_env(device)
     if procs.distributed:
         _check_distributable(cfg, procs)
-    workers = cfg.workers if cfg.workers is not None else default_workers(device, procs.world_size)
+    workers = (
+        settings.workers
+        if settings.workers is not None
+        else default_workers(device, procs.world_size)
+    )
     if device.type == "cpu":
         # Denormal floats (near-zero activations on flat backgrounds) slow CPU kernels many-fold.
         torch.set_flush_denormal(True)
-    splits = splits or prepare_splits(cfg.protocol, cfg.dataset, cfg.data_root, seed=cfg.seed)
-    check_training_split(cfg.protocol, cfg.dataset, splits)
+    if splits is None:
+        splits = training_splits(cfg.protocol, cfg.dataset, settings.data_root, seed=cfg.seed)
     fp = fingerprint(
         cfg.protocol,
         splits.digest(),
@@ -205,7 +296,7 @@ def _prepare(cfg: RunConfig, splits: DatasetSplits | None) -> _RunPlan:
         workers,
         splits,
         fp,
-        RunFolder(Path(cfg.checkpoint_root) / run_key(cfg, fp)),
+        RunFolder(settings.checkpoint_root / run_key(cfg, fp)),
         cfg.experiment or f"{cfg.dataset}-{cfg.protocol.name}",
     )
     _find_resume(plan)
@@ -226,7 +317,7 @@ def _find_resume(plan: _RunPlan) -> None:
             plan.previous = previous
             log_line(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
     if cfg.resume:
-        plan.checkpoint = plan.folder.load_last()  # None (and one line) if unusable
+        plan.checkpoint = plan.checkpointer.load()  # None (and one line) if unusable
     if plan.checkpoint is not None:
         log_line(
             f"resuming {cfg.method} seed {cfg.seed} after epoch {plan.checkpoint['epoch']} "

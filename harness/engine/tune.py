@@ -13,7 +13,7 @@ setting reproduced over the protocol's seeds and scored on the test split.
   derived from method, dataset, loss and the protocol's hash; re-running counts the
   COMPLETE (and PRUNED) trials and runs only the remainder.
 * Pruning: each epoch's validation value is reported to the trial as the run logs it
-  (``RunConfig.epoch_callback``), and a ``MedianPruner`` stops poor trials early.
+  (``run_training``'s ``on_epoch``), and a ``MedianPruner`` stops poor trials early.
 * Every trial and reproduction is an MLflow run tagged ``optuna_study``,
   ``optuna_trial`` and ``tune_role`` (``trial`` or ``reproduction``) from its start.
 * Restart after a kill ends where an uninterrupted study ends: a trial whose process died
@@ -193,6 +193,8 @@ class TuneSetup:
     #: Class-disjoint folds of the training classes a trial trains on (1: the protocol's
     #: validation split; k > 1: k runs, the test split sealed, scored by their mean).
     folds: int = 1
+    #: What trains a run (default :func:`~harness.engine.training.run_training`).
+    train: Any = None
 
     @property
     def metric(self) -> str:
@@ -249,6 +251,15 @@ class TuneSetup:
             tags={k: str(v) for k, v in tags.items()},
         )
 
+    def run(self, cfg, splits, on_epoch=None) -> dict[str, Any]:
+        """Train one run of the study (``splits`` None: its own), the batch rule of its
+        protocol checked on the splits handed to it."""
+        from harness.engine import training
+
+        if splits is not None:
+            training.check_training_split(cfg.protocol, cfg.dataset, splits)
+        return (self.train or training.run_training)(cfg, splits, on_epoch=on_epoch)
+
     def options(self, params: dict[str, Any]) -> dict[str, Any]:
         """The method's options of a trial: the protocol's, updated by the suggested ones."""
         return {**self.protocol.methods.get(self.method, {}), **params}
@@ -266,6 +277,7 @@ def tune_setup(
     experiment: str | None = None,
     settings=None,
     folds: int = 1,
+    train: Any = None,
 ) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
@@ -304,6 +316,7 @@ def tune_setup(
         seed if seed is not None else base.seeds[0],
         settings or RunSettings(),
         folds,
+        train,
     )
 
 
@@ -446,7 +459,6 @@ def _trial_run(setup: TuneSetup, trial, cfg, splits, fold: int | None) -> float:
     split: ``search_only``)."""
     import optuna
 
-    from harness.engine import training
     from harness.store.queries import metric_history, set_run_tags
 
     def on_epoch(epoch: int, record: dict) -> None:  # so the pruner can stop a run early
@@ -456,11 +468,9 @@ def _trial_run(setup: TuneSetup, trial, cfg, splits, fold: int | None) -> float:
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned after epoch {epoch}")
 
-    cfg = dataclasses.replace(
-        cfg, epoch_callback=on_epoch if fold is None else None, search_only=fold is not None
-    )
+    cfg = dataclasses.replace(cfg, search_only=fold is not None)
     try:
-        record = training.run_training(cfg, splits)
+        record = setup.run(cfg, splits, on_epoch if fold is None else None)
     except KeyboardInterrupt:  # SIGTERM / Ctrl-C: the next start runs these parameters again
         trial.set_user_attr("interrupted", True)
         raise
@@ -492,7 +502,6 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
     """The best trial's setting trained with each of ``seeds`` (default the protocol's) and
     scored on the test split; a seed with a finished reproduction is read, not run again."""
     from harness.config.protocol import apply_overrides
-    from harness.engine import training
     from harness.store.queries import search_runs, set_run_tags
     from harness.store.tracking import filter_value as q
 
@@ -520,7 +529,7 @@ def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[di
             records.append(_record_of(done[seed], setup, protocol, seed))
             continue
         cfg = setup.config(protocol, setup.deviations + extra, seed, options, tags)
-        record = training.run_training(cfg, splits)
+        record = setup.run(cfg, splits)
         set_run_tags(record["mlflow_run_id"], tags)
         records.append(record)
     return records

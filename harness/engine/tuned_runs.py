@@ -103,22 +103,11 @@ def _fold_config(cell: Cell, protocol, options: dict, settings: dict, **run: Any
         loss=cell.loss,
         seed=cell.seed,
         deviations=cell.deviations,
-        settings=_run_settings(settings),
+        settings=training.RunSettings.of_worker(settings),
         method_options=options,
         protocol_path=cell.protocol_path,
         resume=True,
         **run,
-    )
-
-
-def _run_settings(settings: dict):
-    from harness.engine.training import RunSettings
-
-    return RunSettings(
-        data_root=settings.get("data_root"),
-        device=settings.get("device", "auto"),
-        workers=settings.get("loader_workers"),
-        checkpoint_root=settings.get("checkpoint_root"),
     )
 
 
@@ -241,6 +230,7 @@ def _trial_fold_run(
         experiment=search_experiment(study.grid),
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
     )
+    training.check_training_split(cfg.protocol, cfg.dataset, splits)
     run_id = training.run_training(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, tags)
     return run_id
@@ -343,6 +333,7 @@ def _final_fold_run(
         experiment=experiment,
         tags=fold_tags,
     )
+    training.check_training_split(cfg.protocol, cfg.dataset, splits)
     run_id = training.run_training(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id

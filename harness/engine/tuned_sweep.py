@@ -279,14 +279,16 @@ def unfinished_tuned_cells(grid: Grid) -> list[Cell]:
     return [c for c in grid.cells if c.key not in finished]
 
 
-def run_worker(grid: Grid, queue, *, settings: dict | None = None) -> dict[str, list]:
+def run_worker(
+    grid: Grid, queue, *, settings: dict | None = None, train: Any = None
+) -> dict[str, list]:
     """A worker of the grid's queue: :func:`tuned_worker_loop` for a tuned grid, else
-    :func:`harness.engine.sweep.worker_loop`."""
+    :func:`harness.engine.sweep.worker_loop` (``train``: what trains a cell's run)."""
     from harness.engine.sweep import worker_loop
 
     settings = settings or {}
     if grid.tune is None:
-        return worker_loop(grid, queue, settings=settings)
+        return worker_loop(grid, queue, settings=settings, train=train)
     return tuned_worker_loop(
         grid, queue, record_storage(settings.get("storage")), settings=settings
     )

@@ -5,6 +5,7 @@ MLflow conventions every run follows (source tags, dataset input, weights artifa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -18,10 +19,12 @@ from mlflow.exceptions import MlflowException
 
 from harness.base.errors import HarnessError
 from harness.cli.main import main
+from harness.engine import run_training
 
 
-def run_cli(*args: str) -> int:
-    return main(["run", *args])
+def run_cli(*args: str, train=None) -> int:
+    """``run`` with ``args``; ``train``: what trains each run (default: the harness's own)."""
+    return main(["run", *args], train=train)
 
 
 def _records(path: Path) -> list[dict]:
@@ -117,7 +120,6 @@ def test_init_from_after_the_store_and_checkpoints_moved(
 def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
     workdir, tiny_protocol, monkeypatch, capsys
 ):
-    import harness.engine.trainer as trainer
     from harness.store.tracking import Tracker
 
     def original(*args, **kwargs):
@@ -126,9 +128,10 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
     def store_down(self, status="FINISHED"):
         raise MlflowException("(sqlite3.OperationalError) disk I/O error\nsecond line")
 
-    monkeypatch.setattr(trainer, "evaluate_split", original)
     monkeypatch.setattr(Tracker, "finish", store_down)
-    assert run_cli("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0") == 2
+    failing = functools.partial(run_training, evaluator=original)
+    argv = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0")
+    assert run_cli(*argv, train=failing) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: the original failure"
     (logged,) = [line for line in err if line.startswith("could not mark run")]
@@ -138,13 +141,10 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
 # ------------------------------------------------------------------ --json, non-finite
 
 
-def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol, monkeypatch):
-    import harness.engine.trainer as trainer
-
+def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol):
     def scores(*args, metrics=None, **kwargs):
         return {"precision_at_1": math.nan, "r_precision": 0.25, "recall_at_1": math.inf}
 
-    monkeypatch.setattr(trainer, "evaluate_split", scores)
     out = workdir / "nan.json"
     assert (
         run_cli(
@@ -156,6 +156,7 @@ def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol, mon
             "0",
             "--json",
             str(out),
+            train=functools.partial(run_training, evaluator=scores),
         )
         == 0
     )

@@ -8,6 +8,7 @@ protocol's keys, options and files are in ``test_bad_input_protocol.py``, ``swee
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from harness.cli.main import main
+from harness.engine import run_training
 from harness.methods import METHODS, HeadOutput
 from harness.methods.base import MethodEntry
 from harness.methods.plain import PlainHead
@@ -28,8 +30,8 @@ from tests.fixtures import make_cub
 from tests.refusals import Refusal, assert_refused_in, write_file
 
 
-def _fails(capsys, args, match, out_path):
-    assert main(args) == 2
+def _fails(capsys, args, match, out_path, train=None):
+    assert main(args, train=train) == 2
     err = capsys.readouterr().err.strip()
     last = err.splitlines()[-1]
     assert last.startswith("error: ") and match in last, err
@@ -381,15 +383,10 @@ def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protoc
     assert "loss is nan" in runs[0].data.tags["failure"]
 
 
-def test_a_selection_metric_that_is_never_a_number_fails_the_run(
-    workdir, capsys, tiny_protocol, monkeypatch
-):
-    import harness.engine.trainer as trainer
-
+def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys, tiny_protocol):
     def no_scores(*args, metrics=None, **kwargs):
         return {name: float("nan") for name in metrics or ("mean_average_precision_at_r",)}
 
-    monkeypatch.setattr(trainer, "evaluate_split", no_scores)
     out = workdir / "o.json"
     _fails(
         capsys,
@@ -406,19 +403,22 @@ def test_a_selection_metric_that_is_never_a_number_fails_the_run(
         ],
         "was NaN at every evaluation",
         out,
+        train=functools.partial(run_training, evaluator=no_scores),
     )
 
 
-def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsys, monkeypatch):
+def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsys):
     """A value the method's constructor refuses (groups not dividing the embedding size) is
-    one ``error:`` line, raised before any dataset is read."""
-    import harness.engine.training as training
-
-    monkeypatch.setattr(training, "prepare_splits", lambda *a, **k: pytest.fail("dataset loaded"))
+    one ``error:`` line, raised before any dataset is read: the empty data root given stays
+    empty (reading the synthetic dataset would generate it there)."""
+    empty = workdir / "data"
+    empty.mkdir()
     _fails(
         capsys,
         [
             "run",
+            "--data-root",
+            str(empty),
             "--methods",
             "agrouping",
             "--set",
@@ -433,6 +433,8 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
         capsys,
         [
             "run",
+            "--data-root",
+            str(empty),
             "--methods",
             "diablo",
             "--set",
@@ -447,6 +449,8 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
         capsys,
         [
             "run",
+            "--data-root",
+            str(empty),
             "--methods",
             "plain",
             "--set",
@@ -461,6 +465,8 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
         capsys,
         [
             "run",
+            "--data-root",
+            str(empty),
             "--methods",
             "diml_train",
             "--loss",
@@ -471,6 +477,8 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
         "method 'diml_train' cannot train with loss 'proxy_anchor'",
         workdir / "o.json",
     )
+
+    assert list(empty.iterdir()) == []
 
 
 def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(

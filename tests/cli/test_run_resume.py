@@ -191,7 +191,9 @@ def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
         seed=0,
     )
     splits = prepare_splits(protocol, "synthetic", None)
-    first, second = (Trainer.build(cfg, splits, recorder=NullRecorder()).parts for _ in range(2))
+    first, second = (
+        Trainer.from_config(cfg, splits, recorder=NullRecorder()).parts for _ in range(2)
+    )
     first.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     second.scaler = torch.amp.GradScaler("cpu")
     first.scaler.scale(torch.ones(()))  # the scale exists once used

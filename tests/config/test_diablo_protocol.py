@@ -10,12 +10,16 @@ import torch
 from PIL import Image
 
 from harness.base.errors import HarnessError
+from harness.cli.main import main
 from harness.components.data.transforms import MultiScaleCrop, build_transform
 from harness.config.fingerprint import fingerprint
+from harness.config.grids import load_grid
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
 from harness.config.sections import ImageSpec
+from harness.engine import sweep
 from harness.engine.training import prepare_splits
+from harness.store.tracking import Tracker
 from tests.fixtures import make_cub
 
 
@@ -183,54 +187,29 @@ def test_run_seeded_carves_are_random_class_disjoint_halves_one_per_seed(tmp_pat
         prepare_splits(protocol, "cub200", tmp_path)
 
 
-def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(
-    tmp_path, monkeypatch
-):
+def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(tmp_path, workdir):
     """The sweep caches splits per (split, seed) and ``run`` re-carves per seed: each run
-    trains on its own seed's split (stubs stand in for the dataset and the training)."""
-    from harness.cli import main as cli
-    from harness.config.grids import load_grid
-    from harness.engine import sweep, training
+    trains on its own seed's split (a CUB tree of small images stands in for the dataset,
+    a stand-in that records a finished run for the training)."""
+    make_cub(tmp_path, per_class=3)  # 50 training classes of 3 images: a 32 x 4 batch fits
+    used: list = []
 
-    class FakeSplits:
-        train = val = test = ()
-
-        def __init__(self, seed):
-            self.seed = seed
-
-        def digest(self):
-            return f"d{self.seed}"
-
-    calls, used = [], []
-
-    def fake_prepare(protocol, dataset, data_root, *, control=False, seed=None):
-        calls.append(seed)
-        return FakeSplits(seed)
-
-    def fake_run(cfg, splits=None):
-        used.append((cfg.seed, splits.seed))
+    def fake_run(cfg, splits=None, on_epoch=None):
+        used.append((cfg.seed, frozenset(_classes(splits.val)), id(splits)))
+        tracker = Tracker(cfg.experiment or f"{cfg.dataset}-{cfg.protocol.name}", "fake")
+        tracker.finish()
         return {
             "method": cfg.method,
             "dataset": cfg.dataset,
             "loss": cfg.loss,
             "seed": cfg.seed,
-            "mlflow_run_id": "r",
+            "mlflow_run_id": tracker.run_id,
             "metrics": {},
             "protocol": cfg.protocol.name,
             "fingerprint": "f",
             "selection": "validation",
         }
 
-    monkeypatch.setattr(training, "prepare_splits", fake_prepare)
-    monkeypatch.setattr(
-        "harness.cli.run.ensure_dataset", lambda *a, **k: None
-    )  # no CUB tree: splits are stubbed
-    monkeypatch.setattr("harness.cli.run.check_dataset", lambda *a, **k: None)
-    monkeypatch.setattr(training, "check_training_split", lambda *a, **k: None)
-    monkeypatch.setattr(training, "run_training", fake_run)
-    monkeypatch.setattr(sweep, "runs_of_cell", lambda *a: [])
-    monkeypatch.setattr(sweep, "tag_cell", lambda *a: None)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     grid_file = tmp_path / "g.toml"
     grid_file.write_text(
         'protocol = "diablo-ablation"\nmethods = ["plain"]\nlosses = ["binomial_deviance"]\n'
@@ -238,29 +217,15 @@ def test_sweep_and_run_prepare_one_split_per_seed_when_the_carve_is_run_seeded(
     )
     grid = load_grid(grid_file)
     cache: dict = {}
+    settings = {"data_root": tmp_path}
     for cell in [*grid.cells, *grid.cells]:  # twice: the second pass is served by the cache
-        sweep.run_cell(grid, cell, 0, "s", {}, cache)
-    assert calls == [0, 1] and used == [(0, 0), (1, 1), (0, 0), (1, 1)]
+        sweep.run_cell(grid, cell, 0, "s", settings, cache, train=fake_run)
+    assert [seed for seed, _, _ in used] == [0, 1, 0, 1] and len(cache) == 2
+    assert used[0][1] != used[1][1]  # each seed its own validation classes
+    assert used[2][1:] == used[0][1:] and used[3][1:] == used[1][1:]  # the same splits again
 
-    calls.clear()
     used.clear()
-    monkeypatch.chdir(tmp_path)
-    assert (
-        cli.main(
-            [
-                "run",
-                "--methods",
-                "plain",
-                "--dataset",
-                "cub200",
-                "--protocol",
-                "diablo-ablation",
-                "--seeds",
-                "3,4",
-                "--loss",
-                "binomial_deviance",
-            ]
-        )
-        == 0
-    )
-    assert calls == [3, 4] and used == [(3, 3), (4, 4)]
+    argv = ["run", "--methods", "plain", "--dataset", "cub200", "--data-root", str(tmp_path)]
+    argv += ["--protocol", "diablo-ablation", "--seeds", "3,4", "--loss", "binomial_deviance"]
+    assert main(argv, train=fake_run) == 0
+    assert [seed for seed, _, _ in used] == [3, 4] and used[0][1] != used[1][1]

@@ -68,18 +68,18 @@ def _trainer(protocol, splits, name: str, **options) -> Trainer:
         seed=0,
         method_options=options or None,
     )
-    trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
+    trainer = Trainer.from_config(cfg, splits, recorder=InMemoryRecorder())
     trainer.batches.loader = list(trainer.batches.loader)
     return trainer
 
 
 def _one_graph_for_three_steps(trainer: Trainer) -> None:
-    miner = trainer.metric_loss.miner
+    miner = trainer.step.metric_loss.miner
     assert whole_graph_blocker(trainer.model.head, miner) == ""
     backend = CountingBackend()
     # PyTorch's optimizers break the graph around the update: the optimizer step apart.
-    trainer.compile_step(backend=backend, optimizer_backend="eager")
-    assert trainer.compiled.fullgraph
+    trainer.step.compile(backend=backend, optimizer_backend="eager")
+    assert trainer.step.compiled.fullgraph
     before = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
     summary = trainer.train_epoch(0)
     assert backend.graphs == 1  # one graph for the three steps: no break, no recompilation
@@ -106,7 +106,7 @@ def test_sam_on_an_earlier_map_is_one_graph_with_its_autograd_grad(protocol, spl
 @pytest.mark.parametrize("name", ["sam", "sam_quadruplet"])
 def test_a_step_with_host_work_says_why_it_has_graph_breaks(protocol, splits, name):
     trainer = _trainer(protocol, splits, name, selection="host")
-    reason = whole_graph_blocker(trainer.model.head, trainer.metric_loss.miner)
+    reason = whole_graph_blocker(trainer.model.head, trainer.step.metric_loss.miner)
     assert reason.startswith("the method works on the host by design")
 
 
@@ -119,9 +119,9 @@ def test_an_indexed_miner_and_float16_are_named_as_what_breaks_the_graph(protoco
     assert "loss scaler" in whole_graph_blocker(head, None, torch.float16)
     with pytest.raises(HarnessError, match="--cuda-graphs replays the compiled step on a GPU"):
         compile_step(
-            trainer.forward_loss,
-            trainer.backward,
-            trainer.optimizer_step,
+            trainer.step.forward_loss,
+            trainer.step.backward,
+            trainer.step.optimizer_step,
             head=head,
             miner=None,
             device=torch.device("cpu"),
@@ -152,9 +152,9 @@ def test_the_compiled_step_trains_as_the_eager_step(protocol, splits, miner_name
         torch._dynamo.reset()
         trainer = _trainer(chosen, splits, method, **options)
         if compiled:
-            trainer.compile_step(backend="eager")
-            assert trainer.compiled is not None
-            assert trainer.compiled.fullgraph == (miner_name == "distance_weighted_fixed")
+            trainer.step.compile(backend="eager")
+            assert trainer.step.compiled is not None
+            assert trainer.step.compiled.fullgraph == (miner_name == "distance_weighted_fixed")
         summary = trainer.train_epoch(0)
         results.append((summary["train_loss"], [p.detach() for p in trainer.model.parameters()]))
     (eager_loss, eager_weights), (compiled_loss, compiled_weights) = results

@@ -39,11 +39,12 @@ def _grid(tmp: Path, *, methods=("plain", "ngrouping"), seeds=(0,), extra: str =
     return path
 
 
-def _sweep(*argv: str) -> int:
+def _sweep(*argv: str, train=None) -> int:
+    """``sweep`` with ``argv`` in this process; ``train``: what trains a cell's run."""
     parser = argparse.ArgumentParser()
     add_sweep_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["sweep", *argv])
-    return args.func(args)
+    return args.func(args, train=train)
 
 
 def _runs(experiment: str) -> list:
@@ -203,26 +204,21 @@ def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(
     assert len(_runs(grid.experiment)) == (1 if same_code else 2)
 
 
-def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, monkeypatch, capsys):
+def test_a_failed_cell_is_reported_and_retried_on_the_next_start(workdir, capsys):
     import optuna
-
-    from harness.engine import training
 
     grid_path = _grid(workdir, methods=("ngrouping",))
     grid = load_grid(grid_path)
     storage = f"sqlite:///{workdir / 'optuna.db'}"
-    real = training.run_training
 
     def crash(cfg, splits=None):
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(training, "run_training", crash)
-    assert _sweep("--grid", str(grid_path), "--storage", storage) == 1
+    assert _sweep("--grid", str(grid_path), "--storage", storage, train=crash) == 1
     out = capsys.readouterr()
     assert "0/1 cells finished" in out.out and "RuntimeError: simulated crash" in out.out
     assert "FAILED efficientnet_lite0/margin/ngrouping/synthetic/seed0" in out.err
 
-    monkeypatch.setattr(training, "run_training", real)
     assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
     out = capsys.readouterr()
     assert (
@@ -373,19 +369,18 @@ def test_a_worker_losing_the_race_to_create_the_experiment_joins_it(workdir, mon
     assert experiment_id(name) == first and len(calls) == 2
 
 
-def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, monkeypatch, capsys):
-    from harness.engine import training
+def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, capsys):
+    from harness.engine import run_training
 
     grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
-    real = training.run_training
 
     def crash_plain(cfg, splits=None):
         if cfg.method == "plain":
             raise RuntimeError("simulated crash")
-        return real(cfg, splits)
+        return run_training(cfg, splits)
 
-    monkeypatch.setattr(training, "run_training", crash_plain)
-    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}") == 1
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    assert _sweep("--grid", str(grid_path), "--storage", storage, train=crash_plain) == 1
     out = capsys.readouterr().out
     assert "0/2 cells finished" in out
     assert "diml/synthetic/seed0: waiting for its base cell efficientnet_lite0/margin/plain" in out

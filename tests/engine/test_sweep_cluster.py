@@ -17,7 +17,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from harness.cli.main import main
+from harness.cli.main import build_parser, main
+from harness.cli.sweep import cmd_sweep
 from harness.config.grids import load_grid
 from harness.engine.cluster import read_jobs, sweep_folder
 from harness.engine.sweep import CELL_ATTR
@@ -276,7 +277,6 @@ def test_a_cell_on_several_gpus_is_trained_by_torchrun_through_the_ddp_path(
     command they run is torchrun over ``sweep --cell``, which builds the cell's run in each
     process (checked here as built; ``test_local_executor_trains_a_cell_on_two_processes``
     runs it on CPU, and no test here has GPUs)."""
-    import harness.engine.cluster as cluster
     from harness.engine.cells import processes_command
 
     monkeypatch.setenv(
@@ -288,10 +288,12 @@ def test_a_cell_on_several_gpus_is_trained_by_torchrun_through_the_ddp_path(
         submitted.update(kind=kind, spec=spec, options=options, tasks=tasks)
         return {"array": "77", "tasks": [f"77_{i}" for i in range(tasks)]}
 
-    monkeypatch.setattr(cluster, "submit_tasks", capture)
     grid_path = _grid(workdir)
     argv = ["sweep", "--grid", str(grid_path), "--executor", "slurm", "--partition", "gpu"]
-    assert main([*argv, "--gpus-per-task", "2", "--device", "cpu", "--loader-workers", "3"]) == 0
+    args = build_parser().parse_args(
+        [*argv, "--gpus-per-task", "2", "--device", "cpu", "--loader-workers", "3"]
+    )
+    assert cmd_sweep(args, submitter=capture) == 0
     assert "submitted slurm array 77: 2 task(s) for 2 cell(s), time 1440" in capsys.readouterr().out
     spec = submitted["spec"]
     assert submitted["options"].gpus_per_task == 2 and spec.settings["processes"] == 2

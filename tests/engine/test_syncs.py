@@ -31,7 +31,6 @@ from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
 from harness.components.losses import MetricLoss, MinedTriplets
 from harness.config.protocol_files import load_protocol
-from harness.engine import trainer as trainer_module
 from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder, StepFlush
 from harness.engine.run_config import RunConfig
@@ -67,7 +66,7 @@ def splits(protocol):
 
 
 def _count_steps(
-    protocol, splits, name: str, monkeypatch, options=None
+    protocol, splits, name: str, monkeypatch, options=None, autocast=None
 ) -> tuple[SyncCounter, list[StepFlush], object]:
     """One epoch of STEPS steps of ``name`` (with method ``options``) under the counter, its
     batches read beforehand (the loader decodes and augments on the host, by design)."""
@@ -80,7 +79,8 @@ def _count_steps(
         method_options=options,
     )
     recorder = InMemoryRecorder()
-    trainer = Trainer.build(cfg, splits, recorder=recorder)
+    trainer = Trainer.from_config(cfg, splits, recorder=recorder)
+    trainer.step.autocast_dtype = autocast  # the CPU's bfloat16 autocast stands for the GPU's
     trainer.batches.loader = list(trainer.batches.loader)
     mine = MetricLoss._mine
     with SyncCounter() as counter:
@@ -125,17 +125,18 @@ def _cases() -> list[tuple[str, str, str]]:
 def test_training_steps_read_the_device_once_per_flush(
     protocol, splits, name, precision, options, monkeypatch
 ):
-    if precision == "bfloat16":  # the CPU's bfloat16 autocast stands for the GPU's
-        monkeypatch.setattr(
-            trainer_module, "amp_dtype", lambda device, precision="bf16": torch.bfloat16
-        )
-    else:  # float32 with the fixed-shape form of the protocol's distance-weighted sampling
+    if (
+        precision == "float32"
+    ):  # with the fixed-shape form of the protocol's distance-weighted sampling
         protocol = dataclasses.replace(
             protocol, miner=dataclasses.replace(protocol.miner, name="distance_weighted_fixed")
         )
     on_host = options == "host"
     method_options = ONE_TRANSFER_PER_STEP[name] if on_host else None
-    counter, flushes, head = _count_steps(protocol, splits, name, monkeypatch, method_options)
+    autocast = torch.bfloat16 if precision == "bfloat16" else None
+    counter, flushes, head = _count_steps(
+        protocol, splits, name, monkeypatch, method_options, autocast
+    )
     mining = counter.sections["mining"]
     if precision == "float32":  # the miner and the losses over its mask: no data-dependent shape
         assert mining["shape_dependent"] == mining["scalar_reads"] == mining["device_to_host"] == 0
@@ -234,20 +235,20 @@ def test_flushes_log_loss_and_lr_per_global_step_and_leave_the_fingerprint(workd
     assert all(v == 1e-4 for _, v in histories["2"]["train/lr"])  # the backbone group's lr
 
 
-def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits, monkeypatch):
+def test_a_non_finite_loss_is_named_by_its_batch_across_flushes(protocol, splits):
     """The third step's loss is NaN: the first flush (steps 1-2) passes, the second names batch 3."""
     cfg = RunConfig.build(
         protocol, method="plain", dataset="synthetic", loss=protocol.loss.name, seed=0
     )
     recorder = InMemoryRecorder()
-    trainer = Trainer.build(cfg, splits, recorder=recorder)
-    step = trainer.train_step
+    trainer = Trainer.from_config(cfg, splits, recorder=recorder)
+    step = trainer.step
 
-    def nan_from_third(images, labels, epoch, index):
-        loss, terms = step(images, labels, epoch, index)
+    def nan_from_third(images, labels, seed, epoch, index):
+        loss, terms = step(images, labels, seed, epoch, index)
         return (loss * float("nan"), terms) if index == 2 else (loss, terms)
 
-    monkeypatch.setattr(trainer, "train_step", nan_from_third)
+    trainer.step = nan_from_third  # the trainer's step, a part it is made of
     with pytest.raises(HarnessError, match=r"loss is nan at epoch 1, batch 3 "):
         trainer.train_epoch(0)
     assert [f.global_step for f in recorder.flushes] == [2]

@@ -19,11 +19,12 @@ from harness.config.protocol_files import load_protocol
 from harness.engine.tune import study_name, suggest
 
 
-def _tune(*argv: str) -> int:
+def _tune(*argv: str, train=None) -> int:
+    """``tune`` with ``argv`` in this process; ``train``: what trains each run."""
     parser = argparse.ArgumentParser()
     add_tune_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["tune", *argv])
-    return args.func(args)
+    return args.func(args, train=train)
 
 
 def _runs(experiment: str) -> list:
@@ -62,7 +63,7 @@ def _fake_training(calls: list):
     """Stands in for ``run_training``: an MLflow run with a validation history, no training."""
     from harness.store.tracking import Tracker
 
-    def run(cfg, splits=None):
+    def run(cfg, splits=None, on_epoch=None):
         calls.append(cfg)
         tracker = Tracker(cfg.experiment, f"{cfg.method}-fake")
         lr = cfg.protocol.optimizer.lr_head
@@ -80,8 +81,8 @@ def _fake_training(calls: list):
             tracker.log_metrics(
                 {metric_key("val", "mean_average_precision_at_r"): value}, step=epoch
             )
-            if cfg.epoch_callback is not None:  # as run_training does after each epoch
-                cfg.epoch_callback(epoch, {metric_key("val", "mean_average_precision_at_r"): value})
+            if on_epoch is not None:  # as run_training does after each epoch
+                on_epoch(epoch, {metric_key("val", "mean_average_precision_at_r"): value})
         tracker.log_metrics({metric_key("test", "mean_average_precision_at_r"): lr}, step=2)
         tracker.finish()
         return {
@@ -100,11 +101,9 @@ def _fake_training(calls: list):
     return run
 
 
-def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch, capsys):
-    from harness.engine import training
-
+def test_tune_resume_logic_without_training(workdir, tiny_protocol, capsys):
     calls: list = []
-    monkeypatch.setattr(training, "run_training", _fake_training(calls))
+    fake = _fake_training(calls)
     storage = f"sqlite:///{workdir / 'optuna.db'}"
     experiment = f"tune-fake-{uuid.uuid4().hex[:6]}"
     common = [
@@ -119,7 +118,7 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
         "--space",
         "optimizer.lr_head",
     ]
-    assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
+    assert _tune(*common, "--trials", "3", "--no-reproduce", train=fake) == 0
     assert len(calls) == 3
     name = study_name(
         "agrouping", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",)
@@ -130,9 +129,9 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
         best.params["optimizer.lr_head"] * 20
     )  # best epoch of the history
     assert best.intermediate_values == pytest.approx({1: best.value / 2, 2: best.value})
-    assert _tune(*common, "--trials", "3", "--no-reproduce") == 0
+    assert _tune(*common, "--trials", "3", "--no-reproduce", train=fake) == 0
     assert len(calls) == 3  # nothing repeated
-    assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
+    assert _tune(*common, "--trials", "5", "--seeds", "0,1", train=fake) == 0
     assert len(calls) == 5 + 2  # two more trials, then the best over two seeds
     repro = calls[-2:]
     best = optuna.load_study(study_name=name, storage=storage).best_trial
@@ -146,7 +145,7 @@ def test_tune_resume_logic_without_training(workdir, tiny_protocol, monkeypatch,
     }
     assert repro[0].loss_args["margin"] == pytest.approx(best.params["loss.args.margin.margin"])
     assert repro[0].loss_args["beta"] == pytest.approx(best.params["loss.args.margin.beta"])
-    assert _tune(*common, "--trials", "5", "--seeds", "0,1") == 0
+    assert _tune(*common, "--trials", "5", "--seeds", "0,1", train=fake) == 0
     assert len(calls) == 7  # reproductions found in MLflow, not repeated
     assert "over seeds [0, 1]" in capsys.readouterr().out
 
@@ -208,12 +207,10 @@ def test_tune_resumes_without_repeating_trials_and_reproduces_the_best(
     assert len(runs) == 3 + 1 + (expected_repro - 1)
 
 
-def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeypatch, capsys):
-    from harness.engine import training
+def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, capsys):
+    from harness.cli.main import main
 
     calls: list = []
-    monkeypatch.setattr(training, "run_training", _fake_training(calls))
-    from harness.cli.main import main
 
     assert (
         main(
@@ -229,7 +226,8 @@ def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeyp
                 "1",
                 "--seeds",
                 "0,x",
-            ]
+            ],
+            train=_fake_training(calls),
         )
         == 2
     )
@@ -242,16 +240,14 @@ def test_bad_seeds_are_one_line_before_any_trial(workdir, tiny_protocol, monkeyp
 
 
 def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(
-    workdir, tiny_protocol, monkeypatch
+    workdir, tiny_protocol
 ):
     """The study name holds the protocol's name; tune finds its finished reproductions with
     an MLflow filter on it, which interpolating the name between quotes broke."""
-    from harness.engine import training
-
     quoted = workdir / "o'brien.toml"
     quoted.write_text(tiny_protocol.read_text())
     calls: list = []
-    monkeypatch.setattr(training, "run_training", _fake_training(calls))
+    fake = _fake_training(calls)
     common = [
         "--method",
         "plain",
@@ -268,30 +264,26 @@ def test_a_quote_in_the_protocol_name_does_not_break_the_reproduction_lookup(
         "--seeds",
         "0",
     ]
-    assert _tune(*common) == 0
+    assert _tune(*common, train=fake) == 0
     assert len(calls) == 2 and "o'brien" in calls[-1].tags["optuna_study"]
-    assert _tune(*common) == 0
+    assert _tune(*common, train=fake) == 0
     assert len(calls) == 2  # the reproduction was found through the quoted filter, not run again
 
 
-def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(
-    workdir, tiny_protocol, monkeypatch
-):
+def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(workdir, tiny_protocol):
     """A trial interrupted (SIGTERM) is run again with its parameters and the next trials
     get the suggestions of an uninterrupted study: the sampler is seeded per trial."""
-    from harness.engine import training
 
     def study_params(storage: str, interrupt_at: int | None) -> list[float]:
         calls: list = []
         fake = _fake_training(calls)
 
-        def run(cfg, splits=None):
+        def run(cfg, splits=None, on_epoch=None):
             if len(calls) == interrupt_at:
                 calls.append(cfg)
                 raise KeyboardInterrupt
-            return fake(cfg, splits)
+            return fake(cfg, splits, on_epoch)
 
-        monkeypatch.setattr(training, "run_training", run)
         common = [
             "--method",
             "plain",
@@ -309,8 +301,8 @@ def test_a_restarted_study_suggests_what_an_uninterrupted_one_does(
         ]
         if interrupt_at is not None:
             with pytest.raises(KeyboardInterrupt):
-                _tune(*common)
-        assert _tune(*common) == 0
+                _tune(*common, train=run)
+        assert _tune(*common, train=run) == 0
         name = study_name(
             "plain", "synthetic", "margin", load_protocol(tiny_protocol), ("optimizer.lr_head",)
         )

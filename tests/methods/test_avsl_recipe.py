@@ -374,7 +374,7 @@ def _engine_step(overrides: dict):
     cfg = training.RunConfig.build(
         protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0
     )
-    trainer = Trainer.build(cfg, splits, recorder=InMemoryRecorder())
+    trainer = Trainer.from_config(cfg, splits, recorder=InMemoryRecorder())
     norms = []
     step = trainer.parts.scaler.step
 

@@ -100,3 +100,23 @@ def test_the_plugin_example_registers_and_runs_as_written(tmp_path, data_root, t
     metrics = record["metrics"]
     for metric in ("precision_at_1", "mean_average_precision_at_r", "r_precision"):
         assert math.isfinite(metrics[metric]), (metric, metrics[metric])
+
+
+LIBRARY_PAGE = REPO / "docs" / "library.md"
+
+
+def test_the_library_example_trains_and_resumes_as_written(data_root, capsys):
+    """docs/library.md's example, run as written (as open-metric-learning runs its README's
+    code): a plugin trained one epoch with an in-memory recorder, resumed from its
+    checkpoint for the second epoch, then tested."""
+    found = re.search(
+        r"<!-- library-example -->\n```python\n(.*?)\n```", LIBRARY_PAGE.read_text(), re.S
+    )
+    assert found, f"{LIBRARY_PAGE.name} has no library-example block"
+    names: dict = {}
+    exec(compile(found.group(1), str(LIBRARY_PAGE), "exec"), names)
+    assert [r["epoch"] for r in names["recorder"].epochs] == [2]
+    assert [c["epoch"] for c in names["checkpointer"].saved] == [1, 2]
+    assert names["recorder"].selected_epoch == names["selected"] in (1, 2)
+    assert math.isfinite(names["scores"]["precision_at_1"])
+    assert "trained epoch 2" in capsys.readouterr().out

@@ -42,8 +42,11 @@ class MetricLoss:
     an uninterrupted one.
     """
 
-    def __init__(self, losses: torch.nn.Module | torch.nn.ModuleList, miner=None):
-        self.losses = list(losses) if isinstance(losses, torch.nn.ModuleList) else [losses]
+    def __init__(self, loss_module: torch.nn.Module | torch.nn.ModuleList, miner=None):
+        #: The loss module's instances: one, or a head's copies (a ``ModuleList``).
+        self.instances = (
+            list(loss_module) if isinstance(loss_module, torch.nn.ModuleList) else [loss_module]
+        )
         self.miner = miner
         self._step: tuple[int, int, int] | None = None
         self._draws = 0
@@ -71,11 +74,11 @@ class MetricLoss:
 
     @property
     def copies(self) -> int:
-        return len(self.losses)
+        return len(self.instances)
 
     def module(self, copy: int = 0) -> torch.nn.Module:
         """Loss instance ``copy`` (a PML loss: ``.distance``, learnable parameters)."""
-        return self.losses[copy]
+        return self.instances[copy]
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor):
         """The protocol miner's tuples for this batch, or None (all pairs / no miner)."""
@@ -87,4 +90,4 @@ class MetricLoss:
         embeddings = embeddings.float()
         if indices is _MINE:
             indices = self.mine(embeddings, labels)
-        return apply_loss(self.losses[copy], embeddings, labels, indices)
+        return apply_loss(self.instances[copy], embeddings, labels, indices)
