@@ -85,9 +85,8 @@ def _count_steps(
     trainer = Trainer.build(cfg, splits, recorder=recorder)
     trainer.batches.loader = list(trainer.batches.loader)
     with SyncCounter() as counter:
-        miner = trainer.metric_loss.miner  # the protocol's miner, a part of this trainer
-        if miner is not None:
-            trainer.metric_loss.miner = _in_section(counter, "mining", miner)
+        metric_loss = trainer.metric_loss  # this trainer's part: its mining counted apart
+        metric_loss.mine = _in_section(counter, "mining", metric_loss.mine)
         for (owner, name), section in HOST_SECTIONS.items():
             # Work deep inside a method's step that no part passed in reaches: counted apart.
             monkeypatch.setattr(owner, name, _in_section(counter, section, getattr(owner, name)))
