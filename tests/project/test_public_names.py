@@ -261,20 +261,29 @@ def private_uses(path: Path) -> list[str]:
     return sorted(set(found), key=lambda where: int(where.partition(":")[0]))
 
 
+def _replaces_an_attribute(call: ast.Call) -> bool:
+    """``monkeypatch.setattr`` or ``delattr`` (any ``x.setattr(...)``), or
+    :mod:`unittest.mock`'s ``patch(...)`` and ``patch.object(...)``."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if isinstance(func, ast.Attribute) and func.attr == "object":
+        owner = func.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        name = "patch" if name == "patch" else ""
+    return bool(call.args) and (
+        name == "patch" or (isinstance(func, ast.Attribute) and name in ("setattr", "delattr"))
+    )
+
+
 def harness_patches(path: Path) -> list[str]:
-    """Each ``monkeypatch.setattr`` (any ``x.setattr(target, ...)``) in a test module that
+    """Each ``monkeypatch.setattr`` (or ``delattr``, ``mock.patch``) in a test module that
     replaces an attribute of a harness module, class or module-level object (a registry),
     given as the object or as a ``"harness.x.y"`` string. An object the test made itself
     (``trainer = Trainer.build(...)``, a call's result) is the test's own, not counted."""
     module = _read(path)
     found = []
     for node in ast.walk(module.tree):
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "setattr"
-            and node.args
-        ):
+        if not (isinstance(node, ast.Call) and _replaces_an_attribute(node)):
             continue
         target = node.args[0]
         text = _string(target)
@@ -402,6 +411,10 @@ def test_the_patch_count_finds_modules_classes_and_strings_only(tmp_path):
             monkeypatch.setattr("os.sched_getaffinity", None)
             trainer = Trainer.build(None, None)
             monkeypatch.setattr(trainer, "train_step", None)
+            with mock.patch("harness.engine.training.run_training"), mock.patch.object(
+                PlainHead, "revision", 2
+            ):
+                monkeypatch.delattr(training, "run_training")
         """,
     )
-    assert _lines(harness_patches(sample)) == [8, 9, 10, 11, 13]
+    assert _lines(harness_patches(sample)) == [8, 9, 10, 11, 13, 19, 19, 22]
