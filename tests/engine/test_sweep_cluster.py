@@ -129,10 +129,11 @@ def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
 
 
 def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
-    """submitit's preemption signal (USR2) on the task mid-cell (its run has logged its
-    first of 24 epochs): the checkpoint hook fails the cell's trial at once and queues the
-    cell again; submitit requeues the task, which resumes the cell to its one FINISHED run."""
-    grid_path = _grid(workdir, methods=("plain",), epochs=24)
+    """submitit's preemption signal (USR2) on the task mid-cell (as soon as its run has
+    logged the first of 8 epochs): the checkpoint hook fails the cell's trial at once and
+    queues the cell again; submitit requeues the task, which runs the cell to its one
+    FINISHED run."""
+    grid_path = _grid(workdir, methods=("plain",), epochs=8)
     grid = load_grid(grid_path)
     storage = "sqlite:///results/optuna.db"
     argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
