@@ -49,6 +49,8 @@ __all__ = [
     "finite_json",
     "sha256_file",
     "publish_folder",
+    "remove_orphans_in",
+    "writer_tag",
 ]
 
 
@@ -141,6 +143,14 @@ def _refuse_to_replace_data(path: Path) -> None:
 #: it once that process is gone.
 _HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
 _OWNER = f"{_HOST}-{os.getpid()}"
+
+
+def writer_tag(pid: int | None = None) -> str:
+    """``HOST-PID``, the writer part of a temporary file's name
+    (``.NAME.HOST-PID.RANDOM.tmp``) for process ``pid`` on this host (this process when
+    None): the files whose tag names this host and a process that is gone are the orphans
+    :func:`remove_orphans_in` removes."""
+    return _OWNER if pid is None else f"{_HOST}-{pid}"
 
 
 def _temp_prefix(path: Path) -> str:

@@ -4,6 +4,7 @@ plugins of installed packages, found through an entry-point group."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fnmatch
 import importlib
 import pkgutil
@@ -73,6 +74,21 @@ class Registry(Generic[T]):
     def remove(self, name: str) -> None:
         """Unregister ``name`` (a plugin registered for a test)."""
         del self._entries[name]
+
+    @contextlib.contextmanager
+    def temporarily(self, name: str, entry: T) -> Iterator[T]:
+        """``entry`` registered under ``name`` for the ``with`` block and removed when it
+        ends, however it ends: a plugin that exists for one test. The name is checked as
+        :meth:`register` checks it (a name taken or refused raises).
+
+        >>> with METHODS.temporarily("nan-test", MethodEntry("nan-test", NanHead, {})):
+        ...     main(["run", "--methods", "nan-test"])
+        """
+        self.register(name)(entry)
+        try:
+            yield entry
+        finally:
+            self.remove(name)
 
     def get(self, name: str) -> T:
         entries = self._loaded()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.fetch import add_fetch_parser, add_verify_parser
-from harness.cli.processes import serve_process_group
+from harness.cli.processes import open_when_up, serve_process_group
 from harness.cli.store import open_store
 
 __all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui"]
@@ -141,30 +141,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"  {name}: {url}", file=sys.stderr)
     sys.stderr.flush()
     if args.open:
-        _open_when_up(base, pages[0][1])
+        open_when_up(base, pages[0][1])
     with server_environment() as env:
         return serve_process_group(server_command(args.host, args.port), env=env)
-
-
-def _open_when_up(base: str, url: str, timeout: float = 120.0) -> None:
-    """Open ``url`` in the default browser once the server at ``base`` answers (a thread,
-    so the server starts meanwhile)."""
-    import threading
-    import time
-    import urllib.request
-    import webbrowser
-
-    def wait_and_open() -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2):
-                    webbrowser.open(url)
-                    return
-            except OSError:
-                time.sleep(0.5)
-
-    threading.Thread(target=wait_and_open, daemon=True).start()
 
 
 def add_listing_parsers(subparsers) -> None:

@@ -1,7 +1,8 @@
 """Signals and child processes of the command line: SIGTERM unwinds like Ctrl-C, and a
 server (``ui``) runs in the command's own process group, so that a signal to that group
 (Ctrl-C, a SIGKILL of the group) reaches it and its workers too, and is stopped whole with
-every process it started when the command ends."""
+every process it started when the command ends; the browser is opened on its page once it
+answers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["terminated", "serve_process_group", "stop_tree"]
+__all__ = ["terminated", "serve_process_group", "stop_tree", "open_when_up"]
 
 
 def terminated(signum, frame):
@@ -93,3 +94,24 @@ def serve_process_group(
         signal.signal(signal.SIGTERM, previous)
         stop_tree(proc, grace)
         proc.wait()
+
+
+def open_when_up(base: str, url: str, timeout: float = 120.0) -> None:
+    """Open ``url`` in the default browser once the server at ``base`` answers its
+    ``/health`` page, within ``timeout`` seconds (``ui --open``). Returns at once: a daemon
+    thread waits, so the server starts meanwhile."""
+    import threading
+    import urllib.request
+    import webbrowser
+
+    def wait_and_open() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    webbrowser.open(url)
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    threading.Thread(target=wait_and_open, daemon=True).start()

@@ -31,7 +31,7 @@ from harness.engine.tune import (
 )
 from harness.reports.results import format_results
 
-__all__ = ["add_tune_parser", "cmd_tune"]
+__all__ = ["add_tune_parser", "cmd_tune", "failures_status"]
 
 
 def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
@@ -72,13 +72,16 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     )
     if not args.no_reproduce:
         _report_reproduction(setup, best, seeds)
-    return _failures_status(setup, study)
+    return failures_status(setup, study)
 
 
-def _failures_status(setup, study) -> int:
-    """0, or 1 with one line when some trials failed: the best setting stands among the
-    trials that ran, but a search that lost trials is not the search that was asked for.
-    (When every trial fails, :func:`search` raises: exit 2, nothing to report.)"""
+def failures_status(setup, study) -> int:
+    """The exit status of a finished search ``study`` of ``setup``
+    (:func:`harness.engine.tune.tune_setup`): 0, or 1 with one line on stderr counting the
+    failed trials (not the interrupted ones, which run again) and saying where their errors
+    are. The best setting stands among the trials that ran, but a search that lost trials
+    is not the search that was asked for. (When every trial fails,
+    :func:`harness.engine.tune.search` raises: exit 2, nothing to report.)"""
     failed = failed_trials(study)
     if not failed:
         return 0

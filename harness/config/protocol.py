@@ -62,6 +62,7 @@ __all__ = [
     "protocol_json_schema",
     "check_batch_fits",
     "protocol_from_dict",
+    "FINGERPRINT_OMITTED_AT_DEFAULT",
 ]
 
 
@@ -161,7 +162,7 @@ class Protocol:
                 del data[section][key]
         if data["training"] == jsonable(dataclasses.asdict(TrainingSpec())):
             del data["training"]  # absent at its defaults, as the optional keys
-        for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
+        for dotted, default in FINGERPRINT_OMITTED_AT_DEFAULT.items():
             section, key = dotted.split(".")
             if data[section].get(key, default) == jsonable(default):
                 data[section].pop(key, None)
@@ -207,13 +208,12 @@ _OPTIONAL_KEYS = (
 
 #: ``"section.key"`` -> default of the keys left out of the canonical form
 #: (:meth:`Protocol.to_dict`, what :func:`harness.config.fingerprint.fingerprint` and the
-#: grids' cell keys hash) while
-#: they hold that default. Each is a setting added after runs were recorded: a protocol
-#: that leaves it at its default computes what it computed before, so it keeps the
-#: fingerprint and cell keys of those runs; one that sets it gets new ones. Each default
-#: here equals the field's (``tests/config/test_protocol.py`` checks it). A section left empty
-#: is dropped with them.
-_FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
+#: grids' cell keys hash) while they hold that default. Each is a setting added after runs
+#: were recorded: a protocol that leaves it at its default computes what it computed
+#: before, so it keeps the fingerprint and cell keys of those runs; one that sets it gets
+#: new ones. Each default here equals the field's (``tests/config/test_recipe_settings.py``
+#: checks it). A section left empty is dropped with them.
+FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "backbone.input_transform": True,
     "backbone.output_stride": 32,
     "sampling.classes_with_replacement": False,

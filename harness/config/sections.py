@@ -65,13 +65,13 @@ class BackboneSpec:
     #: becomes 0.458 x - 0.030). False skips it, as DGML-master's GoogLeNet does (it runs
     #: the network's children in a plain ``Sequential``, architectures/googlenet.py:18-19).
     #: A backbone without such a conversion refuses false. Absent from the canonical form
-    #: at its default (``_FINGERPRINT_OMITTED_AT_DEFAULT`` of :mod:`harness.config.protocol`).
+    #: at its default (``FINGERPRINT_OMITTED_AT_DEFAULT`` of :mod:`harness.config.protocol`).
     input_transform: Bool = True
     #: Input pixels per position of the last feature map: 32 (every registered backbone as
     #: published) or 16, the last stride-2 stage dilated instead (timm's ``output_stride``),
     #: so a small image keeps room to attend (96 px: a 6 x 6 map, not 3 x 3). The weights are
     #: the same; only the last stage's receptive field and cost change. Absent from the
-    #: canonical form at its default (``_FINGERPRINT_OMITTED_AT_DEFAULT`` of
+    #: canonical form at its default (``FINGERPRINT_OMITTED_AT_DEFAULT`` of
     #: :mod:`harness.config.protocol`).
     output_stride: Literal[16, 32] = 32
 

@@ -286,7 +286,11 @@ class DIMLHead(PlainHead):
 
     @torch.no_grad()
     def rerank_similarity(
-        self, query: dict[str, torch.Tensor], candidates: dict[str, torch.Tensor]
+        self,
+        query: dict[str, torch.Tensor],
+        candidates: dict[str, torch.Tensor],
+        *,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Multi-scale matching (Sec. 3.3, App. A.2): scores of Q x K (query, candidate)
         pairs, cosine + structural similarity (Eq. 5), or the structural similarity alone
@@ -296,7 +300,8 @@ class DIMLHead(PlainHead):
         {"embedding": Q x K x D, "local": Q x K x N x D}. All Q*K pairs are solved together
         as one stream (:meth:`.StructuralReranking.scores`), not query by query. Float32
         (float64 stays float64). From stored fields, :meth:`rerank_by_ids` avoids building the
-        candidates.
+        candidates. ``window``: the solver's working set in pairs (None: the device's
+        default, :data:`~harness.components.transport.SINKHORN_WINDOW` or its CUDA size).
         """
         q_emb, q_loc = query["embedding"], query["local"]
         c_emb, c_loc = candidates["embedding"], candidates["local"]
@@ -313,7 +318,7 @@ class DIMLHead(PlainHead):
                 f"got {tuple(q_loc.shape)} and {tuple(c_loc.shape)}"
             )
         return self._reranking().scores(
-            q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k
+            q_emb, q_loc, lambda rows: (c_emb[rows], c_loc[rows]), nq, k, window=window
         )
 
     def figures(

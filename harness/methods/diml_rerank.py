@@ -91,16 +91,25 @@ class StructuralReranking:
     add_global: bool
 
     def scores(
-        self, q_emb: torch.Tensor, q_loc: torch.Tensor, candidates: Candidates, nq: int, k: int
+        self,
+        q_emb: torch.Tensor,
+        q_loc: torch.Tensor,
+        candidates: Candidates,
+        nq: int,
+        k: int,
+        *,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Scores (Q x K) of every query (``q_emb`` Q x D, ``q_loc`` Q x N x D) against its K
         candidates, solved as one stream: a few queries' pairs are built whenever the
-        solver's working set has room (about ``SINKHORN_WINDOW`` pairs), and a pair's score
-        is taken as soon as it has converged. Float32 (float64 stays float64)."""
+        solver's working set has room (``window`` pairs, by default about
+        ``SINKHORN_WINDOW``, ``SINKHORN_WINDOW_CUDA`` on a GPU), and a pair's score is taken
+        as soon as it has converged. Float32 (float64 stays float64)."""
         dtype = torch.float64 if q_loc.dtype == torch.float64 else torch.float32
         structural = torch.zeros(nq * k, dtype=dtype, device=q_loc.device)
         blocks = _QueryBlocks(self, q_emb, q_loc, candidates, nq, k, dtype)
-        window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
+        if window is None:
+            window = SINKHORN_WINDOW_CUDA if q_loc.device.type == "cuda" else SINKHORN_WINDOW
         if nq and k and self.stop == "diml_code":
             self._solve_by_code_rule(blocks, structural, window)
         elif nq and k:

@@ -24,6 +24,8 @@ __all__ = [
     "candidate_slots",
     "greedy_in_slots",
     "select_fixed_tuples",
+    "random_order",
+    "random_index",
 ]
 
 MININGS = ("random", "hardest")
@@ -91,7 +93,7 @@ def select_tuples(
         hardest_first = torch.argsort(-hard, stable=True)
     if selection == "device":
         if hardest_first is None:
-            hardest_first = torch.tensor(_random_order(len(cand)), device=cand.device)
+            hardest_first = torch.tensor(random_order(len(cand)), device=cand.device)
         kept = disjoint_on_device(cand, hardest_first, batch=len(labels))
         return cand[hardest_first[kept[hardest_first]]]
     # Quadruplets read the labels (n2's class) and, hardest first, the distances (n2's rank).
@@ -100,7 +102,7 @@ def select_tuples(
         cand, labels if quadruplet else None, hardest_first, dist if quadruplet else None
     )
     if order is None:
-        order = _random_order(len(rows))
+        order = random_order(len(rows))
     chosen = _greedy_disjoint(
         rows, y, order, dist_rows, batch=len(labels), form=form, mining=mining
     )
@@ -194,13 +196,15 @@ def _to_host(
     return rows, y, host_order, dist_rows
 
 
-def _random_order(count: int) -> list[int]:
+def random_order(count: int) -> list[int]:
     """A random permutation of the candidates from torch's global generator, the CPU one: a
-    host draw that never waits for a device."""
+    host draw that never waits for a device. With :func:`random_index`, the only random
+    draws of the host selection (:func:`select_tuples`); a sync count sets them apart
+    (tests/engine/test_syncs.py)."""
     return torch.randperm(count).tolist()
 
 
-def _random_index(count: int) -> int:
+def random_index(count: int) -> int:
     """A uniform index below ``count`` from torch's global (CPU) generator: a host draw."""
     return int(torch.randint(count, ()))
 
@@ -236,7 +240,7 @@ def _greedy_disjoint(
             n2 = (
                 min(pool, key=lambda j: dist[a][j])
                 if mining == "hardest"
-                else pool[_random_index(len(pool))]
+                else pool[random_index(len(pool))]
             )
             members = members + [n2]
         chosen.append(members)

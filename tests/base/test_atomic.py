@@ -117,15 +117,15 @@ def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_writer(tmp
     import subprocess
     import sys
 
-    from harness.base import atomic
+    from harness.base.atomic import writer_tag
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     target = tmp_path / "last.pt"
-    orphan = tmp_path / f".last.pt.{atomic._HOST}-{dead.pid}.k3j2h1.tmp"
-    live = tmp_path / f".last.pt.{atomic._HOST}-{os.getppid()}.a1b2c3.tmp"
+    orphan = tmp_path / f".last.pt.{writer_tag(dead.pid)}.k3j2h1.tmp"
+    live = tmp_path / f".last.pt.{writer_tag(os.getppid())}.a1b2c3.tmp"
     elsewhere = tmp_path / f".last.pt.otherhost-{dead.pid}.x9y8z7.tmp"
-    other_target = tmp_path / f".last.pt.json.{atomic._HOST}-{dead.pid}.q1w2e3.tmp"
+    other_target = tmp_path / f".last.pt.json.{writer_tag(dead.pid)}.q1w2e3.tmp"
     for path in (orphan, live, elsewhere, other_target):
         path.write_bytes(b"half a checkpoint")
     atomic_write_bytes(target, b"whole")

@@ -120,18 +120,24 @@ def test_init_from_after_the_store_and_checkpoints_moved(
 def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
     workdir, tiny_protocol, monkeypatch, capsys
 ):
-    from harness.store.tracking import Tracker
 
     def original(*args, **kwargs):
         raise HarnessError("the original failure")
 
-    def store_down(self, status="FINISHED"):
-        raise MlflowException("(sqlite3.OperationalError) disk I/O error\nsecond line")
+    experiment = "store-down-while-failing"
+    real_set_terminated = mlflow.MlflowClient.set_terminated
 
-    monkeypatch.setattr(Tracker, "finish", store_down)
+    def store_down(client, run_id, status=None, end_time=None):
+        """The store fails when this test's run is marked FAILED (other runs end as usual)."""
+        run = client.get_run(run_id)
+        if status == "FAILED" and client.get_experiment(run.info.experiment_id).name == experiment:
+            raise MlflowException("(sqlite3.OperationalError) disk I/O error\nsecond line")
+        return real_set_terminated(client, run_id, status, end_time)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", store_down)
     failing = functools.partial(run_training, evaluator=original)
     argv = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0")
-    assert run_cli(*argv, train=failing) == 2
+    assert run_cli(*argv, "--experiment", experiment, train=failing) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: the original failure"
     (logged,) = [line for line in err if line.startswith("could not mark run")]

@@ -367,15 +367,15 @@ class NanHead(PlainHead):
         }
 
 
-def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protocol, monkeypatch):
-    monkeypatch.setitem(METHODS._entries, "nan-test", MethodEntry("nan-test", NanHead, {}))
+def test_nan_loss_stops_the_run_and_marks_it_failed(workdir, capsys, tiny_protocol):
     out = workdir / "o.json"
-    _fails(
-        capsys,
-        ["run", "--methods", "nan-test", "--protocol", str(tiny_protocol), "--json", str(out)],
-        "loss is nan at epoch 1, batch 1",
-        out,
-    )
+    with METHODS.temporarily("nan-test", MethodEntry("nan-test", NanHead, {})):
+        _fails(
+            capsys,
+            ["run", "--methods", "nan-test", "--protocol", str(tiny_protocol), "--json", str(out)],
+            "loss is nan at epoch 1, batch 1",
+            out,
+        )
     runs = mlflow.search_runs(
         search_all_experiments=True, filter_string="tags.method = 'nan-test'", output_format="list"
     )
@@ -481,22 +481,22 @@ def test_a_bad_method_option_is_one_line_before_the_dataset_loads(workdir, capsy
     assert list(empty.iterdir()) == []
 
 
-def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(
-    workdir, capsys, monkeypatch
-):
-    """A bug (not a user's mistake) exits 1 with one line; ``--debug`` raises it with its
-    traceback, before or after the subcommand."""
-    import harness.cli.listings as listings
+class BuggyEntry(MethodEntry):
+    """A method plugin's registry entry with a bug: listing its options raises (test only)."""
 
-    def broken(args):
+    def options(self):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(listings, "cmd_methods", broken)
-    assert main(["methods"]) == 1
-    err = capsys.readouterr().err
-    assert err == (
-        "error: internal error: RuntimeError: a bug (run again with --debug for the traceback)\n"
-    )
-    for argv in (["--debug", "methods"], ["methods", "--debug"]):
-        with pytest.raises(RuntimeError, match="a bug"):
-            main(argv)
+
+def test_an_internal_error_is_one_line_and_its_traceback_is_behind_debug(workdir, capsys):
+    """A bug (not a user's mistake; here a plugin's, met by ``methods``) exits 1 with one
+    line; ``--debug`` raises it with its traceback, before or after the subcommand."""
+    with METHODS.temporarily("buggy-test", BuggyEntry("buggy-test", PlainHead, {})):
+        assert main(["methods"]) == 1
+        err = capsys.readouterr().err
+        assert err == (
+            "error: internal error: RuntimeError: a bug (run again with --debug for the traceback)\n"
+        )
+        for argv in (["--debug", "methods"], ["methods", "--debug"]):
+            with pytest.raises(RuntimeError, match="a bug"):
+                main(argv)

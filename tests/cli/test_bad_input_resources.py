@@ -454,30 +454,28 @@ class FailingHead(PlainHead):
 
 @pytest.mark.slow  # about a minute: two stores created, the synthetic set loaded, one trial
 def test_tune_whose_trials_all_fail_is_an_error_saying_where_to_look(
-    workdir, capsys, monkeypatch, store_settled
+    workdir, capsys, store_settled
 ):
-    monkeypatch.setitem(
-        METHODS._entries, "failing-test", MethodEntry("failing-test", FailingHead, {})
-    )
     experiment = "tune-all-fail"
-    code = main(
-        [
-            "tune",
-            "--method",
-            "failing-test",
-            "--trials",
-            "1",
-            "--protocol",
-            TINY,
-            "--space",
-            "",
-            "--storage",
-            f"sqlite:///{workdir / 'optuna.db'}",
-            "--experiment",
-            experiment,
-            "--no-reproduce",
-        ]
-    )
+    with METHODS.temporarily("failing-test", MethodEntry("failing-test", FailingHead, {})):
+        code = main(
+            [
+                "tune",
+                "--method",
+                "failing-test",
+                "--trials",
+                "1",
+                "--protocol",
+                TINY,
+                "--space",
+                "",
+                "--storage",
+                f"sqlite:///{workdir / 'optuna.db'}",
+                "--experiment",
+                experiment,
+                "--no-reproduce",
+            ]
+        )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert (
@@ -492,7 +490,7 @@ def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
 
-    from harness.cli.tune import _failures_status
+    from harness.cli.tune import failures_status
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
@@ -508,7 +506,7 @@ def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
         )
     )
     setup = SimpleNamespace(name="tune:plain", experiment="tune-plain")
-    assert _failures_status(setup, study) == 1
+    assert failures_status(setup, study) == 1
     line = capsys.readouterr().err.strip()
     assert (
         line.startswith("1 of 3 trial(s) failed (numbers 1); ")
@@ -517,4 +515,4 @@ def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
 
     clean = optuna.create_study(direction="maximize")
     clean.add_trial(create_trial(params={"lr": 1e-3}, distributions=space, value=0.5))
-    assert _failures_status(setup, clean) == 0
+    assert failures_status(setup, clean) == 0

@@ -137,7 +137,7 @@ def test_a_killed_runs_partial_checkpoint_is_removed_when_it_is_failed(
 
     import mlflow
 
-    from harness.base.atomic import _OWNER
+    from harness.base.atomic import writer_tag
     from harness.store.dead_runs import CHECKPOINT_DIR_TAG
     from harness.store.location import tracking_uri
 
@@ -146,9 +146,8 @@ def test_a_killed_runs_partial_checkpoint_is_removed_when_it_is_failed(
     dead = child.pid
     folder = workdir / "ckpt" / "run-key"
     folder.mkdir(parents=True)
-    host = _OWNER.rsplit("-", 1)[0]
-    partial = folder / f".last.pt.{host}-{dead}.abc123de.tmp"
-    live = folder / f".last.pt.{_OWNER}.fgh456ij.tmp"
+    partial = folder / f".last.pt.{writer_tag(dead)}.abc123de.tmp"
+    live = folder / f".last.pt.{writer_tag()}.fgh456ij.tmp"
     for path in (partial, live, folder / "last.pt"):
         path.write_bytes(b"x")
     mlflow.set_tracking_uri(tracking_uri())

@@ -20,6 +20,7 @@ import torch
 from tests.conftest import TINY_PROTOCOL
 from tests.fixtures import make_cub
 from tests.refusals import Refusal, assert_refused, assert_refused_in, unwritable_folder
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -349,7 +350,7 @@ def test_output_on_a_full_disk_is_one_line(command, tmp_path):
 def test_weights_on_a_full_disk_name_the_file(tmp_path, monkeypatch):
     """``torch.save`` into a file whose writes fail with ENOSPC (``/dev/full`` in place of the
     temporary file): one error naming ``model.pt``, and no temporary file left."""
-    import harness.base.atomic as atomic
+    from harness.base.atomic import atomic_save_torch
     from harness.base.errors import HarnessError
 
     real_fdopen = os.fdopen
@@ -358,10 +359,10 @@ def test_weights_on_a_full_disk_name_the_file(tmp_path, monkeypatch):
         os.close(fd)
         return real_fdopen(os.open("/dev/full", os.O_WRONLY), mode, *args, **kwargs)
 
-    monkeypatch.setattr(atomic.os, "fdopen", full_disk)
+    monkeypatch.setattr(os, "fdopen", full_disk)  # the standard library's: a disk that is full
     target = tmp_path / "model.pt"
     with pytest.raises(HarnessError) as refused:
-        atomic.atomic_save_torch({"w": torch.zeros(1 << 20)}, target)
+        atomic_save_torch({"w": torch.zeros(1 << 20)}, target)
     monkeypatch.undo()
     assert str(refused.value).startswith(f"cannot write {target}: No space left on device")
     assert list(tmp_path.iterdir()) == []
@@ -428,25 +429,25 @@ def test_a_bad_log_model_setting_is_refused(
 
 
 # 19. A synthetic cache cut short is named and made again.
-def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, monkeypatch, capsys):
+def test_a_cut_synthetic_cache_is_named_and_made_again(tmp_path, capsys):
     import functools
 
-    import harness.components.data.synthetic as synthetic
+    from harness.components.data.synthetic import load_synthetic, synthetic_root
 
-    small = functools.partial(synthetic.generate, num_classes=8, images_per_class=2, size=32)
-    monkeypatch.setattr(synthetic, "generate", lambda target, seed=0: small(target, seed))
-    root = synthetic.synthetic_root(tmp_path)
-    first = synthetic.load_synthetic(tmp_path)
+    load_small = functools.partial(load_synthetic, num_classes=8, images_per_class=2, size=32)
+    root = synthetic_root(tmp_path)
+    first = load_small(tmp_path)
     expected = np.asarray(first.train.images).copy()
+    assert expected.shape == (8, 32, 32, 3)  # the small set: 4 training classes x 2 images
     packed = root / "images.npy"
     packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
-    again = synthetic.load_synthetic(tmp_path)
+    again = load_small(tmp_path)
     assert f"synthetic cache {packed} is corrupt" in capsys.readouterr().err
     assert np.array_equal(np.asarray(again.train.images), expected)
 
     manifest = root / "manifest.json"
     manifest.write_text(manifest.read_text()[:100])
-    again = synthetic.load_synthetic(tmp_path)
+    again = load_small(tmp_path)
     assert f"synthetic cache {root} is corrupt (manifest.json:" in capsys.readouterr().err
     assert np.array_equal(np.asarray(again.train.images), expected)
 
@@ -463,12 +464,24 @@ def test_a_sweep_announces_its_cells_and_yes_lifts_the_cap(capsys):
     assert len(load_grid(grid, max_cells=None).cells) == 2
 
 
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, read from ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 # 20. SIGTERM to the whole process group (a sweep stopping its workers, a cluster's limit).
 @pytest.mark.slow  # about a minute: a run trains until it is stopped
 def test_sigterm_to_the_process_group_kills_the_run_quietly(tmp_path):
     import signal
     import sqlite3
-    import time
 
     env = {
         **os.environ,
@@ -500,10 +513,14 @@ def test_sigterm_to_the_process_group_kills_the_run_quietly(tmp_path):
             stderr=err,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 300
-        while "train / " not in (tmp_path / "err.txt").read_text() and time.monotonic() < deadline:
-            time.sleep(1)
-        time.sleep(10)  # into the first epochs, the loader's workers running
+        # Into the first epoch, the loader's two workers running (states, not seconds).
+        wait_until(
+            lambda: (
+                "train / " in (tmp_path / "err.txt").read_text() and len(_children(proc.pid)) >= 2
+            ),
+            "training with the loader's workers",
+            timeout=300,
+        )
         os.killpg(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=120)
     stderr = (tmp_path / "err.txt").read_text()

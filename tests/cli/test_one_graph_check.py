@@ -1,6 +1,8 @@
 """``run --cuda-graphs`` names what keeps a method's step from being one graph before any
-run starts (on a machine without a GPU the device check comes first, so the check is
-called here directly, as ``run`` calls it for each method)."""
+run starts. The reason is the engine's (:func:`~harness.engine.compiled_step.whole_graph_blocker`
+over the method's head and the miner the run would use), checked here on the CPU for each
+method as ``run`` checks it; the command's own line, which needs a GPU to get past the device
+check, is checked where there is one."""
 
 from __future__ import annotations
 
@@ -9,46 +11,52 @@ import dataclasses
 import pytest
 import torch
 
-from harness.base.errors import HarnessError
-from harness.cli.run import _check_one_graph
+from harness.base.device import amp_dtype
+from harness.cli.main import main
 from harness.config.protocol_files import load_protocol
+from harness.engine.compiled_step import run_miner, whole_graph_blocker
 from harness.methods import check_method_options
 from tests.conftest import TINY_PROTOCOL
 
 
-def _check(method: str, miner: str, **options) -> None:
+def _blocker(method: str, miner: str, **options) -> str:
     protocol = load_protocol(TINY_PROTOCOL)
     protocol = dataclasses.replace(protocol, miner=dataclasses.replace(protocol.miner, name=miner))
     head = check_method_options(method, options, embedding_size=protocol.embedding.size)
-    _check_one_graph(method, head, protocol, protocol.loss.name, torch.device("cpu"))
+    dtype = amp_dtype(torch.device("cpu"), protocol.numerics.precision)
+    return whole_graph_blocker(head, run_miner(protocol.loss.name, protocol), dtype)
 
 
 def test_a_fixed_shape_step_passes():
-    _check("plain", "distance_weighted_fixed")
-    _check("sam_quadruplet", "hard_negative")
+    assert _blocker("plain", "distance_weighted_fixed") == ""
+    assert _blocker("sam_quadruplet", "hard_negative") == ""
 
 
 @pytest.mark.parametrize(
     "method,miner,options,reason",
     [
-        (
-            "plain",
-            "distance_weighted",
-            {},
-            "--cuda-graphs needs plain's step as one graph, but "
-            "miner DistanceWeightedMiner returns index lists",
-        ),
+        ("plain", "distance_weighted", {}, "miner DistanceWeightedMiner returns index lists"),
         (
             "sam",
             "distance_weighted_fixed",
             {"selection": "host"},
-            "--cuda-graphs needs sam's "
-            "step as one graph, but the method works on the host by design",
+            "the method works on the host by design",
         ),
     ],
 )
 def test_what_breaks_the_graph_is_one_line(method, miner, options, reason):
-    with pytest.raises(HarnessError) as refused:
-        _check(method, miner, **options)
-    assert str(refused.value).startswith(reason)
-    assert "\n" not in str(refused.value)
+    blocker = _blocker(method, miner, **options)
+    assert blocker.startswith(reason)
+    assert "\n" not in blocker
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="--cuda-graphs runs on a GPU only")
+def test_run_refuses_a_step_that_is_not_one_graph_before_any_run(workdir, capsys):
+    argv = ["run", "--methods", "plain", "--protocol", str(TINY_PROTOCOL), "--device", "cuda"]
+    miner = ["--set", 'miner.name="distance_weighted"', "--cuda-graphs"]
+    assert main([*argv, *miner]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        "error: --cuda-graphs needs plain's step as one graph, but miner DistanceWeightedMiner "
+        "returns index lists"
+    )

@@ -135,22 +135,24 @@ def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tin
     assert "seen-class control" in tags["deviations"]
 
 
-def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol, monkeypatch):
+def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol):
     from harness.config.protocol_files import load_protocol
     from harness.engine.training import RunConfig, run_key
-    from harness.methods.plain import PlainHead
+    from tests.revisions import PLAIN_TEST, RevisedPlainHead, plain_test
 
     cfg = RunConfig(
-        method="plain",
+        method=PLAIN_TEST,
         dataset="synthetic",
         protocol=load_protocol(tiny_protocol),
         loss="margin",
         loss_args={},
         seed=0,
     )
-    before = run_key(cfg, "fp")
-    monkeypatch.setattr(PlainHead, "revision", 2)
-    assert run_key(cfg, "fp") != before  # a resume never continues the older code's checkpoint
+    with plain_test():
+        before = run_key(cfg, "fp")
+    with plain_test(RevisedPlainHead):
+        after = run_key(cfg, "fp")
+    assert after != before  # a resume never continues the older code's checkpoint
 
 
 def test_evaluate_only_reproduces_the_init_from_runs_test_metrics(workdir, tiny_protocol, capsys):

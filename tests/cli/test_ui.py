@@ -215,13 +215,13 @@ def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
     import threading
     import webbrowser
 
-    from harness.cli.listings import _open_when_up
+    from harness.cli.processes import open_when_up
 
     opened = []
     monkeypatch.setattr(webbrowser, "open", opened.append)
     port = _free_port()
     url = f"http://127.0.0.1:{port}/#/experiments/1/runs?workflowType=machine_learning"
-    _open_when_up(f"http://127.0.0.1:{port}", url, timeout=30)
+    open_when_up(f"http://127.0.0.1:{port}", url, timeout=30)
     time.sleep(1.5)
     assert opened == []  # nothing answers yet
 

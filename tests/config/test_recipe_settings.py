@@ -317,9 +317,9 @@ def test_diml_table1_trains_with_roth_arithmetic_and_roth2020_keeps_pmls():
 
 
 def test_new_keys_at_their_defaults_leave_the_canonical_form_and_fingerprint_alone():
-    from harness.config.protocol import _FINGERPRINT_OMITTED_AT_DEFAULT, Protocol, apply_overrides
+    from harness.config.protocol import FINGERPRINT_OMITTED_AT_DEFAULT, Protocol, apply_overrides
 
-    for dotted, default in _FINGERPRINT_OMITTED_AT_DEFAULT.items():
+    for dotted, default in FINGERPRINT_OMITTED_AT_DEFAULT.items():
         section, key = dotted.split(".")
         assert getattr(getattr(Protocol, section), key) == default, dotted
     protocol = load_protocol("roth2020")

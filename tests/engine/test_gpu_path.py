@@ -97,14 +97,10 @@ class _NanFromBatchTwo(PlainHead):
         return {"metric": loss * (float("nan") if type(self).calls >= 2 else 1.0)}
 
 
-def test_the_deferred_check_names_the_first_non_finite_batch(
-    workdir, tiny_protocol, monkeypatch, capsys
-):
-    monkeypatch.setitem(
-        METHODS._entries, "nan2-test", MethodEntry("nan2-test", _NanFromBatchTwo, {})
-    )
+def test_the_deferred_check_names_the_first_non_finite_batch(workdir, tiny_protocol, capsys):
     _NanFromBatchTwo.calls = 0
-    assert main(["run", "--methods", "nan2-test", "--protocol", str(tiny_protocol)]) == 2
+    with METHODS.temporarily("nan2-test", MethodEntry("nan2-test", _NanFromBatchTwo, {})):
+        assert main(["run", "--methods", "nan2-test", "--protocol", str(tiny_protocol)]) == 2
     assert "error: loss is nan at epoch 1, batch 2 " in capsys.readouterr().err
 
 

@@ -34,6 +34,7 @@ from harness.engine.cluster import read_jobs
 from harness.engine.slurm import queue_states
 from harness.engine.sweep import CELL_ATTR
 from tests.refusals import assert_refused
+from tests.waiting import training_past_an_epoch
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
 #: The grid on the cluster, and how long its 8 cells may take on 2 loaded cores.
@@ -241,9 +242,12 @@ def test_a_smoke_grid_on_a_real_slurm_survives_a_cancelled_task(
             assert queue.get(job) == "RUNNING" or victim == job, (label, job, queue)
             agreed += 1
         if victim is None and len(set(running.values())) == 2:
-            time.sleep(5)  # mid-cell
-            victim = sorted(running.values())[-1]
-            subprocess.run(["scancel", victim], check=True)
+            job = sorted(running.values())[-1]
+            cell = next(label for label, held in running.items() if held == job)
+            # Mid-cell: the cell's run is training (a state, not a number of seconds).
+            if training_past_an_epoch(grid.experiment, epoch_logged=False, grid_cell=cell):
+                victim = job
+                subprocess.run(["scancel", victim], check=True)
         if not queue and victim is not None:
             break
         time.sleep(3)

@@ -23,6 +23,9 @@ from harness.base.metric_keys import metric_key
 from harness.cli.sweep import add_sweep_parser
 from harness.config.grids import load_grid
 from harness.engine.sweep import CELL_ATTR
+from harness.methods.plain import PlainHead
+from tests.revisions import PLAIN_TEST, RevisedPlainHead, plain_test
+from tests.waiting import training_past_an_epoch
 
 TINY_GRID = Path(__file__).parents[1] / "grids" / "tiny.toml"
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
@@ -173,32 +176,32 @@ def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, 
 
 @pytest.mark.parametrize("same_code", [True, False])
 def test_an_untagged_finished_run_is_adopted_only_when_the_same_code_made_it(
-    workdir, monkeypatch, capsys, same_code
+    workdir, capsys, same_code
 ):
     """A worker killed after its run finished but before tagging it: the next start adopts
     the run, unless the method has a newer revision since."""
     from harness.cli.main import main
-    from harness.methods.plain import PlainHead
 
-    grid_path = _grid(workdir, methods=("plain",))
-    grid = load_grid(grid_path)
-    assert (
-        main(
-            [
-                "run",
-                "--methods",
-                "plain",
-                "--protocol",
-                str(TINY_PROTOCOL),
-                "--experiment",
-                grid.experiment,
-            ]
+    grid_path = _grid(workdir, methods=(PLAIN_TEST,))
+    with plain_test():
+        grid = load_grid(grid_path)
+        assert (
+            main(
+                [
+                    "run",
+                    "--methods",
+                    PLAIN_TEST,
+                    "--protocol",
+                    str(TINY_PROTOCOL),
+                    "--experiment",
+                    grid.experiment,
+                ]
+            )
+            == 0
         )
-        == 0
-    )
-    if not same_code:
-        monkeypatch.setattr(PlainHead, "revision", 2)
-    assert _sweep("--grid", str(grid_path), "--storage", f"sqlite:///{workdir / 'optuna.db'}") == 0
+    with plain_test(PlainHead if same_code else RevisedPlainHead):
+        storage = f"sqlite:///{workdir / 'optuna.db'}"
+        assert _sweep("--grid", str(grid_path), "--storage", storage) == 0
     adopted = "adopted finished untagged run" in capsys.readouterr().err
     assert adopted == same_code
     assert len(_runs(grid.experiment)) == (1 if same_code else 2)
@@ -257,14 +260,13 @@ def test_test_time_cells_name_their_base_cell_and_keep_other_keys(tmp_path):
             load_grid(wrong)
 
 
-def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path, monkeypatch):
-    from harness.methods.plain import PlainHead
-
-    path = _grid(tmp_path, methods=("plain", "ngrouping"))
-    before = {c.method: c.key for c in load_grid(path).cells}
-    monkeypatch.setattr(PlainHead, "revision", 2)
-    after = {c.method: c.key for c in load_grid(path).cells}
-    assert after["plain"] != before["plain"] and after["ngrouping"] == before["ngrouping"]
+def test_a_method_revision_from_two_on_changes_its_cell_keys(tmp_path):
+    path = _grid(tmp_path, methods=(PLAIN_TEST, "ngrouping"))
+    with plain_test():
+        before = {c.method: c.key for c in load_grid(path).cells}
+    with plain_test(RevisedPlainHead):
+        after = {c.method: c.key for c in load_grid(path).cells}
+    assert after[PLAIN_TEST] != before[PLAIN_TEST] and after["ngrouping"] == before["ngrouping"]
 
 
 def test_diml_table1_grid():
@@ -494,7 +496,9 @@ def postgres(tmp_path):
 def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(workdir, postgres):
     import optuna
 
-    grid_path = _grid(workdir, methods=("plain", "ngrouping"), seeds=(0, 1))
+    # Four epochs a cell: a worker is still training when its run has logged the first.
+    extra = 'set = { "schedule.epochs" = 4 }\n'
+    grid_path = _grid(workdir, methods=("plain", "ngrouping"), seeds=(0, 1), extra=extra)
     grid = load_grid(grid_path)
     # Grace 15 s, not 4: on a loaded 2-core machine a live worker's heartbeat was late by
     # more than 4 s, another worker failed its trial as stale and ran the cell again.
@@ -521,18 +525,24 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
                 and "worker" in t.user_attrs
                 and CELL_ATTR in t.user_attrs
             ]
-            if running:
-                time.sleep(3)  # mid-cell
-                # The snapshot is 3 s old: the trial may have ended and its worker moved on
-                # (killing it then hit another cell, or one not yet heartbeating).
+            # Mid-cell: the trial's run has logged an epoch, so its worker has sent heartbeats
+            # for a while and is still training.
+            mid_cell = [
+                t
+                for t in running
+                if training_past_an_epoch(grid.experiment, **{CELL_ATTR: t.user_attrs[CELL_ATTR]})
+            ]
+            if mid_cell:
+                # The trial may have ended since the snapshot, its worker moved on (killing
+                # it then would hit another cell, or one not yet heartbeating).
                 now = next(
-                    t for t in study.get_trials(deepcopy=False) if t.number == running[0].number
+                    t for t in study.get_trials(deepcopy=False) if t.number == mid_cell[0].number
                 )
                 if now.state.name == "RUNNING":
                     victim = now
                     pid = int(victim.user_attrs["worker"].rsplit(":", 1)[1])
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert victim is not None, "no worker started a cell"
         for w in workers:
             w.wait(timeout=900)

@@ -23,6 +23,7 @@ from harness.config.grids import load_grid
 from harness.engine.cluster import read_jobs, sweep_folder
 from harness.engine.sweep import CELL_ATTR
 from tests import slurm_fakes
+from tests.waiting import training_past_an_epoch, wait_until
 
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
 
@@ -129,16 +130,18 @@ def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
 
 
 def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
-    """submitit's preemption signal (USR2) on the task mid-cell: the checkpoint hook fails
-    the cell's trial at once and queues the cell again; submitit requeues the task, which
-    runs the cell to its one FINISHED run."""
-    grid_path = _grid(workdir, methods=("plain",), epochs=12)  # still training 3 s in
+    """submitit's preemption signal (USR2) on the task mid-cell (as soon as its run has
+    logged the first of 8 epochs): the checkpoint hook fails the cell's trial at once and
+    queues the cell again; submitit requeues the task, which runs the cell to its one
+    FINISHED run."""
+    grid_path = _grid(workdir, methods=("plain",), epochs=8)
     grid = load_grid(grid_path)
     storage = "sqlite:///results/optuna.db"
     argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
     assert main(argv) == 0
     trial = _wait_for_running_trial(grid, storage)
-    time.sleep(3)  # mid-cell
+    cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
+    wait_until(lambda: training_past_an_epoch(grid.experiment, **cell), "the cell's first epoch")
     os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGUSR2)
     _wait_for_tasks(grid)
     trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)

@@ -29,7 +29,7 @@ import torch
 
 from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
-from harness.components.losses import MetricLoss, MinedTriplets
+from harness.components.losses import MinedTriplets
 from harness.config.protocol_files import load_protocol
 from harness.engine.data import prepare_splits
 from harness.engine.recorder import InMemoryRecorder, StepFlush
@@ -42,12 +42,14 @@ STEPS, SYNC_EVERY = 4, 2
 #: Options under which a method's step works on the host by design, with one transfer per
 #: step (each says why in step_host_reads): SAM's greedy selection on the host.
 ONE_TRANSFER_PER_STEP = {"sam": {"selection": "host"}, "sam_quadruplet": {"selection": "host"}}
-#: Host-only work inside a step, counted in its own section: draws from torch's global
-#: (CPU) generator.
-HOST_DRAWS = ((sam_tuples, "_random_order"), (sam_tuples, "_random_index"))
-#: SAM's host selection reads which fixed-shape tuples are valid (``MinedTriplets.compact``),
-#: counted in its own section; no other method may.
-COMPACTION = (MinedTriplets, "compact")
+#: Host-only work inside a step, each counted in a section of its own: SAM's draws from
+#: torch's global (CPU) generator, and its host selection's read of which fixed-shape
+#: tuples are valid (``MinedTriplets.compact``), which no other method may make.
+HOST_SECTIONS = {
+    (sam_tuples, "random_order"): "host draws",
+    (sam_tuples, "random_index"): "host draws",
+    (MinedTriplets, "compact"): "compaction",
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +84,12 @@ def _count_steps(
     trainer = Trainer.from_config(cfg, splits, recorder=recorder)
     trainer.step.autocast_dtype = autocast  # the CPU's bfloat16 autocast stands for the GPU's
     trainer.batches.loader = list(trainer.batches.loader)
-    mine = MetricLoss._mine
     with SyncCounter() as counter:
-
-        def counted_mine(self, embeddings, labels):
-            with counter.section("mining"):
-                return mine(self, embeddings, labels)
-
-        monkeypatch.setattr(MetricLoss, "_mine", counted_mine)
-        for owner, name in HOST_DRAWS:
-            monkeypatch.setattr(
-                owner, name, _in_section(counter, "host draws", getattr(owner, name))
-            )
-        owner, name = COMPACTION
-        monkeypatch.setattr(owner, name, _in_section(counter, "compaction", getattr(owner, name)))
+        metric_loss = trainer.metric_loss  # this trainer's part: its mining counted apart
+        metric_loss.mine = _in_section(counter, "mining", metric_loss.mine)
+        for (owner, name), section in HOST_SECTIONS.items():
+            # Work deep inside a method's step that no part passed in reaches: counted apart.
+            monkeypatch.setattr(owner, name, _in_section(counter, section, getattr(owner, name)))
         trainer.train_epoch(0)
     return counter, recorder.flushes, trainer.model.head
 

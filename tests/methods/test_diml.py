@@ -190,18 +190,14 @@ def test_batched_rerank_equals_a_per_pair_loop(marginals):
     )
 
 
-def test_float32_rerank_in_small_chunks_matches_float64(monkeypatch):
-    import harness.methods.diml_rerank as diml_rerank
-
+def test_float32_rerank_in_small_chunks_matches_float64():
     head = make(tol=1e-7, max_iter=1000)
     out, _ = embedded(head)
     qi = torch.arange(12)
     ci = torch.randint(0, 40, (12, 30), generator=gen(13))
     query = {"embedding": out.embedding[qi], "local": out.local[qi]}
     cands = {"embedding": out.embedding[ci], "local": out.local[ci]}
-    monkeypatch.setattr(diml_rerank, "SINKHORN_WINDOW", 64)  # many admissions and retirements
-    small = head.rerank_similarity(query, cands)
-    monkeypatch.undo()
+    small = head.rerank_similarity(query, cands, window=64)  # many admissions and retirements
     ref = head.rerank_similarity(
         {k: v.double() for k, v in query.items()}, {k: v.double() for k, v in cands.items()}
     )

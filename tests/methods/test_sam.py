@@ -17,7 +17,7 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.losses import MetricLoss, create_loss
 from harness.methods import METHODS, TrainingBatch, check_method_options, list_methods
-from harness.methods import sam as sam_module
+from harness.methods.base import MethodEntry
 from harness.methods.sam import (
     SAMHead,
     closed_form_attention,
@@ -30,6 +30,7 @@ from harness.methods.sam import (
     soft_mask,
     triplet_weights,
 )
+from harness.methods.sam_tuples import select_fixed_tuples
 from harness.reports.explanations import write_tuple_figures
 from tests.methods.sam_references import random_mined_batch, reference_select
 from tests.methods.test_conformance import BATCH, EMB, IMAGE, build, images
@@ -313,36 +314,34 @@ class SpyModel(nn.Module):
 
 @pytest.mark.parametrize("selection", ["host", "fixed"])
 @pytest.mark.parametrize("name", ["sam", "sam_siamese", "sam_quadruplet"])
-def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, selection, monkeypatch):
-    """The miner runs once; the metric loss and the tuple selection get its very tuples; the
-    masked pass embeds exactly the selected tuples' images (in the fixed shape, those of
-    every slot, kept or not), each multiplied by a mask in [0, 1]."""
+def test_masked_pass_uses_the_tuples_the_metric_loss_mined(name, selection):
+    """The miner runs once; the metric loss gets its very tuples, and the masked pass embeds
+    exactly the images of the tuples selected from them (replayed from the same state of
+    torch's generator; in the fixed shape, those of every slot, kept or not), each
+    multiplied by a mask in [0, 1]."""
     model = build(name, selection=selection).train()
     head = model.head
     miner = SpyMiner()
     loss = SpyLoss(create_loss("triplet", num_classes=4, embedding_size=EMB))
     metric_loss = MetricLoss(loss, miner)
-    selected = []
-
-    def spy(select):
-        def spied(indices, *args):
-            out = select(indices, *args)
-            selected.append((indices, out))
-            return out
-
-        return spied
-
-    monkeypatch.setattr(sam_module, "select_tuples", spy(select_tuples))
-    monkeypatch.setattr(sam_module, "select_fixed_tuples", spy(sam_module.select_fixed_tuples))
     spy_model = SpyModel(model)
     x = images()
+    out = model(x)
     torch.manual_seed(0)
-    terms = head.loss_terms(model(x), TrainingBatch(LABELS, metric_loss, x, spy_model))
+    terms = head.loss_terms(out, TrainingBatch(LABELS, metric_loss, x, spy_model))
     assert set(terms) == {"metric", "similarity_mining"}
-    assert len(miner.mined) == 1 and len(loss.indices) == 1 and len(selected) == 1
+    assert len(miner.mined) == 1 and len(loss.indices) == 1
     mined = miner.mined[0]
-    assert loss.indices[0] is mined and selected[0][0] is mined
-    slots = selected[0][1]
+    assert loss.indices[0] is mined
+    torch.manual_seed(0)  # the miner's draws, then the selection's, as in the step
+    again = SpyMiner()(out.embedding.float(), LABELS)
+    assert all(torch.equal(a, b) for a, b in zip(again, mined, strict=True))
+    f = out.embedding
+    slots = (
+        select_tuples(mined, LABELS, head.form, f, head.mining, selection)
+        if selection == "host"
+        else select_fixed_tuples(mined, LABELS, head.form, f, head.mining)
+    )
     tuples = slots if selection == "host" else slots[0][slots[1]]
     k = {"sam": 3, "sam_siamese": 2, "sam_quadruplet": 4}[name]
     assert tuples.shape[1] == k and len(tuples) > 0
@@ -384,8 +383,15 @@ def _sm_term(model, x, **_):
     return out, terms["similarity_mining"]
 
 
+class DetachedMasksHead(SAMHead):
+    """SAM whose masks take a detached attention: M carries no gradient (test only)."""
+
+    def masks(self, attention, size):
+        return super().masks(attention.detach(), size)
+
+
 @pytest.mark.parametrize("stage", ["s32", "s16"])
-def test_similarity_mining_gradient_flows_through_the_attention(stage, monkeypatch):
+def test_similarity_mining_gradient_flows_through_the_attention(stage):
     """The first pass's map enters L_sm only through M (the masks): its gradient is non-zero,
     and zero once M is detached; the head's weights get a different gradient without it."""
     model = build("sam", stage=stage).train()
@@ -395,13 +401,13 @@ def test_similarity_mining_gradient_flows_through_the_attention(stage, monkeypat
     grad_map, grad_w = torch.autograd.grad(l_sm, [fmap, model.head.project.weight])
     assert grad_map.abs().sum() > 0
 
-    original = SAMHead.masks
-    monkeypatch.setattr(
-        SAMHead, "masks", lambda self, att, size: original(self, att.detach(), size)
-    )
-    out, l_sm = _sm_term(model, x)
+    name = "sam-detached-masks"
+    with METHODS.temporarily(name, MethodEntry(name, DetachedMasksHead, METHODS.get("sam").preset)):
+        detached = build(name, stage=stage).train()
+    detached.load_state_dict(model.state_dict())  # the same weights
+    out, l_sm = _sm_term(detached, x)
     grad_map_d, grad_w_d = torch.autograd.grad(
-        l_sm, [out.extras["map"], model.head.project.weight], allow_unused=True
+        l_sm, [out.extras["map"], detached.head.project.weight], allow_unused=True
     )
     assert grad_map_d is None or grad_map_d.abs().sum() == 0
     assert not torch.allclose(grad_w, grad_w_d)

@@ -250,8 +250,19 @@ def load_part_mask(root: Path, relpath: str) -> np.ndarray:
     marker="manifest.json",
     embedded=True,
 )
-def load_synthetic(data_root: Path | None, seed: int = 0) -> DatasetSplits:
-    root = generate(synthetic_root(data_root, seed), seed)
+def load_synthetic(
+    data_root: Path | None,
+    seed: int = 0,
+    *,
+    num_classes: int = NUM_CLASSES,
+    images_per_class: int = IMAGES_PER_CLASS,
+    size: int = IMAGE_SIZE,
+) -> DatasetSplits:
+    """The set under ``data_root``, generated there first if it is not (or again if its
+    manifest is cut short); ``num_classes``, ``images_per_class`` and ``size``: the set it
+    generates (a small one for tests; a set already there is read as it is)."""
+    sizes = {"num_classes": num_classes, "images_per_class": images_per_class, "size": size}
+    root = generate(synthetic_root(data_root, seed), seed, **sizes)
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         items = manifest["items"]
@@ -261,7 +272,7 @@ def load_synthetic(data_root: Path | None, seed: int = 0) -> DatasetSplits:
             file=sys.stderr,
         )
         shutil.rmtree(root)
-        root = generate(root, seed)
+        root = generate(root, seed, **sizes)
         manifest = json.loads((root / "manifest.json").read_text())
         items = manifest["items"]
     labels = np.array([it["label"] for it in items], dtype=np.int64)
