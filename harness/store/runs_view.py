@@ -11,7 +11,8 @@ The view's table shows one row per run: its name, the headline test metrics in %
 (their display copies, :func:`harness.base.metric_keys.display_copies`), then its method,
 dataset, loss and seed, best P@1 first; the headline columns come first, so that they fit
 a 1000 px window. Its charts open on two sections: the headline test metrics, one dot per
-run against its method (the MLflow UI's bar charts name no run), and the curves, the
+run above its method's name (the MLflow UI's bar charts name no run, and its scatter
+charts leave a y axis 80 px of labels, a x axis the room they need), and the curves, the
 validation split's selection metric in % per epoch, ``train/loss`` and ``train/lr``
 (log scale) per step. Every other metric keeps its chart in its group's section,
 collapsed; a group no run has gets no section.
@@ -107,8 +108,8 @@ def _charts(selection: str, metric_keys: set[str]) -> list[dict]:
             f"chart-{READABLE[name]}",
             headline,
             type="SCATTER",
-            xaxis={"key": READABLE[name], "type": "METRIC"},
-            yaxis={"key": "method", "type": "PARAM"},
+            xaxis={"key": "method", "type": "PARAM"},
+            yaxis={"key": READABLE[name], "type": "METRIC"},
         )
         for name in HEADLINE
     ]

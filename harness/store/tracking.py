@@ -272,6 +272,7 @@ class Tracker:
         the epoch its weights were selected at, is its tag ``selected_epoch``. MLflow links
         to a model the run's metrics logged at the step the model is logged at: at the
         selected epoch that would give it the per-step ``train/loss`` of that global step.
+        So the model is logged after the run's last step, where no metric is.
 
         Kept cheap: the pip requirements are named (MLflow would otherwise load the model
         in a subprocess to infer them) and the input example is not run again through a
@@ -287,7 +288,7 @@ class Tracker:
             *([f"dml-harness=={version}"] if (version := harness_version()) else []),
         ]
         latest = self._latest_metrics()
-        last_step = max((m.step for m in latest.values()), default=0)
+        after = max((m.step for m in latest.values()), default=-1) + 1
         # The logged model belongs to the fluent API's active experiment, not to the run's.
         mlflow.set_experiment(experiment_id=self.experiment_id)
         # "pt2": the graph exported by torch.export, loaded without unpickling code (and
@@ -304,14 +305,14 @@ class Tracker:
                 input_example=input_example,
                 pip_requirements=requirements,
                 run_id=self.run_id,
-                step=last_step,
+                step=after,
                 tags={**self._source_tags(), **(tags or {}), "selected_epoch": str(step)},
                 registered_model_name=registered_name or None,
                 serialization_format="pt2",
                 validate_serving_input=False,
             )
         self.model_ids.append(info.model_id)
-        self._link_final_metrics(info.model_id, latest, last_step)
+        self._link_final_metrics(info.model_id, latest)
         return info.model_uri
 
     def _latest_metrics(self) -> dict:
@@ -324,18 +325,17 @@ class Tracker:
                 latest[key] = max(history, key=lambda m: (m.step, m.timestamp))
         return latest
 
-    def _link_final_metrics(self, model_id: str, latest: dict, last_step: int) -> None:
-        """Link the run's final metrics (``latest``) to logged model ``model_id``, so its
-        page shows them: those at ``last_step``, which MLflow linked as it logged the model,
-        and the display copies of the test metrics, which :meth:`log_model_scores` links
-        with the dataset, excepted. The points are the run's own (same time and step), so
-        the run's history gains none."""
+    def _link_final_metrics(self, model_id: str, latest: dict) -> None:
+        """Link the run's final metrics (``latest``) to logged model ``model_id``, so that
+        its page shows them; the display copies of the test metrics excepted, which
+        :meth:`log_model_scores` links with the dataset. The points are the run's own (same
+        time and step), so the run's history gains none."""
         from mlflow.entities import Metric
 
         items = [
             Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id)
             for m in latest.values()
-            if m.step != last_step and m.key not in READABLE.values()
+            if m.key not in READABLE.values()
         ]
         for start in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[start : start + 1000])

@@ -21,28 +21,29 @@ __all__ = ["COLOUR_TAG", "PALETTE", "prepare_runs", "run_colours"]
 #: The run tag whose colour the MLflow UI draws a run in.
 COLOUR_TAG = "mlflow.runColor"
 #: Twenty colours of maximum contrast (K. L. Kelly, "Twenty-two colors of maximum
-#: contrast", Color Engineering 3(26), 1965; white and black left out), most distinct first.
+#: contrast", Color Engineering 3(26), 1965; white and black left out), in an order that
+#: keeps the first eleven (a run of every method) apart in hue.
 PALETTE = (
-    "#0067a5",
-    "#f38400",
-    "#008856",
-    "#be0032",
-    "#875692",
-    "#f3c300",
-    "#a1caf1",
-    "#848482",
-    "#e68fac",
-    "#604e97",
-    "#8db600",
-    "#882d17",
-    "#c2b280",
-    "#f99379",
-    "#b3446c",
-    "#dcd300",
-    "#654522",
-    "#e25822",
-    "#2b3d26",
-    "#f6a600",
+    "#0067a5",  # blue
+    "#f38400",  # orange
+    "#008856",  # green
+    "#be0032",  # red
+    "#875692",  # purple
+    "#f3c300",  # yellow
+    "#a1caf1",  # light blue
+    "#848482",  # grey
+    "#e68fac",  # purplish pink
+    "#8db600",  # yellow green
+    "#882d17",  # reddish brown
+    "#c2b280",  # buff
+    "#f99379",  # yellowish pink
+    "#b3446c",  # purplish red
+    "#dcd300",  # greenish yellow
+    "#604e97",  # violet
+    "#654522",  # yellowish brown
+    "#e25822",  # reddish orange
+    "#2b3d26",  # olive green
+    "#f6a600",  # orange yellow
 )
 #: The params that say how a run selects its weights.
 _SELECTION_PARAM = "protocol.selection.metric"
