@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -315,11 +316,13 @@ class Tracker:
         self._link_final_metrics(info.model_id, latest)
         return info.model_uri
 
-    def _latest_metrics(self) -> dict:
-        """The run's latest point of each metric (MLflow's: the highest step, then the
-        latest time), as MLflow ``Metric`` objects."""
+    def _latest_metrics(self, keys: Iterable[str] | None = None) -> dict:
+        """The run's latest point of each metric (of those named ``keys``, default all;
+        MLflow's latest: the highest step, then the latest time), as MLflow ``Metric``
+        objects by key."""
         latest = {}
-        for key in self.client.get_run(self.run_id).data.metrics:
+        logged = self.client.get_run(self.run_id).data.metrics
+        for key in logged if keys is None else [k for k in keys if k in logged]:
             history = self.client.get_metric_history(self.run_id, key)
             if history:
                 latest[key] = max(history, key=lambda m: (m.step, m.timestamp))
@@ -366,7 +369,7 @@ class Tracker:
         now = int(time.time() * 1000)
         model_id = model_uri.removeprefix("models:/")
         linked = {m.key for m in self.client.get_logged_model(model_id).metrics or []}
-        latest = self._latest_metrics()
+        latest = self._latest_metrics(scores)
         name, digest = dataset
         items = []
         for key, value in scores.items():

@@ -92,6 +92,19 @@ def test_metric_keys_round_trip_and_sort_the_headline_first():
         metric_key("tests", "nmi")
 
 
+def test_display_copies_are_the_headline_metrics_of_test_and_validation_in_percent():
+    logged = {
+        metric_key("test", "precision_at_1"): 0.459027777,
+        metric_key("test", "recall_at_8"): 0.9,
+        metric_key("val", "mean_average_precision_at_r"): 0.0229,
+        metric_key("paper_selection", "nmi"): 0.5,
+        metric_key("train", "loss"): 1.0,
+    }
+    assert display_copies(logged) == {"P at 1": 45.9, "val MAP at R": 2.29}
+    assert display_key("test", "nmi") == "NMI" and display_key("val", "recall_at_1") == "val R at 1"
+    assert display_key("train", "loss") is None and display_key("test", "recall_at_8") is None
+
+
 def test_every_metric_is_in_a_group_with_the_headline_first(store):
     records, _ = store
     for method in ("plain", "diml"):
