@@ -11,10 +11,12 @@ MLflow's UI groups charts and the metric-column picker by the part before the fi
 - ``explain/``: faithfulness scores of the explanations and group attention mass;
 - ``system/``: throughput, wall time and memory.
 
-The headline test metrics are logged once more outside the groups, as percentages
-rounded to two decimals under short keys (:data:`READABLE`: ``P at 1``, ``R at 1``,
-``MAP at R``, ``NMI``), for the MLflow UI's columns and charts; MLflow allows no ``@``
-in a key. Tables and records read the grouped fractions, never these.
+The headline metrics of the test and validation splits are logged once more outside the
+groups, as percentages rounded to two decimals (:func:`display_copies`): the test split's
+under short keys (:data:`READABLE`: ``P at 1``, ``R at 1``, ``MAP at R``, ``NMI``), the
+validation split's with ``val`` before them (``val MAP at R``, per epoch), for the MLflow
+UI's columns and charts; MLflow allows no ``@`` or ``%`` in a key. Tables and records read
+the grouped fractions, never these.
 
 The UI lists a group's metrics alphabetically. The protocol's headline metrics (P@1,
 R@1, MAP@R, NMI) carry a rank digit after the slash (``test/1_precision_at_1``), which
@@ -26,7 +28,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["GROUPS", "HEADLINE", "READABLE", "metric_key", "split_key", "group_metrics", "readable"]
+__all__ = [
+    "GROUPS",
+    "HEADLINE",
+    "READABLE",
+    "DISPLAY_GROUPS",
+    "metric_key",
+    "split_key",
+    "group_metrics",
+    "readable",
+    "display_key",
+    "display_copies",
+]
 
 GROUPS = ("test", "val", "paper_selection", "train", "explain", "system")
 #: The protocol's headline metrics, in the order tables and the UI show them.
@@ -38,6 +51,8 @@ READABLE = {
     "mean_average_precision_at_r": "MAP at R",
     "nmi": "NMI",
 }
+#: The groups whose headline metrics get a display copy, and the prefix of its key.
+DISPLAY_GROUPS = {"test": "", "val": "val "}
 
 
 def metric_key(group: str, name: str) -> str:
@@ -78,3 +93,25 @@ def readable(scores: Mapping[str, float]) -> dict[str, float]:
     ``{"precision_at_1": 0.45902}`` -> ``{"P at 1": 45.9}``. A column of these reads at a
     glance, where the fractions show as ``0.45902777...``."""
     return {READABLE[name]: round(100 * scores[name], 2) for name in HEADLINE if name in scores}
+
+
+def display_key(group: str, name: str) -> str | None:
+    """The key of the display copy (a percentage) of headline metric ``name`` of ``group``:
+    ``P at 1`` for the test split's P@1, ``val MAP at R`` for the validation split's MAP@R;
+    None for a metric or group without one."""
+    if group not in DISPLAY_GROUPS or name not in READABLE:
+        return None
+    return DISPLAY_GROUPS[group] + READABLE[name]
+
+
+def display_copies(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The display copies of the headline metrics among logged ``metrics`` (keys as logged,
+    fractions), each a percentage rounded to two decimals:
+    ``{"val/3_mean_average_precision_at_r": 0.0229}`` -> ``{"val MAP at R": 2.29}``."""
+    copies = {}
+    for key, value in metrics.items():
+        parts = split_key(key)
+        copy = display_key(*parts) if parts is not None else None
+        if copy is not None:
+            copies[copy] = round(100 * value, 2)
+    return copies

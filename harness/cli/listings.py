@@ -11,10 +11,10 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.fetch import add_fetch_parser, add_verify_parser
-from harness.cli.processes import open_when_up, serve_process_group
+from harness.cli.processes import serve_process_group
 from harness.cli.store import open_store
 
-__all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui"]
+__all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui", "announce_when_up"]
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
@@ -110,13 +110,14 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    """Serve the MLflow UI (:mod:`harness.store.ui_server`); print (and with ``--open`` open)
-    each experiment's runs page in the saved view *Metric learning*, the named or most
-    recently active experiment first."""
+    """Serve the MLflow UI (:mod:`harness.store.ui_server`) over the runs prepared for it
+    (:func:`harness.store.ui_runs.prepare_runs`); once it answers, print (and with ``--open``
+    open) each experiment's runs page, the named or most recently active experiment first."""
     from harness.store.location import tracking_uri
     from harness.store.queries import experiments_by_activity
     from harness.store.ui import prepare_for_ui, ui_url
-    from harness.store.ui_server import add_readable_headline, server_command, server_environment
+    from harness.store.ui_runs import prepare_runs
+    from harness.store.ui_server import server_command, server_environment
 
     check_port_free(args.host, args.port)
     open_store()
@@ -131,19 +132,45 @@ def cmd_ui(args: argparse.Namespace) -> int:
             )
         experiments = named + [e for e in experiments if e[1] != args.experiment]
     for exp_id, _ in experiments:
-        prepare_for_ui(exp_id)  # the runs view the printed pages open
-        add_readable_headline(exp_id)  # its columns, for runs recorded without them
+        prepare_for_ui(exp_id)
+        prepare_runs(exp_id)  # display copies, colours, the view fitted to the runs
     pages = [(name, ui_url(base, exp_id)) for exp_id, name in experiments] or [
         ("experiments", ui_url(base))
     ]
-    print(f"MLflow UI over {tracking_uri()}:", file=sys.stderr)
+    print(f"MLflow UI over {tracking_uri()}: starting on {base} ...", file=sys.stderr, flush=True)
+    with server_environment() as env:
+        return serve_process_group(
+            server_command(args.host, args.port),
+            env=env,
+            started=lambda server: announce_when_up(base, pages, server, open_first=args.open),
+        )
+
+
+def announce_when_up(
+    base: str, pages: list[tuple[str, str]], server, *, open_first: bool = False, every: float = 0.5
+) -> bool:
+    """Once the server at ``base`` answers its index page (a 2xx response), print ``pages``
+    (name, URL) and with ``open_first`` open the first in the default web browser; returns
+    False, printing nothing, when process ``server`` ends first."""
+    import time
+    import urllib.request
+    import webbrowser
+
+    while server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base}/", timeout=5):
+                break
+        except OSError:
+            time.sleep(every)
+    else:
+        return False
+    print("MLflow UI ready:", file=sys.stderr)
     for name, url in pages:
         print(f"  {name}: {url}", file=sys.stderr)
     sys.stderr.flush()
-    if args.open:
-        open_when_up(base, pages[0][1])
-    with server_environment() as env:
-        return serve_process_group(server_command(args.host, args.port), env=env)
+    if open_first:
+        webbrowser.open(pages[0][1])
+    return True
 
 
 def add_listing_parsers(subparsers) -> None:

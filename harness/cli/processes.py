@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["terminated", "serve_process_group", "stop_tree", "open_when_up"]
+__all__ = ["terminated", "serve_process_group", "stop_tree"]
 
 
 def terminated(signum, frame):
@@ -74,7 +75,10 @@ def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def serve_process_group(
-    cmd: list[str], grace: float = 10.0, env: dict[str, str] | None = None
+    cmd: list[str],
+    grace: float = 10.0,
+    env: dict[str, str] | None = None,
+    started: Callable[[subprocess.Popen], object] | None = None,
 ) -> int:
     """Run ``cmd`` (a server) until it exits; on SIGTERM or SIGINT stop it and every
     process it started, then exit.
@@ -85,33 +89,16 @@ def serve_process_group(
     port. When the command ends otherwise, the server and its workers are stopped as a
     tree (:func:`stop_tree`). Returns the server's exit status; a signal ends in
     ``KeyboardInterrupt`` (exit 130 through :func:`main`) once they are gone. ``env``: the
-    server's environment (default: this process's)."""
+    server's environment (default: this process's); ``started``: called with the server's
+    process once it is started (e.g. to wait until it answers), before waiting for it."""
     previous = signal.signal(signal.SIGTERM, terminated)
     proc = subprocess.Popen(cmd, env=env)
     try:
+        if started is not None:
+            started(proc)
         return proc.wait()
     finally:  # interrupted (or failed): the server and its workers go with us
         signal.signal(signal.SIGTERM, previous)
         stop_tree(proc, grace)
         proc.wait()
 
-
-def open_when_up(base: str, url: str, timeout: float = 120.0) -> None:
-    """Open ``url`` in the default browser once the server at ``base`` answers its
-    ``/health`` page, within ``timeout`` seconds (``ui --open``). Returns at once: a daemon
-    thread waits, so the server starts meanwhile."""
-    import threading
-    import urllib.request
-    import webbrowser
-
-    def wait_and_open() -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2):
-                    webbrowser.open(url)
-                    return
-            except OSError:
-                time.sleep(0.5)
-
-    threading.Thread(target=wait_and_open, daemon=True).start()

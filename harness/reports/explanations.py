@@ -32,6 +32,8 @@ from harness.methods.base import FigureData, FigureSet, HeadOutput, Link, Method
 
 __all__ = [
     "log_explanations",
+    "NO_MAPS_ARTIFACT",
+    "no_maps_note",
     "draw_overlay",
     "heat_scale",
     "draw_figure",
@@ -255,6 +257,7 @@ def log_explanations(
     _log_triplet_figure(model, splits, protocol, device, out_dir, tracker, label)
     maps = model.head.explain(batch.images, batch.output)
     if maps is None:
+        tracker.log_text(no_maps_note(model.head.registry_name), NO_MAPS_ARTIFACT)
         return
     _log_maps_figure(batch, maps, out_dir, tracker, f"{label}: maps on the first {n} test images")
     raw = batch.output.attention if batch.output.attention is not None else maps
@@ -263,6 +266,24 @@ def log_explanations(
         _log_part_mass(
             shares, ["background", *splits.extras["parts"]], tracker, model.head.registry_name
         )
+
+
+#: The artifact that says why a run has no maps of its own, and where its baseline's are.
+NO_MAPS_ARTIFACT = "explanations/README.md"
+
+
+def no_maps_note(method: str) -> str:
+    """Why a run of ``method`` (a head without explanation maps) logs no maps, and where
+    the maps of its similarity Grad-CAM baseline come from."""
+    return (
+        f"# No maps of its own\n\n{method} computes no explanation maps: its head gives the "
+        "embedding alone (no attention, groups, transport or attribution to draw), so this "
+        "run logs no maps figure.\n\nThe similarity Grad-CAM baseline (Selvaraju et al. 2017, "
+        "Eq. 1-2, with the pair's cosine as the score) explains any run: "
+        "`python -m harness explain --run RUN_ID` draws it and scores it against the part "
+        "masks and with deletion and insertion curves; its figures go to this run's "
+        "`explain/` artifacts (harness.engine.explain).\n"
+    )
 
 
 def _log_pair_figure(head: Method, batch: ImageBatch, out_dir: Path, tracker, label: str) -> None:

@@ -108,51 +108,44 @@ def run_note(
     init_from: str = "",
     evaluate_only: bool = False,
 ) -> str:
-    """The Markdown summary a run shows as its description in the MLflow UI: what ran,
-    the headline test metrics in % (:func:`_headline_table`), the selected epoch, and
-    every departure from the protocol and from the paper."""
-    lines = [
-        f"**{method}** on **{dataset}**, protocol **{protocol}** (model selection: {selection})",
-        "",
-        *_headline_table(metrics),
-        "",
-    ]
+    """The Markdown summary a run shows as its description in the MLflow UI, read in three
+    places: the run's page (which shows its first lines and folds the rest under *Show
+    more*), its logged model's page, and the tooltip of a run in the UI's charts (the first
+    two lines, as raw text). So it opens with plain text, no Markdown: what ran and its
+    headline test metrics in % with two decimals (:func:`_headline`); then the deviations
+    from the paper, counted and named (``paper_deviations``: one ``name: text`` line each),
+    and the protocol's, which the run's tag ``deviations`` holds; then how the weights were
+    selected; the paper's deviations in full last."""
     if evaluate_only:
-        lines.append(
-            f"Selected epoch {selected_epoch}, of the trained run `{init_from}` whose weights "
-            f"this run evaluates."
-        )
+        source = f", of the trained run {init_from}, whose weights this run evaluates"
     else:
-        lines.append(
-            f"Selected epoch {selected_epoch}"
-            + (f", trained from run `{init_from}`." if init_from else ".")
-        )
-    lines += [
+        source = f", trained from run {init_from}" if init_from else ""
+    names = [d.split(":", 1)[0] for d in paper_deviations]
+    lines = [
+        f"{method} on {dataset}, protocol {protocol}. Test: {_headline(metrics)}.",
         "",
-        "Deviations from the protocol: " + ("; ".join(deviations) if deviations else "none") + ".",
+        "Deviations from the paper: "
+        + (f"{len(names)} ({', '.join(names)}; below)" if names else "none")
+        + ". From the protocol (tag deviations): "
+        + ("; ".join(deviations) if deviations else "none")
+        + ".",
+        "",
+        f"Model selection: {selection}, epoch {selected_epoch}{source}.",
     ]
-    lines += ["", "Deviations from the paper:" + ("" if paper_deviations else " none.")]
-    lines += [f"- {d}" for d in paper_deviations]
+    if paper_deviations:
+        lines += ["", "Deviations from the paper:", "", *[f"- {d}" for d in paper_deviations]]
     return "\n".join(lines) + "\n"
 
 
-def _headline_table(metrics: dict[str, float]) -> list[str]:
-    """The headline metrics as a Markdown table in %, with a header separator (the caller
-    puts blank lines around it), as the MLflow UI's Markdown needs to render a table. The UI
-    pads no table cell, so every column after the first starts with an em space: without
-    it the values run together (``45.9013.2064.42``). R@1 shares P@1's column when the two
-    agree, as they do for retrieval of the nearest neighbour: two columns of the same
-    number read as a mistake."""
-    columns = [(_short(m), f"{100 * metrics[m]:.2f}") for m in HEADLINE if m in metrics]
-    names = [name for name, _ in columns]
+def _headline(metrics: dict[str, float]) -> str:
+    """The headline metrics in % with two decimals (``P@1 45.90 %, MAP@R 13.20 %``). R@1
+    shares P@1's entry when the two agree, as they do for retrieval of the nearest
+    neighbour: the same number twice reads as a mistake."""
+    entries = [(_short(m), f"{100 * metrics[m]:.2f} %") for m in HEADLINE if m in metrics]
+    names = [name for name, _ in entries]
     if {"P@1", "R@1"} <= set(names):
         p, r = names.index("P@1"), names.index("R@1")
-        if columns[p][1] == columns[r][1]:
-            columns[p] = ("P@1 = R@1", columns[p][1])
-            del columns[r]
-    gutter = ["", *["&emsp;"] * (len(columns) - 1)]
-    return [
-        "| " + " | ".join(g + name for g, (name, _) in zip(gutter, columns, strict=True)) + " |",
-        "|" + "|".join(" ---: " for _ in columns) + "|",
-        "| " + " | ".join(g + value for g, (_, value) in zip(gutter, columns, strict=True)) + " |",
-    ]
+        if entries[p][1] == entries[r][1]:
+            entries[p] = ("P@1 = R@1", entries[p][1])
+            del entries[r]
+    return ", ".join(f"{name} {value}" for name, value in entries) or "none"

@@ -5,10 +5,16 @@ rather than as absolute paths, so that the database and the folder move as one.
 MLflow resolves a proxied URI through a tracking server started with
 ``--artifacts-destination`` (``harness ui`` starts one on the folder beside the database).
 Without a server (``harness run``, tables, a notebook with the SQLite URI),
-:func:`resolve_proxied_locally` makes this process resolve it to that folder. A store
-moved with its folder then serves its artifacts and models from the new place, through
-``harness ui`` and in Python alike; the absolute location MLflow would record otherwise
-keeps pointing at the original, which may be gone.
+:func:`proxied_repository` resolves it to that folder: the package declares it for the
+scheme as an ``mlflow.artifact_repository`` entry point, which MLflow registers in every
+Python process where the harness is installed, whether or not it imports the harness
+(and :func:`resolve_proxied_locally` registers it where the package is not installed).
+A store moved with its folder then serves its artifacts and models from the new place,
+through ``harness ui`` and in Python alike; the absolute location MLflow would record
+otherwise keeps pointing at the original, which may be gone.
+
+MLflow loads the entry point with its artifact repositories: this module imports nothing
+of the harness beyond itself, and MLflow only inside its functions.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = [
     "PROXIED_SCHEME",
     "sqlite_artifact_folder",
     "proxied_local_path",
+    "proxied_repository",
     "resolve_proxied_locally",
 ]
 
@@ -56,11 +63,12 @@ def proxied_local_path(artifact_uri: str, tracking_uri: str) -> Path | None:
     return folder / relative
 
 
-def _repository(
+def proxied_repository(
     artifact_uri: str, tracking_uri: str | None = None, registry_uri: str | None = None
 ):
     """MLflow's repository for ``artifact_uri`` (``mlflow-artifacts:``): the store's own
-    folder when the tracking URI is a SQLite store, else MLflow's proxy client (a server)."""
+    folder when the tracking URI (given, else MLflow's current one) is a SQLite store, else
+    MLflow's proxy client (a tracking server), as MLflow itself would give."""
     import mlflow
     from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
     from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
@@ -85,4 +93,4 @@ def resolve_proxied_locally() -> None:
     tracking URI and fails on a SQLite one."""
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
 
-    _artifact_repository_registry.register(PROXIED_SCHEME, _repository)
+    _artifact_repository_registry.register(PROXIED_SCHEME, proxied_repository)

@@ -14,16 +14,18 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.base.metric_keys import READABLE, display_copies
 from harness.config.overrides import flatten_keys
 from harness.store.artifacts import PROXIED_ROOT, resolve_proxied_locally, sqlite_artifact_folder
 from harness.store.location import artifact_root, tracking_uri
 from harness.store.provenance import harness_version
 from harness.store.runs_view import view_tag
-from harness.store.ui import EXPERIMENT_KIND_TAG, prepare_for_ui
+from harness.store.ui import EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, prepare_for_ui
 
 __all__ = [
     "flatten",
@@ -133,6 +135,8 @@ class Tracker:
         exp_id = experiment_id(experiment)
         self.experiment_id = exp_id
         self.client = mlflow.MlflowClient()
+        #: The logged models of this run logged here (their ids), which take its description.
+        self.model_ids: list[str] = []
         #: Whether ``run_id`` was found and continues; False when a new run was created
         #: (also when a checkpoint names a run that is not in this store and experiment:
         #: resuming another experiment's run would leave this experiment without it).
@@ -160,21 +164,27 @@ class Tracker:
             self.client.log_batch(self.run_id, params=fresh[i : i + 100])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
+        """Tags of the run; its description (:data:`RUN_NOTE_TAG`) is also the description of
+        the models logged here, which the UI's model page shows."""
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, tags=items[i : i + 100])
+        if RUN_NOTE_TAG in tags:
+            for model_id in self.model_ids:
+                self.client.set_logged_model_tags(model_id, {RUN_NOTE_TAG: str(tags[RUN_NOTE_TAG])})
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """``metrics`` at ``step``, and beside each headline metric of the test and validation
+        splits its display copy, a percentage (:func:`~harness.base.metric_keys.display_copies`),
+        at the same step."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [
-            Metric(k, float(v), now, step or 0)
-            for k, v in metrics.items()
-            if isinstance(v, int | float)
-        ]
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        numbers.update(display_copies(numbers))
+        items = [Metric(k, v, now, step or 0) for k, v in numbers.items()]
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 
@@ -259,6 +269,12 @@ class Tracker:
         The model's source is the run's (the harness command and its commit): MLflow would
         name the Python file that logged it, ``__main__.py`` for every harness command.
 
+        The model carries the run's final metrics (:meth:`_link_final_metrics`); ``step``,
+        the epoch its weights were selected at, is its tag ``selected_epoch``. MLflow links
+        to a model the run's metrics logged at the step the model is logged at: at the
+        selected epoch that would give it the per-step ``train/loss`` of that global step.
+        So the model is logged after the run's last step, where no metric is.
+
         Kept cheap: the pip requirements are named (MLflow would otherwise load the model
         in a subprocess to infer them) and the input example is not run again through a
         serving round trip (the caller computed ``output_example`` from it)."""
@@ -272,6 +288,8 @@ class Tracker:
             f"mlflow=={mlflow.__version__}",
             *([f"dml-harness=={version}"] if (version := harness_version()) else []),
         ]
+        latest = self._latest_metrics()
+        after = max((m.step for m in latest.values()), default=-1) + 1
         # The logged model belongs to the fluent API's active experiment, not to the run's.
         mlflow.set_experiment(experiment_id=self.experiment_id)
         # "pt2": the graph exported by torch.export, loaded without unpickling code (and
@@ -288,13 +306,42 @@ class Tracker:
                 input_example=input_example,
                 pip_requirements=requirements,
                 run_id=self.run_id,
-                step=step,
-                tags={**self._source_tags(), **(tags or {})},
+                step=after,
+                tags={**self._source_tags(), **(tags or {}), "selected_epoch": str(step)},
                 registered_model_name=registered_name or None,
                 serialization_format="pt2",
                 validate_serving_input=False,
             )
+        self.model_ids.append(info.model_id)
+        self._link_final_metrics(info.model_id, latest)
         return info.model_uri
+
+    def _latest_metrics(self, keys: Iterable[str] | None = None) -> dict:
+        """The run's latest point of each metric (of those named ``keys``, default all;
+        MLflow's latest: the highest step, then the latest time), as MLflow ``Metric``
+        objects by key."""
+        latest = {}
+        logged = self.client.get_run(self.run_id).data.metrics
+        for key in logged if keys is None else [k for k in keys if k in logged]:
+            history = self.client.get_metric_history(self.run_id, key)
+            if history:
+                latest[key] = max(history, key=lambda m: (m.step, m.timestamp))
+        return latest
+
+    def _link_final_metrics(self, model_id: str, latest: dict) -> None:
+        """Link the run's final metrics (``latest``) to logged model ``model_id``, so that
+        its page shows them; the display copies of the test metrics excepted, which
+        :meth:`log_model_scores` links with the dataset. The points are the run's own (same
+        time and step), so the run's history gains none."""
+        from mlflow.entities import Metric
+
+        items = [
+            Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id)
+            for m in latest.values()
+            if m.key not in READABLE.values()
+        ]
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
     def _source_tags(self) -> dict[str, str]:
         """The run's source tags (command, source type, commit)."""
@@ -313,25 +360,34 @@ class Tracker:
     ) -> None:
         """``scores`` of the logged model ``model_uri`` (``models:/<id>``) on ``dataset``
         (name, digest of its split, as :meth:`log_dataset` logged it), as metrics of this
-        run at step 0 that MLflow links to the model and the dataset: the UI's Models tab
-        lists the model's dataset and these scores under it."""
+        run that MLflow links to the model and the dataset: the UI's Models tab lists the
+        model's dataset and these scores under it. A score the run holds already (a display
+        copy of a test metric) is linked as that point; one linked to the model already
+        stays as it is."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         model_id = model_uri.removeprefix("models:/")
+        linked = {m.key for m in self.client.get_logged_model(model_id).metrics or []}
+        latest = self._latest_metrics(scores)
         name, digest = dataset
-        items = [
-            Metric(
-                key,
-                float(value),
-                now,
-                0,
-                model_id=model_id,
-                dataset_name=name,
-                dataset_digest=digest,
+        items = []
+        for key, value in scores.items():
+            if key in linked:
+                continue
+            own = latest.get(key)
+            timestamp, step = (own.timestamp, own.step) if own and own.value == value else (now, 0)
+            items.append(
+                Metric(
+                    key,
+                    float(value),
+                    timestamp,
+                    step,
+                    model_id=model_id,
+                    dataset_name=name,
+                    dataset_digest=digest,
+                )
             )
-            for key, value in scores.items()
-        ]
         if items:
             self.client.log_batch(self.run_id, metrics=items)
 

@@ -30,7 +30,8 @@ EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 #: charts); without it, MLflow 3 opens the generative-AI view (traces) or the browser's last.
 ML_VIEW_QUERY = "workflowType=machine_learning"
 #: The saved view of the runs table that every experiment carries (the UI's Views menu;
-#: ``viewStateShareKey`` in a URL opens it; :mod:`harness.store.runs_view`).
+#: ``viewStateShareKey`` in a URL opens it; ``harness ui`` makes it the runs page's state in
+#: a browser that holds none; :mod:`harness.store.runs_view`).
 RUNS_VIEW = (VIEW_KEY, VIEW_NAME)
 
 
@@ -53,10 +54,12 @@ def prepare_for_ui(experiment: str) -> None:
 
 def ui_url(base: str, experiment: str | None = None, run_id: str = "") -> str:
     """The MLflow UI's page, in the model-training view, of the experiments (no
-    ``experiment``), of experiment id ``experiment``'s runs (in :data:`RUNS_VIEW`), or of
-    its run ``run_id``."""
+    ``experiment``), of experiment id ``experiment``'s runs, or of its run ``run_id``. The
+    runs page opens in :data:`RUNS_VIEW` where the browser holds no state of its own for
+    the experiment (``harness ui``'s page sets it, :mod:`harness.store.ui_app`), editable
+    there as any runs page; ``viewStateShareKey`` would open the saved view read-only."""
     if experiment is None:
         return f"{base.rstrip('/')}/#/experiments?{ML_VIEW_QUERY}"
     if run_id:
         return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{ML_VIEW_QUERY}"
-    return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment}/runs?{ML_VIEW_QUERY}"

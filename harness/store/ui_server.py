@@ -22,22 +22,25 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.base.metric_keys import group_metrics, readable
 from harness.store.artifacts import PROXIED_ROOT
 from harness.store.location import artifact_root, tracking_uri
 
-__all__ = ["APP_NAME", "server_command", "server_environment", "add_readable_headline"]
+__all__ = ["APP_NAME", "WORKERS", "server_command", "server_environment"]
 
 #: The name of the harness's application for ``mlflow server --app-name``.
 APP_NAME = "dml-harness-ui"
 _APP = "harness.store.ui_app:app"
+#: The server's worker processes: one serves a person's browser, and each imports MLflow
+#: before the server answers (measured on 2 busy cores: 54 s to the first answer with one
+#: worker, 113 s with MLflow's default of 4).
+WORKERS = 1
 
 
 def server_command(host: str, port: int) -> list[str]:
     """The ``mlflow server`` command line of the UI over the tracking store: the harness's
-    application (:data:`APP_NAME`), serving artifacts (``mlflow-artifacts:`` URIs) from
-    :func:`harness.store.tracking.artifact_root`, where :mod:`harness.store.artifacts`
-    puts them."""
+    application (:data:`APP_NAME`) in :data:`WORKERS` worker, serving artifacts
+    (``mlflow-artifacts:`` URIs) from :func:`harness.store.location.artifact_root`, where
+    :mod:`harness.store.artifacts` puts them."""
     return [
         sys.executable,
         "-m",
@@ -52,6 +55,8 @@ def server_command(host: str, port: int) -> list[str]:
         PROXIED_ROOT,
         "--app-name",
         APP_NAME,
+        "--workers",
+        str(WORKERS),
         "--host",
         host,
         "--port",
@@ -64,7 +69,9 @@ def server_environment() -> Iterator[dict[str, str]]:
     """The environment of the server process while it runs: ``PYTHONPATH`` leads with a
     temporary folder declaring :data:`APP_NAME` (an ``mlflow.app`` entry point in a
     ``.dist-info`` folder, as an installed package declares one) and with the folder this
-    harness is imported from, so that the server's workers import the same code."""
+    harness is imported from, so that the server's workers import the same code;
+    ``MLFLOW_TRACKING_URI`` names the store, which the application reads the experiments'
+    saved views from (:mod:`harness.store.ui_app`)."""
     with tempfile.TemporaryDirectory(prefix="harness-ui-") as folder:
         info = Path(folder) / "dml_harness_ui-1.dist-info"
         info.mkdir()
@@ -72,29 +79,8 @@ def server_environment() -> Iterator[dict[str, str]]:
         (info / "entry_points.txt").write_text(f"[mlflow.app]\n{APP_NAME} = {_APP}\n")
         source = str(Path(__file__).resolve().parents[2])
         path = [folder, source, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        yield {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-
-
-def add_readable_headline(experiment: str) -> int:
-    """Log the readable headline metrics (:func:`harness.base.metric_keys.readable`) on the
-    finished runs of experiment id ``experiment`` recorded without them, from their test
-    metrics; returns how many runs got them. The saved view's columns and bars show these,
-    so runs recorded before they were logged would show empty cells."""
-    import time
-
-    import mlflow
-    from mlflow.entities import Metric
-
-    client = mlflow.MlflowClient(tracking_uri())
-    runs = client.search_runs(
-        [experiment], filter_string="attributes.status = 'FINISHED'", max_results=50000
-    )
-    done = 0
-    for run in runs:
-        scores = readable(group_metrics(run.data.metrics, "test"))
-        if not scores or set(scores) <= set(run.data.metrics):
-            continue
-        now = int(time.time() * 1000)
-        client.log_batch(run.info.run_id, metrics=[Metric(k, v, now, 0) for k, v in scores.items()])
-        done += 1
-    return done
+        yield {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(path),
+            "MLFLOW_TRACKING_URI": tracking_uri(),
+        }

@@ -209,40 +209,56 @@ def test_an_unknown_experiment_is_one_error_line(workdir, capsys):
     assert len(errors) == 1 and errors[0].startswith("error: no experiment 'no-such-")
 
 
-def test_open_waits_for_the_server_then_opens_the_runs_page(monkeypatch):
-    """``ui --open`` opens the page once the server answers, not before (a thread)."""
+def test_the_pages_are_printed_and_opened_once_the_server_answers(monkeypatch, capsys):
+    """``ui`` prints the pages (and with ``--open`` opens the first) once a request to the
+    server succeeds, not before; nothing when the server's process ends first."""
     import http.server
     import threading
     import webbrowser
 
-    from harness.cli.processes import open_when_up
+    from harness.cli.listings import announce_when_up
 
     opened = []
     monkeypatch.setattr(webbrowser, "open", opened.append)
     port = _free_port()
-    url = f"http://127.0.0.1:{port}/#/experiments/1/runs?workflowType=machine_learning"
-    open_when_up(f"http://127.0.0.1:{port}", url, timeout=30)
-    time.sleep(1.5)
-    assert opened == []  # nothing answers yet
-
-    class Healthy(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # the handler's name is http.server's
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Healthy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    pages = [("tiny", f"{base}/#/experiments/1/runs?workflowType=machine_learning")]
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    done = []
+    waiting = threading.Thread(
+        target=lambda: done.append(
+            announce_when_up(base, pages, server, open_first=True, every=0.1)
+        )
+    )
+    waiting.start()
     try:
-        deadline = time.time() + 20
-        while not opened and time.time() < deadline:
-            time.sleep(0.1)
+        time.sleep(1.5)
+        assert done == [] and opened == [] and "ready" not in capsys.readouterr().err
+
+        class Healthy(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # the handler's name is http.server's
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        http_server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Healthy)
+        threading.Thread(target=http_server.serve_forever, daemon=True).start()
+        try:
+            waiting.join(timeout=20)
+        finally:
+            http_server.shutdown()
+            http_server.server_close()
     finally:
-        server.shutdown()
-        server.server_close()
-    assert opened == [url]
+        server.kill()
+        server.wait()
+    assert done == [True] and opened == [pages[0][1]]
+    assert capsys.readouterr().err.splitlines() == ["MLflow UI ready:", f"  tiny: {pages[0][1]}"]
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    assert announce_when_up(f"http://127.0.0.1:{_free_port()}", pages, ended) is False
+    assert capsys.readouterr().err == ""
 
 
 def test_the_server_serves_artifacts_beside_the_store_through_the_harness_application(
@@ -263,7 +279,9 @@ def test_the_server_serves_artifacts_beside_the_store_through_the_harness_applic
     assert command[command.index("--default-artifact-root") + 1] == PROXIED_ROOT
     assert command[command.index("--app-name") + 1] == APP_NAME
     assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--workers") + 1] == "1"
     with server_environment() as env:
+        assert env["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"]
         path = env["PYTHONPATH"].split(os.pathsep)
         found = [
             entry
@@ -277,14 +295,21 @@ def test_the_server_serves_artifacts_beside_the_store_through_the_harness_applic
     assert not folder.exists()  # gone with the server
 
 
-def test_the_index_page_sets_the_model_training_workflow_unless_the_browser_chose():
+def test_the_index_page_sets_the_defaults_unless_the_browser_chose(workdir):
     """The application rewrites only ``GET /`` (the UI's one page): the script that sets
-    the workflow when the browser holds none goes first in the head, the length follows,
-    and the request cannot be answered "not modified" from a page cached without it."""
+    the workflow, and each experiment's runs page in its saved view, where the browser
+    holds none, goes first in the head; the length follows, and the request cannot be
+    answered "not modified" from a page cached without it."""
     import asyncio
 
     from harness.store import ui_app
+    from harness.store.runs_view import VERSION_FIELD, view_state, view_tag
 
+    client = mlflow.MlflowClient()
+    state = view_state(["test/1_precision_at_1", "val/3_mean_average_precision_at_r"])
+    state["selectedColumns"].append("tags.`<script>`")  # no tag may close the script
+    viewed = client.create_experiment(f"viewed-{time.time_ns()}", tags=dict([view_tag(state)]))
+    plain = client.create_experiment(f"plain-{time.time_ns()}")
     page = b"<html><head><title>MLflow</title></head><body></body></html>"
     seen = []
 
@@ -329,8 +354,17 @@ def test_the_index_page_sets_the_model_training_workflow_unless_the_browser_chos
         ui_app.mlflow_app = original
     html = body["body"]
     assert html.startswith(b"<html><head><script>") and html.endswith(page[len(b"<html><head>") :])
-    assert f'"{ui_app.WORKFLOW_KEY}": "\\"{ui_app.WORKFLOW}\\""'.encode() in html
-    assert b"getItem(k)===null" in html  # a choice the browser holds stays
+    script = html[len(b"<html><head><script>") : html.index(b"</script>")].decode()
+    assert "<" not in script and "getItem(k)===null" in script  # a choice the browser holds stays
+    entries = json.loads(script.split("d=", 1)[1].split(";for", 1)[0])
+    assert json.loads(entries[ui_app.WORKFLOW_KEY]) == ui_app.WORKFLOW
+    seeded = json.loads(entries[ui_app.runs_page_key(viewed)])
+    assert seeded == {k: v for k, v in state.items() if k != VERSION_FIELD}
+    assert ui_app.runs_page_key(plain) not in entries
+    assert (
+        ui_app.runs_page_key("7")
+        == 'MLflowLocalStorage-1.1-ExperimentPage-["7"]-ReactComponentState'
+    )
     headers = dict(start["headers"])
     assert headers[b"content-length"] == str(len(html)).encode()
     assert b"etag" not in headers and headers[b"x-frame-options"] == b"SAMEORIGIN"
@@ -339,7 +373,7 @@ def test_the_index_page_sets_the_model_training_workflow_unless_the_browser_chos
 
 
 def test_a_view_the_harness_wrote_earlier_is_renewed_and_a_saved_one_kept():
-    from harness.store.runs_view import VERSION, VERSION_FIELD, outdated, view_tag
+    from harness.store.runs_view import VERSION, VERSION_FIELD, outdated, view_state, view_tag
 
     def envelope(state) -> str:
         return json.dumps({"name": "v", "createdAt": 1, "state": json.dumps(state)})
@@ -349,25 +383,45 @@ def test_a_view_the_harness_wrote_earlier_is_renewed_and_a_saved_one_kept():
     assert outdated(envelope(first))  # the harness's first form, without a version
     assert outdated(envelope({**first, VERSION_FIELD: VERSION - 1}))
     assert not outdated(view_tag()[1])
+    fitted = view_state(["test/1_precision_at_1", "explain/group1_mass_head"])
+    assert outdated(view_tag()[1], fitted) and not outdated(view_tag(fitted)[1], fitted)
     saved = {**first, "runsPinned": [], "compareRunCharts": []}  # saved from the UI
-    assert not outdated(envelope(saved))
+    assert not outdated(envelope(saved)) and not outdated(envelope(saved), fitted)
     assert not outdated(json.dumps({"name": "v", "createdAt": 1, "state": "compressed"}))
 
 
-def test_runs_recorded_without_the_readable_headline_get_it(workdir):
-    from harness.store.ui_server import add_readable_headline
+def test_runs_recorded_earlier_get_display_copies_colours_and_a_fitted_view(workdir):
+    """``ui`` gives a finished run recorded without them the display copies of its headline
+    test metrics and of its validation curves (per epoch), once; each run a colour of its
+    own (a colour a run has stays); and the experiment the view of its runs' metrics."""
+    from harness.store.runs_view import HEADLINE_SECTION, TAG_PREFIX, VIEW_KEY, view_tag
+    from harness.store.ui_runs import COLOUR_TAG, PALETTE, prepare_runs
 
     client = mlflow.MlflowClient()
-    experiment = client.create_experiment(f"readable-{time.time_ns()}")
-    old = client.create_run(experiment).info.run_id
+    experiment = client.create_experiment(f"display-{time.time_ns()}", tags=dict([view_tag()]))
+    old = client.create_run(experiment, tags={"method": "plain", "seed": "0"}).info.run_id
     client.log_metric(old, metric_key("test", "precision_at_1"), 0.459027777, step=2)
     client.log_metric(old, metric_key("test", "nmi"), 0.6442)
+    for epoch, value in ((1, 0.1), (2, 0.2049)):
+        client.log_metric(old, metric_key("val", "mean_average_precision_at_r"), value, step=epoch)
+    client.log_metric(old, metric_key("val", "r_precision"), 0.3, step=1)
     client.set_terminated(old)
-    running = client.create_run(experiment).info.run_id
+    running = client.create_run(experiment, tags={"method": "agrouping", "seed": "0"}).info.run_id
     client.log_metric(running, metric_key("test", "nmi"), 0.5)
-    assert add_readable_headline(experiment) == 1
-    assert add_readable_headline(experiment) == 0  # once
+    coloured = client.create_run(experiment, tags={COLOUR_TAG: PALETTE[0]}).info.run_id
+    assert prepare_runs(experiment) == {"copies": 1, "colours": 2, "notes": 0}
+    assert prepare_runs(experiment) == {"copies": 0, "colours": 0, "notes": 0}  # once
     metrics = client.get_run(old).data.metrics
     assert metrics["P at 1"] == 45.9 and metrics["NMI"] == 64.42 and "R at 1" not in metrics
-    assert metrics[metric_key("test", "precision_at_1")] == 0.459027777
-    assert "NMI" not in client.get_run(running).data.metrics
+    assert metrics[metric_key("test", "precision_at_1")] == 0.459027777  # as it was
+    curve = client.get_metric_history(old, "val MAP at R")
+    assert [(m.step, m.value) for m in curve] == [(1, 10.0), (2, 20.49)]
+    assert {k for k in metrics if "/" not in k} == {"P at 1", "NMI", "val MAP at R"}
+    assert "NMI" not in client.get_run(running).data.metrics  # a run not finished
+    colours = {r: client.get_run(r).data.tags[COLOUR_TAG] for r in (old, running, coloured)}
+    assert colours[coloured] == PALETTE[0] and len(set(colours.values())) == 3
+    assert colours[running] == PALETTE[1] and colours[old] == PALETTE[2]  # agrouping, plain
+    view = client.get_experiment(experiment).tags[TAG_PREFIX + VIEW_KEY]
+    state = json.loads(json.loads(view)["state"])
+    names = [section["name"] for section in state["compareRunSections"]]
+    assert names[0] == HEADLINE_SECTION and names[2:] == ["test", "val"]

@@ -1,15 +1,21 @@
 """The MLflow UI as a researcher meets it, in a real browser: ``python -m harness ui`` on a
 store made by a short ``run --methods plain,agrouping,diml``, opened in headless Chromium
-at 1400 x 1000 (Debian's ``chromium`` and ``chromium-driver``, driven by selenium with the
-driver's path given, so nothing is downloaded) with a fresh profile.
+at 1000 and at 1400 px wide (Debian's ``chromium`` and ``chromium-driver``, driven by
+selenium with the driver's path given, so nothing is downloaded), each with a fresh
+profile.
 
-Every address a user may type, the bare one, an experiment's, a run's, a logged model's
-and the compare page, shows the model-training sidebar; the printed runs page shows the
-method, dataset and headline metrics of each run without scrolling, best P@1 first, in %
-with two decimals; its charts open on the ``test`` section.
+- ``ui`` prints the pages once the server answers them.
+- From the bare address, one click (the experiment) shows every run's method and headline
+  metrics in % without scrolling sideways, best P@1 first; again after another view was
+  opened.
+- The charts open on the headline metrics, one dot per run above its method's name, each
+  run in a colour of its own, and on the curves (validation in % per epoch, training loss
+  and learning rate per step); the run's tooltip starts with plain text.
+- A run's page shows its description's deviations without a click; its logged model's
+  page the run's final metrics; the compare page the runs.
 
 The screenshots go to ``$DML_HARNESS_SCREENSHOTS``, else ``results/ui-screenshots/``
-(git-ignored), for a person to look at.
+(git-ignored), ``<width>-<page>.png``, for a person to look at.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import pytest
 
 from harness.base.metric_keys import HEADLINE, READABLE
 from harness.cli.main import main
+from harness.store.runs_view import CURVES_SECTION, HEADLINE_SECTION, VIEW_KEY
 from harness.store.ui import ML_VIEW_QUERY, RUN_NOTE_TAG
 from harness.store.ui_app import WORKFLOW, WORKFLOW_KEY
+from harness.store.ui_runs import COLOUR_TAG
 
 SCREENSHOTS = Path(
     os.environ.get("DML_HARNESS_SCREENSHOTS")
@@ -40,7 +48,7 @@ SCREENSHOTS = Path(
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 REGISTERED = "ui-browser-embedder"
-WIDTH, HEIGHT = 1400, 1000
+WIDTHS, HEIGHT = (1000, 1400), 1000
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,20 +65,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for(url: str, server: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert server.poll() is None, log.read_text()[-2000:]
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"the UI did not answer at {url} within {timeout:.0f} s")
-
-
-@pytest.fixture
-def browser():
+def _browser(width: int):
+    """Headless Chromium, a fresh profile, ``width`` x :data:`HEIGHT`."""
     webdriver = pytest.importorskip(
         "selenium.webdriver", reason="needs selenium (pip install selenium)"
     )
@@ -78,54 +74,149 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        f"--window-size={WIDTH},{HEIGHT}",
-    ):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    options.add_argument(f"--window-size={width},{HEIGHT}")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def _wait(driver, ready, what: str, timeout: float = 120):
+    """``ready(driver)`` once it is truthy (the UI loads in steps)."""
+    deadline = time.time() + timeout
+    while True:
+        value = ready(driver)
+        if value:
+            return value
+        assert time.time() < deadline, f"{what}: not there within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def _text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def _shot(driver, width: int, page: str) -> None:
+    time.sleep(1)  # the last requests of the page settle
+    driver.save_screenshot(str(SCREENSHOTS / f"{width}-{page}.png"))
+
+
+def _model_training(driver, page: str) -> None:
+    """The sidebar is model training's (its Model registry link, which the generative-AI
+    sidebar lacks), and the browser holds that workflow."""
+    from selenium.webdriver.common.by import By
+
+    registry = driver.find_elements(By.XPATH, "//a[normalize-space(.)='Model registry']")
+    assert registry and registry[0].is_displayed(), f"{page}: not the model-training sidebar"
+    stored = driver.execute_script(f"return window.localStorage.getItem('{WORKFLOW_KEY}')")
+    assert json.loads(stored) == WORKFLOW, page
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, data_root, tracking_dir, tiny_protocol):
+    """Three runs (plain, agrouping, DIML on plain's weights; models logged and registered)
+    and ``harness ui`` over them: its address, what it printed, the experiment and runs."""
+    folder = tmp_path_factory.mktemp("ui-browser")
+    experiment = f"ui-browser-{time.time_ns()}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        patch.setenv("DML_HARNESS_LOG_MODEL", "1")
+        out = folder / "records.json"
+        methods = ["--methods", "plain,agrouping,diml", "--protocol", str(tiny_protocol)]
+        arguments = ["--experiment", experiment, "--json", str(out), "--register", REGISTERED]
+        assert main(["run", *methods, *arguments]) == 0
+    records = {r["method"]: r for r in json.loads(out.read_text())}
+    port, log = _free_port(), folder / "ui.log"
+    command = [sys.executable, "-m", "harness", "ui", "--port", str(port)]
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            [*command, "--experiment", experiment],
+            cwd=folder,
+            env=dict(os.environ),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield driver
+        deadline = time.time() + 300
+        while "MLflow UI ready:" not in log.read_text():
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.time() < deadline, "the UI was not ready within 300 s"
+            time.sleep(0.2)
+        with urllib.request.urlopen(f"{base}/", timeout=5) as page:  # answers at once
+            assert page.status == 200
+        client = mlflow.MlflowClient()
+        runs = {m: client.get_run(r["mlflow_run_id"]) for m, r in records.items()}
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        yield {"base": base, "log": log.read_text(), "experiment": experiment, "runs": runs}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_ui_prints_the_pages_once_the_server_answers(served):
+    lines = served["log"].splitlines()
+    starting = next(i for i, line in enumerate(lines) if "starting on" in line)
+    ready = lines.index("MLflow UI ready:")
+    printed = [i for i, line in enumerate(lines) if "/#/experiments/" in line]
+    assert starting < ready < min(printed)  # no page before the server answered
+    experiment_id = served["runs"]["plain"].info.experiment_id
+    page = re.findall(r"http://127\.0\.0\.1:\d+/\S+", lines[ready + 1])[0]
+    assert page == f"{served['base']}/#/experiments/{experiment_id}/runs?{ML_VIEW_QUERY}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_best_method_is_one_click_from_the_bare_address(served, width):
+    """Bare address, then the experiment's link: the view, best P@1 first, the headline
+    columns within the window; the same after the saved view and the models page were
+    opened, and from the run page's breadcrumb."""
+    driver = _browser(width)
+    try:
+        _from_home(driver, served, width, "runs")
+        experiment_id = served["runs"]["plain"].info.experiment_id
+        base = f"{served['base']}/#/experiments/{experiment_id}"
+        driver.get(f"{base}/runs?viewStateShareKey={VIEW_KEY}")  # Views -> Metric learning
+        _wait(driver, lambda d: "P at 1" in _text(d), "the saved view")
+        driver.get(f"{base}/models")
+        _wait(driver, lambda d: "plain-synthetic-margin-seed0" in _text(d), "the models page")
+        _shot(driver, width, "models")
+        _from_home(driver, served, width, "runs-again")
     finally:
         driver.quit()
 
 
-def _page_text(driver, expected: list[str], timeout: float = 120) -> str:
-    """The page's text once every string of ``expected`` is in it (the UI loads in steps)."""
+def _from_home(driver, served, width: int, shot: str) -> None:
     from selenium.webdriver.common.by import By
 
-    deadline, text = time.time() + timeout, ""
-    while time.time() < deadline:
-        text = driver.find_element(By.TAG_NAME, "body").text
-        if all(e in text for e in expected):
-            return text
-        time.sleep(1)
-    missing = [e for e in expected if e not in text]
-    raise AssertionError(f"not on the page after {timeout:.0f} s: {missing}\n{text[:3000]}")
-
-
-def _open(driver, url: str, expected: list[str], shot: str, ready=None) -> str:
-    """Open ``url``, wait for ``expected`` (and ``ready(driver)``), save screenshot
-    ``shot`` and check the sidebar is model training's: its Model registry link, which the
-    generative-AI sidebar lacks, and the browser's stored workflow."""
-    from selenium.webdriver.common.by import By
-
-    driver.get(url)
-    text = _page_text(driver, ["Model training", *expected])
-    deadline = time.time() + 120
-    while ready is not None and not ready(driver):
-        assert time.time() < deadline, f"{shot}: not drawn within 120 s"
-        time.sleep(1)
-    time.sleep(2)  # the last requests of the page settle
-    text = driver.find_element(By.TAG_NAME, "body").text
-    driver.save_screenshot(str(SCREENSHOTS / shot))
-    registry = driver.find_elements(By.XPATH, "//a[normalize-space(.)='Model registry']")
-    assert registry and registry[0].is_displayed(), f"{shot}: not the model-training sidebar"
-    stored = driver.execute_script(f"return window.localStorage.getItem('{WORKFLOW_KEY}')")
-    assert json.loads(stored) == WORKFLOW, shot
-    return text
+    driver.get(f"{served['base']}/")
+    link = _wait(
+        driver,
+        lambda d: d.find_elements(By.XPATH, f"//a[normalize-space(.)='{served['experiment']}']"),
+        "the experiment's link on the home page",
+    )
+    _shot(driver, width, "home")
+    link[0].click()  # the one click
+    _wait(driver, lambda d: len(_grid(d)["rows"]) == len(served["runs"]), "the runs table")
+    _shot(driver, width, shot)
+    _model_training(driver, shot)
+    layout = _grid(driver)
+    names = [READABLE[m] for m in HEADLINE]
+    for label in ["Run Name", *names]:
+        assert label in layout["headers"] and _within(layout["headers"][label], layout), label
+    assert "Source" not in layout["headers"] and "Models" not in layout["headers"]
+    runs = served["runs"]
+    best = max(runs, key=lambda m: runs[m].data.metrics["test/1_precision_at_1"])
+    order = [row["attributes.`Run Name`"]["text"].splitlines()[-1] for row in layout["rows"]]
+    assert order[0] == runs[best].info.run_name, order
+    for row in layout["rows"]:
+        method = row["tags.`method`"]["text"]
+        for name in HEADLINE:
+            cell = row[f"metrics.`{READABLE[name]}`"]
+            assert _within(cell, layout), (method, name)
+            assert re.fullmatch(r"\d+(\.\d{1,2})?", cell["text"]), cell["text"]
+            fraction = runs[method].data.metrics[f"test/{HEADLINE.index(name) + 1}_{name}"]
+            assert float(cell["text"]) == round(100 * fraction, 2)
 
 
 def _grid(driver) -> dict:
@@ -137,6 +228,7 @@ def _grid(driver) -> dict:
         const box = e => { const r = e.getBoundingClientRect();
                            return {left: r.left, right: r.right, width: r.width}; };
         const root = document.querySelector('.ag-root-wrapper');
+        if (root === null) return {rows: []};
         const headers = {};
         for (const h of document.querySelectorAll('.ag-header-cell')) {
             const label = h.innerText.trim();
@@ -164,159 +256,154 @@ def _within(cell: dict, layout: dict) -> bool:
     )
 
 
-def test_every_address_opens_model_training_and_the_view_ranks_the_methods(
-    workdir, tiny_protocol, browser, logged_models
-):
-    out, experiment = workdir / "records.json", f"ui-browser-{time.time_ns()}"
-    assert (
-        main(
-            [
-                "run",
-                "--methods",
-                "plain,agrouping,diml",
-                "--protocol",
-                str(tiny_protocol),
-                "--experiment",
-                experiment,
-                "--json",
-                str(out),
-                "--register",
-                REGISTERED,
-            ]
-        )
-        == 0
-    )
-    records = {r["method"]: r for r in json.loads(out.read_text())}
-    client = mlflow.MlflowClient()
-    runs = {m: client.get_run(r["mlflow_run_id"]) for m, r in records.items()}
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_charts_open_on_the_headline_dots_and_the_curves(served, width):
+    runs = served["runs"]
     experiment_id = runs["plain"].info.experiment_id
-
-    port, log = _free_port(), workdir / "ui.log"
-    with log.open("w") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "harness", "ui", "--port", str(port)]
-            + ["--experiment", experiment],
-            cwd=workdir,
-            env=dict(os.environ),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    driver = _browser(width)
     try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/health", server, log)
-        runs_page = re.findall(r"http://127\.0\.0\.1:\d+/\S+", log.read_text())[0]
-        assert f"/#/experiments/{experiment_id}/runs?" in runs_page and ML_VIEW_QUERY in runs_page
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        _check_bare_addresses(browser, base, experiment)
-        _check_the_view(browser, runs_page, records)
-        _check_the_charts(browser, runs_page, records)
-        _check_the_run_and_its_model(browser, base, runs["plain"])
-        ids = json.dumps([r.info.run_id for r in runs.values()]).replace(" ", "")
-        _open(
-            browser,
-            f'{base}/#/compare-runs?runs={ids}&experiments=["{experiment_id}"]',
-            ["Comparing 3 Runs", "plain-margin-seed0"],
-            "compare.png",
-        )
+        driver.get(f"{served['base']}/#/experiments/{experiment_id}/runs?compareRunsMode=CHART")
+        plots = _wait(driver, _plots, "the headline charts")
+        _shot(driver, width, "charts")
+        lines = _text(driver).splitlines()
+        sections = [
+            (lines[i], lines[i + 1])
+            for i in range(len(lines) - 1)
+            if re.fullmatch(r"\(\d+\)", lines[i + 1])
+        ]
+        assert sections[:2] == [(HEADLINE_SECTION, "(4)"), (CURVES_SECTION, "(3)")], sections
+        assert all(count != "(0)" for _, count in sections)  # no empty section
+        methods = sorted(runs)
+        colours = {m: runs[m].data.tags[COLOUR_TAG] for m in methods}
+        assert len(set(colours.values())) == len(runs)  # a colour of its own
+        for plot in plots[:4]:  # a dot per run above its method's name, in its colour
+            assert sorted(plot["x"]) == methods, plot
+            assert sorted(plot["colours"]) == sorted(_rgb(c) for c in colours.values())
+        _tooltip(driver, runs)
+        curves = _scroll_to(driver, CURVES_SECTION, "the curves")
+        _shot(driver, width, "curves")
+        titles = [c["title"] for c in curves]
+        assert titles == ["val MAP at R", "train/loss", "train/lr"], titles
+        lr = runs["plain"].data.metrics["train/lr"]
+        ticks = [float(t.replace("µ", "e-6").replace("m", "e-3")) for t in curves[2]["y"] if t]
+        assert min(ticks) < lr < max(ticks), (lr, curves[2]["y"])  # the logged value, in range
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        driver.quit()
 
 
-def _check_bare_addresses(browser, base: str, experiment: str) -> None:
-    """The bare address (MLflow's home) and an experiment's address without parameters."""
-    _open(browser, f"{base}/", ["Experiments", experiment], "home.png")
-    experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
-    _open(
-        browser,
-        f"{base}/#/experiments/{experiment_id}",
-        ["Runs", "plain-margin-seed0"],
-        "experiment.png",
+def _plots(driver) -> list[dict]:
+    """The drawn charts: each one's title, x tick labels, y tick labels and dot colours."""
+    return driver.execute_script(
+        """
+        const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+        if (plots.length < 4) return null;
+        return plots.map(p => {
+          const card = p.closest('[data-testid="experiment-view-compare-runs-card"]');
+          const title = card ? card.innerText.split('\\n')[0] : '';
+          const ticks = axis => Array.from(p.querySelectorAll(`.${axis}tick text`))
+                                     .map(t => t.textContent);
+          return {title: title, x: ticks('x'), y: ticks('y'),
+                  colours: Array.from(p.querySelectorAll('.scatterlayer .point'))
+                                .map(d => d.style.fill)};
+        });
+        """
     )
 
 
-def _check_the_view(browser, runs_page: str, records: dict) -> None:
-    """The printed runs page: run name, method, dataset, loss, seed and the headline
-    metrics visible without scrolling at 1400 px, in % with two decimals, best P@1 first;
-    no Source or Models column."""
-    names = [READABLE[m] for m in HEADLINE]
-    text = _open(
-        browser, runs_page, [*names, "method", "dataset", "agrouping-margin-seed0"], "runs.png"
-    )
-    layout = _grid(browser)
-    for label in ["Run Name", "method", "dataset", "loss", "seed", *names]:
-        assert label in layout["headers"] and _within(layout["headers"][label], layout), label
-    assert "Source" not in layout["headers"] and "Models" not in layout["headers"]
-    best = max(records.values(), key=lambda r: r["metrics"]["precision_at_1"])
-    # A run name's cell holds its colour's label, then the name.
-    order = [row["attributes.`Run Name`"]["text"].splitlines()[-1] for row in layout["rows"]]
-    assert order[0] == f"{best['method']}-margin-seed0", order
-    for row in layout["rows"]:
-        method = row["tags.`method`"]["text"]
-        assert _within(row["tags.`method`"], layout) and _within(row["tags.`dataset`"], layout)
-        assert row["tags.`dataset`"]["text"] == "synthetic"
-        for name in HEADLINE:
-            cell = row[f"metrics.`{READABLE[name]}`"]
-            assert _within(cell, layout), (method, name)
-            assert re.fullmatch(r"\d+(\.\d{1,2})?", cell["text"]), cell["text"]
-            assert float(cell["text"]) == round(100 * records[method]["metrics"][name], 2)
-    assert "python -m harness run" not in text  # the Source column is hidden
+def _rgb(colour: str) -> str:
+    """``#0067a5`` as the browser writes it: ``rgb(0, 103, 165)``."""
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({red}, {green}, {blue})"
 
 
-def _check_the_charts(browser, runs_page: str, records: dict) -> None:
-    """The view's charts: the ``test`` section first, the headline metrics first in it, as
-    bars of every run."""
-    url = f"{runs_page}&compareRunsMode=CHART"
-    text = _open(browser, url, ["\ntest\n", "\nval\n"], "charts.png", ready=_bars_drawn)
-    lines = text.splitlines()
-    sections = [lines[i] for i in range(len(lines) - 1) if re.fullmatch(r"\(\d+\)", lines[i + 1])]
-    assert sections[0] == "test", sections
-    first = lines.index("test")
-    assert [line for line in lines[first:] if line in READABLE.values()][:4] == [
-        READABLE[m] for m in HEADLINE
-    ]
-    bars = browser.execute_script(
-        "return Array.from(document.querySelectorAll('.js-plotly-plot')).slice(0, 4)"
-        ".map(p => p.querySelectorAll('.barlayer .point').length)"
-    )
-    assert bars == [len(records)] * 4, bars  # a bar per run, none hidden
-
-
-def _bars_drawn(driver) -> bool:
-    """Whether the first chart has drawn its bars (the charts load after the page)."""
-    return bool(
-        driver.execute_script(
-            "const p = document.querySelector('.js-plotly-plot');"
-            "return p !== null && p.querySelectorAll('.barlayer .point').length > 0"
-        )
-    )
-
-
-def _check_the_run_and_its_model(browser, base: str, run) -> None:
-    """A run's page (its description's table rendered as a table) and its logged model's
-    page (named after the run, its source the harness command, its dataset)."""
+def _tooltip(driver, runs) -> None:
+    """The tooltip of a dot names its run and starts with its description as plain text."""
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    experiment_id, run_id = run.info.experiment_id, run.info.run_id
-    note_heading = run.data.tags[RUN_NOTE_TAG].splitlines()[0].replace("*", "")
-    _open(
-        browser,
-        f"{base}/#/experiments/{experiment_id}/runs/{run_id}",
-        ["Description", note_heading, "plain-synthetic-margin-seed0", "python -m harness run"],
-        "run.png",
+    dot = driver.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer .point")[0]
+    ActionChains(driver).move_to_element(dot).perform()
+    shown = _wait(
+        driver,
+        lambda d: [t for t in _text(d).splitlines() if "on synthetic, protocol tiny" in t],
+        "the tooltip",
+        timeout=30,
     )
-    headers = [th.text.strip() for th in browser.find_elements(By.CSS_SELECTOR, "table th")]
-    assert headers[:3] == ["P@1 = R@1", "MAP@R", "NMI"], headers
-    model_id = run.data.tags["model_uri"].split("/")[-1]
-    _open(
-        browser,
-        f"{base}/#/experiments/{experiment_id}/models/{model_id}",
-        ["plain-synthetic-margin-seed0", "python -m harness run", "synthetic", REGISTERED],
-        "model.png",
-    )
-    _open(
-        browser,
-        f"{base}/#/experiments/{experiment_id}/models",
-        ["plain-synthetic-margin-seed0", "agrouping-synthetic-margin-seed0", "synthetic (#"],
-        "models.png",
+    first_lines = {run.data.tags[RUN_NOTE_TAG].splitlines()[0] for run in runs.values()}
+    start = shown[0].rstrip(".…")  # the tooltip cuts the description after two rows
+    assert any(start.startswith(line) or line.startswith(start) for line in first_lines), shown
+    assert "&emsp;" not in shown[0] and "**" not in shown[0]
+    away = driver.find_element(By.XPATH, "//*[normalize-space(text())='Runs']")
+    ActionChains(driver).move_to_element(away).perform()  # the tooltip closes
+
+
+def _scroll_to(driver, section: str, what: str) -> list[dict]:
+    """Scroll the charts to ``section``; the three curves once drawn (a chart loads when in
+    view), in their order."""
+    from selenium.webdriver.common.by import By
+
+    heading = driver.find_element(By.XPATH, f"//*[normalize-space(text())='{section}']")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", heading)
+    titles = ("val MAP at R", "train/loss", "train/lr")
+
+    def drawn(d) -> list[dict]:
+        plots = [p for p in (_plots(d) or []) if p["title"] in titles]
+        return plots if len(plots) == len(titles) else []
+
+    return _wait(driver, drawn, what)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_run_its_model_and_the_compare_page(served, width):
+    """A run's page: the first lines of its description, deviations included, above the
+    fold of *Show more*. Its model's page: the run's final metrics, its description. The
+    compare page: the runs."""
+    from selenium.webdriver.common.by import By
+
+    runs = served["runs"]
+    plain = runs["plain"]
+    experiment_id, run_id = plain.info.experiment_id, plain.info.run_id
+    note = plain.data.tags[RUN_NOTE_TAG].splitlines()
+    driver = _browser(width)
+    try:
+        driver.get(f"{served['base']}/#/experiments/{experiment_id}/runs/{run_id}")
+        _wait(driver, lambda d: note[2] in _text(d), "the run's description")
+        _shot(driver, width, "run")
+        _model_training(driver, "run")
+        for line in (note[0], note[2]):  # shown, not under the fold's gradient
+            element = driver.find_element(By.XPATH, f"//*[normalize-space(text())='{line}']")
+            assert _unfolded(driver, element), line
+        model_id = plain.data.tags["model_uri"].split("/")[-1]
+        driver.get(f"{served['base']}/#/experiments/{experiment_id}/models/{model_id}")
+        _wait(driver, lambda d: "train/loss" in _text(d) and note[0] in _text(d), "the model")
+        _shot(driver, width, "model")
+        shown = driver.execute_script(
+            "return Array.from(document.querySelectorAll('tr')).map("
+            "r => Array.from(r.querySelectorAll('td')).map(c => c.innerText.trim()))"
+        )
+        values = {row[0]: row[-1] for row in shown if len(row) >= 2}
+        loss = plain.data.metrics["train/loss"]
+        assert float(values["train/loss"]) == pytest.approx(loss, rel=1e-12)
+        assert float(values["P at 1"]) == plain.data.metrics["P at 1"]
+        ids = json.dumps([r.info.run_id for r in runs.values()]).replace(" ", "")
+        driver.get(f'{served["base"]}/#/compare-runs?runs={ids}&experiments=["{experiment_id}"]')
+        _wait(driver, lambda d: "Comparing 3 Runs" in _text(d), "the compare page")
+        _shot(driver, width, "compare")
+    finally:
+        driver.quit()
+
+
+def _unfolded(driver, element) -> bool:
+    """Whether ``element`` lies in the upper 40 % of the box that folds the description
+    (the UI lays a gradient over the rest), or in no folded box."""
+    return driver.execute_script(
+        """
+        const e = arguments[0];
+        let box = e.parentElement;
+        while (box && getComputedStyle(box).maxHeight === 'none') box = box.parentElement;
+        if (!box) return true;
+        const r = e.getBoundingClientRect(), b = box.getBoundingClientRect();
+        return r.bottom <= b.top + 0.4 * b.height + 1;
+        """,
+        element,
     )

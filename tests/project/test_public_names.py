@@ -143,15 +143,7 @@ class _Module:
 
     def __post_init__(self) -> None:
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if _from_harness(alias.name):
-                        bound = alias.asname or alias.name.partition(".")[0]
-                        self.imported[bound] = alias.name if alias.asname else bound
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                if _from_harness(node.module):
-                    for alias in node.names:
-                        self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            self._note_import(node)
         bindings = [pair for node in ast.walk(self.tree) for pair in _bindings(node)]
         grown = True
         while grown:
@@ -161,6 +153,17 @@ class _Module:
                     if value not in self.derived.setdefault(name, []):
                         self.derived[name].append(value)
                         grown = True
+
+    def _note_import(self, node: ast.AST) -> None:
+        """The names an import from ``harness`` binds, with their dotted paths."""
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _from_harness(alias.name):
+                    bound = alias.asname or alias.name.partition(".")[0]
+                    self.imported[bound] = alias.name if alias.asname else bound
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and _from_harness(node.module):
+            for alias in node.names:
+                self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
     def bound(self, node: ast.AST) -> bool:
         """Whether ``node`` is built on a harness-bound name (or holds one, for a tuple, a

@@ -7,11 +7,13 @@ copy serves its artifacts, and its models load."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.parse
 import urllib.request
@@ -133,36 +135,47 @@ def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
     raise AssertionError(f"no run in {store} logged an explanation figure")
 
 
+@pytest.fixture(scope="module")
+def moved_store(tmp_path_factory, data_root) -> tuple[Path, object]:
+    """A store of one ``run --methods agrouping`` (a method that draws its explanations,
+    its model logged) copied elsewhere, the original deleted; the copy and the run."""
+    root = tmp_path_factory.mktemp("moved")
+    store, moved = root / "store", root / "elsewhere" / "store"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+        patch.setenv("DML_HARNESS_LOG_MODEL", "1")
+        arguments = ["--methods", "agrouping", "--protocol", str(TINY_PROTOCOL)]
+        assert main(["run", *arguments, "--experiment", "moving"]) == 0
+    shutil.copytree(store, moved)
+    shutil.rmtree(store)
+    client = mlflow.MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("moving").experiment_id
+    return moved, client.search_runs([experiment])[0]
+
+
 @pytest.mark.slow
 def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
-    tmp_path, data_root, monkeypatch, logged_models
+    moved_store, tmp_path, monkeypatch
 ):
-    """A store of one ``run --methods agrouping`` (a method that draws its explanations)
-    copied elsewhere and the original deleted: ``harness ui`` on the copy serves the run's
-    explanation figure as the UI fetches it, and its model loads through that server and,
-    in this process, from the copy's SQLite URI: runs and models record proxied URIs
-    relative to the store, not the original's absolute path."""
+    """``harness ui`` on the copy serves the run's explanation figure as the UI fetches it,
+    and its model loads through that server and, in this process, from the copy's SQLite
+    URI: runs and models record proxied URIs relative to the store, not the original's
+    absolute path."""
     import mlflow.pytorch
     import torch
 
     from harness.engine.export import example_images
     from harness.store.artifacts import resolve_proxied_locally
 
-    store, moved = tmp_path / "store", tmp_path / "elsewhere" / "store"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
-    arguments = ["--methods", "agrouping", "--protocol", str(TINY_PROTOCOL)]
-    assert main(["run", *arguments, "--experiment", "moving"]) == 0
-    shutil.copytree(store, moved)
-    shutil.rmtree(store)
+    moved, run = moved_store
     uri = f"sqlite:///{moved / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     previous, server = mlflow.get_tracking_uri(), None
     try:
         mlflow.set_tracking_uri(uri)
-        run, image = _explanation_image(
-            moved, mlflow.search_runs(experiment_names=["moving"], output_format="list")
-        )
+        run, image = _explanation_image(moved, [run])
         assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
         port, log = _free_port(), tmp_path / "ui.log"
         with log.open("w") as sink:
@@ -195,6 +208,80 @@ def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
         if server is not None:
             server.terminate()
             server.wait(timeout=60)
+
+
+#: A notebook's code: MLflow and torch, the copy's SQLite URI from the environment, and
+#: nothing of the harness (its name is not in the text). It prints the embedding of the
+#: images in file argv[2] and the modules of package argv[3] the process ended up with
+#: (those MLflow loaded itself).
+NOTEBOOK = textwrap.dedent("""
+    import json, sys
+    import mlflow.pytorch, numpy, torch
+    model = mlflow.pytorch.load_model(sys.argv[1])
+    embedding = model(torch.from_numpy(numpy.load(sys.argv[2])))
+    loaded = sorted(name for name in sys.modules if name.split(".")[0] == sys.argv[3])
+    print(json.dumps({"embedding": embedding.tolist(), "loaded": loaded}))
+""")
+
+
+@pytest.mark.slow
+def test_a_model_loads_from_the_moved_copy_in_python_that_never_imports_the_harness(
+    moved_store, tmp_path
+):
+    """A fresh Python process (a notebook) with ``MLFLOW_TRACKING_URI`` set to the copy's
+    SQLite database and the original deleted: ``mlflow.pytorch.load_model`` of the run's
+    model loads it from the copy and embeds images as this process does. MLflow resolves the
+    proxied URI through the repository the package declares for the scheme (an
+    ``mlflow.artifact_repository`` entry point): the process's own code imports nothing of
+    the harness, and MLflow loads one module of it."""
+    from importlib.metadata import entry_points
+
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    from harness.engine.export import example_images
+    from harness.store.artifacts import resolve_proxied_locally
+
+    declared = {e.name: e.value for e in entry_points(group="mlflow.artifact_repository")}
+    assert declared.get("mlflow-artifacts") == "harness.store.artifacts:proxied_repository", (
+        "the installed package does not declare its artifact repository: pip install -e ."
+    )
+    moved, run = moved_store
+    uri = f"sqlite:///{moved / 'mlflow.db'}"
+    images = example_images(32)
+    np.save(tmp_path / "images.npy", images)
+    assert "harness" not in NOTEBOOK
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MLFLOW_TRACKING_URI": uri}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            NOTEBOOK,
+            run.data.tags["model_uri"],
+            str(tmp_path / "images.npy"),
+            "harness",
+        ],
+        cwd=tmp_path,  # not the checkout: the harness is found as installed, or not at all
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed["loaded"] == ["harness", "harness.store", "harness.store.artifacts"]
+    previous = mlflow.get_tracking_uri()
+    try:
+        mlflow.set_tracking_uri(uri)
+        resolve_proxied_locally()
+        expected = mlflow.pytorch.load_model(run.data.tags["model_uri"])(torch.from_numpy(images))
+    finally:
+        mlflow.set_tracking_uri(previous)
+    got = np.array(printed["embedding"], dtype=np.float32)
+    assert got.shape == (2, 16)
+    np.testing.assert_allclose(got, expected.detach().numpy(), rtol=0, atol=1e-6)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # L2-normalised embeddings
 
 
 def _show_in_browser(url: str) -> None:

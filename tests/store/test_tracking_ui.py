@@ -21,6 +21,8 @@ from harness.base.metric_keys import (
     GROUPS,
     HEADLINE,
     READABLE,
+    display_copies,
+    display_key,
     group_metrics,
     metric_key,
     split_key,
@@ -33,7 +35,7 @@ from harness.engine.embedding import embed_images
 from harness.engine.training import build_model, prepare_splits
 from harness.methods import METHODS
 from harness.store.artifacts import PROXIED_ROOT
-from harness.store.runs_view import VERSION, VERSION_FIELD
+from harness.store.runs_view import CURVES_SECTION, HEADLINE_SECTION, VERSION, VERSION_FIELD
 from harness.store.ui import EXPERIMENT_KIND_TAG, ML_VIEW_QUERY, RUN_NOTE_TAG, RUNS_VIEW, ui_url
 from harness.store.weights import load_finished_weights
 
@@ -90,12 +92,25 @@ def test_metric_keys_round_trip_and_sort_the_headline_first():
         metric_key("tests", "nmi")
 
 
+def test_display_copies_are_the_headline_metrics_of_test_and_validation_in_percent():
+    logged = {
+        metric_key("test", "precision_at_1"): 0.459027777,
+        metric_key("test", "recall_at_8"): 0.9,
+        metric_key("val", "mean_average_precision_at_r"): 0.0229,
+        metric_key("paper_selection", "nmi"): 0.5,
+        metric_key("train", "loss"): 1.0,
+    }
+    assert display_copies(logged) == {"P at 1": 45.9, "val MAP at R": 2.29}
+    assert display_key("test", "nmi") == "NMI" and display_key("val", "recall_at_1") == "val R at 1"
+    assert display_key("train", "loss") is None and display_key("test", "recall_at_8") is None
+
+
 def test_every_metric_is_in_a_group_with_the_headline_first(store):
     records, _ = store
     for method in ("plain", "diml"):
         metrics = _run(records, method).data.metrics
-        grouped = {k: v for k, v in metrics.items() if k not in READABLE.values()}
-        assert all(split_key(k) is not None for k in grouped), sorted(metrics)
+        copies = display_copies(metrics)
+        assert all(split_key(k) is not None or k in copies for k in metrics), sorted(metrics)
         test = sorted(k for k in metrics if k.startswith("test/"))
         assert [split_key(k)[1] for k in test[:4]] == list(HEADLINE)
         assert group_metrics(metrics, "test")["precision_at_1"] == pytest.approx(
@@ -116,18 +131,29 @@ def test_every_metric_is_in_a_group_with_the_headline_first(store):
     assert [m.step for m in lr] == list(range(1, 7))  # every step of 2 epochs of 3 batches
 
 
-def test_the_headline_is_also_logged_readable_and_tables_ignore_it(store):
+def test_the_headline_is_also_logged_in_percent_and_tables_ignore_it(store):
     """``P at 1`` & co. hold the headline test metrics in %, two decimals, beside the exact
-    fractions, which they leave as they were; no group reads them."""
+    fractions, which they leave as they were; ``val MAP at R`` & co. the validation curves
+    in %, at the same epochs; no group reads them."""
     records, _ = store
+    client = mlflow.MlflowClient()
     for method in ("plain", "diml"):
-        metrics = _run(records, method).data.metrics
+        run_id = records[method]["mlflow_run_id"]
+        metrics = client.get_run(run_id).data.metrics
         for name in HEADLINE:
             exact = records[method]["metrics"][name]
             assert metrics[metric_key("test", name)] == pytest.approx(exact)
             assert metrics[READABLE[name]] == round(100 * exact, 2)
         assert set(READABLE) == set(HEADLINE)
         assert not set(READABLE.values()) & set(group_metrics(metrics, "test"))
+        for name in HEADLINE:
+            fractions = client.get_metric_history(run_id, metric_key("val", name))
+            copies = client.get_metric_history(run_id, str(display_key("val", name)))
+            assert [(m.step, round(100 * m.value, 2)) for m in fractions] == [
+                (m.step, m.value) for m in copies
+            ]
+    plain = client.get_metric_history(records["plain"]["mlflow_run_id"], "val MAP at R")
+    assert [m.step for m in plain] == [1, 2]  # a curve, one point per epoch
 
 
 def test_source_command_and_version_are_recorded(store):
@@ -143,23 +169,51 @@ def test_source_command_and_version_are_recorded(store):
 
 
 def test_the_description_summarises_the_run(store):
+    """The description opens with plain text (the UI's chart tooltip shows it raw): what ran
+    and its headline metrics in % with two decimals; then the deviations, before the fold
+    of the run page; then the selection."""
     records, _ = store
     for method in ("plain", "diml"):
         record, tags = records[method], _run(records, method).data.tags
-        note = tags[RUN_NOTE_TAG]
-        assert f"**{method}** on **synthetic**, protocol **tiny**" in note
-        # A table: blank lines around, a header separator, one column for P@1 = R@1.
-        lines = note.splitlines()
-        header = next(i for i, line in enumerate(lines) if line.startswith("| P@1"))
-        assert lines[header - 1] == "" and lines[header + 3] == ""
-        assert lines[header].split("|")[1:-1] == [" P@1 = R@1 ", " &emsp;MAP@R ", " &emsp;NMI "]
-        assert lines[header + 1] == "| ---: | ---: | ---: |"
-        assert f"| {100 * record['metrics']['precision_at_1']:.2f} |" in note
-        assert f"Selected epoch {record['selected_epoch']}" in note
-        assert (
-            "Deviations from the paper:" in note and "Deviations from the protocol: none." in note
+        lines = tags[RUN_NOTE_TAG].splitlines()
+        m = record["metrics"]
+        assert lines[0] == (
+            f"{method} on synthetic, protocol tiny. Test: P@1 = R@1 "
+            f"{100 * m['precision_at_1']:.2f} %, MAP@R "
+            f"{100 * m['mean_average_precision_at_r']:.2f} %, NMI {100 * m['nmi']:.2f} %."
         )
-    assert records["plain"]["mlflow_run_id"] in _run(records, "diml").data.tags[RUN_NOTE_TAG]
+        assert not set("*|&`#") & set(lines[0] + lines[2])  # no Markdown the tooltip shows
+        assert lines[2] == (
+            "Deviations from the paper: none. From the protocol (tag deviations): none."
+        )
+        assert tags["deviations"] == "none"
+        assert lines[4].startswith(f"Model selection: validation, epoch {record['selected_epoch']}")
+    diml = _run(records, "diml").data.tags[RUN_NOTE_TAG]
+    assert records["plain"]["mlflow_run_id"] in diml.splitlines()[4]
+
+
+def test_a_description_names_the_deviations_from_the_paper_before_listing_them():
+    from harness.reports.results import run_note
+
+    note = run_note(
+        method="avsl",
+        dataset="cub200",
+        protocol="avsl",
+        selection="validation",
+        metrics={"precision_at_1": 0.459, "recall_at_1": 0.46, "nmi": 0.644},
+        selected_epoch=3,
+        deviations=["optimizer.lr_head: 0.001 -> 0.01"],
+        paper_deviations=["backbone: paper X (ref); here Y. Why.", "sampler: paper A; here B. C."],
+    ).splitlines()
+    assert note[0] == "avsl on cub200, protocol avsl. Test: P@1 45.90 %, R@1 46.00 %, NMI 64.40 %."
+    assert note[2] == (
+        "Deviations from the paper: 2 (backbone, sampler; below). From the protocol "
+        "(tag deviations): optimizer.lr_head: 0.001 -> 0.01."
+    )
+    assert note[-2:] == [
+        "- backbone: paper X (ref); here Y. Why.",
+        "- sampler: paper A; here B. C.",
+    ]
 
 
 def test_the_shared_run_records_the_epoch_its_weights_were_selected_at(store):
@@ -195,16 +249,24 @@ def test_the_experiment_is_of_the_model_development_kind(store):
     state = json.loads(view["state"])
     assert state[VERSION_FIELD] == VERSION
     assert state["selectedColumns"] == [
-        *(f"tags.`{key}`" for key in ("method", "dataset", "loss", "seed")),
         *(f"metrics.`{READABLE[m]}`" for m in HEADLINE),
-    ]  # no Source, Models or Dataset column
+        *(f"tags.`{key}`" for key in ("method", "dataset", "loss", "seed")),
+    ]  # the headline first; no Source, Models or Dataset column
     assert state["orderByKey"] == "metrics.`P at 1`" and not state["orderByAsc"]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["isAccordionReordered"]
-    assert state["compareRunSections"][0]["name"] == "test"
-    bars = [c for c in state["compareRunCharts"] if c["metricSectionId"] == "section-test"]
-    assert [(c["type"], c["metricKey"]) for c in bars] == [("BAR", READABLE[m]) for m in HEADLINE]
+    open_sections = [s["name"] for s in state["compareRunSections"] if s["display"]]
+    assert open_sections == [HEADLINE_SECTION, CURVES_SECTION]
+    shown = [c for c in state["compareRunCharts"] if not c["deleted"]]
+    assert [(c["type"], c.get("metricKey") or c["yaxis"]["key"]) for c in shown] == [
+        *(("SCATTER", READABLE[m]) for m in HEADLINE),
+        ("LINE", "val MAP at R"),
+        ("LINE", "train/loss"),
+        ("LINE", "train/lr"),
+    ]
+    assert all(c["xaxis"] == {"key": "method", "type": "PARAM"} for c in shown[:4])
+    assert shown[-1]["scaleType"] == "log"
     runs_page = ui_url("http://127.0.0.1:5000", experiment.experiment_id)
-    assert runs_page.endswith(f"/runs?{ML_VIEW_QUERY}&viewStateShareKey={RUNS_VIEW[0]}")
+    assert runs_page.endswith(f"/#/experiments/{experiment.experiment_id}/runs?{ML_VIEW_QUERY}")
     url = ui_url(
         "http://127.0.0.1:5000", experiment.experiment_id, records["plain"]["mlflow_run_id"]
     )
@@ -262,8 +324,46 @@ def test_the_embedder_loads_as_an_mlflow_model_and_embeds_as_the_harness(
     assert {(m.dataset_name, m.dataset_digest) for m in linked.values()} == {
         ("synthetic", run.data.tags["split_digest"])
     }
+    assert model.tags["selected_epoch"] == run.data.tags["selected_epoch"]
+    assert model.tags[RUN_NOTE_TAG] == run.data.tags[RUN_NOTE_TAG]  # its page's description
     versions = mlflow.MlflowClient().search_model_versions(f"name = '{REGISTERED}'")
     assert {v.run_id for v in versions} >= {
         records["plain"]["mlflow_run_id"],
         records["diml"]["mlflow_run_id"],
     }
+
+
+def test_the_logged_model_shows_the_runs_final_metrics(store):
+    """The model's page lists each metric the run had when the model was logged with the
+    run's final value: ``train/loss`` at the last step, not at the step numbered as the
+    selected epoch; the headline ones in % with the dataset."""
+    records, _ = store
+    client = mlflow.MlflowClient()
+    for method in ("plain", "diml"):
+        run = _run(records, method)
+        model = client.get_logged_model(run.data.tags["model_uri"].split("/")[-1])
+        shown: dict[str, list[float]] = {}
+        for metric in model.metrics:
+            shown.setdefault(metric.key, []).append(metric.value)
+        final = {k: v for k, v in run.data.metrics.items() if not k.startswith("explain/")}
+        assert {k: v[0] for k, v in shown.items()} == final
+        assert all(len(values) == 1 for values in shown.values())  # one value each
+    plain = _run(records, "plain")
+    loss = client.get_metric_history(plain.info.run_id, "train/loss")
+    assert len(loss) == 6 and loss[0].value != loss[-1].value
+    model = client.get_logged_model(plain.data.tags["model_uri"].split("/")[-1])
+    assert [m.value for m in model.metrics if m.key == "train/loss"] == [loss[-1].value]
+
+
+def test_a_run_without_maps_of_its_own_says_why_in_its_artifacts(store):
+    from harness.reports.explanations import NO_MAPS_ARTIFACT
+
+    records, folder = store
+    client = mlflow.MlflowClient()
+    plain = records["plain"]["mlflow_run_id"]
+    note = client.download_artifacts(plain, NO_MAPS_ARTIFACT, str(folder))
+    text = open(note).read()
+    assert text.startswith("# No maps of its own\n\nplain computes no explanation maps")
+    assert "python -m harness explain --run RUN_ID" in text and "Grad-CAM" in text
+    diml = records["diml"]["mlflow_run_id"]
+    assert NO_MAPS_ARTIFACT not in {a.path for a in client.list_artifacts(diml, "explanations")}
