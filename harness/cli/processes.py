@@ -101,4 +101,3 @@ def serve_process_group(
         signal.signal(signal.SIGTERM, previous)
         stop_tree(proc, grace)
         proc.wait()
-
