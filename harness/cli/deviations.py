@@ -49,6 +49,7 @@ def _describe(name: str, deviation: PaperDeviation) -> str:
                     f"methods {', '.join(deviation.methods)}" if deviation.methods else "",
                     f"datasets {', '.join(deviation.datasets)}" if deviation.datasets else "",
                     f"backbones {', '.join(deviation.backbones)}" if deviation.backbones else "",
+                    f"losses {', '.join(deviation.losses)}" if deviation.losses else "",
                 ],
             )
         )

@@ -113,7 +113,8 @@ Where the paper and the released code differ or are silent (each choice is an op
   ``batch_proxies``); Margin-AVSL mines with GeDML's HardSelector on each level's and on
   the final matrix (``level_miner="hard"``, :func:`hard_triplets`, cutoff 0.5) and has
   four margin losses, each with its beta (``final_loss="separate"``; the default
-  ``"shared"`` evaluates L^f with the top level's copy).
+  ``"shared"`` evaluates L^f with the top level's copy); the code clips the collector and
+  each loss as units (``clip_units="code"``, :data:`~harness.methods.avsl_losses.CLIP_UNITS`).
 * The released tester builds the whole N x N distance with N x N x r intermediates per
   slice; here gallery chunks are scored with a running top-k (harness.components.evaluation).
 """
@@ -158,12 +159,14 @@ from harness.methods.avsl_graph import (
     similarity_nodes,
 )
 from harness.methods.avsl_losses import (
+    CLIP_UNITS,
     DISTANCES,
     FINAL_LOSSES,
     LEVEL_MINERS,
     SUPPORTED_LOSSES,
     collector_proxy_groups,
     final_loss_matrix,
+    inference_group,
     level_distance,
     loss_labels,
     neg_margin,
@@ -268,6 +271,7 @@ class AVSLHead(Method):
         level_miner: str = "protocol",
         hard_cutoff: float = 0.5,
         final_loss: str = "shared",
+        clip_units: str = "group",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         all_stages = ("s8", "s16", "s32")
@@ -281,6 +285,7 @@ class AVSLHead(Method):
             ("link_ties", link_ties, LINK_TIES),
             ("level_miner", level_miner, LEVEL_MINERS),
             ("final_loss", final_loss, FINAL_LOSSES),
+            ("clip_units", clip_units, CLIP_UNITS),
         ):
             if value not in valid:
                 raise ValueError(f"{option} must be one of {', '.join(valid)}; got {value!r}")
@@ -318,6 +323,7 @@ class AVSLHead(Method):
         self.batch_proxies = bool(batch_proxies)
         self.level_miner, self.final_loss = level_miner, final_loss
         self.hard_cutoff = float(hard_cutoff)
+        self.clip_units = clip_units
         separate = final_loss == "separate" and self.rectify and self.final_weight != 0
         self.metric_loss_copies = self.num_levels + (1 if separate else 0)
         self.project = nn.ModuleList()
@@ -558,8 +564,8 @@ class AVSLHead(Method):
         ids = {id(p) for p in inference}
         head = [p for p in self.head_parameters() if id(p) not in ids]
         groups = [param_group(head, lr, weight_decay, "head")]
-        if inference:
-            groups.append(param_group(inference, self._collector_lr(lr), weight_decay, "inference"))
+        if inference:  # the code's collector (clipped with the proxies with clip_units="code")
+            groups.append(inference_group(inference, self._collector_lr(lr), weight_decay, self))
         return groups
 
     def loss_optimizer_groups(self, loss_fn, optimizer):
@@ -567,10 +573,9 @@ class AVSLHead(Method):
         collector does (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
         optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at the
         collector's rate with the protocol's ``weight_decay``; the loss's other parameters
-        (a margin beta) stay in the loss group."""
-        if not self.proxies_in_collector:
-            return super().loss_optimizer_groups(loss_fn, optimizer)
-        return collector_proxy_groups(loss_fn, optimizer, self._collector_lr(optimizer.lr_head))
+        (a margin beta) stay in the loss group (``clip_units``: :func:`collector_proxy_groups`)."""
+        rate = self._collector_lr(optimizer.lr_head)
+        return collector_proxy_groups(loss_fn, optimizer, rate, self.proxies_in_collector, self)
 
     def step_host_reads(self) -> str:
         reasons = []
