@@ -14,6 +14,8 @@ authors' value and where that value is read::
     source = "XinyiXuXD/DGML-master@7834411 datasampler/class_random_sampler.py:43"
     when = { dataset = ["sop"], method = ["agrouping"], loss = ["margin"] }   # optional
     deviation = "sampler_replacement"      # optional: the deviation that names a difference
+    observe = "unit_groups"                # optional: a claim the key cannot show, checked
+                                           # on the built run (harness.engine.built_run)
 
 ``key`` is a dotted protocol key, read from the protocol a cell runs (its grid variant,
 its grid's settings and its dataset's section applied). ``methods.<method>.<option>``
@@ -95,6 +97,7 @@ class _Entry(BaseModel):
     source: Str
     when: dict[Str, list[Str] | Str] = {}
     deviation: Str = ""
+    observe: Str = ""
 
 
 class _Protocols(BaseModel):
@@ -123,6 +126,9 @@ class LedgerEntry:
     source: str
     when: dict[str, tuple[str, ...]]
     deviation: str = ""
+    #: A claim about the built run that the key's value cannot show (``unit_groups``:
+    #: each group of the embedding has unit norm), checked by the built-run checks.
+    observe: str = ""
 
     def applies(self, case: Case) -> bool:
         return all(
@@ -204,7 +210,9 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
                 f"'{unknown[0]}' (expected {', '.join(_WHEN)})"
             )
         when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
-        entries.append(LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation))
+        entries.append(
+            LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation, e.observe)
+        )
     protocols = tuple(
         (p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols
     )
