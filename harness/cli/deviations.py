@@ -153,7 +153,12 @@ def _measure(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from harness.engine.deviation_effects import effect_lines, measure_deviations
+    from harness.engine.deviation_effects import (
+        effect_lines,
+        effect_sentences,
+        measure_deviations,
+    )
+    from harness.reports.tables.effects import write_effect_notes
 
     try:
         seeds = tuple(int(s) for s in str(args.seeds).split(","))
@@ -175,5 +180,12 @@ def _measure(args: argparse.Namespace) -> int:
     )
     for line in effect_lines(args.grid, effects, seeds):
         print(line)
-    print(f"measured in {time.monotonic() - started:.0f} s")
+    paper, smoke = (
+        load_grid(args.grid, max_cells=None),
+        load_grid(args.grid, smoke=True, max_cells=None),
+    )
+    path = write_effect_notes(
+        paper.name, (paper.experiment, smoke.experiment), seeds, effect_sentences(effects)
+    )
+    print(f"measured in {time.monotonic() - started:.0f} s; the tables' notes: {path}")
     return 0

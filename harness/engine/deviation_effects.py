@@ -34,7 +34,7 @@ from harness.engine.runtime import resolve_device
 from harness.engine.trainer import Trainer
 from harness.reports.stats import t_interval
 
-__all__ = ["EFFECT_METRICS", "Effect", "measure_deviations", "effect_lines"]
+__all__ = ["EFFECT_METRICS", "Effect", "measure_deviations", "effect_lines", "effect_sentences"]
 
 #: The test metrics whose paired differences are reported.
 EFFECT_METRICS = ("precision_at_1", "mean_average_precision_at_r")
@@ -202,11 +202,14 @@ def measure_deviations(
     device: str = "auto",
     data_root: Any = None,
     log: Callable[[str], None] = print,
+    ledgers: list[Ledger] | None = None,
 ) -> list[Effect]:
-    """Every deviation of grid ``grid_name`` measured on its smoke version over ``seeds``
-    (see the module docstring), in deviation-name order."""
+    """Every deviation of grid ``grid_name`` (a name or a path) measured on its smoke
+    version over ``seeds`` (see the module docstring), in deviation-name order; the
+    authors' values from ``ledgers`` (default: the shipped ledgers that cover the grid)."""
     grid = load_grid(grid_name, smoke=True, max_cells=None)
-    ledgers = ledgers_for_grid(load_grid(grid_name, max_cells=None).name)
+    if ledgers is None:
+        ledgers = ledgers_for_grid(load_grid(grid_name, max_cells=None).name)
     if not ledgers:
         raise HarnessError(
             f"grid {grid_name} has no recipe ledger to take the authors' values from"
@@ -257,3 +260,21 @@ def effect_lines(grid_name: str, effects: list[Effect], seeds: tuple[int, ...]) 
         n = e.differences[EFFECT_METRICS[0]][2]
         lines.append(f"| {e.deviation} | {e.cell} | {settings} | {cols} | {n} |")
     return lines
+
+
+def effect_sentences(effects: list[Effect]) -> dict[str, str]:
+    """One sentence per deviation for the tables' notes: each cell's paired differences
+    (authors' value minus the grid's, points, 95% interval), or why it is not measured."""
+    found: dict[str, list[str]] = {}
+    for e in effects:
+        if e.reason:
+            found.setdefault(e.deviation, []).append(
+                f"{e.cell + ' ' if e.cell else ''}not measured ({e.reason})"
+            )
+            continue
+        parts = ", ".join(
+            f"{_SHORT[m]} {mean:+.2f} +- {hw:.2f}"
+            for m, (mean, hw, _) in ((m, e.differences[m]) for m in EFFECT_METRICS)
+        )
+        found.setdefault(e.deviation, []).append(f"{e.cell} {parts}")
+    return {name: "; ".join(items) for name, items in found.items()}
