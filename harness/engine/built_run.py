@@ -363,6 +363,7 @@ def observes(key: str) -> bool:
     return (
         key in _OBSERVERS
         or (parts[0] == "sampling" and len(parts) == 2)
+        or parts[:2] == ["sampling", "loss_samplers"]
         or key in ("schedule.milestones", "schedule.gamma")
         or (parts[:2] == ["loss", "args"] and len(parts) == 4)
         or key
@@ -384,6 +385,8 @@ def observe(run: BuiltRun, key: str) -> Any:
         return _OBSERVERS[key](run)
     if parts[0] == "sampling" and len(parts) == 2:
         return _sampling(run, parts[1])
+    if parts[:2] == ["sampling", "loss_samplers"] and len(parts) == 3:
+        return _sampling(run, "sampler") if parts[2] == run.loss else UNOBSERVED
     if parts[0] == "schedule" and len(parts) == 2:
         return _schedule(run, parts[1])
     if parts[:2] == ["loss", "args"] and len(parts) == 4:

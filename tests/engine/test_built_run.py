@@ -168,7 +168,7 @@ def test_avsl_clips_its_collector_as_one_unit_and_each_loss_copy_alone(loss):
     clip_gradients(run.optimizer, 10.0)
     for unit in clip_units(run.optimizer):
         norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in unit]))
-        assert float(norm) == pytest.approx(10.0, rel=1e-4)
+        assert float(norm) == pytest.approx(10.0, rel=1e-3)  # float32 sums of 25M terms
 
 
 def test_the_group_clipping_keeps_alpha_beta_and_proxies_apart():
