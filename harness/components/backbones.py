@@ -62,6 +62,17 @@ def _freeze_bn(module: nn.Module) -> None:
             m.eval()
 
 
+def _freeze_bn_affine(module: nn.Module) -> None:
+    """AVSL's trunks: BN's weights and biases stop training as well (``requires_grad``
+    off), zbr17/AVSL src/avsl/models/resnet50_decom.py lines 20-25 and zbr17/GeDML
+    src/gedml/core/models/basic_models/resnet50.py lines 20-25."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            for p in (m.weight, m.bias):
+                if p is not None:
+                    p.requires_grad_(False)
+
+
 class Segment(nn.Sequential):
     """A pretrained copy of backbone segments (:meth:`Backbone.segment`): a Sequential
     whose BatchNorm layers stay in eval mode when the backbone's do (``freeze_bn``)."""
@@ -82,7 +93,9 @@ class Backbone(nn.Module):
 
     ``channels``: every point's width. ``out_stages``: the points ``forward`` returns
     (in chain order; it stops at the last). Parameters live in ``body`` only, so the
-    state-dict keys are the wrapped network's.
+    state-dict keys are the wrapped network's. ``freeze_bn``: BN layers stay in eval mode
+    (their running statistics); ``freeze_bn_affine``: their weights and biases do not
+    train (the two are independent settings).
     """
 
     def __init__(
@@ -93,12 +106,16 @@ class Backbone(nn.Module):
         *,
         freeze_bn: bool,
         out_stages: Sequence[str] = ("s32",),
+        freeze_bn_affine: bool = False,
     ):
         super().__init__()
         self.name = name
         self.body = body
         self.spec = spec
         self.freeze_bn = freeze_bn
+        self.freeze_bn_affine = freeze_bn_affine
+        if freeze_bn_affine:
+            _freeze_bn_affine(body)
         self.points = tuple(p for p, _, _ in spec.points)
         self.channels = {p: c for p, c, _ in spec.points}
         self.out_channels = self.channels["s32"]
@@ -413,15 +430,24 @@ def create_backbone(
     out_stages: Sequence[str] = ("s32",),
     input_transform: bool = True,
     output_stride: int = 32,
+    freeze_bn_affine: bool = False,
 ) -> Backbone:
     """Build a registered backbone; ``weights`` (a file) overrides the pretrained source.
     ``input_transform=False`` skips the backbone's own input conversion
     (:func:`_skip_input_transform`); ``output_stride=16`` dilates the last stride-2 stage
-    instead of striding (the same weights, a map twice as wide)."""
+    instead of striding (the same weights, a map twice as wide); ``freeze_bn_affine``
+    stops BN's weights and biases training (:func:`_freeze_bn_affine`)."""
     factory = BACKBONES.get(name)
     body, spec = factory(pretrained and not weights, output_stride=output_stride)
     if weights:
         _load_weights_file(body, weights, name)
     if not input_transform:
         _skip_input_transform(body, name)
-    return Backbone(name, body, spec, freeze_bn=freeze_bn, out_stages=out_stages)
+    return Backbone(
+        name,
+        body,
+        spec,
+        freeze_bn=freeze_bn,
+        out_stages=out_stages,
+        freeze_bn_affine=freeze_bn_affine,
+    )

@@ -7,27 +7,46 @@ AVSL's configurations: zbr17/GeDML src/gedml/launcher/misc/utils.py lines 14-20,
 src/gedml/launcher/trainers/base_trainer.py lines 320-328; zbr17/AVSL
 examples/config/param/gradclipper/gradclipper_models.yaml line 3). The harness's groups
 are those parts: backbone (trunk), head (embedder), a head's own groups (AVSL's
-collector) and loss.
+collector) and loss. Groups that carry the same ``"clip"`` name are one unit, clipped
+together: a part the code clips as one that the optimizer holds in several groups (AVSL's
+collector, whose alpha, beta and proxies train in two groups).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["clip_gradients"]
+__all__ = ["clip_gradients", "clip_units"]
 
 
 def clip_gradients(
     optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None = None
 ) -> None:
-    """Clip the gradients of each parameter group of ``optimizer`` to total norm ``max_norm``
-    (nothing when it is 0). A float16 loss scaler's scale is taken out first, so the norm
-    is the true gradient's. Queues device work only (no host read)."""
+    """Clip the gradients of each clipping unit of ``optimizer`` (:func:`clip_units`) to
+    total norm ``max_norm`` (nothing when it is 0). A float16 loss scaler's scale is taken
+    out first, so the norm is the true gradient's. Queues device work only (no host read)."""
     if max_norm <= 0:
         return
     if scaler is not None and scaler.is_enabled():
         scaler.unscale_(optimizer)
-    for group in optimizer.param_groups:
-        params = [p for p in group["params"] if p.grad is not None]
+    for unit in clip_units(optimizer):
+        params = [p for p in unit if p.grad is not None]
         if params:
             torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def clip_units(optimizer: torch.optim.Optimizer) -> list[list[torch.Tensor]]:
+    """The parameters clipped together, in group order: each group on its own, except that
+    the groups sharing a ``"clip"`` name form one unit (at the place of the first)."""
+    units: list[list[torch.Tensor]] = []
+    named: dict[str, list[torch.Tensor]] = {}
+    for group in optimizer.param_groups:
+        name = group.get("clip")
+        if name is None:
+            units.append(list(group["params"]))
+        elif name in named:
+            named[name].extend(group["params"])
+        else:
+            named[name] = list(group["params"])
+            units.append(named[name])
+    return units

@@ -10,6 +10,7 @@ A protocol file declares each departure once, in a ``[deviations.<name>]`` table
     methods = ["diablo"]                                 # optional: only these methods' runs
     datasets = ["sop"]                                   # optional: only these datasets
     backbones = ["googlenet"]                            # optional: only these backbones
+    losses = ["margin"]                                  # optional: only these losses
 
 Every run records the deviations that apply to it as tags (``deviation.<name>``), the run
 summary prints them, and every table that shows the run lists them under it. They are
@@ -68,6 +69,9 @@ class PaperDeviation:
     #: Backbones whose runs it concerns (empty: every backbone), for a grid whose cells run
     #: one protocol over several backbones (A-grouping Table 3's GoogLeNet cells).
     backbones: tuple[Str, ...] = ()
+    #: Losses whose runs it concerns (empty: every loss), for a setting the authors' code
+    #: gives one loss's runs only (AVSL's Margin configurations).
+    losses: tuple[Str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("paper", "harness", "why"):
@@ -76,12 +80,16 @@ class PaperDeviation:
                     f"a protocol deviation needs '{key}' (paper, harness and why are required)"
                 )
 
-    def applies(self, method: str, dataset: str, backbone: str | None = None) -> bool:
-        """Whether it concerns a run of ``method`` on ``dataset`` with ``backbone`` (None: any)."""
+    def applies(
+        self, method: str, dataset: str, backbone: str | None = None, loss: str | None = None
+    ) -> bool:
+        """Whether it concerns a run of ``method`` on ``dataset`` with ``backbone`` and
+        ``loss`` (None: any)."""
         return (
             (not self.methods or method in self.methods)
             and (not self.datasets or dataset in self.datasets)
             and (backbone is None or not self.backbones or backbone in self.backbones)
+            and (loss is None or not self.losses or loss in self.losses)
         )
 
 
@@ -91,40 +99,55 @@ def check_names(
     methods: Iterable[str],
     datasets: Iterable[str],
     backbones: Iterable[str] | None = None,
+    losses: Iterable[str] | None = None,
 ) -> None:
-    """Deviation names are identifiers; the methods, datasets and backbones they name are registered."""
-    methods, datasets = list(methods), list(datasets)
+    """Deviation names are identifiers; the methods, datasets, backbones and losses they
+    name are registered (``None``: any backbone, any loss)."""
+    known = {
+        "method": list(methods),
+        "dataset": list(datasets),
+        "backbone": None if backbones is None else list(backbones),
+        "loss": None if losses is None else list(losses),
+    }
     for name, deviation in deviations.items():
         if not _NAME.match(name):
             raise HarnessError(
                 f"protocol key 'deviations.{name}': a deviation name is lower-case "
                 f"letters, digits and underscores, starting with a letter"
             )
-        for method in deviation.methods:
-            if method not in methods:
-                raise HarnessError(
-                    f"protocol key 'deviations.{name}.methods': {unknown_name('method', method, methods)}"
-                )
-        for dataset in deviation.datasets:
-            if dataset not in datasets:
-                raise HarnessError(
-                    f"protocol key 'deviations.{name}.datasets': "
-                    f"{unknown_name('dataset', dataset, datasets)}"
-                )
-        for backbone in deviation.backbones:
-            if backbones is not None and backbone not in list(backbones):
-                raise HarnessError(
-                    f"protocol key 'deviations.{name}.backbones': "
-                    f"{unknown_name('backbone', backbone, list(backbones))}"
-                )
+        named = {
+            "method": deviation.methods,
+            "dataset": deviation.datasets,
+            "backbone": deviation.backbones,
+            "loss": deviation.losses,
+        }
+        for kind, values in named.items():
+            _check_named(name, kind, values, known[kind])
+
+
+def _check_named(name: str, kind: str, values: Iterable[str], known: list[str] | None) -> None:
+    """Each of ``values`` (the ``kind``s deviation ``name`` concerns) among ``known``."""
+    for value in values:
+        if known is not None and value not in known:
+            raise HarnessError(
+                f"protocol key 'deviations.{name}.{kind}"
+                f"{'es' if kind == 'loss' else 's'}': {unknown_name(kind, value, known)}"
+            )
 
 
 def applicable(
-    deviations: dict[str, PaperDeviation], method: str, dataset: str, backbone: str | None = None
+    deviations: dict[str, PaperDeviation],
+    method: str,
+    dataset: str,
+    backbone: str | None = None,
+    loss: str | None = None,
 ) -> dict[str, PaperDeviation]:
-    """The deviations that concern a run of ``method`` on ``dataset`` (with ``backbone``), by name."""
+    """The deviations that concern a run of ``method`` on ``dataset`` (with ``backbone``
+    and ``loss``), by name."""
     return {
-        name: d for name, d in sorted(deviations.items()) if d.applies(method, dataset, backbone)
+        name: d
+        for name, d in sorted(deviations.items())
+        if d.applies(method, dataset, backbone, loss)
     }
 
 

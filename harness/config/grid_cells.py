@@ -195,7 +195,7 @@ def _place_cells(grid: Grid, sub: dict[str, list], place: _Place) -> list[Cell]:
                     key=key,
                     base_key=base_key,
                     paper_deviations=cell_deviations(
-                        grid, protocol, method, place.dataset, place.backbone
+                        grid, protocol, method, place.dataset, place.backbone, place.loss
                     ),
                     study_key=study_key,
                 )
@@ -265,7 +265,12 @@ SMOKE_WHY = (
 
 
 def cell_deviations(
-    grid: Grid, protocol: Protocol, method: str, dataset: str, backbone: str
+    grid: Grid,
+    protocol: Protocol,
+    method: str,
+    dataset: str,
+    backbone: str,
+    loss: str | None = None,
 ) -> dict[str, PaperDeviation]:
     """A cell's departures from its paper: the paper protocol's declared deviations that
     concern it, and for a smoke cell each setting, dataset or backbone the smoke version
@@ -277,7 +282,7 @@ def cell_deviations(
         else grid.paper_axes["datasets"][0]
     )
     reference = paper.for_dataset(paper_dataset)
-    found = applicable(reference.deviations, method, paper_dataset, backbone)
+    found = applicable(reference.deviations, method, paper_dataset, backbone, loss)
     if not grid.smoke:
         return found
     changed = {}

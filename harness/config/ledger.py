@@ -14,6 +14,8 @@ authors' value and where that value is read::
     source = "XinyiXuXD/DGML-master@7834411 datasampler/class_random_sampler.py:43"
     when = { dataset = ["sop"], method = ["agrouping"], loss = ["margin"] }   # optional
     deviation = "sampler_replacement"      # optional: the deviation that names a difference
+    observe = "unit_groups"                # optional: a claim the key cannot show, checked
+                                           # on the built run (harness.engine.built_run)
 
 ``key`` is a dotted protocol key, read from the protocol a cell runs (its grid variant,
 its grid's settings and its dataset's section applied). ``methods.<method>.<option>``
@@ -29,6 +31,20 @@ deviations, :mod:`harness.config.deviations`) or *undeclared* (another value tha
 applicable deviation names: a number its table would print without saying so).
 ``tests/config/test_ledger.py`` requires no undeclared entry; ``python -m harness deviations
 --grid G`` prints the counts per cell family.
+
+Coverage. Every leaf key of the protocol schema (:func:`protocol_keys`) and every option
+of the methods the ledger's cells run is an entry's key (or a prefix of one: ``loss.args``
+is covered by ``loss.args.margin.beta``), or in the ledger's ``[not_applicable]`` table
+with a one-line reason, or one of :data:`NOT_SETTINGS`; :func:`uncovered` lists the rest,
+so a new protocol key cannot land without each paper's ledger saying what its authors
+did::
+
+    [not_applicable]
+    "image.multiscale_range" = "only the multiscale_crop_flip transform reads it"
+
+``[unmeasured]`` names, per deviation of the ledger's grids, why its authors' value cannot
+be run (no key sets it, or the key cannot express it): ``deviations --measure`` prints the
+reason instead of an effect.
 """
 
 from __future__ import annotations
@@ -61,6 +77,11 @@ __all__ = [
     "family_counts",
     "resolve_key",
     "STATUSES",
+    "NOT_SETTINGS",
+    "protocol_keys",
+    "ledger_cases",
+    "required_keys",
+    "uncovered",
 ]
 
 #: The outcomes of an entry on a cell, best first.
@@ -76,6 +97,7 @@ class _Entry(BaseModel):
     source: Str
     when: dict[Str, list[Str] | Str] = {}
     deviation: Str = ""
+    observe: Str = ""
 
 
 class _Protocols(BaseModel):
@@ -91,6 +113,8 @@ class _LedgerFile(BaseModel):
     paper: Str
     grids: list[Str] = []
     protocols: list[_Protocols] = []
+    not_applicable: dict[Str, Str] = {}
+    unmeasured: dict[Str, Str] = {}
     entry: list[_Entry]
 
 
@@ -102,6 +126,9 @@ class LedgerEntry:
     source: str
     when: dict[str, tuple[str, ...]]
     deviation: str = ""
+    #: A claim about the built run that the key's value cannot show (``unit_groups``:
+    #: each group of the embedding has unit norm), checked by the built-run checks.
+    observe: str = ""
 
     def applies(self, case: Case) -> bool:
         return all(
@@ -118,6 +145,10 @@ class Ledger:
     #: ``(protocol name, methods, losses, datasets)`` of the protocols no grid runs.
     protocols: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...]
     entries: tuple[LedgerEntry, ...]
+    #: Keys the authors' recipe has no value for, each with its reason.
+    not_applicable: dict[str, str] = field(default_factory=dict)
+    #: Deviations whose authors' value cannot be run, each with its reason.
+    unmeasured: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -179,11 +210,21 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
                 f"'{unknown[0]}' (expected {', '.join(_WHEN)})"
             )
         when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
-        entries.append(LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation))
+        entries.append(
+            LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation, e.observe)
+        )
     protocols = tuple(
         (p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols
     )
-    return Ledger(parsed.paper, path, tuple(parsed.grids), protocols, tuple(entries))
+    return Ledger(
+        parsed.paper,
+        path,
+        tuple(parsed.grids),
+        protocols,
+        tuple(entries),
+        dict(parsed.not_applicable),
+        dict(parsed.unmeasured),
+    )
 
 
 def ledgers_for_grid(grid: str) -> list[Ledger]:
@@ -293,7 +334,6 @@ def _protocol_cases(
         protocol = base.for_dataset(dataset)
         backbone = protocol.backbone.name
         for method in methods:
-            found = applicable(protocol.deviations, method, dataset, backbone)
             cases.extend(
                 Case(
                     f"protocol {name}: {backbone}/{dataset}",
@@ -302,7 +342,7 @@ def _protocol_cases(
                     method,
                     dataset,
                     protocol,
-                    found,
+                    applicable(protocol.deviations, method, dataset, backbone, loss),
                 )
                 for loss in losses
             )
@@ -315,6 +355,19 @@ def _status(entry: LedgerEntry, case: Case, actual: Any) -> str:
     return "deviating" if entry.deviation and entry.deviation in case.deviations else "undeclared"
 
 
+def ledger_cases(
+    ledger: Ledger, grids: list[str] | None = None, *, max_cells: int | None = MAX_CELLS
+) -> list[Case]:
+    """The cells a ledger is checked on: those of the grids it covers (or of ``grids``),
+    seeds aside, and of the protocols it lists (only when ``grids`` is None)."""
+    cases = [
+        c for g in (ledger.grids if grids is None else grids) for c in _grid_cases(g, max_cells)
+    ]
+    if grids is None:
+        cases += [c for spec in ledger.protocols for c in _protocol_cases(*spec)]
+    return cases
+
+
 def check_ledger(
     ledger: Ledger, grids: list[str] | None = None, *, max_cells: int | None = MAX_CELLS
 ) -> list[Check]:
@@ -322,11 +375,7 @@ def check_ledger(
     of ``grids``) and of the protocols it lists (only when ``grids`` is None). An entry
     naming an unknown key is a :class:`HarnessError` naming the ledger, the entry and the
     key; a grid of more than ``max_cells`` cells (None: no cap) is refused."""
-    cases = [
-        c for g in (ledger.grids if grids is None else grids) for c in _grid_cases(g, max_cells)
-    ]
-    if grids is None:
-        cases += [c for spec in ledger.protocols for c in _protocol_cases(*spec)]
+    cases = ledger_cases(ledger, grids, max_cells=max_cells)
     checks = []
     for number, entry in enumerate(ledger.entries, 1):
         for case in cases:
@@ -356,3 +405,63 @@ def family_counts(checks: list[Check]) -> dict[str, dict[str, int]]:
         family: {s: sum(1 for v in found.values() if STATUSES[v] == s) for s in STATUSES}
         for family, found in worst.items()
     }
+
+
+# -------------------------------------------------------------------------- coverage
+
+#: Protocol keys that are no training or evaluation setting, with the reason: no ledger
+#: needs to say what the authors did for them.
+NOT_SETTINGS: dict[str, str] = {
+    "name": "the protocol's name (documentation)",
+    "description": "the protocol's description (documentation)",
+    "source": "what the protocol transcribes (documentation)",
+    "deviations": "documents the protocol's departures: what the entries' deviation names",
+    "datasets": "per-dataset sections of the other keys, applied before an entry is checked",
+    "executor.slurm": "where a grid's cells run, not what they compute",
+    "training.sync_every": "how often the training loop reads the device; changes no number",
+}
+
+
+def protocol_keys(schema: dict[str, Any] | None = None) -> list[str]:
+    """Every leaf key of the protocol schema (default: :func:`protocol_json_schema`'s):
+    ``section.field`` for each field of a section, the name of every other top-level field
+    (``seeds``; ``methods``, whose options :func:`required_keys` lists instead)."""
+    from harness.config.protocol import protocol_json_schema
+
+    schema = protocol_json_schema() if schema is None else schema
+    defs = schema.get("$defs", {})
+    keys = []
+    for name, prop in schema["properties"].items():
+        ref = prop.get("$ref") or next(
+            (p["$ref"] for p in prop.get("allOf", []) if "$ref" in p), ""
+        )
+        section = defs.get(ref.rsplit("/", 1)[-1], {}) if ref else {}
+        if "properties" in section:
+            keys += [f"{name}.{field_name}" for field_name in section["properties"]]
+        else:
+            keys.append(name)
+    return keys
+
+
+def required_keys(ledger: Ledger, schema: dict[str, Any] | None = None) -> list[str]:
+    """The keys ``ledger`` must cover: the protocol schema's leaf keys (``methods`` aside)
+    and ``methods.<method>.<option>`` for every option of every method its cells run."""
+    from harness.methods import METHODS
+
+    methods = sorted({case.method for case in ledger_cases(ledger, max_cells=None)})
+    options = [f"methods.{m}.{o}" for m in methods for o in METHODS.get(m).options()]
+    return [k for k in protocol_keys(schema) if k != "methods"] + options
+
+
+def uncovered(ledger: Ledger, schema: dict[str, Any] | None = None) -> list[str]:
+    """The keys of :func:`required_keys` that no entry of ``ledger`` reads (as its key or a
+    prefix of it), its ``[not_applicable]`` table does not list and :data:`NOT_SETTINGS`
+    does not hold."""
+    keys = {entry.key for entry in ledger.entries}
+    return [
+        key
+        for key in required_keys(ledger, schema)
+        if key not in NOT_SETTINGS
+        and key not in ledger.not_applicable
+        and not any(k == key or k.startswith(key + ".") for k in keys)
+    ]

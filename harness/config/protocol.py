@@ -215,6 +215,7 @@ _OPTIONAL_KEYS = (
 #: checks it). A section left empty is dropped with them.
 FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "backbone.input_transform": True,
+    "backbone.freeze_bn_affine": False,
     "backbone.output_stride": 32,
     "sampling.classes_with_replacement": False,
     "sampling.images_with_replacement": False,

@@ -86,6 +86,7 @@ def _check_registered_names(protocol: Protocol) -> None:
         methods=METHODS.list(),
         datasets=DATASETS.list(),
         backbones=BACKBONES.list(),
+        losses=LOSSES.list(),
     )
     keyed: list[tuple[str, Any, Any]] = [
         ("methods", protocol.methods, METHODS),

@@ -60,6 +60,13 @@ class BackboneSpec:
     weights: Str = ""
     #: Roth et al. 2020: BN running statistics frozen (eval mode), affine still trained.
     freeze_bn: Bool = True
+    #: BN's affine weights and biases frozen too (``requires_grad`` off, so no optimizer
+    #: group holds them), as AVSL's trunks do (zbr17/AVSL src/avsl/models/resnet50_decom.py
+    #: lines 20-25; zbr17/GeDML src/gedml/core/models/basic_models/resnet50.py lines 20-25).
+    #: False (Roth et al., DIML's and DGML's code): the affine trains. Absent from the
+    #: canonical form at its default (``_FINGERPRINT_OMITTED_AT_DEFAULT`` of
+    #: :mod:`harness.config.protocol`).
+    freeze_bn_affine: Bool = False
     #: The backbone's own conversion of its inputs, where it has one: torchvision's GoogLeNet
     #: with ImageNet weights re-normalises each channel (``transform_input``: channel 0
     #: becomes 0.458 x - 0.030). False skips it, as DGML-master's GoogLeNet does (it runs

@@ -68,6 +68,7 @@ def build_model(protocol: Protocol, method: str, options: dict[str, Any]) -> Emb
         pretrained=b.pretrained,
         weights=b.weights,
         freeze_bn=b.freeze_bn,
+        freeze_bn_affine=b.freeze_bn_affine,
         input_transform=b.input_transform,
         output_stride=b.output_stride,
     )

@@ -204,5 +204,5 @@ def paper_deviations(cfg: RunConfig) -> dict[str, PaperDeviation]:
         if k.startswith(TAG_PREFIX)
     }
     return handed or applicable(
-        cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name
+        cfg.protocol.deviations, cfg.method, cfg.dataset, cfg.protocol.backbone.name, cfg.loss
     )

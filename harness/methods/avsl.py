@@ -113,7 +113,8 @@ Where the paper and the released code differ or are silent (each choice is an op
   ``batch_proxies``); Margin-AVSL mines with GeDML's HardSelector on each level's and on
   the final matrix (``level_miner="hard"``, :func:`hard_triplets`, cutoff 0.5) and has
   four margin losses, each with its beta (``final_loss="separate"``; the default
-  ``"shared"`` evaluates L^f with the top level's copy).
+  ``"shared"`` evaluates L^f with the top level's copy); the code clips the collector and
+  each loss as units (``clip_units="code"``, :data:`~harness.methods.avsl_losses.CLIP_UNITS`).
 * The released tester builds the whole N x N distance with N x N x r intermediates per
   slice; here gallery chunks are scored with a running top-k (harness.components.evaluation).
 """
@@ -154,6 +155,7 @@ from harness.methods.avsl_losses import (
     collector_proxy_groups,
     final_loss_matrix,
     hard_level_tuples,
+    inference_group,
     level_distance,
     loss_labels,
     mines_hard,
@@ -267,11 +269,14 @@ class AVSLHead(Method):
         level_miner: str = "protocol",
         hard_cutoff: float = 0.5,
         final_loss: str = "shared",
+        clip_units: str = "group",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if not 1 <= int(levels) <= 3:
             raise ValueError(f"levels must be 1, 2 or 3, got {levels}")
-        check_choices(cam, cam_shift, rank, distance, link_ties, level_miner, final_loss)
+        check_choices(
+            cam, cam_shift, rank, distance, link_ties, level_miner, final_loss, clip_units
+        )
         check_ranges(momentum, topk, collector_lr, rank, rerank_k)
         weights = checked_level_weights(levels, level_weights)
         self.num_levels = int(levels)
@@ -291,6 +296,7 @@ class AVSLHead(Method):
         self.batch_proxies = bool(batch_proxies)
         self.level_miner, self.final_loss = level_miner, final_loss
         self.hard_cutoff = float(hard_cutoff)
+        self.clip_units = clip_units
         separate = final_loss == "separate" and self.rectify and self.final_weight != 0
         self.metric_loss_copies = self.num_levels + (1 if separate else 0)
         self._build(channels, embedding_size)
@@ -530,8 +536,8 @@ class AVSLHead(Method):
         ids = {id(p) for p in inference}
         head = [p for p in self.head_parameters() if id(p) not in ids]
         groups = [param_group(head, lr, weight_decay, "head")]
-        if inference:
-            groups.append(param_group(inference, self._collector_lr(lr), weight_decay, "inference"))
+        if inference:  # the code's collector (clipped with the proxies with clip_units="code")
+            groups.append(inference_group(inference, self._collector_lr(lr), weight_decay, self))
         return groups
 
     def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer: Any) -> list[dict[str, Any]]:
@@ -539,10 +545,9 @@ class AVSLHead(Method):
         collector does (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
         optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at the
         collector's rate with the protocol's ``weight_decay``; the loss's other parameters
-        (a margin beta) stay in the loss group."""
-        if not self.proxies_in_collector:
-            return super().loss_optimizer_groups(loss_fn, optimizer)
-        return collector_proxy_groups(loss_fn, optimizer, self._collector_lr(optimizer.lr_head))
+        (a margin beta) stay in the loss group (``clip_units``: :func:`collector_proxy_groups`)."""
+        rate = self._collector_lr(optimizer.lr_head)
+        return collector_proxy_groups(loss_fn, optimizer, rate, self.proxies_in_collector, self)
 
     def step_host_reads(self) -> str:
         reasons = []

@@ -31,6 +31,9 @@ __all__ = [
     "proxy_references",
     "param_group",
     "collector_proxy_groups",
+    "CLIP_UNITS",
+    "loss_copy_groups",
+    "inference_group",
 ]
 
 #: The distance each level's loss and the final loss run on, for Euclidean-distance losses.
@@ -41,6 +44,13 @@ LEVEL_MINERS = ("protocol", "hard")
 #: Whether the final loss L^f is the top level's loss copy (sharing, e.g., its margin beta)
 #: or a copy of its own, as the code's fourth loss (``lossfinal`` / ``loss``).
 FINAL_LOSSES = ("shared", "separate")
+#: What ``optimizer.clip_grad_norm`` clips as one unit: each optimizer group (``"group"``:
+#: alpha and beta apart from the proxies, every loss copy's parameters together), or the
+#: code's parts (``"code"``: the collector, alpha, beta and the proxies, as one unit and each
+#: loss copy on its own; GeDML's gradclipper per collector and per loss, zbr17/AVSL
+#: examples/config/links/link_avsl_margin.yaml lines 44-51, link_avsl_proxyanchor.yaml
+#: lines 36-39).
+CLIP_UNITS = ("group", "code")
 #: Loss names the head trains with (the final loss needs a pair distance or `proxies`).
 SUPPORTED_LOSSES = (
     "margin",
@@ -179,29 +189,73 @@ def neg_margin(loss: Any, margin: float | None):
         loss.neg_margin = old
 
 
-def collector_proxy_groups(loss_fn: nn.Module, optimizer, rate: float) -> list[dict[str, Any]]:
-    """The metric loss's parameter groups with its proxies trained as the code's collector
-    trains them (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110, optimised
-    by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``): at ``rate`` with the
-    protocol's ``weight_decay``; the loss's other parameters (a margin beta) stay in the
-    loss group. ``optimizer``: the protocol's
-    :class:`~harness.config.protocol.OptimizerSpec`."""
+def collector_proxy_groups(
+    loss_fn: nn.Module, optimizer, rate: float, in_collector: bool = True, head: Any = None
+) -> list[dict[str, Any]]:
+    """The metric loss's parameter groups. ``in_collector``: its proxies train as the code's
+    collector trains them (its ``proxy_<i>`` parameters, avsl_collector.py lines 104-110,
+    optimised by AdamW_collectors.yaml at ``--lr_collector`` with ``--wd``), at ``rate``
+    with the protocol's ``weight_decay``; the loss's other parameters (a margin beta; every
+    parameter without ``in_collector``) are the loss group at ``lr_loss`` with
+    ``loss_weight_decay``. ``optimizer``: the protocol's
+    :class:`~harness.config.protocol.OptimizerSpec`. With the ``head``'s
+    ``clip_units="code"`` (:data:`CLIP_UNITS`) the proxies are clipped with the collector
+    (``"clip": "collector"``) and the loss group is one group per loss copy
+    (:func:`loss_copy_groups`)."""
+    clip = getattr(head, "clip_units", "group")
     proxies = [
         p
         for name, p in loss_fn.named_parameters()
-        if p.requires_grad and name.split(".")[-1] == "proxies"
+        if in_collector and p.requires_grad and name.split(".")[-1] == "proxies"
     ]
     ids = {id(p) for p in proxies}
-    rest = [p for p in loss_fn.parameters() if p.requires_grad and id(p) not in ids]
-    groups = (
-        [param_group(rest, optimizer.lr_loss, optimizer.loss_weight_decay, "loss")] if rest else []
-    )
+    if clip == "code":
+        groups = loss_copy_groups(loss_fn, optimizer, exclude=ids)
+    else:
+        rest = [p for p in loss_fn.parameters() if p.requires_grad and id(p) not in ids]
+        groups = (
+            [param_group(rest, optimizer.lr_loss, optimizer.loss_weight_decay, "loss")]
+            if rest
+            else []
+        )
     if proxies:
-        groups.append(param_group(proxies, rate, optimizer.weight_decay, "proxies"))
+        unit = "collector" if clip == "code" else None
+        groups.append(param_group(proxies, rate, optimizer.weight_decay, "proxies", unit))
     return groups
 
 
-def param_group(params: list, lr: float, weight_decay: float, name: str) -> dict[str, Any]:
+def loss_copy_groups(
+    loss_fn: nn.Module, optimizer, *, exclude: set[int] | None = None
+) -> list[dict[str, Any]]:
+    """One ``loss`` group per loss copy (``loss_fn`` a ModuleList of copies, or one loss),
+    at ``lr_loss`` with ``loss_weight_decay``, so that each copy is clipped on its own as
+    the code's gradclipper clips each of its margin losses (link_avsl_margin.yaml lines
+    48-51). Parameters in ``exclude`` (ids) are left out; a copy without any gets none."""
+    copies = list(loss_fn) if isinstance(loss_fn, nn.ModuleList) else [loss_fn]
+    groups = []
+    for copy in copies:
+        params = [
+            p for p in copy.parameters() if p.requires_grad and id(p) not in (exclude or set())
+        ]
+        if params:
+            groups.append(
+                param_group(params, optimizer.lr_loss, optimizer.loss_weight_decay, "loss")
+            )
+    return groups
+
+
+def inference_group(params: list, rate: float, weight_decay: float, head: Any) -> dict[str, Any]:
+    """The group of the collector's alpha and beta (``inference``) at ``rate``; with the
+    head's ``clip_units="code"`` clipped with the proxies (``"clip": "collector"``)."""
+    clip = "collector" if head.clip_units == "code" else None
+    return param_group(params, rate, weight_decay, "inference", clip)
+
+
+def param_group(
+    params: list, lr: float, weight_decay: float, name: str, clip: str | None = None
+) -> dict[str, Any]:
     """One optimizer parameter group, as :meth:`~harness.methods.base.Method.optimizer_groups`
-    returns them."""
-    return {"params": params, "lr": lr, "weight_decay": weight_decay, "name": name}
+    returns them; ``clip`` names the clipping unit it belongs to
+    (:func:`harness.components.gradients.clip_units`), None: clipped on its own."""
+    group = {"params": params, "lr": lr, "weight_decay": weight_decay, "name": name}
+    return group if clip is None else {**group, "clip": clip}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.methods.avsl_graph import CAM_SHIFTS, CAMS, LINK_TIES
-from harness.methods.avsl_losses import DISTANCES, FINAL_LOSSES, LEVEL_MINERS
+from harness.methods.avsl_losses import CLIP_UNITS, DISTANCES, FINAL_LOSSES, LEVEL_MINERS
 
 __all__ = ["RANKS", "CHOICES", "check_choices", "check_ranges", "checked_level_weights"]
 
@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "link_ties": LINK_TIES,
     "level_miner": LEVEL_MINERS,
     "final_loss": FINAL_LOSSES,
+    "clip_units": CLIP_UNITS,
 }
 
 

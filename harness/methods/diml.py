@@ -50,22 +50,27 @@ Where the paper and the released code (wl-zhao/DIML) differ or are silent:
   marginal constraints until convergence" (App. A.1). Either way the pairs of several
   queries are solved together, not one query at a time. Training
   (``train_structural``) and the explanation figures always use ``"converged"``.
-* Zero marginals. Eq. 9 and the code divide relu(alpha) by its sum (the code adds 1e-5
-  to the denominator only), so the two marginals sum to slightly different values
-  below 1 and an image with no positively correlated location gives a NaN plan. Here
+* Zero marginals (``marginal_norm``). Eq. 9 and the code divide relu(alpha) by its sum
+  (the code adds 1e-5 to the denominator only, utilities/diml.py lines 32-36), so the two
+  marginals sum to slightly different values below 1 and an image with no positively
+  correlated location gives a NaN plan: ``marginal_norm="code"`` (the ``diml``
+  protocol's value) does so in the re-ranking. The head's default ``"balanced"`` takes
   ``(relu(alpha) + delta) / sum(relu(alpha) + delta)`` with delta = 1e-5: both sum
   exactly to 1 (balanced transport), no location has zero mass, and an all-negative
-  map falls back to uniform weights.
+  map falls back to uniform weights. Training and the figures use ``"balanced"``.
 * The "global feature" of Eq. 8 is the method's L2-normalised embedding (GAP, then the
   embedding Linear), as in the code's evaluation and as the paper states ("both psi^k
   and z-bar^k represent the same embedding"), not the mean of the pooled G x G grid.
-* Grid pooling. The paper says ROI Align (followed: :func:`torchvision.ops.roi_align`
-  over the whole map, aligned, adaptive sampling); the code upsamples bilinearly to 4G
-  x 4G and average-pools to G x G when G does not divide 7. Both are averages of
-  bilinear samples; their sample positions differ. With G = 1 ROI Align is exactly
-  GAP, with G equal to the map size it is the identity. The Linear is applied after
-  pooling, which equals projecting every location first (ROI Align's weights of each
-  bin sum to one) at a third of the cost.
+* Grid pooling (``grid_pool``). The paper says ROI Align (``"roi_align"``, the head's
+  default: :func:`torchvision.ops.roi_align` over the whole map, aligned, adaptive
+  sampling); the code average-pools the map to G x G where G divides it (its test is
+  ``7 % G``), else upsamples it bilinearly (corners aligned) to 4G x 4G first
+  (evaluation/eval_diml.py lines 14-20, 37-39): ``"code"``, the ``diml`` protocol's value.
+  Both are averages of bilinear samples; their sample positions differ (on a 7 x 7 map
+  the G = 4 cells' cosines between the two are 0.97-0.99). With G = 1 both are exactly
+  GAP, with G equal to the map size the identity. The Linear is applied after pooling,
+  which equals projecting every location first (the weights of each cell sum to one) at
+  a third of the cost.
 * Training (``train_structural=True``). The code's criteria match each image's
   cross-correlation marginal against the *other* image's locations (the row marginal
   is computed over the columns' grid); here Eqs. 8-9 are used as in the evaluation
@@ -106,6 +111,7 @@ from harness.methods.base import (
 )
 from harness.methods.diml_figures import PairExplanation, explain_pair, pair_figure
 from harness.methods.diml_matching import (
+    MARGINAL_NORMS,
     MARGINALS,
     cross_correlation_marginals,
     local_similarity,
@@ -131,7 +137,10 @@ __all__ = [
     "DIMLHead",
     "PAPER",
     "MARGINALS",
+    "MARGINAL_NORMS",
     "GRIDS",
+    "GRID_POOLS",
+    "code_grid_pool",
     "SINKHORN_STOPS",
     "sinkhorn",
     "sinkhorn_diml_code",
@@ -166,6 +175,18 @@ PAPER = PaperInfo(
 
 #: Grid sizes of the paper's Table 6 / Fig. 4.
 GRIDS = (1, 2, 4, 7)
+#: How the last map becomes the G x G grid: the paper's ROI Align or the code's pooling.
+GRID_POOLS = ("roi_align", "code")
+
+
+def code_grid_pool(fmap: torch.Tensor, grid: int) -> torch.Tensor:
+    """B x C x H x W -> B x C x G x G as the released evaluation pools (wl-zhao/DIML@c15dbea
+    evaluation/eval_diml.py lines 14-20): an adaptive average pool where G divides the map,
+    else a bilinear upsampling (corners aligned) to 4G x 4G first."""
+    if fmap.shape[-2] % grid == 0 and fmap.shape[-1] % grid == 0:
+        return F.adaptive_avg_pool2d(fmap, grid)
+    up = F.interpolate(fmap, size=(4 * grid, 4 * grid), mode="bilinear", align_corners=True)
+    return F.adaptive_avg_pool2d(up, grid)
 
 
 # ---------------------------------------------------------------------------- head
@@ -193,7 +214,9 @@ class DIMLHead(PlainHead):
     similarity or distance; default False, the paper's training-free use) and
     ``plan_grad`` (back-propagate through the Sinkhorn iterations in that mode; False
     as in the code) and ``sinkhorn_stop`` (the re-ranking's stopping rule, ``"converged"``
-    or the released code's ``"diml_code"``; see the module docstring).
+    or the released code's ``"diml_code"``; see the module docstring), ``grid_pool``
+    (``"roi_align"``, the paper's, or the code's ``"code"``) and ``marginal_norm``
+    (``"balanced"`` or the code's ``"code"``).
     """
 
     label = "DIML"
@@ -221,6 +244,8 @@ class DIMLHead(PlainHead):
         train_structural: bool = False,
         plan_grad: bool = False,
         sinkhorn_stop: str = "diml_code",
+        grid_pool: str = "roi_align",
+        marginal_norm: str = "balanced",
     ):
         super().__init__(channels=channels, embedding_size=embedding_size, pool="avg")
         if grid not in GRIDS:
@@ -237,7 +262,14 @@ class DIMLHead(PlainHead):
             raise ValueError(
                 f"sinkhorn_stop must be one of {', '.join(SINKHORN_STOPS)}; got {sinkhorn_stop!r}"
             )
+        if grid_pool not in GRID_POOLS:
+            raise ValueError(f"grid_pool must be one of {', '.join(GRID_POOLS)}; got {grid_pool!r}")
+        if marginal_norm not in MARGINAL_NORMS:
+            raise ValueError(
+                f"marginal_norm must be one of {', '.join(MARGINAL_NORMS)}; got {marginal_norm!r}"
+            )
         self.sinkhorn_stop = sinkhorn_stop
+        self.grid_pool, self.marginal_norm = grid_pool, marginal_norm
         self.grid, self.rerank_k, self.eps, self.marginals = grid, rerank_k, eps, marginals
         self.add_global, self.max_iter, self.tol = add_global, max_iter, tol
         self.train_structural, self.plan_grad = train_structural, plan_grad
@@ -247,8 +279,11 @@ class DIMLHead(PlainHead):
     # ------------------------------------------------------------------ embeddings
 
     def local_grid(self, fmap: torch.Tensor) -> torch.Tensor:
-        """B x C x H x W -> B x G*G x D: ROI Align over the whole map, the Linear per cell,
-        L2-normalised."""
+        """B x C x H x W -> B x G*G x D: the map pooled to G x G (``grid_pool``), the Linear
+        per cell, L2-normalised."""
+        if self.grid_pool == "code":
+            pooled = code_grid_pool(fmap, self.grid)
+            return F.normalize(self.project(pooled.flatten(2).transpose(1, 2)), dim=-1)
         bsz, _, h, w = fmap.shape
         boxes = fmap.new_tensor([0.0, 0.0, float(w), float(h)]).expand(bsz, 4)
         boxes = torch.cat(
@@ -282,6 +317,7 @@ class DIMLHead(PlainHead):
             tol=self.tol,
             stop=self.sinkhorn_stop,
             add_global=self.add_global,
+            marginal_norm=self.marginal_norm,
         )
 
     @torch.no_grad()

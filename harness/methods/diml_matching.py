@@ -18,7 +18,9 @@ from harness.components.transport import sinkhorn
 
 __all__ = [
     "MARGINALS",
+    "MARGINAL_NORMS",
     "CC_DELTA",
+    "normalized_weights",
     "local_similarity",
     "uniform_marginals",
     "cross_correlation_marginals",
@@ -32,6 +34,22 @@ __all__ = [
 MARGINALS = ("cross_correlation", "uniform")
 #: Mass added to every cross-correlation weight before normalising (the code's constant).
 CC_DELTA = 1e-5
+#: How relu'd cross-correlations become a marginal: ``"balanced"``, (w + delta) / sum(w +
+#: delta), every location some mass and both marginals summing to 1; ``"code"``, w / (sum w
+#: + delta), the released evaluation's (wl-zhao/DIML@c15dbea utilities/diml.py lines
+#: 32-36), which leaves an image without a positively correlated location no mass.
+MARGINAL_NORMS = ("balanced", "code")
+
+
+def normalized_weights(weights: torch.Tensor, norm: str = "balanced") -> torch.Tensor:
+    """Non-negative weights (... x n) normalised over the last dimension by ``norm``
+    (:data:`MARGINAL_NORMS`), with ``delta`` = :data:`CC_DELTA`."""
+    if norm == "balanced":
+        weights = weights + CC_DELTA
+        return weights / weights.sum(-1, keepdim=True)
+    if norm == "code":
+        return weights / (weights.sum(-1, keepdim=True) + CC_DELTA)
+    raise ValueError(f"marginal_norm must be one of {MARGINAL_NORMS}, got {norm!r}")
 
 
 def local_similarity(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,7 +71,7 @@ def cross_correlation_marginals(
     x_global: torch.Tensor,
     y_global: torch.Tensor,
     *,
-    delta: float = CC_DELTA,
+    norm: str = "balanced",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 8-9: each location of one image is weighted by its cosine with the *other*
     image's global embedding, negative values cut to zero, normalised to sum 1.
@@ -62,13 +80,12 @@ def cross_correlation_marginals(
     / ``y_global``: ... x D L2-normalised global embeddings. Returns mu (... x n),
     ``mu_i = (relu(<x_i, y_global>) + delta) / sum_i' (...)``, and nu (... x m) likewise
     with the roles swapped. ``delta`` (see :mod:`harness.methods.diml`) keeps every location's
-    mass positive and makes both marginals sum exactly to 1.
+    mass positive and makes both marginals sum exactly to 1; ``norm="code"`` normalises as
+    the released code instead (:func:`normalized_weights`).
     """
     alpha_x = torch.matmul(x, y_global[..., :, None]).squeeze(-1)
     alpha_y = torch.matmul(y, x_global[..., :, None]).squeeze(-1)
-    gamma_x = F.relu(alpha_x) + delta
-    gamma_y = F.relu(alpha_y) + delta
-    return gamma_x / gamma_x.sum(-1, keepdim=True), gamma_y / gamma_y.sum(-1, keepdim=True)
+    return normalized_weights(F.relu(alpha_x), norm), normalized_weights(F.relu(alpha_y), norm)
 
 
 def _marginals(kind: str, x, y, x_global, y_global):

@@ -23,7 +23,7 @@ from harness.components.transport import (
     SinkhornStream,
     SolvedPairs,
 )
-from harness.methods.diml_matching import CC_DELTA
+from harness.methods.diml_matching import normalized_weights
 
 __all__ = [
     "SINKHORN_STOPS",
@@ -80,8 +80,9 @@ def sinkhorn_diml_code(
 @dataclass(frozen=True)
 class StructuralReranking:
     """The head's re-ranking settings: ``marginals`` (Eqs. 7-9), Sinkhorn's ``eps``,
-    ``max_iter`` and ``tol``, the stopping rule ``stop`` (:data:`SINKHORN_STOPS`), and
-    ``add_global`` (cosine + structural similarity, or the structural similarity alone)."""
+    ``max_iter`` and ``tol``, the stopping rule ``stop`` (:data:`SINKHORN_STOPS`),
+    ``add_global`` (cosine + structural similarity, or the structural similarity alone)
+    and ``marginal_norm`` (:data:`~harness.methods.diml_matching.MARGINAL_NORMS`)."""
 
     marginals: str
     eps: float
@@ -89,6 +90,7 @@ class StructuralReranking:
     tol: float
     stop: str
     add_global: bool
+    marginal_norm: str = "balanced"
 
     def scores(
         self,
@@ -159,9 +161,10 @@ class StructuralReranking:
         s = prod[..., :m]
         if uniform:
             return s, s.new_full((nq * k, n), 1.0 / n), s.new_full((nq * k, m), 1.0 / m)
-        gamma_c = F.relu(prod[..., m]) + CC_DELTA
-        gamma_q = F.relu(torch.bmm(c_emb, q_loc.transpose(1, 2))).reshape(nq * k, m) + CC_DELTA
-        return s, gamma_c / gamma_c.sum(-1, keepdim=True), gamma_q / gamma_q.sum(-1, keepdim=True)
+        gamma_c = F.relu(prod[..., m])
+        gamma_q = F.relu(torch.bmm(c_emb, q_loc.transpose(1, 2))).reshape(nq * k, m)
+        norm = self.marginal_norm
+        return s, normalized_weights(gamma_c, norm), normalized_weights(gamma_q, norm)
 
 
 class _QueryBlocks:

@@ -3,6 +3,12 @@
 This is the standard DML head of Roth et al. 2020 (and N-grouping in A-grouping's
 Table 3, "Emb: 1 x 512"). Its ``project`` layer is the "embedding layer" that
 DIML applies at every spatial location for its local embeddings.
+
+Options: ``pool`` (``"avg"``, ``"max"`` or their sum ``"avg+max"``, the pooling of AVSL's
+baseline trunk: zbr17/GeDML src/gedml/core/models/basic_models/resnet50.py lines 37-40)
+and ``init``, the Linear's initialisation: ``"default"`` (PyTorch's) or
+``"kaiming_normal_fan_out"`` (kaiming_normal_ with mode fan_out, zero bias: GeDML's MLP
+embedder, src/gedml/core/models/basic_models/mlp.py lines 11-14).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ if TYPE_CHECKING:
     from optuna.trial import Trial
 
 POOLS = ("avg", "max", "avg+max")
+INITS = ("default", "kaiming_normal_fan_out")
 
 
 @register_method("plain", description="global pooling + linear (no-grouping baseline)")
@@ -27,12 +34,17 @@ class PlainHead(Method):
 
     label = "Baseline"
 
-    def __init__(self, *, channels, embedding_size, pool: str = "avg"):
+    def __init__(self, *, channels, embedding_size, pool: str = "avg", init: str = "default"):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
-        self.pool = pool
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.pool, self.init = pool, init
         self.project = nn.Linear(self.in_channels, embedding_size)
+        if init == "kaiming_normal_fan_out":
+            nn.init.kaiming_normal_(self.project.weight, mode="fan_out")
+            nn.init.zeros_(self.project.bias)
 
     def pooled(self, fmap: torch.Tensor) -> torch.Tensor:
         if self.pool == "avg":

@@ -220,8 +220,11 @@ def test_a_grid_cell_records_its_own_deviations_not_its_protocols():
         protocol=smoke,
         method=cell.method,
         dataset=cell.dataset,
+        loss=cell.loss,
     )
     assert set(paper_deviations(handed)) == set(cell.paper_deviations)
     assert "grouping_loss_reduction" not in paper_deviations(handed)  # the grid sets "dgml"
-    alone = SimpleNamespace(tags={}, protocol=smoke, method="agrouping", dataset="synthetic")
+    alone = SimpleNamespace(
+        tags={}, protocol=smoke, method="agrouping", dataset="synthetic", loss="margin"
+    )
     assert {"attention_map_size", "grouping_loss_reduction"} <= set(paper_deviations(alone))

@@ -9,7 +9,17 @@ import pytest
 from harness.base.errors import HarnessError
 from harness.cli.main import main
 from harness.config.grids import list_grids
-from harness.config.ledger import check_ledger, family_counts, list_ledgers, load_ledger
+from harness.config.ledger import (
+    NOT_SETTINGS,
+    check_ledger,
+    family_counts,
+    list_ledgers,
+    load_ledger,
+    protocol_keys,
+    required_keys,
+    uncovered,
+)
+from harness.config.protocol import protocol_json_schema
 
 PAPERS = ("agrouping", "diml", "diablo", "sam")
 
@@ -146,3 +156,67 @@ def test_the_deviations_command_ends_with_the_ledger_counts(capsys):
             and "deviating" in line
         )
         assert "UNDECLARED" not in line
+
+
+# ------------------------------------------------------------------------- coverage
+
+
+def _coverage_report(schema=None) -> list[str]:
+    """``ledger <paper>: <key>`` for every key a shipped ledger leaves without an entry or
+    a reason."""
+    return [
+        f"ledger {paper}: {key}"
+        for paper in list_ledgers()
+        for key in uncovered(load_ledger(paper), schema)
+    ]
+
+
+def test_every_ledger_covers_every_protocol_key_and_method_option():
+    report = _coverage_report()
+    assert not report, "keys without an entry or a reason:\n" + "\n".join(report)
+
+
+def test_a_new_protocol_key_fails_coverage_in_every_ledger():
+    schema = protocol_json_schema()
+    schema["$defs"]["BackboneSpec"]["properties"]["dummy_setting"] = {"type": "boolean"}
+    schema["properties"]["dummy_section"] = {"type": "integer"}
+    assert "backbone.dummy_setting" in protocol_keys(schema)
+    report = _coverage_report(schema)
+    assert sorted(report) == sorted(
+        f"ledger {paper}: {key}"
+        for paper in list_ledgers()
+        for key in ("backbone.dummy_setting", "dummy_section")
+    )
+
+
+def test_a_new_method_option_fails_coverage_in_the_ledgers_that_run_the_method(monkeypatch):
+    from harness.methods import METHODS
+
+    cls = type(METHODS.get("plain"))
+    options = cls.options
+
+    def with_dummy(self):
+        return {**options(self), "dummy_option": 1} if self.name == "plain" else options(self)
+
+    monkeypatch.setattr(cls, "options", with_dummy)
+    report = _coverage_report()
+    runs_plain = {"avsl", "diablo", "diml", "sam"}
+    assert sorted(report) == sorted(f"ledger {p}: methods.plain.dummy_option" for p in runs_plain)
+
+
+@pytest.mark.parametrize("paper", list_ledgers())
+def test_a_reason_is_given_only_for_a_required_key_no_entry_reads(paper):
+    ledger = load_ledger(paper)
+    required = set(required_keys(ledger))
+    keys = {e.key for e in ledger.entries}
+    for key, reason in ledger.not_applicable.items():
+        assert key in required and key not in NOT_SETTINGS, key
+        assert not any(k == key or k.startswith(key + ".") for k in keys), key
+        assert reason.strip(), key
+
+
+@pytest.mark.parametrize("paper", list_ledgers())
+def test_unmeasured_names_a_deviation_of_the_ledgers_cells(paper):
+    ledger = load_ledger(paper)
+    declared = {name for c in check_ledger(ledger) for name in c.case.deviations}
+    assert set(ledger.unmeasured) <= declared, set(ledger.unmeasured) - declared

@@ -11,6 +11,7 @@ import pandas as pd
 
 from harness.components.data.base import GIVEN_VALIDATION
 from harness.config.deviations import from_tag, grouped_notes
+from harness.reports.tables.effects import effect_notes
 from harness.reports.tables.labels import METRIC_LABELS, label
 from harness.reports.tables.layout import distinct_in_order
 
@@ -142,10 +143,12 @@ def run_deviations(runs: pd.DataFrame) -> list[str]:
 def paper_deviation_notes(runs: pd.DataFrame) -> list[str]:
     """The deviations from a paper or its code that any run of the table records
     (``deviation.<name>`` tags: the protocols' ``[deviations]`` tables, a smoke version's
-    settings), one note per reason."""
+    settings), one note per reason; then the effects measured of the grids the runs'
+    experiments belong to (:mod:`harness.reports.tables.effects`)."""
     found = {
         name: from_tag(text)
         for tags in runs.get("paper_deviations", [])
         for name, text in tags.items()
     }
-    return grouped_notes(found)
+    experiments = runs["experiment"] if "experiment" in runs else []
+    return grouped_notes(found) + (effect_notes(set(experiments)) if found else [])
