@@ -20,6 +20,7 @@ from harness.cli.outputs import (
 )
 from harness.cli.store import open_store
 from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
+from harness.engine.explain_sanity import SANITY_SCORES
 
 __all__ = ["add_explain_parser", "cmd_explain", "format_record"]
 
@@ -45,7 +46,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         dataset_path=args.dataset,
     )
     record = explain_run(
-        ctx, pairs=args.pairs, curve_pairs=args.curve_pairs, seed=args.seed, out_dir=out_dir
+        ctx,
+        pairs=args.pairs,
+        curve_pairs=args.curve_pairs,
+        seed=args.seed,
+        out_dir=out_dir,
+        sanity=args.sanity,
     )
     for note in record["notes"]:
         _note(note)
@@ -56,23 +62,50 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cells(scores: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return "; ".join(
+        f"{k} {scores[k]:.3f} [{scores[k + '_ci95'][0]:.3f}, {scores[k + '_ci95'][1]:.3f}]"
+        for k in keys
+        if k in scores and scores[k] == scores[k]
+    )
+
+
+#: What each sanity row is, as printed before its name.
+_SANITY_ROLE = {"ground_truth": "ceiling", "uniform": "floor", "random": "floor"}
+
+
 def format_record(record: dict[str, Any]) -> str:
-    """A few lines: each source's scores with their intervals."""
+    """A few lines: each source's scores with their intervals; with the sanity checks, the
+    ceiling and floors before them, the randomised rows and the verdicts after."""
     lines = [
         f"{record['method_name']} on {record['dataset']} ({record['protocol']}): {record['pairs']} "
         f"{record['pair_kind']} pairs, {record['seconds']:.0f} s"
     ]
+    sanity = record.get("sanity") or {}
+    for name, scores in sanity.items():
+        if name in _SANITY_ROLE:
+            lines.append(f"  {_SANITY_ROLE[name]:8s} {name}: {_cells(scores, SANITY_SCORES)}")
     for source in ("method", "baseline"):
-        scores = record.get(source)
-        if not scores:
-            continue
-        cells = [
-            f"{k} {scores[k]:.3f} [{scores[k + '_ci95'][0]:.3f}, {scores[k + '_ci95'][1]:.3f}]"
-            for k in SCORE_KEYS
-            if k in scores and scores[k] == scores[k]
-        ]
-        lines.append(f"  {source:8s} " + "; ".join(cells))
+        if record.get(source):
+            lines.append(f"  {source:8s} {_cells(record[source], SCORE_KEYS)}")
+    for name, scores in sanity.items():
+        if name not in _SANITY_ROLE:
+            lines.append(f"  {name}: {_cells(scores, SANITY_SCORES)}")
+    for source, verdict in (record.get("sanity_verdicts") or {}).items():
+        lines.append(f"  sanity   {source}: {_verdict_line(verdict)}")
     return "\n".join(lines)
+
+
+def _verdict_line(verdict: dict[str, Any]) -> str:
+    def word(value):
+        return "not checked" if value is None else ("yes" if value else "NO")
+
+    return (
+        f"beats the random map: {word(verdict['beats_random'])}"
+        + (f" (by {verdict['beats_random_by']})" if verdict["beats_random_by"] else "")
+        + f"; changes under randomisation: {word(verdict['changes_under_randomisation'])}"
+        + (f" ({verdict['fully_randomised']})" if verdict["fully_randomised"] else "")
+    )
 
 
 def add_explain_parser(subparsers) -> argparse.ArgumentParser:
@@ -120,5 +153,12 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--sanity",
+        action="store_true",
+        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
+        "random map) and each source's maps under cascading randomisation of the weights "
+        "(Adebayo et al. 2018), with a verdict per source",
+    )
     p.set_defaults(func=cmd_explain)
     return p

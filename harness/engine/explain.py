@@ -60,10 +60,8 @@ from harness.components.explanation.scores import (
     STEP,
     curve_auc,
     mean_interval,
-    part_shares,
     perturbation_curves,
     random_scores,
-    region_scores,
 )
 from harness.engine.explain_maps import (
     PairMaps,
@@ -79,6 +77,14 @@ from harness.engine.explain_maps import (
     part_labels,
     similarity_gradcam,
     to_pictures,
+)
+from harness.engine.explain_parts import part_scores
+from harness.engine.explain_sanity import (
+    feature_grid,
+    randomised_scores,
+    reference_maps,
+    sanity_metrics,
+    sanity_verdicts,
 )
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 
@@ -124,46 +130,12 @@ CURVE_PAIRS = 48
 # ------------------------------------------------------------------------ scores
 
 
-def _uniform_if_empty(maps: torch.Tensor) -> torch.Tensor:
-    """Maps without mass (a Grad-CAM whose ReLU keeps nothing) read as uniform: no pixel is
-    preferred, which is also how the deletion order treats them (ties broken at random)."""
-    empty = maps.flatten(1).sum(1) <= 0
-    return torch.where(empty[:, None, None], torch.ones_like(maps), maps)
-
-
 def _empty_maps(sources: dict[str, PairMaps]) -> str:
     counts = {
         name: int((m.query.flatten(1).sum(1) <= 0).sum() + (m.gallery.flatten(1).sum(1) <= 0).sum())
         for name, m in sources.items()
     }
     return ", ".join(f"{name} {count}" for name, count in counts.items() if count)
-
-
-def _ground_truth_scores(
-    maps: PairMaps, labels_q: torch.Tensor, labels_g: torch.Tensor, pairs: Pairs, parts: list[str]
-) -> dict[str, np.ndarray]:
-    """Per pair: object share and per-part shares, and (near-miss pairs) the differing part's
-    share, its area share and the pointing game; each the mean over the pair's two images."""
-    out: dict[str, np.ndarray] = {}
-    maps = PairMaps(_uniform_if_empty(maps.query), _uniform_if_empty(maps.gallery))
-    shares = [
-        part_shares(m, lab, len(parts))
-        for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))
-    ]
-    mean_shares = ((shares[0] + shares[1]) / 2).numpy()
-    out["object_share"] = 1 - mean_shares[:, 0]
-    for k, name in enumerate(["background", *parts]):
-        out[f"part_share_{name}"] = mean_shares[:, k]
-    if (pairs.region > 0).all():
-        region = torch.as_tensor(pairs.region)
-        scored = [
-            region_scores(m, lab, region)
-            for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))
-        ]
-        out["discriminative_part_share"] = ((scored[0]["share"] + scored[1]["share"]) / 2).numpy()
-        out["chance_part_share"] = ((scored[0]["chance"] + scored[1]["chance"]) / 2).numpy()
-        out["pointing_game"] = ((scored[0]["pointing"] + scored[1]["pointing"]) / 2).numpy()
-    return out
 
 
 def _curves(
@@ -214,10 +186,14 @@ def _curves(
     return out
 
 
+#: Scores outside [0, 1], with the bounds their intervals are clipped to.
+_SCORE_BOUNDS = {"rank_correlation": (-1.0, 1.0)}
+
+
 def _summary(per_pair: dict[str, np.ndarray]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, values in per_pair.items():
-        mean, lo, hi = mean_interval(values)
+        mean, lo, hi = mean_interval(values, bounds=_SCORE_BOUNDS.get(key, (0.0, 1.0)))
         out[key] = mean
         out[f"{key}_ci95"] = [lo, hi]
     return out
@@ -283,10 +259,13 @@ def explain_run(
     out_dir: Path,
     batch: int = MAPS_BATCH,
     figures: bool = True,
+    sanity: bool = False,
 ) -> dict[str, Any]:
     """Everything ``explain`` computes for one rebuilt run; returns the JSON record.
     Maps and part scores cover all ``pairs``; the deletion / insertion curves the first
-    ``curve_pairs`` of them (each costs 2 x 19 + 1 forward passes per pixel order)."""
+    ``curve_pairs`` of them (each costs 2 x 19 + 1 forward passes per pixel order).
+    ``sanity``: also the ceiling, the floors and the cascading randomisation
+    (:mod:`harness.engine.explain_sanity`), under ``sanity`` and ``sanity_verdicts``."""
     started = time.perf_counter()
     notes = []
     rng = np.random.default_rng(seed)
@@ -314,6 +293,7 @@ def explain_run(
     m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
     curves = _score_curves(ctx, _first(chosen, m), sources, emb_g[:m], per_pair, seed)
     figures_written = _write_figures(ctx, chosen, sources, curves, out_dir) if figures else []
+    checks = _sanity_checks(ctx, chosen, sources, per_pair, seed, batch) if sanity else None
     return {
         "run_id": ctx.run_id,
         "method_name": ctx.method,
@@ -330,6 +310,7 @@ def explain_run(
         "baseline": _summary(per_pair["baseline"]),
         "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
         "notes": notes,
+        **(_sanity_record(per_pair, checks) if checks is not None else {}),
         "figures": [str(p) for p in figures_written],
         "seconds": time.perf_counter() - started,
     }
@@ -358,8 +339,41 @@ def _score_parts(
             f"pointing game or discriminative part share"
         )
     for name, maps in sources.items():
-        per_pair[name].update(_ground_truth_scores(maps, labels_q, labels_g, chosen, parts))
+        per_pair[name].update(part_scores(maps, labels_q, labels_g, chosen, parts))
     return notes
+
+
+def _sanity_checks(
+    ctx: RunContext,
+    chosen: Pairs,
+    sources: dict[str, PairMaps],
+    per_pair: dict[str, dict[str, np.ndarray]],
+    seed: int,
+    batch: int,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per pair, the scores of the ceiling and floors (with part masks) and of each
+    source's maps under the cascading randomisation (:mod:`harness.engine.explain_sanity`)."""
+    labels_q, labels_g = part_labels(ctx, chosen.query), part_labels(ctx, chosen.gallery)
+    parts = list(ctx.splits.extras.get("parts", []))
+    labels = (
+        (labels_q, labels_g) if labels_q is not None and labels_g is not None and parts else None
+    )
+    checks: dict[str, dict[str, np.ndarray]] = {}
+    if labels is not None:
+        grid = feature_grid(ctx, chosen)
+        for name, maps in reference_maps(*labels, chosen, grid, seed).items():
+            checks[name] = part_scores(maps, *labels, chosen, parts)
+    checks.update(randomised_scores(ctx, chosen, sources, labels, parts, seed=seed, batch=batch))
+    return checks
+
+
+def _sanity_record(
+    per_pair: dict[str, dict[str, np.ndarray]], checks: dict[str, dict[str, np.ndarray]]
+) -> dict[str, Any]:
+    return {
+        "sanity": {name: _summary(scores) for name, scores in checks.items()},
+        "sanity_verdicts": sanity_verdicts(per_pair, checks),
+    }
 
 
 def _score_curves(
@@ -424,7 +438,8 @@ def _write_figures(
 
 def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
     """The explanation on its run in the tracking store: the scores as
-    ``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval), the pair kind,
+    ``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval), the sanity
+    checks' (:func:`~harness.engine.explain_sanity.sanity_metrics`), the pair kind,
     seed and notes as tags, ``explain/scores.json`` and the figures under ``explain/``."""
     from harness.store.queries import log_to_run
 
@@ -443,6 +458,7 @@ def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
                 ) = value
             else:
                 metrics[metric_key("explain", f"{source}_{key}")] = value
+    metrics.update(sanity_metrics(record))
     log_to_run(
         ctx.run_id,
         metrics={k: v for k, v in metrics.items() if v is not None and np.isfinite(v)},

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
 
-__all__ = ["COLUMNS", "ExplainRow", "explain_rows", "markdown_table", "latex_table"]
+__all__ = [
+    "COLUMNS",
+    "ExplainRow",
+    "explain_rows",
+    "sanity_mark",
+    "markdown_table",
+    "latex_table",
+    "SANITY_LEGEND",
+]
 
 #: (score, column title): lower is better for deletion, higher for the rest but chance.
 COLUMNS = (
@@ -34,6 +42,37 @@ class ExplainRow:
     pairs: int
     curve_pairs: int
     scores: dict[str, tuple[float, float, float]]  # score -> (mean, lo, hi)
+    #: The sanity verdicts of ``explain --sanity`` (None: not checked).
+    beats_random: bool | None = None
+    changes_under_randomisation: bool | None = None
+
+
+#: What the sanity column's marks mean, printed under the table.
+SANITY_LEGEND = (
+    "Sanity (explain --sanity): ok = the maps beat the random map beyond both 95% intervals "
+    "and change when the model's weights are randomised (Adebayo et al. 2018); "
+    "<= random = they do not beat the random map; unchanged = they survive the "
+    "randomisation of every layer; - = not checked."
+)
+
+
+def sanity_mark(row: ExplainRow) -> str:
+    """The row's sanity verdicts in a word or two (:data:`SANITY_LEGEND`)."""
+    if row.beats_random is None and row.changes_under_randomisation is None:
+        return "-"
+    marks = [
+        mark
+        for failed, mark in (
+            (row.beats_random is False, "<= random"),
+            (row.changes_under_randomisation is False, "unchanged"),
+        )
+        if failed
+    ]
+    return ", ".join(marks) or "ok"
+
+
+def _verdict(metrics: dict[str, float], key: str) -> bool | None:
+    return None if key not in metrics else bool(metrics[key])
 
 
 def explain_rows(experiments: list[str]) -> list[ExplainRow]:
@@ -76,6 +115,8 @@ def explain_rows(experiments: list[str]) -> list[ExplainRow]:
                     int(m.get("pairs", 0)),
                     int(m.get("curve_pairs", 0)),
                     scores,
+                    _verdict(m, f"{prefix}_beats_random"),
+                    _verdict(m, f"{prefix}_changes_under_randomisation"),
                 )
             )
     return rows
@@ -91,22 +132,30 @@ def _cell(value: tuple[float, float, float], plus_minus: str) -> str:
 
 
 def markdown_table(rows: list[ExplainRow]) -> str:
-    head = "| method | maps | pairs (curves) | " + " | ".join(title for _, title in COLUMNS) + " |"
-    rule = "|" + "---|" * (3 + len(COLUMNS))
+    head = (
+        "| method | maps | pairs (curves) | "
+        + " | ".join(title for _, title in COLUMNS)
+        + " | Sanity |"
+    )
+    rule = "|" + "---|" * (4 + len(COLUMNS))
     body = [
         f"| {r.method} | {r.source} | {r.pairs} ({r.curve_pairs}) | "
         + " | ".join(_cell(r.scores[k], "±") for k, _ in COLUMNS)
-        + " |"
+        + f" | {sanity_mark(r)} |"
         for r in rows
     ]
-    return "\n".join([head, rule, *body]) + "\n"
+    return "\n".join([head, rule, *body]) + "\n\n" + SANITY_LEGEND + "\n"
+
+
+def _latex_mark(text: str) -> str:
+    return text.replace("<=", r"$\le$")
 
 
 def latex_table(rows: list[ExplainRow], caption: str) -> str:
     def esc(text: str) -> str:
         return text.replace("_", r"\_")
 
-    cols = "ll" + "r" * (1 + len(COLUMNS))
+    cols = "ll" + "r" * (1 + len(COLUMNS)) + "l"
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -114,14 +163,20 @@ def latex_table(rows: list[ExplainRow], caption: str) -> str:
         f"\\caption{{{esc(caption)}}}",
         f"\\begin{{tabular}}{{{cols}}}",
         r"\toprule",
-        "Method & Maps & Pairs (curves) & " + " & ".join(esc(t) for _, t in COLUMNS) + r" \\",
+        "Method & Maps & Pairs (curves) & "
+        + " & ".join(esc(t) for _, t in COLUMNS)
+        + r" & Sanity \\",
         r"\midrule",
     ]
     lines += [
         f"{esc(r.method)} & {r.source} & {r.pairs} ({r.curve_pairs}) & "
         + " & ".join(_cell(r.scores[k], "$\\pm$") for k, _ in COLUMNS)
+        + " & "
+        + _latex_mark(sanity_mark(r))
         + r" \\"
         for r in rows
     ]
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    legend = _latex_mark(esc(SANITY_LEGEND)).replace("%", r"\%")
+    lines += [r"\par\footnotesize " + legend, r"\end{table}"]
     return "\n".join(lines) + "\n"
