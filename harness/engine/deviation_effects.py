@@ -107,7 +107,7 @@ class _Runner:
             evaluate_only=evaluate_only,
         )
         device = resolve_device(self.device)
-        return Trainer.build(
+        return Trainer.from_config(
             cfg, self.splits[split_key], recorder=InMemoryRecorder(), device=device
         )
 
