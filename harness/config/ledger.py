@@ -74,6 +74,7 @@ __all__ = [
     "load_ledger",
     "ledgers_for_grid",
     "check_ledger",
+    "same_value",
     "family_counts",
     "resolve_key",
     "STATUSES",
@@ -288,16 +289,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equal values, numbers compared to a relative 1e-9 (``3e-3`` is ``0.003``)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
     if isinstance(a, int | float) and isinstance(b, int | float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -350,7 +351,7 @@ def _protocol_cases(
 
 
 def _status(entry: LedgerEntry, case: Case, actual: Any) -> str:
-    if _same(actual, entry.value):
+    if same_value(actual, entry.value):
         return "matched"
     return "deviating" if entry.deviation and entry.deviation in case.deviations else "undeclared"
 

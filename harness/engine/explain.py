@@ -250,6 +250,21 @@ def _first(pairs: Pairs, count: int) -> Pairs:
     )
 
 
+def _sources(
+    ctx: RunContext, chosen: Pairs, batch: int, notes: list[str]
+) -> tuple[dict[str, PairMaps], torch.Tensor]:
+    """The maps of every source (the method's own, when it has them, and the baseline),
+    and the gallery images' embeddings; a note where the method has no maps."""
+    method_maps, baseline_maps, _, emb_g = compute_maps(ctx, chosen, batch)
+    if method_maps is None:
+        notes.append(
+            f"method '{ctx.method}' has no explanation maps of its own (no pair_maps): "
+            f"only the Grad-CAM baseline is scored"
+        )
+        return {"baseline": baseline_maps}, emb_g
+    return {"method": method_maps, "baseline": baseline_maps}, emb_g
+
+
 def explain_run(
     ctx: RunContext,
     *,
@@ -267,22 +282,12 @@ def explain_run(
     ``sanity``: also the ceiling, the floors and the cascading randomisation
     (:mod:`harness.engine.explain_sanity`), under ``sanity`` and ``sanity_verdicts``."""
     started = time.perf_counter()
-    notes = []
+    notes: list[str] = []
     rng = np.random.default_rng(seed)
     chosen = near_miss_pairs(ctx, pairs, rng)
     if chosen is None:
         chosen = neighbour_pairs(ctx, pairs, rng, EMBED_BATCH)
-    method_maps, baseline_maps, emb_q, emb_g = compute_maps(ctx, chosen, batch)
-    if method_maps is None:
-        notes.append(
-            f"method '{ctx.method}' has no explanation maps of its own (no pair_maps): "
-            f"only the Grad-CAM baseline is scored"
-        )
-    sources = (
-        {"baseline": baseline_maps}
-        if method_maps is None
-        else {"method": method_maps, "baseline": baseline_maps}
-    )
+    sources, emb_g = _sources(ctx, chosen, batch, notes)
     per_pair: dict[str, dict[str, np.ndarray]] = {name: {} for name in sources}
     empty = _empty_maps(sources)
     if empty:

@@ -279,15 +279,9 @@ class Tracker:
         in a subprocess to infer them) and the input example is not run again through a
         serving round trip (the caller computed ``output_example`` from it)."""
         import mlflow.pytorch
-        import torch
         from mlflow.models import infer_signature
 
         signature = infer_signature(input_example, output_example)
-        requirements = [
-            f"torch=={torch.__version__.split('+')[0]}",
-            f"mlflow=={mlflow.__version__}",
-            *([f"dml-harness=={version}"] if (version := harness_version()) else []),
-        ]
         latest = self._latest_metrics()
         after = max((m.step for m in latest.values()), default=-1) + 1
         # The logged model belongs to the fluent API's active experiment, not to the run's.
@@ -304,7 +298,7 @@ class Tracker:
                 name=name,
                 signature=signature,
                 input_example=input_example,
-                pip_requirements=requirements,
+                pip_requirements=_model_requirements(),
                 run_id=self.run_id,
                 step=after,
                 tags={**self._source_tags(), **(tags or {}), "selected_epoch": str(step)},
@@ -416,3 +410,16 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
         f"cannot look up run '{run_id}' in the tracking store {tracking_uri()}: "
         f"{type(cause).__name__}: {text}"
     ) from cause
+
+
+def _model_requirements() -> list[str]:
+    """The pip requirements a logged model names (MLflow would otherwise load the model in
+    a subprocess to infer them): torch, mlflow and this package at their versions."""
+    import mlflow
+    import torch
+
+    return [
+        f"torch=={torch.__version__.split('+')[0]}",
+        f"mlflow=={mlflow.__version__}",
+        *([f"dml-harness=={version}"] if (version := harness_version()) else []),
+    ]

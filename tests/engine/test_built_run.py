@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.components.gradients import clip_gradients, clip_units
-from harness.config.ledger import _same, check_ledger, list_ledgers, load_ledger
+from harness.config.ledger import check_ledger, list_ledgers, load_ledger, same_value
 from harness.config.protocol_files import load_protocol
 from harness.engine.built_run import (
     UNOBSERVED,
@@ -73,7 +73,7 @@ def test_every_entry_holds_on_the_built_run(paper):
                 unseen.add(f"{marker[1]}/{marker[2]}: {entry.key}")
             continue
         want = entry.value if check.status == "matched" else check.actual
-        if not _same(got, want):
+        if not same_value(got, want):
             wrong.append(f"{marker}: {entry.key} built {got!r}, entry says {want!r}")
     assert not wrong, "\n".join(wrong)
     assert not unseen, "matched entries the built run cannot show:\n" + "\n".join(sorted(unseen))

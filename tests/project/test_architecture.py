@@ -160,12 +160,20 @@ def test_every_layer_is_checked():
     }
 
 
+#: A package's lazy re-exports (PEP 562): they re-export names without importing the
+#: modules (and torch) that define them until a name is used, which keeps every command's
+#: start-up short.
+LAZY_EXPORT_HOOKS = frozenset({"__getattr__", "__dir__"})
+
+
 def _init_definitions(source: str) -> list[str]:
-    """``name:line`` of each function or class defined in a package ``__init__``."""
+    """``name:line`` of each function or class defined in a package ``__init__``, but the
+    lazy re-export hooks."""
     return [
         f"{node.name}:{node.lineno}"
         for node in ast.parse(source).body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.name not in LAZY_EXPORT_HOOKS
     ]
 
 

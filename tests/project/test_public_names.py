@@ -412,7 +412,7 @@ def test_the_patch_count_finds_modules_classes_and_strings_only(tmp_path):
             monkeypatch.setattr(atomic.os, "fdopen", None)
             monkeypatch.setattr(os, "replace", None)
             monkeypatch.setattr("os.sched_getaffinity", None)
-            trainer = Trainer.build(None, None)
+            trainer = Trainer.from_config(None, None)
             monkeypatch.setattr(trainer, "train_step", None)
             with mock.patch("harness.engine.training.run_training"), mock.patch.object(
                 PlainHead, "revision", 2
