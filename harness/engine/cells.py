@@ -75,7 +75,7 @@ def cell_output(folder: str | os.PathLike | None, label: str, header: str) -> It
     sys.stdout.flush()
     sys.stderr.flush()
     saved = (os.dup(1), os.dup(2))
-    files = [open(Path(folder) / f"{log_name(label)}{ext}", "a") for ext in (".out", ".err")]  # noqa: SIM115
+    files = [open(Path(folder) / f"{log_name(label)}{ext}", "a") for ext in (".out", ".err")]
     try:
         for handle, fd in zip(files, (1, 2), strict=True):
             handle.write(f"==== {header}\n")
