@@ -14,7 +14,8 @@ import torch
 from harness.base.device import amp_dtype
 from harness.cli.main import main
 from harness.config.protocol_files import load_protocol
-from harness.engine.compiled_step import run_miner, whole_graph_blocker
+from harness.engine.compiled_step import whole_graph_blocker
+from harness.engine.step import run_miner
 from harness.methods import check_method_options
 from tests.conftest import TINY_PROTOCOL
 
