@@ -251,7 +251,7 @@ REFUSALS = [
         "{dir}/l.toml is not a UTF-8 TOML file (byte 10 cannot be decoded)",
         lambda folder: (folder / "l.toml").write_bytes(b'paper = "x\xff"\n'),
     ),
-    Refusal(("deviations", "--yes"), "--smoke, --ledger and --yes go with --grid"),
+    Refusal(("deviations", "--yes"), "--smoke, --ledger, --yes and --measure go with --grid"),
     Refusal(("methods", "--bogus"), "unrecognized arguments: --bogus"),
     Refusal(
         ("datasets", "fetch", "cub200", "--timeout", "0"),
