@@ -85,7 +85,7 @@ def _count_steps(
     trainer.step.autocast_dtype = autocast  # the CPU's bfloat16 autocast stands for the GPU's
     trainer.batches.loader = list(trainer.batches.loader)
     with SyncCounter() as counter:
-        metric_loss = trainer.metric_loss  # this trainer's part: its mining counted apart
+        metric_loss = trainer.step.metric_loss  # this trainer's part: its mining counted apart
         metric_loss.mine = _in_section(counter, "mining", metric_loss.mine)
         for (owner, name), section in HOST_SECTIONS.items():
             # Work deep inside a method's step that no part passed in reaches: counted apart.

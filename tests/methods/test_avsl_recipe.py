@@ -105,9 +105,12 @@ def test_margin_beta_stays_in_the_loss_group_at_the_protocol_loss_rate_and_decay
         create_loss("margin", num_classes=5, embedding_size=EMB)
         for _ in range(head.metric_loss_copies)
     )
-    (group,) = head.loss_optimizer_groups(losses, protocol.optimizer)
-    assert group["name"] == "loss" and group["lr"] == 0.01 and group["weight_decay"] == 1e-4
-    assert len(group["params"]) == 4  # four margin losses, a beta each
+    groups = head.loss_optimizer_groups(losses, protocol.optimizer)
+    # clip_units = "code": each margin loss is its own clipping unit, a group per beta.
+    assert len(groups) == 4  # four margin losses, a beta each
+    for group in groups:
+        assert group["name"] == "loss" and group["lr"] == 0.01 and group["weight_decay"] == 1e-4
+        assert len(group["params"]) == 1
 
 
 # ------------------------------------------------- 7: the batch's classes' proxies (SOP)
