@@ -136,12 +136,12 @@ def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
 
 
 @pytest.fixture(scope="module")
-def moved_store(tmp_path_factory, data_root) -> tuple[Path, object]:
+def moved_store(tmp_path_factory, data_root, tracking_dir) -> tuple[Path, object]:
     """A store of one ``run --methods agrouping`` (a method that draws its explanations,
     its model logged) copied elsewhere, the original deleted; the copy and the run."""
     root = tmp_path_factory.mktemp("moved")
     store, moved = root / "store", root / "elsewhere" / "store"
-    previous = mlflow.get_tracking_uri()  # the run points this process's MLflow at its store
+    previous = mlflow.get_tracking_uri()  # the session's store; the run points MLflow at its own
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.chdir(root)
