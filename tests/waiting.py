@@ -1,6 +1,6 @@
 """Waiting for a state, not for a number of seconds: a test that acts on a run while it
-trains ("mid-cell") polls until the run has logged an epoch, with a generous timeout, so
-that a busy machine makes it wait longer instead of acting too early or too late."""
+trains ("mid-cell") polls until the run is open or has logged an epoch, with a generous
+timeout, so that a busy machine makes it wait longer instead of acting too early or too late."""
 
 from __future__ import annotations
 
@@ -25,17 +25,16 @@ def wait_until(condition: Callable[[], bool], what: str, *, timeout: float = 600
         time.sleep(0.2)
 
 
-def training_past_an_epoch(experiment: str, *, epoch_logged: bool = True, **tags: str) -> bool:
-    """Whether a run of ``experiment`` with ``tags`` (``cell_key=...``) is RUNNING and has
-    logged an epoch (with ``epoch_logged`` False: is RUNNING): the process that trains it
-    is mid-run."""
+def run_in_progress(experiment: str, *, after_an_epoch: bool = True, **tags: str) -> bool:
+    """Whether a run of ``experiment`` with ``tags`` (``cell_key=...``) is RUNNING and, with
+    ``after_an_epoch``, has logged an epoch: the process that trains it is mid-run."""
     client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return False
     return any(
         run.info.status == "RUNNING"
-        and (EPOCH_METRIC in run.data.metrics or not epoch_logged)
+        and (EPOCH_METRIC in run.data.metrics or not after_an_epoch)
         and all(run.data.tags.get(k) == v for k, v in tags.items())
         for run in client.search_runs([found.experiment_id])
     )

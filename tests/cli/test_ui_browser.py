@@ -66,7 +66,9 @@ def _free_port() -> int:
 
 
 def _browser(width: int):
-    """Headless Chromium, a fresh profile, ``width`` x :data:`HEIGHT`."""
+    """Headless Chromium, a fresh profile, ``width`` x :data:`HEIGHT`, with a mouse as a
+    desktop has: headless Chromium has no pointer device, and the charts would show their
+    toolbars as on a touch screen, always."""
     webdriver = pytest.importorskip(
         "selenium.webdriver", reason="needs selenium (pip install selenium)"
     )
@@ -76,6 +78,11 @@ def _browser(width: int):
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(flag)
+    # Blink's hover and pointer types: 2 = hover, 4 = fine (a mouse).
+    pointer = (
+        "primaryHoverType=2,availableHoverTypes=2,primaryPointerType=4,availablePointerTypes=4"
+    )
+    options.add_argument(f"--blink-settings={pointer}")
     options.add_argument(f"--window-size={width},{HEIGHT}")
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
@@ -279,6 +286,11 @@ def test_the_charts_open_on_the_headline_dots_and_the_curves(served, width):
         for plot in plots[:4]:  # a dot per run above its method's name, in its colour
             assert sorted(plot["x"]) == methods, plot
             assert sorted(plot["colours"]) == sorted(_rgb(c) for c in colours.values())
+        toolbars = driver.execute_script(
+            "return Array.from(document.querySelectorAll('.modebar-group'))"
+            ".map(g => getComputedStyle(g).opacity)"
+        )
+        assert toolbars and set(toolbars) == {"0"}  # over no run's dot until pointed at
         _tooltip(driver, runs)
         curves = _scroll_to(driver, CURVES_SECTION, "the curves")
         _shot(driver, width, "curves")

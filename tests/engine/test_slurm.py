@@ -34,7 +34,7 @@ from harness.engine.cluster import read_jobs
 from harness.engine.slurm import queue_states
 from harness.engine.sweep import CELL_ATTR
 from tests.refusals import assert_refused
-from tests.waiting import training_past_an_epoch
+from tests.waiting import run_in_progress
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
 #: The grid on the cluster, and how long its 8 cells may take on 2 loaded cores.
@@ -245,7 +245,7 @@ def test_a_smoke_grid_on_a_real_slurm_survives_a_cancelled_task(
             job = sorted(running.values())[-1]
             cell = next(label for label, held in running.items() if held == job)
             # Mid-cell: the cell's run is training (a state, not a number of seconds).
-            if training_past_an_epoch(grid.experiment, epoch_logged=False, grid_cell=cell):
+            if run_in_progress(grid.experiment, after_an_epoch=False, grid_cell=cell):
                 victim = job
                 subprocess.run(["scancel", victim], check=True)
         if not queue and victim is not None:

@@ -23,7 +23,7 @@ from harness.config.grids import load_grid
 from harness.engine.cluster import read_jobs, sweep_folder
 from harness.engine.sweep import CELL_ATTR
 from tests import slurm_fakes
-from tests.waiting import training_past_an_epoch, wait_until
+from tests.waiting import run_in_progress, wait_until
 
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
 
@@ -141,7 +141,7 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     assert main(argv) == 0
     trial = _wait_for_running_trial(grid, storage)
     cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
-    wait_until(lambda: training_past_an_epoch(grid.experiment, **cell), "the cell's first epoch")
+    wait_until(lambda: run_in_progress(grid.experiment, **cell), "the cell's first epoch")
     os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGUSR2)
     _wait_for_tasks(grid)
     trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)

@@ -136,17 +136,21 @@ def _explanation_image(store: Path, runs: list) -> tuple[object, str]:
 
 
 @pytest.fixture(scope="module")
-def moved_store(tmp_path_factory, data_root) -> tuple[Path, object]:
+def moved_store(tmp_path_factory, data_root, tracking_dir) -> tuple[Path, object]:
     """A store of one ``run --methods agrouping`` (a method that draws its explanations,
     its model logged) copied elsewhere, the original deleted; the copy and the run."""
     root = tmp_path_factory.mktemp("moved")
     store, moved = root / "store", root / "elsewhere" / "store"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
-        patch.setenv("DML_HARNESS_LOG_MODEL", "1")
-        arguments = ["--methods", "agrouping", "--protocol", str(TINY_PROTOCOL)]
-        assert main(["run", *arguments, "--experiment", "moving"]) == 0
+    previous = mlflow.get_tracking_uri()  # the session's store; the run points MLflow at its own
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(root)
+            patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+            patch.setenv("DML_HARNESS_LOG_MODEL", "1")
+            arguments = ["--methods", "agrouping", "--protocol", str(TINY_PROTOCOL)]
+            assert main(["run", *arguments, "--experiment", "moving"]) == 0
+    finally:
+        mlflow.set_tracking_uri(previous)
     shutil.copytree(store, moved)
     shutil.rmtree(store)
     client = mlflow.MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
