@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli.schema import add_schema_parser
 
     add_schema_parser(sub)
+    from harness.cli.env import add_env_parser
+
+    add_env_parser(sub)
     for (
         command
     ) in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before

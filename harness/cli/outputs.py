@@ -115,6 +115,7 @@ KINDS: dict[str, OutputKind] = {
     "explain-json": OutputKind(
         "an explain --json record", _record_with("method_name", "pairs", "pair_kind")
     ),
+    "constraints": OutputKind("an env constraints file", _text_with(r"\A# run \S+\n# commit ")),
     ".tex": OutputKind("a LaTeX table", _text_with(r"^\\begin\{table\*?\}")),
     ".md": OutputKind("a Markdown table", _text_with(r"^\|\s*:?-{3,}")),
     ".pdf": OutputKind("a PDF figure", _starts_with(b"%PDF-")),

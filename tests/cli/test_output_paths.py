@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "table": ("table", "--experiment", "x"),
     "explain": ("explain", "--run", "0123456789abcdef"),
     "explain-table": ("explain-table", "--experiment", "x"),
+    "env": ("env", "0123456789abcdef"),
 }
 OUTPUTS = [
     (command, flag, form)
