@@ -1,5 +1,5 @@
-"""nox sessions: tests, lint, docs, reproduce-agrouping, -diml, -diablo, -avsl, -sam, fair-table,
-fair-tuned, tables.
+"""nox sessions: tests, lint, docs, lock, reproduce-agrouping, -diml, -diablo, -avsl, -sam,
+fair-table, fair-tuned, tables.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -31,11 +31,18 @@ tracking store, without training.
 ``nox -s docs`` writes the JSON Schemas of protocol and grid files into ``docs/`` and
 builds the documentation site (``docs/``, ``mkdocs.yml``) into ``site/``; it fails on any
 warning.
+
+``nox -s lock`` writes ``requirements/lock.txt``, the exact versions of the default install
+and the ``test`` extra (``pip install -c requirements/lock.txt -e '.[test]'``), resolved
+from ``pyproject.toml`` by uv's ``pip compile``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import shutil
+import sys
 import tomllib
 from pathlib import Path
 
@@ -46,6 +53,7 @@ nox.options.sessions = ["tests", "lint"]
 
 ROOT = Path(__file__).parent
 GRIDS = ROOT / "protocols" / "grids"
+LOCK = "requirements/lock.txt"
 
 
 @nox.session(python=False)
@@ -68,6 +76,44 @@ def docs(session: nox.Session) -> None:
         with open(ROOT / "docs" / f"{kind}.schema.json", "w", encoding="utf-8") as out:
             session.run("python", "-m", "harness", "schema", kind, stdout=out)
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+def uv_command() -> list[str] | None:
+    """How to run uv: the ``uv`` program on PATH, else the ``uv`` module of the Python that
+    runs nox (``pip install uv`` gives both); None when neither is installed."""
+    if shutil.which("uv"):
+        return ["uv"]
+    if importlib.util.find_spec("uv") is not None:
+        return [sys.executable, "-m", "uv"]
+    return None
+
+
+@nox.session(python=False)
+def lock(session: nox.Session) -> None:
+    """``requirements/lock.txt``: the exact versions of the default install and the ``test``
+    extra, resolved from ``pyproject.toml`` by uv's ``pip compile`` for the Python that runs
+    nox. Versions already in the lock stay while ``pyproject.toml`` allows them (uv prefers
+    an output file's pins); ``-- --upgrade`` moves every package to its newest version,
+    ``-- --upgrade-package NAME`` one."""
+    uv = uv_command()
+    if uv is None:
+        session.error("nox -s lock resolves with uv, which is not installed: pip install uv")
+    session.run(
+        *uv,
+        "pip",
+        "compile",
+        "--quiet",
+        "pyproject.toml",
+        "--extra",
+        "test",
+        "--annotation-style",
+        "line",
+        "--custom-compile-command",
+        "nox -s lock",
+        "--output-file",
+        LOCK,
+        *session.posargs,
+    )
 
 
 def _sweep_args(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:

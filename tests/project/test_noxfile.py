@@ -1,8 +1,10 @@
-"""The nox sessions' table step: file names, published values and the smoke caption."""
+"""The nox sessions: the table step (file names, published values and the smoke caption),
+the reproduce and docs sessions, and the lock session's uv command."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,7 @@ def test_every_paper_has_a_reproduce_session(noxfile):
         "tests",
         "lint",
         "tables",
+        "lock",
         "reproduce-agrouping",
         "reproduce-diml",
         "reproduce-diablo",
@@ -175,3 +178,40 @@ def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(
         str(tmp_path / "docs" / "grid.schema.json"),
     ]
     assert build[:3] == ("mkdocs", "build", "--strict")
+
+
+def test_the_lock_session_compiles_pyproject_and_the_test_extra_into_the_lock(
+    noxfile, monkeypatch, tmp_path
+):
+    uv = tmp_path / "uv"  # a uv program on PATH
+    uv.write_text("#!/bin/sh\n")
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    session = RecordingSession()
+    session.posargs = ["--upgrade-package", "numpy"]
+    noxfile.lock(session)
+    (call,) = session.calls
+    assert call[:3] == ("uv", "pip", "compile") and "pyproject.toml" in call
+    assert _option(call, "--extra") == "test"
+    assert _option(call, "--output-file") == "requirements/lock.txt"
+    assert _option(call, "--custom-compile-command") == "nox -s lock"  # the lock's header
+    assert call[-2:] == ("--upgrade-package", "numpy")
+
+
+def test_the_lock_session_without_uv_says_to_install_it(noxfile, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no uv program
+    monkeypatch.setitem(sys.modules, "uv", None)  # and no uv module
+
+    class Refused(Exception):
+        pass
+
+    class LockSession(RecordingSession):
+        posargs: list[str] = []
+
+        def error(self, message: str):
+            raise Refused(message)
+
+    session = LockSession()
+    with pytest.raises(Refused, match="uv, which is not installed: pip install uv"):
+        noxfile.lock(session)
+    assert session.calls == []

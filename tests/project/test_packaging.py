@@ -1,5 +1,7 @@
-"""pyproject.toml: every package and data folder ships in a (non-editable) install, and
-every third-party module the harness imports is a declared dependency."""
+"""pyproject.toml: every package and data folder ships in a (non-editable) install, every
+third-party module the harness imports is a declared dependency, and the lock
+(requirements/lock.txt, ``nox -s lock``) pins each requirement within its range, and is what
+the README's install lines (and so CI's ``.ci/run``) install with."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+LOCK = ROOT / "requirements" / "lock.txt"
 
 
 def test_every_package_and_data_folder_is_listed():
@@ -76,3 +82,52 @@ def test_every_imported_third_party_module_is_a_declared_dependency():
         if not dists & declared:
             undeclared.append(f"{module} ({', '.join(sorted(dists))})")
     assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"
+
+
+def _lock_pins() -> dict[str, Version]:
+    """``{name: version}`` of the lock's ``name==version`` lines (the text after ``#`` left out)."""
+    pins = {}
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        name, sep, version = text.partition("==")
+        assert sep and name.strip() and " " not in version, f"not a name==version pin: {line!r}"
+        pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def test_the_lock_pins_every_requirement_within_its_range():
+    """Each requirement of [project] dependencies and of the test extra has one pin in the
+    lock, and the pinned version satisfies the range pyproject.toml gives."""
+    pins = _lock_pins()
+    assert len(pins) >= 100
+    requirements = [*PYPROJECT["project"]["dependencies"]]
+    requirements += PYPROJECT["project"]["optional-dependencies"]["test"]
+    outside = []
+    for requirement in map(Requirement, requirements):
+        name = canonicalize_name(requirement.name)
+        if name not in pins:
+            outside.append(f"{requirement} (not pinned)")
+        elif not requirement.specifier.contains(pins[name], prereleases=True):
+            outside.append(f"{requirement} (pinned {pins[name]})")
+    assert not outside, f"the lock does not satisfy pyproject.toml: {outside}"
+    assert "dml-harness" not in pins  # the project itself is the -e install
+
+
+def test_the_lock_names_the_command_that_made_it():
+    header = []
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert any(line.strip("# ") == "nox -s lock" for line in header), header
+
+
+def test_the_readme_install_lines_use_the_lock():
+    """The run and test commands (the second is what .ci/run runs) install with the lock."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for marker, extra in (("<!-- run-command -->", "."), ("<!-- test-command -->", "'.[test]'")):
+        command = readme.split(marker, 1)[1].split("```bash\n", 1)[1].split("\n", 1)[0]
+        assert f"pip install -c requirements/lock.txt -e {extra} " in command, command
+    assert "<!-- test-command -->" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
