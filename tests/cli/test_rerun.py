@@ -131,8 +131,9 @@ def test_a_table_rerun_marks_every_reproduced_cell(recorded, copied, capsys):
     out = capsys.readouterr().out
     assert "IDENTICAL 1, WITHIN NOISE 0, DIFFERS 0" in out
     table = out.split("IDENTICAL 1, WITHIN NOISE 0, DIFFERS 0")[1]
-    cells = [line for line in table.splitlines() if line.startswith("| Plain")]
-    assert cells and all("✓" in line for line in cells), table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "(n=" in line]
+    cells = [cell for row in rows for cell in row.split(" | ")[1:]]
+    assert cells and all("✓ (n=1)" in cell for cell in cells), table
     assert "✓ cells whose every run was trained again from its record" in table
 
 
