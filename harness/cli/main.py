@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_table_parser(sub)
     add_listing_parsers(sub)
     add_deviations_parser(sub)
+    from harness.cli.rerun import add_rerun_parser
+
+    add_rerun_parser(sub)
     from harness.cli.schema import add_schema_parser
 
     add_schema_parser(sub)

@@ -17,6 +17,7 @@ __all__ = [
     "SOURCE_FOLDERS",
     "git_commit",
     "uncommitted_changes",
+    "commit_in_history",
     "harness_version",
     "package_versions",
     "record_invocation",
@@ -87,6 +88,25 @@ def uncommitted_changes(root: Path | None = None) -> str:
         )
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def commit_in_history(commit: str, root: Path | None = None) -> bool | None:
+    """Whether ``commit`` is an ancestor of (or is) this checkout's HEAD; None when that
+    cannot be told (no git, no checkout, an ``unknown`` commit)."""
+    if not commit or commit == "unknown":
+        return None
+    try:
+        if not _git(root, "rev-parse", "--git-dir").strip():
+            return None
+        found = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", commit, "HEAD"],
+            cwd=root or Path(__file__).resolve().parents[2],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.returncode == 0
 
 
 def harness_version() -> str:

@@ -116,6 +116,7 @@ def test_cell_columns_are_stable():
         "n",
         "flagged",
         "code_flagged",
+        "reproduced",
         "published",
     ]
 

@@ -42,6 +42,7 @@ CELL_COLUMNS = [
     "n",
     "flagged",
     "code_flagged",
+    "reproduced",
     "published",
 ]
 #: Columns of :func:`~harness.reports.tables.paired.paired_tests`.

@@ -81,6 +81,7 @@ class LatexRenderer(TableRenderer):
         "boot_up": "$^{\\Uparrow}$",
         "boot_down": "$^{\\Downarrow}$",
         "incomplete": "$^{\\ddagger}$",
+        "reproduced": "$^{\\surd}$",
     }
     plus_minus, percent = "$\\pm$", "\\%"
     interval_formula = "$t_{0.975,\\,n-1}\\,s/\\sqrt{n}$, $s$ the sample standard deviation"

@@ -24,7 +24,8 @@ class Cell:
     (NaN where there is none; ``mean`` is NaN for a published row without runs), whether it
     is the best of its block and column beyond the intervals, and the names of its marks in
     print order (``tied``, ``t_up`` / ``t_down``, ``boot_up`` / ``boot_down``,
-    ``incomplete``, ``flagged``, ``code``): each renderer draws them its own way."""
+    ``incomplete``, ``flagged``, ``code``, ``reproduced``): each renderer draws them its
+    own way."""
 
     mean: float
     half_width: float
@@ -148,6 +149,7 @@ def _cell(record, key: tuple, bold: set[tuple], tied: set[tuple], test) -> Cell:
     marks = (("tied",) if key in tied else ()) + _test_marks(test)
     marks += ("flagged",) if bool(record.flagged) else ()
     marks += ("code",) if bool(record.code_flagged) else ()
+    marks += ("reproduced",) if bool(getattr(record, "reproduced", False)) else ()
     return Cell(
         mean=record.mean,
         half_width=record.half_width,

@@ -49,6 +49,7 @@ RUN_COLUMNS = [
     "options",
     "tuned",
     "init_from",
+    "rerun_last",
 ]
 
 
@@ -110,6 +111,8 @@ def _runs_frame(frame: pd.DataFrame, ids: dict) -> pd.DataFrame:
             "options": _method_options(frame),
             "tuned": _column(frame, "tags.tune_role") != "",
             "init_from": training_init,
+            # The verdict of the run's latest rerun (``harness rerun``), "" when never re-run.
+            "rerun_last": _column(frame, "tags.rerun.last"),
             # A tuned grid's final result: its budget, choice and search (reports/tuning.py).
             **{name: _column(frame, f"tags.{name}") for name in TUNE_TAGS},
             "paper_deviations": _paper_deviations(frame),

@@ -45,6 +45,7 @@ class MarkdownRenderer(TableRenderer):
         "boot_up": "⇑",
         "boot_down": "⇓",
         "incomplete": "‡",
+        "reproduced": "✓",
     }
     plus_minus, percent = "±", "%"
     interval_formula = "t(0.975, n-1) s / sqrt(n), s the sample std"

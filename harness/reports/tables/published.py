@@ -232,11 +232,12 @@ def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.
             n=0,
             flagged=False,
             code_flagged=False,
+            reproduced=False,
         )
     else:
         out = pub.merge(cells, on=[*KEYS, "metric"], how="outer")
     out["setting"] = out["setting"].fillna("")
     out["n"] = out["n"].fillna(0).astype(int)
-    for flag in ("flagged", "code_flagged"):
+    for flag in ("flagged", "code_flagged", "reproduced"):
         out[flag] = out[flag].astype("boolean").fillna(False).astype(bool)
     return out[CELL_COLUMNS].reset_index(drop=True)

@@ -120,6 +120,11 @@ class TableRenderer(ABC):
                 f"{self.mark('flagged')} runs with protocol deviations or test-set model selection "
                 f"({self.escape(what)})."
             )
+        if content.cells["reproduced"].any():
+            out.append(
+                f"{self.mark('reproduced')} cells whose every run was trained again from its "
+                f"record (harness rerun) with the verdict IDENTICAL or WITHIN NOISE."
+            )
         return out
 
     def _cells_legend(self, cells: pd.DataFrame) -> str:

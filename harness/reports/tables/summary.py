@@ -13,15 +13,19 @@ from harness.base.errors import HarnessError
 from harness.reports.stats import t_interval
 from harness.reports.tables.columns import BLOCK, CELL_COLUMNS, DEFAULT_METRICS, ROW
 
-__all__ = ["summarize"]
+__all__ = ["summarize", "REPRODUCED"]
+
+#: The verdicts of ``harness rerun`` (:mod:`harness.reports.reruns`) that mark a cell reproduced.
+REPRODUCED = ("IDENTICAL", "WITHIN NOISE")
 
 
 def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> pd.DataFrame:
     """Runs -> cells (``CELL_COLUMNS`` without ``published``): over seeds, in percent, the
     mean, the half-width of the 95% Student t-interval, the sample std and the number of
     runs; ``flagged`` when any run of the cell has deviations or test-set selection,
-    ``code_flagged`` when the runs of its block differ in evaluation code or lack the tag.
-    Raises if a block mixes protocol fingerprints."""
+    ``code_flagged`` when the runs of its block differ in evaluation code or lack the tag,
+    ``reproduced`` when every run of the cell was re-run (``harness rerun``) with the
+    verdict IDENTICAL or WITHIN NOISE. Raises if a block mixes protocol fingerprints."""
     if runs.empty:
         return pd.DataFrame(columns=CELL_COLUMNS[:-1])
     runs = runs.copy()
@@ -33,6 +37,9 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> p
     for key, cell in runs.groupby([*ROW, "dataset"], sort=False):
         flagged = bool(((cell["deviations"] != "none") | cell["test_set_selection"]).any())
         block = (key[0], key[1], key[4])
+        reproduced = (
+            bool(cell["rerun_last"].isin(REPRODUCED).all()) if "rerun_last" in cell else False
+        )
         for metric in metrics:
             summary = _over_seeds(cell, metric)
             if summary is not None:
@@ -43,6 +50,7 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str] = DEFAULT_METRICS) -> p
                         **summary,
                         "flagged": flagged,
                         "code_flagged": code_flags[block],
+                        "reproduced": reproduced,
                     }
                 )
     return pd.DataFrame(rows, columns=CELL_COLUMNS[:-1])
