@@ -5,6 +5,8 @@ settings a grid changes on top of its protocol."""
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
@@ -12,6 +14,12 @@ from harness.config.grids import MAX_CELLS, list_grids, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import list_protocols, load_protocol
+from harness.engine.deviation_effects import (
+    effect_lines,
+    effect_sentences,
+    measure_deviations,
+)
+from harness.reports.tables.effects import write_effect_notes
 
 
 def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
@@ -150,15 +158,6 @@ def _ledger_lines(args: argparse.Namespace) -> list[str]:
 
 def _measure(args: argparse.Namespace) -> int:
     """``--measure``: each deviation's effect at the smoke scale, as a Markdown table."""
-    import sys
-    import time
-
-    from harness.engine.deviation_effects import (
-        effect_lines,
-        effect_sentences,
-        measure_deviations,
-    )
-    from harness.reports.tables.effects import write_effect_notes
 
     try:
         seeds = tuple(int(s) for s in str(args.seeds).split(","))

@@ -19,6 +19,12 @@ from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.cli.arguments import at_least
 from harness.cli.outputs import add_force_argument, add_output_argument, output_file
+from harness.components.evaluation import (
+    DEFAULT_METRICS,
+    evaluate_embeddings,
+    gpu_available,
+    parse_metrics,
+)
 
 __all__ = ["add_evaluate_parser", "cmd_evaluate", "load_embeddings", "load_labels"]
 
@@ -36,7 +42,6 @@ nmi, ami, f1 (clustering metrics of one faiss k-means run on the query set)."""
 
 def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``evaluate`` sub-command to an ``argparse`` sub-parser collection."""
-    from harness.components.evaluation import DEFAULT_METRICS
 
     p = subparsers.add_parser(
         "evaluate",
@@ -192,7 +197,6 @@ def _jsonable(value: float) -> float | None:
 
 
 def _use_gpu(device: str) -> bool:
-    from harness.components.evaluation import gpu_available
 
     if device == "cuda" and not gpu_available():
         raise HarnessError(
@@ -203,7 +207,6 @@ def _use_gpu(device: str) -> bool:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Validate every input, evaluate, print a table, write ``--json``; 0 on success."""
-    from harness.components.evaluation import evaluate_embeddings, parse_metrics
 
     if (args.query_embeddings is None) != (args.query_labels is None):
         raise HarnessError("give both --query-embeddings and --query-labels, or neither")

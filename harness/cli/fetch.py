@@ -13,6 +13,12 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.arguments import positive_number
+from harness.cli.outputs import output_folder
+from harness.components.data import DATASETS
+from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
+from harness.components.data.fetch import SOURCES, fetch_command, fetch_dataset
+from harness.components.data.own import dataset_name
+from harness.components.data.verify import check_images, verify_dataset
 
 __all__ = [
     "add_fetch_parser",
@@ -35,7 +41,6 @@ def _say(line: str) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from harness.components.data.fetch import fetch_dataset
 
     data_root = (
         args.fetch_data_root or args.data_root
@@ -54,8 +59,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.components.data.own import dataset_name
-    from harness.components.data.verify import verify_dataset
 
     if args.threads < 1:
         raise HarnessError(f"--threads must be >= 1, got {args.threads}")
@@ -75,7 +78,6 @@ def check_dataset(name: str, data_root: Path | None) -> None:
     """Before training: the data root checked (:func:`check_data_root`), the dataset's index
     files read and its images checked (their headers, or nothing more when ``datasets
     verify`` stamped this very tree)."""
-    from harness.components.data.verify import check_images
 
     check_data_root(name, data_root)
     check_images(name, data_root, say=_say)
@@ -85,9 +87,6 @@ def check_data_root(name: str, data_root: Path | None) -> None:
     """The data root (``--data-root``, else ``$DML_HARNESS_DATA``, else the cache folder)
     is a folder, and one a dataset the harness generates (synthetic) can be written into
     when it is not there yet."""
-    from harness.cli.outputs import output_folder
-    from harness.components.data import DATASETS
-    from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
 
     root = data_root_folder(data_root)
     flag = "--data-root" if data_root is not None else DATA_ROOT_SETTING
@@ -99,8 +98,6 @@ def check_data_root(name: str, data_root: Path | None) -> None:
 def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None:
     """Before ``run`` trains: a missing benchmark is fetched (``download``) or named in an
     error with the exact command that fetches it. Other datasets are left to their loaders."""
-    from harness.components.data import DATASETS
-    from harness.components.data.fetch import SOURCES, fetch_command, fetch_dataset
 
     if name not in SOURCES:
         return

@@ -7,20 +7,32 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import time
+import urllib.request
+import webbrowser
 from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.fetch import add_fetch_parser, add_verify_parser
 from harness.cli.processes import serve_process_group
 from harness.cli.store import open_store
+from harness.components.data import DATASETS
+from harness.components.data.base import data_root_folder
+from harness.components.data.fashion_mnist import fashion_mnist_root
+from harness.components.data.fetch import SOURCES, fetch_command, fetch_record
+from harness.components.data.synthetic import synthetic_root
+from harness.methods import METHODS
+from harness.store.location import tracking_uri
+from harness.store.queries import experiments_by_activity
+from harness.store.ui import prepare_for_ui, ui_url
+from harness.store.ui_runs import prepare_runs
+from harness.store.ui_server import server_command, server_environment
 
 __all__ = ["add_listing_parsers", "cmd_datasets", "cmd_methods", "cmd_ui", "announce_when_up"]
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
     """Per dataset: found or not, where, verified or not, and its image count."""
-    from harness.components.data import DATASETS
-    from harness.components.data.base import data_root_folder
 
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
@@ -34,9 +46,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, str]:
     """(where, status, image count) of one dataset; a tree its loader refuses is 'damaged'."""
-    from harness.components.data.fashion_mnist import fashion_mnist_root
-    from harness.components.data.fetch import SOURCES, fetch_command, fetch_record
-    from harness.components.data.synthetic import synthetic_root
 
     if name == "synthetic":
         root = synthetic_root(data_root)
@@ -71,7 +80,6 @@ def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, s
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from harness.methods import METHODS
 
     for name in METHODS:
         entry = METHODS.get(name)
@@ -113,11 +121,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the MLflow UI (:mod:`harness.store.ui_server`) over the runs prepared for it
     (:func:`harness.store.ui_runs.prepare_runs`); once it answers, print (and with ``--open``
     open) each experiment's runs page, the named or most recently active experiment first."""
-    from harness.store.location import tracking_uri
-    from harness.store.queries import experiments_by_activity
-    from harness.store.ui import prepare_for_ui, ui_url
-    from harness.store.ui_runs import prepare_runs
-    from harness.store.ui_server import server_command, server_environment
 
     check_port_free(args.host, args.port)
     open_store()
@@ -152,9 +155,6 @@ def announce_when_up(
     """Once the server at ``base`` answers its index page (a 2xx response), print ``pages``
     (name, URL) and with ``open_first`` open the first in the default web browser; returns
     False, printing nothing, when process ``server`` ends first."""
-    import time
-    import urllib.request
-    import webbrowser
 
     while server.poll() is None:
         try:

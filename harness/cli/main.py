@@ -22,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.cli.deviations import add_deviations_parser
+from harness.cli.evaluate import add_evaluate_parser
+from harness.cli.explain import add_explain_parser
+from harness.cli.explain_table import add_explain_table_parser
+from harness.cli.listings import add_listing_parsers
 from harness.cli.processes import terminated
+from harness.cli.run import add_run_parser
+from harness.cli.schema import add_schema_parser
+from harness.cli.sweep import add_sweep_parser
+from harness.cli.table import add_table_parser
+from harness.cli.tune import add_tune_parser
 
 PROG = "python -m harness"
 
@@ -45,16 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from harness.cli.deviations import add_deviations_parser
-    from harness.cli.evaluate import add_evaluate_parser
-    from harness.cli.explain import add_explain_parser
-    from harness.cli.explain_table import add_explain_table_parser
-    from harness.cli.listings import add_listing_parsers
-    from harness.cli.run import add_run_parser
-    from harness.cli.sweep import add_sweep_parser
-    from harness.cli.table import add_table_parser
-    from harness.cli.tune import add_tune_parser
-
     add_run_parser(sub)
     add_evaluate_parser(sub)
     add_sweep_parser(sub)
@@ -64,7 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_table_parser(sub)
     add_listing_parsers(sub)
     add_deviations_parser(sub)
-    from harness.cli.schema import add_schema_parser
 
     add_schema_parser(sub)
     for (

@@ -34,6 +34,7 @@ from harness.base.paths import (
     writable_folder,
     writable_stem,
 )
+from harness.cli.store import OPTUNA_TABLES, check_driver, check_own_database
 from harness.store.location import reserved_paths
 
 __all__ = [
@@ -232,7 +233,6 @@ def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
     tables: the tracking store's database, another program's database and a file that is
     not a database are refused, as are a database URL whose driver is not installed and a
     new SQLite database whose folder cannot be written."""
-    from harness.cli.store import OPTUNA_TABLES, check_driver, check_own_database
 
     if storage:
         check_driver(storage, flag)

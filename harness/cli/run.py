@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.base.atomic import atomic_write_json
+from harness.base.device import CUBLAS_WORKSPACE, amp_dtype
 from harness.base.errors import HarnessError
 from harness.cli.arguments import (
     DATASET_HELP,
@@ -29,10 +30,27 @@ from harness.cli.outputs import (
     output_folder,
 )
 from harness.cli.store import open_store
+from harness.components.data.own import dataset_name
+from harness.components.losses import LOSSES, check_loss_args
 from harness.config.overrides import Deviation
 from harness.config.protocol import Protocol, apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
 from harness.config.sections import MAX_STEPS
+from harness.engine import (
+    RunConfig,
+    RunSettings,
+    default_checkpoint_root,
+    logs_model,
+    resolve_device,
+    run_miner,
+    run_training,
+    shutdown,
+    training_splits,
+    whole_graph_blocker,
+)
+from harness.methods import METHODS, check_method_options, list_methods, training_base
+from harness.reports.results import format_results
+from harness.store.weights import check_finished_run
 
 if TYPE_CHECKING:
     from harness.engine import RunSettings, TrainFunction
@@ -67,8 +85,6 @@ class _Request:
 
 def _request(args: argparse.Namespace) -> _Request:
     """Check every name and flag before any work starts (one error line each)."""
-    from harness.components.data.own import dataset_name
-    from harness.methods import METHODS, list_methods
 
     settings = _settings(args)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
@@ -95,7 +111,6 @@ def _request(args: argparse.Namespace) -> _Request:
 def _settings(args: argparse.Namespace) -> RunSettings:
     """Where and how the runs execute, the device resolved once (``auto``: a GPU if there
     is one) and refused here when it is not there."""
-    from harness.engine import RunSettings, resolve_device
 
     if args.deterministic and args.fast:
         raise HarnessError("--deterministic and --fast exclude each other")
@@ -123,7 +138,6 @@ def _protocol(
     """The protocol as it runs on ``dataset`` (resolved for it once, here, before the
     overrides), the deviations of ``--set``, ``--epochs``, ``--loss``, ``--init-from`` and
     ``--seen-class-control``, and the loss."""
-    from harness.components.losses import LOSSES, check_loss_args
 
     protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
@@ -153,8 +167,6 @@ def _check_init_from(args: argparse.Namespace) -> None:
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
     if args.init_from:
-        from harness.store.weights import check_finished_run
-
         check_finished_run(args.init_from, "--init-from")
 
 
@@ -164,9 +176,6 @@ def _check_method(
     """The method's options of the protocol, and under ``--cuda-graphs`` its step as one
     graph: what stands in the way (the miner, the method's host work, float16's loss
     scaler) is one line before any run starts."""
-    from harness.base.device import amp_dtype
-    from harness.engine import resolve_device, run_miner, whole_graph_blocker
-    from harness.methods import check_method_options
 
     head = check_method_options(
         method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size, loss=loss
@@ -188,7 +197,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def check_checkpoint_root(root: Path | None) -> None:
     """The folder training writes its checkpoints in (``--checkpoint-root``, else the
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
-    from harness.engine import default_checkpoint_root
 
     output_folder(
         root or default_checkpoint_root(),
@@ -201,9 +209,6 @@ def check_checkpoint_root(root: Path | None) -> None:
 def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
     """Train and test each method with each seed (``train``: what trains one run, default
     :func:`~harness.engine.training.run_training`); print the table, write ``--json``."""
-    from harness.base.device import CUBLAS_WORKSPACE
-    from harness.engine import run_training, shutdown
-    from harness.reports.results import format_results
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
@@ -235,7 +240,6 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
 def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -> None:
     """The dataset there (fetched with ``--download``) and readable, the tracking store
     open, and ``--register`` with a logged model: before any training."""
-    from harness.engine import logs_model
 
     ensure_dataset(req.dataset, args.data_root, download=args.download)
     if main_process:  # one process reads every image header (torchrun starts several)
@@ -250,7 +254,6 @@ def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -
 def _splits(args: argparse.Namespace, req: _Request, seed: int):
     """The splits of ``seed``'s runs, the protocol's batch rule checked on them (before
     the summary line: a refusal is one line)."""
-    from harness.engine import training_splits
 
     return training_splits(
         req.protocol, req.dataset, args.data_root, control=args.seen_class_control, seed=seed
@@ -287,7 +290,6 @@ def _run_seed(
 ) -> list[dict]:
     """Every method's run with ``seed``: the methods that train first, then those that
     evaluate a trained one's weights (``shared``)."""
-    from harness.engine import RunConfig
 
     records: list[dict] = []
     trained: dict[str, str] = {}  # method -> its run id, this seed
@@ -318,7 +320,6 @@ def shared_training(methods: list[str], protocol) -> dict[str, str]:
     e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
     and evaluates them on its weights. Only in one process (under torchrun every process
     trains every run, and only process 0 knows the run ids)."""
-    from harness.methods import training_base
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return {}

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from harness.config.grids import grid_json_schema
+from harness.config.protocol import protocol_json_schema
+
 __all__ = ["add_schema_parser", "cmd_schema", "schema_text"]
 
 KINDS = ("protocol", "grid")
@@ -14,8 +17,6 @@ KINDS = ("protocol", "grid")
 
 def schema_text(kind: str) -> str:
     """The JSON Schema of ``kind`` files as the text ``docs/<kind>.schema.json`` holds."""
-    from harness.config.grids import grid_json_schema
-    from harness.config.protocol import protocol_json_schema
 
     schema = protocol_json_schema() if kind == "protocol" else grid_json_schema()
     return json.dumps(schema, indent=2) + "\n"

@@ -11,10 +11,14 @@ import contextlib
 import importlib.util
 import sqlite3
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.base.paths import is_sqlite_database, writable_folder
+from harness.store.dead_runs import fail_dead_runs
+from harness.store.location import sqlite_database, tracking_uri
 
 __all__ = [
     "open_store",
@@ -52,7 +56,6 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 def open_store(*, read_only: bool = False) -> None:
     """Probe the store (:func:`probe_store`), then mark FAILED the runs left RUNNING by dead
     processes of this host, one line each. ``read_only``: the command only reads runs."""
-    from harness.store.dead_runs import fail_dead_runs
 
     probe_store(read_only=read_only)
     for run_id in fail_dead_runs():
@@ -103,7 +106,6 @@ def probe_store(*, read_only: bool = False) -> None:
     folder a database can be written in, or, for a command that only reads
     (``read_only``), must already exist and be an MLflow store (reading never creates or
     migrates one)."""
-    from harness.store.location import sqlite_database, tracking_uri
 
     uri = tracking_uri()
     check_driver(uri, f"the tracking store ({SETTING})")
@@ -170,8 +172,6 @@ def check_own_database(database: Path, shown: str, tool: str, tables: frozenset[
 
 
 def _probe_server(uri: str) -> None:
-    import urllib.error
-    import urllib.request
 
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT):

@@ -28,6 +28,7 @@ from harness.cli.sweep_cluster import (
 from harness.cli.sweep_tuned import queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.grid_datasets import check_datasets_unchanged
+from harness.engine.run_config import logs_model
 from harness.engine.slurm import SlurmOptions
 from harness.engine.sweep import (
     DEFAULT_STORAGE,
@@ -37,6 +38,8 @@ from harness.engine.sweep import (
     storage_url,
     unfinished_cells,
 )
+from harness.engine.sweep_status import wait
+from harness.engine.training import resolve_device
 from harness.engine.tuned_sweep import check_tuned_grid, run_worker
 
 __all__ = ["add_sweep_parser", "cmd_sweep"]
@@ -72,8 +75,6 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
     """The grid, with everything a sweep needs checked before its first cell: the device,
     the cluster's options (before anything is written or any dataset prepared), the
     folders, the stores and the datasets (each worker it starts shares the check)."""
-    from harness.engine.run_config import logs_model
-    from harness.engine.training import resolve_device
 
     resolve_device(args.device)
     announce = None if quiet else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
@@ -116,7 +117,6 @@ def _queue_and_work(
         record = submit(args, grid, options, counts, _settings(args), submitter)
         if record is None or not args.wait:
             return False
-        from harness.engine.sweep_status import wait
 
         wait([record])
     elif (args.workers or 1) == 1:

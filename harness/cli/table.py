@@ -15,6 +15,8 @@ from harness.base.paths import read_text, readable_file
 from harness.cli.arguments import experiment_name
 from harness.cli.outputs import add_force_argument, add_output_argument, output_file
 from harness.cli.store import open_store
+from harness.components.evaluation import parse_metrics
+from harness.methods import METHODS
 from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables import (
     DEFAULT_METRICS,
@@ -104,8 +106,6 @@ def _metrics(text: str | None) -> list[str] | None:
     table (a published spread, ``recall_at_1_std``, is its metric's)."""
     metrics = [m.strip() for m in text.split(",")] if text else None
     if metrics:
-        from harness.components.evaluation import parse_metrics
-
         try:
             parse_metrics(m.removesuffix("_std") for m in metrics)
         except HarnessError as err:
@@ -192,7 +192,6 @@ def _add_published_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_baseline(name: str) -> None:
     """The baseline must be a registered method (a misspelt one would compare nothing)."""
-    from harness.methods import METHODS
 
     if name not in METHODS:
         raise unknown_name("--baseline method", name, METHODS)

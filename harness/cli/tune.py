@@ -21,6 +21,9 @@ from harness.cli.fetch import check_dataset
 from harness.cli.outputs import add_output_argument, check_study_storage
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
+from harness.components.data.own import dataset_name
+from harness.engine.run_config import logs_model
+from harness.engine.training import RunSettings, resolve_device
 from harness.engine.tune import (
     DEFAULT_SPACE,
     failed_trials,
@@ -38,8 +41,6 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     """The study's trials, its best trial, and the best setting reproduced over the seeds
     (``train``: what trains one run, default :func:`~harness.engine.training.run_training`)."""
     # torch and the data loaders: imported when a command needs them
-    from harness.components.data.own import dataset_name
-    from harness.engine.training import RunSettings, resolve_device
 
     resolve_device(args.device)
     setup = tune_setup(
@@ -62,7 +63,6 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     check_study_storage(args.storage)
     check_dataset(setup.dataset, args.data_root)
     open_store()
-    from harness.engine.run_config import logs_model
 
     logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
     study = search(setup, trials=args.trials, storage=args.storage, sampler_seed=args.sampler_seed)

@@ -28,6 +28,7 @@ from typing import cast
 
 import torch
 from torch import nn
+from torchvision.models import GoogLeNet_Weights, googlenet
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
@@ -402,7 +403,6 @@ def check_output_stride(name: str, output_stride: int) -> None:
 def _googlenet(pretrained: bool, output_stride: int = 32):
     """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does.
     torchvision builds it without dilation, so only the published output stride exists."""
-    from torchvision.models import GoogLeNet_Weights, googlenet
 
     check_output_stride("googlenet", output_stride)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.base.atomic import atomic_write_set
 from harness.reports.tables.labels import DATASET_LABELS, METRIC_LABELS, block_label, row_label
 
 __all__ = [
@@ -210,7 +211,6 @@ def write_forest(
     """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), written together
     (:func:`harness.base.atomic.atomic_write_set`); nothing when there are no paired tests.
     Returns the paths written."""
-    from harness.base.atomic import atomic_write_set
 
     files = forest_files(stem, tests, labels, metrics=metrics)
     atomic_write_set(files)

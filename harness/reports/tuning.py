@@ -8,6 +8,7 @@ to show whether a budget was enough).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -173,7 +174,6 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     """The best validation value so far against the trial number, one panel per block
     (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
     by path, rendered, not written (empty for runs that were not tuned)."""
-    import io
 
     import matplotlib
 

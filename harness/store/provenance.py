@@ -12,6 +12,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 __all__ = [
     "PACKAGES",
     "SOURCE_FOLDERS",
@@ -157,7 +159,6 @@ def source_tags(commit: str) -> dict[str, str]:
 def environment_tags() -> dict[str, str]:
     # Imported when used: torch takes seconds to import, and the store's readers (tables,
     # listings) never need it.
-    import torch
 
     commit = git_commit()
     tags = {

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
 
 from harness.base.errors import HarnessError
 from harness.store.artifacts import PROXIED_SCHEME, proxied_local_path, resolve_proxied_locally
 from harness.store.location import artifact_root, tracking_uri
-from harness.store.tracking import _existing_run_experiment, _search_runs
+from harness.store.tracking import _existing_run_experiment, _search_runs, experiment_id
 
 __all__ = [
     "client",
@@ -165,7 +166,6 @@ def _recorded_artifact_dir(run) -> Path | None:
     """The local folder MLflow recorded for the run's artifacts (``file:`` URI or plain
     path, or a proxied URI of a SQLite store: :func:`harness.store.artifacts.proxied_local_path`);
     None for a remote artifact store."""
-    from urllib.parse import unquote, urlparse
 
     uri = run.info.artifact_uri or ""
     parsed = urlparse(uri)
@@ -277,8 +277,6 @@ def record_derived_run(
     the source run alone), then ``tags`` on top, and ``artifacts`` (``(file, artifact
     folder)``). Returns its run id."""
     from mlflow.entities import Metric, Param, RunTag
-
-    from harness.store.tracking import experiment_id
 
     c = client()
     source = c.get_run(source_run_id)

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import READABLE, display_copies
 from harness.config.overrides import flatten_keys
@@ -416,7 +418,6 @@ def _model_requirements() -> list[str]:
     """The pip requirements a logged model names (MLflow would otherwise load the model in
     a subprocess to infer them): torch, mlflow and this package at their versions."""
     import mlflow
-    import torch
 
     return [
         f"torch=={torch.__version__.split('+')[0]}",

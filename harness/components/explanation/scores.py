@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 import torch
+from scipy import stats
 
 __all__ = [
     "part_shares",
@@ -222,7 +223,6 @@ def mean_interval(
     """Mean and two-sided ``confidence`` t-interval of the finite ``values`` (NaN when none;
     the interval collapses to the mean for a single value), clipped to ``bounds`` (every
     score here lies in [0, 1]; a t-interval over few pairs can reach past it)."""
-    from scipy import stats
 
     x = np.asarray(values, dtype=np.float64).ravel()
     x = x[np.isfinite(x)]
