@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.cli.arguments import positive_number
 from harness.cli.outputs import output_folder
 from harness.components.data import DATASETS
 from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
@@ -21,8 +20,6 @@ from harness.components.data.own import dataset_name
 from harness.components.data.verify import check_images, verify_dataset
 
 __all__ = [
-    "add_fetch_parser",
-    "add_verify_parser",
     "cmd_fetch",
     "cmd_verify",
     "ensure_dataset",
@@ -114,71 +111,3 @@ def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None
             f"--download under torchrun: fetch the dataset first ({fetch_command(name, data_root)})"
         )
     fetch_dataset(name, data_root, progress=_show_progress(), say=_say)
-
-
-def add_fetch_parser(dataset_commands) -> None:
-    fetch = dataset_commands.add_parser(
-        "fetch",
-        help="download a benchmark, verify it and unpack it in its official layout",
-        description="Download (resumably) or read with --from, verify the checksum, unpack beside the target, "
-        "check the official counts, then move into place. Cars196 and In-Shop need a manual "
-        "download first: the command says what to get.",
-    )
-    fetch.add_argument("name", help="cub200, cars196, sop or inshop")
-    fetch.add_argument(
-        "--data-root",
-        dest="fetch_data_root",
-        type=Path,
-        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
-    )
-    fetch.add_argument(
-        "--from",
-        dest="local_files",
-        type=Path,
-        action="append",
-        metavar="FILE",
-        help="a file of the release already downloaded (repeat, in the order the dataset lists)",
-    )
-    fetch.add_argument("--url", help="download from this mirror instead (one-file datasets)")
-    fetch.add_argument(
-        "--sha256",
-        action="append",
-        metavar="HEX",
-        help="a checksum to hold each file to, besides any published one (repeat per file)",
-    )
-    fetch.add_argument(
-        "--timeout",
-        type=positive_number,
-        default=60.0,
-        help="seconds a silent connection is waited for (default 60)",
-    )
-    fetch.set_defaults(func=cmd_fetch)
-
-
-def add_verify_parser(dataset_commands) -> None:
-    verify = dataset_commands.add_parser(
-        "verify",
-        help="decode every image of a dataset once and stamp the tree as verified",
-        description="Decode every image (in threads), name any that fails, and on success leave a stamp "
-        "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
-        "modification times) and otherwise checks each image's header before training.",
-    )
-    verify.add_argument(
-        "name",
-        help="a dataset name (python -m harness datasets lists them), or your own dataset's "
-        "folder or .csv file",
-    )
-    verify.add_argument(
-        "--data-root",
-        dest="verify_data_root",
-        type=Path,
-        metavar="DIR",
-        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
-    )
-    verify.add_argument(
-        "--threads",
-        type=int,
-        default=min(8, os.cpu_count() or 1),
-        help="decoding threads (default: the CPU count, at most 8)",
-    )
-    verify.set_defaults(func=cmd_verify)

@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
-from harness.cli.deviations import add_deviations_parser
-from harness.cli.evaluate import add_evaluate_parser
-from harness.cli.explain import add_explain_parser
-from harness.cli.explain_table import add_explain_table_parser
-from harness.cli.listings import add_listing_parsers
+from harness.cli.parsers.deviations import add_deviations_parser
+from harness.cli.parsers.evaluate import add_evaluate_parser
+from harness.cli.parsers.explain import add_explain_parser
+from harness.cli.parsers.explain_table import add_explain_table_parser
+from harness.cli.parsers.listings import add_listing_parsers
+from harness.cli.parsers.run import add_run_parser
+from harness.cli.parsers.schema import add_schema_parser
+from harness.cli.parsers.sweep import add_sweep_parser
+from harness.cli.parsers.table import add_table_parser
+from harness.cli.parsers.tune import add_tune_parser
 from harness.cli.processes import terminated
-from harness.cli.run import add_run_parser
-from harness.cli.schema import add_schema_parser
-from harness.cli.sweep import add_sweep_parser
-from harness.cli.table import add_table_parser
-from harness.cli.tune import add_tune_parser
+from harness.store.provenance import record_invocation
 
 PROG = "python -m harness"
 
@@ -64,11 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_table_parser(sub)
     add_listing_parsers(sub)
     add_deviations_parser(sub)
-
     add_schema_parser(sub)
-    for (
-        command
-    ) in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before
+    # also after the subcommand; SUPPRESS keeps one given before
+    for command in sub.choices.values():
         command.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
@@ -127,8 +126,6 @@ def main(argv: list[str] | None = None, *, train: Any = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
-        from harness.store.provenance import record_invocation
-
         record_invocation(_program(), argv)  # each run records the command that made it
         code = args.func(args) if train is None else args.func(args, train=train)
         sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit

@@ -10,9 +10,7 @@ import json
 from harness.config.grids import grid_json_schema
 from harness.config.protocol import protocol_json_schema
 
-__all__ = ["add_schema_parser", "cmd_schema", "schema_text"]
-
-KINDS = ("protocol", "grid")
+__all__ = ["cmd_schema", "schema_text"]
 
 
 def schema_text(kind: str) -> str:
@@ -25,18 +23,3 @@ def schema_text(kind: str) -> str:
 def cmd_schema(args: argparse.Namespace) -> int:
     print(schema_text(args.kind), end="")
     return 0
-
-
-def add_schema_parser(subparsers) -> argparse.ArgumentParser:
-    schema = subparsers.add_parser(
-        "schema", help="print the JSON Schema of protocol (or grid) files"
-    )
-    schema.add_argument(
-        "kind",
-        nargs="?",
-        choices=KINDS,
-        default="protocol",
-        help="which files: protocol (default) or grid",
-    )
-    schema.set_defaults(func=cmd_schema)
-    return schema

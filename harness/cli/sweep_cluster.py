@@ -17,9 +17,7 @@ from typing import Any
 import optuna
 
 from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least
 from harness.cli.sweep_tuned import progress_lines
-from harness.config.executor import check_mem, check_time
 from harness.config.grids import Grid
 from harness.engine.cluster import (
     DEFAULT_MINUTES,
@@ -39,7 +37,7 @@ from harness.engine.sweep import open_storage, storage_url
 from harness.engine.sweep_status import cancel_sweep, cell_states, live_tasks, status_lines
 from harness.engine.tuned_sweep import unfinished_tuned_cells
 
-__all__ = ["add_cluster_arguments", "cluster_options", "preflight", "submit", "status", "cancel"]
+__all__ = ["cluster_options", "preflight", "submit", "status", "cancel"]
 
 #: The options that ask Slurm for resources, as (flag, attribute): the grid's
 #: ``[executor.slurm]`` keys.
@@ -55,51 +53,6 @@ RESOURCE_FLAGS = (
 )
 #: What the local executor honours of them (it runs on this machine's processes).
 LOCAL_FLAGS = ("gpus_per_task", "time")
-
-
-def _typed(check):
-    """An argparse type from a ``check_*(text, where)`` of :mod:`harness.config.executor`."""
-
-    def parse(text: str) -> str:
-        try:
-            return check(text, text)
-        except HarnessError as err:
-            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
-
-    return parse
-
-
-def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
-    """The executor, its resources, and the hidden options of a multi-process cell."""
-    p.add_argument(
-        "--executor",
-        choices=("slurm", "local"),
-        help="submit the cells as one job array: to Slurm, or as local processes (submitit)",
-    )
-    p.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
-    p.add_argument(
-        "--gpus-per-task",
-        type=at_least(0),
-        help="GPUs of each task; above 1 each cell trains on that many processes (DDP)",
-    )
-    p.add_argument("--cpus-per-task", type=at_least(1), help="CPUs of each task")
-    p.add_argument("--mem", type=_typed(check_mem), help="memory of each task: 16G, 64000M")
-    p.add_argument(
-        "--time",
-        type=_typed(check_time),
-        help="time limit of each task: 90 (minutes), 4:00:00, 2-00:00:00 "
-        "(default: the partition's; a task out of time is requeued)",
-    )
-    p.add_argument(
-        "--array-parallelism", type=at_least(1), help="tasks of the array that run at once"
-    )
-    p.add_argument("--account", help="Slurm account to charge")
-    p.add_argument("--qos", help="Slurm quality of service")
-    p.add_argument(
-        "--wait", action="store_true", help="with --executor: wait for the tasks, then report"
-    )
-    p.add_argument("--cell", help=argparse.SUPPRESS)
-    p.add_argument("--cell-record", type=Path, help=argparse.SUPPRESS)
 
 
 def cluster_options(args: argparse.Namespace, grid: Grid) -> SlurmOptions:

@@ -59,6 +59,7 @@ from harness.base.atomic import finite_json
 from harness.base.metric_keys import metric_key
 from harness.components.explanation.maps import attention_figure
 from harness.components.explanation.scores import (
+    CURVE_PAIRS,
     STEP,
     curve_auc,
     mean_interval,
@@ -124,11 +125,6 @@ PERTURB_BATCH = 16
 MAPS_BATCH = 8
 #: Test images per forward pass when embedding the test set (neighbour pairs).
 EMBED_BATCH = 32
-#: Pairs whose deletion / insertion curves are measured by default: each pair costs 19
-#: inner steps x (deletion, insertion) + 1 intact image, x 3 pixel orders = 117 forward
-#: passes, so 48 pairs take 5,616, the bulk of the command's time on a CPU
-#: (``--curve-pairs`` sets it).
-CURVE_PAIRS = 48
 
 
 # ------------------------------------------------------------------------ scores

@@ -56,8 +56,18 @@ from harness.config.grids import Cell, Grid
 from harness.engine import training
 from harness.engine.cells import cell_output, job_of_this_task, slurm_ids, train_in_processes
 from harness.methods import METHODS
+from harness.store.location import DEFAULT_STORAGE
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 from harness.store.tracking import filter_value as q
+
+try:  # Optuna >= 4.9 renamed the callback and its argument
+    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+    RETRY_ARGUMENT = "heartbeat_stale_trial_callback"
+except ImportError:
+    from optuna.storages import RetryFailedTrialCallback as Retry
+
+    RETRY_ARGUMENT = "failed_trial_callback"
 
 __all__ = [
     "open_storage",
@@ -80,7 +90,6 @@ __all__ = [
     "CELL_ATTR",
 ]
 
-DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
 
 
@@ -123,14 +132,7 @@ def open_storage(
     # that heartbeats are meant for optimize() (we send them ourselves, see Heartbeat).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-    try:  # Optuna >= 4.9 renamed the callback and its argument
-        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-
-        retry: dict[str, Any] = {"heartbeat_stale_trial_callback": Retry(max_retry=None)}
-    except ImportError:
-        from optuna.storages import RetryFailedTrialCallback as Retry
-
-        retry = {"failed_trial_callback": Retry(max_retry=None)}
+    retry: dict[str, Any] = {RETRY_ARGUMENT: Retry(max_retry=None)}
     url = storage_url(storage)
     engine = (
         {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}

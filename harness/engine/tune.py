@@ -46,6 +46,7 @@ from harness.components.losses import LOSSES, loss_search_space
 from harness.config.overrides import flatten_keys
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
+from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
 from harness.engine import training
 from harness.engine.sweep import open_storage
 from harness.engine.training import RunConfig, RunSettings, check_training_split, prepare_splits
@@ -66,7 +67,8 @@ __all__ = [
     "where_failures_are",
 ]
 
-DEFAULT_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
+#: The protocol fields ``tune`` searches when ``--space`` names none: a grid's defaults.
+DEFAULT_SPACE = DEFAULT_PROTOCOL_SPACE
 TUNABLE_FLOATS = {
     "optimizer.lr_head",
     "optimizer.lr_backbone",

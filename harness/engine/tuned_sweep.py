@@ -40,6 +40,7 @@ import socket
 import time
 from typing import Any
 
+import optuna
 from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 
@@ -247,8 +248,6 @@ def study_progress(grid: Grid, storage) -> list[dict[str, Any]]:
 
     queue_running: dict[str, int] = {}
     try:
-        import optuna
-
         queue = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage)
         for t in _queue_trials(queue)["RUNNING"]:
             if t.user_attrs.get(TASK_ATTR) == "trial":

@@ -175,10 +175,13 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
     by path, rendered, not written (empty for runs that were not tuned)."""
 
+    # deferred: pyplot adds PLT_S s to --help (table's parser reads REPORTS from this
+    # module), and the Agg backend is chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: pyplot loads after the backend is chosen
+    from matplotlib.ticker import MaxNLocator
 
     tuned = tuned_runs(runs)
     if tuned.empty:
@@ -187,8 +190,6 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     figure, axes = plt.subplots(
         1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
     )
-    from matplotlib.ticker import MaxNLocator
-
     for ax, (key, group) in zip(axes[0], blocks, strict=True):
         for method, rows in group.groupby("method", sort=True):
             base = studied_method(rows.iloc[0].get("tune_study", ""))

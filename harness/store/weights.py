@@ -9,6 +9,7 @@ import io
 import sys
 from pathlib import Path
 
+import mlflow
 import torch
 
 from harness.base.errors import HarnessError
@@ -60,7 +61,6 @@ def check_finished_run(run_id: str, flag: str) -> None:
 def _finished_run(run_id: str, flag: str):
     """The FINISHED run ``run_id`` of the tracking store (an MLflow ``Run``); anything else
     is one line naming ``flag``."""
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
