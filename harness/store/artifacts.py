@@ -70,7 +70,7 @@ def proxied_repository(
     folder when the tracking URI (given, else MLflow's current one) is a SQLite store, else
     MLflow's proxy client (a tracking server), as MLflow itself would give."""
     # deferred: MLflow loads this module (its entry point) while it imports its artifact
-    # registry, and harness.store.location puts it on --help (mlflow: ART_S s)
+    # registry, and harness.store.location puts it on --help (mlflow: 0.7 s)
     import mlflow
     from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
     from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
