@@ -1,6 +1,7 @@
 """Argument types of the command line: each refuses a bad value while the arguments are
 parsed, so that the refusal is argparse's one ``error:`` line (``harness.cli.main``) and
-comes before any work."""
+comes before any work. And :class:`Command`, the one place where a subcommand's module is
+imported: when the command runs."""
 
 from __future__ import annotations
 
