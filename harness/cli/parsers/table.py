@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.base.metric_keys import TABLE_METRICS
 from harness.cli.arguments import (
     Command,
     experiment_name,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
-from harness.components.evaluation import DEFAULT_METRICS
 from harness.reports.tuning import REPORTS
 
 
@@ -45,7 +45,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics",
         help="comma-separated metrics (default: the published table's, "
-        f"else {','.join(DEFAULT_METRICS)})",
+        f"else {','.join(TABLE_METRICS)})",
     )
     p.add_argument("--caption")
     p.add_argument(
