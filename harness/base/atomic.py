@@ -35,6 +35,8 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
 from harness.base.paths import NAME_MAX, is_sqlite_database, special_file_kind
@@ -347,7 +349,6 @@ def atomic_save_torch(
 
     ``before_replace(tmp_path, sha256)``: as in :func:`atomic_write`, with the digest
     (checkpoints record it in their sidecar before the new file takes the name)."""
-    import torch
 
     digest: list[str] = []
 

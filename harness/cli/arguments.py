@@ -1,12 +1,16 @@
 """Argument types of the command line: each refuses a bad value while the arguments are
 parsed, so that the refusal is argparse's one ``error:`` line (``harness.cli.main``) and
-comes before any work."""
+comes before any work. And :class:`Command`, the one place where a subcommand's module is
+imported: when the command runs."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "at_least",
@@ -17,7 +21,9 @@ __all__ = [
     "experiment_name",
     "dataset_label",
     "DATASET_HELP",
+    "EMBEDDED_DEFAULT",
     "SEED_LIMIT",
+    "Command",
 ]
 
 #: ``--dataset``'s help, the same for every command that takes it.
@@ -25,6 +31,9 @@ DATASET_HELP = (
     "a built-in dataset's name, or your own images by their path: a folder of class "
     "folders or a .csv with open-metric-learning's columns (docs/own-data.md)"
 )
+
+#: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
+EMBEDDED_DEFAULT = "synthetic"
 
 #: Seeds are below this: numpy's and torch's generators take 32-bit seeds.
 SEED_LIMIT = 2**32
@@ -119,3 +128,17 @@ def dataset_label(text: str) -> str:
     if not name or "/" in name or "\\" in name:
         raise argparse.ArgumentTypeError(f"expected a name without '/' or '\\', got '{text}'")
     return name
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand's implementation, named by its module and function and imported only when
+    the command runs (``args.func(args)``). The parsers (:mod:`harness.cli.parsers`) name
+    their command this way, so that ``--help`` and a usage error load no command's module
+    and each command module imports what it uses at its top."""
+
+    module: str
+    function: str
+
+    def __call__(self, args: argparse.Namespace, **kwargs: Any) -> int:
+        return getattr(importlib.import_module(self.module), self.function)(args, **kwargs)

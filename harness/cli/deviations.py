@@ -5,53 +5,21 @@ settings a grid changes on top of its protocol."""
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
-from harness.config.grids import MAX_CELLS, list_grids, load_grid
+from harness.config.grids import MAX_CELLS, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import list_protocols, load_protocol
-
-
-def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "deviations",
-        help="list where a grid's or protocol's runs depart from the paper and the authors' code",
-    )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--grid", help=f"a grid name or .toml path ({', '.join(list_grids())})")
-    which.add_argument(
-        "--protocol", help="a protocol name or .toml path (default: every shipped protocol)"
-    )
-    p.add_argument("--smoke", action="store_true", help="with --grid: the grid's smoke version")
-    p.add_argument("--name", help="show one deviation by name")
-    p.add_argument(
-        "--ledger",
-        help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "
-        ".toml path) against the grid, instead of the ledgers that cover it",
-    )
-    p.add_argument(
-        "--measure",
-        action="store_true",
-        help="with --grid: run each deviation switched to the authors' value (its ledger's "
-        "entries) against the grid's value on the grid's smoke version, and print the "
-        "paired differences in P@1 and MAP@R with their 95%% intervals",
-    )
-    p.add_argument(
-        "--seeds",
-        default="0,1,2",
-        help="with --measure: the seeds of each pair of runs (default 0,1,2)",
-    )
-    p.add_argument("--device", default="auto", help="with --measure: auto, cpu or cuda")
-    p.add_argument("--data-root", help="with --measure: where datasets are looked for")
-    p.add_argument(
-        "--yes",
-        action="store_true",
-        help=f"with --grid: expand a grid of more than {MAX_CELLS:,} cells (refused without it)",
-    )
-    p.set_defaults(func=cmd_deviations)
-    return p
+from harness.engine.deviation_effects import (
+    effect_lines,
+    effect_sentences,
+    measure_deviations,
+)
+from harness.reports.tables.effects import write_effect_notes
 
 
 def _describe(name: str, deviation: PaperDeviation) -> str:
@@ -150,15 +118,6 @@ def _ledger_lines(args: argparse.Namespace) -> list[str]:
 
 def _measure(args: argparse.Namespace) -> int:
     """``--measure``: each deviation's effect at the smoke scale, as a Markdown table."""
-    import sys
-    import time
-
-    from harness.engine.deviation_effects import (
-        effect_lines,
-        effect_sentences,
-        measure_deviations,
-    )
-    from harness.reports.tables.effects import write_effect_notes
 
     try:
         seeds = tuple(int(s) for s in str(args.seeds).split(","))

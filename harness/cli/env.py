@@ -25,12 +25,12 @@ from importlib import metadata
 
 from harness.base.atomic import atomic_write_text
 from harness.base.errors import HarnessError
-from harness.cli.outputs import add_force_argument, add_output_argument, output_file
+from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.store.location import tracking_uri
 from harness.store.queries import find_run
 
-__all__ = ["add_env_parser", "cmd_env", "constraints_text", "pytorch_index"]
+__all__ = ["cmd_env", "constraints_text", "pytorch_index"]
 
 #: The prefix of the tags that hold the installed versions (``version.torch``).
 VERSION_TAG = "version."
@@ -170,22 +170,3 @@ def cmd_env(args: argparse.Namespace) -> int:
     else:
         atomic_write_text(out, text)
     return 0
-
-
-def add_env_parser(subparsers) -> argparse.ArgumentParser:
-    env = subparsers.add_parser(
-        "env",
-        help="print a run's recorded environment as pip constraints, with its commit",
-        description="The package versions and the commit a run recorded, as a pip constraints "
-        "file: at that commit, pip install -c FILE -e . rebuilds the environment.",
-    )
-    env.add_argument("run_id", metavar="RUN_ID", help="a run in the tracking store")
-    add_output_argument(
-        env,
-        "--out",
-        metavar="FILE",
-        help="write the constraints to FILE (atomically) instead of printing them",
-    )
-    add_force_argument(env)
-    env.set_defaults(func=cmd_env)
-    return env

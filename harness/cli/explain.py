@@ -11,18 +11,15 @@ from typing import Any
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least
 from harness.cli.outputs import (
-    add_force_argument,
-    add_output_argument,
     output_file,
     output_folder,
 )
 from harness.cli.store import open_store
-from harness.engine.explain import CURVE_PAIRS, SCORE_KEYS, explain_run, load_run, record_to_run
+from harness.engine.explain import SCORE_KEYS, explain_run, load_run, record_to_run
 from harness.engine.explain_sanity import SANITY_SCORES
 
-__all__ = ["add_explain_parser", "cmd_explain", "format_record"]
+__all__ = ["cmd_explain", "format_record"]
 
 
 def _note(text: str) -> None:
@@ -106,59 +103,3 @@ def _verdict_line(verdict: dict[str, Any]) -> str:
         + f"; changes under randomisation: {word(verdict['changes_under_randomisation'])}"
         + (f" ({verdict['fully_randomised']})" if verdict["fully_randomised"] else "")
     )
-
-
-def add_explain_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "explain",
-        help="explain a finished run's similarities and score the explanations "
-        "(ground-truth parts on synthetic; deletion / insertion everywhere)",
-    )
-    p.add_argument(
-        "--run", required=True, metavar="RUN_ID", help="a FINISHED run in the tracking store"
-    )
-    p.add_argument(
-        "--pairs", type=at_least(1), default=200, help="pairs to explain and score (default 200)"
-    )
-    p.add_argument(
-        "--curve-pairs",
-        type=at_least(1),
-        default=CURVE_PAIRS,
-        help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
-        "114 forward passes each)",
-    )
-    add_output_argument(
-        p, "--out", form="folder", help="folder for the figures (default results/explain/<run id>)"
-    )
-    add_output_argument(p, "--json", help="write the scores to this file")
-    add_force_argument(p)
-    p.add_argument(
-        "--seed",
-        type=at_least(0),
-        default=0,
-        help="seed of the pair sampling and the random orders",
-    )
-    p.add_argument("--data-root", type=Path)
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        metavar="PATH",
-        help="where the files of a run on your own dataset are now (default: where the run "
-        "read them; the run's fingerprint must match)",
-    )
-    p.add_argument(
-        "--checkpoint-root",
-        type=Path,
-        help="where the run's weights are (default "
-        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument(
-        "--sanity",
-        action="store_true",
-        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
-        "random map) and each source's maps under cascading randomisation of the weights "
-        "(Adebayo et al. 2018), with a verdict per source",
-    )
-    p.set_defaults(func=cmd_explain)
-    return p

@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.cli.arguments import positive_number
+from harness.cli.outputs import output_folder
+from harness.components.data import DATASETS
+from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
+from harness.components.data.fetch import SOURCES, fetch_command, fetch_dataset
+from harness.components.data.own import dataset_name
+from harness.components.data.verify import check_images, verify_dataset
 
 __all__ = [
-    "add_fetch_parser",
-    "add_verify_parser",
     "cmd_fetch",
     "cmd_verify",
     "ensure_dataset",
@@ -35,7 +38,6 @@ def _say(line: str) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from harness.components.data.fetch import fetch_dataset
 
     data_root = (
         args.fetch_data_root or args.data_root
@@ -54,8 +56,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.components.data.own import dataset_name
-    from harness.components.data.verify import verify_dataset
 
     if args.threads < 1:
         raise HarnessError(f"--threads must be >= 1, got {args.threads}")
@@ -75,7 +75,6 @@ def check_dataset(name: str, data_root: Path | None) -> None:
     """Before training: the data root checked (:func:`check_data_root`), the dataset's index
     files read and its images checked (their headers, or nothing more when ``datasets
     verify`` stamped this very tree)."""
-    from harness.components.data.verify import check_images
 
     check_data_root(name, data_root)
     check_images(name, data_root, say=_say)
@@ -85,9 +84,6 @@ def check_data_root(name: str, data_root: Path | None) -> None:
     """The data root (``--data-root``, else ``$DML_HARNESS_DATA``, else the cache folder)
     is a folder, and one a dataset the harness generates (synthetic) can be written into
     when it is not there yet."""
-    from harness.cli.outputs import output_folder
-    from harness.components.data import DATASETS
-    from harness.components.data.base import DATA_ROOT_SETTING, data_root_folder
 
     root = data_root_folder(data_root)
     flag = "--data-root" if data_root is not None else DATA_ROOT_SETTING
@@ -99,8 +95,6 @@ def check_data_root(name: str, data_root: Path | None) -> None:
 def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None:
     """Before ``run`` trains: a missing benchmark is fetched (``download``) or named in an
     error with the exact command that fetches it. Other datasets are left to their loaders."""
-    from harness.components.data import DATASETS
-    from harness.components.data.fetch import SOURCES, fetch_command, fetch_dataset
 
     if name not in SOURCES:
         return
@@ -117,71 +111,3 @@ def ensure_dataset(name: str, data_root: Path | None, *, download: bool) -> None
             f"--download under torchrun: fetch the dataset first ({fetch_command(name, data_root)})"
         )
     fetch_dataset(name, data_root, progress=_show_progress(), say=_say)
-
-
-def add_fetch_parser(dataset_commands) -> None:
-    fetch = dataset_commands.add_parser(
-        "fetch",
-        help="download a benchmark, verify it and unpack it in its official layout",
-        description="Download (resumably) or read with --from, verify the checksum, unpack beside the target, "
-        "check the official counts, then move into place. Cars196 and In-Shop need a manual "
-        "download first: the command says what to get.",
-    )
-    fetch.add_argument("name", help="cub200, cars196, sop or inshop")
-    fetch.add_argument(
-        "--data-root",
-        dest="fetch_data_root",
-        type=Path,
-        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
-    )
-    fetch.add_argument(
-        "--from",
-        dest="local_files",
-        type=Path,
-        action="append",
-        metavar="FILE",
-        help="a file of the release already downloaded (repeat, in the order the dataset lists)",
-    )
-    fetch.add_argument("--url", help="download from this mirror instead (one-file datasets)")
-    fetch.add_argument(
-        "--sha256",
-        action="append",
-        metavar="HEX",
-        help="a checksum to hold each file to, besides any published one (repeat per file)",
-    )
-    fetch.add_argument(
-        "--timeout",
-        type=positive_number,
-        default=60.0,
-        help="seconds a silent connection is waited for (default 60)",
-    )
-    fetch.set_defaults(func=cmd_fetch)
-
-
-def add_verify_parser(dataset_commands) -> None:
-    verify = dataset_commands.add_parser(
-        "verify",
-        help="decode every image of a dataset once and stamp the tree as verified",
-        description="Decode every image (in threads), name any that fails, and on success leave a stamp "
-        "in the dataset's folder; 'run' trusts a stamp that matches the tree (file list, sizes, "
-        "modification times) and otherwise checks each image's header before training.",
-    )
-    verify.add_argument(
-        "name",
-        help="a dataset name (python -m harness datasets lists them), or your own dataset's "
-        "folder or .csv file",
-    )
-    verify.add_argument(
-        "--data-root",
-        dest="verify_data_root",
-        type=Path,
-        metavar="DIR",
-        help="default $DML_HARNESS_DATA, else ~/.cache/dml-harness",
-    )
-    verify.add_argument(
-        "--threads",
-        type=int,
-        default=min(8, os.cpu_count() or 1),
-        help="decoding threads (default: the CPU count, at most 8)",
-    )
-    verify.set_defaults(func=cmd_verify)

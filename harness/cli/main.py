@@ -1,5 +1,5 @@
 """``python -m harness``: run, evaluate, sweep, tune, table, explain,
-explain-table, datasets, methods, ui, deviations, schema.
+explain-table, datasets, methods, ui, deviations, rerun, schema, env.
 
 Every user error is one line on stderr and exit status 2 (argparse's usage errors
 too); nothing is written until a command has its result (``--json`` files are written
@@ -22,7 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.cli.parsers.deviations import add_deviations_parser
+from harness.cli.parsers.env import add_env_parser
+from harness.cli.parsers.evaluate import add_evaluate_parser
+from harness.cli.parsers.explain import add_explain_parser
+from harness.cli.parsers.explain_table import add_explain_table_parser
+from harness.cli.parsers.listings import add_listing_parsers
+from harness.cli.parsers.rerun import add_rerun_parser
+from harness.cli.parsers.run import add_run_parser
+from harness.cli.parsers.schema import add_schema_parser
+from harness.cli.parsers.sweep import add_sweep_parser
+from harness.cli.parsers.table import add_table_parser
+from harness.cli.parsers.tune import add_tune_parser
 from harness.cli.processes import terminated
+from harness.store.provenance import record_invocation
 
 PROG = "python -m harness"
 
@@ -45,16 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from harness.cli.deviations import add_deviations_parser
-    from harness.cli.evaluate import add_evaluate_parser
-    from harness.cli.explain import add_explain_parser
-    from harness.cli.explain_table import add_explain_table_parser
-    from harness.cli.listings import add_listing_parsers
-    from harness.cli.run import add_run_parser
-    from harness.cli.sweep import add_sweep_parser
-    from harness.cli.table import add_table_parser
-    from harness.cli.tune import add_tune_parser
-
     add_run_parser(sub)
     add_evaluate_parser(sub)
     add_sweep_parser(sub)
@@ -64,18 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_table_parser(sub)
     add_listing_parsers(sub)
     add_deviations_parser(sub)
-    from harness.cli.rerun import add_rerun_parser
-
     add_rerun_parser(sub)
-    from harness.cli.schema import add_schema_parser
-
     add_schema_parser(sub)
-    from harness.cli.env import add_env_parser
-
     add_env_parser(sub)
-    for (
-        command
-    ) in sub.choices.values():  # also after the subcommand; SUPPRESS keeps one given before
+    # also after the subcommand; SUPPRESS keeps one given before
+    for command in sub.choices.values():
         command.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
         )
@@ -134,8 +130,6 @@ def main(argv: list[str] | None = None, *, train: Any = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
-        from harness.store.provenance import record_invocation
-
         record_invocation(_program(), argv)  # each run records the command that made it
         code = args.func(args) if train is None else args.func(args, train=train)
         sys.stdout.flush()  # a full disk or a closed pipe is reported here, not at exit

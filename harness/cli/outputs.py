@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
-from harness.base.errors import HarnessError
 from harness.base.paths import (
     OutputKind,
     Replacing,
@@ -40,7 +39,6 @@ __all__ = [
     "output_file",
     "output_folder",
     "output_stem",
-    "check_study_storage",
     "add_output_argument",
     "add_force_argument",
     "output_flags",
@@ -226,32 +224,6 @@ def output_folder(text: None, flag: str) -> None: ...
 def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
     """A folder the command will create files in."""
     return writable_folder(text, flag, reserved=reserved_paths())
-
-
-def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
-    """An Optuna or sweep storage is a new database or one that already holds Optuna's
-    tables: the tracking store's database, another program's database and a file that is
-    not a database are refused, as are a database URL whose driver is not installed and a
-    new SQLite database whose folder cannot be written."""
-    from harness.cli.store import OPTUNA_TABLES, check_driver, check_own_database
-
-    if storage:
-        check_driver(storage, flag)
-    if not storage or not storage.startswith("sqlite:///"):
-        return
-    database = Path(storage.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
-    for place in reserved_paths():
-        if not place.folder and place.holds(database):
-            raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
-    if database.is_dir():
-        raise HarnessError(f"{flag} {storage} is a folder; give a database file")
-    if database.is_file():
-        check_own_database(database, f"{flag} {storage}", "Optuna", OPTUNA_TABLES)
-        return
-    try:  # created on first use: its folder must take it, checked before the dataset loads
-        writable_folder(database.parent, "its folder")
-    except HarnessError as err:
-        raise HarnessError(f"cannot open the Optuna storage {storage}: {err}") from None
 
 
 # ------------------------------------------------------------------ the parser's outputs

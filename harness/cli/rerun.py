@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from harness.base.errors import HarnessError
-from harness.cli.arguments import experiment_name, positive_number
 from harness.cli.store import open_store
 from harness.engine.rerun import (
     RerunPlan,
@@ -41,61 +39,7 @@ from harness.reports.tables import TableRequest, make_table
 from harness.reports.tables.load import load_runs
 from harness.store.records import experiment_runs, read_record
 
-__all__ = ["add_rerun_parser", "cmd_rerun"]
-
-#: ``--tolerance``'s default: the noise interval of a test metric (a fraction) when the
-#: run's cell has one seed.
-DEFAULT_TOLERANCE = 0.01
-
-
-def add_rerun_parser(subparsers) -> argparse.ArgumentParser:
-    rerun_parser = subparsers.add_parser(
-        "rerun",
-        help="train runs again from their records and compare every metric",
-        description=__doc__.split("\n\n")[1],
-    )
-    rerun_parser.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to re-run")
-    rerun_parser.add_argument(
-        "--experiment", type=experiment_name, help="re-run the runs of this experiment"
-    )
-    rerun_parser.add_argument(
-        "--filter",
-        default="",
-        help="with --experiment: MLflow's search syntax, e.g. \"params.method = 'agrouping'\"",
-    )
-    rerun_parser.add_argument(
-        "--table",
-        type=experiment_name,
-        metavar="EXPERIMENT",
-        help="re-run the runs behind the cells of this experiment's table and print it marked",
-    )
-    rerun_parser.add_argument("--data-root", type=Path, help="where the runs' dataset is here")
-    rerun_parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    rerun_parser.add_argument("--workers", type=int, help="data-loading processes")
-    rerun_parser.add_argument(
-        "--checkpoint-root",
-        type=Path,
-        help="the reruns' checkpoints go under <root>/reruns (default: as run)",
-    )
-    rerun_parser.add_argument(
-        "--tolerance",
-        type=positive_number,
-        default=DEFAULT_TOLERANCE,
-        help="the noise interval of a test metric (a fraction) for a cell of one seed "
-        f"(default {DEFAULT_TOLERANCE})",
-    )
-    rerun_parser.add_argument(
-        "--allow-data-change",
-        action="store_true",
-        help="re-run on data whose split digest differs from the record",
-    )
-    rerun_parser.add_argument(
-        "--allow-code-change",
-        action="store_true",
-        help="re-run a run whose commit is not in this checkout's history",
-    )
-    rerun_parser.set_defaults(func=cmd_rerun)
-    return rerun_parser
+__all__ = ["cmd_rerun"]
 
 
 def _run_ids(args: argparse.Namespace) -> list[str]:

@@ -11,42 +11,43 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.base.atomic import atomic_write_json
+from harness.base.device import CUBLAS_WORKSPACE, amp_dtype
 from harness.base.errors import HarnessError
-from harness.cli.arguments import (
-    DATASET_HELP,
-    at_least,
-    dataset_label,
-    experiment_name,
-    int_list,
-    model_name,
-    name_list,
-)
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import (
-    add_force_argument,
-    add_output_argument,
     output_file,
     output_folder,
 )
 from harness.cli.store import open_store
+from harness.components.data.own import dataset_name
+from harness.components.losses import LOSSES, check_loss_args
 from harness.config.overrides import Deviation
 from harness.config.protocol import Protocol, apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
-from harness.config.sections import MAX_STEPS
+from harness.engine import (
+    RunConfig,
+    RunSettings,
+    default_checkpoint_root,
+    logs_model,
+    resolve_device,
+    run_miner,
+    run_training,
+    shutdown,
+    training_splits,
+    whole_graph_blocker,
+)
+from harness.methods import METHODS, check_method_options, list_methods, training_base
+from harness.reports.results import format_results
+from harness.store.weights import check_finished_run
 
 if TYPE_CHECKING:
     from harness.engine import RunSettings, TrainFunction
 
 __all__ = [
-    "add_run_parser",
     "cmd_run",
     "shared_training",
     "check_checkpoint_root",
-    "EMBEDDED_DEFAULT",
 ]
-
-#: The dataset ``run`` uses when none is named (generated on first use, CPU-sized).
-EMBEDDED_DEFAULT = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,6 @@ class _Request:
 
 def _request(args: argparse.Namespace) -> _Request:
     """Check every name and flag before any work starts (one error line each)."""
-    from harness.components.data.own import dataset_name
-    from harness.methods import METHODS, list_methods
 
     settings = _settings(args)  # a device that is not there: refused before the dataset loads
     methods = list_methods(ablations=False) if args.methods == ["all"] else args.methods
@@ -95,7 +94,6 @@ def _request(args: argparse.Namespace) -> _Request:
 def _settings(args: argparse.Namespace) -> RunSettings:
     """Where and how the runs execute, the device resolved once (``auto``: a GPU if there
     is one) and refused here when it is not there."""
-    from harness.engine import RunSettings, resolve_device
 
     if args.deterministic and args.fast:
         raise HarnessError("--deterministic and --fast exclude each other")
@@ -123,7 +121,6 @@ def _protocol(
     """The protocol as it runs on ``dataset`` (resolved for it once, here, before the
     overrides), the deviations of ``--set``, ``--epochs``, ``--loss``, ``--init-from`` and
     ``--seen-class-control``, and the loss."""
-    from harness.components.losses import LOSSES, check_loss_args
 
     protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
@@ -153,8 +150,6 @@ def _check_init_from(args: argparse.Namespace) -> None:
     if args.evaluate_only and args.epochs is not None:
         raise HarnessError("--evaluate-only trains no epoch: drop --epochs")
     if args.init_from:
-        from harness.store.weights import check_finished_run
-
         check_finished_run(args.init_from, "--init-from")
 
 
@@ -164,9 +159,6 @@ def _check_method(
     """The method's options of the protocol, and under ``--cuda-graphs`` its step as one
     graph: what stands in the way (the miner, the method's host work, float16's loss
     scaler) is one line before any run starts."""
-    from harness.base.device import amp_dtype
-    from harness.engine import resolve_device, run_miner, whole_graph_blocker
-    from harness.methods import check_method_options
 
     head = check_method_options(
         method, protocol.methods.get(method, {}), embedding_size=protocol.embedding.size, loss=loss
@@ -188,7 +180,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def check_checkpoint_root(root: Path | None) -> None:
     """The folder training writes its checkpoints in (``--checkpoint-root``, else the
     default) can be created and written: checked before a run starts, for run, sweep, tune."""
-    from harness.engine import default_checkpoint_root
 
     output_folder(
         root or default_checkpoint_root(),
@@ -201,9 +192,6 @@ def check_checkpoint_root(root: Path | None) -> None:
 def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
     """Train and test each method with each seed (``train``: what trains one run, default
     :func:`~harness.engine.training.run_training`); print the table, write ``--json``."""
-    from harness.base.device import CUBLAS_WORKSPACE
-    from harness.engine import run_training, shutdown
-    from harness.reports.results import format_results
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
@@ -235,7 +223,6 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
 def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -> None:
     """The dataset there (fetched with ``--download``) and readable, the tracking store
     open, and ``--register`` with a logged model: before any training."""
-    from harness.engine import logs_model
 
     ensure_dataset(req.dataset, args.data_root, download=args.download)
     if main_process:  # one process reads every image header (torchrun starts several)
@@ -250,7 +237,6 @@ def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -
 def _splits(args: argparse.Namespace, req: _Request, seed: int):
     """The splits of ``seed``'s runs, the protocol's batch rule checked on them (before
     the summary line: a refusal is one line)."""
-    from harness.engine import training_splits
 
     return training_splits(
         req.protocol, req.dataset, args.data_root, control=args.seen_class_control, seed=seed
@@ -287,7 +273,6 @@ def _run_seed(
 ) -> list[dict]:
     """Every method's run with ``seed``: the methods that train first, then those that
     evaluate a trained one's weights (``shared``)."""
-    from harness.engine import RunConfig
 
     records: list[dict] = []
     trained: dict[str, str] = {}  # method -> its run id, this seed
@@ -318,146 +303,8 @@ def shared_training(methods: list[str], protocol) -> dict[str, str]:
     e.g. training-free DIML and ``plain``), mapped to that method: ``run`` trains it once
     and evaluates them on its weights. Only in one process (under torchrun every process
     trains every run, and only process 0 knows the run ids)."""
-    from harness.methods import training_base
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return {}
     shared = {m: b for m in methods if (b := training_base(m, protocol.methods)) in methods}
     return {m: b for m, b in shared.items() if b not in shared}  # a base is trained, not shared
-
-
-def add_run_parser(subparsers) -> argparse.ArgumentParser:
-    run = subparsers.add_parser("run", help="train and evaluate methods under a fair protocol")
-    _add_what_arguments(run)
-    _add_how_arguments(run)
-    _add_weights_arguments(run)
-    run.set_defaults(func=cmd_run)
-    return run
-
-
-def _add_what_arguments(run: argparse.ArgumentParser) -> None:
-    """What runs: the methods, the dataset, the protocol and its overrides, the seeds."""
-    run.add_argument(
-        "--methods",
-        default=["all"],
-        type=name_list,
-        help="'all' (every registered method but ablation variants) or a comma-separated list",
-    )
-    run.add_argument("--dataset", default=EMBEDDED_DEFAULT, help=DATASET_HELP)
-    run.add_argument(
-        "--dataset-name",
-        type=dataset_label,
-        metavar="NAME",
-        help="the short name of a --dataset PATH in tables and MLflow (default: the folder's "
-        "or the .csv file's name)",
-    )
-    run.add_argument(
-        "--protocol",
-        help="protocol name or .toml path (default: smoke on synthetic "
-        "and fashion-mnist, roth2020 on the four benchmarks)",
-    )
-    run.add_argument("--loss", help="metric loss (default: the protocol's)")
-    run.add_argument(
-        "--seeds", type=int_list, help="comma-separated seeds (default: the protocol's)"
-    )
-    run.add_argument(
-        "--epochs",
-        type=at_least(0, MAX_STEPS),
-        help="override schedule.epochs (recorded as a deviation); 0 evaluates the initial model",
-    )
-    run.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override any protocol field, e.g. optimizer.lr_head=1e-4 (a deviation)",
-    )
-
-
-def _add_how_arguments(run: argparse.ArgumentParser) -> None:
-    """Where and how the runs execute, and where they record."""
-    run.add_argument("--data-root", type=Path)
-    run.add_argument(
-        "--download",
-        action="store_true",
-        help="fetch a missing benchmark first (python -m harness datasets fetch NAME)",
-    )
-    run.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    run.add_argument(
-        "--workers",
-        type=at_least(0),
-        help="data-loading processes (default 4 on CUDA; on CPU 1, or 0 with under 2 cores per process)",
-    )
-    run.add_argument(
-        "--experiment",
-        type=experiment_name,
-        help="MLflow experiment (default: <dataset>-<protocol>)",
-    )
-    add_output_argument(run, "--json", help="write the result records to this file")
-    add_force_argument(run)
-    run.add_argument(
-        "--resume", action="store_true", help="continue interrupted runs from their last checkpoint"
-    )
-    run.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic kernels on every device (an op without one is an error), cuDNN "
-        "without autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; recorded with each run",
-    )
-    run.add_argument(
-        "--fast",
-        action="store_true",
-        help="cuDNN autotuning and non-deterministic kernels (faster on a GPU, not "
-        "bit-repeatable); recorded with each run (tag fast)",
-    )
-    run.add_argument(
-        "--compile",
-        action="store_true",
-        help="train through torch.compile: forward, loss and backward as one graph where the "
-        "miner works in a fixed shape and the method on the device (else with graph breaks, "
-        "said in one line), the optimizer step as a second; recorded with each run (tag compile)",
-    )
-    run.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="--compile, with the step's graph replayed as a CUDA graph (a GPU and a step that "
-        "is one graph); recorded with each run (tag cuda_graphs)",
-    )
-
-
-def _add_weights_arguments(run: argparse.ArgumentParser) -> None:
-    """The weights: where they are kept, the run they start from, what is evaluated, and
-    the registered model."""
-    add_output_argument(
-        run,
-        "--checkpoint-root",
-        form="folder",
-        type=Path,
-        help="checkpoints and selected weights (default "
-        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints); --init-from finds a run's "
-        "weights under it even after the folder moved",
-    )
-    run.add_argument(
-        "--init-from",
-        metavar="RUN_ID",
-        help="start from the selected weights of a finished run (a deviation, unless "
-        "--evaluate-only)",
-    )
-    run.add_argument(
-        "--evaluate-only",
-        action="store_true",
-        help="train no epoch: evaluate the --init-from run's weights, trained under this "
-        "same protocol (e.g. --methods diml: DIML at test time on a trained plain run)",
-    )
-    run.add_argument(
-        "--seen-class-control",
-        action="store_true",
-        help="diagnostic: train on other images of the test classes, not on the training "
-        "classes (a deviation; tells broken training from features that do not transfer)",
-    )
-    run.add_argument(
-        "--register",
-        metavar="NAME",
-        type=model_name,
-        help="register each run's trained embedder in MLflow's model registry as a version of "
-        "NAME (each run logs its embedder as an MLflow model unless $DML_HARNESS_LOG_MODEL is 0)",
-    )

@@ -7,15 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 
-__all__ = ["add_schema_parser", "cmd_schema", "schema_text"]
+from harness.config.grids import grid_json_schema
+from harness.config.protocol import protocol_json_schema
 
-KINDS = ("protocol", "grid")
+__all__ = ["cmd_schema", "schema_text"]
 
 
 def schema_text(kind: str) -> str:
     """The JSON Schema of ``kind`` files as the text ``docs/<kind>.schema.json`` holds."""
-    from harness.config.grids import grid_json_schema
-    from harness.config.protocol import protocol_json_schema
 
     schema = protocol_json_schema() if kind == "protocol" else grid_json_schema()
     return json.dumps(schema, indent=2) + "\n"
@@ -24,18 +23,3 @@ def schema_text(kind: str) -> str:
 def cmd_schema(args: argparse.Namespace) -> int:
     print(schema_text(args.kind), end="")
     return 0
-
-
-def add_schema_parser(subparsers) -> argparse.ArgumentParser:
-    schema = subparsers.add_parser(
-        "schema", help="print the JSON Schema of protocol (or grid) files"
-    )
-    schema.add_argument(
-        "kind",
-        nargs="?",
-        choices=KINDS,
-        default="protocol",
-        help="which files: protocol (default) or grid",
-    )
-    schema.set_defaults(func=cmd_schema)
-    return schema

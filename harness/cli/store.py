@@ -11,16 +11,21 @@ import contextlib
 import importlib.util
 import sqlite3
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.base.paths import is_sqlite_database, writable_folder
+from harness.store.dead_runs import fail_dead_runs
+from harness.store.location import reserved_paths, sqlite_database, tracking_uri
 
 __all__ = [
     "open_store",
     "probe_store",
     "check_driver",
     "check_own_database",
+    "check_study_storage",
     "sqlite_tables",
     "MLFLOW_TABLES",
     "OPTUNA_TABLES",
@@ -52,7 +57,6 @@ OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 def open_store(*, read_only: bool = False) -> None:
     """Probe the store (:func:`probe_store`), then mark FAILED the runs left RUNNING by dead
     processes of this host, one line each. ``read_only``: the command only reads runs."""
-    from harness.store.dead_runs import fail_dead_runs
 
     probe_store(read_only=read_only)
     for run_id in fail_dead_runs():
@@ -71,6 +75,8 @@ def _driver(uri: str) -> str | None:
         return None
     if "+" in scheme:
         return scheme.split("+", 1)[1]
+    # deferred: SQLAlchemy adds 0.4 s to each command that opens the store; a database
+    # URL (postgresql://) is the one that needs it
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -103,7 +109,6 @@ def probe_store(*, read_only: bool = False) -> None:
     folder a database can be written in, or, for a command that only reads
     (``read_only``), must already exist and be an MLflow store (reading never creates or
     migrates one)."""
-    from harness.store.location import sqlite_database, tracking_uri
 
     uri = tracking_uri()
     check_driver(uri, f"the tracking store ({SETTING})")
@@ -170,8 +175,6 @@ def check_own_database(database: Path, shown: str, tool: str, tables: frozenset[
 
 
 def _probe_server(uri: str) -> None:
-    import urllib.error
-    import urllib.request
 
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT):
@@ -184,3 +187,28 @@ def _probe_server(uri: str) -> None:
             f"the tracking server {uri} does not answer within {PROBE_TIMEOUT:g} s ({reason}; "
             f"{SETTING}); start it, or unset {SETTING} for the local store"
         ) from None
+
+
+def check_study_storage(storage: str | None, flag: str = "--storage") -> None:
+    """An Optuna or sweep storage is a new database or one that already holds Optuna's
+    tables: the tracking store's database, another program's database and a file that is
+    not a database are refused, as are a database URL whose driver is not installed and a
+    new SQLite database whose folder cannot be written."""
+
+    if storage:
+        check_driver(storage, flag)
+    if not storage or not storage.startswith("sqlite:///"):
+        return
+    database = Path(storage.removeprefix("sqlite:///").split("?", 1)[0]).resolve()
+    for place in reserved_paths():
+        if not place.folder and place.holds(database):
+            raise HarnessError(f"{flag} {storage} is {place.what}; give a database of its own")
+    if database.is_dir():
+        raise HarnessError(f"{flag} {storage} is a folder; give a database file")
+    if database.is_file():
+        check_own_database(database, f"{flag} {storage}", "Optuna", OPTUNA_TABLES)
+        return
+    try:  # created on first use: its folder must take it, checked before the dataset loads
+        writable_folder(database.parent, "its folder")
+    except HarnessError as err:
+        raise HarnessError(f"cannot open the Optuna storage {storage}: {err}") from None

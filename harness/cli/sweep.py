@@ -12,13 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least
 from harness.cli.fetch import check_dataset
-from harness.cli.outputs import add_output_argument, check_study_storage
 from harness.cli.run import check_checkpoint_root
-from harness.cli.store import open_store
+from harness.cli.store import check_study_storage, open_store
 from harness.cli.sweep_cluster import (
-    add_cluster_arguments,
     cancel,
     cluster_options,
     preflight,
@@ -28,18 +25,20 @@ from harness.cli.sweep_cluster import (
 from harness.cli.sweep_tuned import queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.grid_datasets import check_datasets_unchanged
+from harness.engine.run_config import logs_model
 from harness.engine.slurm import SlurmOptions
 from harness.engine.sweep import (
-    DEFAULT_STORAGE,
     open_study,
     queue_grid,
     run_cell_process,
     storage_url,
     unfinished_cells,
 )
+from harness.engine.sweep_status import wait
+from harness.engine.training import resolve_device
 from harness.engine.tuned_sweep import check_tuned_grid, run_worker
 
-__all__ = ["add_sweep_parser", "cmd_sweep"]
+__all__ = ["cmd_sweep"]
 
 
 def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = None) -> int:
@@ -72,8 +71,6 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
     """The grid, with everything a sweep needs checked before its first cell: the device,
     the cluster's options (before anything is written or any dataset prepared), the
     folders, the stores and the datasets (each worker it starts shares the check)."""
-    from harness.engine.run_config import logs_model
-    from harness.engine.training import resolve_device
 
     resolve_device(args.device)
     announce = None if quiet else (lambda n: print(f"grid {args.grid}: {n:,} cells", flush=True))
@@ -116,7 +113,6 @@ def _queue_and_work(
         record = submit(args, grid, options, counts, _settings(args), submitter)
         if record is None or not args.wait:
             return False
-        from harness.engine.sweep_status import wait
 
         wait([record])
     elif (args.workers or 1) == 1:
@@ -193,64 +189,3 @@ def _final_report(grid: Grid, study) -> int:
     for cell, reason in missing:
         print(f"  not finished: {cell.label}: {reason} (queued again on the next start)")
     return 1 if missing else 0
-
-
-def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "sweep", help="run every cell of a grid once (restartable, multi-worker)"
-    )
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--grid", help="grid name (protocols/grids/<name>.toml) or a .toml path")
-    which.add_argument(
-        "--status",
-        metavar="GRID",
-        help="show each cell of a submitted grid: finished, running (with its job), queued, failed",
-    )
-    which.add_argument(
-        "--cancel",
-        metavar="GRID",
-        help="cancel a grid's submitted tasks (finished cells stay; running ones are queued again)",
-    )
-    p.add_argument(
-        "--workers",
-        type=at_least(1),
-        help="local worker processes (default 1: in this process); with --executor, the "
-        "tasks of the array (default: one per cell to run)",
-    )
-    add_output_argument(
-        p,
-        "--storage",
-        form="storage",
-        help=f"Optuna RDB URL shared by the workers (default {DEFAULT_STORAGE}; "
-        "postgresql://user@host/db across machines)",
-    )
-    p.add_argument("--smoke", action="store_true", help="the grid's tiny [smoke] version")
-    p.add_argument("--data-root", type=Path)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
-    add_output_argument(
-        p,
-        "--checkpoint-root",
-        form="folder",
-        type=Path,
-        help="checkpoints and selected weights (default "
-        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
-    )
-    p.add_argument(
-        "--heartbeat", type=at_least(1), default=30, help="seconds between worker heartbeats"
-    )
-    p.add_argument(
-        "--grace",
-        type=at_least(1),
-        default=90,
-        help="seconds without a heartbeat after which a running cell is retried",
-    )
-    p.add_argument(
-        "--yes",
-        action="store_true",
-        help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)",
-    )
-    add_cluster_arguments(p)
-    p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_sweep)
-    return p

@@ -14,13 +14,30 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from harness.base.errors import HarnessError
-from harness.cli.arguments import at_least
-from harness.config.executor import check_mem, check_time
-from harness.config.grids import Grid
-from harness.engine.slurm import SlurmOptions
+import optuna
 
-__all__ = ["add_cluster_arguments", "cluster_options", "preflight", "submit", "status", "cancel"]
+from harness.base.errors import HarnessError
+from harness.cli.sweep_tuned import progress_lines
+from harness.config.grids import Grid
+from harness.engine.cluster import (
+    DEFAULT_MINUTES,
+    check_local_gpus,
+    read_jobs,
+    submit_tasks,
+    task_spec,
+)
+from harness.engine.slurm import (
+    SlurmOptions,
+    check_resources,
+    partition_limits,
+    require_slurm,
+    test_submission,
+)
+from harness.engine.sweep import open_storage, storage_url
+from harness.engine.sweep_status import cancel_sweep, cell_states, live_tasks, status_lines
+from harness.engine.tuned_sweep import unfinished_tuned_cells
+
+__all__ = ["cluster_options", "preflight", "submit", "status", "cancel"]
 
 #: The options that ask Slurm for resources, as (flag, attribute): the grid's
 #: ``[executor.slurm]`` keys.
@@ -36,51 +53,6 @@ RESOURCE_FLAGS = (
 )
 #: What the local executor honours of them (it runs on this machine's processes).
 LOCAL_FLAGS = ("gpus_per_task", "time")
-
-
-def _typed(check):
-    """An argparse type from a ``check_*(text, where)`` of :mod:`harness.config.executor`."""
-
-    def parse(text: str) -> str:
-        try:
-            return check(text, text)
-        except HarnessError as err:
-            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
-
-    return parse
-
-
-def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
-    """The executor, its resources, and the hidden options of a multi-process cell."""
-    p.add_argument(
-        "--executor",
-        choices=("slurm", "local"),
-        help="submit the cells as one job array: to Slurm, or as local processes (submitit)",
-    )
-    p.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
-    p.add_argument(
-        "--gpus-per-task",
-        type=at_least(0),
-        help="GPUs of each task; above 1 each cell trains on that many processes (DDP)",
-    )
-    p.add_argument("--cpus-per-task", type=at_least(1), help="CPUs of each task")
-    p.add_argument("--mem", type=_typed(check_mem), help="memory of each task: 16G, 64000M")
-    p.add_argument(
-        "--time",
-        type=_typed(check_time),
-        help="time limit of each task: 90 (minutes), 4:00:00, 2-00:00:00 "
-        "(default: the partition's; a task out of time is requeued)",
-    )
-    p.add_argument(
-        "--array-parallelism", type=at_least(1), help="tasks of the array that run at once"
-    )
-    p.add_argument("--account", help="Slurm account to charge")
-    p.add_argument("--qos", help="Slurm quality of service")
-    p.add_argument(
-        "--wait", action="store_true", help="with --executor: wait for the tasks, then report"
-    )
-    p.add_argument("--cell", help=argparse.SUPPRESS)
-    p.add_argument("--cell-record", type=Path, help=argparse.SUPPRESS)
 
 
 def cluster_options(args: argparse.Namespace, grid: Grid) -> SlurmOptions:
@@ -113,19 +85,10 @@ def preflight(args: argparse.Namespace, options: SlurmOptions) -> SlurmOptions:
     its limits, ``sbatch --test-only`` accepting the jobs; the options are returned with a
     time limit (the partition's when none is given)."""
     if args.executor == "local":
-        from harness.engine.cluster import check_local_gpus
-
         check_local_gpus(options)
         return options
     if args.executor != "slurm":
         return options
-    from harness.engine.cluster import DEFAULT_MINUTES
-    from harness.engine.slurm import (
-        check_resources,
-        partition_limits,
-        require_slurm,
-        test_submission,
-    )
 
     require_slurm()
     limits = partition_limits(options.partition)
@@ -148,8 +111,6 @@ def submit(
     """Submit the grid's queued cells as tasks (``--workers`` of them, else one per cell to
     run) through ``submitter`` (default :func:`harness.engine.cluster.submit_tasks`);
     returns the submitted array's record, None when no cell is left to run."""
-    from harness.engine.cluster import submit_tasks, task_spec
-    from harness.engine.sweep import storage_url
 
     to_run = counts["queued"] + counts["pending"]
     if not to_run and not counts["waiting"]:
@@ -177,9 +138,6 @@ def submit(
 
 def _existing_study(grid: Grid, storage: str | None):
     """The grid's queue, or None when the sweep was never started (nothing is created)."""
-    import optuna
-
-    from harness.engine.sweep import open_storage, storage_url
 
     url = storage_url(storage)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
@@ -192,17 +150,11 @@ def _existing_study(grid: Grid, storage: str | None):
 
 def status(args: argparse.Namespace, grid: Grid) -> int:
     """Print each cell's state from the queue and the live tasks (``squeue``)."""
-    from harness.engine.cluster import read_jobs
-    from harness.engine.sweep_status import cell_states, live_tasks, status_lines
 
     records = read_jobs(grid)
     storage = args.storage or (records[-1]["storage"] if records else None)
     live = live_tasks(records)
     if grid.tune is not None:  # a tuned grid: each study's trials, then its final cells
-        from harness.cli.sweep_tuned import progress_lines
-        from harness.engine.sweep import storage_url
-        from harness.engine.tuned_sweep import unfinished_tuned_cells
-
         print(f"studies of {grid.name} (trials of the budget, best validation value %):")
         print("\n".join(progress_lines(grid, storage_url(storage))))
         missing = unfinished_tuned_cells(grid)
@@ -216,8 +168,6 @@ def status(args: argparse.Namespace, grid: Grid) -> int:
 def cancel(args: argparse.Namespace, grid: Grid) -> int:
     """Cancel the grid's submitted tasks; finished cells stay, running ones are queued
     again by the next start."""
-    from harness.engine.cluster import read_jobs
-    from harness.engine.sweep_status import cancel_sweep
 
     records = read_jobs(grid)
     if not records:

@@ -10,13 +10,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.base.atomic import atomic_write_set
 from harness.config.grids import Grid
+from harness.engine.sweep import pop_lock
 from harness.engine.tuned_sweep import (
     plan_tasks,
     record_storage,
     study_progress,
     unfinished_tuned_cells,
 )
+from harness.reports.figures import forest_files
+from harness.reports.tables.compose import TableRequest, make_table
+from harness.reports.tables.load import load_runs, select_report
+from harness.reports.tuning import tuned_table_files
 
 __all__ = ["queue_tuned_grid", "tuned_final_report", "progress_lines", "write_tuned_tables"]
 
@@ -25,7 +31,6 @@ TABLES = Path("results/tables")
 
 def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
     """Queue what can run now; the counts ``sweep --executor`` sizes its array by."""
-    from harness.engine.sweep import pop_lock
 
     records = record_storage(storage)  # opened before the lock, which opening may take
     with pop_lock(storage):
@@ -82,11 +87,6 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     """The grid's tables (each report, Markdown and LaTeX) under ``folder``, each with its
     forest plot, its appendix of chosen settings and its best-so-far figure, each table
     written with its files as one set."""
-    from harness.base.atomic import atomic_write_set
-    from harness.reports.figures import forest_files
-    from harness.reports.tables.compose import TableRequest, make_table
-    from harness.reports.tables.load import load_runs, select_report
-    from harness.reports.tuning import tuned_table_files
 
     assert grid.tune is not None
     reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]

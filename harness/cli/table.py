@@ -12,20 +12,20 @@ from pathlib import Path
 from harness.base.atomic import atomic_write_set
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text, readable_file
-from harness.cli.arguments import experiment_name
-from harness.cli.outputs import add_force_argument, add_output_argument, output_file
+from harness.cli.outputs import output_file
 from harness.cli.store import open_store
+from harness.components.evaluation import parse_metrics
+from harness.methods import METHODS
 from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables import (
-    DEFAULT_METRICS,
     TableRequest,
     make_table,
     parse_published_row,
 )
 from harness.reports.tables.load import load_runs, select_report
-from harness.reports.tuning import REPORTS, tuned_table_files
+from harness.reports.tuning import tuned_table_files
 
-__all__ = ["add_table_parser", "cmd_table"]
+__all__ = ["cmd_table"]
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -104,8 +104,6 @@ def _metrics(text: str | None) -> list[str] | None:
     table (a published spread, ``recall_at_1_std``, is its metric's)."""
     metrics = [m.strip() for m in text.split(",")] if text else None
     if metrics:
-        from harness.components.evaluation import parse_metrics
-
         try:
             parse_metrics(m.removesuffix("_std") for m in metrics)
         except HarnessError as err:
@@ -113,86 +111,8 @@ def _metrics(text: str | None) -> list[str] | None:
     return metrics
 
 
-def add_table_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "table", help="paper-style table (LaTeX or Markdown) from finished MLflow runs"
-    )
-    p.add_argument(
-        "--experiment",
-        action="append",
-        required=True,
-        type=experiment_name,
-        help="MLflow experiment to read (repeat for several)",
-    )
-    p.add_argument("--format", choices=("latex", "markdown"), default="latex")
-    add_output_argument(
-        p,
-        "--out",
-        help="output file (default results/tables/<name>.tex|.md); the forest plot is written "
-        "beside it",
-    )
-    add_force_argument(p)
-    p.add_argument(
-        "--name", help="table name for the default output path (default: the experiment)"
-    )
-    _add_published_arguments(p)
-    p.add_argument(
-        "--baseline",
-        default="plain",
-        help="method of the row every other row of a block is tested against (default plain)",
-    )
-    p.add_argument(
-        "--metrics",
-        help="comma-separated metrics (default: the published table's, "
-        f"else {','.join(DEFAULT_METRICS)})",
-    )
-    p.add_argument("--caption")
-    p.add_argument(
-        "--report",
-        choices=REPORTS,
-        default="separated",
-        help="a tuned grid with k > 1 folds: the mean of the fold models' metrics (separated, "
-        "the default) or their concatenated embeddings' (concatenated)",
-    )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="fail (exit 2, nothing written) when a cell cannot be computed as it should, e.g. a "
-        "run's per-query results are missing; without it such cells are marked and listed on stderr",
-    )
-    p.set_defaults(func=cmd_table)
-    return p
-
-
-def _add_published_arguments(p: argparse.ArgumentParser) -> None:
-    """The published numbers set beside the reproduced ones: the CSV, its tables, rows
-    and metrics."""
-    p.add_argument(
-        "--published",
-        type=Path,
-        help="CSV of published numbers, e.g. results/published/agrouping.csv",
-    )
-    p.add_argument("--table", help="table number(s) in the published CSV, e.g. 3 or 3,4")
-    p.add_argument(
-        "--published-row",
-        action="append",
-        metavar="METHOD=PUBLISHED@SETTING",
-        help="the published rows beside a reproduced method, by the CSV's method and setting "
-        "columns, e.g. diablo_n16=diablo@entries=16 (repeat; an empty setting: diablo=diablo@); "
-        "given, rows not named are left out",
-    )
-    p.add_argument(
-        "--published-metric",
-        action="append",
-        metavar="PUBLISHED=REPRODUCED",
-        help="compare a published metric with a reproduced variant defined as the paper defines it, "
-        "e.g. r_precision=r_precision_query_in_r (DIML; repeat)",
-    )
-
-
 def _check_baseline(name: str) -> None:
     """The baseline must be a registered method (a misspelt one would compare nothing)."""
-    from harness.methods import METHODS
 
     if name not in METHODS:
         raise unknown_name("--baseline method", name, METHODS)

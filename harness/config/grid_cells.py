@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.components.backbones import BACKBONES
 from harness.components.data import DATASETS
+from harness.components.data.own import dataset_manifest
 from harness.components.losses import LOSSES
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.overrides import Deviation, flatten_keys
@@ -106,7 +108,6 @@ def expand(grid: Grid) -> list[Cell]:
     against the registries (methods, losses, datasets, backbones) before anything runs.
     A test-time-only cell comes after its base cell and carries the base cell's key."""
     # Imported here: the backbones (timm) would cost every command's start-up.
-    from harness.components.backbones import BACKBONES
 
     base = load_protocol(grid.protocol)
     path = (
@@ -248,7 +249,6 @@ def _cell_key(
         fields["base_key"] = base_key
     if tune is not None:  # a tuned cell: its budget and space decide its result too
         fields["tune"] = tune.canonical()
-    from harness.components.data.own import dataset_manifest
 
     files = dataset_manifest(dataset)
     if files is not None:  # a dataset given by its path: changed files make new cells

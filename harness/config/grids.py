@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
+from harness.components.data.own import dataset_manifest, dataset_name
 from harness.config.executor import check_time
 from harness.config.grid_cells import Cell, Grid, expand
 from harness.config.grid_file import GridFile, grid_json_schema
@@ -49,6 +50,7 @@ from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import refusal, shown
 from harness.config.tuning import TuneSpec, parse_tune
+from harness.methods import METHODS, list_methods
 
 __all__ = [
     "Grid",
@@ -289,7 +291,6 @@ def _tune_spec(
 def _with_method_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``data`` with each ``methods = "all"`` (top level, ``[[extra]]``, ``[smoke]``) replaced
     by the names it stands for; ``exclude`` must name registered methods."""
-    from harness.methods import METHODS, list_methods
 
     tables = [data, *data.get("extra", []), data.get("smoke", {})]
     exclude = data.get("exclude", [])
@@ -322,7 +323,6 @@ def _with_dataset_names(data: dict[str, Any], path: Path) -> dict[str, Any]:
     a path, relative to the grid's folder, replaced by the name it is registered under
     (:func:`~harness.components.data.own.dataset_name`); two paths that would share a name
     are an error."""
-    from harness.components.data.own import dataset_manifest, dataset_name
 
     names: dict[str, str] = {}  # entry -> name
     sources: dict[str, str] = {}  # name -> the folder or file it stands for

@@ -59,11 +59,13 @@ from pydantic import BaseModel, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
+from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.grids import MAX_CELLS, load_grid
-from harness.config.protocol import Protocol
+from harness.config.protocol import Protocol, protocol_json_schema
 from harness.config.protocol_files import load_protocol, protocol_dir
 from harness.config.schema import SPEC_CONFIG, Str, refusal
+from harness.methods import METHODS
 
 __all__ = [
     "Ledger",
@@ -242,8 +244,6 @@ def resolve_key(protocol: Protocol, key: str) -> Any:
     out. An unknown key is a :class:`HarnessError` naming it."""
     parts = key.split(".")
     if parts[0] == "methods" and len(parts) == 3:
-        from harness.methods import METHODS
-
         method, option = parts[1:]
         if method not in METHODS:
             raise HarnessError(
@@ -256,8 +256,6 @@ def resolve_key(protocol: Protocol, key: str) -> Any:
             )
         return _plain(options[option])
     if parts[:2] == ["loss", "args"] and len(parts) == 4:
-        from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
-
         loss, arg = parts[2:]
         if loss not in LOSSES:
             raise HarnessError(
@@ -427,7 +425,6 @@ def protocol_keys(schema: dict[str, Any] | None = None) -> list[str]:
     """Every leaf key of the protocol schema (default: :func:`protocol_json_schema`'s):
     ``section.field`` for each field of a section, the name of every other top-level field
     (``seeds``; ``methods``, whose options :func:`required_keys` lists instead)."""
-    from harness.config.protocol import protocol_json_schema
 
     schema = protocol_json_schema() if schema is None else schema
     defs = schema.get("$defs", {})
@@ -447,7 +444,6 @@ def protocol_keys(schema: dict[str, Any] | None = None) -> list[str]:
 def required_keys(ledger: Ledger, schema: dict[str, Any] | None = None) -> list[str]:
     """The keys ``ledger`` must cover: the protocol schema's leaf keys (``methods`` aside)
     and ``methods.<method>.<option>`` for every option of every method its cells run."""
-    from harness.methods import METHODS
 
     methods = sorted({case.method for case in ledger_cases(ledger, max_cells=None)})
     options = [f"methods.{m}.{o}" for m in methods for o in METHODS.get(m).options()]

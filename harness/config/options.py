@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from harness.config.schema import OPTIONS_CONFIG, Float, Int, refusal
+from harness.methods import METHODS
 
 __all__ = ["check_option_values", "check_loss_arg_values", "options_model", "LossArguments"]
 
@@ -28,7 +29,6 @@ __all__ = ["check_option_values", "check_loss_arg_values", "options_model", "Los
 def options_model(method: str) -> type[BaseModel]:
     """The pydantic model of ``method``'s options: each option's declared type, its
     default (the variant's preset where it has one), no other key."""
-    from harness.methods import METHODS
 
     entry = METHODS.get(method)
     types, defaults = entry.option_types(), entry.options()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.components.losses import LOSSES, PML_REDUCTION
+from harness.methods import METHODS
 
 __all__ = [
     "Deviation",
@@ -123,15 +125,12 @@ def _unlisted_default(table: dict[str, Any], parts: list[str]) -> tuple[bool, An
     if parts[0] == "methods" and len(parts) == 3:
         return _unlisted_method_option(table, parts[1], parts[2])
     if parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] != "reduction":
-        from harness.components.losses import LOSSES
-
         section = table["loss"]["args"].get(parts[2])
         if parts[2] in LOSSES and (not isinstance(section, dict) or parts[3] not in section):
             defaults = LOSSES.get(parts[2]).defaults
             return parts[3] in defaults, defaults.get(parts[3])
     if parts[:2] == ["loss", "args"] and len(parts) == 4 and parts[3] == "reduction":
         # Imported when used: importing the config layer stays free of torch and PML.
-        from harness.components.losses import PML_REDUCTION
 
         section = table["loss"]["args"].get(parts[2])
         return isinstance(section, dict) and "reduction" not in section, PML_REDUCTION
@@ -142,7 +141,6 @@ def _unlisted_method_option(table: dict[str, Any], method: str, option: str) -> 
     """Whether option ``option`` of ``method`` is absent from ``table``, and the method's
     default for it; an option the method does not declare is refused."""
     # Imported when used: importing the config layer stays free of torch (the plugins load it).
-    from harness.methods import METHODS
 
     options = METHODS.get(method).options()
     if option not in options:

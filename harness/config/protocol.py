@@ -23,6 +23,14 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
+from harness.components.backbones import (
+    BACKBONES,
+    check_input_transform,
+    check_output_stride,
+)
+from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
+from harness.components.evaluation import parse_metrics
+from harness.components.losses import LOSSES, MINERS
 from harness.config.deviations import PaperDeviation
 from harness.config.executor import ExecutorTable
 from harness.config.options import (
@@ -55,6 +63,7 @@ from harness.config.sections import (
     SplitSpec,
     TrainingSpec,
 )
+from harness.methods import METHODS
 
 __all__ = [
     "Protocol",
@@ -273,7 +282,6 @@ def protocol_json_schema() -> dict[str, Any]:
     ``docs/protocol.schema.json`` holds): the sections' declared types, every registered
     method's options under ``[methods.<name>]`` (any table for another name, so that a copy
     generated earlier accepts a plugin added since) and the declared loss-argument ranges."""
-    from harness.methods import METHODS  # imported when used: the plugins load torch
 
     schema = json.loads(json.dumps(_sections_schema()))  # a copy: the cached one serves refusals
     schema.update(
@@ -309,7 +317,6 @@ def _validated(data: dict[str, Any]) -> Protocol:
         protocol = _adapter().validate_python(data)
     except ValidationError as err:
         raise refusal(err, _sections_schema(), what="protocol key") from None
-    from harness.methods import METHODS
 
     for method, options in protocol.methods.items():
         if method in METHODS:  # an unknown name is refused by name on loading
@@ -322,14 +329,6 @@ def _validated(data: dict[str, Any]) -> Protocol:
 def _check_component_names(protocol: Protocol) -> None:
     """The backbone, miner, transforms and metrics a protocol names are registered ones:
     a misspelt name is refused when the protocol is read, not once the dataset has loaded."""
-    from harness.components.backbones import (
-        BACKBONES,
-        check_input_transform,
-        check_output_stride,
-    )
-    from harness.components.data.transforms import EVAL_TRANSFORMS, TRAIN_TRANSFORMS
-    from harness.components.evaluation import parse_metrics
-    from harness.components.losses import LOSSES, MINERS
 
     named = [
         ("backbone.name", protocol.backbone.name, BACKBONES.kind, BACKBONES.list()),

@@ -10,8 +10,12 @@ from typing import Any
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
+from harness.components.backbones import BACKBONES
+from harness.components.data import DATASETS
+from harness.components.losses import LOSSES, MINERS, check_loss_args
 from harness.config.deviations import check_names
 from harness.config.protocol import Protocol, protocol_from_dict
+from harness.methods import METHODS
 
 __all__ = [
     "load_protocol",
@@ -76,10 +80,6 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
 def _check_registered_names(protocol: Protocol) -> None:
     """Sections keyed by a method, loss or dataset name must name a registered one: a
     misspelt ``[methods.agroupng]`` would otherwise run with the defaults, unrecorded."""
-    from harness.components.backbones import BACKBONES
-    from harness.components.data import DATASETS
-    from harness.components.losses import LOSSES, check_loss_args
-    from harness.methods import METHODS
 
     check_names(
         protocol.deviations,
@@ -116,7 +116,6 @@ def _check_registered_names(protocol: Protocol) -> None:
 def _check_loss_miners(protocol: Protocol) -> None:
     """``[loss.miners.<loss>]``: a registered loss, a ``name`` that is a registered miner
     (or ``"none"``: every pair or triplet of the batch), optional ``args``, nothing else."""
-    from harness.components.losses import LOSSES, MINERS
 
     for loss, spec in protocol.loss.miners.items():
         key = f"loss.miners.{loss}"

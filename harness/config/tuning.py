@@ -33,12 +33,16 @@ study ends with the same trials however many workers share it, and after any res
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from harness.base.errors import HarnessError
+from harness.components.evaluation import RETRIEVAL_METRICS
+from harness.components.losses import LOSSES, loss_search_space
 from harness.config.overrides import flatten_keys
+from harness.methods import METHODS
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -217,7 +221,6 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
 def _validation_metrics(protocol) -> list[str]:
     """The metrics each epoch's validation logs: the protocol's retrieval metrics and its
     selection metric."""
-    from harness.components.evaluation import RETRIEVAL_METRICS
 
     wanted = [m for m in protocol.evaluation.metrics if m in RETRIEVAL_METRICS]
     return list(dict.fromkeys([*wanted, protocol.selection.metric]))
@@ -227,8 +230,6 @@ def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]
     """A space name is a numeric protocol field, ``loss.<loss>.<arg>`` of a grid's loss,
     or ``method.<method>.<option>`` of a grid's method; returns its current value (None
     where it has none), whose type the searched values keep."""
-    from harness.components.losses import LOSSES
-    from harness.methods import METHODS
 
     where = f"grid key 'tune.space.\"{name}\"'"
     head, _, rest = name.partition(".")
@@ -236,7 +237,6 @@ def _check_space_name(name: str, protocol, methods: list[str], losses: list[str]
         loss, arg = rest.split(".")
         if loss not in losses:
             raise HarnessError(f"{where}: '{loss}' is not a loss of the grid ({', '.join(losses)})")
-        import inspect
 
         accepted = set(inspect.signature(LOSSES.get(loss).cls).parameters)
         if arg not in accepted | set(LOSSES.get(loss).defaults):
@@ -288,7 +288,6 @@ def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, S
     ``defaults``), then the grid's ``[tune.space]`` entries that concern it. Names are
     those of Optuna's parameters: protocol fields as dotted keys (``loss.args.<loss>.<arg>``
     for a loss argument), method options by the option's name."""
-    from harness.components.losses import loss_search_space
 
     out: dict[str, SpaceEntry] = {}
     if spec.defaults:
@@ -342,7 +341,6 @@ def suggest_setting(
     """``(method options, protocol overrides)`` that ``trial`` suggests for a study of
     (``method``, ``loss``) under ``protocol``: the method's ``search_space`` (when
     ``defaults``), then every entry of :func:`study_space`, in a fixed order."""
-    from harness.methods import METHODS
 
     entries = study_space(spec, method, loss, protocol)
     options_of = set(METHODS.get(method).options())

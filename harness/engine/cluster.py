@@ -39,7 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
 import submitit
+import torch
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
@@ -47,7 +51,10 @@ from harness.config.executor import slurm_minutes
 from harness.config.grids import Grid, load_grid
 from harness.engine.cells import job_of_this_task
 from harness.engine.slurm import SlurmOptions
-from harness.engine.sweep import CELL_ATTR, open_storage
+from harness.engine.sweep import CELL_ATTR, open_storage, open_study
+from harness.engine.tuned_sweep import run_worker
+from harness.store.dead_runs import fail_dead_runs
+from harness.store.location import artifact_root
 
 __all__ = [
     "check_local_gpus",
@@ -74,7 +81,6 @@ CARRIED_PREFIX = "DML_HARNESS_"
 def sweep_folder(grid: Grid) -> Path:
     """``sweeps/<grid>/`` beside the tracking store (``results/sweeps/<grid>`` by default):
     the sweep's submitted jobs, each cell's output and submitit's files."""
-    from harness.store.location import artifact_root
 
     return artifact_root().parent / "sweeps" / grid.name
 
@@ -110,14 +116,11 @@ class SweepTask(submitit.helpers.Checkpointable):
         spec = self.spec
         os.chdir(spec.cwd)
         os.environ.update(spec.env)
-        from harness.engine.sweep import open_study
-        from harness.store.dead_runs import fail_dead_runs
 
         settings = {**spec.settings, "job_id": submitit.JobEnvironment().job_id}
         grid = load_grid(spec.grid, smoke=spec.smoke, max_cells=None)
         fail_dead_runs()
         study = open_study(grid, spec.storage, heartbeat=spec.heartbeat, grace=spec.grace)
-        from harness.engine.tuned_sweep import run_worker
 
         report = run_worker(grid, study, settings=settings)
         return {name: len(items) for name, items in report.items()}
@@ -145,9 +148,6 @@ def release_trials(
     """End the RUNNING trials of the grid's queue held by ``jobs`` (task ids, as
     :func:`job_of_this_task` names them) as failed, saying ``why``; with ``again``, queue
     their cells anew so that the sweep still runs them. Returns how many trials were ended."""
-    import optuna
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
 
     jobs = [job for job in jobs if job]  # "": workers started by hand, never released here
     if not jobs:
@@ -177,8 +177,6 @@ def check_local_gpus(options: SlurmOptions, available: int | None = None) -> Non
     anything is queued, rather than trained as that many CPU processes."""
     gpus = options.gpus_per_task or 0
     if available is None:
-        import torch
-
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus > available:
         raise HarnessError(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 from harness.base.errors import HarnessError
 from harness.components.losses import FixedShapeMiner
@@ -130,7 +131,6 @@ def said_if_not_replayed(step: Callable[..., Any]) -> Callable[..., Any]:
     """``step`` saying once, in one line, when inductor compiles it without the CUDA graph
     asked for (its ``cudagraph_skips`` counter grows: a reason in inductor's own warning),
     so a run tagged ``cuda_graphs`` that does not replay one says so."""
-    from torch._dynamo.utils import counters
 
     said = False
 

@@ -53,10 +53,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from harness.base.atomic import finite_json
 from harness.base.metric_keys import metric_key
+from harness.components.explanation.maps import attention_figure
 from harness.components.explanation.scores import (
+    CURVE_PAIRS,
     STEP,
     curve_auc,
     mean_interval,
@@ -86,7 +89,9 @@ from harness.engine.explain_sanity import (
     sanity_metrics,
     sanity_verdicts,
 )
+from harness.methods import HeadOutput
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
+from harness.store.queries import log_to_run
 
 __all__ = [
     "RunContext",
@@ -120,11 +125,6 @@ PERTURB_BATCH = 16
 MAPS_BATCH = 8
 #: Test images per forward pass when embedding the test set (neighbour pairs).
 EMBED_BATCH = 32
-#: Pairs whose deletion / insertion curves are measured by default: each pair costs 19
-#: inner steps x (deletion, insertion) + 1 intact image, x 3 pixel orders = 117 forward
-#: passes, so 48 pairs take 5,616, the bulk of the command's time on a CPU
-#: (``--curve-pairs`` sets it).
-CURVE_PAIRS = 48
 
 
 # ------------------------------------------------------------------------ scores
@@ -155,8 +155,6 @@ def _curves(
 
     def embed(images):
         return ctx.model(images.contiguous(memory_format=torch.channels_last)).embedding
-
-    from tqdm import tqdm
 
     out = {}
     with tqdm(
@@ -203,8 +201,6 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     """The method's own figures, in its paper's style: its per-image maps (A-grouping Figs.
     3-4 layout, :func:`~harness.components.explanation.maps.attention_figure`) and its pair figure (DIML Fig. 5,
     SAM Fig. 4) for the first pair."""
-    from harness.components.explanation.maps import attention_figure
-    from harness.methods import HeadOutput
 
     written = []
     images = load_images(ctx, pairs.query[:16])
@@ -446,7 +442,6 @@ def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
     ``explain/<source>_<score>`` metrics (``_lo`` / ``_hi``: the interval), the sanity
     checks' (:func:`~harness.engine.explain_sanity.sanity_metrics`), the pair kind,
     seed and notes as tags, ``explain/scores.json`` and the figures under ``explain/``."""
-    from harness.store.queries import log_to_run
 
     metrics = {
         metric_key("explain", "pairs"): float(record["pairs"]),

@@ -13,8 +13,25 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
 
 from harness.base.errors import HarnessError
+from harness.components.data.own import register_path
+from harness.components.data.synthetic import load_part_mask
+from harness.components.data.transforms import build_transform, normalize_batch
+from harness.components.explanation.maps import upsample_maps
+from harness.config.protocol import protocol_from_dict
+from harness.engine.training import (
+    build_model,
+    default_checkpoint_root,
+    prepare_splits,
+    resolve_device,
+)
+from harness.methods import METHODS
+from harness.store.location import tracking_uri
+from harness.store.queries import find_run, read_artifact
+from harness.store.weights import load_finished_weights
 
 __all__ = [
     "RunContext",
@@ -52,8 +69,6 @@ class RunContext:
 
 
 def _finished_run(run_id: str):
-    from harness.store.location import tracking_uri
-    from harness.store.queries import find_run
 
     run = find_run(run_id)
     if run is None:
@@ -74,8 +89,6 @@ def _finished_run(run_id: str):
 
 
 def _run_protocol(run_id: str):
-    from harness.config.protocol import protocol_from_dict
-    from harness.store.queries import read_artifact
 
     try:
         data = read_artifact(
@@ -97,7 +110,6 @@ def _own_dataset(run_id: str, tags: dict[str, str], path: Path | None) -> None:
     """A run on a dataset given by its path: that dataset registered again under the run's
     name, read from ``path`` (``explain --dataset``, when the files moved) or from where the
     run found it. ``path`` for a run on a built-in dataset is an error."""
-    from harness.components.data.own import register_path
 
     recorded = tags.get("dataset_path", "")
     if path is None and not recorded:
@@ -128,19 +140,11 @@ def load_run(
     digest must match the recorded one; a dataset given by its path is read from
     ``dataset_path``, else from where the run read it), model with its selected weights
     (as ``run --evaluate-only --init-from`` does)."""
-    from harness.engine.training import (
-        build_model,
-        default_checkpoint_root,
-        prepare_splits,
-        resolve_device,
-    )
-    from harness.store.weights import load_finished_weights
 
     run = _finished_run(run_id)
     tags = run.data.tags
     protocol = _run_protocol(run_id)
     method, dataset = tags["method"], tags["dataset"]
-    from harness.methods import METHODS
 
     if method not in METHODS:
         raise HarnessError(
@@ -241,7 +245,6 @@ def neighbour_pairs(ctx: RunContext, count: int, rng: np.random.Generator, batch
 
 
 def load_images(ctx: RunContext, indices: np.ndarray) -> torch.Tensor:
-    from harness.components.data.transforms import build_transform, normalize_batch
 
     transform = build_transform(ctx.protocol.image, train=False)
     stack = torch.stack([transform(ctx.splits.test.read(int(i))) for i in indices])
@@ -261,10 +264,6 @@ def part_labels(ctx: RunContext, indices: np.ndarray) -> torch.Tensor | None:
     masks = ctx.splits.extras.get("masks")
     if not masks:
         return None
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms import functional as TF
-
-    from harness.components.data.synthetic import load_part_mask
 
     spec, keys = ctx.protocol.image, ctx.splits.test.keys()
     out = []
@@ -337,7 +336,6 @@ def _map_tensors(out, fn):
 
 
 def _to_image(maps: torch.Tensor, size: int) -> torch.Tensor:
-    from harness.components.explanation.maps import upsample_maps
 
     return upsample_maps(maps.float()[:, None], (size, size), normalize=False)[:, 0].clamp_min(0)
 

@@ -5,8 +5,11 @@ would otherwise train every cell again beside the old ones."""
 from __future__ import annotations
 
 from harness.base.errors import HarnessError
+from harness.components.data.manifest import MANIFEST_ARTIFACT, FileManifest
+from harness.components.data.own import dataset_manifest
 from harness.config.grids import Grid
-from harness.store.queries import search_runs
+from harness.store.queries import read_artifact, search_runs
+from harness.store.tracking import filter_value as q
 
 __all__ = ["check_datasets_unchanged"]
 
@@ -16,10 +19,6 @@ def check_datasets_unchanged(grid: Grid) -> None:
     cells ran, with one line saying what changed (files added, removed, relabelled). Its
     fingerprint is in the cell keys, so the sweep would otherwise run every cell again
     beside the old ones, and the grid's tables would mix the two file lists."""
-    from harness.components.data.manifest import MANIFEST_ARTIFACT, FileManifest
-    from harness.components.data.own import dataset_manifest
-    from harness.store.queries import read_artifact
-    from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
 
     for name in sorted({cell.dataset for cell in grid.cells}):
         files = dataset_manifest(name)

@@ -31,6 +31,7 @@ what differs there is :mod:`harness.engine.cells`'s.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import sys
@@ -40,11 +41,33 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
+from filelock import FileLock
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RDBStorage, fail_stale_trials
+from optuna.trial import TrialState
+
+from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
+from harness.config.deviations import deviation_tags
+from harness.config.fingerprint import fingerprint
 from harness.config.grids import Cell, Grid
+from harness.engine import training
 from harness.engine.cells import cell_output, job_of_this_task, slurm_ids, train_in_processes
+from harness.methods import METHODS
+from harness.store.location import DEFAULT_STORAGE
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
+from harness.store.tracking import filter_value as q
+
+try:  # Optuna >= 4.9 renamed the callback and its argument
+    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+    RETRY_ARGUMENT = "heartbeat_stale_trial_callback"
+except ImportError:
+    from optuna.storages import RetryFailedTrialCallback as Retry
+
+    RETRY_ARGUMENT = "failed_trial_callback"
 
 __all__ = [
     "open_storage",
@@ -67,7 +90,6 @@ __all__ = [
     "CELL_ATTR",
 ]
 
-DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 CELL_ATTR = "cell_key"
 
 
@@ -89,7 +111,6 @@ def storage_url(url: str | None) -> str:
     if url.startswith(("postgresql://", "postgres://")):
         # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; use psycopg2 when that is
         # the driver installed.
-        import importlib.util
 
         if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
             url = "postgresql+psycopg2://" + url.split("://", 1)[1]
@@ -105,22 +126,13 @@ def open_storage(
 ):
     """An Optuna RDB storage (SQLite by default) with worker heartbeats; stale trials are
     failed and, with ``retry_stale``, queued again."""
-    import optuna
-    from optuna.storages import RDBStorage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Heartbeats and fail_stale_trials are "experimental" in Optuna since 2.8; ask() warns
     # that heartbeats are meant for optimize() (we send them ourselves, see Heartbeat).
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-    try:  # Optuna >= 4.9 renamed the callback and its argument
-        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-
-        retry: dict[str, Any] = {"heartbeat_stale_trial_callback": Retry(max_retry=None)}
-    except ImportError:
-        from optuna.storages import RetryFailedTrialCallback as Retry
-
-        retry = {"failed_trial_callback": Retry(max_retry=None)}
+    retry: dict[str, Any] = {RETRY_ARGUMENT: Retry(max_retry=None)}
     url = storage_url(storage)
     engine = (
         {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
@@ -143,7 +155,6 @@ def open_storage(
 
 def open_study(grid: Grid, storage: str | None, *, heartbeat: int = 30, grace: int = 90):
     """The grid's study (``sweep:<grid>``) on an RDB storage with heartbeats and retry of stale trials."""
-    import optuna
 
     return optuna.create_study(
         study_name=f"sweep:{grid.name}",
@@ -164,7 +175,6 @@ def finished_cells(grid: Grid) -> dict[str, str]:
 
 
 def _trials_by_state(study) -> dict[str, list]:
-    from optuna.trial import TrialState
 
     by: dict[str, list] = {s.name: [] for s in TrialState}
     for t in study.get_trials(deepcopy=False):
@@ -179,7 +189,6 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
 
     Returns counts, the cells that failed on an earlier start (now retried) and the
     cells still waiting for their base cell."""
-    from optuna.storages import fail_stale_trials
 
     fail_stale_trials(study)
     done = finished_cells(grid)
@@ -252,7 +261,6 @@ def pop_lock(url: str | None):
         Windows), released when the block ends or the process dies."""
     if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
         return contextlib.nullcontext()
-    from filelock import FileLock
 
     return FileLock(url.removeprefix("sqlite:///") + ".pop.lock")
 
@@ -287,7 +295,6 @@ class Heartbeat:
 def runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
     """Runs of the grid's experiment that ran this cell (same protocol fingerprint, which
     covers protocol, deviations, split, loss and its arguments; same method and seed)."""
-    from harness.store.tracking import filter_value as q  # quoted for MLflow's search syntax
 
     return search_runs(
         grid.experiment,
@@ -323,8 +330,6 @@ def run_cell(
 ):
     """Train the cell's run (``train``: :func:`~harness.engine.training.run_training`, or a
     stand-in), or adopt a finished untagged one; the run tagged with the cell and trial."""
-    from harness.config.fingerprint import fingerprint
-    from harness.engine import training
 
     splits = _cell_splits(cell, settings, splits_cache)
     fp = fingerprint(cell.protocol, splits.digest(), loss=cell.loss, loss_args=cell.loss_args)
@@ -348,8 +353,6 @@ def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None
     """One of the processes ``torchrun`` starts for a cell on several GPUs: the cell's run
     as :func:`run_cell` builds it, trained through the DDP path of ``run``. The worker that
     started them holds the cell's trial and tags the run; process 0 writes the record."""
-    from harness.base.atomic import atomic_write_json
-    from harness.engine import training
 
     cell = next((c for c in grid.cells if c.key == key), None)
     if cell is None:
@@ -364,7 +367,6 @@ def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None
 def _cell_splits(cell: Cell, settings: dict, splits_cache: dict):
     """The cell's splits, prepared once per key in ``splits_cache``, the batch rule of the
     cell's protocol checked on them."""
-    from harness.engine import training
 
     protocol = cell.protocol
     # A protocol that carves validation by the run's seed has one split per seed.
@@ -389,7 +391,6 @@ def _adopt_finished(
     """The record of a finished run of the cell that no worker tagged (its worker was killed
     after the run finished), tagged now; None when there is none. Only a run of the same code
     (method revision) from the same weights is adopted."""
-    from harness.methods import METHODS
 
     revision = str(METHODS.get(cell.method).cls.revision)
     for run in runs_of_cell(grid, cell, fp, "FINISHED"):
@@ -419,8 +420,6 @@ def _kill_dead_runs(grid: Grid, cell: Cell, fp: str) -> None:
 def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
     """The training run of the cell: resumable, from ``init_from`` (evaluation only for a
     cell with a base cell), tagged with the cell from the start."""
-    from harness.config.deviations import deviation_tags
-    from harness.engine import training
 
     return training.RunConfig.build(
         cell.protocol,
@@ -455,14 +454,11 @@ def worker_loop(
     ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
     ``train``: what trains a cell's run (default :func:`~harness.engine.training.run_training`).
     Returns ``{"done": [...], "failed": [(label, error)], "skipped": [...]}`` for this worker."""
-    from optuna.storages import fail_stale_trials
-    from optuna.trial import TrialState
 
     # Import the training stack (torch, timm, MLflow: seconds of work, much of it holding
     # the GIL) before holding a trial: imported inside the first cell, it starved that
     # trial's heartbeat thread past a short grace period, and another worker failed the
     # live trial as stale and ran its cell a second time.
-    from harness.engine import training  # noqa: F401
 
     settings = settings or {}
     cells = {c.key: c for c in grid.cells}
@@ -507,7 +503,6 @@ def _work_on_trial(
     """Run the cell of a popped ``trial`` and tell the study how it ended, or end the trial
     without running it (a cell no longer in the grid, or one finished or running
     elsewhere); the outcome goes into ``report``."""
-    from optuna.trial import TrialState
 
     key = trial.user_attrs[CELL_ATTR]
     if cell is None:
@@ -559,8 +554,6 @@ def settle_trial(
     this worker and left the queue with fewer workers than cells waiting (the flaky
     "3 of 4 cells finished"). The run this worker finished stays the cell's; the queued
     retry finds it FINISHED and skips the cell."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
 
     try:
         if study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:

@@ -34,8 +34,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.metric_keys import group_metrics, metric_key
+from harness.components.data import class_folds, fold_splits, seal_test
+from harness.components.data.own import dataset_manifest
+from harness.components.losses import LOSSES, loss_search_space
+from harness.config.overrides import flatten_keys
+from harness.config.protocol import apply_overrides
+from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
+from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
+from harness.engine import training
+from harness.engine.sweep import open_storage
+from harness.engine.training import RunConfig, RunSettings, check_training_split, prepare_splits
+from harness.methods import METHODS
+from harness.store.dead_runs import mark_dead_runs_killed, process_is_dead, worker_id
+from harness.store.queries import metric_history, search_runs, set_run_tags
+from harness.store.tracking import filter_value as q
 
 __all__ = [
     "DEFAULT_SPACE",
@@ -49,7 +67,8 @@ __all__ = [
     "where_failures_are",
 ]
 
-DEFAULT_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
+#: The protocol fields ``tune`` searches when ``--space`` names none: a grid's defaults.
+DEFAULT_SPACE = DEFAULT_PROTOCOL_SPACE
 TUNABLE_FLOATS = {
     "optimizer.lr_head",
     "optimizer.lr_backbone",
@@ -76,8 +95,6 @@ def suggest(
     ``search_space``, the ``space`` fields, and with ``loss`` the loss's arguments
     (:data:`harness.components.losses.LOSS_SEARCH_SPACES`, as protocol fields
     ``loss.args.<loss>.<argument>``)."""
-    from harness.components.losses import loss_search_space
-    from harness.methods import METHODS
 
     options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
     check_space(protocol, space)
@@ -96,7 +113,6 @@ def suggest(
 def check_space(protocol, space: tuple[str, ...]) -> None:
     """Every ``--space`` field is a positive float of the protocol (searched over a decade
     either side of its value, on a log scale); checked before the study opens."""
-    from harness.config.overrides import flatten_keys
 
     values = flatten_keys(protocol.to_dict())
     for field in space:
@@ -124,7 +140,6 @@ def study_name(
 def _trial_seed(sampler_seed: int, settled: int) -> int:
     """The sampler's seed for the next trial: a function of the trials settled before it
     (not of the process), so a restarted study suggests what an uninterrupted one would."""
-    import numpy as np
 
     return int(np.random.SeedSequence([sampler_seed, settled]).generate_state(1)[0])
 
@@ -132,7 +147,6 @@ def _trial_seed(sampler_seed: int, settled: int) -> int:
 def _settled(study) -> int:
     """Trials that count towards the next seed: every finished trial but an interrupted one
     (retried with its parameters instead)."""
-    from optuna.trial import TrialState
 
     return sum(
         1
@@ -146,10 +160,6 @@ def _requeue_interrupted(study, experiment: str) -> int:
     """Queue again, with their parameters, the trials a killed process left behind: RUNNING
     ones of a dead process of this host (SIGKILL) and FAILED ones marked ``interrupted``
     (SIGTERM, Ctrl-C); mark their MLflow runs still RUNNING as KILLED. Returns how many."""
-    from optuna.trial import TrialState
-
-    from harness.store.dead_runs import mark_dead_runs_killed, process_is_dead
-    from harness.store.tracking import filter_value as q
 
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
@@ -204,9 +214,6 @@ class TuneSetup:
     def splits(self):
         """The trials' splits (their seed's carve), loaded once for every trial; the
         protocol's batch is checked against them here, before the study opens."""
-        from harness.components.data import class_folds
-        from harness.config.protocol import apply_overrides
-        from harness.engine.training import check_training_split, prepare_splits
 
         if self.folds == 1:
             splits = prepare_splits(
@@ -226,7 +233,6 @@ class TuneSetup:
     def trial_splits(self, fold: int | None):
         """The splits of one run of a trial: the study's (``fold`` None), or fold ``fold``
         of the training classes with the test split sealed."""
-        from harness.components.data import fold_splits, seal_test
 
         if fold is None:
             return self.splits
@@ -235,7 +241,6 @@ class TuneSetup:
 
     def config(self, protocol, deviations, seed: int, options: dict, tags: dict[str, Any]):
         """The :class:`~harness.engine.training.RunConfig` of one trial or reproduction."""
-        from harness.engine.training import RunConfig
 
         return RunConfig.build(
             protocol,
@@ -254,7 +259,6 @@ class TuneSetup:
     def run(self, cfg, splits, on_epoch=None) -> dict[str, Any]:
         """Train one run of the study (``splits`` None: its own), the batch rule of its
         protocol checked on the splits handed to it."""
-        from harness.engine import training
 
         if splits is not None:
             training.check_training_split(cfg.protocol, cfg.dataset, splits)
@@ -281,10 +285,6 @@ def tune_setup(
 ) -> TuneSetup:
     """Check the names and resolve everything a study needs; tuning needs validation
     selection (the test split is never looked at to choose)."""
-    from harness.components.data.own import dataset_manifest
-    from harness.config.protocol_files import default_protocol, protocol_dir
-    from harness.engine.training import RunSettings
-    from harness.methods import METHODS
 
     METHODS.get(method)
     files = dataset_manifest(dataset)  # a dataset given by its path: a study per file list
@@ -323,8 +323,6 @@ def tune_setup(
 def _validation_protocol(protocol_name: str, dataset: str, overrides: Sequence[str]):
     """The protocol with ``overrides`` applied and the deviations they make; it must select
     on validation."""
-    from harness.config.protocol import apply_overrides
-    from harness.config.protocol_files import load_protocol
 
     base, deviations = apply_overrides(
         load_protocol(protocol_name).for_dataset(dataset), list(overrides)
@@ -340,7 +338,6 @@ def _validation_protocol(protocol_name: str, dataset: str, overrides: Sequence[s
 def _checked_loss(loss: str, base) -> str:
     """``loss``, once it is a registered loss that is the protocol's own or has arguments
     in it."""
-    from harness.components.losses import LOSSES
 
     LOSSES.get(loss)
     if loss != base.loss.name and loss not in base.loss.args:
@@ -353,9 +350,6 @@ def _checked_loss(loss: str, base) -> str:
 def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: int = 0):
     """Run the study's trials up to ``trials`` in all (a restarted study runs the rest,
     interrupted trials again first); returns the study."""
-    import optuna
-
-    from harness.engine.sweep import open_storage
 
     splits = setup.splits  # a protocol the split refuses is refused before the study is stored
     rdb = open_storage(storage, heartbeat=60, grace=180, retry_stale=False)
@@ -402,7 +396,6 @@ def search(setup: TuneSetup, *, trials: int, storage: str | None, sampler_seed: 
 def failed_trials(study) -> list:
     """The study's trials that failed for good: not those a killed or interrupted process
     left (queued again with their parameters on the next start)."""
-    from optuna.trial import TrialState
 
     return [
         t
@@ -424,8 +417,6 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
     the test split sealed), scored by its best validation value of the selection metric,
     the mean over folds. Each epoch's value goes to the pruner as it is logged (with
     folds, each fold's running mean after the fold)."""
-    from harness.config.protocol import apply_overrides
-    from harness.store.dead_runs import worker_id
 
     trial.set_user_attr("worker", worker_id())
     options, overrides = suggest(trial, setup.method, setup.protocol, setup.space, setup.loss)
@@ -447,7 +438,6 @@ def _objective(setup: TuneSetup, splits, trial) -> float:
 
 
 def _report_fold(trial, fold: int, mean: float) -> None:
-    import optuna
 
     trial.report(mean, fold)
     if trial.should_prune():
@@ -457,9 +447,6 @@ def _report_fold(trial, fold: int, mean: float) -> None:
 def _trial_run(setup: TuneSetup, trial, cfg, splits, fold: int | None) -> float:
     """One run of a trial, its best validation value (a fold's run never opens the test
     split: ``search_only``)."""
-    import optuna
-
-    from harness.store.queries import metric_history, set_run_tags
 
     def on_epoch(epoch: int, record: dict) -> None:  # so the pruner can stop a run early
         value = record.get(metric_key("val", setup.metric))
@@ -501,9 +488,6 @@ def _split_params(setup: TuneSetup, params: dict[str, Any]) -> tuple[dict, dict]
 def reproduce(setup: TuneSetup, best, seeds: list[int] | None = None) -> list[dict[str, Any]]:
     """The best trial's setting trained with each of ``seeds`` (default the protocol's) and
     scored on the test split; a seed with a finished reproduction is read, not run again."""
-    from harness.config.protocol import apply_overrides
-    from harness.store.queries import search_runs, set_run_tags
-    from harness.store.tracking import filter_value as q
 
     chosen, fields = _split_params(setup, best.params)
     options = setup.options(chosen)

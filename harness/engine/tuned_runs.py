@@ -13,13 +13,31 @@ from typing import Any
 
 import numpy as np
 import optuna
+import torch
+from optuna.trial import TrialState, create_trial
 
 from harness.base.errors import HarnessError, NonFiniteLoss
 from harness.base.faults import fault_point
 from harness.base.metric_keys import group_metrics, metric_key
+from harness.components.data import fold_splits, seal_test
+from harness.components.data.transforms import build_transform
+from harness.components.evaluation import (
+    PER_QUERY_ARTIFACT,
+    evaluate_embeddings,
+    l2_normalize,
+    load_per_query,
+    save_per_query,
+)
+from harness.config.deviations import deviation_tags
 from harness.config.grids import Cell, Grid
+from harness.config.protocol import apply_overrides
 from harness.config.tuning import TuneSpec, suggest_setting
+from harness.engine import training
+from harness.engine.embedding import embed_images
+from harness.engine.model import build_model
+from harness.engine.runtime import resolve_device
 from harness.engine.sweep import pop_lock
+from harness.engine.training import prepare_splits
 from harness.engine.tuned_studies import (
     Study,
     best_trial,
@@ -33,6 +51,16 @@ from harness.engine.tuned_studies import (
     trial_setting,
     tuned_studies,
 )
+from harness.store.queries import (
+    find_run,
+    metric_history,
+    read_artifact,
+    record_derived_run,
+    search_runs,
+    set_run_tags,
+)
+from harness.store.tracking import filter_value as q
+from harness.store.weights import load_finished_weights
 
 __all__ = ["run_trial", "run_final_cell"]
 
@@ -45,9 +73,6 @@ def _splits(
 ):
     """The splits of ``fold`` of ``folds`` (None: the protocol's carve), the test split
     sealed while searching; the dataset is loaded once per protocol split in ``cache``."""
-    from harness.components.data import fold_splits, seal_test
-    from harness.config.protocol import apply_overrides
-    from harness.engine.training import prepare_splits
 
     by_seed = cell.seed if protocol.splits.validation_by_run_seed else None  # its own carve
     key = (
@@ -85,7 +110,6 @@ def _tuned_protocol(cell: Cell, overrides: dict[str, Any]):
     """The cell's protocol with a setting's protocol overrides (learning rates, loss
     arguments) applied: the tuned setting, recorded as ``tune_params``, not as deviations
     (the grid asks for them to be searched)."""
-    from harness.config.protocol import apply_overrides
 
     protocol, _ = apply_overrides(cell.protocol, overrides)
     return protocol
@@ -94,7 +118,6 @@ def _tuned_protocol(cell: Cell, overrides: dict[str, Any]):
 def _fold_config(cell: Cell, protocol, options: dict, settings: dict, **run: Any):
     """A fold run of ``cell`` under a tuned ``protocol`` with the method ``options``,
     resumable; ``run``: the rest of :meth:`RunConfig.build`'s fields."""
-    from harness.engine import training
 
     return training.RunConfig.build(
         protocol,
@@ -113,8 +136,6 @@ def _fold_config(cell: Cell, protocol, options: dict, settings: dict, **run: Any
 
 def _finished_run(experiment: str, tags: dict[str, Any]):
     """The FINISHED run of ``experiment`` with every tag of ``tags``, or None."""
-    from harness.store.queries import search_runs
-    from harness.store.tracking import filter_value as q
 
     where = " and ".join(f"tags.{k} = {q(v)}" for k, v in tags.items())
     runs = search_runs(experiment, f"attributes.status = 'FINISHED' and {where}")
@@ -122,7 +143,6 @@ def _finished_run(experiment: str, tags: dict[str, Any]):
 
 
 def _best_validation(run_id: str, metric: str) -> float:
-    from harness.store.queries import metric_history
 
     history = metric_history(run_id, metric_key("val", metric))
     if not history:
@@ -146,7 +166,6 @@ def _should_prune(spec: TuneSpec, fold: int, mean: float, history: dict[int, Any
 def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -> float:
     """Trial ``number`` of ``study``: its k fold runs (a finished one is read, not run
     again), the mean of their best validation values, recorded in the study (once)."""
-    from optuna.trial import TrialState
 
     spec = study.spec
     record = record_study(study, storage)
@@ -186,7 +205,6 @@ def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -
 
 
 def _add_trial(record, params, distributions, value, intermediate, state, attrs) -> None:
-    from optuna.trial import create_trial
 
     record.add_trial(
         create_trial(
@@ -205,8 +223,6 @@ def _trial_fold_run(
 ) -> str:
     """The run of one fold of a trial (its finished run if there is one): trained on the
     fold's training classes with the test split sealed, selected on the fold."""
-    from harness.engine import training
-    from harness.store.queries import set_run_tags
 
     params, options, protocol = setting
     cell = study.first
@@ -237,7 +253,6 @@ def _trial_fold_run(
 
 
 def _final_tags(study: Study, record, best, cell: Cell) -> dict[str, str]:
-    from harness.config.deviations import deviation_tags
 
     history = settled(record)
     values = [
@@ -298,8 +313,6 @@ def _final_fold_run(
     """The final run of one fold of a cell (its finished run if there is one): with
     ``folds = 1`` the cell's run in the grid's experiment, else a fold model in
     ``<experiment>-folds``; a test-time cell evaluates its base cell's run of that fold."""
-    from harness.engine import training
-    from harness.store.queries import set_run_tags
 
     protocol, options, tags = setting
     spec = grid.tune
@@ -372,8 +385,6 @@ def _record_fold_reports(
 
 def _separated(run_ids: list[str]) -> tuple[dict[str, float], dict | None]:
     """The mean of the fold runs' test metrics and (when every run has them) per-query values."""
-    from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query
-    from harness.store.queries import find_run, read_artifact
 
     tests = [group_metrics(find_run(r).data.metrics, "test") for r in run_ids]
     shared = sorted(set.intersection(*(set(t) for t in tests)))
@@ -396,8 +407,6 @@ def _record_report(
 ) -> None:
     """One report of a cell's fold models as a run of the grid's experiment, with its
     per-query values (for the tables' paired bootstrap) when there are any."""
-    from harness.components.evaluation import PER_QUERY_ARTIFACT, save_per_query
-    from harness.store.queries import record_derived_run
 
     folder, name = PER_QUERY_ARTIFACT.rsplit("/", 1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -427,8 +436,6 @@ _FOLD_RUN_TAGS = (
 
 
 def _cell_reports(grid: Grid, cell: Cell) -> list:
-    from harness.store.queries import search_runs
-    from harness.store.tracking import filter_value as q
 
     return search_runs(
         grid.experiment,
@@ -440,14 +447,6 @@ def _concatenated_scores(
     cell: Cell, protocol, options: dict, run_ids: list[str], settings: dict, cache: dict
 ):
     """The test metrics of the fold models' L2-normalised embeddings, concatenated."""
-    import torch
-
-    from harness.components.data.transforms import build_transform
-    from harness.components.evaluation import evaluate_embeddings, l2_normalize
-    from harness.engine.embedding import embed_images
-    from harness.engine.model import build_model
-    from harness.engine.runtime import resolve_device
-    from harness.store.weights import load_finished_weights
 
     device = resolve_device(settings.get("device", "auto"))
     splits = _splits(cell, protocol, 2, None, settings, cache, sealed=False)

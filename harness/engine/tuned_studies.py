@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import optuna
+from optuna.trial import TrialState, create_trial
 
 from harness.base.errors import HarnessError
 from harness.config.grids import Cell, Grid
 from harness.config.tuning import TuneSpec, suggest_setting
+from harness.engine.sweep import open_storage
+from harness.store.queries import all_runs
 
 __all__ = [
     "Study",
@@ -93,7 +97,6 @@ def tuned_studies(grid: Grid) -> list[Study]:
 
 
 def record_study(study: Study, storage):
-    import optuna
 
     return optuna.create_study(
         study_name=study.name, storage=storage, direction="maximize", load_if_exists=True
@@ -102,7 +105,6 @@ def record_study(study: Study, storage):
 
 def settled(record) -> dict[int, Any]:
     """``{trial number: FrozenTrial}`` of a study's settled trials (finished or pruned)."""
-    from optuna.trial import TrialState
 
     out: dict[int, Any] = {}
     for t in record.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
@@ -118,8 +120,6 @@ def trial_setting(study: Study, number: int, history: dict[int, Any]):
     """The setting of trial ``number``: ``(params, distributions, options, overrides)``,
     suggested by TPE fitted on the settled trials of the earlier rounds (``history``),
     added in trial order, and seeded by (``sampler_seed``, ``number``)."""
-    import optuna
-    from optuna.trial import TrialState, create_trial
 
     spec = study.spec
     earlier = range(round_start(spec, number))
@@ -159,7 +159,6 @@ def fold_plan(grid: Grid) -> list[int | None]:
 
 def best_trial(record) -> Any:
     """The study's best finished trial: the highest value, the lowest number on a tie."""
-    from optuna.trial import TrialState
 
     done = [t for t in settled(record).values() if t.state == TrialState.COMPLETE]
     if not done:
@@ -170,7 +169,6 @@ def best_trial(record) -> Any:
 def finished_final_cells(grid: Grid) -> set[str]:
     """Keys of the cells with their final result(s) in the grid's experiment: the run
     (``folds = 1``), or both the ``separated`` and the ``concatenated`` result."""
-    from harness.store.queries import all_runs
 
     reports: dict[str, set[str]] = {}
     for run in all_runs(grid.experiment, "attributes.status = 'FINISHED'"):
@@ -184,6 +182,5 @@ def finished_final_cells(grid: Grid) -> set[str]:
 
 def record_storage(url: str | None):
     """The storage of the studies' records: the queue's database, without heartbeats."""
-    from harness.engine.sweep import open_storage
 
     return open_storage(url, heartbeat=None, grace=None, retry_stale=False)

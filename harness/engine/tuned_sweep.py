@@ -40,9 +40,16 @@ import socket
 import time
 from typing import Any
 
+import optuna
+from optuna.storages import fail_stale_trials
+from optuna.trial import TrialState
+
 from harness.base.errors import HarnessError
+from harness.components.data import class_folds
 from harness.config.grids import Cell, Grid
-from harness.engine.sweep import Heartbeat, pop_lock, settle_trial
+from harness.config.protocol import apply_overrides
+from harness.engine.sweep import Heartbeat, pop_lock, settle_trial, worker_loop
+from harness.engine.training import prepare_splits
 from harness.engine.tuned_runs import run_final_cell, run_trial
 from harness.engine.tuned_studies import (
     Study,
@@ -73,7 +80,6 @@ TASK_ATTR = "tune_task"
 
 
 def _queue_trials(queue) -> dict[str, list]:
-    from optuna.trial import TrialState
 
     by: dict[str, list] = {s.name: [] for s in TrialState}
     for t in queue.get_trials(deepcopy=False):
@@ -94,7 +100,6 @@ def plan_tasks(grid: Grid, queue, storage, *, retry_failed: bool = True) -> dict
     final cells (a test-time cell once its base cell is final). A task that failed is
     queued again only with ``retry_failed`` (a sweep's start; its workers leave it for the
     next start, as an untuned grid's failed cells). Returns what it found."""
-    from optuna.storages import fail_stale_trials
 
     fail_stale_trials(queue)
     by = _queue_trials(queue)
@@ -166,9 +171,6 @@ def tuned_worker_loop(
     """Pop and run the tuned grid's tasks until every study and final cell is done, or
     nothing more can run; plans new tasks whenever the queue is empty. Returns this
     worker's ``{"done": [...], "failed": [(task, error)]}``."""
-    from optuna.trial import TrialState
-
-    from harness.engine import training  # noqa: F401  (imported before holding a task)
 
     settings = settings or {}
     report: dict[str, list] = {"done": [], "failed": []}
@@ -201,7 +203,6 @@ def tuned_worker_loop(
 
 
 def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
-    from optuna.trial import TrialState
 
     attrs = task.user_attrs
     twins = [
@@ -244,12 +245,9 @@ def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
 
 def study_progress(grid: Grid, storage) -> list[dict[str, Any]]:
     """Per study: finished, pruned and running trials, and the best value so far."""
-    from optuna.trial import TrialState
 
     queue_running: dict[str, int] = {}
     try:
-        import optuna
-
         queue = optuna.load_study(study_name=f"sweep:{grid.name}", storage=storage)
         for t in _queue_trials(queue)["RUNNING"]:
             if t.user_attrs.get(TASK_ATTR) == "trial":
@@ -284,7 +282,6 @@ def run_worker(
 ) -> dict[str, list]:
     """A worker of the grid's queue: :func:`tuned_worker_loop` for a tuned grid, else
     :func:`harness.engine.sweep.worker_loop` (``train``: what trains a cell's run)."""
-    from harness.engine.sweep import worker_loop
 
     settings = settings or {}
     if grid.tune is None:
@@ -297,9 +294,6 @@ def run_worker(
 def check_tuned_grid(grid: Grid, settings: dict) -> None:
     """What a tuned grid needs of its data, checked before anything is queued: enough
     training classes for its folds (two per fold), in every dataset."""
-    from harness.components.data import class_folds
-    from harness.config.protocol import apply_overrides
-    from harness.engine.training import prepare_splits
 
     assert grid.tune is not None
     if grid.tune.folds == 1:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
+from harness.store.queries import newest_finished_runs
 
 __all__ = [
     "COLUMNS",
@@ -77,7 +78,6 @@ def _verdict(metrics: dict[str, float], key: str) -> bool | None:
 
 def explain_rows(experiments: list[str]) -> list[ExplainRow]:
     """Rows of the newest explained FINISHED run of each method in ``experiments``."""
-    from harness.store.queries import newest_finished_runs
 
     found = list(experiments)
     runs = newest_finished_runs(found)

@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import ConnectionPatch
 
 from harness.base.atomic import atomic_write, atomic_write_json
 from harness.base.metric_keys import metric_key
@@ -103,8 +108,6 @@ def _panel_point(axes, point: tuple[int, int, float, float]):
 def heat_scale(fig, axes, label: str = "heat (min-max scaled per image)") -> None:
     """The colour scale of :func:`draw_overlay`'s heat maps beside ``axes``, drawn opaque
     (the maps themselves are blended over the images)."""
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
 
     scale = fig.colorbar(
         ScalarMappable(norm=Normalize(0.0, 1.0), cmap=HEAT_CMAP), ax=axes, shrink=0.8, fraction=0.04
@@ -119,8 +122,6 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     their end, a colour scale when a panel has a heat map, and its title after
     ``caption`` (which run and images). Drawn on an Agg canvas (no pyplot, no global
     backend change)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     rows, cols = len(figure.panels), max(len(r) for r in figure.panels)
     size = 3.0 if cols <= 3 else 1.7  # inches per panel: a pair or triplet large, node rows small
@@ -160,7 +161,6 @@ def _draw_panels(axes, figure: FigureData, cols: int, *, fontsize: int) -> None:
 def _draw_link(fig, axes, link: Link) -> None:
     """One link of a figure: an arrow between its two panel points, a dot on each, and its
     label at its end."""
-    from matplotlib.patches import ConnectionPatch
 
     (ax_a, xy_a), (ax_b, xy_b) = _panel_point(axes, link.start), _panel_point(axes, link.end)
     fig.add_artist(
@@ -371,8 +371,6 @@ def pairs_figure(
     paper's Fig. 4 layout, one pair of columns per source), under ``title``. ``sources``:
     per source, an object with the ``query`` and ``gallery`` maps of the pairs
     (``(P, H, W)`` each)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     rows, cols = len(pictures_q), 2 * len(sources)
     fig = Figure(figsize=(1.8 * cols + 0.8, 1.9 * rows), dpi=100, layout="constrained")
@@ -406,8 +404,6 @@ def pairs_figure(
 
 def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]], *, title: str = "") -> Path:
     """Mean deletion and insertion curves per pixel order (RISE's Fig. 5 layout), under ``title``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 3.2), dpi=100)
     FigureCanvasAgg(fig)

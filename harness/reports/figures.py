@@ -20,7 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from harness.base.atomic import atomic_write_set
 from harness.reports.tables.labels import DATASET_LABELS, METRIC_LABELS, block_label, row_label
 
 __all__ = [
@@ -100,8 +104,6 @@ def render_forest(
 ) -> tuple[bytes, bytes]:
     """``(pdf, png)`` of a forest plot: one panel per dataset, a row per comparison grouped by
     block, the zero line drawn, differences in percent points."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     datasets = list(dict.fromkeys(rows["dataset"]))
     ticks, headings, where = _positions(rows)
@@ -168,7 +170,6 @@ def _forest_intervals(ax, part: pd.DataFrame, where: Mapping[tuple[str, str], fl
 
 def _forest_legend(figure) -> None:
     """The legend of the two intervals (over seeds, over test queries), below the panels."""
-    from matplotlib.lines import Line2D
 
     figure.legend(
         handles=[
@@ -210,7 +211,6 @@ def write_forest(
     """``<stem>.forest.pdf``, ``.png`` and ``.csv`` (the numbers drawn), written together
     (:func:`harness.base.atomic.atomic_write_set`); nothing when there are no paired tests.
     Returns the paths written."""
-    from harness.base.atomic import atomic_write_set
 
     files = forest_files(stem, tests, labels, metrics=metrics)
     atomic_write_set(files)

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 __all__ = [
     "t_interval",
@@ -46,7 +47,6 @@ _DRAWS_PER_BATCH = 1 << 23
 def t_half_width(values) -> float:
     """Half-width of the two-sided 95% Student t-interval of the mean of ``values``;
     NaN for fewer than two values."""
-    from scipy import stats
 
     values = np.asarray(values, dtype=np.float64)
     n = len(values)
@@ -69,7 +69,6 @@ def paired_t_test(method, baseline) -> tuple[float, float]:
     """``(mean of method - baseline, two-sided p)`` of the paired t-test (``scipy.stats.ttest_rel``)
     over aligned values (same seed at the same position). p is NaN for fewer than two pairs
     or when every difference is the same (no spread to test against)."""
-    from scipy import stats
 
     a, b = np.asarray(method, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if a.shape != b.shape:

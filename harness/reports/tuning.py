@@ -8,6 +8,7 @@ to show whether a budget was enough).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -173,12 +174,14 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     """The best validation value so far against the trial number, one panel per block
     (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
     by path, rendered, not written (empty for runs that were not tuned)."""
-    import io
 
+    # deferred: pyplot adds 0.35 s to --help (table's parser reads REPORTS from this
+    # module), and the Agg backend is chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: pyplot loads after the backend is chosen
+    from matplotlib.ticker import MaxNLocator
 
     tuned = tuned_runs(runs)
     if tuned.empty:
@@ -187,8 +190,6 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     figure, axes = plt.subplots(
         1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
     )
-    from matplotlib.ticker import MaxNLocator
-
     for ax, (key, group) in zip(axes[0], blocks, strict=True):
         for method, rows in group.groupby("method", sort=True):
             base = studied_method(rows.iloc[0].get("tune_study", ""))

@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import socket
 
+import mlflow
+from mlflow.entities import ViewType
+
 from harness.base.atomic import remove_orphans_in
 from harness.store.location import sqlite_database, tracking_uri
 from harness.store.tracking import _search_runs
@@ -52,7 +55,6 @@ def process_is_dead(worker: str) -> bool:
 def mark_dead_runs_killed(experiment: str, filter_string: str) -> list[str]:
     """Mark KILLED the RUNNING runs of ``experiment`` matching ``filter_string`` whose
     process (tag ``harness_worker``) died on this host; returns their ids."""
-    import mlflow
 
     killed = []
     for run in _search_runs(experiment, f"attributes.status = 'RUNNING' and {filter_string}"):
@@ -77,8 +79,6 @@ def fail_dead_runs() -> list[str]:
     A run owned by a process of another host cannot be checked by its pid and is left as
     it is (a sweep's own heartbeats fail those cells); so is a run without the
     ``harness_worker`` tag. A store that does not exist yet holds no run and is not created."""
-    import mlflow
-    from mlflow.entities import ViewType
 
     uri = tracking_uri()
     database = sqlite_database(uri)

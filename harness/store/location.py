@@ -19,6 +19,7 @@ from harness.store.artifacts import ARTIFACT_FOLDER
 
 __all__ = [
     "DEFAULT_URI",
+    "DEFAULT_STORAGE",
     "ARTIFACT_FOLDER",
     "tracking_uri",
     "sqlite_database",
@@ -27,6 +28,9 @@ __all__ = [
 ]
 
 DEFAULT_URI = "sqlite:///results/mlflow.db"
+#: The Optuna studies' database of ``tune`` and ``sweep`` when ``--storage`` and
+#: ``$DML_HARNESS_OPTUNA_STORAGE`` name none.
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 
 
 def _setting() -> str:

@@ -12,6 +12,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 __all__ = [
     "PACKAGES",
     "SOURCE_FOLDERS",
@@ -155,6 +157,8 @@ def source_tags(commit: str) -> dict[str, str]:
     ``-dirty``; the ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
     # Imported when used: importing MLflow takes seconds, and every command loads this module
     # (record_invocation) without starting a run.
+    # deferred: mlflow adds 0.7 s to every command, --help included (harness.cli.main
+    # imports this module to record the invocation)
     from mlflow.entities import SourceType
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 
@@ -177,7 +181,6 @@ def source_tags(commit: str) -> dict[str, str]:
 def environment_tags() -> dict[str, str]:
     # Imported when used: torch takes seconds to import, and the store's readers (tables,
     # listings) never need it.
-    import torch
 
     commit = git_commit()
     tags = {

@@ -15,11 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
 
 from harness.base.errors import HarnessError
 from harness.store.artifacts import PROXIED_SCHEME, proxied_local_path, resolve_proxied_locally
 from harness.store.location import artifact_root, tracking_uri
-from harness.store.tracking import _existing_run_experiment, _search_runs
+from harness.store.tracking import _existing_run_experiment, _search_runs, experiment_id
 
 __all__ = [
     "client",
@@ -46,7 +50,6 @@ T = TypeVar("T")
 def client():
     """An ``MlflowClient`` on the project's tracking store, whose proxied artifact URIs
     this process resolves (:func:`harness.store.artifacts.resolve_proxied_locally`)."""
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     resolve_proxied_locally()
@@ -98,7 +101,6 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def experiment_exists(name: str) -> bool:
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     return mlflow.get_experiment_by_name(name) is not None
@@ -120,7 +122,6 @@ def finished_runs_frame(experiments: Sequence[str]):
     (MLflow's ``search_runs`` pandas frame: ``run_id``, ``experiment_id``, ``start_time``,
     ``tags.*``, ``params.*``, ``metrics.*``). An experiment the store does not have is
     one error line that lists those it has."""
-    import mlflow
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
@@ -145,7 +146,6 @@ def finished_runs_frame(experiments: Sequence[str]):
 def newest_finished_runs(experiments: Sequence[str]) -> list:
     """The FINISHED runs of ``experiments``, newest first; an experiment the store does
     not have is one error line."""
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     missing = sorted(e for e in set(experiments) if mlflow.get_experiment_by_name(e) is None)
@@ -165,7 +165,6 @@ def _recorded_artifact_dir(run) -> Path | None:
     """The local folder MLflow recorded for the run's artifacts (``file:`` URI or plain
     path, or a proxied URI of a SQLite store: :func:`harness.store.artifacts.proxied_local_path`);
     None for a remote artifact store."""
-    from urllib.parse import unquote, urlparse
 
     uri = run.info.artifact_uri or ""
     parsed = urlparse(uri)
@@ -245,7 +244,6 @@ def log_to_run(
 ) -> None:
     """Add to a run, finished or not: ``metrics`` (step 0), ``tags``, ``texts``
     (``{artifact path: text}``) and files (``(path, artifact folder)``)."""
-    from mlflow.entities import Metric, RunTag
 
     c = client()
     now = int(time.time() * 1000)
@@ -276,9 +274,6 @@ def record_derived_run(
     (what was trained, under which protocol) less the tags in ``drop`` (what describes
     the source run alone), then ``tags`` on top, and ``artifacts`` (``(file, artifact
     folder)``). Returns its run id."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    from harness.store.tracking import experiment_id
 
     c = client()
     source = c.get_run(source_run_id)

@@ -18,6 +18,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import mlflow.pytorch
+import torch
+from mlflow.data.code_dataset_source import CodeDatasetSource
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.models import infer_signature
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.utils.mlflow_tags import (
+    MLFLOW_DATASET_CONTEXT,
+    MLFLOW_GIT_COMMIT,
+    MLFLOW_SOURCE_NAME,
+    MLFLOW_SOURCE_TYPE,
+)
+
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import READABLE, display_copies
 from harness.config.overrides import flatten_keys
@@ -75,7 +91,6 @@ def filter_value(value: Any) -> str:
 
 def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
     """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist)."""
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     exp = mlflow.get_experiment_by_name(experiment)
@@ -101,7 +116,6 @@ def experiment_id(name: str) -> str:
     (:mod:`harness.store.artifacts`), which this process then resolves there. Sweep workers
     start together: when another process creates it between our look-up and our create,
     the store's unique-name constraint fails ours, and we take theirs."""
-    import mlflow
 
     resolve_proxied_locally()
     exp = mlflow.get_experiment_by_name(name)
@@ -128,7 +142,6 @@ class Tracker:
     """A thin wrapper over one MLflow run (start or resume, log, finish or fail)."""
 
     def __init__(self, experiment: str, run_name: str, run_id: str | None = None):
-        import mlflow
 
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri())
@@ -154,7 +167,6 @@ class Tracker:
         self.run_id = run_id
 
     def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
         fresh = [
@@ -166,7 +178,6 @@ class Tracker:
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Tags of the run; its description (:data:`RUN_NOTE_TAG`) is also the description of
         the models logged here, which the UI's model page shows."""
-        from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
         for i in range(0, len(items), 100):
@@ -179,7 +190,6 @@ class Tracker:
         """``metrics`` at ``step``, and beside each headline metric of the test and validation
         splits its display copy, a percentage (:func:`~harness.base.metric_keys.display_copies`),
         at the same step."""
-        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
@@ -191,7 +201,6 @@ class Tracker:
     def log_metric_steps(self, series: dict[str, list[tuple[int, float]]]) -> None:
         """Several values of each metric, each at its own step, in one request:
         ``{"train/loss": [(step, value), ...]}``."""
-        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         items = [
@@ -216,10 +225,6 @@ class Tracker:
         so the UI lists it and runs on the same split share one dataset entry. Metadata
         only (``MetaDataset``): the images stay where the data root has them. ``extra``:
         more fields of its source (a dataset given by its path: the path, its fingerprint)."""
-        from mlflow.data.code_dataset_source import CodeDatasetSource
-        from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.entities import DatasetInput, InputTag
-        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
         source = CodeDatasetSource(
             {
@@ -278,8 +283,6 @@ class Tracker:
         Kept cheap: the pip requirements are named (MLflow would otherwise load the model
         in a subprocess to infer them) and the input example is not run again through a
         serving round trip (the caller computed ``output_example`` from it)."""
-        import mlflow.pytorch
-        from mlflow.models import infer_signature
 
         signature = infer_signature(input_example, output_example)
         latest = self._latest_metrics()
@@ -327,7 +330,6 @@ class Tracker:
         its page shows them; the display copies of the test metrics excepted, which
         :meth:`log_model_scores` links with the dataset. The points are the run's own (same
         time and step), so the run's history gains none."""
-        from mlflow.entities import Metric
 
         items = [
             Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id)
@@ -339,11 +341,6 @@ class Tracker:
 
     def _source_tags(self) -> dict[str, str]:
         """The run's source tags (command, source type, commit)."""
-        from mlflow.utils.mlflow_tags import (
-            MLFLOW_GIT_COMMIT,
-            MLFLOW_SOURCE_NAME,
-            MLFLOW_SOURCE_TYPE,
-        )
 
         tags = self.client.get_run(self.run_id).data.tags
         keys = (MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_GIT_COMMIT, "command")
@@ -358,7 +355,6 @@ class Tracker:
         model's dataset and these scores under it. A score the run holds already (a display
         copy of a test metric) is linked as that point; one linked to the model already
         stays as it is."""
-        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         model_id = model_uri.removeprefix("models:/")
@@ -394,8 +390,6 @@ class Tracker:
 def _existing_run_experiment(client, run_id: str) -> str | None:
     """The experiment id of run ``run_id``; None when the store answers that it does not
     exist. Any other failure is one :class:`HarnessError` line (not a new run)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
     try:
         return client.get_run(run_id).info.experiment_id
@@ -415,8 +409,6 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
 def _model_requirements() -> list[str]:
     """The pip requirements a logged model names (MLflow would otherwise load the model in
     a subprocess to infer them): torch, mlflow and this package at their versions."""
-    import mlflow
-    import torch
 
     return [
         f"torch=={torch.__version__.split('+')[0]}",

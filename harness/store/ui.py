@@ -4,6 +4,8 @@ the UI's URLs. The server itself: :mod:`harness.store.ui_server`."""
 
 from __future__ import annotations
 
+import mlflow
+
 from harness.store.location import tracking_uri
 from harness.store.runs_view import VIEW_KEY, VIEW_NAME, outdated, view_tag
 
@@ -40,7 +42,6 @@ def prepare_for_ui(experiment: str) -> None:
     lacks them (made before the harness set them, or by another program): the
     model-development kind, and :data:`RUNS_VIEW` (also where the harness wrote an older
     form of it; :func:`harness.store.runs_view.outdated`)."""
-    import mlflow
 
     client = mlflow.MlflowClient(tracking_uri())
     present = client.get_experiment(experiment).tags

@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+import mlflow
+from mlflow.entities import Metric
+
 from harness.base.metric_keys import display_copies, display_key, split_key
 from harness.store.location import tracking_uri
 from harness.store.runs_view import TAG_PREFIX, VIEW_KEY, outdated, view_state, view_tag
@@ -53,7 +56,6 @@ _NOTE_TAG = "mlflow.note.content"
 def prepare_runs(experiment: str) -> dict[str, int]:
     """Prepare experiment id ``experiment``'s runs for the UI; returns how many runs got
     display copies, colours and model descriptions (``copies``, ``colours``, ``notes``)."""
-    import mlflow
 
     client = mlflow.MlflowClient(tracking_uri())
     runs = client.search_runs([experiment], max_results=50000)
@@ -70,7 +72,6 @@ def prepare_runs(experiment: str) -> dict[str, int]:
 def _add_display_copies(client, run) -> bool:
     """Log the display copies (:func:`~harness.base.metric_keys.display_copies`) a finished
     run lacks, at the steps and times of the metrics they copy; whether any was missing."""
-    from mlflow.entities import Metric
 
     missing = [
         key

@@ -9,6 +9,9 @@ import io
 import sys
 from pathlib import Path
 
+import mlflow
+import torch
+
 from harness.base.errors import HarnessError
 from harness.store.location import tracking_uri
 from harness.store.tracking import _existing_run_experiment
@@ -58,7 +61,6 @@ def check_finished_run(run_id: str, flag: str) -> None:
 def _finished_run(run_id: str, flag: str):
     """The FINISHED run ``run_id`` of the tracking store (an MLflow ``Run``); anything else
     is one line naming ``flag``."""
-    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
@@ -116,7 +118,6 @@ def load_finished_weights(
 def _saved_weights(path: Path, run_id: str, expected: str, flag: str) -> tuple[dict, int | None]:
     """The model state and the selected epoch saved at ``path``, its bytes' sha256 checked
     against ``expected`` (the run's ``model_sha256`` tag, when it has one)."""
-    import torch
 
     data = path.read_bytes()
     found = hashlib.sha256(data).hexdigest()

@@ -14,7 +14,7 @@ import pytest
 
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
-from harness.cli.tune import add_tune_parser
+from harness.cli.parsers.tune import add_tune_parser
 from harness.config.protocol_files import load_protocol
 from harness.engine.tune import study_name, suggest
 

@@ -183,3 +183,71 @@ def test_no_package_init_defines_a_function_or_class():
         if (names := _init_definitions(path.read_text()))
     }
     assert found == {}
+
+
+#: Imports inside functions that harness/ may hold: each defers a measured start-up cost
+#: (or waits for a library that loads the module while importing itself), and says which.
+MAX_DEFERRED_IMPORTS = 60
+DEFERRED_MARK = "# deferred:"
+
+
+def _deferred_imports(source: str) -> tuple[int, list[int]]:
+    """The number of import statements inside functions of ``source``, and the line of each
+    one whose reason is not given: a ``# deferred:`` comment on a line of its block of
+    consecutive imports or in the comment lines right above the block."""
+    lines = source.splitlines()
+    found: dict[int, ast.Import | ast.ImportFrom] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Import | ast.ImportFrom):
+                    found[inner.lineno] = inner
+    covered = {n for node in found.values() for n in range(node.lineno, node.end_lineno + 1)}
+    unexplained = []
+    for line, node in sorted(found.items()):
+        comments = [lines[n - 1] for n in range(line, node.end_lineno + 1)]
+        above = line - 1
+        while above in covered:
+            comments.append(lines[above - 1])
+            above -= 1
+        while above >= 1 and lines[above - 1].strip().startswith("#"):
+            comments.append(lines[above - 1])
+            above -= 1
+        if not any(DEFERRED_MARK in text for text in comments):
+            unexplained.append(line)
+    return len(found), unexplained
+
+
+def test_imports_sit_at_the_top_of_each_module():
+    """A module says what it depends on at its top; an import inside a function is one that
+    would cost every command's start-up (``python -m harness --help`` loads the parsers,
+    the plugins and what they import), and its ``# deferred:`` comment gives the figure."""
+    counts, unexplained = {}, {}
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        count, lines = _deferred_imports(path.read_text())
+        if count:
+            counts[str(path.relative_to(REPO))] = count
+        if lines:
+            unexplained[str(path.relative_to(REPO))] = lines
+    assert unexplained == {}
+    assert sum(counts.values()) <= MAX_DEFERRED_IMPORTS, counts
+
+
+def test_the_deferred_import_check_finds_an_unexplained_import():
+    """The check above can fail: an import without the comment is reported; a commented
+    block of imports, a comment on the line and a top-level import are not."""
+    source = (
+        "import os\n\n\n"
+        "def explained():\n"
+        "    # deferred: a library that costs 1 s\n"
+        "    import a\n"
+        "    from b import (\n"
+        "        c,\n"
+        "    )\n"
+        "    import d  # deferred: 2 s\n\n\n"
+        "def unexplained():\n"
+        "    x = 1\n"
+        "    import e\n"
+        "    return x\n"
+    )
+    assert _deferred_imports(source) == (4, [15])

@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from scipy.io import loadmat
 
 from harness.base.errors import HarnessError
 from harness.components.data.base import (
@@ -145,7 +146,6 @@ def load_cub200(root: Path) -> DatasetSplits:
     official=OfficialCounts(8_054, 98, 8_131, 98, source="Krause et al. 2013; DIML Sec. 4.1"),
 )
 def load_cars196(root: Path) -> DatasetSplits:
-    from scipy.io import loadmat
 
     try:
         annos = loadmat(root / "cars_annos.mat", squeeze_me=True)["annotations"]

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from harness.base.errors import HarnessError
 
 __all__ = ["DEFAULT_TIMEOUT", "download"]
@@ -92,7 +94,6 @@ def _copy(
 ) -> int:
     """Stream the body to ``path``; returns the file's size. A stall or a dropped connection
     keeps what arrived (when anything did) for the next fetch to resume."""
-    from tqdm import tqdm
 
     got = start
     bar = tqdm(

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from PIL import Image
+from tqdm import tqdm
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
@@ -135,7 +136,6 @@ def verify_images(
 ) -> list[tuple[Path, str]]:
     """Decode every file once (in threads: PIL releases the GIL while decoding); returns
     ``(path, why)`` of each that failed, in the files' order."""
-    from tqdm import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         problems = list(

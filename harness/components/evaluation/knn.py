@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
+import torch
 
 if TYPE_CHECKING:  # torch is imported only for a torch search (the CPU suite stays without it)
     import torch
@@ -142,7 +143,6 @@ def search_device(use_gpu: bool, device: str | torch.device | None = None) -> to
     a GPU is asked for and faiss has none."""
     if device is None and not (use_gpu and not gpu_available()):
         return None
-    import torch
 
     if device is not None:
         return torch.device(device)
@@ -162,8 +162,6 @@ class _Search:
         self.device = search_device(use_gpu, device)
         self.torch_reference = None
         if self.device is not None:
-            import torch
-
             self.torch_reference = torch.from_numpy(reference).to(self.device)
         self.gpu = (
             make_index(reference, use_gpu=True)
@@ -173,8 +171,6 @@ class _Search:
 
     def __call__(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.torch_reference is not None:
-            import torch
-
             with torch.inference_mode():
                 sims = (
                     torch.from_numpy(np.ascontiguousarray(x)).to(self.device)

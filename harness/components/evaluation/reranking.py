@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from harness.base.errors import HarnessError
 
@@ -59,7 +60,6 @@ def exhaustive_knn(
     runs on the scorer's device (a stable sort of [running top-k, new chunk]: both are in
     the total order already, and every running id is below the new chunk's).
     """
-    import torch
 
     same = num_reference is None
     n_ref = num_queries if num_reference is None else int(num_reference)

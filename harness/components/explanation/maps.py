@@ -132,6 +132,7 @@ def attention_figure(
     ``"mass"``/``"concentration"`` or pass the head's raw scores, e.g.
     ``output.attention.amax(dim=(2, 3))``. Returns the path written.
     """
+    # deferred: matplotlib adds 0.3 s to --help and methods (the plugins import this module)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize

@@ -3,6 +3,8 @@ grouped by, the default metrics and the significance level of the paired tests."
 
 from __future__ import annotations
 
+from harness.base.metric_keys import TABLE_METRICS
+
 __all__ = [
     "DEFAULT_METRICS",
     "KEYS",
@@ -13,16 +15,8 @@ __all__ = [
     "SIGNIFICANCE",
 ]
 
-#: Metrics of A-grouping's Tables 3 and 4 (Roth's class-wise mAP is ``map_at_c``), then MAP@R
-#: (Musgrave et al. 2020, Sec. 3.2: R-precision averaged over the first R ranks).
-DEFAULT_METRICS = (
-    "recall_at_1",
-    "recall_at_2",
-    "nmi",
-    "f1",
-    "map_at_c",
-    "mean_average_precision_at_r",
-)
+#: The metrics of a table when neither ``--metrics`` nor the published table names them.
+DEFAULT_METRICS = TABLE_METRICS
 #: What a published value is matched on.
 KEYS = ["backbone", "loss", "method", "dataset"]
 #: A table row inside a block: the method and its setting (options / tuned / init).

@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.methods import METHODS
+
 __all__ = [
     "METRIC_LABELS",
     "DATASET_LABELS",
@@ -94,7 +96,6 @@ def method_labels(
     rest at their defaults); a name the registry does not know (a published row of
     another paper) is its own label."""
     # Imported when called: the plugins pull in torch, which reading a table never needs otherwise.
-    from harness.methods import METHODS
 
     recorded = recorded or {}
     return {m: METHODS.get(m).display_name(recorded.get(m)) if m in METHODS else m for m in methods}
@@ -117,7 +118,6 @@ def recorded_options(runs: pd.DataFrame) -> dict[str, dict[str, Any]]:
 def method_order(baseline: str) -> list[str]:
     """Row order inside a block: the baseline row, then the methods in the order their
     plugins register them (each plugin registers its own baselines before its method)."""
-    from harness.methods import METHODS  # imported when called, as in method_labels
 
     return list(dict.fromkeys([baseline, *METHODS.registered()]))
 

@@ -14,6 +14,7 @@ from harness.base.metric_keys import split_key
 from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.config.deviations import TAG_PREFIX
 from harness.reports.tables.columns import ROW
+from harness.store.queries import finished_runs_frame
 
 __all__ = ["RUN_COLUMNS", "TUNE_TAGS", "load_runs", "label_settings", "select_report"]
 
@@ -63,7 +64,6 @@ def load_runs(experiments: Sequence[str]) -> pd.DataFrame:
     labels what tells apart runs of one method (see :func:`label_settings`).
     """
     # Imported when called: the store pulls in MLflow, which the table's other steps never need.
-    from harness.store.queries import finished_runs_frame
 
     frame, ids = finished_runs_frame(experiments)
     if frame.empty:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from harness.components.data.base import GIVEN_VALIDATION
 from harness.config.deviations import from_tag, grouped_notes
+from harness.methods import METHODS
 from harness.reports.tables.effects import effect_notes
 from harness.reports.tables.labels import METRIC_LABELS, label
 from harness.reports.tables.layout import distinct_in_order
@@ -57,7 +58,6 @@ def selection_notes(runs: pd.DataFrame, published: Path | None) -> list[str]:
         notes.append("Model selection of the reproduced numbers: " + "; ".join(parts) + ".")
     if published is not None:
         # Imported when called: the plugins pull in torch, which reading a table never needs otherwise.
-        from harness.methods import METHODS
 
         stem = Path(published).stem
         paper = METHODS.get(stem).cls.paper if stem in METHODS else None

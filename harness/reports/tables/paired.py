@@ -11,6 +11,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.components.evaluation import (
+    PER_QUERY_ARTIFACT,
+    PER_QUERY_SCORES,
+    load_per_query,
+    per_query_values,
+)
 from harness.reports.stats import (
     paired_bootstrap,
     paired_t_test,
@@ -19,6 +25,7 @@ from harness.reports.stats import (
 )
 from harness.reports.tables.columns import BLOCK, TEST_COLUMNS
 from harness.reports.tables.labels import METRIC_LABELS, label
+from harness.store.queries import missing_artifact, read_artifact
 
 __all__ = [
     "PerQueryLoader",
@@ -38,8 +45,6 @@ INCOMPLETE_MARK = "‡"
 def artifact_per_query(run_id: str) -> dict[str, np.ndarray] | None:
     """The run's ``evaluation/per_query_test.npz`` artifact, or None when it has none."""
     # Imported when called: the store pulls in MLflow, evaluation faiss and scikit-learn.
-    from harness.components.evaluation import PER_QUERY_ARTIFACT, load_per_query
-    from harness.store.queries import read_artifact
 
     return read_artifact(run_id, PER_QUERY_ARTIFACT, load_per_query)
 
@@ -47,8 +52,6 @@ def artifact_per_query(run_id: str) -> dict[str, np.ndarray] | None:
 def artifact_problem(run_id: str) -> str:
     """What is missing of run ``run_id``'s per-query artifact, and where it was looked for."""
     # Imported when called, as in artifact_per_query.
-    from harness.components.evaluation import PER_QUERY_ARTIFACT
-    from harness.store.queries import missing_artifact
 
     return missing_artifact(run_id, PER_QUERY_ARTIFACT)
 
@@ -162,7 +165,6 @@ def has_per_query_values(metric: str) -> bool:
     (:func:`harness.components.evaluation.per_query_values`): P@1, Recall@K and the
     scores kept per query; not the clustering metrics."""
     # Imported when called: evaluation pulls in faiss and scikit-learn.
-    from harness.components.evaluation import PER_QUERY_SCORES
 
     recall_k = metric.startswith("recall_at_") and metric.removeprefix("recall_at_").isdigit()
     return metric == "precision_at_1" or recall_k or metric in PER_QUERY_SCORES
@@ -174,7 +176,6 @@ class _Bootstrap:
 
     def __init__(self, per_query: PerQueryLoader, resamples: int):
         # Imported when called: evaluation pulls in faiss and scikit-learn.
-        from harness.components.evaluation import per_query_values
 
         self.per_query, self.resamples, self.values_of = per_query, resamples, per_query_values
         self.cache: dict[str, dict | None] = {}

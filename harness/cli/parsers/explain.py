@@ -1,0 +1,69 @@
+"""``explain``'s arguments: the run, the pairs, the output."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.arguments import (
+    Command,
+    at_least,
+)
+from harness.cli.outputs import add_force_argument, add_output_argument
+from harness.components.explanation.scores import CURVE_PAIRS
+
+
+def add_explain_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "explain",
+        help="explain a finished run's similarities and score the explanations "
+        "(ground-truth parts on synthetic; deletion / insertion everywhere)",
+    )
+    p.add_argument(
+        "--run", required=True, metavar="RUN_ID", help="a FINISHED run in the tracking store"
+    )
+    p.add_argument(
+        "--pairs", type=at_least(1), default=200, help="pairs to explain and score (default 200)"
+    )
+    p.add_argument(
+        "--curve-pairs",
+        type=at_least(1),
+        default=CURVE_PAIRS,
+        help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
+        "114 forward passes each)",
+    )
+    add_output_argument(
+        p, "--out", form="folder", help="folder for the figures (default results/explain/<run id>)"
+    )
+    add_output_argument(p, "--json", help="write the scores to this file")
+    add_force_argument(p)
+    p.add_argument(
+        "--seed",
+        type=at_least(0),
+        default=0,
+        help="seed of the pair sampling and the random orders",
+    )
+    p.add_argument("--data-root", type=Path)
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        metavar="PATH",
+        help="where the files of a run on your own dataset are now (default: where the run "
+        "read them; the run's fingerprint must match)",
+    )
+    p.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="where the run's weights are (default "
+        "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--sanity",
+        action="store_true",
+        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
+        "random map) and each source's maps under cascading randomisation of the weights "
+        "(Adebayo et al. 2018), with a verdict per source",
+    )
+    p.set_defaults(func=Command("harness.cli.explain", "cmd_explain"))
+    return p

@@ -1,0 +1,87 @@
+"""``tune``'s arguments: the study, the protocol it tunes, and the seeds."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.arguments import (
+    DATASET_HELP,
+    SEED_LIMIT,
+    Command,
+    at_least,
+    dataset_label,
+    experiment_name,
+    int_list,
+)
+from harness.cli.outputs import add_output_argument
+from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
+
+
+def add_tune_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "tune",
+        help="Optuna TPE over a method's search space (validation), "
+        "then the best setting over the protocol's seeds (test)",
+    )
+    p.add_argument("--method", required=True)
+    p.add_argument("--dataset", default="synthetic", help=DATASET_HELP)
+    p.add_argument(
+        "--dataset-name",
+        type=dataset_label,
+        metavar="NAME",
+        help="the short name of a --dataset PATH (default: the folder's or the .csv file's name)",
+    )
+    p.add_argument(
+        "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
+    )
+    p.add_argument(
+        "--folds",
+        type=at_least(1),
+        default=1,
+        help="class-disjoint folds of the training classes a trial trains on, scored by their "
+        "mean (default 1: the protocol's validation split; MLRC: 4)",
+    )
+    add_output_argument(
+        p, "--storage", form="storage", help="Optuna RDB URL (default sqlite:///results/optuna.db)"
+    )
+    p.add_argument("--protocol", help="protocol name or .toml path (default as for run)")
+    p.add_argument("--loss", help="metric loss (default: the protocol's)")
+    p.add_argument(
+        "--space",
+        help="comma-separated protocol fields to tune as deviations "
+        f"(default {','.join(DEFAULT_PROTOCOL_SPACE)}; '' for none)",
+    )
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)"
+    )
+    _add_seed_arguments(p)
+    p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
+    p.add_argument(
+        "--experiment",
+        type=experiment_name,
+        help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)",
+    )
+    p.add_argument("--data-root", type=Path)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
+    p.set_defaults(func=Command("harness.cli.tune", "cmd_tune"))
+    return p
+
+
+def _add_seed_arguments(p: argparse.ArgumentParser) -> None:
+    """The seeds of the trials, of the reproduction and of the sampler."""
+    p.add_argument(
+        "--seed",
+        type=at_least(0, SEED_LIMIT - 1),
+        help="training seed of the trials (default: the protocol's first)",
+    )
+    p.add_argument(
+        "--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)"
+    )
+    p.add_argument(
+        "--sampler-seed",
+        type=at_least(0, SEED_LIMIT - 1),
+        default=0,
+        help="seed of the TPE sampler",
+    )
