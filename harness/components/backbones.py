@@ -28,7 +28,7 @@ from typing import cast
 
 import torch
 from torch import nn
-from torchvision.models import GoogLeNet_Weights, googlenet
+from torchvision import models as torchvision_models
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
@@ -412,8 +412,8 @@ def _googlenet(pretrained: bool, output_stride: int = 32):
     check_output_stride("googlenet", output_stride)
 
     try:
-        weights = GoogLeNet_Weights.IMAGENET1K_V1 if pretrained else None
-        model = googlenet(
+        weights = torchvision_models.GoogLeNet_Weights.IMAGENET1K_V1 if pretrained else None
+        model = torchvision_models.googlenet(
             weights=weights,
             aux_logits=False,
             init_weights=not pretrained,
