@@ -13,6 +13,7 @@ import mlflow
 import pytest
 
 from harness.cli.main import main
+from harness.store.provenance import commit_in_history, git_commit
 
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
 
@@ -93,6 +94,18 @@ def test_other_data_is_refused_in_one_line_before_anything_trains(recorded, copi
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "split digest" in err[0]
     assert "--allow-data-change" in err[0]
+    assert _runs(copied, recorded["experiment"] + "-reruns") == []
+
+
+def test_a_commit_outside_this_checkout_is_refused_unless_allowed(recorded, copied, capsys):
+    if commit_in_history(git_commit().removesuffix("-dirty")) is None:
+        pytest.skip("the harness runs from no git checkout here: commits cannot be looked up")
+    run_id = recorded["run_id"]
+    _client(copied).set_tag(run_id, "git_commit", "f" * 40)
+    assert main(["rerun", run_id]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not in this checkout's history" in err[0], err
+    assert "--allow-code-change" in err[0]
     assert _runs(copied, recorded["experiment"] + "-reruns") == []
 
 

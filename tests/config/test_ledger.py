@@ -198,6 +198,7 @@ def test_a_new_method_option_fails_coverage_in_the_ledgers_that_run_the_method(m
     def with_dummy(self):
         return {**options(self), "dummy_option": 1} if self.name == "plain" else options(self)
 
+    # A registered method with one option more: the ledgers read the registry's classes.
     monkeypatch.setattr(cls, "options", with_dummy)
     report = _coverage_report()
     runs_plain = {"avsl", "diablo", "diml", "sam"}
