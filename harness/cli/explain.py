@@ -49,6 +49,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=out_dir,
         sanity=args.sanity,
+        canvas=args.insertion_canvas,
     )
     for note in record["notes"]:
         _note(note)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ __all__ = [
     "NOT_SETTINGS",
     "protocol_keys",
     "ledger_cases",
+    "registered_options",
     "required_keys",
     "uncovered",
 ]
@@ -441,23 +443,37 @@ def protocol_keys(schema: dict[str, Any] | None = None) -> list[str]:
     return keys
 
 
-def required_keys(ledger: Ledger, schema: dict[str, Any] | None = None) -> list[str]:
+def registered_options(method: str) -> dict[str, Any]:
+    """The options of the registered method ``method`` with their defaults."""
+    return METHODS.get(method).options()
+
+
+def required_keys(
+    ledger: Ledger,
+    schema: dict[str, Any] | None = None,
+    method_options: Callable[[str], Mapping[str, Any]] = registered_options,
+) -> list[str]:
     """The keys ``ledger`` must cover: the protocol schema's leaf keys (``methods`` aside)
-    and ``methods.<method>.<option>`` for every option of every method its cells run."""
+    and ``methods.<method>.<option>`` for every option (``method_options``) of every method
+    its cells run."""
 
     methods = sorted({case.method for case in ledger_cases(ledger, max_cells=None)})
-    options = [f"methods.{m}.{o}" for m in methods for o in METHODS.get(m).options()]
+    options = [f"methods.{m}.{o}" for m in methods for o in method_options(m)]
     return [k for k in protocol_keys(schema) if k != "methods"] + options
 
 
-def uncovered(ledger: Ledger, schema: dict[str, Any] | None = None) -> list[str]:
+def uncovered(
+    ledger: Ledger,
+    schema: dict[str, Any] | None = None,
+    method_options: Callable[[str], Mapping[str, Any]] = registered_options,
+) -> list[str]:
     """The keys of :func:`required_keys` that no entry of ``ledger`` reads (as its key or a
     prefix of it), its ``[not_applicable]`` table does not list and :data:`NOT_SETTINGS`
     does not hold."""
     keys = {entry.key for entry in ledger.entries}
     return [
         key
-        for key in required_keys(ledger, schema)
+        for key in required_keys(ledger, schema, method_options)
         if key not in NOT_SETTINGS
         and key not in ledger.not_applicable
         and not any(k == key or k.startswith(key + ".") for k in keys)

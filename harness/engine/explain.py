@@ -32,7 +32,11 @@ For a finished run of any method, on its test split:
      (perturbing both images would make two blanked images identical, similarity 1), and
      the same for a random pixel order. Removed pixels take the value 0 of the normalised
      input, i.e. the protocol's mean colour (what SAM's masks do; a blur would keep the
-     colours, which carry the class on ``synthetic``). AUCs by the trapezoidal rule.
+     colours, which carry the class on ``synthetic``). Insertion reveals pixels on the
+     query blurred (RISE's substrate, ``--insertion-canvas blur``) or on that mean colour
+     (``mean``): on a flat canvas a random scatter of revealed pixels keeps a coarse picture
+     of the whole image, which favours the random order (docs/performance.md measures
+     both). AUCs by the trapezoidal rule.
 
 Written: ``--json`` (scores), figures under ``--out`` (the method's own figures in its
 paper's style where it has them, the pairs with both maps, the curves), and, on the run in
@@ -145,10 +149,11 @@ def _curves(
     gallery_emb: torch.Tensor,
     seed: int,
     batch: int,
+    canvas: str,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """:func:`~harness.components.explanation.scores.perturbation_curves` of the pairs' query side for each
-    pixel order in ``order_maps`` (name -> P x H x W): name -> {"fractions", "deletion",
-    "insertion"} (P x S each)."""
+    """:func:`~harness.components.explanation.scores.perturbation_curves` of the pairs' query
+    side for each pixel order in ``order_maps`` (name -> P x H x W), insertion on
+    ``canvas``: name -> {"fractions", "deletion", "insertion"} (P x S each)."""
     generator = torch.Generator().manual_seed(seed)
     queries = load_images(ctx, pairs.query)
     same = torch.as_tensor(pairs.same)
@@ -175,6 +180,7 @@ def _curves(
                 generator=generator,
                 batch=batch,
                 on_chunk=bar.update,
+                canvas=canvas,
             )
             out[name] = {
                 "fractions": fractions.numpy(),
@@ -271,12 +277,15 @@ def explain_run(
     batch: int = MAPS_BATCH,
     figures: bool = True,
     sanity: bool = False,
+    canvas: str = "blur",
 ) -> dict[str, Any]:
     """Everything ``explain`` computes for one rebuilt run; returns the JSON record.
     Maps and part scores cover all ``pairs``; the deletion / insertion curves the first
     ``curve_pairs`` of them (each costs 2 x 19 + 1 forward passes per pixel order).
     ``sanity``: also the ceiling, the floors and the cascading randomisation
-    (:mod:`harness.engine.explain_sanity`), under ``sanity`` and ``sanity_verdicts``."""
+    (:mod:`harness.engine.explain_sanity`), under ``sanity`` and ``sanity_verdicts``;
+    ``canvas``: what insertion reveals pixels on
+    (:data:`~harness.components.explanation.scores.CANVASES`)."""
     started = time.perf_counter()
     notes: list[str] = []
     rng = np.random.default_rng(seed)
@@ -292,7 +301,7 @@ def explain_run(
         )
     notes += _score_parts(ctx, chosen, sources, per_pair)
     m = min(curve_pairs, len(chosen.query))  # the first m pairs (in random order already)
-    curves = _score_curves(ctx, _first(chosen, m), sources, emb_g[:m], per_pair, seed)
+    curves = _score_curves(ctx, _first(chosen, m), sources, emb_g[:m], per_pair, seed, canvas)
     figures_written = _write_figures(ctx, chosen, sources, curves, out_dir) if figures else []
     checks = _sanity_checks(ctx, chosen, sources, per_pair, seed, batch) if sanity else None
     return {
@@ -307,6 +316,7 @@ def explain_run(
         "seed": seed,
         "step": STEP,
         "removal": "normalised input set to 0 (the protocol's mean colour), query side",
+        "insertion_canvas": canvas,
         "method": _summary(per_pair["method"]) if "method" in per_pair else None,
         "baseline": _summary(per_pair["baseline"]),
         "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
@@ -384,14 +394,16 @@ def _score_curves(
     emb_g,
     per_pair: dict[str, dict[str, np.ndarray]],
     seed: int,
+    canvas: str,
 ) -> dict[str, Any]:
     """Deletion and insertion curves of ``chosen`` in each source's pixel order and in a
-    random one; each source's areas under them (and the random order's) into ``per_pair``."""
+    random one (insertion on ``canvas``); each source's areas under them (and the random
+    order's) into ``per_pair``."""
     size = ctx.protocol.image.size
     m = len(chosen.query)
     orders = {name: maps.query[:m] for name, maps in sources.items()}
     orders["random"] = random_scores((m, size, size), torch.Generator().manual_seed(seed + 1))
-    curves = _curves(ctx, chosen, orders, emb_g, seed, batch=PERTURB_BATCH)
+    curves = _curves(ctx, chosen, orders, emb_g, seed, batch=PERTURB_BATCH, canvas=canvas)
     for name in sources:
         for kind in ("deletion", "insertion"):
             per_pair[name][f"{kind}_auc"] = curve_auc(
@@ -465,6 +477,7 @@ def record_to_run(ctx: RunContext, record: dict[str, Any]) -> None:
         tags={
             "explain_pair_kind": record["pair_kind"],
             "explain_seed": str(record["seed"]),
+            "explain_insertion_canvas": record["insertion_canvas"],
             "explain_notes": "; ".join(record["notes"])[:5000] or "none",
         },
         texts={"explain/scores.json": json.dumps(finite_json(record), indent=2, allow_nan=False)},

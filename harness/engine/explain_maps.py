@@ -260,7 +260,8 @@ def to_pictures(ctx: RunContext, images: torch.Tensor) -> torch.Tensor:
 
 
 def part_labels(ctx: RunContext, indices: np.ndarray) -> torch.Tensor | None:
-    """The part masks of test images, resized and cropped as the images are (nearest)."""
+    """The part masks of test images, resized (and cropped) as the protocol's eval transform
+    shapes the images (nearest)."""
     masks = ctx.splits.extras.get("masks")
     if not masks:
         return None
@@ -271,11 +272,15 @@ def part_labels(ctx: RunContext, indices: np.ndarray) -> torch.Tensor | None:
         mask = torch.from_numpy(
             load_part_mask(ctx.splits.extras["root"], masks[keys[int(i)]]).copy()
         )[None]
-        out.append(
-            TF.center_crop(
+        if spec.eval_transform == "resize":  # as build_transform's eval transforms
+            shaped = TF.resize(
+                mask, [spec.size, spec.size], interpolation=InterpolationMode.NEAREST
+            )
+        else:
+            shaped = TF.center_crop(
                 TF.resize(mask, spec.resize, interpolation=InterpolationMode.NEAREST), spec.size
-            )[0]
-        )
+            )
+        out.append(shaped[0])
     return torch.stack(out)
 
 

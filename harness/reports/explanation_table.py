@@ -1,15 +1,19 @@
 """``python -m harness explain-table --experiment NAME``: one table of the explanation
 scores of every method (its own maps and the Grad-CAM baseline on its model), from the
 ``explain/*`` metrics that ``python -m harness explain`` logs to each run. Written as
-Markdown and LaTeX; the newest explained run of each method is taken."""
+Markdown and LaTeX. The newest explained run of each method and seed is taken; with several
+seeds a row gives the mean over seeds and its 95% interval over seeds."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from mlflow.entities import Run
 
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
+from harness.components.explanation.scores import mean_interval
 from harness.store.queries import newest_finished_runs
 
 __all__ = [
@@ -39,11 +43,14 @@ COLUMNS = (
 class ExplainRow:
     method: str
     source: str  # "own maps" or "Grad-CAM baseline"
-    run_id: str
-    pairs: int
+    run_ids: list[str]  # one explained run per seed
+    pairs: int  # per run
     curve_pairs: int
-    scores: dict[str, tuple[float, float, float]]  # score -> (mean, lo, hi)
-    #: The sanity verdicts of ``explain --sanity`` (None: not checked).
+    #: score -> (mean, lo, hi): over pairs for one seed; over the seeds' means for several
+    #: (a t-interval with n - 1 degrees of freedom: the spread between trained models).
+    scores: dict[str, tuple[float, float, float]]
+    seeds: list[str] = field(default_factory=list)
+    #: The sanity verdicts of ``explain --sanity`` (None: not checked), on every seed.
     beats_random: bool | None = None
     changes_under_randomisation: bool | None = None
 
@@ -51,8 +58,8 @@ class ExplainRow:
 #: What the sanity column's marks mean, printed under the table.
 SANITY_LEGEND = (
     "Sanity (explain --sanity): ok = the maps beat the random map beyond both 95% intervals "
-    "and change when the model's weights are randomised (Adebayo et al. 2018); "
-    "<= random = they do not beat the random map; unchanged = they survive the "
+    "and change when the model's weights are randomised (Adebayo et al. 2018), on every "
+    "seed; <= random = they do not beat the random map; unchanged = they survive the "
     "randomisation of every layer; - = not checked."
 )
 
@@ -72,21 +79,37 @@ def sanity_mark(row: ExplainRow) -> str:
     return ", ".join(marks) or "ok"
 
 
-def _verdict(metrics: dict[str, float], key: str) -> bool | None:
-    return None if key not in metrics else bool(metrics[key])
+def _all_verdicts(runs_metrics: list[dict[str, float]], key: str) -> bool | None:
+    """True when every seed's run says so, False when one does not, None when none was checked."""
+    found = [bool(m[key]) for m in runs_metrics if key in m]
+    return None if not found else all(found)
+
+
+def _newest_explained_per_seed(experiments: list[str]) -> dict[str, dict[str, Run]]:
+    """method -> seed -> the newest FINISHED run with explanation scores."""
+    newest: dict[str, dict[str, Run]] = {}
+    for run in newest_finished_runs(experiments):
+        metrics = group_metrics(run.data.metrics, "explain")
+        method, seed = run.data.tags.get("method", ""), run.data.tags.get("seed", "")
+        if "baseline_deletion_auc" in metrics and method:
+            newest.setdefault(method, {}).setdefault(seed, run)
+    return newest
+
+
+def _over_seeds(per_seed: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """One seed: its interval over pairs. Several: the mean of the seeds' means and its 95%
+    t-interval over seeds."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    return mean_interval([mean for mean, _, _ in per_seed], bounds=(-math.inf, math.inf))
 
 
 def explain_rows(experiments: list[str]) -> list[ExplainRow]:
-    """Rows of the newest explained FINISHED run of each method in ``experiments``."""
+    """One row per method and map source: the newest explained FINISHED run of each seed in
+    ``experiments``, aggregated over the seeds (:func:`_over_seeds`)."""
 
     found = list(experiments)
-    runs = newest_finished_runs(found)
-    newest = {}
-    for run in runs:
-        metrics = group_metrics(run.data.metrics, "explain")
-        method = run.data.tags.get("method", "")
-        if "baseline_deletion_auc" in metrics and method and method not in newest:
-            newest[method] = run
+    newest = _newest_explained_per_seed(found)
     if not newest:
         raise HarnessError(
             f"no run in {', '.join(found)} has explanation scores: run "
@@ -94,16 +117,22 @@ def explain_rows(experiments: list[str]) -> list[ExplainRow]:
         )
     rows = []
     for method in sorted(newest):
-        run = newest[method]
-        m = group_metrics(run.data.metrics, "explain")
+        seeds = sorted(newest[method], key=lambda s: (len(s), s))
+        runs = [newest[method][seed] for seed in seeds]
+        metrics = [group_metrics(run.data.metrics, "explain") for run in runs]
         for prefix, label in (("method", "own maps"), ("baseline", "Grad-CAM baseline")):
-            if f"{prefix}_deletion_auc" not in m:
+            if not all(f"{prefix}_deletion_auc" in m for m in metrics):
                 continue
             scores = {
-                key: (
-                    m.get(f"{prefix}_{key}", math.nan),
-                    m.get(f"{prefix}_{key}_lo", math.nan),
-                    m.get(f"{prefix}_{key}_hi", math.nan),
+                key: _over_seeds(
+                    [
+                        (
+                            m.get(f"{prefix}_{key}", math.nan),
+                            m.get(f"{prefix}_{key}_lo", math.nan),
+                            m.get(f"{prefix}_{key}_hi", math.nan),
+                        )
+                        for m in metrics
+                    ]
                 )
                 for key, _ in COLUMNS
             }
@@ -111,12 +140,13 @@ def explain_rows(experiments: list[str]) -> list[ExplainRow]:
                 ExplainRow(
                     method,
                     label,
-                    run.info.run_id,
-                    int(m.get("pairs", 0)),
-                    int(m.get("curve_pairs", 0)),
+                    [run.info.run_id for run in runs],
+                    int(metrics[0].get("pairs", 0)),
+                    int(metrics[0].get("curve_pairs", 0)),
                     scores,
-                    _verdict(m, f"{prefix}_beats_random"),
-                    _verdict(m, f"{prefix}_changes_under_randomisation"),
+                    seeds,
+                    _all_verdicts(metrics, f"{prefix}_beats_random"),
+                    _all_verdicts(metrics, f"{prefix}_changes_under_randomisation"),
                 )
             )
     return rows
@@ -133,13 +163,13 @@ def _cell(value: tuple[float, float, float], plus_minus: str) -> str:
 
 def markdown_table(rows: list[ExplainRow]) -> str:
     head = (
-        "| method | maps | pairs (curves) | "
+        "| method | maps | seeds | pairs (curves) | "
         + " | ".join(title for _, title in COLUMNS)
         + " | Sanity |"
     )
-    rule = "|" + "---|" * (4 + len(COLUMNS))
+    rule = "|" + "---|" * (5 + len(COLUMNS))
     body = [
-        f"| {r.method} | {r.source} | {r.pairs} ({r.curve_pairs}) | "
+        f"| {r.method} | {r.source} | {len(r.run_ids)} | {r.pairs} ({r.curve_pairs}) | "
         + " | ".join(_cell(r.scores[k], "±") for k, _ in COLUMNS)
         + f" | {sanity_mark(r)} |"
         for r in rows
@@ -155,7 +185,7 @@ def latex_table(rows: list[ExplainRow], caption: str) -> str:
     def esc(text: str) -> str:
         return text.replace("_", r"\_")
 
-    cols = "ll" + "r" * (1 + len(COLUMNS)) + "l"
+    cols = "ll" + "r" * (2 + len(COLUMNS)) + "l"
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -163,13 +193,13 @@ def latex_table(rows: list[ExplainRow], caption: str) -> str:
         f"\\caption{{{esc(caption)}}}",
         f"\\begin{{tabular}}{{{cols}}}",
         r"\toprule",
-        "Method & Maps & Pairs (curves) & "
+        "Method & Maps & Seeds & Pairs (curves) & "
         + " & ".join(esc(t) for _, t in COLUMNS)
         + r" & Sanity \\",
         r"\midrule",
     ]
     lines += [
-        f"{esc(r.method)} & {r.source} & {r.pairs} ({r.curve_pairs}) & "
+        f"{esc(r.method)} & {r.source} & {len(r.run_ids)} & {r.pairs} ({r.curve_pairs}) & "
         + " & ".join(_cell(r.scores[k], "$\\pm$") for k, _ in COLUMNS)
         + " & "
         + _latex_mark(sanity_mark(r))

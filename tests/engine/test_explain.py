@@ -4,17 +4,23 @@ similarity depends on one part only, error lines, and one end-to-end explain."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import mlflow
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import torchvision.transforms.functional as TF
+from torchvision.transforms import InterpolationMode
 
 from harness.base.metric_keys import metric_key
 from harness.cli.main import main
+from harness.components.data.synthetic import load_part_mask, load_synthetic
 from harness.components.explanation.scores import (
+    blurred_canvas,
     curve_auc,
     mean_interval,
     part_shares,
@@ -22,7 +28,9 @@ from harness.components.explanation.scores import (
     perturbation_masks,
     region_scores,
 )
+from harness.config.protocol_files import load_protocol
 from harness.engine.explain import near_miss_class_pairs, output_rows, similarity_gradcam
+from harness.engine.explain_maps import RunContext, load_images, part_labels
 from harness.methods import list_methods
 
 
@@ -131,6 +139,74 @@ def test_curves_equal_every_step_computed_one_by_one():
             for curve, image in ((deletion, queries[i] * ~keep), (insertion, queries[i] * keep)):
                 t = (_one_part_model(image[None])[0] * gallery[i]).sum() * sign[i]
                 assert curve[i, s].item() == pytest.approx(((1 + t) / 2).item(), abs=1e-6)
+
+
+def test_insertion_on_the_blurred_canvas_reveals_each_step_over_the_blurred_query():
+    gen = torch.Generator().manual_seed(2)
+    queries = torch.randn(5, 3, 12, 12, generator=gen)
+    gallery = _one_part_model(torch.randn(5, 3, 12, 12, generator=gen))
+    same = torch.tensor([True, False, True, False, True])
+    scores = torch.rand(5, 12, 12, generator=gen)
+    state = gen.get_state()
+    fr, deletion, insertion = perturbation_curves(
+        _one_part_model, queries, gallery, same, scores, generator=gen, canvas="blur"
+    )
+    gen.set_state(state)
+    _, masks = perturbation_masks(scores, generator=gen)
+    canvas = blurred_canvas(queries)
+    sign = torch.where(same, 1.0, -1.0)
+    for i in range(5):
+        for s in range(len(fr)):
+            keep = masks[i, s]
+            shown = queries[i] * keep + canvas[i] * ~keep
+            t = (_one_part_model(shown[None])[0] * gallery[i]).sum() * sign[i]
+            assert insertion[i, s].item() == pytest.approx(((1 + t) / 2).item(), abs=1e-6)
+    # deletion does not depend on the canvas
+    gen.set_state(state)
+    _, deletion_mean, _ = perturbation_curves(
+        _one_part_model, queries, gallery, same, scores, generator=gen
+    )
+    assert torch.equal(deletion, deletion_mean)
+
+
+def test_the_blurred_canvas_keeps_each_colour_and_loses_the_detail():
+    stripes = torch.zeros(1, 3, 48, 48)
+    stripes[:, 0, :, ::2] = 1.0  # a red stripe every other column
+    stripes[:, 2] = 0.5  # a flat blue channel
+    blurred = blurred_canvas(stripes)
+    assert blurred.shape == stripes.shape
+    assert blurred[:, 0].mean().item() == pytest.approx(0.5, abs=0.02)
+    assert blurred[:, 0].std().item() < 0.05 < stripes[:, 0].std().item()
+    assert torch.allclose(blurred[:, 2], stripes[:, 2], atol=1e-5)
+    with pytest.raises(ValueError, match="insertion canvas"):
+        perturbation_curves(
+            _one_part_model,
+            stripes,
+            torch.ones(1, 48),
+            torch.ones(1, dtype=torch.bool),
+            torch.rand(1, 48, 48),
+            canvas="noise",
+        )
+
+
+@pytest.mark.parametrize("eval_transform", ["resize", "resize_center_crop"])
+def test_part_masks_are_shaped_as_the_eval_transform_shapes_the_images(tmp_path, eval_transform):
+    splits = load_synthetic(tmp_path, num_classes=4, images_per_class=2, size=64)
+    smoke = load_protocol("smoke")
+    image = dataclasses.replace(smoke.image, size=48, resize=56, eval_transform=eval_transform)
+    protocol = dataclasses.replace(smoke, image=image)
+    ctx = RunContext("r", "plain", "synthetic", protocol, splits, None, torch.device("cpu"), {})
+    labels = part_labels(ctx, np.array([0, 1]))
+    assert load_images(ctx, np.array([0, 1])).shape[-2:] == labels.shape[-2:] == (48, 48)
+    mask = torch.from_numpy(
+        load_part_mask(splits.extras["root"], splits.extras["masks"][splits.test.keys()[1]]).copy()
+    )[None]
+    nearest = InterpolationMode.NEAREST
+    if eval_transform == "resize":
+        expected = TF.resize(mask, [48, 48], interpolation=nearest)
+    else:
+        expected = TF.center_crop(TF.resize(mask, 56, interpolation=nearest), 48)
+    assert torch.equal(labels[1], expected[0])
 
 
 def test_mean_interval_covers_the_mean_and_ignores_nan():

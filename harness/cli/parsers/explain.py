@@ -10,7 +10,7 @@ from harness.cli.arguments import (
     at_least,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
-from harness.components.explanation.scores import CURVE_PAIRS
+from harness.components.explanation.scores import CANVASES, CURVE_PAIRS
 
 
 def add_explain_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,6 +31,13 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         default=CURVE_PAIRS,
         help=f"of those, how many get deletion / insertion curves (default {CURVE_PAIRS}; "
         "114 forward passes each)",
+    )
+    p.add_argument(
+        "--insertion-canvas",
+        choices=CANVASES,
+        default="blur",
+        help="what the insertion curve reveals pixels on: the query blurred (default; RISE's "
+        "substrate) or the protocol's mean colour (what deletion leaves)",
     )
     add_output_argument(
         p, "--out", form="folder", help="folder for the figures (default results/explain/<run id>)"

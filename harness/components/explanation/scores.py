@@ -41,6 +41,8 @@ __all__ = [
     "curve_auc",
     "mean_interval",
     "STEP",
+    "CANVASES",
+    "blurred_canvas",
 ]
 
 #: Pairs whose deletion / insertion curves are measured by default: each pair costs 19
@@ -51,6 +53,28 @@ CURVE_PAIRS = 48
 
 #: Fraction of the image removed or revealed per step of the deletion / insertion curves.
 STEP = 0.05
+
+#: What the insertion curve reveals pixels on: ``mean``, the normalised input's 0 (the
+#: protocol's mean colour, also what deletion leaves), or ``blur``, the query itself
+#: blurred by a Gaussian of :data:`BLUR_SIGMA` of the image's side (RISE's insertion
+#: substrate, Petsiuk et al. 2018, Sec. 4.1: sigma 5 at 224 px).
+CANVASES = ("mean", "blur")
+BLUR_SIGMA = 5 / 224
+
+
+def blurred_canvas(images: torch.Tensor, sigma: float = BLUR_SIGMA) -> torch.Tensor:
+    """``images`` (N x 3 x H x W) blurred by a Gaussian of ``sigma`` x H pixels (a
+    separable kernel of +-3 sigma, reflected at the borders): the insertion curve's canvas
+    that keeps each region's colour but not its shape or texture."""
+    std = max(sigma * images.shape[-1], 1e-3)
+    radius = max(1, int(math.ceil(3 * std)))
+    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    kernel = torch.exp(-(x**2) / (2 * std**2))
+    kernel = (kernel / kernel.sum()).to(images.dtype).to(images.device)
+    c = images.shape[1]
+    out = torch.nn.functional.pad(images, (radius, radius, radius, radius), mode="reflect")
+    out = torch.nn.functional.conv2d(out, kernel.view(1, 1, 1, -1).repeat(c, 1, 1, 1), groups=c)
+    return torch.nn.functional.conv2d(out, kernel.view(1, 1, -1, 1).repeat(c, 1, 1, 1), groups=c)
 
 
 def _check_maps(maps: torch.Tensor, labels: torch.Tensor) -> None:
@@ -150,6 +174,7 @@ def perturbation_curves(
     generator: torch.Generator | None = None,
     batch: int = 256,
     on_chunk=None,
+    canvas: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Deletion and insertion curves of P pairs' target scores (RISE Sec. 4.1, for a similarity).
 
@@ -157,7 +182,8 @@ def perturbation_curves(
     images, perturbed; ``gallery_embeddings``: P x D, the partners, intact; ``same``: P
     bools, the target being t = cos for a same-class pair and -cos otherwise; ``scores``:
     P x H x W, the pixel order (most-attributed first). Deletion sets the first k pixels of
-    the query to 0 (the normalised input's mean colour), insertion keeps only them. Returns
+    the query to 0 (the normalised input's mean colour); insertion shows only them, on the
+    ``canvas`` (:data:`CANVASES`: that same 0, or the query blurred). Returns
     (fractions S, deletion P x S, insertion P x S) with values (1 + t) / 2 in [0, 1]; the
     images go through ``embed`` ``batch`` at a time; ``on_chunk(pairs_done)`` is called
     after every few pairs (a progress bar's ``update``)."""
@@ -170,21 +196,27 @@ def perturbation_curves(
     fractions = torch.linspace(0, 1, steps, dtype=torch.float64)
     if n == 0:
         return fractions, deletion, insertion
-    # The curves' ends are the same two images for every pixel order: deletion at 0 and
-    # insertion at 1 are the intact query, deletion at 1 and insertion at 0 the blank image
-    # (one for all pairs). Only the inner steps go through the model per order.
+    if canvas not in CANVASES:
+        raise ValueError(f"unknown insertion canvas {canvas!r}: expected one of {CANVASES}")
+    # The curves' ends are the same images for every pixel order: deletion at 0 and
+    # insertion at 1 are the intact query, deletion at 1 the blank image (one for all
+    # pairs), insertion at 0 the canvas. Only the inner steps go through the model per order.
     blank = embed(torch.zeros_like(queries[:1])).float()  # 1 x D
     per_chunk = 6  # pairs whose masks are built at once (memory: 6 x 39 images)
     for start in range(0, n, per_chunk):
         rows = slice(start, min(n, start + per_chunk))
         fractions, masks = perturbation_masks(scores[rows], step=step, generator=generator)
         keep = masks[:, 1:-1].to(device)[:, :, None]  # p x inner x 1 x H x W
+        under = blurred_canvas(queries[rows]) if canvas == "blur" else None
         t_moved, t_intact = _perturbed_targets(
-            embed, queries[rows], keep, gallery[rows], sign[rows], batch
+            embed, queries[rows], keep, gallery[rows], sign[rows], batch, under
         )
         t_blank = (blank * gallery[rows]).sum(-1) * sign[rows]
+        t_start = t_blank
+        if under is not None:
+            t_start = (embed(under).float() * gallery[rows]).sum(-1) * sign[rows]
         deletion[rows] = _curve(t_intact, t_moved[0], t_blank)
-        insertion[rows] = _curve(t_blank, t_moved[1], t_intact)
+        insertion[rows] = _curve(t_start, t_moved[1], t_intact)
         if on_chunk is not None:
             on_chunk(len(t_intact))
     return fractions, deletion, insertion
@@ -197,12 +229,16 @@ def _perturbed_targets(
     gallery: torch.Tensor,
     sign: torch.Tensor,
     batch: int,
+    canvas: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The targets t of p queries (p x 3 x H x W) against their partners (p x D): with
     their pixels deleted and inserted at each inner step (``keep``: p x inner x 1 x H x W
-    masks), 2 x p x inner, and intact, p; the images go through ``embed`` ``batch`` at a
-    time."""
-    images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), (q[:, None] * keep).flatten(0, 1), q])
+    masks; inserted on ``canvas``, p x 3 x H x W, else on 0), 2 x p x inner, and intact, p;
+    the images go through ``embed`` ``batch`` at a time."""
+    inserted = q[:, None] * keep
+    if canvas is not None:
+        inserted = inserted + canvas[:, None] * ~keep
+    images = torch.cat([(q[:, None] * ~keep).flatten(0, 1), inserted.flatten(0, 1), q])
     emb = torch.cat([embed(images[i : i + batch]).float() for i in range(0, len(images), batch)])
     p, inner = keep.shape[:2]
     intact = emb[2 * p * inner :]  # p x D
