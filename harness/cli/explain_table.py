@@ -10,9 +10,15 @@ from pathlib import Path
 from harness.base.atomic import atomic_write_set
 from harness.cli.outputs import output_stem
 from harness.cli.store import open_store
-from harness.reports.explanation_table import explain_rows, latex_table, markdown_table
+from harness.engine.explain_strip import explain_strip
+from harness.reports.explanation_table import (
+    ExplainRow,
+    explain_rows,
+    latex_table,
+    markdown_table,
+)
 
-__all__ = ["cmd_explain_table"]
+__all__ = ["cmd_explain_table", "strip_runs"]
 
 
 def cmd_explain_table(args: argparse.Namespace) -> int:
@@ -20,19 +26,32 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
     stem = output_stem(
         args.out or Path("results") / "tables" / f"explain-{name}",
         "--out",
-        (".md", ".tex"),
+        (".md", ".tex", *((".strip.png",) if args.strip else ())),
         args=args,
     )
     open_store(read_only=True)
     rows = explain_rows(args.experiment)
     caption = args.caption or (
         f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
-        f"interval over pairs; chance = the differing part's area share"
+        f"interval over pairs (one seed) or over seeds (several); chance = the differing "
+        f"part's area share"
     )
     markdown = markdown_table(rows)
+    if args.strip:  # first: the runs' weights can be missing, and then nothing is written
+        strip = explain_strip(strip_runs(rows), Path(f"{stem}.strip.png"), pair=args.strip_pair)
     atomic_write_set(  # both, or neither
         {Path(f"{stem}.md"): markdown, Path(f"{stem}.tex"): latex_table(rows, caption)}
     )
     print(markdown, end="")
     print(f"wrote {stem}.md and {stem}.tex", file=sys.stderr)
+    if args.strip:
+        print(f"wrote {strip}", file=sys.stderr)
     return 0
+
+
+def strip_runs(rows: list[ExplainRow]) -> list[str]:
+    """Per method, the run of its first seed, in the table's order."""
+    runs: dict[str, str] = {}
+    for row in rows:
+        runs.setdefault(row.method, row.run_ids[0])
+    return list(runs.values())

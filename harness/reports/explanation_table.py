@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-from mlflow.entities import Run
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import group_metrics
@@ -85,9 +84,9 @@ def _all_verdicts(runs_metrics: list[dict[str, float]], key: str) -> bool | None
     return None if not found else all(found)
 
 
-def _newest_explained_per_seed(experiments: list[str]) -> dict[str, dict[str, Run]]:
+def _newest_explained_per_seed(experiments: list[str]) -> dict[str, dict[str, Any]]:
     """method -> seed -> the newest FINISHED run with explanation scores."""
-    newest: dict[str, dict[str, Run]] = {}
+    newest: dict[str, dict[str, Any]] = {}
     for run in newest_finished_runs(experiments):
         metrics = group_metrics(run.data.metrics, "explain")
         method, seed = run.data.tags.get("method", ""), run.data.tags.get("seed", "")

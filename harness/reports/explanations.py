@@ -45,6 +45,7 @@ __all__ = [
     "write_figure_set",
     "write_tuple_figures",
     "pairs_figure",
+    "strip_figure",
     "curves_figure",
 ]
 
@@ -399,6 +400,48 @@ def pairs_figure(
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path, format="png")
+    return path
+
+
+def strip_figure(
+    path: Path,
+    pictures: tuple[Any, Any],
+    part_masks: tuple[np.ndarray, np.ndarray],
+    columns: dict[str, tuple[Any, Any]],
+    *,
+    title: str = "",
+) -> Path:
+    """One pair explained by every source: rows query and gallery, a column per source
+    (``columns``: title -> (query map, gallery map), any resolution), the differing part
+    (``part_masks``: H x W booleans at the pictures' size) outlined in white on every
+    panel, and a first column of the pictures with the part alone."""
+
+    cols = 1 + len(columns)
+    fig = Figure(figsize=(1.7 * cols + 0.8, 3.8), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, cols, squeeze=False)
+    for r, side in enumerate(("query", "gallery")):
+        draw_overlay(
+            axes[r, 0],
+            pictures[r],
+            None,
+            "differing part" if r == 0 else "",
+            fontsize=7,
+            frame=True,
+        )
+        for c, (name, maps) in enumerate(columns.items(), start=1):
+            draw_overlay(
+                axes[r, c], pictures[r], maps[r], name if r == 0 else "", fontsize=7, frame=True
+            )
+        for c in range(cols):
+            axes[r, c].contour(
+                part_masks[r].astype(float), levels=[0.5], colors="white", linewidths=1.2
+            )
+        axes[r, 0].set_ylabel(side, fontsize=8)
+    heat_scale(fig, axes)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png"))
     return path
 
 

@@ -104,7 +104,8 @@ def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map
     assert metric_key("explain", "sanity_ground_truth_pointing_game") in run.data.metrics
 
     experiment = mlflow.MlflowClient().get_experiment(run.info.experiment_id).name
-    assert main(["explain-table", "--experiment", experiment, "--out", str(workdir / "t")]) == 0
+    table = ["explain-table", "--experiment", experiment, "--out", str(workdir / "t")]
+    assert main([*table, "--strip"]) == 0
     rows = {
         tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[-2].strip()
         for line in (workdir / "t.md").read_text().splitlines()
@@ -113,3 +114,8 @@ def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map
     assert "unchanged" in rows[(centre_map_method, "own maps")]
     assert "unchanged" not in rows[("agrouping", "own maps")]
     assert " & Sanity \\\\" in (workdir / "t.tex").read_text()
+
+    # The strip: the same pair under every method's maps, one column per run.
+    strip = workdir / "t.strip.png"
+    assert strip.is_file() and strip.stat().st_size > 10_000
+    assert main([*table, "--strip"]) == 2  # refused: the files are there

@@ -6,6 +6,7 @@ import argparse
 
 from harness.cli.arguments import (
     Command,
+    at_least,
     experiment_name,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
@@ -33,5 +34,18 @@ def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
     add_force_argument(p)
     p.add_argument("--name", help="name for the default output path (default: the experiments)")
     p.add_argument("--caption")
+    p.add_argument(
+        "--strip",
+        action="store_true",
+        help="also draw one near-miss pair explained by every method's run of its first "
+        "seed (<out>.strip.png; loads each run's weights)",
+    )
+    p.add_argument(
+        "--strip-pair",
+        type=at_least(0),
+        default=0,
+        metavar="K",
+        help="which of explain's near-miss pairs the strip shows (default 0, the first)",
+    )
     p.set_defaults(func=Command("harness.cli.explain_table", "cmd_explain_table"))
     return p
