@@ -1,5 +1,5 @@
 """nox sessions: tests, lint, docs, lock, reproduce-agrouping, -diml, -diablo, -avsl, -sam,
-fair-table, fair-tuned, tables.
+fair-table, fair-tuned, tables, explain-benchmark.
 
 ``nox -s reproduce-<paper> -- [--data-root DIR] [--device cuda] [--workers N]
 [--storage URL] [--smoke]`` runs the paper's grid (restartable: finished cells are
@@ -25,6 +25,11 @@ skipped) and writes its tables under ``results/tables``:
 Every table cell carries the mean over seeds, the half-width of its 95% t-interval and
 n; each row is tested against the grid's ``baseline`` row of its block (default ``plain``).
 
+``nox -s explain-benchmark -- [--seeds 0,1,2]`` trains ``plain`` and the six methods
+with maps of their own on the ``explain`` protocol, explains every run with its sanity
+checks and writes ``results/tables/explain-benchmark.md`` / ``.tex`` with the strip of one
+pair explained by every method (docs/performance.md, "The explanation benchmark").
+
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
 
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import shutil
 import sys
 import tomllib
@@ -266,3 +272,38 @@ def tables(session: nox.Session) -> None:
             )
             continue
         _grid_tables(session, path.stem, smoke=smoke)
+
+
+#: The explanation benchmark: the six methods with maps of their own, and ``plain``, whose
+#: Grad-CAM baseline shows that the protocol's data and training let a map find the part.
+EXPLAIN_METHODS = ("plain", "agrouping", "ggrouping", "avsl", "diablo", "diml", "sam")
+EXPLAIN_EXPERIMENT = "explain-benchmark"
+
+
+@nox.session(name="explain-benchmark", python=False)
+def explain_benchmark(session: nox.Session) -> None:
+    """Train :data:`EXPLAIN_METHODS` on the ``explain`` protocol (``-- --seeds``, default
+    0,1,2), explain each run with ``--sanity``, then the table over seeds and the strip."""
+    parser = argparse.ArgumentParser(prog="nox -s explain-benchmark --")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--pairs", default="200")
+    parser.add_argument("--curve-pairs", default="16")
+    args = parser.parse_args(list(session.posargs))
+    out = Path("results") / EXPLAIN_EXPERIMENT
+    runs = out / "runs.json"
+    harness = ("python", "-m", "harness")
+    session.run(
+        *harness, "run", "--methods", ",".join(EXPLAIN_METHODS), "--protocol", "explain",
+        "--seeds", args.seeds, "--experiment", EXPLAIN_EXPERIMENT, "--json", str(runs), "--force",
+    )  # fmt: skip
+    for record in json.loads(runs.read_text()):
+        run_id = record["mlflow_run_id"]
+        session.run(
+            *harness, "explain", "--run", run_id, "--pairs", args.pairs,
+            "--curve-pairs", args.curve_pairs, "--sanity", "--out", str(out / run_id),
+            "--json", str(out / f"{run_id}.json"), "--force",
+        )  # fmt: skip
+    session.run(
+        *harness, "explain-table", "--experiment", EXPLAIN_EXPERIMENT, "--strip",
+        "--out", f"results/tables/{EXPLAIN_EXPERIMENT}", "--force",
+    )  # fmt: skip
