@@ -50,6 +50,21 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         default=0,
         help="seed of the pair sampling and the random orders",
     )
+    _add_location_arguments(p)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--sanity",
+        action="store_true",
+        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
+        "random map) and each source's maps under cascading randomisation of the weights "
+        "(Adebayo et al. 2018), with a verdict per source",
+    )
+    p.set_defaults(func=Command("harness.cli.explain", "cmd_explain"))
+    return p
+
+
+def _add_location_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the run's data and weights are now."""
     p.add_argument("--data-root", type=Path)
     p.add_argument(
         "--dataset",
@@ -64,13 +79,3 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         help="where the run's weights are (default "
         "$DML_HARNESS_CHECKPOINTS, else results/checkpoints)",
     )
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument(
-        "--sanity",
-        action="store_true",
-        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
-        "random map) and each source's maps under cascading randomisation of the weights "
-        "(Adebayo et al. 2018), with a verdict per source",
-    )
-    p.set_defaults(func=Command("harness.cli.explain", "cmd_explain"))
-    return p
