@@ -30,7 +30,9 @@ For a finished run of any method, on its test split:
      (mapped to [0, 1] as (1 + t) / 2) when the query's pixels are removed or revealed
      most-attributed first in steps of 5% of the image, against the intact gallery image
      (perturbing both images would make two blanked images identical, similarity 1), and
-     the same for a random pixel order. Removed pixels take the value 0 of the normalised
+     the same for two random orders: of the pixels, and of the cells of the model's last
+     feature map (random values on its grid upsampled as the maps are: blobs of the same
+     size as a map's, where scattered pixels keep a coarse picture of the whole image). Removed pixels take the value 0 of the normalised
      input, i.e. the protocol's mean colour (what SAM's masks do; a blur would keep the
      colours, which carry the class on ``synthetic``). Insertion reveals pixels on the
      query blurred (RISE's substrate, ``--insertion-canvas blur``) or on that mean colour
@@ -62,6 +64,7 @@ from tqdm import tqdm
 from harness.base.atomic import finite_json
 from harness.base.metric_keys import metric_key
 from harness.components.explanation.maps import attention_figure
+from harness.components.explanation.sanity import random_maps
 from harness.components.explanation.scores import (
     CURVE_PAIRS,
     STEP,
@@ -119,6 +122,8 @@ SCORE_KEYS = (
     "insertion_auc",
     "random_deletion_auc",
     "random_insertion_auc",
+    "random_cells_deletion_auc",
+    "random_cells_insertion_auc",
 )
 #: Images per forward pass of the perturbation curves, and pairs per forward and backward
 #: pass of the maps. Small on purpose: on CPU, time per image grows with the batch once the
@@ -396,23 +401,29 @@ def _score_curves(
     seed: int,
     canvas: str,
 ) -> dict[str, Any]:
-    """Deletion and insertion curves of ``chosen`` in each source's pixel order and in a
-    random one (insertion on ``canvas``); each source's areas under them (and the random
-    order's) into ``per_pair``."""
+    """Deletion and insertion curves of ``chosen`` in each source's pixel order, in a
+    random one and in a random order of the model's grid cells (insertion on ``canvas``);
+    each source's areas under them (and the two random orders') into ``per_pair``."""
     size = ctx.protocol.image.size
     m = len(chosen.query)
     orders = {name: maps.query[:m] for name, maps in sources.items()}
     orders["random"] = random_scores((m, size, size), torch.Generator().manual_seed(seed + 1))
+    # Random pixels scattered over the image keep a coarse picture of all of it; a map on
+    # the model's grid reveals blobs. Random values on that grid, upsampled as the maps
+    # are, are the reference of the same granularity.
+    cells = torch.Generator().manual_seed(seed + 3)
+    orders["random_cells"] = random_maps((m, size, size), feature_grid(ctx, chosen), cells)
     curves = _curves(ctx, chosen, orders, emb_g, seed, batch=PERTURB_BATCH, canvas=canvas)
+
+    def auc(order: str, kind: str) -> np.ndarray:
+        values, fractions = curves[order][kind], curves[order]["fractions"]
+        return curve_auc(torch.as_tensor(values), torch.as_tensor(fractions)).numpy()
+
     for name in sources:
         for kind in ("deletion", "insertion"):
-            per_pair[name][f"{kind}_auc"] = curve_auc(
-                torch.as_tensor(curves[name][kind]), torch.as_tensor(curves[name]["fractions"])
-            ).numpy()
-            per_pair[name][f"random_{kind}_auc"] = curve_auc(
-                torch.as_tensor(curves["random"][kind]),
-                torch.as_tensor(curves["random"]["fractions"]),
-            ).numpy()
+            per_pair[name][f"{kind}_auc"] = auc(name, kind)
+            per_pair[name][f"random_{kind}_auc"] = auc("random", kind)
+            per_pair[name][f"random_cells_{kind}_auc"] = auc("random_cells", kind)
     return curves
 
 

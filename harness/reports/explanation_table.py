@@ -33,8 +33,10 @@ COLUMNS = (
     ("object_share", "Object share"),
     ("deletion_auc", "Deletion AUC (lower better)"),
     ("random_deletion_auc", "Random deletion"),
+    ("random_cells_deletion_auc", "Random-cell deletion"),
     ("insertion_auc", "Insertion AUC (higher better)"),
     ("random_insertion_auc", "Random insertion"),
+    ("random_cells_insertion_auc", "Random-cell insertion"),
 )
 
 

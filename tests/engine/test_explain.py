@@ -272,6 +272,8 @@ def _check_scores(scores: dict) -> None:
         "deletion_auc",
         "insertion_auc",
         "random_deletion_auc",
+        "random_cells_deletion_auc",
+        "random_cells_insertion_auc",
     ):
         assert 0.0 <= scores[key] <= 1.0, key
         lo, hi = scores[f"{key}_ci95"]
