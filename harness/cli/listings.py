@@ -33,8 +33,8 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 def _dataset_state(name: str, info, data_root: Path | None) -> tuple[str, str, str]:
     """(where, status, image count) of one dataset; a tree its loader refuses is 'damaged'."""
 
-    if name == "synthetic":
-        root = synthetic_root(data_root)
+    if name in ("synthetic", "synthetic-closeup"):
+        root = synthetic_root(data_root, framing="wide" if name == "synthetic" else "closeup")
         if not (root / "manifest.json").is_file():
             return str(root), "generated on first use", "-"
     else:

@@ -9,8 +9,13 @@ random position, scale and orientation over a cluttered background of
 distractor shapes, and a ground-truth label map (0 background, 1-4 the visible
 pixels of each part) is saved beside every image so explanations can be scored.
 
+``synthetic-closeup`` draws the same classes, backgrounds, poses and splits with the
+creature about twice as large and nearer the centre (:data:`FRAMINGS`): the creature fills
+about a third of the image instead of a tenth, so its parts span cells of a coarse
+feature map (the explanation benchmark's dataset, ``protocols/explain.toml``).
+
 Generation is deterministic in the seed, happens once on first use, and is
-cached under ``<data root>/synthetic/v1-seed<seed>``; it is written to a
+cached under ``<data root>/synthetic/v1-seed<seed>`` (``v1-closeup-seed<seed>``); it is written to a
 temporary folder and renamed, so an interrupted generation leaves nothing half
 written. Besides the PNG files (for people to look at) the images are packed
 into one ``images.npy`` that training reads memory-mapped: decoding PNGs every
@@ -56,6 +61,13 @@ LAYOUT = {
     "tail": ((0.0, 0.19), (0.07, 0.08)),
 }
 DRAW_ORDER = ("tail", "wing", "body", "head")  # later parts occlude earlier ones
+
+#: Where and how large a creature is drawn: its scale (a fraction of the image's side)
+#: and its centre's range per axis. ``wide``: ``synthetic``; ``closeup``: ``synthetic-closeup``.
+FRAMINGS = {
+    "wide": {"scale": (0.75, 1.15), "centre": (0.32, 0.68)},
+    "closeup": {"scale": (1.4, 1.9), "centre": (0.42, 0.58)},
+}
 
 NUM_CLASSES = 120
 FAMILY_SIZE = 6
@@ -140,14 +152,17 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
 
 
 def render(
-    cls: dict, rng: np.random.Generator, size: int = IMAGE_SIZE
+    cls: dict, rng: np.random.Generator, size: int = IMAGE_SIZE, framing: str = "wide"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One image (H x W x 3 uint8) of class ``cls`` and its part label map (H x W uint8)."""
+    """One image (H x W x 3 uint8) of class ``cls`` and its part label map (H x W uint8),
+    the creature placed as ``framing`` says (:data:`FRAMINGS`). The framings draw the same
+    random numbers: one image differs between them by the creature's size and place only."""
     img = _background(rng, size)
     labels = np.zeros((size, size), dtype=np.uint8)
-    scale = rng.uniform(0.75, 1.15) * size
+    frame = FRAMINGS[framing]
+    scale = rng.uniform(*frame["scale"]) * size
     angle = rng.uniform(0, 2 * np.pi)
-    centre = rng.uniform(0.32, 0.68, 2) * size
+    centre = rng.uniform(*frame["centre"], 2) * size
     rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     yy, xx = np.mgrid[0:size, 0:size].astype(float)
     local = (np.stack([xx - centre[0], yy - centre[1]], -1) @ rot) / scale  # inverse rotation
@@ -165,8 +180,9 @@ def render(
     return img.astype(np.uint8), labels
 
 
-def synthetic_root(data_root: Path | None, seed: int = 0) -> Path:
-    return Path(data_root or default_data_root()) / "synthetic" / f"{VERSION}-seed{seed}"
+def synthetic_root(data_root: Path | None, seed: int = 0, framing: str = "wide") -> Path:
+    name = f"{VERSION}-seed{seed}" if framing == "wide" else f"{VERSION}-{framing}-seed{seed}"
+    return Path(data_root or default_data_root()) / "synthetic" / name
 
 
 def generate(
@@ -176,6 +192,7 @@ def generate(
     num_classes: int = NUM_CLASSES,
     images_per_class: int = IMAGES_PER_CLASS,
     size: int = IMAGE_SIZE,
+    framing: str = "wide",
 ) -> Path:
     """Write the dataset to ``target`` atomically (temp folder, then rename)."""
     if (target / "manifest.json").is_file():
@@ -191,7 +208,7 @@ def generate(
             (tmp / "masks" / f"{c:03d}").mkdir(parents=True)
             for i in range(images_per_class):
                 # One generator per image: any image can be regenerated on its own.
-                img, lab = render(cls, np.random.default_rng([seed, c, i]), size)
+                img, lab = render(cls, np.random.default_rng([seed, c, i]), size, framing)
                 rel = f"{c:03d}/{i:03d}.png"
                 Image.fromarray(img).save(tmp / "images" / rel)
                 Image.fromarray(lab).save(tmp / "masks" / rel)
@@ -199,6 +216,7 @@ def generate(
         manifest = {
             "version": VERSION,
             "seed": seed,
+            **({"framing": framing} if framing != "wide" else {}),
             "parts": list(PARTS),
             "classes": classes,
             "num_train_classes": min(NUM_TRAIN_CLASSES, num_classes // 2),
@@ -257,12 +275,15 @@ def load_synthetic(
     num_classes: int = NUM_CLASSES,
     images_per_class: int = IMAGES_PER_CLASS,
     size: int = IMAGE_SIZE,
+    framing: str = "wide",
 ) -> DatasetSplits:
     """The set under ``data_root``, generated there first if it is not (or again if its
     manifest is cut short); ``num_classes``, ``images_per_class`` and ``size``: the set it
-    generates (a small one for tests; a set already there is read as it is)."""
+    generates (a small one for tests; a set already there is read as it is); ``framing``:
+    :data:`FRAMINGS`."""
     sizes = {"num_classes": num_classes, "images_per_class": images_per_class, "size": size}
-    root = generate(synthetic_root(data_root, seed), seed, **sizes)
+    root = synthetic_root(data_root, seed, framing)
+    root = generate(root, seed, **sizes, framing=framing)
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         items = manifest["items"]
@@ -272,7 +293,7 @@ def load_synthetic(
             file=sys.stderr,
         )
         shutil.rmtree(root)
-        root = generate(root, seed, **sizes)
+        root = generate(root, seed, **sizes, framing=framing)
         manifest = json.loads((root / "manifest.json").read_text())
         items = manifest["items"]
     labels = np.array([it["label"] for it in items], dtype=np.int64)
@@ -283,8 +304,29 @@ def load_synthetic(
     images = packed_images(root, paths)
     # Keys stay the PNG paths: the split digest names the same images either way.
     return DatasetSplits(
-        "synthetic",
+        "synthetic" if framing == "wide" else f"synthetic-{framing}",
         train=ArrayImageSet(images[tr], labels[tr], [paths[i] for i in tr]),
         test=ArrayImageSet(images[te], labels[te], [paths[i] for i in te]),
         extras={"root": root, "masks": masks, "parts": manifest["parts"]},
     )
+
+
+@register_dataset(
+    "synthetic-closeup",
+    description="the synthetic creatures drawn about twice as large (a third of the image): "
+    "the explanation benchmark's dataset",
+    folder="synthetic",
+    marker="manifest.json",
+    embedded=True,
+)
+def load_synthetic_closeup(
+    data_root: Path | None,
+    seed: int = 0,
+    *,
+    num_classes: int = NUM_CLASSES,
+    images_per_class: int = IMAGES_PER_CLASS,
+    size: int = IMAGE_SIZE,
+) -> DatasetSplits:
+    """``synthetic`` with the ``closeup`` framing (:data:`FRAMINGS`)."""
+    sizes = {"num_classes": num_classes, "images_per_class": images_per_class, "size": size}
+    return load_synthetic(data_root, seed, **sizes, framing="closeup")

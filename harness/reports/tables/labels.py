@@ -51,6 +51,7 @@ DATASET_LABELS = {
     "sop": "SOP",
     "inshop": "In-Shop",
     "synthetic": "synthetic",
+    "synthetic-closeup": "synthetic (close-up)",
     "fashion-mnist": "Fashion-MNIST",
 }
 BACKBONE_LABELS = {
