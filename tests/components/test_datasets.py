@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
 from harness.base.errors import HarnessError
 from harness.components.data import DATASETS, cap_per_class, carve_validation, seen_class_control
 from harness.components.data.fashion_mnist import read_idx
-from harness.components.data.synthetic import PARTS, generate, load_part_mask
+from harness.components.data.synthetic import (
+    PARTS,
+    generate,
+    load_part_mask,
+    load_synthetic,
+    make_classes,
+    render,
+)
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
 from harness.engine.training import prepare_splits
@@ -164,6 +173,45 @@ def test_synthetic_is_deterministic_and_has_part_masks(tmp_path):
         and (mask == 0).any()
     )
     assert not list(tmp_path.glob(".tmp-*"))  # nothing half-written left behind
+
+
+def _rendered_digest(framing: str) -> str:
+    digest = hashlib.sha256()
+    for c, cls in enumerate(make_classes(np.random.default_rng(5), 4)):
+        for i in range(2):
+            image, labels = render(cls, np.random.default_rng([5, c, i]), 48, framing)
+            digest.update(image.tobytes())
+            digest.update(labels.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def test_the_wide_framing_renders_the_synthetic_set_pixel_for_pixel_as_it_always_did():
+    assert _rendered_digest("wide") == "90c8943f40e2771b"
+    assert _rendered_digest("closeup") != "90c8943f40e2771b"
+
+
+def test_the_closeup_set_draws_the_same_classes_and_scenes_with_larger_creatures(tmp_path):
+    wide = load_synthetic(tmp_path, 5, num_classes=4, images_per_class=2, size=64)
+    close = load_synthetic(
+        tmp_path, 5, num_classes=4, images_per_class=2, size=64, framing="closeup"
+    )
+    assert close.name == "synthetic-closeup" and wide.name == "synthetic"
+    assert close.extras["root"] != wide.extras["root"]
+    assert close.train.keys() == wide.train.keys() and (close.test.labels == wide.test.labels).all()
+
+    def object_share(splits):
+        masks = [load_part_mask(splits.extras["root"], m) for m in splits.extras["masks"].values()]
+        return np.mean([(m > 0).mean() for m in masks])
+
+    assert object_share(close) > 2 * object_share(wide)
+    # the same background draws: a corner pixel no creature reaches is the same
+    first = wide.train.keys()[0]
+    wide_mask = load_part_mask(wide.extras["root"], wide.extras["masks"][first])
+    close_mask = load_part_mask(close.extras["root"], close.extras["masks"][first])
+    free = (wide_mask == 0) & (close_mask == 0)
+    assert free.any()
+    same = np.asarray(wide.train.read(0)) == np.asarray(close.train.read(0))
+    assert same.all(-1)[free].mean() > 0.99
 
 
 def test_synthetic_registry_entry(data_root):
