@@ -23,10 +23,13 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     data_root_folder(args.data_root)  # the default root ($DML_HARNESS_DATA) a file: refused
+    width = max(len(name) for name in DATASETS)
     for name in DATASETS:
         info = DATASETS.get(name)
         where, status, images = _dataset_state(name, info, args.data_root)
-        print(f"{name:14s} {status:38s} {images:>9s}  {where}\n{'':14s} {info.description}")
+        print(
+            f"{name:{width}s} {status:38s} {images:>9s}  {where}\n{'':{width}s} {info.description}"
+        )
     return 0
 
 
