@@ -4,6 +4,7 @@ the reproduce and docs sessions, and the lock session's uv command."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -215,3 +216,35 @@ def test_the_lock_session_without_uv_says_to_install_it(noxfile, monkeypatch, tm
     with pytest.raises(Refused, match="uv, which is not installed: pip install uv"):
         noxfile.lock(session)
     assert session.calls == []
+
+
+class RunWritingSession(RecordingSession):
+    """A session whose ``harness run`` writes the ``--json`` records it was asked for."""
+
+    def run(self, *args, **kwargs):
+        super().run(*args, **kwargs)
+        if args[3] == "run":
+            seeds = _option(args, "--seeds").split(",")
+            records = [{"mlflow_run_id": f"{m}-{s}"} for s in seeds for m in ("plain", "sam")]
+            Path(_option(args, "--json")).write_text(json.dumps(records))
+
+
+def test_the_explain_benchmark_trains_explains_each_run_with_sanity_then_tabulates(
+    noxfile, tmp_path, monkeypatch
+):
+    from harness.methods import METHODS
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "explain-benchmark").mkdir(parents=True)
+    session = RunWritingSession()
+    session.posargs = ["--seeds", "1"]
+    noxfile.explain_benchmark(session)
+    train, *explains, table = session.calls
+    assert _option(train, "--protocol") == "explain" and _option(train, "--seeds") == "1"
+    assert _option(train, "--dataset") == "synthetic-closeup"
+    methods = _option(train, "--methods").split(",")
+    assert all(m in METHODS.list() for m in methods) and "plain" in methods
+    assert [_option(call, "--run") for call in explains] == ["plain-1", "sam-1"]
+    assert all("--sanity" in call for call in explains)
+    assert table[3] == "explain-table" and "--strip" in table
+    assert _option(table, "--experiment") == _option(train, "--experiment")
