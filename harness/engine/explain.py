@@ -32,9 +32,10 @@ For a finished run of any method, on its test split:
      (perturbing both images would make two blanked images identical, similarity 1), and
      the same for two random orders: of the pixels, and of the cells of the model's last
      feature map (random values on its grid upsampled as the maps are: blobs of the same
-     size as a map's, where scattered pixels keep a coarse picture of the whole image). Removed pixels take the value 0 of the normalised
-     input, i.e. the protocol's mean colour (what SAM's masks do; a blur would keep the
-     colours, which carry the class on ``synthetic``). Insertion reveals pixels on the
+     size as a map's, where scattered pixels keep a coarse picture of the whole image).
+     Removed pixels take the value 0 of the normalised input, i.e. the protocol's mean
+     colour (what SAM's masks do; a blur would keep the colours, which carry the class on
+     ``synthetic``). Insertion reveals pixels on the
      query blurred (RISE's substrate, ``--insertion-canvas blur``) or on that mean colour
      (``mean``): on a flat canvas a random scatter of revealed pixels keeps a coarse picture
      of the whole image, which favours the random order (docs/performance.md measures

@@ -20,6 +20,7 @@ PINNED = {
     "diablo-ablation": "3b058c9e5f6d4808",
     "diablo-smoke": "d1a49ab4fcb203e6",
     "diml": "02c0c335311ec63c",
+    "explain": "de8bbad61635a962",
     "roth2020": "da7856d2b54f2029",
     "sam": "46f05f1f9e8419e7",
     "smoke": "29647569af4d78fb",
