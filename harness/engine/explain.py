@@ -35,11 +35,11 @@ For a finished run of any method, on its test split:
      size as a map's, where scattered pixels keep a coarse picture of the whole image).
      Removed pixels take the value 0 of the normalised input, i.e. the protocol's mean
      colour (what SAM's masks do; a blur would keep the colours, which carry the class on
-     ``synthetic``). Insertion reveals pixels on the
-     query blurred (RISE's substrate, ``--insertion-canvas blur``) or on that mean colour
-     (``mean``): on a flat canvas a random scatter of revealed pixels keeps a coarse picture
-     of the whole image, which favours the random order (docs/performance.md measures
-     both). AUCs by the trapezoidal rule.
+     ``synthetic``). Insertion reveals pixels on the query blurred (RISE's substrate,
+     ``--insertion-canvas blur``) or on that mean colour (``mean``): on a flat canvas a
+     random scatter of revealed pixels keeps a coarse picture of the whole image, which
+     favours the random order (docs/performance.md measures both). AUCs by the
+     trapezoidal rule.
 
 Written: ``--json`` (scores), figures under ``--out`` (the method's own figures in its
 paper's style where it has them, the pairs with both maps, the curves), and, on the run in

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from scipy import stats
 from torch import nn
 
+from harness.components.explanation.scores import gaussian_kernel
+
 __all__ = [
     "ground_truth_maps",
     "uniform_maps",
@@ -48,13 +50,6 @@ __all__ = [
 UNCHANGED_CORRELATION = 0.5
 
 
-def _gaussian_kernel(sigma: float) -> torch.Tensor:
-    radius = max(1, int(math.ceil(3 * sigma)))
-    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    kernel = torch.exp(-0.5 * (x / sigma) ** 2)
-    return kernel / kernel.sum()
-
-
 def ground_truth_maps(labels: torch.Tensor, region: torch.Tensor, cell: float) -> torch.Tensor:
     """The ceiling: each image's region (``labels == region[i]``, N x H x W part labels)
     blurred by a Gaussian of standard deviation half a map cell (``cell``: the image's
@@ -62,7 +57,7 @@ def ground_truth_maps(labels: torch.Tensor, region: torch.Tensor, cell: float) -
     region wider than a few pixels, so it wins the pointing game; its part share falls
     short of 1 by the mass the blur spreads past the region's edge."""
     inside = (labels.long() == region.long().view(-1, 1, 1)).double()[:, None]
-    kernel = _gaussian_kernel(max(cell / 2, 0.5))
+    kernel = gaussian_kernel(max(cell / 2, 0.5))
     pad = len(kernel) // 2
     rows = F.conv2d(inside, kernel.view(1, 1, -1, 1), padding=(pad, 0))
     blurred = F.conv2d(rows, kernel.view(1, 1, 1, -1), padding=(0, pad))[:, 0]

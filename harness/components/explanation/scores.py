@@ -42,6 +42,7 @@ __all__ = [
     "mean_interval",
     "STEP",
     "CANVASES",
+    "gaussian_kernel",
     "blurred_canvas",
 ]
 
@@ -62,15 +63,22 @@ CANVASES = ("mean", "blur")
 BLUR_SIGMA = 5 / 224
 
 
+def gaussian_kernel(sigma: float) -> torch.Tensor:
+    """A 1-D Gaussian of standard deviation ``sigma`` pixels over +-3 sigma (at least
+    +-1), summing to one (float64)."""
+    radius = max(1, int(math.ceil(3 * sigma)))
+    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    kernel = torch.exp(-0.5 * (x / sigma) ** 2)
+    return kernel / kernel.sum()
+
+
 def blurred_canvas(images: torch.Tensor, sigma: float = BLUR_SIGMA) -> torch.Tensor:
     """``images`` (N x 3 x H x W) blurred by a Gaussian of ``sigma`` x H pixels (a
     separable kernel of +-3 sigma, reflected at the borders): the insertion curve's canvas
     that keeps each region's colour but not its shape or texture."""
-    std = max(sigma * images.shape[-1], 1e-3)
-    radius = max(1, int(math.ceil(3 * std)))
-    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    kernel = torch.exp(-(x**2) / (2 * std**2))
-    kernel = (kernel / kernel.sum()).to(images.dtype).to(images.device)
+    kernel = gaussian_kernel(max(sigma * images.shape[-1], 1e-3))
+    kernel = kernel.to(images.dtype).to(images.device)
+    radius = len(kernel) // 2
     c = images.shape[1]
     out = torch.nn.functional.pad(images, (radius, radius, radius, radius), mode="reflect")
     out = torch.nn.functional.conv2d(out, kernel.view(1, 1, 1, -1).repeat(c, 1, 1, 1), groups=c)
