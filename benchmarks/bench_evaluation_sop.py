@@ -157,7 +157,18 @@ def child_suite(x: np.ndarray, labels: np.ndarray) -> dict:
         "peak_rss_mb": _peak_rss_mb(),
         "metrics": result,
         "use_gpu": use_gpu,
+        "knn_path": _knn_path(use_gpu),
     }
+
+
+def _knn_path(use_gpu: bool) -> str:
+    """Which search the suite's kNN ran on (harness.components.evaluation.knn)."""
+    from harness.components.evaluation.knn import gpu_available, search_device
+
+    if use_gpu and gpu_available():
+        return "faiss GPU index"
+    device = search_device(use_gpu)
+    return "faiss on the CPU" if device is None else f"torch top-k on {device}"
 
 
 def child_pml(x: np.ndarray, labels: np.ndarray) -> dict:
@@ -256,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         suite = run_child("suite", Path(tmp), threads=args.threads, device=args.device)
-        print(f"(b) full suite {suite['suite_s']:.1f} s ({args.device})", flush=True)
+        print(
+            f"(b) full suite {suite['suite_s']:.1f} s ({args.device}, kNN: {suite['knn_path']})",
+            flush=True,
+        )
         pml = None if args.skip_pml else run_child("pml", Path(tmp), threads=args.threads)
         if pml:
             print(f"(c) AccuracyCalculator {pml['pml_s']:.1f} s", flush=True)

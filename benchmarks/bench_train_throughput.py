@@ -23,7 +23,7 @@ is the median over the rounds.
 
 Usage: python benchmarks/bench_train_throughput.py [--protocol smoke] [--method plain]
        [--steps 10] [--rounds 5] [--device auto] [--set KEY=VALUE ...] [--no-compile]
-       [--cuda-graphs]
+       [--cuda-graphs] [--profile TABLE]
 On a GPU: --protocol roth2020 --set backbone.pretrained=false --fast (ResNet-50, 224 px, batch 112).
 """
 
@@ -33,6 +33,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -151,6 +152,13 @@ def main() -> None:
         "--cuda-graphs", action="store_true", help="the compiled loop as a CUDA graph"
     )
     parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="TABLE",
+        help="after the timing, profile one round of the compiled loop (else the harness loop) "
+        "and write torch.profiler's table of its operators, by device time, to TABLE",
+    )
+    parser.add_argument(
         "--fast",
         action="store_true",
         help="cuDNN autotuning, non-deterministic kernels (run --fast)",
@@ -196,6 +204,26 @@ def main() -> None:
     if "compiled" in rate:
         print(f"compiled loop:  {rate['compiled']:9.1f} images/s")
         print(f"compiled / bare: {rate['compiled'] / rate['bare']:8.3f}")
+    if args.profile:
+        name = "compiled" if "compiled" in loops else "harness"
+        write_profile(loops[name], device, args.profile, f"{name} loop, {args.steps} steps")
+        print(f"profile of the {name} loop: {args.profile}")
+
+
+def write_profile(run: Callable[[], None], device: torch.device, path: Path, title: str) -> None:
+    """torch.profiler's operator table of one call of ``run``, sorted by the device's time
+    (the GPU's when profiled on one, else the CPU's): where a loop's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        timed(run, device)
+    key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{title}, sorted by {key}\n{table}\n")
 
 
 if __name__ == "__main__":
