@@ -62,14 +62,17 @@ if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/card.csv" 2>&1
-python - > "$out/env.txt" 2>&1 << 'EOF'
+# The imports a run needs, then the registered methods: a missing wheel stops here.
+(
+  python - << 'EOF' || exit 1
 import faiss, mlflow, optuna, pytorch_metric_learning, torch
 card = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {card}")
 print(f"faiss {faiss.__version__} (GPU index: {hasattr(faiss, 'StandardGpuResources')}), "
       f"mlflow {mlflow.__version__}, optuna {optuna.__version__}, pml {pytorch_metric_learning.__version__}")
 EOF
-python -m harness methods >> "$out/env.txt" 2>&1 || {
+  python -m harness methods
+) > "$out/env.txt" 2>&1 || {
   note "setup failed (env.txt): $(tail -1 "$out/env.txt")"
   exit 1
 }
