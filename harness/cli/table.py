@@ -96,6 +96,8 @@ def _request(args: argparse.Namespace) -> TableRequest:
         baseline=args.baseline,
         published_metrics=metric_map or None,
         report=args.report,
+        correction=args.correction,
+        chance_draws=args.chance_draws,
     )
 
 

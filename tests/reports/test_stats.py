@@ -142,11 +142,12 @@ def test_paired_bootstrap_is_seeded_and_finds_a_clear_difference():
 
 def test_query_differences_are_averaged_over_seeds_when_the_queries_agree():
     labels = np.array([0, 0, 1])
-    diffs, how = pool_query_differences(
+    diffs, classes, how = pool_query_differences(
         [(np.array([1.0, 0, 1]), np.zeros(3), labels), (np.array([0.0, 0, 1]), np.zeros(3), labels)]
     )
     assert how == "averaged over seeds" and diffs.tolist() == [0.5, 0.0, 1.0]
-    diffs, how = pool_query_differences(
+    assert classes.tolist() == [0, 0, 1]
+    diffs, classes, how = pool_query_differences(
         [(np.ones(3), np.zeros(3), labels), (np.ones(2), np.zeros(2), labels[:2])]
     )
-    assert how == "pooled over seeds" and len(diffs) == 5
+    assert how == "pooled over seeds" and len(diffs) == 5 and classes.tolist() == [0, 0, 1, 0, 0]

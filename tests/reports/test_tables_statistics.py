@@ -73,7 +73,7 @@ def test_planted_runs_give_scipys_interval_and_paired_p_value():
     assert "**" not in rows["M-grouping"] + rows["Baseline"] and "↑" not in rows["M-grouping"]
     assert "paired t-test over seeds" in text and "| Resnet" not in text
     assert "**Paired tests against the baseline row**" in text
-    assert f"| {_p(tests.loc['agrouping', 'p_t'])} |" in text
+    assert f"| {_p(tests.loc['agrouping', 'p_t'])} (adj. " in text
 
 
 def _p(value):

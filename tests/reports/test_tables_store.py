@@ -228,7 +228,7 @@ def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir
     labels = np.repeat(np.arange(50), 4)
     stored = {}
     for method, shift in (("plain", 0), ("agrouping", 2)):
-        for seed in (0, 1):
+        for seed in (0, 1, 2):
             ranks = np.maximum(
                 rng.integers(-1, 3, size=len(labels)) - shift, 0
             )  # agrouping ranks better
@@ -250,6 +250,12 @@ def test_paired_bootstrap_reads_the_runs_per_query_artifacts(experiment, workdir
         [experiment], fmt="markdown", metrics=("recall_at_1",), baseline="plain", resamples=500
     )
     a_row = next(line for line in text.splitlines() if line.startswith("| A-grouping"))
-    assert "⇑" in a_row  # the bootstrap over 200 queries sees the better first ranks
-    assert "paired bootstrap over test queries (per-query differences averaged over seeds" in text
-    assert "(Q=200)" in text
+    assert "⇑" in a_row  # the bootstrap over 50 classes sees the better first ranks
+    assert (
+        "paired bootstrap over the test set's classes (each drawn class brings all its queries"
+        in text
+    )
+    assert "(Q=200, 50 classes)" in text
+    # the chance row: random embeddings of the same 200 queries, P@1 about 3 / 199
+    chance = next(line for line in text.splitlines() if line.startswith("| Chance (random"))
+    assert float(chance.split(" | ")[1].split(" ")[0]) < 5.0 and "(n=5)" in chance

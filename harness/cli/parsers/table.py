@@ -55,6 +55,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
         help="a tuned grid with k > 1 folds: the mean of the fold models' metrics (separated, "
         "the default) or their concatenated embeddings' (concatenated)",
     )
+    _add_verdict_arguments(p)
     p.add_argument(
         "--strict",
         action="store_true",
@@ -88,4 +89,25 @@ def _add_published_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PUBLISHED=REPRODUCED",
         help="compare a published metric with a reproduced variant defined as the paper defines it, "
         "e.g. r_precision=r_precision_query_in_r (DIML; repeat)",
+    )
+
+
+def _add_verdict_arguments(p: argparse.ArgumentParser) -> None:
+    """What the paired tests are corrected for and held against: the correction and the
+    chance row's draws."""
+    p.add_argument(
+        "--correction",
+        choices=("holm", "bh", "none"),
+        default="holm",
+        help="correction of the paired tests for multiple comparisons, over every p-value of "
+        "the table: holm (Holm's step-down, family-wise error; the default), bh "
+        "(Benjamini-Hochberg, false discovery rate) or none (for a table of one comparison)",
+    )
+    p.add_argument(
+        "--chance-draws",
+        type=int,
+        default=5,
+        metavar="N",
+        help="draws of random embeddings behind the chance row (the same evaluation of the "
+        "same test set; default 5, 0: no chance row)",
     )

@@ -287,4 +287,6 @@ def _retrieval_result(
     out.update(scores.result())
     if per_query:
         out.per_query = scores.per_query()
+        if g_codes is not None:  # the gallery's classes: a chance level needs the whole test set
+            out.per_query["gallery_label"] = g_codes.astype(np.int64)
     return out

@@ -17,8 +17,12 @@ One module per step, each step a plain function that is easy to test;
    mix protocol fingerprints) and :mod:`~harness.reports.tables.published` (the transcribed
    published numbers, joined to the cells),
 3. :mod:`~harness.reports.tables.paired` (each method row against the baseline row of its
-   block: paired t-test over seeds, and a paired bootstrap over queries where runs stored
-   per-query results; :mod:`harness.reports.stats`),
+   block: paired t-test over seeds, and a paired bootstrap over the test set's classes where
+   runs stored per-query results; :mod:`harness.reports.stats`),
+   :mod:`~harness.reports.tables.chance` (the chance row: the same evaluation on random
+   embeddings of the same test set) and :mod:`~harness.reports.tables.verdicts` (which
+   comparisons may be marked: every p-value of the table corrected as one family, no mark
+   below 3 seeds or between two rows at chance),
 4. :mod:`~harness.reports.tables.notes` (what the footnotes say about the runs and the
    published values),
 5. one renderer per format, :class:`~harness.reports.tables.markdown.MarkdownRenderer` and
@@ -41,7 +45,22 @@ Layout (A-grouping Table 3): rows are blocks of backbone + loss, one row per met
   numpy), or that lack that tag, are flagged.
 """
 
-from harness.reports.tables.columns import CELL_COLUMNS, DEFAULT_METRICS, SIGNIFICANCE, TEST_COLUMNS
+from harness.reports.tables.chance import (
+    CHANCE,
+    CHANCE_LABEL,
+    chance_cells,
+    chance_frame,
+    chance_levels,
+    split_labels,
+)
+from harness.reports.tables.columns import (
+    CELL_COLUMNS,
+    DEFAULT_METRICS,
+    MIN_SEEDS_FOR_MARK,
+    SIGNIFICANCE,
+    TEST_COLUMNS,
+    VERDICT_COLUMNS,
+)
 from harness.reports.tables.compose import (
     RENDERERS,
     Table,
@@ -78,6 +97,7 @@ from harness.reports.tables.published import (
 )
 from harness.reports.tables.render import TableContent, TableRenderer
 from harness.reports.tables.summary import summarize
+from harness.reports.tables.verdicts import AT_CHANCE, FEW_SEEDS, judge
 
 __all__ = [
     "load_runs",
@@ -115,7 +135,18 @@ __all__ = [
     "DEFAULT_METRICS",
     "CELL_COLUMNS",
     "TEST_COLUMNS",
+    "VERDICT_COLUMNS",
     "SIGNIFICANCE",
+    "MIN_SEEDS_FOR_MARK",
+    "judge",
+    "FEW_SEEDS",
+    "AT_CHANCE",
+    "CHANCE",
+    "CHANCE_LABEL",
+    "chance_cells",
+    "chance_frame",
+    "chance_levels",
+    "split_labels",
     "LATEX_PACKAGES",
     "DATASET_LABELS",
     "METRIC_LABELS",

@@ -12,6 +12,8 @@ __all__ = [
     "BLOCK",
     "CELL_COLUMNS",
     "TEST_COLUMNS",
+    "VERDICT_COLUMNS",
+    "MIN_SEEDS_FOR_MARK",
     "SIGNIFICANCE",
 ]
 
@@ -49,6 +51,8 @@ TEST_COLUMNS = [
     "metric",
     "baseline",
     "pairs",
+    "row_mean",
+    "baseline_mean",
     "difference",
     "low",
     "high",
@@ -58,8 +62,16 @@ TEST_COLUMNS = [
     "boot_high",
     "p_boot",
     "boot_queries",
+    "boot_classes",
     "boot_pooling",
     "boot_missing",
 ]
-#: Level below which a paired test marks a cell.
+#: Columns :func:`~harness.reports.tables.verdicts.judge` adds to the paired tests: the
+#: adjusted p-values, the correction and the size of the family it covered, and why a
+#: comparison carries no mark whatever its p (empty when the p-values decide).
+VERDICT_COLUMNS = ["p_t_adjusted", "p_boot_adjusted", "correction", "family", "unmarked"]
+#: Level below which a paired test's adjusted p marks a cell.
 SIGNIFICANCE = 0.05
+#: The fewest paired seeds a marked comparison has: with two, the t quantile is
+#: t(0.975, 1) = 12.7 and one lucky seed decides; the interval is shown, no mark.
+MIN_SEEDS_FOR_MARK = 3

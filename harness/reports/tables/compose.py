@@ -11,7 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.base.atomic import atomic_write_text
-from harness.base.errors import unknown_name
+from harness.base.errors import HarnessError, unknown_name
+from harness.reports.stats import CORRECTIONS
+from harness.reports.tables.chance import CHANCE, CHANCE_DRAWS, chance_cells, chance_frame
 from harness.reports.tables.columns import DEFAULT_METRICS
 from harness.reports.tables.labels import method_labels, recorded_options
 from harness.reports.tables.latex import LatexRenderer
@@ -74,10 +76,19 @@ class TableRequest:
     resamples: int = 10_000
     #: A tuned grid's fold report: ``separated`` or ``concatenated`` (:mod:`harness.reports.tuning`).
     report: str = "separated"
+    #: The correction of the table's paired tests for multiple comparisons
+    #: (:data:`harness.reports.stats.CORRECTIONS`).
+    correction: str = "holm"
+    #: Draws of random embeddings behind the chance row (0: no chance row).
+    chance_draws: int = CHANCE_DRAWS
 
     def __post_init__(self):
         if self.fmt not in RENDERERS:
             raise unknown_name("table format", self.fmt, RENDERERS)
+        if self.correction not in CORRECTIONS:
+            raise unknown_name("correction", self.correction, CORRECTIONS)
+        if self.chance_draws < 0:
+            raise HarnessError(f"--chance-draws must be 0 or more, got {self.chance_draws}")
 
     def title(self) -> str:
         """The caption given, else which experiments (against which published tables)."""
@@ -116,6 +127,8 @@ def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table
         else published.values[published.values["metric"].isin(metrics)]
     )
     cells = attach_published(summarize(runs, metrics), values)
+    chance = chance_frame(runs, metrics, request.per_query, draws=request.chance_draws)
+    cells = chance_cells(cells, chance)
     tests = paired_tests(
         runs,
         metrics,
@@ -125,7 +138,8 @@ def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table
     )
     problems = _report_problems(runs, tests, request.per_query)
     labels = method_labels(
-        sorted(set(cells["method"].dropna()) | {request.baseline}), recorded_options(runs)
+        sorted(set(cells["method"].dropna()) - {CHANCE} | {request.baseline}),
+        recorded_options(runs),
     )
     content = TableContent(
         cells,
@@ -136,6 +150,8 @@ def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table
         notes=_notes(request, runs, cells, metrics, published),
         labels=labels,
         baseline=request.baseline,
+        correction=request.correction,
+        chance=chance,
     )
     renderer = RENDERERS[request.fmt]()
     text = renderer.render(content) + renderer.deviations_block(paper_deviation_notes(runs))

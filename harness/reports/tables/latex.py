@@ -85,6 +85,8 @@ class LatexRenderer(TableRenderer):
     }
     plus_minus, percent = "$\\pm$", "\\%"
     interval_formula = "$t_{0.975,\\,n-1}\\,s/\\sqrt{n}$, $s$ the sample standard deviation"
+    prediction_formula = "$t_{0.975,\\,n-1}\\,s\\sqrt{1+1/n}$"
+    two_seed_quantile = "$t_{0.975,\\,1} = 12.7$"
     ttest_name = "ttest\\_rel"
     seeds_legend = "$n$: the number of seeds (its column)"
     published_legend = (
@@ -102,6 +104,10 @@ class LatexRenderer(TableRenderer):
 
     def escape(self, text: str) -> str:
         return latex_escape(text)
+
+    def p_text(self, value: float) -> str:
+        """``$<$0.001`` below that, ``--`` when not computed."""
+        return "--" if math.isnan(value) else ("$<$0.001" if value < 0.001 else f"{value:.3f}")
 
     def render(self, content: TableContent) -> str:
         """A comment header naming the packages the table needs (:data:`LATEX_PACKAGES`), one
@@ -270,9 +276,9 @@ class LatexRenderer(TableRenderer):
                     latex_escape(label(METRIC_LABELS, t.metric)),
                     str(t.pairs),
                     self.interval(t.difference, t.low, t.high),
-                    _p(t.p_t),
+                    self.p_value(t.p_t, t.p_t_adjusted, t.unmarked, t.correction),
                     boot,
-                    _p(t.p_boot),
+                    self.p_value(t.p_boot, t.p_boot_adjusted, t.unmarked, t.correction),
                 ]
             )
             + " \\\\"
@@ -309,19 +315,15 @@ def _seed_counts(cells: list[Cell | None]) -> str:
     )
 
 
-def _p(value: float) -> str:
-    """A p-value to three decimals, ``$<$0.001`` below that, ``--`` when not computed."""
-    return "--" if math.isnan(value) else ("$<$0.001" if value < 0.001 else f"{value:.3f}")
-
-
 def _tests_note(queries: list[int]) -> str:
     """What the paired-tests table's columns hold."""
     over = f"$Q$ = {queries[0]} test queries" if len(queries) == 1 else "$Q$ test queries"
     return (
         "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
         "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
-        f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over} (10,000 resamples, percentile "
-        "interval); --: not computed (a clustering metric, or per-query results missing).}"
+        f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over}, the classes resampled with all their "
+        "queries (10,000 resamples, percentile interval); adj.: the p-value after the table's correction for "
+        "multiple comparisons; --: not computed (a clustering metric, or per-query results missing).}"
     )
 
 

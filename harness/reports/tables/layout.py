@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from harness.base.errors import HarnessError
+from harness.reports.tables.chance import CHANCE
 from harness.reports.tables.columns import BLOCK, SIGNIFICANCE
 from harness.reports.tables.labels import BACKBONE_LABELS, DATASET_LABELS, LOSS_LABELS, method_order
 
@@ -108,13 +109,13 @@ def _cell_key(row) -> tuple:
 
 
 def _best(cells: pd.DataFrame) -> tuple[set[tuple], set[tuple]]:
-    """``(bold, tied)`` cell keys per block and column. Only rows with an interval (n >= 2)
-    compete, and only when at least two do. The best mean is bold when its interval lies
+    """``(bold, tied)`` cell keys per block and column. Only method rows with an interval
+    (n >= 2; not the chance row) compete, and only when at least two do. The best mean is bold when its interval lies
     above every other row's (lower end above their upper ends); otherwise it and every row
     whose interval reaches its interval are tied."""
     bold: set[tuple[Any, ...]] = set()
     tied: set[tuple[Any, ...]] = set()
-    have = cells.dropna(subset=["mean", "half_width"])
+    have = cells[cells["method"] != CHANCE].dropna(subset=["mean", "half_width"])
     for _, group in have.groupby([*BLOCK, "metric"], sort=False):
         if len(group) < 2:
             continue
@@ -131,14 +132,17 @@ def _best(cells: pd.DataFrame) -> tuple[set[tuple], set[tuple]]:
 
 
 def _test_marks(test) -> tuple[str, ...]:
-    """The marks a paired test (a ``TEST_COLUMNS`` record) puts on its cell."""
+    """The marks a judged paired test (``TEST_COLUMNS`` and ``VERDICT_COLUMNS``,
+    :func:`~harness.reports.tables.verdicts.judge`) puts on its cell: up or down where its
+    adjusted p is below the level and no rule leaves it unmarked."""
     if test is None:
         return ()
     marks = []
-    if not math.isnan(test.p_t) and test.p_t < SIGNIFICANCE:
-        marks.append("t_up" if test.difference > 0 else "t_down")
-    if not math.isnan(test.p_boot) and test.p_boot < SIGNIFICANCE:
-        marks.append("boot_up" if test.boot_difference > 0 else "boot_down")
+    if not test.unmarked:
+        if not math.isnan(test.p_t_adjusted) and test.p_t_adjusted < SIGNIFICANCE:
+            marks.append("t_up" if test.difference > 0 else "t_down")
+        if not math.isnan(test.p_boot_adjusted) and test.p_boot_adjusted < SIGNIFICANCE:
+            marks.append("boot_up" if test.boot_difference > 0 else "boot_down")
     if getattr(test, "boot_missing", ""):
         marks.append("incomplete")
     return tuple(marks)

@@ -49,6 +49,8 @@ class MarkdownRenderer(TableRenderer):
     }
     plus_minus, percent = "±", "%"
     interval_formula = "t(0.975, n-1) s / sqrt(n), s the sample std"
+    prediction_formula = "t(0.975, n-1) s sqrt(1 + 1/n)"
+    two_seed_quantile = "t(0.975, 1) = 12.7"
     ttest_name = "ttest_rel"
     seeds_legend = "n: the number of seeds"
     published_legend = " / published value (reproduced minus published)"
@@ -58,6 +60,10 @@ class MarkdownRenderer(TableRenderer):
 
     def signed(self, value: float) -> str:
         return f"{value:+.2f}"
+
+    def p_text(self, value: float) -> str:
+        """``<0.001`` below that, ``–`` when not computed."""
+        return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
 
     def render(self, content: TableContent) -> str:
         labels = content.row_labels()
@@ -125,7 +131,8 @@ class MarkdownRenderer(TableRenderer):
             boot = (
                 "–"
                 if t.boot_queries == 0
-                else f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] (Q={t.boot_queries})"
+                else f"{t.boot_difference:+.2f} [{t.boot_low:+.2f}, {t.boot_high:+.2f}] "
+                f"(Q={t.boot_queries}, {t.boot_classes} classes)"
             )
             rows.append(
                 [
@@ -135,9 +142,9 @@ class MarkdownRenderer(TableRenderer):
                     f"{row_label(t.method, t.setting, labels)} vs {labels[t.baseline]}",
                     str(t.pairs),
                     self.interval(t.difference, t.low, t.high),
-                    _p(t.p_t),
+                    self.p_value(t.p_t, t.p_t_adjusted, t.unmarked, t.correction),
                     boot,
-                    _p(t.p_boot),
+                    self.p_value(t.p_boot, t.p_boot_adjusted, t.unmarked, t.correction),
                 ]
             )
         return rows
@@ -154,11 +161,6 @@ class MarkdownRenderer(TableRenderer):
 
 def _line(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
-
-
-def _p(value: float) -> str:
-    """A p-value to three decimals, ``<0.001`` below that, ``–`` when not computed."""
-    return "–" if math.isnan(value) else ("<0.001" if value < 0.001 else f"{value:.3f}")
 
 
 def render_markdown(cells: pd.DataFrame, **content) -> str:

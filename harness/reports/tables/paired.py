@@ -68,6 +68,7 @@ def paired_tests(
     dataset; the baseline method's row without a setting, else its only row), per metric
     (``TEST_COLUMNS``, differences in percent points):
 
+    * ``row_mean``, ``baseline_mean``: both rows' means over the paired seeds (percent);
     * ``difference``, ``p_t``: paired t-test over the seeds both rows have (pairs = seeds);
       ``low``, ``high``: the 95% Student t-interval of the mean paired difference (NaN
       for one pair);
@@ -76,7 +77,8 @@ def paired_tests(
       (retrieval metrics; not NMI / F1): per seed, method minus baseline per query (both
       runs must have scored the same queries), averaged over seeds when every seed scored
       the same queries, else pooled (:func:`harness.reports.stats.pool_query_differences`);
-      ``resamples`` resamples, seed 0;
+      classes resampled with all their queries (``boot_classes`` of them), ``resamples``
+      resamples, seed 0;
     * ``boot_missing``: the runs (ids, space-separated) whose per-query results ``per_query``
       did not give, for a metric that has per-query values: that bootstrap is owed, not
       computed (the table marks the cell and :func:`~harness.reports.tables.compose.make_table`
@@ -143,6 +145,8 @@ def _compare(
     _, half, _ = t_interval((row.loc[both, column] - base.loc[both, column]) * 100)
     record = {
         "pairs": len(both),
+        "row_mean": float(row.loc[both, column].mean() * 100),
+        "baseline_mean": float(base.loc[both, column].mean() * 100),
         "difference": diff,
         "low": diff - half,
         "high": diff + half,
@@ -152,6 +156,7 @@ def _compare(
         "boot_high": math.nan,
         "p_boot": math.nan,
         "boot_queries": 0,
+        "boot_classes": 0,
         "boot_pooling": "",
         "boot_missing": "",
     }
@@ -209,14 +214,15 @@ class _Bootstrap:
                 if has_per_query_values(metric)
                 else {}
             )
-        differences, pooling = pool_query_differences(pairs)
-        result = paired_bootstrap(differences, resamples=self.resamples)
+        differences, classes, pooling = pool_query_differences(pairs)
+        result = paired_bootstrap(differences, classes=classes, resamples=self.resamples)
         return {
             "boot_difference": result.mean,
             "boot_low": result.low,
             "boot_high": result.high,
             "p_boot": result.p,
             "boot_queries": result.queries,
+            "boot_classes": result.classes,
             "boot_pooling": pooling,
         }
 
