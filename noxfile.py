@@ -18,7 +18,7 @@ skipped) and writes its tables under ``results/tables``:
   registered method under ``roth2020``, three losses, four datasets, five seeds, each row
   with its interval and paired tests against ``plain``;
 * ``fair-tuned``: the same table with every method tuned alike first
-  (``protocols/grids/fair-tuned-roth2020.toml``: 50 TPE trials on 4 class-disjoint folds
+  (``protocols/grids/fair-tuned-roth2020.toml``: 50 trials (Optuna TPE) on 4 class-disjoint folds
   per method, loss and dataset, as Musgrave et al. 2020), its tables written by the sweep:
   the separated and concatenated reports, the chosen settings and the best-so-far figure.
 

@@ -52,15 +52,42 @@ __all__ = [
     "SpaceEntry",
     "parse_tune",
     "DEFAULT_PROTOCOL_SPACE",
+    "LOSS_PARAMETER_RATE",
+    "TPE_STARTUP_TRIALS",
     "study_space",
     "suggest_setting",
 ]
 
-#: The protocol fields searched by default: a decade either side of the protocol's value,
-#: log-uniform (as ``harness tune``).
+#: ``harness tune``'s default protocol fields (one method searched on its own): a decade
+#: either side of the protocol's value, log-uniform. A tuned grid searches MLRC's space
+#: instead (below).
 DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
+#: The loss parameters' learning rate (a margin loss's per-class beta, a proxy loss's
+#: proxies), searched by default where the loss has parameters: MLRC searched it and kept
+#: the trunk's and the embedder's rates fixed (Musgrave et al. 2020, Sec. 4.2 and
+#: supplementary; powerful-benchmarker's ``metric-learning`` configuration, cited in
+#: :data:`LOSS_PARAMETER_RATE`'s source). The trunk and head rates stay at the
+#: protocol's unless the grid's ``[tune.space]`` names them, for every method alike.
+LOSS_PARAMETER_RATE_NAME = "optimizer.lr_loss"
+LOSS_PARAMETER_RATE = (1e-6, 1.0)
+LOSS_PARAMETER_RATE_SOURCE = (
+    "Musgrave et al. 2020, supplementary: loss parameters' lr, log [1e-6, 1]"
+)
+#: Settled trials TPE needs before it models the space (Optuna's ``n_startup_trials``,
+#: counting finished and pruned trials); before that it samples at random.
+TPE_STARTUP_TRIALS = 10
 PRUNERS = ("median", "none")
-_KEYS = {"trials", "folds", "metric", "sampler_seed", "round", "pruner", "defaults", "space"}
+_KEYS = {
+    "trials",
+    "folds",
+    "metric",
+    "sampler_seed",
+    "round",
+    "pruner",
+    "defaults",
+    "method_spaces",
+    "space",
+}
 
 
 @dataclass(frozen=True)
@@ -99,6 +126,9 @@ class TuneSpec:
     round: int = 2
     pruner: str = "median"
     defaults: bool = True
+    #: Whether every method's own ``search_space`` is searched too (off: a method's options
+    #: stay at its paper's values unless ``[tune.space]`` names them).
+    method_spaces: bool = False
     #: ``{name: SpaceEntry}``: ``optimizer.*`` (protocol fields), ``loss.<loss>.<arg>``,
     #: ``method.<method>.<option>``.
     space: dict[str, SpaceEntry] = field(default_factory=dict)
@@ -113,6 +143,7 @@ class TuneSpec:
             "round": self.round,
             "pruner": self.pruner,
             "defaults": self.defaults,
+            "method_spaces": self.method_spaces,
             "space": {k: vars(v) for k, v in sorted(self.space.items())},
         }
 
@@ -125,8 +156,9 @@ class TuneSpec:
         """The budget as a table's note says it."""
         folds = f"{self.folds} class-disjoint folds" if self.folds > 1 else "the validation split"
         return (
-            f"{self.trials} TPE trials x {folds} (sampler seed {self.sampler_seed}, "
-            f"{self.round} per round, pruner {self.pruner}), objective {self.metric}"
+            f"{self.trials} trials (Optuna's TPE, random until {TPE_STARTUP_TRIALS} are settled) x "
+            f"{folds} (sampler seed {self.sampler_seed}, {self.round} per round, pruner "
+            f"{self.pruner}), objective {self.metric}"
         )
 
 
@@ -214,6 +246,7 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
         round=ints["round"],
         pruner=pruner,
         defaults=bool(table.get("defaults", True)),
+        method_spaces=bool(table.get("method_spaces", False)),
         space=space,
     )
 
@@ -284,21 +317,22 @@ def _typed(name: str, entry: SpaceEntry, current: Any) -> SpaceEntry:
 
 def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, SpaceEntry]:
     """The named entries a study of (``method``, ``loss``) searches besides the method's
-    own ``search_space``: the default learning rates and the loss's arguments (when
-    ``defaults``), then the grid's ``[tune.space]`` entries that concern it. Names are
+    own ``search_space`` (with ``method_spaces``): MLRC's default space (when ``defaults``:
+    the loss's arguments and, for a loss with parameters, their learning rate), then the
+    grid's ``[tune.space]`` entries that concern it. Names are
     those of Optuna's parameters: protocol fields as dotted keys (``loss.args.<loss>.<arg>``
     for a loss argument), method options by the option's name."""
 
     out: dict[str, SpaceEntry] = {}
     if spec.defaults:
-        fields = flatten_keys(protocol.to_dict())
-        for key in DEFAULT_PROTOCOL_SPACE:
-            value = float(fields[key])
-            if value > 0:  # a frozen part (learning rate 0) stays frozen
-                out[key] = SpaceEntry(value / 10, value * 10, True, source="a decade either side")
         for arg, rng in loss_search_space(loss).items():
             out[f"loss.args.{loss}.{arg}"] = SpaceEntry(
                 rng.low, rng.high, rng.log, source=rng.source
+            )
+        if LOSSES.get(loss).needs_classes:  # the loss has parameters of its own
+            low, high = LOSS_PARAMETER_RATE
+            out[LOSS_PARAMETER_RATE_NAME] = SpaceEntry(
+                low, high, True, source=LOSS_PARAMETER_RATE_SOURCE
             )
     for name, entry in spec.space.items():
         head, _, rest = name.partition(".")
@@ -339,23 +373,32 @@ def suggest_setting(
     trial, spec: TuneSpec, method: str, loss: str, protocol
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(method options, protocol overrides)`` that ``trial`` suggests for a study of
-    (``method``, ``loss``) under ``protocol``: the method's ``search_space`` (when
-    ``defaults``), then every entry of :func:`study_space`, in a fixed order."""
+    (``method``, ``loss``) under ``protocol``: every entry of :func:`study_space` first, the
+    dimensions every method of the grid shares (the loss's arguments, the learning rates)
+    before the method's own options, each group in name order; then the method's own
+    ``search_space`` (when ``defaults``). The order is the random stream's: a sampler
+    draws in suggestion order, so trial n of two methods' studies (seeded alike) draws the
+    same values for their shared dimensions while its samples are random (common random
+    numbers, a paired design); the method's own draws come after and shift nothing. The
+    method's ``search_space`` is searched only with ``method_spaces``."""
 
     entries = study_space(spec, method, loss, protocol)
     options_of = set(METHODS.get(method).options())
+    shared = sorted(n for n in entries if n not in options_of or "." in n)
+    own = sorted(n for n in entries if n not in shared)
     options: dict[str, Any] = {}
-    if spec.defaults:
+    overrides: dict[str, Any] = {}
+    for name in shared + own:
+        value = entries[name].suggest(trial, name)
+        if name in own:
+            options[name] = value
+        else:
+            overrides[name] = value
+    if spec.method_spaces:
+        # A name the entries hold was suggested above; Optuna answers it with that value.
         options.update(
             METHODS.get(method).cls.search_space(
                 cast("Trial", _Overriding(trial, entries)), embedding_size=protocol.embedding.size
             )
         )
-    overrides: dict[str, Any] = {}
-    for name in sorted(entries):
-        value = entries[name].suggest(trial, name)
-        if name in options_of and "." not in name:
-            options[name] = value
-        else:
-            overrides[name] = value
     return options, overrides

@@ -46,7 +46,10 @@ from harness.engine.tuned_studies import (
     log,
     record_study,
     round_start,
+    search_cell,
     search_experiment,
+    search_seed,
+    search_summary,
     settled,
     trial_setting,
     tuned_studies,
@@ -225,7 +228,7 @@ def _trial_fold_run(
     fold's training classes with the test split sealed, selected on the fold."""
 
     params, options, protocol = setting
-    cell = study.first
+    cell = search_cell(study)
     tags = {
         "tune_study": study.name,
         "tune_trial": number,
@@ -267,6 +270,9 @@ def _final_tags(study: Study, record, best, cell: Cell) -> dict[str, str]:
         "tune_trials": str(len(history)),
         "tune_params": json.dumps(best.params, sort_keys=True),
         "tune_history": json.dumps(values),
+        "tune_search": json.dumps(
+            {**search_summary(study.spec, record, best), "search_seed": search_seed(study.grid)}
+        ),
         # The protocol the study searched under: the tables compare tuned rows by it.
         "tune_protocol": hashlib.sha256(cell.protocol.canonical_json().encode()).hexdigest()[:16],
         "grid": study.grid.name,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from optuna.trial import TrialState, create_trial
 
 from harness.base.errors import HarnessError
 from harness.config.grids import Cell, Grid
-from harness.config.tuning import TuneSpec, suggest_setting
+from harness.config.tuning import TPE_STARTUP_TRIALS, TuneSpec, suggest_setting
 from harness.engine.sweep import open_storage
 from harness.store.queries import all_runs
 
@@ -24,11 +24,15 @@ __all__ = [
     "Study",
     "tuned_studies",
     "search_experiment",
+    "search_seed",
+    "search_cell",
     "folds_experiment",
     "record_study",
     "record_storage",
     "settled",
     "round_start",
+    "is_random_trial",
+    "search_summary",
     "trial_setting",
     "fold_plan",
     "best_trial",
@@ -39,6 +43,18 @@ __all__ = [
 
 def log(msg: str) -> None:
     print(f"[tune {socket.gethostname()}:{os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def search_seed(grid: Grid) -> int:
+    """The seed every trial of the grid's searches trains with: one above the highest seed
+    of its cells, so that no final run (a cell's seed) repeats a trial run, and the
+    reported seeds are runs apart from the search that chose their setting."""
+    return max(c.seed for c in grid.cells) + 1
+
+
+def search_cell(study: Study) -> Cell:
+    """The cell a study's trials train: its first cell, with :func:`search_seed`."""
+    return replace(study.first, seed=search_seed(study.grid))
 
 
 def search_experiment(grid: Grid) -> str:
@@ -116,6 +132,46 @@ def round_start(spec: TuneSpec, number: int) -> int:
     return (number // spec.round) * spec.round
 
 
+def is_random_trial(spec: TuneSpec, number: int) -> bool:
+    """Whether trial ``number`` was sampled at random: the trials TPE was fitted on (those of
+    the earlier rounds) were fewer than :data:`TPE_STARTUP_TRIALS`."""
+    return round_start(spec, number) < TPE_STARTUP_TRIALS
+
+
+def search_summary(spec: TuneSpec, record, best) -> dict[str, Any]:
+    """What a study's search was, for the tables: the space's ``dimensions``, its settled
+    trials ``completed`` / ``pruned`` / ``random`` (sampled before TPE had
+    :data:`TPE_STARTUP_TRIALS` to fit), and the budget check (MLRC's question whether the
+    search had converged): ``late_gain``, how much the best value rose over the last
+    quarter of the trials, against ``fold_noise``, the standard error of the best trial's
+    mean over its folds (both in percent points; NaN with one fold), and ``converged``
+    (the late gain within the fold noise)."""
+    history = settled(record)
+    numbers = sorted(history)
+    values = [
+        history[n].value if history[n].state == TrialState.COMPLETE else None for n in numbers
+    ]
+    best_so_far = np.maximum.accumulate([-np.inf if v is None else v for v in values])
+    quarter = len(numbers) - max(1, len(numbers) // 4)
+    before = best_so_far[quarter - 1] if quarter > 0 else -np.inf
+    late_gain = 100.0 * float(best_so_far[-1] - before) if np.isfinite(before) else float("nan")
+    folds = [float(v) for v in best.user_attrs.get("fold_values", [])]
+    noise = (
+        100.0 * float(np.std(folds, ddof=1) / np.sqrt(len(folds)))
+        if len(folds) > 1
+        else float("nan")
+    )
+    return {
+        "dimensions": len(best.distributions),
+        "completed": sum(v is not None for v in values),
+        "pruned": sum(v is None for v in values),
+        "random": sum(is_random_trial(spec, n) for n in numbers),
+        "late_gain": round(late_gain, 4),
+        "fold_noise": round(noise, 4),
+        "converged": bool(late_gain <= noise) if not np.isnan(noise + late_gain) else None,
+    }
+
+
 def trial_setting(study: Study, number: int, history: dict[int, Any]):
     """The setting of trial ``number``: ``(params, distributions, options, overrides)``,
     suggested by TPE fitted on the settled trials of the earlier rounds (``history``),
@@ -131,7 +187,8 @@ def trial_setting(study: Study, number: int, history: dict[int, Any]):
     seed = int(np.random.SeedSequence([spec.sampler_seed, number]).generate_state(1)[0])
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     memory = optuna.create_study(
-        direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed)
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS),
     )
     for n in earlier:
         t = history[n]

@@ -23,6 +23,7 @@ __all__ = [
     "unequal_budget_rows",
     "settings_appendix",
     "best_so_far",
+    "search_notes",
     "search_figure_files",
     "search_figure_paths",
     "tuned_table_files",
@@ -77,6 +78,7 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
         f"2020, Sec. 4.2); the best setting then trained with each seed: {what}. The chosen "
         f"settings are in the appendix table."
     ]
+    notes += search_notes(tuned)
     odd = unequal_budget_rows(runs)
     if odd:
         notes.append(
@@ -84,6 +86,58 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
             "was edited during its sweep), so they are not comparable: " + "; ".join(odd) + "."
         )
     return notes
+
+
+def search_notes(tuned: pd.DataFrame) -> list[str]:
+    """Each tuned row's search as it ran (the ``tune_search`` tag): the space's dimensions,
+    the settled trials completed / pruned / sampled at random before TPE had its start-up
+    trials, and the budget check; empty for runs recorded without the tag."""
+    if "tune_search" not in tuned:
+        return []
+    rows, randoms = [], set()
+    for (method, loss, dataset), group in tuned.groupby(["method", "loss", "dataset"], sort=False):
+        text = group["tune_search"].fillna("").iloc[0]
+        if not text:
+            continue
+        s = json.loads(text)
+        randoms.add((s["random"], s["completed"] + s["pruned"]))
+        rows.append(f"{method} ({loss}, {dataset}): {_search_text(s)}")
+    if not rows:
+        return []
+    sampler = "; ".join(
+        f"TPE after {r} random trials of {n}"
+        if r < n
+        else f"all {n} trials random (TPE never fitted)"
+        for r, n in sorted(randoms)
+    )
+    seeds = sorted(
+        {json.loads(t).get("search_seed") for t in tuned["tune_search"].fillna("") if t} - {None}
+    )
+    finals = sorted({str(x) for x in tuned["seed"]}, key=lambda x: (len(x), x))
+    apart = (
+        f" The search trained with seed {', '.join(map(str, seeds))}, the reported runs with seeds "
+        f"{', '.join(finals)}: no reported run repeats a trial."
+        if seeds
+        else ""
+    )
+    return [
+        f"Search per row (Optuna, {sampler}): dimensions of the searched space; settled trials "
+        f"completed / pruned / random; budget check: the rise of the best validation value over the "
+        f"last quarter of the trials against the fold noise (the standard error of the best "
+        f"trial's mean over its folds), converged when within it. " + "; ".join(rows) + "." + apart
+    ]
+
+
+def _search_text(s: dict) -> str:
+    check = (
+        "budget check n/a (one fold)"
+        if s["converged"] is None
+        else f"late gain {s['late_gain']:+.2f} vs fold noise {s['fold_noise']:.2f}: "
+        + ("converged" if s["converged"] else "STILL IMPROVING")
+    )
+    return (
+        f"{s['dimensions']} dimensions, {s['completed']} / {s['pruned']} / {s['random']}, {check}"
+    )
 
 
 def studied_method(study: str) -> str:
@@ -191,6 +245,7 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
         1, len(blocks), figsize=(4.2 * len(blocks), 3.4), squeeze=False, constrained_layout=True
     )
     for ax, (key, group) in zip(axes[0], blocks, strict=True):
+        _shade_random_trials(ax, group)
         for method, rows in group.groupby("method", sort=True):
             base = studied_method(rows.iloc[0].get("tune_study", ""))
             if base and base != method:  # a test-time method has no search of its own
@@ -212,6 +267,19 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
         files[path] = buffer.getvalue()
     plt.close(figure)
     return files
+
+
+def _shade_random_trials(ax, block: pd.DataFrame) -> None:
+    """Shade the trials every study of the block sampled at random (before TPE's start-up
+    trials were settled): a curve that rises there is luck of the draw, not the search."""
+    searches = [
+        json.loads(t) for t in block.get("tune_search", pd.Series(dtype=object)).fillna("") if t
+    ]
+    if not searches:
+        return
+    random = min(s["random"] for s in searches)
+    if random:
+        ax.axvspan(0.5, random + 0.5, color="0.9", zorder=0, label="random start-up")
 
 
 _NO_DATE: dict[str, dict] = {".png": {"Software": None}, ".pdf": {"CreationDate": None}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -233,7 +234,8 @@ def test_a_tuned_sweep_on_two_workers_gives_every_study_its_budget_and_mlrc_repo
     tables = workdir / "results" / "tables"
     markdown = (tables / "tiny-tuned.md").read_text()
     assert (
-        "Tuned: every row's hyperparameters chosen by the same budget, 3 TPE trials x 2" in markdown
+        "Tuned: every row's hyperparameters chosen by the same budget, 3 trials (Optuna's TPE"
+        in markdown
     )
     assert "[tuned]" in markdown
     appendix = (tables / "tiny-tuned.settings.md").read_text()
@@ -244,6 +246,30 @@ def test_a_tuned_sweep_on_two_workers_gives_every_study_its_budget_and_mlrc_repo
     for run in finals:
         history = json.loads(run.data.tags["tune_history"])
         assert len(history) == 3
+    _check_the_notes_and_the_search_apart(markdown, search, runs("grid-tiny-tuned-folds"), client)
+
+
+def _check_the_notes_and_the_search_apart(markdown: str, search: list, folds: list, client) -> None:
+    """The tuned table states each row's search and describes the fold selection as it
+    ran; the final fold runs trained with seeds apart from the search's, so none repeats
+    a trial (no final validation history equals a trial's)."""
+    assert "Search per row (Optuna, all 3 trials random (TPE never fitted))" in markdown
+    for study in tuned_studies(load_grid(TUNED)):
+        dims = len(trial_setting(study, 0, {})[1])  # the distributions the search drew from
+        assert f"{study.first.method} (margin, synthetic): {dims} dimensions, " in markdown
+    assert re.search(r"\d+ / \d+ / 3, (late gain|budget check)", markdown)
+    assert (
+        "each of the 2 fold models trained on 1/2 of the training classes and its epoch chosen by "
+        "the best validation MAP@R on the held-out fold (2 class-disjoint folds" in markdown
+    )
+    assert "The search trained with seed 2, the reported runs with seeds 0, 1" in markdown
+    key = metric_key("val", "mean_average_precision_at_r")
+
+    def history(run) -> tuple:
+        return tuple(m.value for m in client.get_metric_history(run.info.run_id, key))
+
+    trials = {history(r) for r in search}
+    assert all(history(r) and history(r) not in trials for r in folds)
 
 
 def _state(workdir: Path, storage: str) -> dict:
@@ -313,3 +339,26 @@ def test_a_tuned_sweep_killed_in_the_search_and_in_the_final_phase_ends_as_an_un
         "tiny-tuned.forest.png",
     } <= set(got["tables"])
     assert got["tables"] == want["tables"]
+
+
+def test_trial_n_of_every_method_draws_the_same_shared_dimensions_while_random():
+    """Common random numbers: the studies of one block (same loss, seeded alike) draw trial
+    n's shared dimensions (learning rates, the loss's arguments) first, so their random
+    start-up trials try the same values whatever each method searches of its own."""
+    grid = load_grid(
+        Path(__file__).resolve().parents[2] / "protocols" / "grids" / "fair-tuned-roth2020.toml"
+    )
+    studies = tuned_studies(grid)
+    first = studies[0].first
+    block = [s for s in studies if (s.first.loss, s.first.dataset) == (first.loss, first.dataset)]
+    own_sizes = set()
+    for number in (0, 1, 3):  # the first round: no settled trial needed
+        shared = []
+        for study in block:
+            params = trial_setting(study, number, {})[0]
+            common = {k: v for k, v in params.items() if "." in k}
+            own_sizes.add(len(params) - len(common))
+            shared.append(common)
+        assert len(block) > 3 and all(s == shared[0] for s in shared), number
+        assert shared[0]  # the learning rates and the loss's arguments are searched
+    assert len(own_sizes) > 1  # the methods' own spaces differ in size

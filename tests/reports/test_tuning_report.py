@@ -16,7 +16,10 @@ from harness.reports.tuning import (
     tuning_notes,
 )
 
-BUDGET = "4 TPE trials x 2 class-disjoint folds (sampler seed 0, 2 per round, pruner median)"
+BUDGET = (
+    "4 trials (Optuna's TPE, random until 10 are settled) x 2 class-disjoint folds "
+    "(sampler seed 0, 2 per round, pruner median)"
+)
 
 
 def _runs(trials=("4", "4", "4")) -> pd.DataFrame:
@@ -70,3 +73,71 @@ def test_best_so_far_keeps_the_best_over_pruned_trials(tmp_path):
     assert all(len(data) > 500 for data in files.values())
     assert files == tuned_table_files(_runs(), tmp_path / "grid", "latex")  # the same bytes
     assert tuned_table_files(_runs().assign(tune_budget=""), tmp_path / "grid", "latex") == {}
+
+
+def _searched(runs: pd.DataFrame) -> pd.DataFrame:
+    searches = [
+        {
+            "dimensions": 3,
+            "completed": 40,
+            "pruned": 10,
+            "random": 12,
+            "late_gain": 0.1,
+            "fold_noise": 0.4,
+            "converged": True,
+            "search_seed": 5,
+        },
+        {
+            "dimensions": 3,
+            "completed": 46,
+            "pruned": 4,
+            "random": 12,
+            "late_gain": 1.3,
+            "fold_noise": 0.4,
+            "converged": False,
+            "search_seed": 5,
+        },
+        {
+            "dimensions": 3,
+            "completed": 50,
+            "pruned": 0,
+            "random": 12,
+            "late_gain": 0.0,
+            "fold_noise": float("nan"),
+            "converged": None,
+            "search_seed": 5,
+        },
+    ]
+    return runs.assign(tune_search=[json.dumps(s) for s in searches], seed=["0", "1", "2"])
+
+
+def test_each_row_states_its_dimensions_trials_and_budget_check():
+    (note,) = [n for n in tuning_notes(_searched(_runs())) if n.startswith("Search per row")]
+    assert "TPE after 12 random trials of 50" in note
+    assert (
+        "plain (margin, cub200): 3 dimensions, 40 / 10 / 12, late gain +0.10 vs fold noise 0.40: converged"
+        in note
+    )
+    assert (
+        "agrouping (margin, cub200): 3 dimensions, 46 / 4 / 12, late gain +1.30 vs fold noise 0.40: STILL IMPROVING"
+        in note
+    )
+    assert "sam (margin, cub200): 3 dimensions, 50 / 0 / 12, budget check n/a (one fold)" in note
+    assert "The search trained with seed 5, the reported runs with seeds 0, 1, 2" in note
+
+
+def test_a_tuned_tables_selection_note_describes_the_fold_it_selected_on():
+    from harness.reports.tables.notes import selection_notes
+
+    runs = _runs().assign(
+        selection="validation",
+        validation_classes="0.2",
+        selection_metric="mean_average_precision_at_r",
+        tune_folds="4 class-disjoint folds of the training classes, seed 0",
+    )
+    (note,) = selection_notes(runs, None)
+    assert (
+        "each of the 4 fold models trained on 3/4 of the training classes and its epoch chosen by "
+        "the best validation MAP@R on the held-out fold (4 class-disjoint folds" in note
+    )
+    assert "20% of the training classes" not in note

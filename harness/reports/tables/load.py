@@ -27,6 +27,8 @@ TUNE_TAGS = (
     "tune_report",
     "tune_protocol",
     "tune_study",
+    "tune_search",
+    "tune_folds",
 )
 
 #: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.

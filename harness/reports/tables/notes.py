@@ -34,6 +34,12 @@ SELECTION_TEXT = {
     "test-paper": "the epoch with the best TEST-set score (the papers' released code; optimistic)",
     "last": "the last epoch",
 }
+#: A tuned grid's fold models (``tune_folds``: "k class-disjoint folds of the training
+#: classes, seed s"): each trained on the other folds, its epoch chosen on its own.
+FOLD_SELECTION_TEXT = (
+    "each of the {k} fold models trained on {rest}/{k} of the training classes and its epoch "
+    "chosen by the best validation {metric} on the held-out fold ({folds})"
+)
 #: Validation on the dataset's own split (a CSV's ``validation`` rows), not a carve.
 GIVEN_SELECTION_TEXT = (
     "the epoch with the best validation {metric}, on the dataset's own class-disjoint "
@@ -72,6 +78,10 @@ def _selection_text(runs: pd.DataFrame, mode: str) -> str:
     fractions = sorted({f for f in runs.get("validation_classes", []) if f})
     chosen = sorted({m for m in runs.get("selection_metric", []) if m})
     metric = label(METRIC_LABELS, chosen[0]) if len(chosen) == 1 else "score"
+    folds = sorted({f for f in runs.get("tune_folds", pd.Series(dtype=object)).fillna("") if f})
+    if mode == "validation" and len(folds) == 1 and folds[0][:1].isdigit():
+        k = int(folds[0].split()[0])
+        return FOLD_SELECTION_TEXT.format(metric=metric, k=k, rest=k - 1, folds=folds[0])
     if mode == "validation" and fractions == [GIVEN_VALIDATION]:
         return GIVEN_SELECTION_TEXT.format(metric=metric)
     single = len(fractions) == 1 and fractions != [GIVEN_VALIDATION]
