@@ -68,8 +68,9 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
         "metrics (MLRC's separated report)",
         "concatenated": "each cell is the mean over seeds of the test metrics of the fold "
         "models' L2-normalised embeddings concatenated (MLRC's concatenated report; a "
-        "re-ranking method's rows are its global embeddings', since a re-ranking does not "
-        "concatenate, so a test-time method's row repeats its base method's)",
+        "test-time re-ranking method such as DIML has no row here: it scores one model's "
+        "local features, and its concatenated global embeddings are its base method's, "
+        "whose row it would repeat)",
         "single": "each cell is the mean over seeds of one model per seed",
     }[report]
     notes = [

@@ -141,3 +141,20 @@ def test_a_tuned_tables_selection_note_describes_the_fold_it_selected_on():
         "the best validation MAP@R on the held-out fold (4 class-disjoint folds" in note
     )
     assert "20% of the training classes" not in note
+
+
+def test_a_test_time_methods_row_says_its_options_are_untuned_and_has_no_concatenated_row():
+    from harness.reports.tables.load import select_report
+
+    study = "tune:fair:resnet50/margin/plain/cub200:abc"
+    rows = []
+    for method in ("plain", "diml"):
+        for report in ("separated", "concatenated"):
+            rows.append({"method": method, "tune_study": study, "tune_report": report})
+    runs = _runs().iloc[[0, 0, 0, 0]].reset_index(drop=True).assign(**pd.DataFrame(rows))
+    labels = label_settings(runs).set_index(["method", "tune_report"])["setting"]
+    assert labels[("plain", "separated")] == "tuned"
+    assert labels[("diml", "separated")] == "own options untuned, on tuned plain"
+    concatenated = select_report(runs, "concatenated")
+    assert list(concatenated["method"]) == ["plain"]
+    assert sorted(select_report(runs, "separated")["method"]) == ["diml", "plain"]

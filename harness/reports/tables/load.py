@@ -14,6 +14,7 @@ from harness.base.metric_keys import split_key
 from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.config.deviations import TAG_PREFIX
 from harness.reports.tables.columns import ROW
+from harness.reports.tuning import studied_method
 from harness.store.queries import finished_runs_frame
 
 __all__ = ["RUN_COLUMNS", "TUNE_TAGS", "load_runs", "label_settings", "select_report"]
@@ -186,6 +187,7 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
         else pd.Series("", index=runs.index)
     )
     usual = budgets[searched].value_counts().index[0] if searched.any() else ""
+    test_time = _test_time(runs)
     for _method, group in runs.groupby("method", sort=False):
         parsed = {
             i: {} if searched[i] else json.loads(o or "{}") for i, o in group["options"].items()
@@ -194,7 +196,12 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
         varying = [k for k in keys if len({opts.get(k, "–") for opts in parsed.values()}) > 1]
         for i in group.index:
             parts = [f"{k}={parsed[i].get(k, '–')}" for k in varying]
-            parts += ["tuned"] if runs.at[i, "tuned"] else []
+            if test_time[i]:  # evaluated on its base method's tuned models, its own options fixed
+                parts += [
+                    f"own options untuned, on tuned {studied_method(runs.at[i, 'tune_study'])}"
+                ]
+            else:
+                parts += ["tuned"] if runs.at[i, "tuned"] else []
             # A tuned grid's row whose study had another budget than most rows'.
             parts += ["other budget"] if usual and searched[i] and budgets[i] != usual else []
             parts += ["init-from"] if runs.at[i, "init_from"] else []
@@ -208,7 +215,18 @@ def select_report(runs: pd.DataFrame, report: str) -> pd.DataFrame:
     if "tune_report" not in runs:
         return runs
     kind = runs["tune_report"].fillna("")
-    return runs[(kind == "") | (kind == "single") | (kind == report)].reset_index(drop=True)
+    keep = (kind == "") | (kind == "single") | (kind == report)
+    if report == "concatenated":  # a test-time method's concatenated result is its base's
+        keep &= ~_test_time(runs)
+    return runs[keep].reset_index(drop=True)
+
+
+def _test_time(runs: pd.DataFrame) -> pd.Series:
+    """The tuned grid's rows of a test-time method: their study is their base method's."""
+    if "tune_study" not in runs:
+        return pd.Series(False, index=runs.index)
+    base = runs["tune_study"].fillna("").map(studied_method)
+    return (base != "") & (base != runs["method"])
 
 
 def _newest_per_seed(runs: pd.DataFrame, start_time: pd.Series) -> pd.DataFrame:
