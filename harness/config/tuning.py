@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from harness.base.errors import HarnessError
 from harness.components.evaluation import RETRIEVAL_METRICS
-from harness.components.losses import LOSSES, loss_search_space
+from harness.components.losses import (
+    LOSS_PARAMETER_RATE,
+    LOSSES,
+    loss_search_space,
+    miner_for,
+    miner_search_space,
+)
 from harness.config.overrides import flatten_keys
 from harness.methods import METHODS
 
@@ -52,7 +58,6 @@ __all__ = [
     "SpaceEntry",
     "parse_tune",
     "DEFAULT_PROTOCOL_SPACE",
-    "LOSS_PARAMETER_RATE",
     "TPE_STARTUP_TRIALS",
     "study_space",
     "suggest_setting",
@@ -66,13 +71,12 @@ DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
 #: proxies), searched by default where the loss has parameters: MLRC searched it and kept
 #: the trunk's and the embedder's rates fixed (Musgrave et al. 2020, Sec. 4.2 and
 #: supplementary; powerful-benchmarker's ``metric-learning`` configuration, cited in
-#: :data:`LOSS_PARAMETER_RATE`'s source). The trunk and head rates stay at the
+#: :data:`harness.components.losses.LOSS_PARAMETER_RATE`'s source). The trunk and head rates stay at the
 #: protocol's unless the grid's ``[tune.space]`` names them, for every method alike.
 LOSS_PARAMETER_RATE_NAME = "optimizer.lr_loss"
-LOSS_PARAMETER_RATE = (1e-6, 1.0)
-LOSS_PARAMETER_RATE_SOURCE = (
-    "Musgrave et al. 2020, supplementary: loss parameters' lr, log [1e-6, 1]"
-)
+#: The search name of an argument of the miner a loss brings:
+#: ``loss.miners.<loss>.args.<argument>`` (it becomes the protocol's ``[loss.miners.<loss>]``).
+MINER_ARGUMENT_PREFIX = "loss.miners."
 #: Settled trials TPE needs before it models the space (Optuna's ``n_startup_trials``,
 #: counting finished and pruned trials); before that it samples at random.
 TPE_STARTUP_TRIALS = 10
@@ -329,10 +333,14 @@ def study_space(spec: TuneSpec, method: str, loss: str, protocol) -> dict[str, S
             out[f"loss.args.{loss}.{arg}"] = SpaceEntry(
                 rng.low, rng.high, rng.log, source=rng.source
             )
+        for arg, rng in miner_search_space(loss).items():
+            out[f"{MINER_ARGUMENT_PREFIX}{loss}.args.{arg}"] = SpaceEntry(
+                rng.low, rng.high, rng.log, source=rng.source
+            )
         if LOSSES.get(loss).needs_classes:  # the loss has parameters of its own
-            low, high = LOSS_PARAMETER_RATE
+            rate = LOSS_PARAMETER_RATE
             out[LOSS_PARAMETER_RATE_NAME] = SpaceEntry(
-                low, high, True, source=LOSS_PARAMETER_RATE_SOURCE
+                rate.low, rate.high, rate.log, source=rate.source
             )
     for name, entry in spec.space.items():
         head, _, rest = name.partition(".")
@@ -369,6 +377,20 @@ class _Overriding:
         return suggest
 
 
+def _miner_overrides(overrides: dict[str, Any], loss: str, protocol) -> dict[str, Any]:
+    """Searched miner arguments (``loss.miners.<loss>.args.<argument>``) folded into one
+    ``loss.miners`` override: the loss's miner as the protocol runs it, with them set."""
+    searched = {k: v for k, v in overrides.items() if k.startswith(MINER_ARGUMENT_PREFIX)}
+    if not searched:
+        return overrides
+    name, args = miner_for(
+        loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
+    )
+    args = {**args, **{k.rsplit(".", 1)[1]: v for k, v in searched.items()}}
+    rest = {k: v for k, v in overrides.items() if k not in searched}
+    return {**rest, "loss.miners": {**protocol.loss.miners, loss: {"name": name, "args": args}}}
+
+
 def suggest_setting(
     trial, spec: TuneSpec, method: str, loss: str, protocol
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -394,6 +416,7 @@ def suggest_setting(
             options[name] = value
         else:
             overrides[name] = value
+    overrides = _miner_overrides(overrides, loss, protocol)
     if spec.method_spaces:
         # A name the entries hold was suggested above; Optuna answers it with that value.
         options.update(

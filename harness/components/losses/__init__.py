@@ -52,7 +52,14 @@ from harness.components.losses.registry import (
     loss_reductions,
     miner_for,
 )
-from harness.components.losses.search_spaces import LOSS_SEARCH_SPACES, Range, loss_search_space
+from harness.components.losses.search_spaces import (
+    LOSS_PARAMETER_RATE,
+    LOSS_SEARCH_SPACES,
+    MINER_SEARCH_SPACES,
+    Range,
+    loss_search_space,
+    miner_search_space,
+)
 from harness.components.losses.tuple_losses import (
     BinomialDevianceLoss,
     MultiSimilarityLoss,
@@ -94,4 +101,7 @@ __all__ = [
     "LOSS_SEARCH_SPACES",
     "Range",
     "loss_search_space",
+    "miner_search_space",
+    "MINER_SEARCH_SPACES",
+    "LOSS_PARAMETER_RATE",
 ]
