@@ -52,7 +52,9 @@ def check_option_values(method: str, options: dict[str, Any]) -> None:
         ) from None
 
 
-_Margin = Annotated[Float, Field(ge=0)] | None
+#: Any finite margin: a negative one asks for the opposite ordering, and MLRC's searches
+#: start at -0.2 (:mod:`harness.components.losses.search_spaces`).
+_Margin = Float | None
 _Scale = Annotated[Float, Field(gt=0)] | None
 #: A value of an argument without a declared range: any finite number, string or flag.
 _Value = bool | int | float | str | list[Any] | dict[str, Any] | None

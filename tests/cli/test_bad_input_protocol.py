@@ -127,8 +127,8 @@ PROTOCOL_REFUSALS = [
         "'backbone.pretrained' = 1: expected true or false",
     ),
     Refusal(
-        (*RUN, "--set", "loss.args.margin.margin=-0.2", "--protocol", "smoke"),
-        "protocol key 'loss.args.margin.margin' = -0.2: expected a finite number >= 0",
+        (*RUN, "--set", "loss.args.margin.margin=inf", "--protocol", "smoke"),
+        "protocol key 'loss.args.margin.margin' = inf: expected a finite number",
     ),
     Refusal(
         ("run", "--set", "loss.args.proxy_anchor.alpha=inf"),
