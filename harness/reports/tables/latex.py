@@ -19,6 +19,7 @@ from harness.reports.tables.labels import (
 from harness.reports.tables.latex_widths import TEXT_WIDTH_PT, tabular_chunks
 from harness.reports.tables.layout import Cell, Row, TableBody, table_body
 from harness.reports.tables.render import TableContent, TableRenderer
+from harness.reports.tables.verdicts import AT_CHANCE, FEW_SEEDS
 
 __all__ = ["LATEX_PACKAGES", "LatexRenderer", "latex_escape", "render_latex"]
 
@@ -58,7 +59,16 @@ _LATEX_SPECIALS = {
     "”": "''",
 }
 #: Columns of the paired-tests tables.
-_TEST_HEAD = ["Metric", "$n$", "$\\Delta$ [95\\% CI]", "$p$", "$\\Delta_q$ [95\\% CI]", "$p_q$"]
+_TEST_HEAD = [
+    "Metric",
+    "$n$",
+    "$\\Delta$ [95\\% CI]",
+    "$p_{\\mathrm{adj}}$",
+    "$\\Delta_q$ [95\\% CI]",
+    "$p_{q,\\mathrm{adj}}$",
+]
+#: The superscript on a p-value that cannot mark its cell, by the reason (``unmarked``).
+UNMARKED_SYMBOLS = {FEW_SEEDS: "s", AT_CHANCE: "c"}
 
 
 def latex_escape(text: str) -> str:
@@ -104,6 +114,16 @@ class LatexRenderer(TableRenderer):
 
     def escape(self, text: str) -> str:
         return latex_escape(text)
+
+    def p_value(self, raw: float, adjusted: float, unmarked: str, correction: str) -> str:
+        """The p that decides the mark, to fit a paper's column: the adjusted p; where no p
+        can mark the cell, the test's own p with a superscript (:data:`UNMARKED_SYMBOLS`,
+        explained under the table). The Markdown table prints both."""
+        if math.isnan(raw):
+            return self.p_text(raw)
+        if unmarked:
+            return f"{self.p_text(raw)}$^{{{UNMARKED_SYMBOLS.get(unmarked, '*')}}}$"
+        return self.p_text(raw if correction == "none" or math.isnan(adjusted) else adjusted)
 
     def p_text(self, value: float) -> str:
         """``$<$0.001`` below that, ``--`` when not computed."""
@@ -322,8 +342,10 @@ def _tests_note(queries: list[int]) -> str:
         "\\par\\smallskip\\parbox{\\linewidth}{\\footnotesize $n$: seeds both rows have; $\\Delta$, $p$: "
         "mean paired difference over seeds (percent points), its 95\\% Student t-interval and the paired "
         f"t-test; $\\Delta_q$, $p_q$: the paired bootstrap over {over}, the classes resampled with all their "
-        "queries (10,000 resamples, percentile interval); adj.: the p-value after the table's correction for "
-        "multiple comparisons; --: not computed (a clustering metric, or per-query results missing).}"
+        "queries (10,000 resamples, percentile interval); adj: the p-values after the table's correction for "
+        "multiple comparisons (the Markdown table gives each test's own p beside them); a p with $^s$ (fewer "
+        "than 3 seeds) or $^c$ (both rows at chance) is the test's own and marks nothing; "
+        "--: not computed (a clustering metric, or per-query results missing).}"
     )
 
 
