@@ -23,6 +23,7 @@ from harness.components.data import fold_splits, seal_test
 from harness.components.data.transforms import build_transform
 from harness.components.evaluation import (
     PER_QUERY_ARTIFACT,
+    PER_QUERY_SCORES,
     evaluate_embeddings,
     l2_normalize,
     load_per_query,
@@ -65,7 +66,7 @@ from harness.store.queries import (
 from harness.store.tracking import filter_value as q
 from harness.store.weights import load_finished_weights
 
-__all__ = ["run_trial", "run_final_cell"]
+__all__ = ["run_trial", "run_final_cell", "separated_per_query"]
 
 
 _PRUNE_AFTER = 3  # settled trials at a fold before the pruner compares with them
@@ -398,8 +399,21 @@ def _separated(run_ids: list[str]) -> tuple[dict[str, float], dict | None]:
     arrays = [read_artifact(r, PER_QUERY_ARTIFACT, load_per_query) for r in run_ids]
     if any(a is None for a in arrays):
         return metrics, None
-    keys = set.intersection(*(set(a) for a in arrays if a is not None))
-    return metrics, {k: np.mean([a[k] for a in arrays if a is not None], axis=0) for k in keys}
+    return metrics, separated_per_query([a for a in arrays if a is not None])
+
+
+def separated_per_query(arrays: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The per-query arrays of the separated report from the fold models' own: each score
+    averaged over the models (a mean over models of a mean over queries is the mean over
+    queries of the per-query means), each model's first-hit ranks kept, one row per model
+    (a rank is not averaged: P@1 and Recall@K are then the share of models that hit,
+    :func:`harness.components.evaluation.per_query_values`), the queries' labels and
+    relevant counts as the models share them."""
+    keys = set.intersection(*(set(a) for a in arrays))
+    out = {k: np.mean([a[k] for a in arrays], axis=0) for k in keys if k in PER_QUERY_SCORES}
+    out.update({k: arrays[0][k] for k in keys if k not in out})
+    out["first_hit_rank"] = np.stack([a["first_hit_rank"] for a in arrays])
+    return out
 
 
 def _record_report(

@@ -225,9 +225,9 @@ def test_the_protocol_schema_declares_ranges_finiteness_and_method_options():
         "properties"
     ]["margin"]
     assert {"type": "number"} in margin["anyOf"]  # any finite margin: MLRC's searches reach -0.2
-    alpha = schema["$defs"]["LossSpec"]["properties"]["args"]["additionalProperties"][
-        "properties"
-    ]["alpha"]
+    alpha = schema["$defs"]["LossSpec"]["properties"]["args"]["additionalProperties"]["properties"][
+        "alpha"
+    ]
     assert {"type": "number", "exclusiveMinimum": 0} in alpha["anyOf"]
 
 

@@ -151,3 +151,27 @@ def test_query_differences_are_averaged_over_seeds_when_the_queries_agree():
         [(np.ones(3), np.zeros(3), labels), (np.ones(2), np.zeros(2), labels[:2])]
     )
     assert how == "pooled over seeds" and len(diffs) == 5 and classes.tolist() == [0, 0, 1, 0, 0]
+
+
+def test_a_separated_reports_per_query_values_average_to_its_metrics():
+    """The separated report is the mean over fold models of each model's metrics; its
+    per-query values (what the bootstrap resamples) must average to the same numbers, P@1
+    and Recall@K included: a model's first-hit rank is kept, not averaged with another's."""
+    from harness.engine.tuned_runs import separated_per_query
+
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(12), 4)
+    models = [
+        evaluate_embeddings(
+            rng.normal(size=(48, 8)) + 2.0 * np.eye(8)[labels % 8] * k,
+            labels,
+            recall_k=(1, 2),
+            metrics=["precision_at_1", "recall_at_k", "mean_average_precision_at_r"],
+            per_query=True,
+        )
+        for k in (0.5, 1.5)
+    ]
+    arrays = separated_per_query([m.per_query for m in models])
+    for metric in ("precision_at_1", "recall_at_2", "mean_average_precision_at_r"):
+        expected = np.mean([m[metric] for m in models])
+        assert per_query_values(arrays, metric).mean() == pytest.approx(expected), metric

@@ -33,13 +33,16 @@ def load_per_query(path) -> dict[str, np.ndarray]:
 def per_query_values(per_query: dict[str, np.ndarray], metric: str) -> np.ndarray | None:
     """One metric's per-query values (Q',) over the scored queries (R > 0), in query order;
     None when the stored arrays cannot give it (clustering metrics, a score not kept).
-    ``precision_at_1`` and ``recall_at_K`` come from the first relevant item's rank."""
+    ``precision_at_1`` and ``recall_at_K`` come from the first relevant item's rank; where
+    the ranks are several models' (one row per model: a tuned grid's separated report),
+    a query's value is the share of the models that hit, as the report's metric is the
+    mean over the models."""
     scored = per_query["num_relevant"] > 0
-    rank = per_query["first_hit_rank"][scored]
+    rank = np.atleast_2d(per_query["first_hit_rank"])[:, scored]
     if metric == "precision_at_1":
-        return (rank == 0).astype(np.float64)
+        return (rank == 0).mean(axis=0, dtype=np.float64)
     if metric.startswith("recall_at_") and metric.removeprefix("recall_at_").isdigit():
-        return (rank < int(metric.removeprefix("recall_at_"))).astype(np.float64)
+        return (rank < int(metric.removeprefix("recall_at_"))).mean(axis=0, dtype=np.float64)
     if metric in per_query and metric in PER_QUERY_SCORES:
         return per_query[metric][scored].astype(np.float64)
     return None
