@@ -13,6 +13,7 @@ from typing import Any
 from harness.base.atomic import atomic_write_set
 from harness.config.grids import Grid
 from harness.engine.sweep import pop_lock
+from harness.engine.tuned_studies import tuned_studies
 from harness.engine.tuned_sweep import (
     plan_tasks,
     record_storage,
@@ -37,8 +38,9 @@ def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
         counts = plan_tasks(grid, queue, records)
     spec = grid.tune
     assert spec is not None
+    trials = sum(s.trials for s in tuned_studies(grid))
     print(
-        f"[sweep] tuned grid {grid.name}: {counts['studies']} studies x {spec.trials} trials x "
+        f"[sweep] tuned grid {grid.name}: {counts['studies']} studies, {trials} trials in all x "
         f"{spec.folds} fold(s), then {len(grid.cells)} final cells x {spec.folds} fold(s); "
         f"{counts['complete']} studies complete, {counts['trials_queued']} trials and "
         f"{counts['finals_queued']} final cells queued, {counts['pending']} already queued or "
@@ -48,7 +50,7 @@ def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
     )
     to_run = counts["trials_queued"] + counts["finals_queued"]
     # Trials of later rounds and the final cells are queued as the earlier ones settle.
-    later = counts["studies"] * spec.trials + len(grid.cells)
+    later = trials + len(grid.cells)
     return {"queued": to_run, "pending": counts["pending"], "waiting": [None] * later}
 
 

@@ -53,6 +53,8 @@ class _SmokeTune(BaseModel):
     round: Annotated[Int, Field(ge=1)] | None = None
     pruner: Literal["median", "none"] | None = None
     defaults: Bool | None = None
+    method_spaces: Bool | None = None
+    trials_per_dimension: Annotated[Int, Field(ge=1)] | None = None
     space: dict[Str, Any] | None = None
 
 
@@ -61,7 +63,9 @@ class _Tune(BaseModel):
 
     model_config = SPEC_CONFIG
     #: Trials per study: the same budget for every method of the grid.
-    trials: Annotated[Int, Field(ge=1)]
+    trials: Annotated[Int, Field(ge=1)] | None = None
+    #: Or trials per searched dimension of each study's space (spaces that differ).
+    trials_per_dimension: Annotated[Int, Field(ge=1)] | None = None
     #: Class-disjoint folds of the training classes (1: the protocol's validation split).
     folds: Annotated[Int, Field(ge=1)] = 1
     #: The objective (default: the protocol's selection metric), mean over folds.
@@ -70,8 +74,10 @@ class _Tune(BaseModel):
     #: Trials suggested together, from the trials of earlier rounds.
     round: Annotated[Int, Field(ge=1)] = 2
     pruner: Literal["median", "none"] = "median"
-    #: Search the method's, the loss's and the learning rates' default spaces.
+    #: Search MLRC's default space: the loss's arguments and the loss parameters' rate.
     defaults: Bool = True
+    #: Search every method's own ``search_space`` too.
+    method_spaces: Bool = False
     #: ``name = [low, high]``, ``{low, high, log}`` or ``{choices = [...]}``.
     space: dict[Str, Any] = {}
 

@@ -90,6 +90,7 @@ _KEYS = {
     "pruner",
     "defaults",
     "method_spaces",
+    "trials_per_dimension",
     "space",
 }
 
@@ -133,6 +134,9 @@ class TuneSpec:
     #: Whether every method's own ``search_space`` is searched too (off: a method's options
     #: stay at its paper's values unless ``[tune.space]`` names them).
     method_spaces: bool = False
+    #: The budget rule where the spaces differ: each study's trials are this many per
+    #: searched dimension (0: every study gets ``trials``).
+    trials_per_dimension: int = 0
     #: ``{name: SpaceEntry}``: ``optimizer.*`` (protocol fields), ``loss.<loss>.<arg>``,
     #: ``method.<method>.<option>``.
     space: dict[str, SpaceEntry] = field(default_factory=dict)
@@ -148,6 +152,7 @@ class TuneSpec:
             "pruner": self.pruner,
             "defaults": self.defaults,
             "method_spaces": self.method_spaces,
+            "trials_per_dimension": self.trials_per_dimension,
             "space": {k: vars(v) for k, v in sorted(self.space.items())},
         }
 
@@ -155,12 +160,22 @@ class TuneSpec:
         payload = json.dumps(self.canonical(), sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:8]
 
+    def trials_for(self, dimensions: int) -> int:
+        """A study's number of trials: ``trials``, or ``trials_per_dimension`` times the
+        dimensions of its space."""
+        return self.trials_per_dimension * dimensions if self.trials_per_dimension else self.trials
+
     @property
     def budget(self) -> str:
         """The budget as a table's note says it."""
         folds = f"{self.folds} class-disjoint folds" if self.folds > 1 else "the validation split"
+        trials = (
+            f"{self.trials_per_dimension} trials per searched dimension"
+            if self.trials_per_dimension
+            else f"{self.trials} trials"
+        )
         return (
-            f"{self.trials} trials (Optuna's TPE, random until {TPE_STARTUP_TRIALS} are settled) x "
+            f"{trials} (Optuna's TPE, random until {TPE_STARTUP_TRIALS} are settled) x "
             f"{folds} (sampler seed {self.sampler_seed}, {self.round} per round, pruner "
             f"{self.pruner}), objective {self.metric}"
         )
@@ -217,10 +232,22 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
             f"grid key 'tune.{sorted(unknown)[0]}': unknown (expected one of {', '.join(sorted(_KEYS))})"
         )
     ints = {}
-    for key, low in (("trials", 1), ("folds", 1), ("round", 1), ("sampler_seed", 0)):
-        value = table.get(key, {"trials": None, "folds": 1, "round": 2, "sampler_seed": 0}[key])
+    per_dimension = "trials_per_dimension" in table
+    defaults = {"trials": 1 if per_dimension else None, "folds": 1, "round": 2, "sampler_seed": 0}
+    defaults["trials_per_dimension"] = 0
+    for key, low in (
+        ("trials", 1),
+        ("folds", 1),
+        ("round", 1),
+        ("sampler_seed", 0),
+        ("trials_per_dimension", 1 if per_dimension else 0),
+    ):
+        value = table.get(key, defaults[key])
         if value is None:
-            raise HarnessError("grid key 'tune.trials' is missing: the budget of every study")
+            raise HarnessError(
+                "grid key 'tune.trials' is missing: the budget of every study (or "
+                "'tune.trials_per_dimension', trials per searched dimension)"
+            )
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise HarnessError(f"grid key 'tune.{key}' = {value!r}: expected an integer >= {low}")
         ints[key] = value
@@ -251,6 +278,7 @@ def parse_tune(table: dict[str, Any], protocol, methods: list[str], losses: list
         pruner=pruner,
         defaults=bool(table.get("defaults", True)),
         method_spaces=bool(table.get("method_spaces", False)),
+        trials_per_dimension=ints["trials_per_dimension"],
         space=space,
     )
 

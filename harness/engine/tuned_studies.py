@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,17 @@ class Study:
     @property
     def first(self) -> Cell:
         return self.cells[0]
+
+    @cached_property
+    def dimensions(self) -> int:
+        """The dimensions of the study's space (the parameters its first trial draws)."""
+        return len(trial_setting(self, 0, {})[1])
+
+    @property
+    def trials(self) -> int:
+        """The study's budget: the grid's trials, or its trials per dimension times
+        :attr:`dimensions`."""
+        return self.spec.trials_for(self.dimensions)
 
     @property
     def label(self) -> str:

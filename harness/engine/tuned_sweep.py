@@ -133,10 +133,10 @@ def _plan_trials(studies: list[Study], queue, storage, pending: set) -> tuple[in
     for study in studies:
         spec = study.spec
         done = settled(record_study(study, storage))
-        if len(done) >= spec.trials:
+        if len(done) >= study.trials:
             complete += 1
             continue
-        for number in range(spec.trials):
+        for number in range(study.trials):
             ready = all(n in done for n in range(round_start(spec, number)))
             if number in done or ("trial", study.name, number) in pending or not ready:
                 continue
@@ -265,7 +265,7 @@ def study_progress(grid: Grid, storage) -> list[dict[str, Any]]:
                 "finished": len(complete),
                 "pruned": len(done) - len(complete),
                 "running": queue_running.get(study.name, 0),
-                "budget": study.spec.trials,
+                "budget": study.trials,
                 "best": max((float(t.value) for t in complete), default=None),
             }
         )

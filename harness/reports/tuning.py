@@ -21,6 +21,7 @@ __all__ = [
     "tuned_runs",
     "tuning_notes",
     "unequal_budget_rows",
+    "budget_keys",
     "settings_appendix",
     "best_so_far",
     "search_notes",
@@ -48,10 +49,21 @@ def unequal_budget_rows(runs: pd.DataFrame) -> list[str]:
     tuned = tuned_runs(runs)
     if tuned.empty:
         return []
-    budgets = tuned["tune_budget"] + " / " + tuned["tune_trials"].astype(str)
+    budgets = budget_keys(tuned)
     usual = budgets.value_counts().index[0]
     odd = tuned[budgets != usual]
     return sorted({f"{r.method} on {r.dataset}, {r.loss}" for r in odd.itertuples()})
+
+
+def budget_keys(runs: pd.DataFrame) -> pd.Series:
+    """What rows tuned alike share: the budget and the settled trials, or the budget alone
+    where it gives trials per searched dimension (the trials then differ by design)."""
+    budget = (
+        runs["tune_budget"].fillna("") if "tune_budget" in runs else pd.Series("", index=runs.index)
+    )
+    trials = runs["tune_trials"].fillna("").astype(str) if "tune_trials" in runs else ""
+    per_dimension = budget.str.contains("per searched dimension")
+    return budget.where(per_dimension, budget + " / " + trials)
 
 
 def tuning_notes(runs: pd.DataFrame) -> list[str]:

@@ -4,6 +4,7 @@ whose studies, runs and tables are what MLRC's protocol asks for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -100,6 +101,7 @@ def _grid_file(tmp_path: Path, tune: str, extra: str = "") -> Path:
     "tune, message",
     [
         ("trials = 0\n", "tune.trials"),
+        ("trials_per_dimension = 0\n", "tune.trials_per_dimension"),
         ("trials = 2\nfolds = 0\n", "tune.folds"),
         ('trials = 2\n[tune.space]\n"optimizer.nope" = [0.1, 1.0]\n', "not a protocol field"),
         ('trials = 2\n[tune.space]\n"optimizer.lr_head" = [1e-3, 1e-4]\n', "inverted range"),
@@ -348,6 +350,9 @@ def test_trial_n_of_every_method_draws_the_same_shared_dimensions_while_random()
     grid = load_grid(
         Path(__file__).resolve().parents[2] / "protocols" / "grids" / "fair-tuned-roth2020.toml"
     )
+    assert grid.tune is not None
+    # the methods' own spaces searched too, so that their sizes differ
+    grid = dataclasses.replace(grid, tune=dataclasses.replace(grid.tune, method_spaces=True))
     studies = tuned_studies(grid)
     first = studies[0].first
     block = [s for s in studies if (s.first.loss, s.first.dataset) == (first.loss, first.dataset)]
@@ -362,3 +367,18 @@ def test_trial_n_of_every_method_draws_the_same_shared_dimensions_while_random()
         assert len(block) > 3 and all(s == shared[0] for s in shared), number
         assert shared[0]  # the learning rates and the loss's arguments are searched
     assert len(own_sizes) > 1  # the methods' own spaces differ in size
+
+
+def test_trials_per_dimension_scales_each_studys_budget_with_its_space(tmp_path):
+    """With method spaces searched the studies' spaces differ; ``trials_per_dimension``
+    gives each study that many trials per dimension, and the budget note says the rule."""
+    grid = load_grid(
+        _grid_file(tmp_path, "trials_per_dimension = 2\nmethod_spaces = true\nfolds = 1\n")
+    )
+    studies = tuned_studies(grid)
+    sizes = {s.first.method: (s.dimensions, s.trials) for s in studies}
+    assert all(trials == 2 * dims for dims, trials in sizes.values())
+    assert len({dims for dims, _ in sizes.values()}) > 1  # the spaces differ
+    assert grid.tune.budget.startswith("2 trials per searched dimension")
+    flat = load_grid(_grid_file(tmp_path, "trials = 3\n"))
+    assert {s.trials for s in tuned_studies(flat)} == {3}

@@ -158,3 +158,12 @@ def test_a_test_time_methods_row_says_its_options_are_untuned_and_has_no_concate
     concatenated = select_report(runs, "concatenated")
     assert list(concatenated["method"]) == ["plain"]
     assert sorted(select_report(runs, "separated")["method"]) == ["diml", "plain"]
+
+
+def test_rows_with_trials_per_dimension_are_tuned_alike_though_their_trials_differ():
+    per_dimension = "3 trials per searched dimension (Optuna's TPE) x 2 class-disjoint folds"
+    runs = _runs(trials=("9", "12", "36")).assign(tune_budget=per_dimension)
+    assert len(tuning_notes(runs)) == 1  # no NOT TUNED ALIKE note
+    assert set(label_settings(runs)["setting"]) == {"tuned"}
+    other = runs.assign(tune_budget=[per_dimension, per_dimension, "4 trials x 2 folds"])
+    assert "NOT TUNED ALIKE" in tuning_notes(other)[-1]

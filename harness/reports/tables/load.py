@@ -14,7 +14,7 @@ from harness.base.metric_keys import split_key
 from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.config.deviations import TAG_PREFIX
 from harness.reports.tables.columns import ROW
-from harness.reports.tuning import studied_method
+from harness.reports.tuning import budget_keys, studied_method
 from harness.store.queries import finished_runs_frame
 
 __all__ = ["RUN_COLUMNS", "TUNE_TAGS", "load_runs", "label_settings", "select_report"]
@@ -181,11 +181,7 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     searched = (
         runs["tune_budget"].fillna("") != "" if "tune_budget" in runs else runs["tuned"] & False
     )
-    budgets = (
-        runs["tune_budget"].fillna("") + "/" + runs["tune_trials"].fillna("").astype(str)
-        if "tune_trials" in runs
-        else pd.Series("", index=runs.index)
-    )
+    budgets = budget_keys(runs)
     usual = budgets[searched].value_counts().index[0] if searched.any() else ""
     test_time = _test_time(runs)
     for _method, group in runs.groupby("method", sort=False):
