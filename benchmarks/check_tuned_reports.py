@@ -1,8 +1,9 @@
 """A tuned table's separated and concatenated cells recomputed from the fold models' embeddings.
 
-For each of the first ``--cells`` (method, loss, dataset) rows of a tuned grid's
-experiment, every seed's fold models (the ``tune_fold_runs`` of its report runs) are
-loaded from their recorded weights and protocol, the test split embedded again, and:
+For each row of ``--methods`` (default ``plain`` and ``agrouping``; trained methods, not a
+test-time re-ranking) in a tuned grid's experiment, every seed's fold models (the
+``tune_fold_runs`` of its report runs) are loaded from their recorded weights and
+protocol, the test split embedded again, and:
 
 * **separated**: each fold model's embeddings scored alone, the metrics averaged over
   the models;
@@ -15,7 +16,7 @@ report). The check is independent of the code that wrote the reports
 public embedding path.
 
 Usage: ``python benchmarks/check_tuned_reports.py --experiment fair-tuned-roth2020-smoke
-[--cells 2] [--metrics precision_at_1,mean_average_precision_at_r]``; exit 1 when a value
+[--methods plain,agrouping] [--metrics precision_at_1,mean_average_precision_at_r]``; exit 1 when a value
 differs from the table by more than ``--tolerance`` (default 1e-5, in the metric's units).
 """
 
@@ -87,15 +88,16 @@ def recompute(fold_runs: list[str], cache: dict) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", required=True)
-    parser.add_argument("--cells", type=int, default=2)
+    parser.add_argument("--methods", default="plain,agrouping")
     parser.add_argument("--metrics", default="precision_at_1,mean_average_precision_at_r")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",")
     runs = load_runs([args.experiment])
+    wanted = args.methods.split(",")
     rows = list(dict.fromkeys(zip(runs["method"], runs["loss"], runs["dataset"], strict=True)))
     worst, cache = 0.0, {}
-    for method, loss, dataset in rows[: args.cells]:
+    for method, loss, dataset in [r for r in rows if r[0] in wanted]:
         chosen = runs[
             (runs["method"] == method) & (runs["loss"] == loss) & (runs["dataset"] == dataset)
         ]

@@ -4,6 +4,7 @@ the best setting, and MLRC's two reports of k fold models ("separated", "concate
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -278,8 +279,28 @@ def _final_tags(study: Study, record, best, cell: Cell) -> dict[str, str]:
         "tune_protocol": hashlib.sha256(cell.protocol.canonical_json().encode()).hexdigest()[:16],
         "grid": study.grid.name,
         "grid_cell": cell.label,
-        **deviation_tags(cell.paper_deviations, cell.method, cell.dataset),
+        **deviation_tags(
+            _fold_selection(cell.paper_deviations, study.spec.folds), cell.method, cell.dataset
+        ),
     }
+
+
+#: The protocols' deviation that states how the harness selects models (each names the
+#: protocol's validation carve, which k-fold runs replace).
+SELECTION_DEVIATION = "validation_selection"
+
+
+def _fold_selection(deviations: dict, folds: int) -> dict:
+    """The cell's paper deviations, the selection one saying what k fold runs do instead
+    of the protocol's carve."""
+    if folds < 2 or SELECTION_DEVIATION not in deviations:
+        return deviations
+    said = deviations[SELECTION_DEVIATION]
+    harness = (
+        f"each of {folds} fold models trained on {folds - 1}/{folds} of the training classes "
+        f"(class-disjoint folds), its epoch chosen by the validation score on the held-out fold"
+    )
+    return {**deviations, SELECTION_DEVIATION: dataclasses.replace(said, harness=harness)}
 
 
 def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict) -> None:

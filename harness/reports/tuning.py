@@ -107,9 +107,22 @@ def search_notes(tuned: pd.DataFrame) -> list[str]:
     trials, and the budget check; empty for runs recorded without the tag."""
     if "tune_search" not in tuned:
         return []
+    # Imported when called: the row order is the plugins' registration order (torch).
+    from harness.reports.tables.labels import method_order
+
+    order = {m: i for i, m in enumerate(method_order("plain"))}
     rows, randoms = [], set()
-    for (method, loss, dataset), group in tuned.groupby(["method", "loss", "dataset"], sort=False):
+    groups = tuned.groupby(["method", "loss", "dataset"], sort=False)
+    for (method, loss, dataset), group in sorted(
+        groups, key=lambda g: order.get(g[0][0], len(order))
+    ):
         text = group["tune_search"].fillna("").iloc[0]
+        base = studied_method(group["tune_study"].iloc[0]) if "tune_study" in group else ""
+        if base and base != method:  # a test-time method: its base's search
+            rows.append(
+                f"{method} ({loss}, {dataset}): {base}'s tuned models, its own options not searched"
+            )
+            continue
         if not text:
             continue
         s = json.loads(text)

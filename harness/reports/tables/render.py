@@ -221,6 +221,8 @@ class TableRenderer(ABC):
             f"Multiple comparisons: {CORRECTIONS[correction]} over the table's {family} p-values "
             f"(paired t-tests and bootstraps with at least {MIN_SEEDS_FOR_MARK} seeds, adjusted as "
             f"one family)."
+            if family
+            else f"No comparison has {MIN_SEEDS_FOR_MARK} seeds: none is tested for a mark."
         )
         text += (
             f" No mark with fewer than {MIN_SEEDS_FOR_MARK} seeds ({few} comparison(s): the "
