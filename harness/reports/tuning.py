@@ -66,7 +66,7 @@ def budget_keys(runs: pd.DataFrame) -> pd.Series:
     return budget.where(per_dimension, budget + " / " + trials)
 
 
-def tuning_notes(runs: pd.DataFrame) -> list[str]:
+def tuning_notes(runs: pd.DataFrame, order: Sequence[str] = ()) -> list[str]:
     """The tuned table's notes: the budget every row was given, which report the cells
     are, and the rows with another budget, if any."""
     tuned = tuned_runs(runs)
@@ -91,7 +91,7 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
         f"2020, Sec. 4.2); the best setting then trained with each seed: {what}. The chosen "
         f"settings are in the appendix table."
     ]
-    notes += search_notes(tuned)
+    notes += search_notes(tuned, order)
     odd = unequal_budget_rows(runs)
     if odd:
         notes.append(
@@ -101,20 +101,18 @@ def tuning_notes(runs: pd.DataFrame) -> list[str]:
     return notes
 
 
-def search_notes(tuned: pd.DataFrame) -> list[str]:
+def search_notes(tuned: pd.DataFrame, order: Sequence[str] = ()) -> list[str]:
     """Each tuned row's search as it ran (the ``tune_search`` tag): the space's dimensions,
     the settled trials completed / pruned / sampled at random before TPE had its start-up
-    trials, and the budget check; empty for runs recorded without the tag."""
+    trials, and the budget check, rows in ``order`` of their methods (the table's); empty
+    for runs recorded without the tag."""
     if "tune_search" not in tuned:
         return []
-    # Imported when called: the row order is the plugins' registration order (torch).
-    from harness.reports.tables.labels import method_order
-
-    order = {m: i for i, m in enumerate(method_order("plain"))}
+    rank = {m: i for i, m in enumerate(order)}
     rows, randoms = [], set()
     groups = tuned.groupby(["method", "loss", "dataset"], sort=False)
     for (method, loss, dataset), group in sorted(
-        groups, key=lambda g: order.get(g[0][0], len(order))
+        groups, key=lambda g: rank.get(g[0][0], len(rank))
     ):
         text = group["tune_search"].fillna("").iloc[0]
         base = studied_method(group["tune_study"].iloc[0]) if "tune_study" in group else ""

@@ -15,7 +15,7 @@ from harness.base.errors import HarnessError, unknown_name
 from harness.reports.stats import CORRECTIONS
 from harness.reports.tables.chance import CHANCE, CHANCE_DRAWS, chance_cells, chance_frame
 from harness.reports.tables.columns import DEFAULT_METRICS
-from harness.reports.tables.labels import method_labels, recorded_options
+from harness.reports.tables.labels import method_labels, method_order, recorded_options
 from harness.reports.tables.latex import LatexRenderer
 from harness.reports.tables.layout import distinct_in_order
 from harness.reports.tables.load import load_runs, select_report
@@ -198,7 +198,7 @@ def _notes(
         *variant_notes(metrics, dict(request.published_metrics or {})),
         *code_notes(runs),
         *setting_notes(cells),
-        *tuning_notes(runs),
+        *tuning_notes(runs, method_order(request.baseline)),
         *published_notes(published.excluded, published.flagged),
     ]
 
