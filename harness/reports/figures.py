@@ -4,7 +4,8 @@ row, with the 95% interval, per dataset.
 What is drawn is exactly the paired-tests table's numbers (:func:`harness.reports.tables.paired.paired_tests`):
 the mean paired difference over seeds (percent points) with its 95% Student t-interval
 (filled marker, thick line), and where runs stored per-query results the paired bootstrap
-over test queries with its percentile interval (open marker, thin line, just below).
+over the test set's classes (the class bootstrap) with its percentile interval (open marker,
+thin line, just below).
 :func:`forest_rows` gives those numbers as a frame, written beside the figure as CSV
 (:func:`write_forest`), so a reader (and a test) can check the plot against the table.
 
@@ -169,7 +170,7 @@ def _forest_intervals(ax, part: pd.DataFrame, where: Mapping[tuple[str, str], fl
 
 
 def _forest_legend(figure) -> None:
-    """The legend of the two intervals (over seeds, over test queries), below the panels."""
+    """The legend of the two intervals (over seeds, over test classes), below the panels."""
 
     figure.legend(
         handles=[
@@ -181,7 +182,7 @@ def _forest_legend(figure) -> None:
                 marker="o",
                 markerfacecolor="white",
                 linewidth=1.0,
-                label="over test queries (paired bootstrap)",
+                label="over test classes (class bootstrap)",
             ),
         ],
         loc="outside lower center",

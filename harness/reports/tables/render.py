@@ -206,7 +206,7 @@ class TableRenderer(ABC):
         if "boot_missing" in tests and (tests["boot_missing"] != "").any():
             runs = len({r for ids in tests["boot_missing"] for r in ids.split()})
             out.append(
-                f"{self.mark('incomplete')}: paired bootstrap over test queries not computed: the "
+                f"{self.mark('incomplete')}: paired bootstrap over the test set not computed: the "
                 f"per-query results of {runs} run(s) are missing (harness table names each run and "
                 f"what is missing on stderr)."
             )
