@@ -247,7 +247,7 @@ class LatexRenderer(TableRenderer):
     ) -> list[str]:
         """The paired tests as one ``table*`` per dataset: per block and comparison, for each
         metric the seeds, the mean paired difference (percent points) with its 95% t-interval
-        and the t-test's p, and the bootstrap difference over queries with its 95% interval and p."""
+        and the t-test's p, and the class bootstrap's difference with its 95% interval and p."""
         lines = []
         for dataset, part in tests.groupby("dataset", sort=False):
             title = "Paired tests against the baseline row" + (f" ({caption})" if caption else "")

@@ -27,7 +27,7 @@ TEST_HEADER = [
     "Seeds",
     "Δ (seeds) [95% CI]",
     "p (paired t)",
-    "Δ over queries [95% CI]",
+    "Δ over test classes [95% CI]",
     "p (bootstrap)",
 ]
 

@@ -1,5 +1,5 @@
 """Paired tests of each row against its block's baseline row: a paired t-test over seeds,
-and a paired bootstrap over queries where the runs stored per-query results
+and a paired bootstrap over the test set's classes where the runs stored per-query results
 (:mod:`harness.reports.stats`); the runs whose per-query results a bootstrap needed and
 did not get."""
 
@@ -72,7 +72,8 @@ def paired_tests(
     * ``difference``, ``p_t``: paired t-test over the seeds both rows have (pairs = seeds);
       ``low``, ``high``: the 95% Student t-interval of the mean paired difference (NaN
       for one pair);
-    * ``boot_*``: paired bootstrap over queries from the runs' per-query results, when
+    * ``boot_*``: paired bootstrap over the test set's classes (all queries of a drawn
+      class together) from the runs' per-query results, when
       ``per_query`` gives them for every paired run and the metric has per-query values
       (retrieval metrics; not NMI / F1): per seed, method minus baseline per query (both
       runs must have scored the same queries), averaged over seeds when every seed scored
@@ -176,7 +177,7 @@ def has_per_query_values(metric: str) -> bool:
 
 
 class _Bootstrap:
-    """The paired bootstrap over queries of one table: reads each run's per-query results
+    """The paired class bootstrap of one table: reads each run's per-query results
     once (``per_query``) and computes the ``boot_*`` fields of a comparison."""
 
     def __init__(self, per_query: PerQueryLoader, resamples: int):

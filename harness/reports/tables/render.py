@@ -184,8 +184,9 @@ class TableRenderer(ABC):
 
     def _tests_legend(self, tests: pd.DataFrame, labels: Mapping[str, str]) -> list[str]:
         correction = str(tests["correction"].iloc[0])
-        adjusted = "p" if correction == "none" else "adjusted p"
-        significant = self.math(f"{adjusted} < {SIGNIFICANCE}")
+        significant = ("" if correction == "none" else "adjusted ") + self.math(
+            f"p < {SIGNIFICANCE}"
+        )
         text = (
             f"{self.mark('t_up')}/{self.mark('t_down')}: above/below the block's baseline row "
             f"({labels[tests['baseline'].iloc[0]]}) in a paired t-test over seeds (same seed: same split and "
