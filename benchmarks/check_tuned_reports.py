@@ -96,8 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = load_runs([args.experiment])
     wanted = args.methods.split(",")
     rows = list(dict.fromkeys(zip(runs["method"], runs["loss"], runs["dataset"], strict=True)))
+    chosen_rows = [r for r in rows if r[0] in wanted]
+    if runs.empty or "tune_report" not in runs or not chosen_rows:
+        print(
+            f"error: experiment {args.experiment!r} has no tuned grid's report runs of "
+            f"{', '.join(wanted)} (expected the experiment a tuned sweep wrote its tables from)",
+            file=sys.stderr,
+        )
+        return 2
     worst, cache = 0.0, {}
-    for method, loss, dataset in [r for r in rows if r[0] in wanted]:
+    for method, loss, dataset in chosen_rows:
         chosen = runs[
             (runs["method"] == method) & (runs["loss"] == loss) & (runs["dataset"] == dataset)
         ]
