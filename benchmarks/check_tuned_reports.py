@@ -29,6 +29,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from harness.base.errors import HarnessError
 from harness.components.data.transforms import build_transform
 from harness.components.evaluation import evaluate_embeddings, l2_normalize
 from harness.config.protocol import protocol_from_dict
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",")
-    runs = load_runs([args.experiment])
+    try:
+        runs = load_runs([args.experiment])
+    except HarnessError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     wanted = args.methods.split(",")
     rows = list(dict.fromkeys(zip(runs["method"], runs["loss"], runs["dataset"], strict=True)))
     chosen_rows = [r for r in rows if r[0] in wanted]
