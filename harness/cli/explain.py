@@ -69,7 +69,12 @@ def _cells(scores: dict[str, Any], keys: tuple[str, ...]) -> str:
 
 
 #: What each sanity row is, as printed before its name.
-_SANITY_ROLE = {"ground_truth": "ceiling", "uniform": "floor", "random": "floor"}
+_SANITY_ROLE = {
+    "ground_truth": "ceiling",
+    "uniform_on_object": "chance",
+    "uniform": "floor",
+    "random": "floor",
+}
 
 
 def format_record(record: dict[str, Any]) -> str:
@@ -98,9 +103,17 @@ def _verdict_line(verdict: dict[str, Any]) -> str:
     def word(value):
         return "not checked" if value is None else ("yes" if value else "NO")
 
+    def interval(values) -> str:
+        mean, lo, hi = values
+        return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" if mean == mean else ""
+
+    difference = interval(verdict["beats_chance_difference"])
+    drop = interval(verdict["training_drop"])
     return (
-        f"beats the random map: {word(verdict['beats_random'])}"
-        + (f" (by {verdict['beats_random_by']})" if verdict["beats_random_by"] else "")
+        f"beats chance: {word(verdict['beats_chance'])}"
+        + (f" ({verdict['beats_chance_by']}, paired {difference})" if difference else "")
         + f"; changes under randomisation: {word(verdict['changes_under_randomisation'])}"
         + (f" ({verdict['fully_randomised']})" if verdict["fully_randomised"] else "")
+        + f"; uses training: {word(verdict['uses_training'])}"
+        + (f" (drop {drop} at {verdict['trained_parts_randomised']})" if drop else "")
     )

@@ -33,8 +33,8 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
     rows = explain_rows(args.experiment)
     caption = args.caption or (
         f"Explanation scores ({', '.join(args.experiment)}): mean $\\pm$ half the 95\\% "
-        f"interval over pairs (one seed) or over seeds (several); chance = the differing "
-        f"part's area share"
+        f"interval over pairs (one seed) or over seeds (several); within-object chance = the "
+        f"differing part's area over the object's, chance share = its area over the image's"
     )
     markdown = markdown_table(rows)
     if args.strip:  # first: the runs' weights can be missing, and then nothing is written
@@ -53,5 +53,6 @@ def strip_runs(rows: list[ExplainRow]) -> list[str]:
     """Per method, the run of its first seed, in the table's order."""
     runs: dict[str, str] = {}
     for row in rows:
-        runs.setdefault(row.method, row.run_ids[0])
+        if not row.reference:
+            runs.setdefault(row.method, row.run_ids[0])
     return list(runs.values())

@@ -113,8 +113,11 @@ __all__ = [
     "CURVE_PAIRS",
 ]
 
-#: The scores every source reports (with part masks; the last four on any dataset).
+#: The scores every source reports (with part masks; the last six on any dataset).
 SCORE_KEYS = (
+    "within_object_share",
+    "within_object_chance",
+    "within_object_pointing",
     "pointing_game",
     "discriminative_part_share",
     "chance_part_share",
@@ -327,7 +330,7 @@ def explain_run(
         "baseline": _summary(per_pair["baseline"]),
         "baseline_kind": "similarity Grad-CAM of the embedding (last feature map)",
         "notes": notes,
-        **(_sanity_record(per_pair, checks) if checks is not None else {}),
+        **(_sanity_record(ctx, per_pair, checks) if checks is not None else {}),
         "figures": [str(p) for p in figures_written],
         "seconds": time.perf_counter() - started,
     }
@@ -385,11 +388,14 @@ def _sanity_checks(
 
 
 def _sanity_record(
-    per_pair: dict[str, dict[str, np.ndarray]], checks: dict[str, dict[str, np.ndarray]]
+    ctx: RunContext,
+    per_pair: dict[str, dict[str, np.ndarray]],
+    checks: dict[str, dict[str, np.ndarray]],
 ) -> dict[str, Any]:
+    lr_backbone = float(ctx.protocol.optimizer.lr_backbone)
     return {
         "sanity": {name: _summary(scores) for name, scores in checks.items()},
-        "sanity_verdicts": sanity_verdicts(per_pair, checks),
+        "sanity_verdicts": sanity_verdicts(per_pair, checks, lr_backbone=lr_backbone),
     }
 
 

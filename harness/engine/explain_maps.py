@@ -20,7 +20,7 @@ from harness.base.errors import HarnessError
 from harness.components.data.own import register_path
 from harness.components.data.synthetic import load_part_mask
 from harness.components.data.transforms import build_transform, normalize_batch
-from harness.components.explanation.maps import upsample_maps
+from harness.components.explanation.maps import offset_removed, upsample_maps
 from harness.config.protocol import protocol_from_dict
 from harness.engine.training import (
     build_model,
@@ -47,6 +47,7 @@ __all__ = [
     "similarity_gradcam",
     "output_rows",
     "compute_maps",
+    "scored_maps",
 ]
 
 
@@ -340,9 +341,12 @@ def _map_tensors(out, fn):
     return type(out)(**{k: apply(v) for k, v in vars(out).items()})
 
 
-def _to_image(maps: torch.Tensor, size: int) -> torch.Tensor:
-
-    return upsample_maps(maps.float()[:, None], (size, size), normalize=False)[:, 0].clamp_min(0)
+def scored_maps(maps: torch.Tensor, size: int) -> torch.Tensor:
+    """P x h x w maps at feature resolution as they are scored and drawn: resized to the
+    image (bilinear), negative values cut and the constant offset removed
+    (:func:`~harness.components.explanation.maps.offset_removed`), P x size x size."""
+    up = upsample_maps(maps.float()[:, None], (size, size), normalize=False)[:, 0]
+    return offset_removed(up)
 
 
 @dataclass
@@ -364,8 +368,8 @@ def compute_maps(
         q, g = load_images(ctx, pairs.query[rows]), load_images(ctx, pairs.gallery[rows])
         same = torch.as_tensor(pairs.same[rows], device=ctx.device)
         bq, bg, out = similarity_gradcam(ctx.model, q, g, same)
-        base_q.append(_to_image(bq, size).cpu())
-        base_g.append(_to_image(bg, size).cpu())
+        base_q.append(scored_maps(bq, size).cpu())
+        base_g.append(scored_maps(bg, size).cpu())
         emb_q.append(out.embedding[: len(q)].float())
         emb_g.append(out.embedding[len(q) :].float())
         if has_own:
@@ -376,8 +380,8 @@ def compute_maps(
             if own is None:
                 has_own = False
             else:
-                own_q.append(_to_image(own[0], size).cpu())
-                own_g.append(_to_image(own[1], size).cpu())
+                own_q.append(scored_maps(own[0], size).cpu())
+                own_g.append(scored_maps(own[1], size).cpu())
     method = PairMaps(torch.cat(own_q), torch.cat(own_g)) if has_own else None
     return (
         method,

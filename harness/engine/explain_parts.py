@@ -1,15 +1,19 @@
 """The part-mask scores of a set of pair maps (:mod:`harness.engine.explain` for a run's
 own and baseline maps, :mod:`harness.engine.explain_sanity` for the reference and the
 randomised ones): the per-part shares of each map's mass and, for near-miss pairs, the
-differing part's share, its area share and the pointing game
-(:mod:`harness.components.explanation.scores`)."""
+differing part's share, its area share and the pointing game, on the whole image and
+within the object (:mod:`harness.components.explanation.scores`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from harness.components.explanation.scores import part_shares, region_scores
+from harness.components.explanation.scores import (
+    part_shares,
+    region_scores,
+    within_object_scores,
+)
 from harness.engine.explain_maps import PairMaps, Pairs
 
 __all__ = ["uniform_if_empty", "part_scores"]
@@ -26,7 +30,8 @@ def part_scores(
     maps: PairMaps, labels_q: torch.Tensor, labels_g: torch.Tensor, pairs: Pairs, parts: list[str]
 ) -> dict[str, np.ndarray]:
     """Per pair: object share and per-part shares, and (near-miss pairs) the differing part's
-    share, its area share and the pointing game; each the mean over the pair's two images."""
+    share, its area share and the pointing game, on the image and within the object
+    (``within_object_*``); each the mean over the pair's two images."""
     out: dict[str, np.ndarray] = {}
     maps = PairMaps(uniform_if_empty(maps.query), uniform_if_empty(maps.gallery))
     shares = [
@@ -46,4 +51,10 @@ def part_scores(
         out["discriminative_part_share"] = ((scored[0]["share"] + scored[1]["share"]) / 2).numpy()
         out["chance_part_share"] = ((scored[0]["chance"] + scored[1]["chance"]) / 2).numpy()
         out["pointing_game"] = ((scored[0]["pointing"] + scored[1]["pointing"]) / 2).numpy()
+        within = [
+            within_object_scores(m, lab, region)
+            for m, lab in ((maps.query, labels_q), (maps.gallery, labels_g))
+        ]
+        for key in ("share", "chance", "pointing"):
+            out[f"within_object_{key}"] = ((within[0][key] + within[1][key]) / 2).numpy()
     return out

@@ -428,8 +428,9 @@ class AVSLHead(Method):
         self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Eq. 11 drawn on the images: every node's weight lambda_i^l (P pairs at once) on its
-        normalised CAM (the one of Eq. 5: min-shifted, L1-normalised), summed over the nodes
-        and the levels (each level's map resized to the finest level's grid).
+        rectified CAM (positive part, L1-normalised: :func:`~harness.methods.avsl_figures.rectified_cams`; not Eq. 5's
+        min-shifted one, whose offsets sum to a flat map), summed over the nodes and the
+        levels (each level's map resized to the finest level's grid).
 
         A pair of two classes is explained by the nodes' contributions to the distance,
         lambda_i^l delta_i^l (Eq. 11, summing to d^); a same-class pair by lambda_i^l
@@ -448,7 +449,7 @@ class AVSLHead(Method):
         )
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
-        """Per level (K = L maps), the mean of the nodes' normalised CAMs at image size, in [0, 1]."""
+        """Per level (K = L maps), the mean of the nodes' rectified CAMs at image size, in [0, 1]."""
         if not output.cams:
             return None
         return level_maps(output.cams, tuple(images.shape[-2:]))

@@ -18,6 +18,7 @@ __all__ = [
     "PairAttribution",
     "pair_attribution",
     "normalized_cams",
+    "rectified_cams",
     "node_weight_maps",
     "level_maps",
     "reliable_nodes_figure",
@@ -156,31 +157,49 @@ def node_expansion_figure(
 
 def normalized_cams(cam: torch.Tensor) -> torch.Tensor:
     """The nodes' CAMs as Eq. 5 normalises them: min-shifted and L1-normalised over the
-    map, B x r x h x w -> B x r x hw (float32)."""
+    map, B x r x h x w -> B x r x hw (float32). Eq. 5's certainty reads these; a map drawn
+    from them is not a picture of the node: every CAM carries its offset above its
+    minimum, so a sum of hundreds of them stands nearly flat (:func:`rectified_cams`)."""
     u = cam.float().flatten(2)
     return F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)
+
+
+def rectified_cams(cam: torch.Tensor) -> torch.Tensor:
+    """The nodes' CAMs as the explanation maps draw them: each CAM's positive part (where
+    the node's evidence is), L1-normalised over the map, B x r x h x w -> B x r x hw
+    (float32); a node with no positive value contributes nothing.
+
+    The paper draws node CAMs that "focus on specific parts of images" (Sec. 3.4,
+    "Attribution"; Sec. 4.4, Fig. 6) without saying how they are scaled, and the released
+    code has no drawing step (zbr17/AVSL@fd2686e: the CAMs of ``avsl_embedder.py`` lines
+    105-114 feed the edges and the certainty only). Rectifying is the harness's reading,
+    as Grad-CAM's ReLU (Selvaraju et al. 2017, Eq. 2): the min shift of Eq. 5 instead
+    gives every location of a CAM the distance to the CAM's minimum, and the max-pool
+    spike of the code's CAM (``_linearize``, lines 95-103) makes that offset most of each
+    normalised map."""
+    return F.normalize(cam.float().flatten(2).clamp_min(0), p=1, dim=-1)
 
 
 def node_weight_maps(
     cams: Sequence[torch.Tensor], weights: torch.Tensor, size: tuple[int, ...]
 ) -> torch.Tensor:
     """Per pair, sum over the levels and nodes of ``weights`` (P x L x r) times the node's
-    normalised CAM (one P x r x h x w map per level), each level resized to ``size``: P x
-    size."""
+    rectified CAM (:func:`rectified_cams`; one P x r x h x w map per level), each level
+    resized to ``size``: P x size."""
     total: torch.Tensor | int = 0
     for level, cam in enumerate(cams):
-        u = normalized_cams(cam)  # P x r x hw
+        u = rectified_cams(cam)  # P x r x hw
         m = torch.einsum("pr,prk->pk", weights[:, level], u).view(-1, 1, *cam.shape[-2:])
         total = total + F.interpolate(m, size=size, mode="bilinear", align_corners=False)[:, 0]
     return cast(torch.Tensor, total)
 
 
 def level_maps(cams: Sequence[torch.Tensor], size: tuple[int, ...]) -> torch.Tensor:
-    """Per level, the mean of the nodes' normalised CAMs at ``size``, each map min-max
-    scaled to [0, 1]: B x L x size."""
+    """Per level, the mean of the nodes' rectified CAMs (:func:`rectified_cams`) at
+    ``size``, each map min-max scaled to [0, 1]: B x L x size."""
     out = []
     for cam in cams:
-        u = normalized_cams(cam).mean(1).view(cam.shape[0], 1, *cam.shape[2:])
+        u = rectified_cams(cam).mean(1).view(cam.shape[0], 1, *cam.shape[2:])
         out.append(F.interpolate(u, size=size, mode="bilinear", align_corners=False))
     maps = torch.cat(out, 1)
     lo = maps.amin(dim=(-2, -1), keepdim=True)

@@ -97,7 +97,7 @@ __all__ = [
     "feature_wise_attention",
     "dimension_wise_attention",
     "merge",
-    "feature_energy_share",
+    "attended_energy",
 ]
 
 PAPER = PaperInfo(
@@ -143,13 +143,17 @@ def merge(features: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     return attention * features[:, None]
 
 
-def feature_energy_share(
-    features: torch.Tensor, attention: torch.Tensor, eps: float = 1e-12
-) -> torch.Tensor:
-    """Each entry's share of the feature energy at every location: sum_k (A^(n)_ijk F_ijk)^2 /
-    sum_k F_ijk^2, B x N x h x w (the dimension-wise explanation)."""
-    energy = features.pow(2)
-    return (attention.pow(2) * energy[:, None]).sum(2) / energy.sum(1)[:, None].clamp_min(eps)
+def attended_energy(features: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Each entry's attended feature energy at every location, ||H^(n)_ij||^2 = sum_k
+    (A^(n)_ijk F_ijk)^2 (Eqs. 8 and 12: H = A F), B x N x h x w: the explanation map of
+    entry n. ``features`` B x c x h x w, ``attention`` B x N x (1 or c) x h x w.
+
+    The paper draws no attention (its figures are the architecture's), so the map is the
+    harness's: the energy of what entry n's branch pools, high where its attention meets
+    strong features. Each entry's share of the energy, sum_k (A F)^2 / sum_k F^2, is not a
+    map of where the model looks: the N entries split every location between them (the
+    soft-max of Eqs. 7 and 11), so their weighted sum stands nearly flat."""
+    return (attention.pow(2) * features.pow(2)[:, None]).sum(2)
 
 
 def _resize(attention: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -271,10 +275,7 @@ class DiabloHead(Method):
             "bnc,ncd->bnd", pooled.to(self.branch_weight.dtype), self.branch_weight
         )
         branches = F.normalize(branches + self.branch_bias, dim=-1)  # B x N x D/N
-        if self.selection == "feature":  # the N attention maps themselves
-            shown = attention[:, :, 0].detach()
-        else:
-            shown = feature_energy_share(explained_on.float().detach(), attention.detach())
+        shown = attended_energy(explained_on.float().detach(), attention.detach())
         return HeadOutput(
             embedding=branches.flatten(1) / math.sqrt(self.entries),
             groups=branches,
@@ -288,9 +289,8 @@ class DiabloHead(Method):
     # ---------------------------------------------------------------------- explanation
 
     def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
-        """Per image, N maps resized to the image and min-max normalised: the attention maps
-        A^(n) (feature-wise), or each entry's share of the feature energy per location
-        (dimension-wise, :func:`feature_energy_share`)."""
+        """Per image, N maps resized to the image and min-max normalised: each entry's
+        attended feature energy ||H^(n)_ij||^2 (:func:`attended_energy`)."""
         assert output.attention is not None  # embed always keeps the maps
         return upsample_maps(output.attention, images.shape[-2:])
 

@@ -40,6 +40,7 @@ __all__ = [
     "NO_MAPS_ARTIFACT",
     "no_maps_note",
     "draw_overlay",
+    "overlay_heat",
     "heat_scale",
     "draw_figure",
     "write_figure_set",
@@ -87,7 +88,7 @@ def draw_overlay(
     picture = picture_array(image)
     ax.imshow(picture)
     if heat is not None:
-        up = upsample_maps(heat.detach().float().cpu()[None, None], picture.shape[:2])[0, 0]
+        up = overlay_heat(heat, picture.shape[:2])
         ax.imshow(up.numpy(), cmap=HEAT_CMAP, alpha=HEAT_ALPHA, vmin=0.0, vmax=1.0)
     if title:
         ax.set_title(title, fontsize=fontsize)
@@ -96,6 +97,14 @@ def draw_overlay(
         ax.set_yticks([])
     else:
         ax.axis("off")
+
+
+def overlay_heat(heat: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """What :func:`draw_overlay` draws of ``heat`` (h x w) over a picture of ``size``:
+    resized bilinearly and min-max scaled to [0, 1]. For a map of ``explain`` (non-negative,
+    its minimum 0: :func:`~harness.components.explanation.maps.offset_removed`) this is the
+    scored map divided by its maximum, so the figure and the scores read one map."""
+    return upsample_maps(heat.detach().float().cpu()[None, None], tuple(size))[0, 0]
 
 
 def _panel_point(axes, point: tuple[int, int, float, float]):

@@ -107,6 +107,10 @@ def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map
     )
     verdict = centre["sanity_verdicts"]["method"]
     assert verdict["changes_under_randomisation"] is False
+    # ... and keep their within-object score once the trained parts are re-drawn.
+    assert verdict["uses_training"] is False
+    assert verdict["training_drop"][0] == pytest.approx(0.0)
+    assert "uses training: NO" in printed
     assert centre["sanity"][verdict["fully_randomised"]]["rank_correlation"] == pytest.approx(1.0)
     assert "changes under randomisation: NO" in printed
 
@@ -117,11 +121,14 @@ def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map
     experiment = mlflow.MlflowClient().get_experiment(run.info.experiment_id).name
     table = ["explain-table", "--experiment", experiment, "--out", str(workdir / "t")]
     assert main([*table, "--strip"]) == 0
+    scores_table, cascade = (workdir / "t.md").read_text().split("Cascading randomisation")
     rows = {
         tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[-2].strip()
-        for line in (workdir / "t.md").read_text().splitlines()
+        for line in scores_table.splitlines()
         if line.startswith("| ") and "---" not in line
     }
+    assert rows[("reference", "uniform on the object (chance)")] == ""
+    assert "| agrouping | own maps |" in cascade
     assert "unchanged" in rows[(centre_map_method, "own maps")]
     assert "unchanged" not in rows[("agrouping", "own maps")]
     assert " & Sanity \\\\" in (workdir / "t.tex").read_text()

@@ -17,8 +17,8 @@ from harness.engine.model import EmbeddingModel, build_optimizer
 from harness.methods import METHODS, create_method
 from harness.methods.diablo import (
     DiabloHead,
+    attended_energy,
     dimension_wise_attention,
-    feature_energy_share,
     feature_wise_attention,
     merge,
 )
@@ -99,18 +99,33 @@ def test_merged_branches_sum_back_to_the_input_map(select):
     )
 
 
-def test_energy_shares_sum_to_one_over_the_entries():
+def test_attended_energy_is_each_entrys_merged_feature_energy():
     features = torch.randn(2, 4, 3, 3, generator=gen(9))
     attention = dimension_wise_attention(
         torch.randn(2, 5, 3, 3, generator=gen(10)), torch.randn(3, 4, 5, generator=gen(11)), 2.0
     )
-    share = feature_energy_share(features, attention)
-    assert share.shape == (2, 3, 3, 3) and (share >= 0).all()
-    # sum_n A_n^2 <= 1 with equality for one-hot: shares sum to at most 1; one-hot gives exactly 1.
-    assert (share.sum(1) <= 1 + 1e-6).all()
+    energy = attended_energy(features, attention)
+    # ||H^(n)_ij||^2 of Eq. 12's merged maps, entry by entry.
+    torch.testing.assert_close(energy, merge(features, attention).pow(2).sum(2))
+    # An entry that takes a location whole gets its whole energy; one that takes none, none.
     one_hot = torch.zeros_like(attention)
     one_hot[:, 0] = 1
-    torch.testing.assert_close(feature_energy_share(features, one_hot)[:, 0], torch.ones(2, 3, 3))
+    torch.testing.assert_close(attended_energy(features, one_hot)[:, 0], features.pow(2).sum(1))
+    assert (attended_energy(features, one_hot)[:, 1:] == 0).all()
+
+
+def test_attended_energy_puts_an_entrys_map_where_its_attention_meets_strong_features():
+    """A hand-built case whose right map is known: features strong on one cell only and
+    attention spread evenly. The energy map peaks on that cell; each entry's share of
+    the energy (the map drawn before) is the same everywhere, a flat map."""
+    features = torch.full((1, 4, 3, 3), 0.1)
+    features[0, :, 1, 2] = 3.0
+    attention = torch.full((1, 2, 4, 3, 3), 0.5)
+    energy = attended_energy(features, attention)
+    assert energy[0, 0].argmax() == 1 * 3 + 2
+    assert energy[0, 0, 1, 2] / energy[0, 0].sum() > 0.9
+    share = energy / features.pow(2).sum(1)[:, None]
+    torch.testing.assert_close(share, torch.full_like(share, 0.25))
 
 
 # ---------------------------------------------------------------- Eqs. 1-4, through a head

@@ -40,10 +40,10 @@ def _experiment_id(name: str) -> str:
 def test_rows_average_the_newest_run_of_each_seed_with_an_interval_over_seeds(experiment):
     _explained_run(experiment, "plain", 0, 0.90)  # replaced by the newer run of seed 0
     newest = [
-        _explained_run(experiment, "plain", seed, share, beats_random=1)
+        _explained_run(experiment, "plain", seed, share, beats_chance=1)
         for seed, share in ((0, 0.05), (1, 0.07), (2, 0.06))
     ]
-    single = _explained_run(experiment, "sam", 0, 0.04, beats_random=1)
+    single = _explained_run(experiment, "sam", 0, 0.04, beats_chance=1)
     rows = {(r.method, r.source): r for r in explain_rows([experiment])}
 
     plain = rows[("plain", "Grad-CAM baseline")]
@@ -52,7 +52,7 @@ def test_rows_average_the_newest_run_of_each_seed_with_an_interval_over_seeds(ex
     half = stats.t.ppf(0.975, 2) * 0.01 / math.sqrt(3)  # the seeds' means: sd 0.01
     assert mean == pytest.approx(0.06)
     assert (lo, hi) == (pytest.approx(0.06 - half), pytest.approx(0.06 + half))
-    assert plain.beats_random is True
+    assert plain.verdicts["beats_chance"] is True
 
     sam = rows[("sam", "Grad-CAM baseline")]  # one seed: its own interval over pairs
     assert sam.run_ids == [single]
@@ -64,8 +64,10 @@ def test_rows_average_the_newest_run_of_each_seed_with_an_interval_over_seeds(ex
 
 
 def test_a_row_fails_its_sanity_mark_when_one_seed_fails(experiment):
-    _explained_run(experiment, "sam", 0, 0.05, beats_random=1, changes_under_randomisation=1)
-    _explained_run(experiment, "sam", 1, 0.05, beats_random=0, changes_under_randomisation=1)
+    _explained_run(experiment, "sam", 0, 0.05, beats_chance=1, changes_under_randomisation=1)
+    _explained_run(experiment, "sam", 1, 0.05, beats_chance=0, changes_under_randomisation=1)
     (row,) = explain_rows([experiment])
-    assert row.beats_random is False and row.changes_under_randomisation is True
-    assert "| <= random |" in markdown_table([row])
+    assert row.verdicts["beats_chance"] is False
+    assert row.verdicts["changes_under_randomisation"] is True
+    assert row.verdicts["uses_training"] is None
+    assert "| <= chance |" in markdown_table([row])

@@ -6,6 +6,10 @@ attention, a gate's masks, a similarity map) can use these.
 * :func:`upsample_maps`: maps at feature resolution -> image resolution, each map
   min-max normalised to [0, 1] (A-grouping Eq. 9-10 plus the normalisation every
   heat-map figure needs).
+* :func:`offset_removed`: a map as it is scored and drawn: its negative values cut and
+  its constant offset (its minimum) taken away, so that a share of its mass measures
+  where it rises and not how high it stands everywhere; a figure's min-max scaling of
+  such a map is the map itself up to scale.
 * :func:`attention_figure`: one row per map channel (group), the ``top`` images where
   that channel is strongest, map overlaid (A-grouping Figs. 3-4); written as a PNG.
 * :func:`part_attention_mass`: the share of each channel's mass on the background
@@ -29,6 +33,7 @@ import torch.nn.functional as F
 __all__ = [
     "upsample_maps",
     "minmax_normalize",
+    "offset_removed",
     "attention_figure",
     "part_attention_mass",
     "grouped_pair_maps",
@@ -42,6 +47,16 @@ def minmax_normalize(maps: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     lo = maps.amin(dim=(-2, -1), keepdim=True)
     hi = maps.amax(dim=(-2, -1), keepdim=True)
     return (maps - lo) / (hi - lo).clamp_min(eps)
+
+
+def offset_removed(maps: torch.Tensor) -> torch.Tensor:
+    """Each H x W map of a ... x H x W tensor non-negative (values below 0 cut) with its
+    minimum subtracted: a map that stands at c everywhere and rises by m on a region is
+    read as m on the region. Its mass then measures where the map rises, and
+    :func:`minmax_normalize` of it (what a figure draws) is the same map divided by its
+    maximum."""
+    rectified = maps.clamp_min(0)
+    return rectified - rectified.amin(dim=(-2, -1), keepdim=True)
 
 
 def upsample_maps(

@@ -7,6 +7,10 @@ NeurIPS 2018).
 * :func:`uniform_maps` and :func:`random_maps`: the floors, a flat map (its part share is
   the part's area share, chance; it never wins the pointing game) and random values on the
   model's grid, upsampled as the model's maps are;
+* :func:`uniform_on_object_maps`: the objectness reference, a map flat on the object and
+  zero elsewhere: it knows where the object is and nothing about its parts, so its share
+  within the object is that score's chance, while its share of the image is several times
+  the part's;
 * :func:`randomisation_stages` and :func:`randomise_`: Adebayo's cascading model
   randomisation (Sec. 3.1), the trained weights re-initialised top layers first (the
   head, then the backbone's points from the last to the first), so a map can be drawn at
@@ -35,6 +39,7 @@ from harness.components.explanation.scores import gaussian_kernel
 __all__ = [
     "ground_truth_maps",
     "uniform_maps",
+    "uniform_on_object_maps",
     "random_maps",
     "rank_correlation",
     "randomisation_stages",
@@ -67,6 +72,11 @@ def ground_truth_maps(labels: torch.Tensor, region: torch.Tensor, cell: float) -
 def uniform_maps(shape: tuple[int, int, int]) -> torch.Tensor:
     """The flat floor: N x H x W ones."""
     return torch.ones(shape, dtype=torch.float64)
+
+
+def uniform_on_object_maps(labels: torch.Tensor) -> torch.Tensor:
+    """The objectness reference: N x H x W, 1 on the object (``labels > 0``), 0 elsewhere."""
+    return (labels.long() > 0).double()
 
 
 def random_maps(

@@ -10,7 +10,13 @@ Ground truth (the ``synthetic`` dataset's part label maps: 0 background, 1..4 pa
 * :func:`region_scores`: for one region per image (a near-miss pair's differing part),
   the share of the map's mass on it, its area share (what a uniform map scores: chance),
   and the pointing game (Zhang et al., "Top-down neural attention by excitation
-  backprop", ECCV 2016: a hit when the map's maximum lies on the region).
+  backprop", ECCV 2016: a hit when the map's maximum lies on the region);
+* :func:`within_object_scores`: the same read inside the object only (the part's share of
+  the map's mass on the object, against the part's share of the object's area, and the
+  pointing game over the object's pixels). The share above rewards a map for finding the
+  object at all (a map uniform over the whole creature scores the object's area over the
+  part's, several times chance); this one asks which part of the object the map prefers,
+  and a map uniform on the object scores its chance exactly.
 
 Faithfulness (any dataset): :func:`perturbation_masks` and :func:`curve_auc` build the
 deletion and insertion curves of Petsiuk et al. ("RISE", BMVC 2018, Sec. 4.1) for a
@@ -34,6 +40,7 @@ __all__ = [
     "CURVE_PAIRS",
     "part_shares",
     "region_scores",
+    "within_object_scores",
     "pixel_order_masks",
     "perturbation_masks",
     "random_scores",
@@ -130,6 +137,30 @@ def region_scores(
     peak = maps == maps.amax((1, 2), keepdim=True)
     pointing = (peak & ~inside).flatten(1).any(1).logical_not().double()
     return {"share": share, "chance": chance, "pointing": pointing}
+
+
+def within_object_scores(
+    maps: torch.Tensor, labels: torch.Tensor, region: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Per image (N), the region ``labels == region[i]`` read inside the object (``labels >
+    0``): ``share`` = the map's mass on the region / its mass on the object, ``chance`` =
+    the region's area / the object's area (what a map uniform on the object scores), and
+    ``pointing`` = 1.0 when the map's maximum over the object's pixels lies on the region
+    (every maximal object pixel, as :func:`region_scores`). A map with no mass on the
+    object prefers no part of it: it scores the chance and no pointing hit."""
+    _check_maps(maps, labels)
+    inside = labels.long() == region.long().view(-1, 1, 1)
+    obj = labels.long() > 0
+    maps = maps.double()
+    on_object = (maps * obj).sum((1, 2))
+    chance = inside.double().sum((1, 2)) / obj.double().sum((1, 2)).clamp_min(1)
+    share = torch.where(
+        on_object > 0, (maps * inside).sum((1, 2)) / on_object.clamp_min(1e-300), chance
+    )
+    masked = torch.where(obj, maps, torch.full_like(maps, -math.inf))
+    peak = obj & (masked == masked.amax((1, 2), keepdim=True))
+    pointing = (peak & ~inside).flatten(1).any(1).logical_not() & (on_object > 0)
+    return {"share": share, "chance": chance, "pointing": pointing.double()}
 
 
 def pixel_order_masks(scores: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
