@@ -28,7 +28,9 @@ n; each row is tested against the grid's ``baseline`` row of its block (default 
 ``nox -s explain-benchmark -- [--seeds 0,1,2]`` trains ``plain`` and the six methods
 with maps of their own on the ``explain`` protocol, explains every run with its sanity
 checks and writes ``results/tables/explain-benchmark.md`` / ``.tex`` with the strip of one
-pair explained by every method (docs/performance.md, "The explanation benchmark").
+pair explained by every method (docs/performance.md, "The explanation benchmark");
+``-- --seeds 0 --shuffled-labels`` the same on models trained on permuted labels (the data
+randomisation control, ``results/tables/explain-benchmark-shuffled-labels.md``).
 
 ``nox -s tables`` regenerates the tables of every grid whose experiment is in the
 tracking store, without training.
@@ -278,6 +280,8 @@ def tables(session: nox.Session) -> None:
 #: Grad-CAM baseline shows that the protocol's data and training let a map find the part.
 EXPLAIN_METHODS = ("plain", "agrouping", "ggrouping", "avsl", "diablo", "diml", "sam")
 EXPLAIN_EXPERIMENT = "explain-benchmark"
+#: The data randomisation control's experiment (``-- --shuffled-labels``).
+EXPLAIN_SHUFFLED = "explain-benchmark-shuffled-labels"
 #: The creatures drawn large enough for their parts to span cells of the 8 x 8 map.
 EXPLAIN_DATASET = "synthetic-closeup"
 
@@ -287,19 +291,24 @@ def explain_benchmark(session: nox.Session) -> None:
     """Train :data:`EXPLAIN_METHODS` on the ``explain`` protocol and :data:`EXPLAIN_DATASET`
     (``-- --seeds``, default 0,1,2; sessions of different seeds can run side by side on one
     store), explain each run with ``--sanity``, then the table over every seed in the store
-    and the strip."""
+    and the strip. ``-- --shuffled-labels``: instead, the data randomisation control, the
+    same methods trained on permuted labels (``run --shuffled-labels-control``) in
+    :data:`EXPLAIN_SHUFFLED`, explained and tabled alike."""
     parser = argparse.ArgumentParser(prog="nox -s explain-benchmark --")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--pairs", default="100")
     parser.add_argument("--curve-pairs", default="16")
+    parser.add_argument("--shuffled-labels", action="store_true")
     args = parser.parse_args(list(session.posargs))
-    out = Path("results") / EXPLAIN_EXPERIMENT
+    experiment = EXPLAIN_SHUFFLED if args.shuffled_labels else EXPLAIN_EXPERIMENT
+    control = ("--shuffled-labels-control",) if args.shuffled_labels else ()
+    out = Path("results") / experiment
     runs = out / f"runs-seeds-{args.seeds.replace(',', '-')}.json"  # sessions of other seeds beside
     harness = ("python", "-m", "harness")
     session.run(
         *harness, "run", "--methods", ",".join(EXPLAIN_METHODS), "--protocol", "explain",
-        "--dataset", EXPLAIN_DATASET, "--seeds", args.seeds, "--experiment", EXPLAIN_EXPERIMENT,
-        "--json", str(runs), "--force",
+        "--dataset", EXPLAIN_DATASET, "--seeds", args.seeds, "--experiment", experiment,
+        *control, "--json", str(runs), "--force",
     )  # fmt: skip
     for record in json.loads(runs.read_text()):
         run_id = record["mlflow_run_id"]
@@ -309,6 +318,6 @@ def explain_benchmark(session: nox.Session) -> None:
             "--json", str(out / f"{run_id}.json"), "--force",
         )  # fmt: skip
     session.run(
-        *harness, "explain-table", "--experiment", EXPLAIN_EXPERIMENT, "--strip",
-        "--out", f"results/tables/{EXPLAIN_EXPERIMENT}", "--force",
+        *harness, "explain-table", "--experiment", experiment, "--strip",
+        "--out", f"results/tables/{experiment}", "--force",
     )  # fmt: skip

@@ -27,6 +27,7 @@ from harness.config.protocol_files import default_protocol, load_protocol, proto
 from harness.engine import (
     RunConfig,
     RunSettings,
+    control_deviation,
     default_checkpoint_root,
     logs_model,
     resolve_device,
@@ -120,7 +121,7 @@ def _protocol(
 ) -> tuple[Protocol, tuple, str]:
     """The protocol as it runs on ``dataset`` (resolved for it once, here, before the
     overrides), the deviations of ``--set``, ``--epochs``, ``--loss``, ``--init-from`` and
-    ``--seen-class-control``, and the loss."""
+    ``--seen-class-control`` / ``--shuffled-labels-control``, and the loss."""
 
     protocol = load_protocol(protocol_name).for_dataset(dataset)
     overrides = list(args.set or [])
@@ -135,9 +136,22 @@ def _protocol(
     _check_init_from(args)
     if args.init_from and not args.evaluate_only:  # trained from another run's weights
         deviations += (Deviation("init_from", "the protocol's pretrained weights", args.init_from),)
-    if args.seen_class_control:
-        deviations += (Deviation("splits.train", "training classes", "seen-class control"),)
+    control = run_control(args)
+    if control:
+        deviations += (Deviation(*control_deviation(control)),)
     return protocol, tuple(deviations), loss
+
+
+def run_control(args: argparse.Namespace) -> str:
+    """The diagnostic control the runs train as (:data:`~harness.engine.data.CONTROLS`),
+    "" for none; both flags at once are one error line."""
+    if args.seen_class_control and args.shuffled_labels_control:
+        raise HarnessError(
+            "--seen-class-control and --shuffled-labels-control are two controls: give one"
+        )
+    if args.seen_class_control:
+        return "seen-class"
+    return "shuffled-labels" if args.shuffled_labels_control else ""
 
 
 def _check_init_from(args: argparse.Namespace) -> None:
@@ -239,7 +253,7 @@ def _splits(args: argparse.Namespace, req: _Request, seed: int):
     the summary line: a refusal is one line)."""
 
     return training_splits(
-        req.protocol, req.dataset, args.data_root, control=args.seen_class_control, seed=seed
+        req.protocol, req.dataset, args.data_root, control=run_control(args), seed=seed
     )
 
 

@@ -25,7 +25,12 @@ if TYPE_CHECKING:
         RunFolder,
     )
     from harness.engine.compiled_step import whole_graph_blocker
-    from harness.engine.data import TrainingBatches, check_training_split, prepare_splits
+    from harness.engine.data import (
+        TrainingBatches,
+        check_training_split,
+        control_deviation,
+        prepare_splits,
+    )
     from harness.engine.distributed import shutdown
     from harness.engine.embedding import Evaluator, SplitEvaluator, evaluate_split
     from harness.engine.mlflow_recorder import MlflowRecorder
@@ -58,6 +63,7 @@ _EXPORTS = {
     "TrainingParts": "step",
     "TrainingStep": "step",
     "TrainingBatches": "data",
+    "control_deviation": "data",
     "EmbeddingModel": "model",
     "build_model": "model",
     "Evaluator": "embedding",
@@ -101,6 +107,7 @@ __all__ = [
     "TrainingParts",
     "TrainingStep",
     "TrainingBatches",
+    "control_deviation",
     "EmbeddingModel",
     "build_model",
     "Evaluator",

@@ -18,6 +18,7 @@ from harness.components.data import (
     cap_per_class,
     carve_validation,
     seen_class_control,
+    shuffled_label_control,
 )
 from harness.components.data.sampling import (
     ClassBalancedBatchSampler,
@@ -30,7 +31,36 @@ from harness.config.protocol import Protocol, check_batch_fits
 from harness.engine.distributed import SINGLE_PROCESS, Processes
 from harness.engine.embedding import loader_worker_init
 
-__all__ = ["prepare_splits", "check_training_split", "adapted_sampling", "TrainingBatches"]
+__all__ = [
+    "prepare_splits",
+    "check_training_split",
+    "adapted_sampling",
+    "TrainingBatches",
+    "CONTROLS",
+    "control_deviation",
+    "recorded_control",
+]
+
+#: The diagnostic controls a run can train as (``run --seen-class-control``,
+#: ``--shuffled-labels-control``): name -> (the deviation's protocol value, its value).
+CONTROLS = {
+    "seen-class": ("training classes", "seen-class control"),
+    "shuffled-labels": ("training labels", "shuffled-labels control"),
+}
+
+
+def control_deviation(control: str) -> tuple[str, str, str]:
+    """The deviation a control run records: (field, protocol value, value)."""
+    protocol_value, value = CONTROLS[control]
+    return ("splits.train", protocol_value, value)
+
+
+def recorded_control(deviations: str) -> str:
+    """The control a run trained as, from its ``deviations`` tag ("" for none)."""
+    for name, (_, value) in CONTROLS.items():
+        if value in deviations:
+            return name
+    return ""
 
 
 def prepare_splits(
@@ -38,14 +68,16 @@ def prepare_splits(
     dataset: str,
     data_root: Path | None,
     *,
-    control: bool = False,
+    control: str = "",
     seed: int | None = None,
 ) -> DatasetSplits:
     """Load the dataset, cap images per class (small protocols) and carve validation classes
     (unless the dataset gives its own validation split, as a CSV's ``validation`` rows do).
 
-    ``control`` swaps the training images for other images of the test classes
-    (:func:`~harness.components.data.seen_class_control`, a diagnostic recorded as a deviation).
+    ``control`` (:data:`CONTROLS`, diagnostics recorded as deviations): ``"seen-class"``
+    swaps the training images for other images of the test classes
+    (:func:`~harness.components.data.seen_class_control`), ``"shuffled-labels"`` permutes
+    the training labels (:func:`~harness.components.data.shuffled_label_control`).
     ``seed``: the run's seed, which carves the validation classes when the protocol sets
     ``splits.validation_by_run_seed`` (then it is required; else it is not used).
     """
@@ -66,8 +98,12 @@ def prepare_splits(
         splits = carve_validation(
             splits, s.validation_classes, cast(int, seed) if s.validation_by_run_seed else s.seed
         )
-    if control:
+    if control == "seen-class":
         splits = seen_class_control(splits, test_pool, s.max_train_images_per_class, s.seed)
+    elif control == "shuffled-labels":
+        splits = shuffled_label_control(splits, s.seed)
+    elif control:
+        raise HarnessError(f"unknown control {control!r}: expected one of {', '.join(CONTROLS)}")
     return splits
 
 

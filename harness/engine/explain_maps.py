@@ -22,6 +22,7 @@ from harness.components.data.synthetic import load_part_mask
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.explanation.maps import offset_removed, upsample_maps
 from harness.config.protocol import protocol_from_dict
+from harness.engine.data import recorded_control
 from harness.engine.training import (
     build_model,
     default_checkpoint_root,
@@ -152,7 +153,10 @@ def load_run(
             f"explain: run '{run_id}' is of method '{method}', which this code does not register"
         )
     _own_dataset(run_id, tags, dataset_path)
-    splits = prepare_splits(protocol, dataset, data_root, seed=int(tags["seed"]))
+    # A control run (run --seen-class-control, --shuffled-labels-control) trained on other
+    # training splits; its digest is of those.
+    control = recorded_control(tags.get("deviations", ""))
+    splits = prepare_splits(protocol, dataset, data_root, control=control, seed=int(tags["seed"]))
     recorded = tags.get("split_digest", "")
     if recorded and splits.digest() != recorded:
         where = "--dataset" if "dataset_path" in tags else "--data-root"

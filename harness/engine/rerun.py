@@ -35,6 +35,7 @@ from harness.config.deviations import TAG_PREFIX
 from harness.config.fingerprint import fingerprint
 from harness.config.overrides import Deviation
 from harness.config.protocol import protocol_from_dict
+from harness.engine.data import recorded_control
 from harness.engine.run_config import RunConfig, RunSettings
 from harness.engine.runtime import resolve_device
 from harness.engine.training import run_training, training_splits
@@ -88,18 +89,17 @@ NUMERIC_PACKAGES = (
 #: Reruns are recorded in ``<the run's experiment><suffix>``, so that tables of the
 #: original experiment are not changed by them.
 RERUN_EXPERIMENT_SUFFIX = "-reruns"
-#: A seen-class control run's deviation (``run --seen-class-control``): its splits differ.
-_CONTROL = "seen-class control"
 
 
 @dataclass(frozen=True)
 class RerunPlan:
     """A run's record and the configuration that trains it again (its experiment and
-    checkpoint root set apart from the original's); ``control``: a seen-class control run."""
+    checkpoint root set apart from the original's); ``control``: the diagnostic control it
+    trained as (:data:`~harness.engine.data.CONTROLS`), "" for none."""
 
     record: RunRecord
     cfg: RunConfig
-    control: bool
+    control: str
 
     @property
     def label(self) -> str:
@@ -201,7 +201,7 @@ def plan_rerun(
             **{k: v for k, v in record.tags.items() if k.startswith(TAG_PREFIX)},
         },
     )
-    return RerunPlan(record, cfg, control=_CONTROL in record.tag("deviations"))
+    return RerunPlan(record, cfg, control=recorded_control(record.tag("deviations")))
 
 
 def _rerun_settings(record: RunRecord, settings: RunSettings) -> RunSettings:

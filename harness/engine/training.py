@@ -71,7 +71,7 @@ def training_splits(
     dataset: str,
     data_root: Path | None,
     *,
-    control: bool = False,
+    control: str = "",
     seed: int | None = None,
 ) -> DatasetSplits:
     """The splits a run trains and is evaluated on (:func:`~harness.engine.data.prepare_splits`),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness.base.metric_keys import metric_key
+from harness.cli.main import main
 from tests.cli_runs import read_records, run_cli
 
 
@@ -133,6 +134,23 @@ def test_seen_class_control_is_a_deviation_with_its_own_fingerprint(workdir, tin
     assert rec["fingerprint"] != read_records(real)[0]["fingerprint"]
     tags = mlflow.MlflowClient().get_run(rec["mlflow_run_id"]).data.tags
     assert "seen-class control" in tags["deviations"]
+
+
+def test_shuffled_labels_control_is_a_deviation_and_its_run_explains(
+    workdir, tiny_protocol, capsys
+):
+    out = workdir / "shuffled.json"
+    common = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "1")
+    assert run_cli(*common, "--shuffled-labels-control", "--json", str(out)) == 0
+    rec = read_records(out)[0]
+    assert "splits.train: 'training labels' -> 'shuffled-labels control'" in rec["deviations"]
+    # explain rebuilds the run's own (shuffled) splits: their digest matches the recorded one
+    args = ["explain", "--run", rec["mlflow_run_id"], "--pairs", "4", "--curve-pairs", "1"]
+    assert main([*args, "--out", str(workdir / "explained")]) == 0
+    capsys.readouterr()
+    both = ("--seen-class-control", "--shuffled-labels-control")
+    assert run_cli(*common, *both) == 2
+    assert "two controls: give one" in capsys.readouterr().err
 
 
 def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol):

@@ -139,7 +139,7 @@ def test_seen_class_control_trains_on_other_images_of_the_test_classes(tmp_path)
         ["splits.max_test_images_per_class=4", "splits.max_train_images_per_class=2"],
     )
     real = prepare_splits(protocol, "fashion-mnist", tmp_path)
-    control = prepare_splits(protocol, "fashion-mnist", tmp_path, control=True)
+    control = prepare_splits(protocol, "fashion-mnist", tmp_path, control="seen-class")
     assert list(control.test.keys()) == list(real.test.keys())
     assert list(control.val.keys()) == list(real.val.keys())
     assert set(control.train.labels) == set(control.test.labels) == {5, 6, 7, 8, 9}
@@ -148,10 +148,27 @@ def test_seen_class_control_trains_on_other_images_of_the_test_classes(tmp_path)
     assert control.digest() != real.digest()
 
 
+def test_shuffled_labels_control_permutes_the_training_labels_only(tmp_path):
+    make_fashion_mnist(tmp_path)
+    protocol = load_protocol("smoke")
+    real = prepare_splits(protocol, "fashion-mnist", tmp_path)
+    control = prepare_splits(protocol, "fashion-mnist", tmp_path, control="shuffled-labels")
+    assert list(control.train.keys()) == list(real.train.keys())
+    assert sorted(control.train.labels) == sorted(real.train.labels)
+    assert (control.train.labels != real.train.labels).mean() > 0.5
+    assert list(control.test.labels) == list(real.test.labels)
+    assert list(control.val.labels) == list(real.val.labels)
+    assert control.digest() != real.digest()
+    again = prepare_splits(protocol, "fashion-mnist", tmp_path, control="shuffled-labels")
+    assert again.digest() == control.digest()  # seeded: a rerun trains on the same labels
+    with pytest.raises(HarnessError, match="unknown control"):
+        prepare_splits(protocol, "fashion-mnist", tmp_path, control="shuffled")
+
+
 def test_seen_class_control_needs_spare_test_class_images(tmp_path):
     make_fashion_mnist(tmp_path)
     with pytest.raises(HarnessError, match="tests on all of them"):
-        prepare_splits(load_protocol("smoke"), "fashion-mnist", tmp_path, control=True)
+        prepare_splits(load_protocol("smoke"), "fashion-mnist", tmp_path, control="seen-class")
     make_inshop(tmp_path)
     inshop = DATASETS.get("inshop").load(tmp_path)
     with pytest.raises(HarnessError, match="against a gallery"):

@@ -149,6 +149,12 @@ def _add_weights_arguments(run: argparse.ArgumentParser) -> None:
         "classes (a deviation; tells broken training from features that do not transfer)",
     )
     run.add_argument(
+        "--shuffled-labels-control",
+        action="store_true",
+        help="diagnostic: train on the training images with their labels permuted (a "
+        "deviation; the data randomisation test of explanation maps, Adebayo et al. 2018)",
+    )
+    run.add_argument(
         "--register",
         metavar="NAME",
         type=model_name,

@@ -12,6 +12,7 @@ from harness.components.data.base import (
     carve_validation,
     default_data_root,
     seen_class_control,
+    shuffled_label_control,
 )
 from harness.components.data.folds import (
     SealedImageSet,
@@ -30,6 +31,7 @@ __all__ = [
     "carve_validation",
     "cap_per_class",
     "seen_class_control",
+    "shuffled_label_control",
     "default_data_root",
     "class_folds",
     "fold_splits",

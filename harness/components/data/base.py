@@ -375,6 +375,20 @@ def seen_class_control(splits: DatasetSplits, pool: ImageSet, cap: int, seed: in
     return splits
 
 
+def shuffled_label_control(splits: DatasetSplits, seed: int) -> DatasetSplits:
+    """Train on the training images with their labels permuted (seeded): a diagnostic,
+    never a benchmark split. The data randomisation test of Adebayo et al. ("Sanity Checks
+    for Saliency Maps", NeurIPS 2018, Sec. 3.2): a model trained on random labels has
+    learned no class, so an explanation that reads the same on it as on the trained model
+    does not explain what training taught. The validation and test sets stay the
+    protocol's own."""
+    rng = np.random.default_rng(seed)
+    train = splits.train.subset(np.arange(len(splits.train)))
+    train.labels = rng.permutation(train.labels)
+    splits.train = train
+    return splits
+
+
 def cap_per_class(images: ImageSet, cap: int, seed: int) -> ImageSet:
     """Keep at most ``cap`` images per class (seeded, order preserved); 0 keeps all."""
     if cap <= 0:
