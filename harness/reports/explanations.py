@@ -52,6 +52,9 @@ __all__ = [
 
 #: Colour map and opacity of every map drawn over a picture.
 HEAT_CMAP, HEAT_ALPHA = "jet", 0.5
+#: The colour scale of the maps ``explain`` scores: offset removed, so min-max scaling
+#: divides by the peak (:func:`overlay_heat`).
+SCORED_SCALE = "map value / its peak in the image (offset removed, as scored)"
 
 
 def _save_npz(fh, *, named: dict[str, np.ndarray]) -> None:
@@ -405,7 +408,7 @@ def pairs_figure(
                 frame=True,
             )
         axes[r, 0].set_ylabel(rows_note[r], fontsize=7)
-    heat_scale(fig, axes)
+    heat_scale(fig, axes, SCORED_SCALE)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path, format="png")
@@ -447,7 +450,7 @@ def strip_figure(
                 part_masks[r].astype(float), levels=[0.5], colors="white", linewidths=1.2
             )
         axes[r, 0].set_ylabel(side, fontsize=8)
-    heat_scale(fig, axes)
+    heat_scale(fig, axes, SCORED_SCALE)
     if title:
         fig.suptitle(title, fontsize=9)
     atomic_write(path, lambda fh: fig.savefig(fh, format="png"))

@@ -1,9 +1,10 @@
 """Each method's map path on hand-built inputs whose right map is known: a map of the
-differing part reaches the ceiling through every method's own aggregation and the shared
-scoring path; AVSL's and DIABLO's maps of hand-built activations put their mass on the
-part (where the min-shifted CAMs and the energy shares they replace stood flat); a figure
-draws the scored map up to scale; the uniform-on-object map scores the within-object
-chance; a map that keeps its score with the model re-drawn fails the training check."""
+differing part reaches the ceiling through every method's own aggregation (A-grouping,
+G-grouping, DIABLO, AVSL, DIML, SAM) and the shared scoring path; AVSL's and DIABLO's
+maps of hand-built activations put their mass on the part (where Eq. 5's min-shifted CAMs
+and the energy shares stand flat); a figure draws the scored map up to scale; the
+uniform-on-object map scores the within-object chance; a map that keeps its score with
+the model re-drawn fails the training check."""
 
 from __future__ import annotations
 
@@ -115,12 +116,37 @@ def diml_path(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return maps
 
 
+def object_map(grid: int) -> torch.Tensor:
+    """The rest of the object (not the part) averaged onto a ``grid`` x ``grid`` map."""
+    rest = (labels() == 1).float()
+    return F.adaptive_avg_pool2d(rest[None, None], grid)[0, 0]
+
+
+def sam_path(grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAM (Eq. 1 in closed form): a head whose projection reads channel k into dimension
+    k, a map whose channel 0 is the part and channel 1 the rest of the object. For a
+    same-class pair (w = 1 - |f_q - f_g| = 1) the gradient of s = w . f raises the smaller
+    of the two embedding coordinates, the part's (it covers less of the map), and lowers
+    the larger: the rectified map is the part."""
+    head = build("sam").head
+    with torch.no_grad():
+        head.project.weight.copy_(torch.eye(*head.project.weight.shape))
+        head.project.bias.zero_()
+    fmap = torch.zeros(2, head.project.in_features, *grid.shape)
+    fmap[:, 0], fmap[:, 1] = grid, object_map(grid.shape[-1])
+    out = HeadOutput(embedding=unit(2, 32, seed=6), extras={"map": fmap})
+    maps = head.pair_maps(out, out, torch.tensor([True, True]))
+    assert maps is not None
+    return maps
+
+
 PATHS = {
     "agrouping": lambda grid: grouped_path("agrouping", grid),
     "ggrouping": lambda grid: grouped_path("ggrouping", grid),
     "diablo": lambda grid: grouped_path("diablo", grid),
     "avsl": avsl_path,
     "diml": diml_path,
+    "sam": sam_path,
 }
 
 

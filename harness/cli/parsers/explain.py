@@ -55,9 +55,10 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--sanity",
         action="store_true",
-        help="also score the ceiling (the differing part's mask), the floors (a uniform and a "
-        "random map) and each source's maps under cascading randomisation of the weights "
-        "(Adebayo et al. 2018), with a verdict per source",
+        help="also score the ceiling (the differing part's mask), the chance (a map uniform "
+        "on the object), the floors (a uniform and a random map) and each source's maps "
+        "under cascading randomisation of the weights (Adebayo et al. 2018), with three "
+        "verdicts per source: beats chance, changes under randomisation, uses training",
     )
     p.set_defaults(func=Command("harness.cli.explain", "cmd_explain"))
     return p
