@@ -54,7 +54,7 @@ __all__ = [
 HEAT_CMAP, HEAT_ALPHA = "jet", 0.5
 #: The colour scale of the maps ``explain`` scores: offset removed, so min-max scaling
 #: divides by the peak (:func:`overlay_heat`).
-SCORED_SCALE = "map value / its peak in the image (offset removed, as scored)"
+SCORED_SCALE = "map / its peak, as scored"
 
 
 def _save_npz(fh, *, named: dict[str, np.ndarray]) -> None:
