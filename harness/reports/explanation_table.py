@@ -248,9 +248,10 @@ def _cell(value: tuple[float, float, float], plus_minus: str) -> str:
     mean, lo, hi = value
     if not math.isfinite(mean):
         return "-"
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi == lo:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} {plus_minus} {(hi - lo) / 2:.3f}"
+    half = (hi - lo) / 2
+    if not (math.isfinite(lo) and math.isfinite(hi)) or round(half, 3) == 0:
+        return f"{mean:.3f}"  # no interval, or the values agree to the digit
+    return f"{mean:.3f} {plus_minus} {half:.3f}"
 
 
 def _curve_pairs(row: ExplainRow) -> str:
