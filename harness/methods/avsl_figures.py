@@ -17,7 +17,6 @@ from harness.methods.figures import FigureData, Panel
 __all__ = [
     "PairAttribution",
     "pair_attribution",
-    "normalized_cams",
     "rectified_cams",
     "node_weight_maps",
     "level_maps",
@@ -153,15 +152,6 @@ def node_expansion_figure(
         suffix="_fig7",
         title="AVSL Fig. 7: similar / dissimilar nodes, an unreliable node expanded to the level below",
     )
-
-
-def normalized_cams(cam: torch.Tensor) -> torch.Tensor:
-    """The nodes' CAMs as Eq. 5 normalises them: min-shifted and L1-normalised over the
-    map, B x r x h x w -> B x r x hw (float32). Eq. 5's certainty reads these; a map drawn
-    from them is not a picture of the node: every CAM carries its offset above its
-    minimum, so a sum of hundreds of them stands nearly flat (:func:`rectified_cams`)."""
-    u = cam.float().flatten(2)
-    return F.normalize(u - u.amin(-1, keepdim=True), p=1, dim=-1)
 
 
 def rectified_cams(cam: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from harness.engine.explain_maps import PairMaps, Pairs, scored_maps
 from harness.engine.explain_parts import part_scores
 from harness.engine.explain_sanity import sanity_verdicts, trained_parts_stage
 from harness.methods import HeadOutput
-from harness.methods.avsl_figures import normalized_cams, rectified_cams
+from harness.methods.avsl_figures import rectified_cams
 from harness.methods.diablo import attended_energy
 from harness.reports.explanations import overlay_heat
 from tests.methods.test_conformance import build
@@ -184,7 +184,9 @@ def test_avsl_map_of_cams_with_a_positive_part_and_negative_rest_sits_on_the_par
     cams = torch.where(on_part, torch.ones_like(noise), noise)
     weights = torch.rand(2, 48, generator=gen)
     rectified = torch.einsum("pr,prk->pk", weights, rectified_cams(cams)).view(2, GRID, GRID)
-    shifted = torch.einsum("pr,prk->pk", weights, normalized_cams(cams)).view(2, GRID, GRID)
+    nodes = cams.flatten(2)
+    min_shifted = F.normalize(nodes - nodes.amin(-1, keepdim=True), p=1, dim=-1)  # Eq. 5
+    shifted = torch.einsum("pr,prk->pk", weights, min_shifted).view(2, GRID, GRID)
     good, flat = scores(rectified, rectified), scores(shifted, shifted)
     best = ceiling()["within_object_share"].mean()
     assert good["within_object_share"].min() >= 0.9 * best
