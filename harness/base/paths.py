@@ -14,11 +14,12 @@ existing SQLite database (a tracking store, an Optuna study, a sweep queue) and 
 :class:`ReservedPath` the caller names (the tracking store's database and artifact
 folder, :func:`harness.store.location.reserved_paths`).
 
-An output replaces only what its command wrote (:class:`Replacing`): a path that does not
-exist, or a file the command recognises as an earlier output of the same kind (its
-:class:`OutputKind`). Any other existing file is refused unless the user gives
-``--force``; one of the command's own inputs, and a file among the harness's records (a
-run's checkpoint folder, a dataset's folder), is refused even then.
+An output replaces only what the harness wrote (:class:`Replacing`): a path that does not
+exist, or a file the folder's record names with the digest it still has
+(:mod:`harness.base.written`); an output of the harness changed since is replaced with
+``--force``. A file the harness did not write is never replaced, whatever its content; nor
+is one of the command's own inputs (or a file inside an input folder), nor a file among
+the harness's records (a run's checkpoint folder, a dataset's folder).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from harness.base.errors import HarnessError
 
 __all__ = [
     "ReservedPath",
-    "OutputKind",
+    "WRITTEN_RECORD",
     "Replacing",
     "writable_file",
     "writable_folder",
@@ -51,6 +52,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 #: The longest file or folder name, in bytes, that common file systems take (ext4, XFS,
 #: Btrfs, APFS); an output path with a longer name is refused before any work.
 NAME_MAX = 255
+#: The record of the outputs the harness wrote in a folder (:mod:`harness.base.written`).
+WRITTEN_RECORD = ".harness-written.json"
 #: Files SQLite keeps beside a database while it is open; part of the database.
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
@@ -77,48 +80,50 @@ class ReservedPath:
 
 
 @dataclass(frozen=True)
-class OutputKind:
-    """What a command writes to an output path: ``what`` names it in a refusal ("a table",
-    "a run --json record"), ``recognises(path)`` tells an existing file of that kind (one
-    the command may replace) from any other file."""
-
-    what: str
-    recognises: Callable[[Path], bool]
-
-
-@dataclass(frozen=True)
 class Replacing:
-    """What an output path may replace. ``kind``: the command's own earlier outputs;
-    ``force``: the user replaces any other file (``--force``); ``inputs``: (flag, path) of
-    the command's input files, never replaced; ``record``: names a path among the
+    """What an output path may replace. ``provenance(path)``: ``absent``, ``unchanged``,
+    ``changed`` or ``foreign`` (:func:`harness.base.written.provenance`: whether the harness
+    wrote the file, and whether it changed since); ``force``: the user replaces a changed
+    output of the harness (``--force``); ``inputs``: (flag, path) of the command's input
+    files and folders, never replaced nor written into; ``record``: names a path among the
     harness's records (never replaced), else None."""
 
-    kind: OutputKind | None = None
+    provenance: Callable[[Path], str] = field(default=lambda _path: "foreign", compare=False)
     force: bool = False
     inputs: tuple[tuple[str, Path], ...] = ()
     record: Callable[[Path], str | None] = field(default=lambda _path: None, compare=False)
 
     def check(self, path: Path, raw: str, flag: str) -> None:
-        """Refuse ``path`` when writing it would replace what the command did not write."""
+        """Refuse ``path`` when writing it would replace what the harness did not write."""
         resolved = path.resolve()
         for in_flag, given in self.inputs:
-            if given.resolve() == resolved:
+            own = given.resolve()
+            if own == resolved:
                 raise HarnessError(
                     f"{flag} {raw} is the command's input {in_flag}; give another file name"
+                )
+            if own in resolved.parents:
+                raise HarnessError(
+                    f"{flag} {raw} is inside the command's input {in_flag} {given}; "
+                    f"give a file outside it"
                 )
         record = self.record(resolved)
         if record is not None:
             raise HarnessError(
                 f"{flag} {raw} is {record}, which no output replaces; give another file name"
             )
-        if not path.exists() or self.force:
-            return
-        if self.kind is not None and self.kind.recognises(path):
-            return
-        what = self.kind.what if self.kind is not None else "an output of this command"
-        raise HarnessError(
-            f"{flag} {raw} exists and is not {what}; give a new file name, or --force to replace it"
-        )
+        state = self.provenance(path)
+        if state == "changed" and not self.force:
+            raise HarnessError(
+                f"{flag} {raw} is an output of the harness changed since it was written; "
+                f"give --force to replace it, or a new file name"
+            )
+        if state == "foreign":
+            raise HarnessError(
+                f"{flag} {raw} exists and the harness did not write it (no entry in "
+                f"{path.parent / WRITTEN_RECORD}); give a new file name: an output replaces "
+                f"only the harness's own, --force included"
+            )
 
 
 def special_file_kind(path: Path) -> str | None:
@@ -249,11 +254,11 @@ def writable_stem(
     suffixes: tuple[str, ...],
     *,
     reserved: Iterable[ReservedPath] = (),
-    replacing: Callable[[str], Replacing] | None = None,
+    replacing: Replacing | None = None,
 ) -> Path | None:
     """An output path without suffix (``STEM.md``, ``STEM.tex``...): ``text`` must name a
-    file stem, not a folder, and every ``STEM + suffix`` must be writable
-    (``replacing(suffix)``: what that file may replace)."""
+    file stem, not a folder, and every ``STEM + suffix`` must be writable (``replacing``:
+    what those files may replace)."""
     reserved = tuple(reserved)
     path = writable_file(text, flag, reserved=reserved)
     if path is not None:
@@ -262,7 +267,7 @@ def writable_stem(
                 f"{path}{suffix}",
                 flag,
                 reserved=reserved,
-                replacing=None if replacing is None else replacing(suffix),
+                replacing=replacing,
             )
     return path
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from harness.base.errors import HarnessError
 
 __all__ = [
     "at_least",
@@ -19,6 +22,10 @@ __all__ = [
     "name_list",
     "model_name",
     "experiment_name",
+    "file_name",
+    "default_file_name",
+    "EXPERIMENT_NAME_MAX",
+    "TABLE_NAME_MAX",
     "dataset_label",
     "DATASET_HELP",
     "EMBEDDED_DEFAULT",
@@ -104,11 +111,58 @@ def _once(values: list, text: str) -> None:
         raise argparse.ArgumentTypeError(f"'{twice}' is given twice in '{text}'")
 
 
+#: The longest experiment name MLflow takes (``mlflow.utils.validation``'s
+#: ``MAX_EXPERIMENT_NAME_LENGTH``); a longer one is refused before any work.
+EXPERIMENT_NAME_MAX = 500
+#: The longest name of a table's file stem, in bytes: room for what is written beside it
+#: (``.settings.tex``, ``.forest.pdf``, ``.strip.png``) within a file name's 255 bytes.
+TABLE_NAME_MAX = 200
+
+
 def experiment_name(text: str) -> str:
-    """An MLflow experiment name: not empty (an empty one would mean the default experiment)."""
+    """An MLflow experiment name: not empty (an empty one would mean the default
+    experiment), at most :data:`EXPERIMENT_NAME_MAX` characters."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected an experiment name, got '{text}'")
+    if len(text) > EXPERIMENT_NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"the name '{text[:24]}...' is {len(text):,} characters long; expected at most "
+            f"{EXPERIMENT_NAME_MAX} (MLflow's limit)"
+        )
     return text
+
+
+def file_name(text: str) -> str:
+    """A name the command makes a file name of (``table --name``): not empty, no path
+    separator, not ``.`` or ``..`` (the file would land outside its folder), at most
+    :data:`TABLE_NAME_MAX` bytes."""
+    name = text.strip()
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise argparse.ArgumentTypeError(
+            f"expected a file name without '/', '\\' or '..' alone, got '{text}'"
+        )
+    size = len(os.fsencode(name))
+    if size > TABLE_NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"the name '{name[:24]}...' is {size:,} bytes long; expected at most "
+            f"{TABLE_NAME_MAX} (a file name, with room for the files beside it)"
+        )
+    return name
+
+
+def default_file_name(experiments: list[str], joiner: str, flag: str = "--name") -> str:
+    """The file name a table takes from its experiments when ``--name`` is not given: a
+    path separator becomes ``_``; a name too long for a file is refused, asking for
+    ``flag``."""
+    name = joiner.join(experiments).replace("/", "_").replace("\\", "_")
+    if name in (".", ".."):
+        name = name.replace(".", "_")
+    if len(os.fsencode(name)) > TABLE_NAME_MAX:
+        raise HarnessError(
+            f"the experiments' names make a file name of {len(os.fsencode(name)):,} bytes, "
+            f"more than {TABLE_NAME_MAX}; give {flag} NAME"
+        )
+    return name
 
 
 def model_name(text: str) -> str:

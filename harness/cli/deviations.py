@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.config.deviations import PaperDeviation, find_deviation
@@ -19,6 +20,7 @@ from harness.engine.deviation_effects import (
     effect_sentences,
     measure_deviations,
 )
+from harness.engine.runtime import resolve_device
 from harness.reports.tables.effects import write_effect_notes
 
 
@@ -119,16 +121,16 @@ def _ledger_lines(args: argparse.Namespace) -> list[str]:
 def _measure(args: argparse.Namespace) -> int:
     """``--measure``: each deviation's effect at the smoke scale, as a Markdown table."""
 
-    try:
-        seeds = tuple(int(s) for s in str(args.seeds).split(","))
-    except ValueError:
-        raise HarnessError(
-            f"--seeds '{args.seeds}': expected comma-separated integers, e.g. 0,1,2"
-        ) from None
-    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise HarnessError(
-            f"--seeds '{args.seeds}': expected at least two distinct seeds >= 0 (an interval)"
-        )
+    seeds = _seeds(args.seeds)
+    resolve_device(args.device)
+    if args.data_root is not None and not Path(args.data_root).is_dir():
+        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    paper = load_grid(args.grid, max_cells=None)
+    smoke = load_grid(args.grid, smoke=True, max_cells=None)
+    ledgers = [load_ledger(args.ledger)] if args.ledger else None
+    if args.name:
+        found = {n: d for cell in smoke.cells for n, d in cell.paper_deviations.items()}
+        find_deviation(found, args.name, f"grid {smoke.name}")
     started = time.monotonic()
     effects = measure_deviations(
         args.grid,
@@ -136,15 +138,32 @@ def _measure(args: argparse.Namespace) -> int:
         device=args.device,
         data_root=args.data_root,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        ledgers=ledgers,
+        only=args.name,
     )
     for line in effect_lines(args.grid, effects, seeds):
         print(line)
-    paper, smoke = (
-        load_grid(args.grid, max_cells=None),
-        load_grid(args.grid, smoke=True, max_cells=None),
-    )
     path = write_effect_notes(
-        paper.name, (paper.experiment, smoke.experiment), seeds, effect_sentences(effects)
+        paper.name,
+        (paper.experiment, smoke.experiment),
+        seeds,
+        effect_sentences(effects),
+        merge=bool(args.name),
     )
     print(f"measured in {time.monotonic() - started:.0f} s; the tables' notes: {path}")
     return 0
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """``--seeds``: at least two distinct seeds >= 0."""
+    try:
+        seeds = tuple(int(s) for s in str(text).split(","))
+    except ValueError:
+        raise HarnessError(
+            f"--seeds '{text}': expected comma-separated integers, e.g. 0,1,2"
+        ) from None
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise HarnessError(
+            f"--seeds '{text}': expected at least two distinct seeds >= 0 (an interval)"
+        )
+    return seeds

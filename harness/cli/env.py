@@ -23,8 +23,8 @@ import argparse
 import re
 from importlib import metadata
 
-from harness.base.atomic import atomic_write_text
 from harness.base.errors import HarnessError
+from harness.base.written import write_outputs
 from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.store.location import tracking_uri
@@ -154,7 +154,7 @@ def constraints_text(
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    out = output_file(args.out, "--out", kind="constraints", args=args)
+    out = output_file(args.out, "--out", args=args)
     open_store(read_only=True)
     run = find_run(args.run_id)
     if run is None:
@@ -168,5 +168,5 @@ def cmd_env(args: argparse.Namespace) -> int:
     if out is None:
         print(text, end="")
     else:
-        atomic_write_text(out, text)
+        write_outputs({out: text})
     return 0

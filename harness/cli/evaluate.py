@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
+from harness.base.written import write_output_json
 from harness.cli.outputs import output_file
 from harness.components.evaluation import (
     evaluate_embeddings,
@@ -145,7 +145,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if not metrics:
         raise HarnessError("--metrics is empty")
     parse_metrics(metrics, recall_k)
-    args.json = output_file(args.json, "--json", kind="evaluate-json", args=args)
+    args.json = output_file(args.json, "--json", args=args)
     use_gpu = _use_gpu(args.device)
 
     query, query_labels, gallery, gallery_labels = _load_inputs(args)
@@ -164,7 +164,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     print(_format(result, len(query), None if gallery is None else len(gallery)))
     if args.json:
-        atomic_write_json(args.json, _record(args, result, recall_k, same=gallery is None))
+        write_output_json(args.json, _record(args, result, recall_k, same=gallery is None))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

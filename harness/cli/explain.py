@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
+from harness.base.written import write_output_json
 from harness.cli.outputs import (
     output_file,
     output_folder,
@@ -18,6 +18,7 @@ from harness.cli.outputs import (
 from harness.cli.store import open_store
 from harness.engine.explain import SCORE_KEYS, explain_run, load_run, record_to_run
 from harness.engine.explain_sanity import SANITY_SCORES
+from harness.engine.runtime import resolve_device
 
 __all__ = ["cmd_explain", "format_record"]
 
@@ -31,10 +32,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     if args.dataset is not None and not args.dataset.exists():
         raise HarnessError(f"--dataset {args.dataset} does not exist")
+    if args.checkpoint_root is not None and not args.checkpoint_root.is_dir():
+        raise HarnessError(
+            f"--checkpoint-root {args.checkpoint_root} does not exist or is not a folder"
+        )
+    resolve_device(args.device)
     # Both checked before the explanations are computed and logged to the run, not after.
-    args.json = output_file(args.json, "--json", kind="explain-json", args=args)
-    out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out")
-    open_store()
+    args.json = output_file(args.json, "--json", args=args)
+    out_dir = output_folder(args.out or Path("results") / "explain" / args.run, "--out", files=True)
+    open_store(read_only=True)  # the run must be there: a missing store is not created
     ctx = load_run(
         args.run,
         data_root=args.data_root,
@@ -56,7 +62,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     record_to_run(ctx, record)
     print(format_record(record))
     if args.json:
-        atomic_write_json(args.json, record)
+        write_output_json(args.json, record)
     return 0
 
 

@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.base.atomic import atomic_write_set
+from harness.base.written import write_outputs
+from harness.cli.arguments import default_file_name
 from harness.cli.outputs import output_stem
 from harness.cli.store import open_store
 from harness.engine.explain_strip import explain_strip
@@ -22,7 +23,7 @@ __all__ = ["cmd_explain_table", "strip_runs"]
 
 
 def cmd_explain_table(args: argparse.Namespace) -> int:
-    name = args.name or "-".join(args.experiment)
+    name = args.name or default_file_name(args.experiment, "-")
     stem = output_stem(
         args.out or Path("results") / "tables" / f"explain-{name}",
         "--out",
@@ -39,7 +40,7 @@ def cmd_explain_table(args: argparse.Namespace) -> int:
     markdown = markdown_table(rows)
     if args.strip:  # first: the runs' weights can be missing, and then nothing is written
         strip = explain_strip(strip_runs(rows), Path(f"{stem}.strip.png"), pair=args.strip_pair)
-    atomic_write_set(  # both, or neither
+    write_outputs(  # both, or neither
         {Path(f"{stem}.md"): markdown, Path(f"{stem}.tex"): latex_table(rows, caption)}
     )
     print(markdown, end="")

@@ -4,11 +4,13 @@
 An output never replaces the tracking store's database, never lands inside its artifact
 folder, and never replaces a device, a FIFO, a folder or any SQLite database
 (:mod:`harness.base.paths`). It is written only to a path that does not exist, or over a
-file the command recognises as its own earlier output of the same kind (a table, a
-``--json`` record: :data:`KINDS`); any other existing file is refused in one line unless
-the user gives ``--force``. One of the command's own input files, and a file among the
-harness's records (a run's checkpoint folder, a dataset's folder:
-:func:`harness_record`), are refused even with ``--force``. A storage (``--storage``) is a
+file the harness wrote there and that has not changed since: each folder's record of
+what the harness wrote, with digests (:mod:`harness.base.written`), tells; the content of
+a file does not. An output of the harness changed since is replaced with ``--force``; a
+file the harness did not write is never replaced. Nor are one of the command's own input
+files, a file inside its input folders (``--dataset``, ``--data-root``), and a file
+among the harness's records (a run's checkpoint folder, a dataset's folder:
+:func:`harness_record`), ``--force`` or not. A storage (``--storage``) is a
 new file or a database that already holds Optuna's tables
 (:func:`harness.cli.store.check_own_database`).
 
@@ -19,20 +21,18 @@ parser: :func:`output_flags` lists them all, so that one test checks every one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
+from harness.base.errors import HarnessError
 from harness.base.paths import (
-    OutputKind,
     Replacing,
     writable_file,
     writable_folder,
     writable_stem,
 )
+from harness.base.written import foreign_files, provenance
 from harness.store.location import reserved_paths
 
 __all__ = [
@@ -45,83 +45,7 @@ __all__ = [
     "option_flags",
     "subcommands",
     "harness_record",
-    "KINDS",
 ]
-
-#: The largest file read to recognise it as an earlier output (tables and records are small).
-_RECOGNISE_LIMIT = 64 << 20
-
-
-def _head(path: Path, size: int = _RECOGNISE_LIMIT) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(size)
-    except OSError:
-        return b""
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(_head(path).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-
-
-def _record_with(*keys: str) -> Callable[[Path], bool]:
-    """A JSON object holding ``keys``."""
-
-    def recognises(path: Path) -> bool:
-        data = _json(path)
-        return isinstance(data, dict) and all(k in data for k in keys)
-
-    return recognises
-
-
-def _run_records(path: Path) -> bool:
-    """``run --json``: a list of result records, each naming its method and seed."""
-    data = _json(path)
-    return (
-        isinstance(data, list)
-        and bool(data)
-        and all(isinstance(r, dict) and "method" in r and "seed" in r for r in data)
-    )
-
-
-def _text_with(pattern: str) -> Callable[[Path], bool]:
-    regex = re.compile(pattern, re.MULTILINE)
-
-    def recognises(path: Path) -> bool:
-        try:
-            text = _head(path).decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-        return bool(regex.search(text))
-
-    return recognises
-
-
-def _starts_with(magic: bytes) -> Callable[[Path], bool]:
-    return lambda path: _head(path, len(magic)) == magic
-
-
-#: What each output writes, by name, and how an earlier output of that kind is recognised.
-KINDS: dict[str, OutputKind] = {
-    "run-json": OutputKind("a run --json record", _run_records),
-    "evaluate-json": OutputKind(
-        "an evaluate --json record", _record_with("mode", "metrics", "num_queries")
-    ),
-    "explain-json": OutputKind(
-        "an explain --json record", _record_with("method_name", "pairs", "pair_kind")
-    ),
-    "constraints": OutputKind("an env constraints file", _text_with(r"\A# run \S+\n# commit ")),
-    ".tex": OutputKind("a LaTeX table", _text_with(r"^\\begin\{table\*?\}")),
-    ".md": OutputKind("a Markdown table", _text_with(r"^\|\s*:?-{3,}")),
-    ".pdf": OutputKind("a PDF figure", _starts_with(b"%PDF-")),
-    ".png": OutputKind("a PNG figure", _starts_with(b"\x89PNG\r\n\x1a\n")),
-    ".csv": OutputKind(
-        "a forest plot's numbers", _text_with(r"\A\ufeff?dataset,block,comparison,")
-    ),
-}
 
 #: Files that make their folder a run's checkpoint folder, and a dataset's folder.
 _CHECKPOINT_FILES = ("last.pt", "last.pt.sha256.json", "model.pt")
@@ -140,63 +64,54 @@ def harness_record(path: Path) -> str | None:
     return None
 
 
-def _inputs(args: argparse.Namespace | None, output: str) -> tuple[tuple[str, Path], ...]:
-    """The command's input files: every argument (other than the output ``output``) naming
-    an existing file."""
+#: The arguments that name outputs: never read as one of the command's inputs.
+_OUTPUT_DESTS = ("json", "out", "storage", "checkpoint_root")
+#: The arguments whose folder is an input: nothing is written inside it.
+_INPUT_FOLDERS = ("dataset", "data_root")
+
+
+def _inputs(args: argparse.Namespace | None) -> tuple[tuple[str, Path], ...]:
+    """The command's inputs: every argument (other than an output) naming an existing file,
+    and the folders of ``--dataset`` and ``--data-root``."""
     if args is None:
         return ()
     found = []
     for dest, value in vars(args).items():
+        if dest in _OUTPUT_DESTS:
+            continue
         for item in value if isinstance(value, list | tuple) else [value]:
-            if dest == output or not isinstance(item, str | os.PathLike) or not str(item):
+            if not isinstance(item, str | os.PathLike) or not str(item):
                 continue
             path = Path(item)
             try:
-                if path.is_file():
+                if path.is_file() or (dest in _INPUT_FOLDERS and path.is_dir()):
                     found.append((f"--{dest.replace('_', '-')}", path))
             except (OSError, ValueError):
                 continue
     return tuple(found)
 
 
-def _replacing(
-    kind: str | None, args: argparse.Namespace | None, dest: str, suffix: str = ""
-) -> Replacing:
+def _replacing(args: argparse.Namespace | None) -> Replacing:
     return Replacing(
-        kind=KINDS.get(kind or suffix),
+        provenance=provenance,
         force=bool(getattr(args, "force", False)),
-        inputs=_inputs(args, dest),
+        inputs=_inputs(args),
         record=harness_record,
     )
 
 
 @overload
 def output_file(
-    text: str | os.PathLike,
-    flag: str,
-    *,
-    kind: str | None = ...,
-    args: argparse.Namespace | None = ...,
+    text: str | os.PathLike, flag: str, *, args: argparse.Namespace | None = ...
 ) -> Path: ...
 @overload
+def output_file(text: None, flag: str, *, args: argparse.Namespace | None = ...) -> None: ...
 def output_file(
-    text: None, flag: str, *, kind: str | None = ..., args: argparse.Namespace | None = ...
-) -> None: ...
-def output_file(
-    text: str | os.PathLike | None,
-    flag: str,
-    *,
-    kind: str | None = None,
-    args: argparse.Namespace | None = None,
+    text: str | os.PathLike | None, flag: str, *, args: argparse.Namespace | None = None
 ) -> Path | None:
-    """A file the command will write (None when the flag was not given). ``kind``: a key of
-    :data:`KINDS` (default: by the file's suffix); ``args``: the command's arguments, for
-    ``--force`` and its input files."""
-    dest = flag.split()[0].removeprefix("--").replace("-", "_")
-    suffix = Path(os.fspath(text)).suffix if text is not None else ""
-    return writable_file(
-        text, flag, reserved=reserved_paths(), replacing=_replacing(kind, args, dest, suffix)
-    )
+    """A file the command will write (None when the flag was not given). ``args``: the
+    command's arguments, for ``--force`` and its inputs."""
+    return writable_file(text, flag, reserved=reserved_paths(), replacing=_replacing(args))
 
 
 def output_stem(
@@ -207,23 +122,28 @@ def output_stem(
     args: argparse.Namespace | None = None,
 ) -> Path | None:
     """Files ``STEM + suffix`` the command will write."""
-    dest = flag.removeprefix("--").replace("-", "_")
     return writable_stem(
-        text,
-        flag,
-        suffixes,
-        reserved=reserved_paths(),
-        replacing=lambda suffix: _replacing(None, args, dest, suffix),
+        text, flag, suffixes, reserved=reserved_paths(), replacing=_replacing(args)
     )
 
 
 @overload
-def output_folder(text: str | os.PathLike, flag: str) -> Path: ...
+def output_folder(text: str | os.PathLike, flag: str, *, files: bool = ...) -> Path: ...
 @overload
-def output_folder(text: None, flag: str) -> None: ...
-def output_folder(text: str | os.PathLike | None, flag: str) -> Path | None:
-    """A folder the command will create files in."""
-    return writable_folder(text, flag, reserved=reserved_paths())
+def output_folder(text: None, flag: str, *, files: bool = ...) -> None: ...
+def output_folder(text: str | os.PathLike | None, flag: str, *, files: bool = False) -> Path | None:
+    """A folder the command will create files in. ``files``: the command writes its files
+    directly in it, under names it chooses as it goes: an existing folder must then hold
+    only files the harness wrote."""
+    folder = writable_folder(text, flag, reserved=reserved_paths())
+    foreign = foreign_files(folder) if files and folder is not None else []
+    if foreign:
+        raise HarnessError(
+            f"{flag} {text} holds files the harness did not write ({foreign[0].name}"
+            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); give a new or "
+            f"empty folder, or one the harness wrote"
+        )
+    return folder
 
 
 # ------------------------------------------------------------------ the parser's outputs
@@ -246,12 +166,12 @@ def add_output_argument(
 
 
 def add_force_argument(parser: argparse.ArgumentParser) -> None:
-    """``--force``: replace an existing file that is not the command's own earlier output."""
+    """``--force``: replace an output of the harness that changed since it was written."""
     parser.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing output file that this command did not write (never one "
-        "of its inputs, nor a checkpoint or dataset file)",
+        help="replace an output the harness wrote even though it changed since (a file the "
+        "harness did not write, an input, a checkpoint or dataset file: never)",
     )
 
 

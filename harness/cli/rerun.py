@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 
 from harness.base.errors import HarnessError
+from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
 from harness.engine.rerun import (
     RerunPlan,
@@ -65,9 +66,16 @@ def _run_ids(args: argparse.Namespace) -> list[str]:
     return list(runs["run_id"])
 
 
-def _settings(args: argparse.Namespace) -> RunSettings:
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What the arguments name, before the store opens: the data root, the device, the
+    checkpoint root (a folder that can be written, outside the store)."""
     if args.data_root is not None and not args.data_root.is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    resolve_device(args.device)
+    check_checkpoint_root(args.checkpoint_root)
+
+
+def _settings(args: argparse.Namespace) -> RunSettings:
     return RunSettings(
         data_root=args.data_root,
         device=resolve_device(args.device).type,
@@ -89,6 +97,7 @@ def _plans(args: argparse.Namespace, ids: list[str]) -> list[RerunPlan]:
 
 def cmd_rerun(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
     """Check every run, print what differs from its record, train each again, compare."""
+    _check_arguments(args)
     open_store()
     plans = _plans(args, _run_ids(args))
     prepared = []

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.base.atomic import atomic_write_json
 from harness.base.device import CUBLAS_WORKSPACE, amp_dtype
 from harness.base.errors import HarnessError
+from harness.base.written import write_output_json
 from harness.cli.fetch import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import (
     output_file,
@@ -187,7 +187,7 @@ def _check_method(
 def _check_outputs(args: argparse.Namespace) -> None:
     """``--json`` and the checkpoint root must be writable before the first epoch, not
     after the last one."""
-    args.json = output_file(args.json, "--json", kind="run-json", args=args)
+    args.json = output_file(args.json, "--json", args=args)
     check_checkpoint_root(args.checkpoint_root)
 
 
@@ -230,7 +230,7 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
     records.sort(key=lambda r: (req.seeds.index(r["seed"]), req.methods.index(r["method"])))
     print(format_results(records))
     if args.json:
-        atomic_write_json(args.json, records)
+        write_output_json(args.json, records)
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.base.atomic import atomic_write_set
+from harness.base.written import write_outputs
 from harness.config.grids import Grid
 from harness.engine.sweep import pop_lock
 from harness.engine.tuned_studies import tuned_studies
@@ -114,6 +114,6 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
                 **forest_files(stem, table.tests, table.labels, metrics=table.metrics),
                 **tuned_table_files(select_report(runs, report), stem, fmt),
             }
-            atomic_write_set(files)
+            write_outputs(files)
             written += [p for p in files if p not in written]
     return written

@@ -9,9 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.base.atomic import atomic_write_set
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text, readable_file
+from harness.base.written import write_outputs
+from harness.cli.arguments import default_file_name
 from harness.cli.outputs import output_file
 from harness.cli.store import open_store
 from harness.components.evaluation import parse_metrics
@@ -23,20 +24,25 @@ from harness.reports.tables import (
     parse_published_row,
 )
 from harness.reports.tables.load import load_runs, select_report
-from harness.reports.tuning import tuned_table_files
+from harness.reports.tuning import tuned_table_files, tuned_table_paths
 
 __all__ = ["cmd_table"]
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     request = _request(args)
-    name = args.name or "+".join(args.experiment)
-    kind = ".tex" if args.format == "latex" else ".md"
+    name = args.name or default_file_name(args.experiment, "+")
+    suffix = ".tex" if args.format == "latex" else ".md"
     out = output_file(
-        args.out or Path("results") / "tables" / f"{name}{kind}", "--out", kind=kind, args=args
+        args.out or Path("results") / "tables" / f"{name}{suffix}", "--out", args=args
     )
-    for figure in forest_paths(out.with_suffix("")):  # written beside the table
-        output_file(figure, "--out (forest plot)", args=args)
+    stem = out.with_suffix("")
+    for flag, paths in (
+        ("--out (forest plot)", forest_paths(stem)),
+        ("--out (tuned table's appendix and figure)", tuned_table_paths(stem, args.format)),
+    ):  # every file the table may get beside it
+        for path in paths:
+            output_file(path, flag, args=args)
     open_store(read_only=True)
     table = make_table(request)
     if args.strict and table.problems:
@@ -49,10 +55,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     tuned = tuned_table_files(
         select_report(load_runs(args.experiment), args.report), out.with_suffix(""), args.format
     )
-    for path in tuned:
-        output_file(path, "--out (tuned table's appendix and figure)", args=args)
     figures = {**figures, **tuned}
-    atomic_write_set({out: table.text, **figures})  # the table and its figures, or none
+    write_outputs({out: table.text, **figures})  # the table and its figures, or none
     print(table.text)
     print(
         f"written to {out}"

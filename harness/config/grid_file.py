@@ -18,6 +18,9 @@ _Names = Annotated[list[Str], Field(min_length=1)]
 #: ``"all"``: every registered method that is not an ablation (less the grid's ``exclude``).
 _Methods = _Names | Literal["all"]
 _Seeds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
+#: An MLflow experiment's name: MLflow takes at most 500 characters
+#: (``mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH``).
+_Experiment = Annotated[Str, Field(min_length=1, max_length=500)]
 #: ``protocol.key = value`` overrides; their values are the protocol's to check.
 _Overrides = dict[Str, Any]
 
@@ -37,7 +40,7 @@ class _Smoke(_SubGrid):
     """``[smoke]``: the tiny version's replacements of top-level keys."""
 
     protocol: Str | None = None
-    experiment: Str | None = None
+    experiment: _Experiment | None = None
     set: _Overrides | None = None
     tune: _SmokeTune | None = None
 
@@ -108,7 +111,7 @@ class GridFile(BaseModel):
     name: Str | None = None
     description: Str = ""
     protocol: Str
-    experiment: Str | None = None
+    experiment: _Experiment | None = None
     methods: _Methods
     #: Methods left out of ``methods = "all"`` (and of its ``[[extra]]`` and ``[smoke]`` uses).
     exclude: list[Str] = []

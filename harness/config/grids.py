@@ -79,6 +79,9 @@ def list_grids() -> list[str]:
 #: A grid's name: it names the sweep's folder (``sweeps/<name>``), its queue's study and
 #: its experiment, so it is one plain file name.
 GRID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: The longest grid name: room for the longest file named after it
+#: (``results/tables/<grid>-concatenated.settings.tex``) within a file name's 255 bytes.
+GRID_NAME_MAX = 200
 #: The most cells a grid expands to unless its sweep is given ``--yes``: a larger one is
 #: most likely an axis written by mistake (each cell is a training run).
 MAX_CELLS = 5_000
@@ -238,6 +241,12 @@ def _grid_name(data: dict[str, Any], path: Path) -> str:
             if "name" in data
             else f"grid file {path}: its name {name!r} cannot name a sweep; expected a file "
             f"name of letters, digits, '.', '_' and '-' (or a 'name' key)"
+        )
+    if len(name) > GRID_NAME_MAX:
+        raise HarnessError(
+            f"grid {'key ' + repr('name') if 'name' in data else 'file ' + str(path)}: the name "
+            f"'{name[:24]}...' is {len(name)} characters long; expected at most {GRID_NAME_MAX} "
+            f"(it names the grid's tables and the sweep's folder)"
         )
     return name
 

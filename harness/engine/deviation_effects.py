@@ -203,10 +203,12 @@ def measure_deviations(
     data_root: Any = None,
     log: Callable[[str], None] = print,
     ledgers: list[Ledger] | None = None,
+    only: str | None = None,
 ) -> list[Effect]:
     """Every deviation of grid ``grid_name`` (a name or a path) measured on its smoke
     version over ``seeds`` (see the module docstring), in deviation-name order; the
-    authors' values from ``ledgers`` (default: the shipped ledgers that cover the grid)."""
+    authors' values from ``ledgers`` (default: the shipped ledgers that cover the grid).
+    ``only``: that deviation alone."""
     grid = load_grid(grid_name, smoke=True, max_cells=None)
     if ledgers is None:
         ledgers = ledgers_for_grid(load_grid(grid_name, max_cells=None).name)
@@ -224,6 +226,7 @@ def measure_deviations(
         return runner.scores(protocol, cell, seed, grid)
 
     names = sorted({n for c in cells for n in c.paper_deviations if not n.startswith("smoke_")})
+    names = [n for n in names if only is None or n == only]
     effects: list[Effect] = []
     for name in names:
         if name in unmeasured:

@@ -23,8 +23,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch
 
-from harness.base.atomic import atomic_write, atomic_write_json
+from harness.base.atomic import atomic_write
 from harness.base.metric_keys import metric_key
+from harness.base.written import write_output_json, write_output_with
 from harness.components.explanation.images import (
     ImageBatch,
     first_test_triplet,
@@ -129,6 +130,17 @@ def heat_scale(fig, axes, label: str = "heat (min-max scaled per image)") -> Non
     scale.ax.tick_params(labelsize=7)
 
 
+def _write_npz(path: Path, named: dict[str, np.ndarray]) -> None:
+    atomic_write(path, functools.partial(_save_npz, named=named))
+
+
+def _save_png(fig: Any, path: Path) -> Path:
+    """``fig`` as a PNG output at ``path``, written whole and recorded as the harness's."""
+    return write_output_with(
+        path, lambda p: atomic_write(p, lambda fh: fig.savefig(fh, format="png"))
+    )
+
+
 def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     """Draw a plugin's :class:`~harness.methods.base.FigureData` to a PNG at ``path``: its panels
     (:func:`draw_overlay`), the G x G grid over each, its links as arrows labelled at
@@ -149,9 +161,7 @@ def draw_figure(figure: FigureData, path: Path, *, caption: str = "") -> Path:
     title = ": ".join(t for t in (caption, figure.title) if t)
     if title:
         fig.suptitle(title, fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return _save_png(fig, path)
 
 
 def _draw_panels(axes, figure: FigureData, cols: int, *, fontsize: int) -> None:
@@ -215,12 +225,12 @@ def write_figure_set(
     ]
     for suffix, record in figures.records.items():
         path = out_dir / f"{stem}{suffix}.json"
-        atomic_write_json(path, record)
+        write_output_json(path, record)
         written.append(path)
     for suffix, arrays in figures.arrays.items():
         path = out_dir / f"{stem}{suffix}.npz"
         named = {k: v.detach().cpu().numpy() for k, v in arrays.items()}
-        atomic_write(path, functools.partial(_save_npz, named=named))
+        write_output_with(path, functools.partial(_write_npz, named=named))
         written.append(path)
     return written
 
@@ -411,8 +421,7 @@ def pairs_figure(
     heat_scale(fig, axes, SCORED_SCALE)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.savefig(path, format="png")
-    return path
+    return _save_png(fig, path)
 
 
 def strip_figure(
@@ -453,8 +462,7 @@ def strip_figure(
     heat_scale(fig, axes, SCORED_SCALE)
     if title:
         fig.suptitle(title, fontsize=9)
-    atomic_write(path, lambda fh: fig.savefig(fh, format="png"))
-    return path
+    return _save_png(fig, path)
 
 
 def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]], *, title: str = "") -> Path:
@@ -478,5 +486,4 @@ def curves_figure(path: Path, curves: dict[str, dict[str, np.ndarray]], *, title
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    return path
+    return _save_png(fig, path)

@@ -25,7 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from harness.base.atomic import atomic_write_set
+from harness.base.written import write_outputs
 from harness.reports.tables.labels import DATASET_LABELS, METRIC_LABELS, block_label, row_label
 
 __all__ = [
@@ -214,7 +214,7 @@ def write_forest(
     Returns the paths written."""
 
     files = forest_files(stem, tests, labels, metrics=metrics)
-    atomic_write_set(files)
+    write_outputs(files)
     return list(files)
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "search_figure_files",
     "search_figure_paths",
     "tuned_table_files",
+    "tuned_table_paths",
 ]
 
 #: A tuned grid's final results with k > 1 folds: the mean over the k fold models
@@ -307,6 +308,12 @@ def _shade_random_trials(ax, block: pd.DataFrame) -> None:
 
 
 _NO_DATE: dict[str, dict] = {".png": {"Software": None}, ".pdf": {"CreationDate": None}}
+
+
+def tuned_table_paths(stem: Path, fmt: str) -> list[Path]:
+    """Every file :func:`tuned_table_files` may write beside a table at ``stem``."""
+    ext = ".tex" if fmt == "latex" else ".md"
+    return [stem.with_name(f"{stem.name}.settings{ext}"), *search_figure_paths(stem)]
 
 
 def tuned_table_files(runs: pd.DataFrame, stem: Path, fmt: str) -> dict[Path, bytes | str]:

@@ -252,6 +252,77 @@ REFUSALS = [
         lambda folder: (folder / "l.toml").write_bytes(b'paper = "x\xff"\n'),
     ),
     Refusal(("deviations", "--yes"), "--smoke, --ledger, --yes and --measure go with --grid"),
+    # rerun, explain and deviations --measure: every argument checked before any work.
+    Refusal(
+        ("rerun", "0123456789abcdef", "--workers", "-3"),
+        "rerun: argument --workers: expected an integer >= 0, got '-3'",
+    ),
+    Refusal(
+        ("rerun", "0123456789abcdef", "--checkpoint-root", "{dir}/f"),
+        "--checkpoint-root {dir}/f is a file, not a folder",
+        write_file("f", "a file"),
+    ),
+    Refusal(
+        ("rerun", "0123456789abcdef", "--checkpoint-root", "{store}/mlartifacts/ck"),
+        "--checkpoint-root {store}/mlartifacts/ck is inside the tracking store's artifact folder",
+    ),
+    Refusal(("rerun", "0123456789abcdef", "--device", "tpu"), "unknown device 'tpu'"),
+    Refusal((*EXPLAIN, "--device", "tpu"), "unknown device 'tpu'"),
+    Refusal(
+        (*EXPLAIN, "--checkpoint-root", "{dir}/nope"),
+        "--checkpoint-root {dir}/nope does not exist or is not a folder",
+    ),
+    Refusal(
+        ("deviations", "--grid", "agrouping-table3", "--measure", "--device", "tpu"),
+        "unknown device 'tpu'",
+    ),
+    Refusal(
+        ("deviations", "--grid", "agrouping-table3", "--measure", "--name", "nope"),
+        "unknown deviation of grid agrouping-table3-smoke 'nope'",
+    ),
+    Refusal(
+        ("deviations", "--grid", "agrouping-table3", "--measure", "--ledger", "nope"),
+        "unknown ledger 'nope'",
+    ),
+    Refusal(
+        ("deviations", "--grid", "agrouping-table3", "--measure", "--data-root", "{dir}/nope"),
+        "--data-root {dir}/nope does not exist or is not a folder",
+    ),
+    # Names made file names: no path separator, no '..', room for the files beside them.
+    Refusal(
+        ("table", "--experiment", "x", "--name", "../../escaped"),
+        "table: argument --name: expected a file name without '/'",
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "x", "--name", "../../escaped"),
+        "explain-table: argument --name: expected a file name without '/'",
+    ),
+    Refusal(
+        ("table", "--experiment", "x", "--name", "n" * 250),
+        "is 250 bytes long; expected at most 200",
+    ),
+    Refusal(
+        ("table", "--experiment", "e" * 300),
+        "the experiments' names make a file name of 300 bytes, more than 200; give --name NAME",
+    ),
+    Refusal(
+        ("explain-table", "--experiment", "e" * 300),
+        "the experiments' names make a file name of 300 bytes, more than 200; give --name NAME",
+    ),
+    Refusal(
+        (*RUN, "--experiment", "e" * 5000),
+        "is 5,000 characters long; expected at most 500 (MLflow's limit)",
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/long.toml", "--executor", "local"),
+        "is 300 characters long; expected at most 200",
+        write_file("long.toml", f'name = "{"g" * 300}"\n' + _grid_of_seeds(1)),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'experiment'",
+        write_file("g.toml", f'experiment = "{"e" * 501}"\n' + _grid_of_seeds(1)),
+    ),
     Refusal(("methods", "--bogus"), "unrecognized arguments: --bogus"),
     Refusal(
         ("datasets", "fetch", "cub200", "--timeout", "0"),

@@ -117,7 +117,8 @@ def test_out_writes_the_same_text_and_replaces_its_own_earlier_file(experiment, 
     for _ in range(2):  # the second time over its own earlier output, without --force
         assert _env([run_id, "--out", str(out)], capsys) == ""
     assert out.read_text() == printed.replace("-c constraints.txt", "-c c.txt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]  # no temporary left
+    # no temporary left; beside it the record of what the harness wrote
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".harness-written.json", "c.txt"]
 
 
 def test_an_unknown_run_is_refused(workdir, tracking_dir, capsys):

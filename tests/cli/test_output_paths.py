@@ -1,7 +1,10 @@
-"""A command writes only to a path that does not exist or to its own earlier output of the
-same kind; any other existing file is refused in one line (``--force`` replaces it), and the
-command's own inputs, the harness's records (a run's checkpoint folder, a dataset's folder)
-and another program's database are refused even then, each left byte for byte as it was.
+"""A command writes only to a path that does not exist or over an output the harness wrote
+there (its folder's record names it with the digest it has); an output changed since is
+replaced with ``--force``; a file the harness did not write is refused in one line, with
+``--force`` too, whatever it holds (a user's README with a table, a paper with a
+``\begin{table}``). The command's own inputs, the files inside its dataset, the harness's
+records (a run's checkpoint folder, a dataset's folder) and another program's database are
+refused too, each left byte for byte as it was.
 
 One test goes over every output flag of every command, as the parser declares them."""
 
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.base.written import write_output_json
 from harness.cli.main import build_parser, main
 from harness.cli.outputs import option_flags, output_file, output_flags
 from tests.conftest import TINY_PROTOCOL
@@ -34,6 +38,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "explain": ("explain", "--run", "0123456789abcdef"),
     "explain-table": ("explain-table", "--experiment", "x"),
     "env": ("env", "0123456789abcdef"),
+    "rerun": ("rerun", "0123456789abcdef"),
 }
 OUTPUTS = [
     (command, flag, form)
@@ -86,39 +91,104 @@ def test_every_output_flag_is_declared_and_has_a_command_line_here():
     assert len(OUTPUTS) >= 10
 
 
+@pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
 @pytest.mark.parametrize("command, flag, form", OUTPUTS, ids=[f"{c} {f}" for c, f, _ in OUTPUTS])
 def test_every_output_flag_refuses_an_existing_foreign_file(
-    command, flag, form, workdir, capsys, tmp_path
+    command, flag, form, force, workdir, capsys, tmp_path
 ):
     foreign = tmp_path / "foreign.txt"
     foreign.write_bytes(FOREIGN)
     value, match = {
-        "file": (str(foreign), "exists and is not"),
-        "stem": (str(tmp_path / "foreign"), "exists and is not"),
+        "file": (str(foreign), "the harness did not write it"),
+        "stem": (str(tmp_path / "foreign"), "the harness did not write it"),
         "folder": (str(foreign), "is a file, not a folder"),
         "storage": (f"sqlite:///{foreign}", "is a file that is not an SQLite database"),
     }[form]
     if form == "stem":
         foreign = foreign.rename(tmp_path / "foreign.md")
-    line = _refused([*COMMANDS[command], flag, value], match, capsys)
+    forced = ["--force"] if force and "--force" in option_flags(build_parser())[command] else []
+    line = _refused([*COMMANDS[command], flag, value, *forced], match, capsys)
     assert f"{flag} " in line
     assert foreign.read_bytes() == FOREIGN
 
 
-def test_force_replaces_a_foreign_file_and_an_earlier_output_needs_none(tmp_path):
-    foreign = tmp_path / "out.json"
-    foreign.write_bytes(FOREIGN)
-    with pytest.raises(HarnessError, match="exists and is not an evaluate --json record"):
-        output_file(foreign, "--json", kind="evaluate-json")
+def test_an_own_output_is_replaced_a_changed_one_with_force_a_foreign_one_never(tmp_path):
     parser = build_parser()
+    plain = parser.parse_args(["evaluate", "--embeddings", "e", "--labels", "l"])
     forced = parser.parse_args(["evaluate", "--embeddings", "e", "--labels", "l", "--force"])
-    assert output_file(foreign, "--json", kind="evaluate-json", args=forced) == foreign
     earlier = tmp_path / "earlier.json"
-    earlier.write_text('{"mode": "self", "metrics": {}, "num_queries": 3}\n')
-    assert output_file(earlier, "--json", kind="evaluate-json") == earlier
-    table = tmp_path / "t.md"
-    table.write_text("| method | R@1 |\n|:---|:---:|\n| plain | 0.5 |\n")
-    assert output_file(table, "--out") == table
+    write_output_json(earlier, {"mode": "self", "metrics": {}, "num_queries": 3})
+    assert output_file(earlier, "--json", args=plain) == earlier
+    earlier.write_text(earlier.read_text() + " ")
+    with pytest.raises(HarnessError, match="changed since it was written; give --force"):
+        output_file(earlier, "--json", args=plain)
+    assert output_file(earlier, "--json", args=forced) == earlier
+    foreign = tmp_path / "out.json"
+    foreign.write_text('{"mode": "self", "metrics": {}, "num_queries": 3}\n')
+    for args in (plain, forced):
+        with pytest.raises(HarnessError, match="the harness did not write it"):
+            output_file(foreign, "--json", args=args)
+
+
+USER_FILES = {
+    "README.md": "# My results\n\n| method | R@1 |\n|:---|:---:|\n| mine | 70.1 |\n",
+    "paper.tex": "\\documentclass{article}\n\\begin{document}\n\\begin{table}\n"
+    "\\begin{tabular}{lc} mine & 70.1 \\end{tabular}\n\\end{table}\n\\end{document}\n",
+}
+USER_TABLE_CALLS = [
+    ("table", "--experiment", "x", "--out", "{dir}/README.md"),
+    ("table", "--experiment", "x", "--format", "latex", "--out", "{dir}/paper.tex"),
+    ("table", "--experiment", "x", "--out", "{dir}/paper.md"),  # beside: paper.forest.png
+    ("explain-table", "--experiment", "x", "--out", "{dir}/README"),
+    ("explain-table", "--experiment", "x", "--out", "{dir}/paper"),
+    ("env", "0123456789abcdef", "--out", "{dir}/README.md"),
+]
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
+@pytest.mark.parametrize(
+    "argv", USER_TABLE_CALLS, ids=[" ".join(c[:1] + c[-1:]) for c in USER_TABLE_CALLS]
+)
+def test_a_users_document_holding_a_table_survives_byte_for_byte(
+    argv, force, workdir, capsys, tmp_path
+):
+    for name, text in USER_FILES.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "paper.forest.png").write_bytes(b"\x89PNG\r\n\x1a\n a user's figure")
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv] + (["--force"] if force else [])
+    _refused(argv, "the harness did not write it", capsys)
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def _image_folder(root: Path) -> Path:
+    """A dataset of the user's own: one folder of PNG images per class."""
+    from PIL import Image
+
+    for c in range(4):
+        (root / "imgs" / f"class_{c:02d}").mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (60 * c, 20 * i, 0)).save(
+                root / "imgs" / f"class_{c:02d}" / f"img_{i}.png"
+            )
+    return root / "imgs"
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
+@pytest.mark.parametrize("target", ["class_00/img_0.png", "class_00/new.json", "new.json"])
+def test_nothing_inside_a_runs_dataset_is_an_output(target, force, workdir, capsys, tmp_path):
+    images = _image_folder(tmp_path)
+    before = {p: p.read_bytes() for p in images.rglob("*") if p.is_file()}
+    argv = [*RUN, "--dataset", str(images), "--json", str(images / target)]
+    _refused(argv + (["--force"] if force else []), "inside the command's input --dataset", capsys)
+    assert {p: p.read_bytes() for p in images.rglob("*") if p.is_file()} == before
+
+
+def test_explain_writes_its_figures_only_into_a_folder_of_its_own(workdir, capsys, tmp_path):
+    (tmp_path / "notes.txt").write_bytes(FOREIGN)
+    argv = ["explain", "--run", "0123456789abcdef", "--out", str(tmp_path)]
+    _refused(argv, "holds files the harness did not write (notes.txt)", capsys)
+    assert (tmp_path / "notes.txt").read_bytes() == FOREIGN
 
 
 def _checkpoint_folder(root: Path) -> Path:

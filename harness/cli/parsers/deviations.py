@@ -21,7 +21,9 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
         "--protocol", help="a protocol name or .toml path (default: every shipped protocol)"
     )
     p.add_argument("--smoke", action="store_true", help="with --grid: the grid's smoke version")
-    p.add_argument("--name", help="show one deviation by name")
+    p.add_argument(
+        "--name", help="show one deviation by name (with --measure: measure that one alone)"
+    )
     p.add_argument(
         "--ledger",
         help="with --grid: check this recipe ledger (a name under protocols/ledgers or a "

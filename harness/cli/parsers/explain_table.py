@@ -8,6 +8,7 @@ from harness.cli.arguments import (
     Command,
     at_least,
     experiment_name,
+    file_name,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
 
@@ -32,7 +33,11 @@ def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
         help="output path without suffix (default results/tables/explain-<name>)",
     )
     add_force_argument(p)
-    p.add_argument("--name", help="name for the default output path (default: the experiments)")
+    p.add_argument(
+        "--name",
+        type=file_name,
+        help="name for the default output path (default: the experiments)",
+    )
     p.add_argument("--caption")
     p.add_argument(
         "--strip",

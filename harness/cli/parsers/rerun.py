@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.arguments import Command, experiment_name, positive_number
+from harness.cli.arguments import Command, at_least, experiment_name, positive_number
+from harness.cli.outputs import add_output_argument
 
 #: ``--tolerance``'s default: the noise interval of a test metric (a fraction) when the
 #: run's cell has one seed.
@@ -41,9 +42,11 @@ def add_rerun_parser(subparsers) -> argparse.ArgumentParser:
     )
     rerun_parser.add_argument("--data-root", type=Path, help="where the runs' dataset is here")
     rerun_parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    rerun_parser.add_argument("--workers", type=int, help="data-loading processes")
-    rerun_parser.add_argument(
+    rerun_parser.add_argument("--workers", type=at_least(0), help="data-loading processes")
+    add_output_argument(
+        rerun_parser,
         "--checkpoint-root",
+        form="folder",
         type=Path,
         help="the reruns' checkpoints go under <root>/reruns (default: as run)",
     )

@@ -9,6 +9,7 @@ from harness.base.metric_keys import TABLE_METRICS
 from harness.cli.arguments import (
     Command,
     experiment_name,
+    file_name,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
 from harness.reports.tuning import REPORTS
@@ -34,7 +35,9 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
     )
     add_force_argument(p)
     p.add_argument(
-        "--name", help="table name for the default output path (default: the experiment)"
+        "--name",
+        type=file_name,
+        help="table name for the default output path (default: the experiment)",
     )
     _add_published_arguments(p)
     p.add_argument(

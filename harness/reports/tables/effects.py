@@ -27,12 +27,26 @@ def write_effect_notes(
     seeds: Iterable[int],
     notes: dict[str, str],
     folder: Path = EFFECTS_DIR,
+    *,
+    merge: bool = False,
 ) -> Path:
-    """Keep ``notes`` (one sentence per deviation) for the tables of ``experiments``."""
+    """Keep ``notes`` (one sentence per deviation) for the tables of ``experiments``.
+    ``merge``: keep the grid's other notes measured over the same seeds (one deviation
+    measured again)."""
     path = folder / f"{grid}.json"
     data = {"grid": grid, "experiments": sorted(set(experiments)), "seeds": list(seeds)}
-    atomic_write_json(path, {**data, "notes": dict(sorted(notes.items()))})
+    kept = _notes_of(path, list(seeds)) if merge else {}
+    atomic_write_json(path, {**data, "notes": dict(sorted({**kept, **notes}.items()))})
     return path
+
+
+def _notes_of(path: Path, seeds: list[int]) -> dict[str, str]:
+    """The notes of the record at ``path`` when it was measured over ``seeds``."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        return dict(data["notes"]) if data["seeds"] == seeds else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def effect_notes(experiments: Iterable[str], folder: Path = EFFECTS_DIR) -> list[str]:
