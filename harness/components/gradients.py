@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["clip_gradients", "clip_units"]
+__all__ = ["clip_gradients", "clip_units", "clips_at"]
+
+
+def clips_at(clip_steps: str, epoch: int, step: int) -> bool:
+    """Whether step ``step`` of epoch ``epoch`` (both from 0) clips under the protocol's
+    ``optimizer.clip_steps``: ``every`` step, or the run's ``first`` alone (GeDML's clipper
+    clips only its first call: it hands ``clip_grad_norm_`` the same exhausted generator of
+    parameters at every later one)."""
+    return clip_steps == "every" or (epoch, step) == (0, 0)
 
 
 def clip_gradients(

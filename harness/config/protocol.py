@@ -229,6 +229,8 @@ FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "sampling.classes_with_replacement": False,
     "sampling.images_with_replacement": False,
     "optimizer.clip_grad_norm": 0.0,
+    "optimizer.clip_steps": "every",
+    "selection.after_epoch": 0,
     "optimizer.loss_weight_decay": 0.0,
     "numerics.precision": "bf16",
     "image.train_resize": 0,

@@ -178,6 +178,12 @@ class OptimizerSpec:
     #: ``gradclipper`` clips each module (zbr17/GeDML src/gedml/launcher/misc/utils.py lines
     #: 14-20, trainers/base_trainer.py lines 322-325). 0: no clipping.
     clip_grad_norm: Annotated[Float, NonNegative] = 0.0
+    #: Which steps clip: ``every`` step, or the run's ``first`` step alone. ``first`` is what
+    #: GeDML's clipper does: it keeps ``module.parameters()``, a generator
+    #: (``launcher/creators/factories/grad_clipper_creator.py`` line 12), and hands that same
+    #: generator to ``clip_grad_norm_`` at every step (``launcher/misc/utils.py`` lines
+    #: 14-20): the first call exhausts it, and every later call clips nothing.
+    clip_steps: Literal["every", "first"] = "every"
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,19 @@ class SelectionSpec:
     mode: SelectionMode = "validation"
     metric: Str = "mean_average_precision_at_r"
     evaluate_every: Annotated[Int, Field(ge=1, le=MAX_STEPS)] = 1
+    #: Epochs up to this one (counted from 1) are neither evaluated nor selected: the
+    #: selection window of DGML-master, which evaluates and keeps a checkpoint only once
+    #: ``epoch > eval_begin`` (``main.py`` line 69; ``eval_begin`` 49 on CUB, 69 on Cars, 80
+    #: on SOP). A run with no epoch after it (a smoke run) is evaluated at its last epoch
+    #: alone. 0: every epoch may be selected.
+    after_epoch: Annotated[Int, Field(ge=0, le=MAX_STEPS)] = 0
+
+    def due(self, epoch: int, epochs: int) -> bool:
+        """Whether the selection evaluates after epoch ``epoch`` (counted from 1) of a run
+        of ``epochs``: every ``evaluate_every``-th epoch and the last, within the window."""
+        if epoch <= min(self.after_epoch, epochs - 1):
+            return False
+        return epoch % self.evaluate_every == 0 or epoch == epochs
 
 
 @dataclass(frozen=True)

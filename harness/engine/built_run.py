@@ -14,6 +14,7 @@ observer here are read from the protocol only (documentation, evaluation setting
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from torchvision import transforms as T
 
 from harness.components.data.sampling import ShuffledBatchSampler, batch_sampler
 from harness.components.data.transforms import MultiScaleCrop, build_transform
-from harness.components.gradients import clip_gradients, clip_units
+from harness.components.gradients import clip_gradients, clip_units, clips_at
 from harness.config.protocol import Protocol
 from harness.engine.model import (
     EmbeddingModel,
@@ -53,6 +54,8 @@ UNOBSERVED = object()
 #: draws with replacement repeat and a batch of 45 classes leaves classes out.
 _LABELS = np.concatenate([np.repeat(np.arange(100), 12), np.repeat(np.arange(100, 120), 6)])
 _EPOCHS = 3
+#: The methods of the grouping family (A-grouping's head with each grouping module).
+GROUPING_METHODS = ("ngrouping", "mgrouping", "ggrouping", "cgrouping", "agrouping")
 
 
 @dataclass
@@ -153,6 +156,26 @@ def _unit_groups(run: BuiltRun) -> bool:
     )
 
 
+def _groups_normalised(run: BuiltRun, method: str) -> Any:
+    """Whether each group a grouping head hands the losses has unit norm (the run's own
+    method only)."""
+    if run.method != method:
+        return UNOBSERVED
+    groups = _forward(run).groups
+    if groups is None:
+        return UNOBSERVED
+    norms = groups.norm(dim=-1)
+    return bool(torch.allclose(norms, torch.ones_like(norms), atol=1e-5))
+
+
+def _selection_after(run: BuiltRun) -> Any:
+    """The last epoch before the selection's window opens, as the trainer decides
+    (``SelectionSpec.due``) over the protocol's epochs."""
+    selection, epochs = run.protocol.selection, run.protocol.schedule.epochs
+    due = [e for e in range(1, epochs + 1) if selection.due(e, epochs)]
+    return due[0] - 1 if due else UNOBSERVED
+
+
 def _plain_pool(run: BuiltRun) -> Any:
     """Which pooling reproduces the plain head's embedding: ``avg``, ``max``, ``avg+max``."""
     head: Any = run.model.head
@@ -206,6 +229,32 @@ def _clip_norm(run: BuiltRun) -> Any:
     if all(torch.isclose(a, b) for a, b in zip(after, before, strict=True)):
         return 0.0
     return round(float(max(after)), 2)
+
+
+def _clip_steps(run: BuiltRun) -> Any:
+    """Which of a run's steps clip, as the training step decides (``clips_at``): ``first``
+    when only the first step of the first epoch clips, ``every`` when each step clips;
+    unobserved when the run does not clip."""
+    norm = run.protocol.optimizer.clip_grad_norm
+    if norm <= 0:
+        return UNOBSERVED
+    clipped = []
+    for epoch, step in ((0, 0), (0, 1), (1, 0)):
+        params = [p for g in run.optimizer.param_groups for p in g["params"]]
+        for p in params:
+            p.grad = torch.full_like(p, 1e3 / p.numel() ** 0.5)
+        before = _unit_norms(run.optimizer)
+        clip_steps = run.protocol.optimizer.clip_steps
+        clip_gradients(run.optimizer, norm if clips_at(clip_steps, epoch, step) else 0.0)
+        after = _unit_norms(run.optimizer)
+        clipped.append(any(not torch.isclose(a, b) for a, b in zip(after, before, strict=True)))
+        for p in params:
+            p.grad = None
+    readings: dict[tuple[bool, ...], str] = {
+        (True, False, False): "first",
+        (True, True, True): "every",
+    }
+    return readings.get(tuple(clipped), UNOBSERVED)
 
 
 def _unit_norms(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -345,6 +394,12 @@ _OBSERVERS: dict[str, Callable[[BuiltRun], Any]] = {
     "optimizer.lr_loss": lambda run: _group(run, "loss", "lr"),
     "optimizer.loss_weight_decay": lambda run: _group(run, "loss", "weight_decay"),
     "optimizer.clip_grad_norm": _clip_norm,
+    "optimizer.clip_steps": _clip_steps,
+    "selection.after_epoch": _selection_after,
+    **{
+        f"methods.{m}.normalize_groups": functools.partial(_groups_normalised, method=m)
+        for m in GROUPING_METHODS
+    },
     "methods.plain.pool": _plain_pool,
     "methods.plain.init": _plain_init,
     "methods.avsl.clip_units": _avsl_clip_units,

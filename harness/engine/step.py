@@ -12,14 +12,14 @@ batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from harness.components.data.transforms import normalize_batch
-from harness.components.gradients import clip_gradients
+from harness.components.gradients import clip_gradients, clips_at
 from harness.components.losses import MetricLoss, create_miner, miner_for, step_seed
 from harness.config.protocol import Protocol
 from harness.config.sections import ImageSpec
@@ -116,10 +116,14 @@ class TrainingStep:
     metric_loss: MetricLoss
     image: ImageSpec
     clip_grad_norm: float = 0.0
+    #: ``every`` step clips, or the run's ``first`` alone (``optimizer.clip_steps``).
+    clip_steps: str = "every"
     device: torch.device = CPU
     procs: Processes = SINGLE_PROCESS
     autocast_dtype: torch.dtype | None = None
     compiled: CompiledStep | None = None
+    #: Whether this step clips (set per step from ``clip_steps``).
+    clipping: bool = field(default=True, init=False)
 
     @classmethod
     def build(
@@ -143,6 +147,7 @@ class TrainingStep:
             metric_loss,
             protocol.image,
             protocol.optimizer.clip_grad_norm,
+            protocol.optimizer.clip_steps,
             device=device,
             procs=procs,
             autocast_dtype=autocast_dtype,
@@ -178,6 +183,7 @@ class TrainingStep:
         labels = labels.to(self.device, non_blocking=True)
         images = images.contiguous(memory_format=torch.channels_last)  # as the model (every device)
         self.parts.optimizer.zero_grad(set_to_none=True)
+        self.clipping = clips_at(self.clip_steps, epoch, step)
         if self.compiled is not None:
             # The draws inside the graph (mining, dropout) from the step's own seed.
             torch.manual_seed(step_seed(seed, epoch, step))
@@ -221,6 +227,6 @@ class TrainingStep:
         parts = self.parts
         if isinstance(self.metric_loss, GatheredMetricLoss):
             average_gradients(parts.loss_module.parameters(), self.procs)
-        clip_gradients(parts.optimizer, self.clip_grad_norm, parts.scaler)
+        clip_gradients(parts.optimizer, self.clip_grad_norm if self.clipping else 0.0, parts.scaler)
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()

@@ -262,8 +262,9 @@ class Trainer:
         its split under their logged keys (``val/*``, or ``paper_selection/*`` for selection
         on the test set), the weights kept when the selection metric is the best so far."""
         selection = self.protocol.selection
-        due = (epoch + 1) % selection.evaluate_every == 0 or epoch + 1 == self.epochs
-        if selection.mode not in ("validation", "test-paper") or not due:
+        if selection.mode not in ("validation", "test-paper") or not selection.due(
+            epoch + 1, self.epochs
+        ):
             return {}
         split, group = (
             ("val", "val") if selection.mode == "validation" else ("test", "paper_selection")

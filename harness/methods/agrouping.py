@@ -278,8 +278,18 @@ class GroupingHead(Method):
     (key / gate C -> C/r, SE reduction; None = the module's default: 8, 8, 5),
     ``gate_sigmoid`` (G-grouping only), ``diversity_weight`` (lambda1 of Eq. 14),
     ``diversity_beta`` and ``diversity_reduction`` (see :func:`diversity_loss`),
-    ``query_weight_decay`` (lambda2 on the queries, A-grouping only) and
-    ``head_weight_decay`` (the other head parameters; None = the protocol's).
+    ``query_weight_decay`` (lambda2 on the queries, A-grouping only),
+    ``head_weight_decay`` (the other head parameters; None = the protocol's) and
+    ``normalize_groups``.
+
+    ``normalize_groups`` (default True): each group L2-normalised before the losses, as
+    DGML-master's ResNet-50 architecture ``resnet50_frozen_normalize`` does
+    (``architectures/resnet50.py`` lines 43-49). Its GoogLeNet architecture normalises only
+    when ``normalize`` is in the architecture's name, and the one name it has is
+    ``'googlenet'`` (``architectures/googlenet.py`` lines 40-41, ``configs/defaults.py``
+    line 10); no GoogLeNet script is released, so which the authors ran is not known.
+    False runs that reading: the losses see the raw groups; the embedding evaluated is
+    their concatenation L2-normalised as a whole, as every method's is.
     """
 
     label = "A-grouping"
@@ -302,6 +312,7 @@ class GroupingHead(Method):
         query_weight_decay: float = 0.001,
         head_weight_decay: float | None = None,
         loss_per_group: bool = True,
+        normalize_groups: bool = True,
     ):
         super().__init__(channels=channels, embedding_size=embedding_size)
         if grouping not in GROUPINGS:
@@ -331,11 +342,16 @@ class GroupingHead(Method):
         self.query_weight_decay, self.head_weight_decay = query_weight_decay, head_weight_decay
         self.metric_loss_copies = groups if loss_per_group else 1
         self.metric_loss_dim = self.group_dim
+        self.normalize_groups = normalize_groups
 
     def embed(self, maps: list[torch.Tensor]) -> HeadOutput:
         feats, aux = self.grouping(maps[-1])
-        groups = F.normalize(feats, dim=-1)  # B x P x d, unit rows
-        embedding = groups.flatten(1) / math.sqrt(self.groups)  # unit norm
+        if self.normalize_groups:
+            groups = F.normalize(feats, dim=-1)  # B x P x d, unit rows
+            embedding = groups.flatten(1) / math.sqrt(self.groups)  # unit norm
+        else:  # the raw groups to the losses; the embedding unit-norm as a whole
+            groups = feats
+            embedding = F.normalize(feats.flatten(1), dim=-1)
         return HeadOutput(
             embedding=embedding, groups=groups, attention=aux.pop("attention", None), extras=aux
         )

@@ -12,6 +12,7 @@ from torch import nn
 
 from harness.components.gradients import clip_gradients, clip_units
 from harness.config.ledger import check_ledger, list_ledgers, load_ledger, same_value
+from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
 from harness.engine.built_run import (
     UNOBSERVED,
@@ -213,3 +214,32 @@ def test_diml_code_marginals_divide_by_the_sum_plus_delta():
     assert not code[1].any()
     balanced = normalized_weights(weights, "balanced")
     assert torch.allclose(balanced.sum(-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("clip_steps", ["every", "first"])
+def test_the_built_run_shows_which_steps_clip(clip_steps):
+    protocol, method, loss = _avsl()
+    protocol, _ = apply_overrides(protocol, {"optimizer.clip_steps": clip_steps})
+    assert observe(build_run(protocol, method, loss), "optimizer.clip_steps") == clip_steps
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_the_built_run_shows_whether_the_groups_are_normalised(normalize):
+    protocol = load_protocol("agrouping")
+    options = {**protocol.methods.get("mgrouping", {}), "normalize_groups": normalize}
+    run = build_run(protocol, "mgrouping", "margin", options)
+    assert observe(run, "methods.mgrouping.normalize_groups") is normalize
+    assert observe(run, "methods.agrouping.normalize_groups") is UNOBSERVED
+    run.model.eval()
+    with torch.no_grad():
+        output = run.model(torch.randn(2, 3, 64, 64))
+    norms = output.embedding.norm(dim=-1)  # unit norm either way: what is evaluated
+    assert torch.allclose(norms, torch.ones(2), atol=1e-5)
+
+
+@pytest.mark.parametrize(("after", "epochs", "opens"), [(0, 100, 0), (49, 100, 49), (49, 10, 9)])
+def test_the_built_run_shows_the_selection_window(after, epochs, opens):
+    protocol, _ = apply_overrides(
+        load_protocol("agrouping"), {"selection.after_epoch": after, "schedule.epochs": epochs}
+    )
+    assert observe(build_run(protocol, "agrouping", "margin"), "selection.after_epoch") == opens

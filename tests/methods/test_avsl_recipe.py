@@ -364,9 +364,10 @@ def test_reproduce_protocols_with_released_code_run_fp32_and_the_others_declare_
 # ------------------------------------------- the settings in the engine's training step
 
 
-def _engine_step(overrides: dict):
-    """One training step of AVSL on the tiny protocol through the public trainer, with the
-    gradient norm of each parameter group read where the optimizer steps."""
+def _engine_step(overrides: dict, steps=((0, 0),)):
+    """Training steps ``(epoch, step)`` of AVSL on the tiny protocol through the public
+    trainer, with the gradient norm of each parameter group read where the optimizer steps
+    (the trainer, and the norms of the first step)."""
     from harness.engine import training
     from harness.engine.recorder import InMemoryRecorder
     from harness.engine.trainer import Trainer
@@ -396,7 +397,9 @@ def _engine_step(overrides: dict):
 
     trainer.parts.scaler.step = spy
     images, labels, _ = next(iter(trainer.batches.loader))
-    trainer.train_step(images, labels, 0, 0)
+    for epoch, index in steps:
+        trainer.train_step(images, labels, epoch, index)
+    trainer.norms = norms
     return trainer, norms[0]
 
 
@@ -415,3 +418,15 @@ def test_the_training_step_clips_samples_and_groups_as_the_protocol_says():
     assert all(norm <= 0.01 * (1 + 1e-4) for norm in norms.values()), norms
     _, unclipped = _engine_step({})
     assert max(unclipped.values()) > 0.01  # the bound above was a clip, not the gradients' size
+
+
+def test_clip_steps_first_clips_the_runs_first_step_alone_as_gedml_does():
+    """GeDML's clipper exhausts its generator of parameters at its first call
+    (grad_clipper_creator.py:12, utils.py:14-20): later steps are not clipped."""
+    steps = ((0, 0), (0, 1), (1, 0))
+    recipe = {"optimizer.clip_grad_norm": 0.01, "optimizer.clip_steps": "first"}
+    first = _engine_step(recipe, steps)[0].norms
+    assert max(first[0].values()) <= 0.01 * (1 + 1e-4)
+    assert all(max(norms.values()) > 0.01 for norms in first[1:]), first
+    every = _engine_step({"optimizer.clip_grad_norm": 0.01}, steps)[0].norms
+    assert all(max(norms.values()) <= 0.01 * (1 + 1e-4) for norms in every), every
