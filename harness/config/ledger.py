@@ -11,11 +11,26 @@ authors' value and where that value is read::
     setting = "class sampler draws a class's images with replacement"
     key = "sampling.images_with_replacement"
     value = true                           # the authors' value
-    source = "XinyiXuXD/DGML-master@7834411 datasampler/class_random_sampler.py:43"
+    source = "DGML@7834411 datasampler/class_random_sampler.py:43"   # see [[code]] below
+    cited = "9c0e51d2:5b1f0a7e"            # the digest benchmarks/check_citations.py writes
     when = { dataset = ["sop"], method = ["agrouping"], loss = ["margin"] }   # optional
     deviation = "sampler_replacement"      # optional: the deviation that names a difference
     observe = "unit_groups"                # optional: a claim the key cannot show, checked
                                            # on the built run (harness.engine.built_run)
+
+A ledger that cites released code names each repository once, in a ``[[code]]`` table
+(``name``, the tag its citations use; ``repository``; the full ``commit``), and each entry
+that cites it stores ``cited``, the digest of its citations and of the lines they cite
+(:mod:`harness.config.citations` gives the grammar and the digest)::
+
+    [[code]]
+    name = "DGML"
+    repository = "XinyiXuXD/DGML-master"
+    commit = "7834411c8b5ba4ded5061bd529f3f5deaf2a7c97"
+
+``benchmarks/check_citations.py`` reads a checkout of the commit, prints the cited lines
+beside each entry and writes the digests; :func:`stale_citations` lists the entries whose
+citations differ from those their digest was computed for (``tests/config/test_citations.py``).
 
 ``key`` is a dotted protocol key, read from the protocol a cell runs (its grid variant,
 its grid's settings and its dataset's section applied). ``methods.<method>.<option>``
@@ -54,13 +69,20 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
 from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
+from harness.config.citations import (
+    DIGEST_PATTERN,
+    Citation,
+    CodeRepository,
+    citations_digest,
+    parse_citations,
+)
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.grids import MAX_CELLS, load_grid
 from harness.config.protocol import Protocol, protocol_json_schema
@@ -87,6 +109,7 @@ __all__ = [
     "registered_options",
     "required_keys",
     "uncovered",
+    "stale_citations",
 ]
 
 #: The outcomes of an entry on a cell, best first.
@@ -103,6 +126,14 @@ class _Entry(BaseModel):
     when: dict[Str, list[Str] | Str] = {}
     deviation: Str = ""
     observe: Str = ""
+    cited: Annotated[Str, Field(pattern=DIGEST_PATTERN, examples=["3f9a01bc:77e0d1aa"])] = ""
+
+
+class _Code(BaseModel):
+    model_config = SPEC_CONFIG
+    name: Annotated[Str, Field(pattern=r"^[\w.-]+$", examples=["DGML"])]
+    repository: Annotated[Str, Field(pattern=r"^[\w.-]+/[\w.-]+$", examples=["owner/name"])]
+    commit: Annotated[Str, Field(pattern=r"^[0-9a-f]{40}$", examples=["<40 hex digits>"])]
 
 
 class _Protocols(BaseModel):
@@ -116,6 +147,7 @@ class _Protocols(BaseModel):
 class _LedgerFile(BaseModel):
     model_config = SPEC_CONFIG
     paper: Str
+    code: list[_Code] = []
     grids: list[Str] = []
     protocols: list[_Protocols] = []
     not_applicable: dict[Str, Str] = {}
@@ -134,6 +166,10 @@ class LedgerEntry:
     #: A claim about the built run that the key's value cannot show (``unit_groups``:
     #: each group of the embedding has unit norm), checked by the built-run checks.
     observe: str = ""
+    #: The code citations of ``source`` (:mod:`harness.config.citations`), in order.
+    citations: tuple[Citation, ...] = ()
+    #: ``<citations>:<lines>``: the digest of the citations and of the lines they cite.
+    cited: str = ""
 
     def applies(self, case: Case) -> bool:
         return all(
@@ -154,6 +190,8 @@ class Ledger:
     not_applicable: dict[str, str] = field(default_factory=dict)
     #: Deviations whose authors' value cannot be run, each with its reason.
     unmeasured: dict[str, str] = field(default_factory=dict)
+    #: The released code the entries cite, by the tag their citations use.
+    code: dict[str, CodeRepository] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,18 +244,10 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
         raise refusal(
             err, _LedgerFile.model_json_schema(), what=f"ledger {path.stem} key"
         ) from None
-    entries = []
-    for number, e in enumerate(parsed.entry, 1):
-        unknown = sorted(set(e.when) - set(_WHEN))
-        if unknown:
-            raise HarnessError(
-                f"ledger {parsed.paper} entry {number} ({e.setting}): unknown 'when' key "
-                f"'{unknown[0]}' (expected {', '.join(_WHEN)})"
-            )
-        when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
-        entries.append(
-            LedgerEntry(e.setting, e.key, e.value, e.source, when, e.deviation, e.observe)
-        )
+    code = {c.name: CodeRepository(c.name, c.repository, c.commit) for c in parsed.code}
+    if len(code) != len(parsed.code):
+        raise HarnessError(f"ledger {parsed.paper}: two [[code]] tables share a name")
+    entries = [_entry(parsed.paper, number, e, code) for number, e in enumerate(parsed.entry, 1)]
     protocols = tuple(
         (p.name, tuple(p.methods), tuple(p.losses), tuple(p.datasets)) for p in parsed.protocols
     )
@@ -229,6 +259,24 @@ def load_ledger(name_or_path: str | Path) -> Ledger:
         tuple(entries),
         dict(parsed.not_applicable),
         dict(parsed.unmeasured),
+        code,
+    )
+
+
+def _entry(paper: str, number: int, e: _Entry, code: dict[str, CodeRepository]) -> LedgerEntry:
+    where = f"ledger {paper} entry {number} ({e.setting})"
+    unknown = sorted(set(e.when) - set(_WHEN))
+    if unknown:
+        raise HarnessError(
+            f"{where}: unknown 'when' key '{unknown[0]}' (expected {', '.join(_WHEN)})"
+        )
+    try:
+        citations = parse_citations(e.source, code)
+    except HarnessError as err:
+        raise HarnessError(f"{where}: source: {err}") from None
+    when = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in e.when.items()}
+    return LedgerEntry(
+        e.setting, e.key, e.value, e.source, when, e.deviation, e.observe, citations, e.cited
     )
 
 
@@ -478,3 +526,21 @@ def uncovered(
         and key not in ledger.not_applicable
         and not any(k == key or k.startswith(key + ".") for k in keys)
     ]
+
+
+def stale_citations(ledger: Ledger) -> list[str]:
+    """One line per entry whose ``cited`` does not fit its citations: missing where
+    ``source`` cites code, set where it cites none, or computed for other citations (or
+    another commit) than ``source`` and ``[[code]]`` name: citations whose lines were not
+    read again after an edit (``benchmarks/check_citations.py --write-digests``)."""
+    found = []
+    for number, entry in enumerate(ledger.entries, 1):
+        where = f"ledger {ledger.paper} entry {number} ({entry.setting})"
+        if not entry.citations:
+            if entry.cited:
+                found.append(f"{where}: 'cited' is set but the source cites no code")
+        elif not entry.cited:
+            found.append(f"{where}: the source cites code but 'cited' is missing")
+        elif entry.cited.split(":")[0] != citations_digest(entry.citations, ledger.code):
+            found.append(f"{where}: 'cited' was computed for other citations than the source's")
+    return found
