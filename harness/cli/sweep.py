@@ -36,7 +36,12 @@ from harness.engine.sweep import (
 )
 from harness.engine.sweep_status import wait
 from harness.engine.training import resolve_device
-from harness.engine.tuned_sweep import check_tuned_grid, run_worker
+from harness.engine.tuned_sweep import (
+    check_search_size,
+    check_tuned_folds,
+    check_tuned_grid,
+    run_worker,
+)
 
 __all__ = ["cmd_sweep"]
 
@@ -55,7 +60,8 @@ def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = N
         run_cell_process(grid, args.cell, _settings(args), args.cell_record)
         return 0
     if grid.tune is not None and not quiet:
-        check_tuned_grid(grid, _settings(args))  # enough classes for the folds, up front
+        # the folds on the loaded splits, up front: before the storage's folder is made
+        check_tuned_grid(grid, {"data_root": args.data_root})
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = run_worker(grid, study, settings=_settings(args), train=train)
@@ -77,10 +83,14 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
     grid = load_grid(
         args.grid, smoke=args.smoke, max_cells=None if args.yes else MAX_CELLS, on_count=announce
     )
+    if grid.tune is not None:  # its search's trial runs capped as its cells are
+        check_search_size(grid, None if args.yes else MAX_CELLS)
     # Nothing is written, and no dataset prepared, before Slurm has its say.
     options = preflight(args, cluster_options(args, grid))
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    if grid.tune is not None:  # what the datasets tell of the folds, before they are read
+        check_tuned_folds(grid, args.data_root)
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
     open_store()

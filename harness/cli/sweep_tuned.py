@@ -87,8 +87,8 @@ def tuned_final_report(grid: Grid, storage: str) -> int:
 
 def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     """The grid's tables (each report, Markdown and LaTeX) under ``folder``, each with its
-    forest plot, its appendix of chosen settings and its best-so-far figure, each table
-    written with its files as one set."""
+    forest plot, its appendix of chosen settings and its best-so-far figure: all of them
+    one set, written together or not at all (a full disk leaves the previous set)."""
 
     assert grid.tune is not None
     reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]
@@ -99,7 +99,7 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     if grid.metrics:
         options["metrics"] = tuple(grid.metrics)
     runs = load_runs([grid.experiment])
-    written: list[Path] = []
+    files: dict[Path, bytes | str] = {}
     for report in reports:
         stem = folder / (grid.name if report == "separated" else f"{grid.name}-{report}")
         title = caption + (f" ({report} fold models)" if grid.tune.folds > 1 else "")
@@ -109,11 +109,12 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
                     experiments=(grid.experiment,), fmt=fmt, caption=title, report=report, **options
                 )
             )
-            files = {
-                stem.with_suffix(ext): table.text,
-                **forest_files(stem, table.tests, table.labels, metrics=table.metrics),
-                **tuned_table_files(select_report(runs, report), stem, fmt),
-            }
-            write_outputs(files)
-            written += [p for p in files if p not in written]
-    return written
+            files.update(
+                {
+                    stem.with_suffix(ext): table.text,
+                    **forest_files(stem, table.tests, table.labels, metrics=table.metrics),
+                    **tuned_table_files(select_report(runs, report), stem, fmt),
+                }
+            )
+    write_outputs(files)
+    return list(files)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -184,7 +185,7 @@ class TuneSpec:
 def _entry(name: str, value: Any) -> SpaceEntry:
     where = f"grid key 'tune.space.\"{name}\"'"
     if isinstance(value, list):
-        if len(value) != 2 or not all(isinstance(v, int | float) for v in value):
+        if len(value) != 2 or not all(_is_number(v) for v in value):
             raise HarnessError(f"{where} = {value!r}: expected [low, high] (two numbers)")
         value = {"low": value[0], "high": value[1]}
     if not isinstance(value, dict):
@@ -195,23 +196,47 @@ def _entry(name: str, value: Any) -> SpaceEntry:
     if unknown:
         raise HarnessError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     if "choices" in value:
+        if set(value) != {"choices"}:
+            raise HarnessError(
+                f"{where}: choices take no {', '.join(sorted(set(value) - {'choices'}))} "
+                f"(a range is {{low, high, log}})"
+            )
         return _choices_entry(where, value["choices"])
-    return _range_entry(where, value.get("low"), value.get("high"), bool(value.get("log", False)))
+    log = value.get("log", False)
+    if not isinstance(log, bool):
+        raise HarnessError(f"{where}: log = {log!r}: expected true or false")
+    return _range_entry(where, value.get("low"), value.get("high"), log)
+
+
+def _is_number(value: Any) -> bool:
+    """An integer or a float, not a boolean (which Python counts as an integer)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _choices_entry(where: str, choices: Any) -> SpaceEntry:
-    """``{choices = [...]}``: a non-empty list of numbers, booleans or strings."""
+    """``{choices = [...]}``: a non-empty list of numbers, booleans or strings, each number
+    finite."""
     if not isinstance(choices, list) or not choices:
         raise HarnessError(f"{where}: choices must be a non-empty list")
     if not all(isinstance(c, bool | int | float | str) for c in choices):
         raise HarnessError(f"{where}: choices must be numbers, booleans or strings")
+    if any(isinstance(c, float) and not math.isfinite(c) for c in choices):
+        raise HarnessError(f"{where}: choices {choices!r}: expected finite numbers")
     return SpaceEntry(choices=tuple(choices))
 
 
 def _range_entry(where: str, low: Any, high: Any, log: bool) -> SpaceEntry:
-    """``[low, high]`` or ``{low, high, log}``: a non-empty range, positive when ``log``."""
-    if not isinstance(low, int | float) or not isinstance(high, int | float):
-        raise HarnessError(f"{where}: expected numbers low and high")
+    """``[low, high]`` or ``{low, high, log}``: a non-empty range of finite numbers (its
+    width finite too), positive when ``log``."""
+    for key, bound in (("low", low), ("high", high)):
+        if bound is None:  # TOML has no null: the key is missing
+            raise HarnessError(f"{where}: {key} is missing: expected numbers low and high")
+        if not _is_number(bound):
+            raise HarnessError(f"{where}: {key} = {bound!r}: expected a number")
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(high - low)):
+        raise HarnessError(
+            f"{where}: the range [{low}, {high}]: expected finite bounds a finite distance apart"
+        )
     if not low < high:
         raise HarnessError(
             f"{where}: an empty or inverted range [{low}, {high}] (expected low < high)"

@@ -17,6 +17,7 @@ from harness.components.data import (
     DatasetSplits,
     cap_per_class,
     carve_validation,
+    check_fold_count,
     seen_class_control,
     shuffled_label_control,
 )
@@ -33,6 +34,7 @@ from harness.engine.embedding import loader_worker_init
 
 __all__ = [
     "prepare_splits",
+    "check_folds_fit",
     "check_training_split",
     "adapted_sampling",
     "TrainingBatches",
@@ -105,6 +107,20 @@ def prepare_splits(
     elif control:
         raise HarnessError(f"unknown control {control!r}: expected one of {', '.join(CONTROLS)}")
     return splits
+
+
+def check_folds_fit(dataset: str, data_root: Path | None, folds: int) -> None:
+    """``folds`` class-disjoint folds of the dataset's training classes, checked from what
+    the dataset tells without loading or generating its images: its training classes
+    (the synthetic set, before it is generated; a dataset given by its path) and whether
+    it gives its own validation split (:func:`~harness.components.data.check_fold_count`).
+    A dataset that tells neither is checked once loaded
+    (:func:`~harness.components.data.check_fold_splits`)."""
+    if folds < 2:
+        return
+    info = DATASETS.get(dataset)
+    classes = info.train_classes(data_root) if info.train_classes is not None else None
+    check_fold_count(folds, classes, own_validation=info.val_given)
 
 
 def check_training_split(protocol: Protocol, dataset: str, splits: DatasetSplits) -> None:

@@ -40,7 +40,7 @@ from optuna.trial import TrialState
 
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.metric_keys import group_metrics, metric_key
-from harness.components.data import class_folds, fold_splits, seal_test
+from harness.components.data import check_fold_splits, fold_splits, seal_test
 from harness.components.data.own import dataset_manifest
 from harness.components.losses import LOSSES, loss_search_space
 from harness.config.overrides import flatten_keys
@@ -48,6 +48,7 @@ from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
 from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
 from harness.engine import training
+from harness.engine.data import check_folds_fit
 from harness.engine.sweep import open_storage
 from harness.engine.training import RunConfig, RunSettings, check_training_split, prepare_splits
 from harness.methods import METHODS
@@ -225,7 +226,7 @@ class TuneSetup:
         whole, _ = apply_overrides(self.protocol, {"selection.mode": "last"})
         splits = prepare_splits(whole, self.dataset, self.settings.data_root, seed=self.seed)
         try:
-            class_folds(splits.train.labels, self.folds, self.protocol.splits.seed)
+            check_fold_splits(splits, self.folds)
         except HarnessError as err:
             raise HarnessError(f"--{err}") from None
         return splits
@@ -298,6 +299,11 @@ def tune_setup(
     check_space(base, fields)
     if folds < 1:
         raise HarnessError(f"--folds {folds}: expected at least 1")
+    settings = settings or RunSettings()
+    try:  # before the dataset is loaded, or generated (the synthetic set) for nothing
+        check_folds_fit(dataset, settings.data_root, folds)
+    except HarnessError as err:
+        raise HarnessError(f"--{err}") from None
     path = (
         Path(protocol_name)
         if protocol_name.endswith(".toml")
@@ -314,7 +320,7 @@ def tune_setup(
         study_name(method, studied, loss, base, fields, folds),
         experiment or f"tune-{method}-{dataset}-{base.name}",
         seed if seed is not None else base.seeds[0],
-        settings or RunSettings(),
+        settings,
         folds,
         train,
     )

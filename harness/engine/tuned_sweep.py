@@ -38,6 +38,7 @@ import math
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -45,9 +46,10 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 
 from harness.base.errors import HarnessError
-from harness.components.data import class_folds
+from harness.components.data import check_fold_splits
 from harness.config.grids import Cell, Grid
 from harness.config.protocol import apply_overrides
+from harness.engine.data import check_folds_fit
 from harness.engine.sweep import Heartbeat, pop_lock, settle_trial, worker_loop
 from harness.engine.training import prepare_splits
 from harness.engine.tuned_runs import run_final_cell, run_trial
@@ -70,6 +72,8 @@ __all__ = [
     "unfinished_tuned_cells",
     "run_worker",
     "check_tuned_grid",
+    "check_tuned_folds",
+    "check_search_size",
 ]
 
 
@@ -291,28 +295,58 @@ def run_worker(
     )
 
 
+def check_tuned_folds(grid: Grid, data_root: Path | None) -> None:
+    """A tuned grid's folds against what each dataset tells without loading or generating
+    its images (:func:`~harness.engine.data.check_folds_fit`): checked before the
+    datasets are read, so a set generated on first use is not generated for a grid it
+    cannot serve."""
+    assert grid.tune is not None
+    for cell in _one_cell_per_dataset(grid):
+        _for_cell(grid, cell, check_folds_fit, cell.dataset, data_root, grid.tune.folds)
+
+
 def check_tuned_grid(grid: Grid, settings: dict) -> None:
-    """What a tuned grid needs of its data, checked before anything is queued: enough
-    training classes for its folds (two per fold), in every dataset."""
+    """What a tuned grid needs of its data, checked on the loaded splits before anything
+    is queued: enough training classes for its folds (two per fold) and no validation
+    split of a dataset's own, in every dataset."""
 
     assert grid.tune is not None
     if grid.tune.folds == 1:
         return
-    seen = set()
-    for cell in grid.cells:
-        key = (cell.dataset, repr(cell.protocol.splits))
-        if key in seen:
-            continue
-        seen.add(key)
+    for cell in _one_cell_per_dataset(grid):
         whole, _ = apply_overrides(cell.protocol, {"selection.mode": "last"})
         splits = prepare_splits(whole, cell.dataset, settings.get("data_root"), seed=cell.seed)
-        if splits.val is not None:  # a CSV's own validation rows: the folds would replace them
-            raise HarnessError(
-                f"grid {grid.name}, dataset {cell.dataset}: tune.folds = {grid.tune.folds} draws "
-                f"validation folds from the training classes, but the dataset gives its own "
-                f"validation split; use folds = 1 (that split) or a dataset without one"
-            )
-        try:
-            class_folds(splits.train.labels, grid.tune.folds, cell.protocol.splits.seed)
-        except HarnessError as err:
-            raise HarnessError(f"grid {grid.name}, dataset {cell.dataset}: tune.{err}") from None
+        _for_cell(grid, cell, check_fold_splits, splits, grid.tune.folds)
+
+
+def _one_cell_per_dataset(grid: Grid) -> list[Cell]:
+    """The first cell of each dataset and split rule of the grid."""
+    cells: dict[tuple[str, str], Cell] = {}
+    for cell in grid.cells:
+        cells.setdefault((cell.dataset, repr(cell.protocol.splits)), cell)
+    return list(cells.values())
+
+
+def _for_cell(grid: Grid, cell: Cell, check, *args) -> None:
+    """``check(*args)``, its refusal (``folds = ...``) said of the grid's ``tune.folds``
+    on the cell's dataset."""
+    try:
+        check(*args)
+    except HarnessError as err:
+        raise HarnessError(f"grid {grid.name}, dataset {cell.dataset}: tune.{err}") from None
+
+
+def check_search_size(grid: Grid, max_runs: int | None) -> None:
+    """A tuned grid's search of more than ``max_runs`` training runs (every study's
+    trials times the folds each trains; None: no cap) is refused, as a grid of more cells
+    than its cap is: most likely a budget written by mistake."""
+    assert grid.tune is not None
+    studies = tuned_studies(grid)
+    trials = sum(s.trials for s in studies)
+    runs = trials * grid.tune.folds
+    if max_runs is not None and runs > max_runs:
+        raise HarnessError(
+            f"grid {grid.name}'s search has {runs:,} trial runs ({len(studies)} studies, "
+            f"{trials:,} trials in all x {grid.tune.folds} fold(s)), more than {max_runs:,} "
+            f"(each a training run); check its [tune] table, or give --yes to sweep them all"
+        )

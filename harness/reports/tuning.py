@@ -20,6 +20,7 @@ __all__ = [
     "REPORTS",
     "tuned_runs",
     "tuning_notes",
+    "fold_report",
     "unequal_budget_rows",
     "budget_keys",
     "settings_appendix",
@@ -67,6 +68,15 @@ def budget_keys(runs: pd.DataFrame) -> pd.Series:
     return budget.where(per_dimension, budget + " / " + trials)
 
 
+def fold_report(runs: pd.DataFrame) -> pd.Series:
+    """Each run's report of its fold models (:data:`REPORTS`), ``single`` for a run that is
+    one model (a one-fold grid's final run, whose ``tune_report`` is missing or empty)."""
+    if "tune_report" not in runs:
+        return pd.Series("single", index=runs.index)
+    kind = runs["tune_report"].fillna("").astype(str)
+    return kind.where(kind != "", "single")
+
+
 def tuning_notes(runs: pd.DataFrame, order: Sequence[str] = ()) -> list[str]:
     """The tuned table's notes: the budget every row was given, which report the cells
     are, and the rows with another budget, if any."""
@@ -75,7 +85,7 @@ def tuning_notes(runs: pd.DataFrame, order: Sequence[str] = ()) -> list[str]:
         return []
     budget = tuned["tune_budget"].value_counts().index[0]
     trials = tuned["tune_trials"].value_counts().index[0]
-    report = tuned["tune_report"].fillna("single").value_counts().index[0]
+    report = fold_report(tuned).value_counts().index[0]
     what = {
         "separated": "each cell is the mean over seeds of the mean of the fold models' test "
         "metrics (MLRC's separated report)",

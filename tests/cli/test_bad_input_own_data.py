@@ -33,14 +33,28 @@ def _folders(classes: int = 8, per_class: int = 2, then: Callable[[Path], object
     return prepare
 
 
-def _csv(*lines: str, header: str = HEADER) -> Callable[[Path], object]:
-    """``{dir}/d.csv`` with ``lines`` under ``header``, over the images of ``{dir}/imgs``."""
+def _csv(
+    *lines: str, header: str = HEADER, then: Callable[[Path], object] | None = None
+) -> Callable[[Path], object]:
+    """``{dir}/d.csv`` with ``lines`` under ``header``, over the images of ``{dir}/imgs``,
+    then ``then(case folder)``."""
 
     def prepare(case: Path) -> None:
         make_class_folders(case / "imgs", classes=8, per_class=2)
         write_rows(case / "d.csv", header, *lines)
+        if then is not None:
+            then(case)
 
     return prepare
+
+
+def _tuned_grid(dataset: str) -> Callable[[Path], object]:
+    """``{dir}/g.toml``: a tuned grid of two folds on ``dataset`` (a path from ``{dir}``)."""
+    return lambda case: (case / "g.toml").write_text(
+        f'protocol = "{TINY_PROTOCOL}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
+        f'backbones = ["efficientnet_lite0"]\ndatasets = ["{dataset}"]\nseeds = [0]\n'
+        "[tune]\ntrials = 2\nfolds = 2\n"
+    )
 
 
 def _rows(labels: dict[int, str]) -> list[str]:
@@ -51,6 +65,14 @@ def _rows(labels: dict[int, str]) -> list[str]:
 #: The suffix of ``img_0`` of class ``c`` (:func:`tests.own_data.make_class_folders`).
 _SUFFIX = {0: "jpg", 1: "png", 2: "png", 3: "webp", 4: "png", 5: "jpg"}
 GOOD = _rows({0: "train", 1: "train", 2: "test", 3: "test"})
+#: A dataset whose CSV gives train, validation and test rows, a class of each split with
+#: two images.
+WITH_VALIDATION = (
+    *_rows({0: "train", 1: "train", 2: "test", 3: "test", 4: "validation", 5: "validation"}),
+    "0,imgs/class_00/img_1.png,train",
+    "2,imgs/class_02/img_1.webp,test",
+    "4,imgs/class_04/img_1.jpg,validation",
+)
 
 
 def _mkdir(*names: str) -> Callable[[Path], object]:
@@ -353,6 +375,24 @@ CASES = [
         _mkdir("empty"),
     ),
     Refusal(("datasets", "verify", "{dir}/nowhere"), "dataset {dir}/nowhere does not exist"),
+    # Cross-validation folds on a CSV that gives its own validation split, before a study.
+    Refusal(
+        (*TUNE, "--dataset", "{dir}/d.csv", "--folds", "2"),
+        "--folds = 2 draws validation folds from the training classes, but the dataset gives "
+        "its own validation split; use folds = 1 (that split) or a dataset without one",
+        _csv(*WITH_VALIDATION),
+    ),
+    Refusal(
+        (*TUNE, "--dataset", "{dir}/d.csv", "--folds", "2"),
+        "--folds = 2 needs at least 4 training classes (2 per fold); the training split has 2",
+        _csv(*GOOD, "0,imgs/class_00/img_1.png,train", "2,imgs/class_02/img_1.webp,test"),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid g, dataset d: tune.folds = 2 draws validation folds from the training classes, "
+        "but the dataset gives its own validation split",
+        _csv(*WITH_VALIDATION, then=_tuned_grid("d.csv")),
+    ),
     Refusal(
         ("sweep", "--grid", "{dir}/g.toml"),
         "grid g, datasets: dataset {dir}/nowhere does not exist",

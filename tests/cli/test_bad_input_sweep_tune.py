@@ -3,6 +3,9 @@ clear line before a trial is queued (:func:`tests.refusals.assert_refused`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import TINY_PROTOCOL
@@ -21,6 +24,22 @@ def _grid(body: str) -> str:
     lines = [f'protocol = "{TINY_PROTOCOL}"']
     lines += [f"{axis} = {value}" for axis, value in axes.items() if f"{axis} =" not in body]
     return "\n".join([*lines, body]) + "\n"
+
+
+TUNE = ("tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL))
+
+
+def _tuned(tune: str, *, data_root: bool = False) -> Callable[[Path], object]:
+    """A ``prepare`` step: ``{dir}/g.toml``, a grid on the tiny protocol with the ``[tune]``
+    table ``tune``, and (``data_root``) an empty data root ``{dir}/data``."""
+    write = write_file("g.toml", _grid("[tune]\n" + tune))
+
+    def prepare(folder: Path) -> None:
+        write(folder)
+        if data_root:
+            (folder / "data").mkdir()
+
+    return prepare
 
 
 #: The command line ({dir}: the case's folder, where ``prepare`` writes; {store}: the
@@ -81,7 +100,68 @@ SWEEP_TUNE_REFUSALS = [
         "sweep: argument --grace: expected an integer >= 1",
     ),
     Refusal(("sweep",), "sweep: one of the arguments --grid --status --cancel is required"),
+    # sweep: a tuned grid's [tune] table, refused before any data is generated.
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml", "--data-root", "{dir}/data"),
+        "grid g, dataset synthetic: tune.folds = 31 needs at least 62 training classes (2 per "
+        "fold); the training split has 60",
+        _tuned("trials = 2\nfolds = 31", data_root=True),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid g's search has 100,000,000 trial runs (1 studies, 100,000,000 trials in all x 1 "
+        "fold(s)), more than 5,000 (each a training run); check its [tune] table, or give --yes",
+        _tuned("trials = 100_000_000"),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid g's search has 6,000 trial runs (1 studies, 3,000 trials in all x 2 fold(s))",
+        _tuned("trials = 3000\nfolds = 2"),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"': log = 'no': expected true or false",
+        _tuned(
+            'trials = 2\n[tune.space]\n"optimizer.lr_head" = {low = 1e-5, high = 1e-3, log = "no"}'
+        ),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"': high = '1e-3': expected a number",
+        _tuned('trials = 2\n[tune.space]\n"optimizer.lr_head" = {low = 1e-5, high = "1e-3"}'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"' = [True, 2]: expected [low, high] (two numbers)",
+        _tuned('trials = 2\n[tune.space]\n"optimizer.lr_head" = [true, 2]'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"': choices take no log",
+        _tuned('trials = 2\n[tune.space]\n"optimizer.lr_head" = {choices = [1e-4], log = true}'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"': the range [-inf, inf]: expected finite "
+        "bounds a finite distance apart",
+        _tuned('trials = 2\n[tune.space]\n"optimizer.lr_head" = [-inf, inf]'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "the range [-1e+308, 1e+308]: expected finite bounds a finite distance apart",
+        _tuned('trials = 2\n[tune.space]\n"loss.margin.margin" = [-1e308, 1e308]'),
+    ),
+    Refusal(
+        ("sweep", "--grid", "{dir}/g.toml"),
+        "grid key 'tune.space.\"optimizer.lr_head\"': choices [nan]: expected finite numbers",
+        _tuned('trials = 2\n[tune.space]\n"optimizer.lr_head" = {choices = [nan]}'),
+    ),
     # tune.
+    Refusal(
+        (*TUNE, "--folds", "31", "--data-root", "{dir}/data"),
+        "--folds = 31 needs at least 62 training classes (2 per fold); the training split has 60",
+        lambda folder: (folder / "data").mkdir(),
+    ),
     Refusal(
         (
             "tune",

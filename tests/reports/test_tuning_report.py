@@ -54,6 +54,16 @@ def test_the_budget_is_stated_and_rows_tuned_with_another_budget_are_named_and_l
     assert labels["plain"] == "tuned" and labels["sam"] == "tuned, other budget"  # options left out
 
 
+def test_a_one_fold_grids_runs_without_a_report_tag_are_one_model_per_seed():
+    """A one-fold grid's final runs carry no ``tune_report``; the store's frame gives them
+    an empty one (``load_runs``), which the notes read as one model per seed."""
+    for missing in ("", None):
+        (note,) = tuning_notes(_runs().assign(tune_report=missing))
+        assert "each cell is the mean over seeds of one model per seed" in note
+    (note,) = tuning_notes(_runs().drop(columns="tune_report"))
+    assert "one model per seed" in note
+
+
 def test_the_appendix_lists_each_rows_chosen_setting_in_markdown_and_latex():
     markdown = settings_appendix(_runs(), "markdown")
     assert markdown.count("| resnet50 | margin | cub200 |") == 3

@@ -17,6 +17,8 @@ from harness.components.data.base import (
 from harness.components.data.folds import (
     SealedImageSet,
     SealedSplitRead,
+    check_fold_count,
+    check_fold_splits,
     class_folds,
     fold_splits,
     seal_test,
@@ -34,6 +36,8 @@ __all__ = [
     "shuffled_label_control",
     "default_data_root",
     "class_folds",
+    "check_fold_count",
+    "check_fold_splits",
     "fold_splits",
     "seal_test",
     "SealedImageSet",

@@ -276,6 +276,11 @@ class DatasetInfo:
     embedded: bool = False
     #: The official release's split counts, checked on a full tree (benchmarks only).
     official: OfficialCounts | None = None
+    #: The training classes under a data root, told without loading or generating the
+    #: images (a set the harness generates, before it is there); None: loading tells.
+    train_classes: Callable[[Path | None], int] | None = None
+    #: The dataset gives its own validation split (a CSV's ``validation`` rows).
+    val_given: bool = False
 
     def argument(self) -> str:
         """How a command line names the dataset (``datasets verify NAME``)."""
@@ -315,10 +320,13 @@ def register_dataset(
     marker: str,
     embedded: bool = False,
     official: OfficialCounts | None = None,
+    train_classes: Callable[[Path | None], int] | None = None,
 ):
     def add(loader):
         DATASETS.register(name)(
-            DatasetInfo(name, description, folder, marker, loader, embedded, official)
+            DatasetInfo(
+                name, description, folder, marker, loader, embedded, official, train_classes
+            )
         )
         return loader
 

@@ -22,11 +22,38 @@ from PIL import Image
 from harness.base.errors import HarnessError
 from harness.components.data.base import DatasetSplits, ImageSet
 
-__all__ = ["class_folds", "fold_splits", "SealedImageSet", "SealedSplitRead", "seal_test"]
+__all__ = [
+    "class_folds",
+    "check_fold_count",
+    "check_fold_splits",
+    "fold_splits",
+    "SealedImageSet",
+    "SealedSplitRead",
+    "seal_test",
+]
 
 
 class SealedSplitRead(HarnessError):
     """The test split was read while it is sealed (the search phase of a tuned grid)."""
+
+
+def check_fold_count(folds: int, classes: int | None, *, own_validation: bool = False) -> None:
+    """What ``folds`` class-disjoint folds need of a training split of ``classes`` classes
+    (None: not known yet): two classes per fold, and (``own_validation``: the dataset gives
+    its own validation split) no more than one fold, as k > 1 folds would replace that
+    split; one line (``folds = ...``) for either."""
+    if folds < 1:
+        raise HarnessError(f"folds = {folds}: expected at least 1")
+    if own_validation and folds > 1:
+        raise HarnessError(
+            f"folds = {folds} draws validation folds from the training classes, but the dataset "
+            f"gives its own validation split; use folds = 1 (that split) or a dataset without one"
+        )
+    if classes is not None and classes < 2 * folds:
+        raise HarnessError(
+            f"folds = {folds} needs at least {2 * folds} training classes (2 per fold); "
+            f"the training split has {classes}"
+        )
 
 
 def class_folds(labels: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
@@ -35,15 +62,17 @@ def class_folds(labels: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
     order. Every class is in exactly one fold; at least two classes per fold (a single
     class makes every retrieval metric trivially perfect)."""
     classes = np.unique(np.asarray(labels))
-    if folds < 1:
-        raise HarnessError(f"folds = {folds}: expected at least 1")
-    if classes.size < 2 * folds:
-        raise HarnessError(
-            f"folds = {folds} needs at least {2 * folds} training classes (2 per fold); "
-            f"the training split has {classes.size}"
-        )
+    check_fold_count(folds, classes.size)
     order = np.random.default_rng(np.random.SeedSequence([seed, folds])).permutation(classes)
     return [np.sort(part) for part in np.array_split(order, folds)]
+
+
+def check_fold_splits(splits: DatasetSplits, folds: int) -> None:
+    """What ``folds`` class-disjoint folds need of ``splits`` (the whole training split):
+    :func:`check_fold_count` of its classes and its validation split."""
+    check_fold_count(
+        folds, int(np.unique(splits.train.labels).size), own_validation=splits.val is not None
+    )
 
 
 def fold_splits(splits: DatasetSplits, folds: int, fold: int, seed: int) -> DatasetSplits:

@@ -349,6 +349,8 @@ def register_path(path: Path, name: str | None = None) -> str:
             folder="",
             marker="",
             loader=lambda _root: data.splits(),
+            train_classes=lambda _root: len({r.label for r in data.parts["train"]}),
+            val_given=bool(data.parts["val"]),
             data=data,
         )
     )

@@ -260,6 +260,17 @@ def load_part_mask(root: Path, relpath: str) -> np.ndarray:
     return np.asarray(Image.open(root / relpath))
 
 
+def synthetic_train_classes(data_root: Path | None, seed: int = 0, framing: str = "wide") -> int:
+    """The training classes of the set under ``data_root``: its manifest's, or (not there
+    yet, or cut short) those of the set :func:`load_synthetic` generates there; nothing is
+    generated here."""
+    manifest = synthetic_root(data_root, seed, framing) / "manifest.json"
+    try:
+        return int(json.loads(manifest.read_text())["num_train_classes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return min(NUM_TRAIN_CLASSES, NUM_CLASSES // 2)
+
+
 @register_dataset(
     "synthetic",
     description=f"embedded procedural fine-grained creatures: {NUM_CLASSES} classes x "
@@ -267,6 +278,7 @@ def load_part_mask(root: Path, relpath: str) -> np.ndarray:
     folder="synthetic",
     marker="manifest.json",
     embedded=True,
+    train_classes=synthetic_train_classes,
 )
 def load_synthetic(
     data_root: Path | None,
@@ -318,6 +330,7 @@ def load_synthetic(
     folder="synthetic",
     marker="manifest.json",
     embedded=True,
+    train_classes=lambda data_root: synthetic_train_classes(data_root, framing="closeup"),
 )
 def load_synthetic_closeup(
     data_root: Path | None,

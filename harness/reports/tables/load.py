@@ -30,6 +30,7 @@ TUNE_TAGS = (
     "tune_study",
     "tune_search",
     "tune_folds",
+    "tune_fold",
 )
 
 #: Columns of :func:`load_runs` before the ``paper_deviations`` and ``test_<metric>`` ones.
@@ -172,7 +173,9 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     Distinct option sets always get distinct labels, so they are separate rows. The
     options a tuned grid's search chose are not part of the label (each block may choose
     others; the appendix table lists them): its rows are ``tuned``, and ``other budget``
-    where their study's budget differs from most rows' (not tuned alike)."""
+    where their study's budget differs from most rows' (not tuned alike). A tuned grid's
+    fold model (``tune_fold`` i, one of k models of its seed) is ``tuned, fold i``: a row
+    of one model per seed, as every row is."""
     runs = runs.copy()
     for column, default in (("options", "{}"), ("tuned", False), ("init_from", False)):
         if column not in runs:
@@ -184,6 +187,13 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
     budgets = budget_keys(runs)
     usual = budgets[searched].value_counts().index[0] if searched.any() else ""
     test_time = _test_time(runs)
+    # A fold model of a tuned grid (``tune_fold`` = i): one of k models of its seed, a row of
+    # its own (the separated and concatenated results of all k are tagged "all").
+    folds = (
+        runs["tune_fold"].fillna("").astype(str)
+        if "tune_fold" in runs
+        else pd.Series("", index=runs.index)
+    )
     for _method, group in runs.groupby("method", sort=False):
         parsed = {
             i: {} if searched[i] else json.loads(o or "{}") for i, o in group["options"].items()
@@ -198,6 +208,7 @@ def label_settings(runs: pd.DataFrame) -> pd.DataFrame:
                 ]
             else:
                 parts += ["tuned"] if runs.at[i, "tuned"] else []
+            parts += [f"fold {folds[i]}"] if folds[i].isdigit() else []
             # A tuned grid's row whose study had another budget than most rows'.
             parts += ["other budget"] if usual and searched[i] and budgets[i] != usual else []
             parts += ["init-from"] if runs.at[i, "init_from"] else []

@@ -65,7 +65,8 @@ def paired_tests(
     resamples: int = 10_000,
 ) -> pd.DataFrame:
     """Each row of a block against the block's ``baseline`` row (same backbone, loss,
-    dataset; the baseline method's row without a setting, else its only row), per metric
+    dataset; the baseline method's row without a setting, else its only row, else its row
+    of the same setting: a tuned grid's fold i against the baseline's fold i), per metric
     (``TEST_COLUMNS``, differences in percent points):
 
     * ``row_mean``, ``baseline_mean``: both rows' means over the paired seeds (percent);
@@ -94,13 +95,11 @@ def paired_tests(
     out = []
     for (backbone, loss, dataset), block in runs.groupby(BLOCK, sort=False):
         base_rows = block[block["method"] == baseline]
-        base_setting = _baseline_setting(base_rows)
-        if base_setting is None:
-            continue
-        base = base_rows[base_rows["setting"] == base_setting].set_index("seed")
         for (method, setting), row in block.groupby(["method", "setting"], sort=False):
-            if method == baseline and setting == base_setting:
+            base_setting = _baseline_setting(base_rows, setting)
+            if base_setting is None or (method == baseline and setting == base_setting):
                 continue
+            base = base_rows[base_rows["setting"] == base_setting].set_index("seed")
             key = {
                 "backbone": backbone,
                 "loss": loss,
@@ -117,14 +116,18 @@ def paired_tests(
     return pd.DataFrame(out, columns=TEST_COLUMNS)
 
 
-def _baseline_setting(base_rows: pd.DataFrame) -> str | None:
-    """The setting of a block's baseline row: the empty one, else the only one; None when
-    the block has no baseline row, or several labelled ones and none unlabelled (no single
+def _baseline_setting(base_rows: pd.DataFrame, setting: str) -> str | None:
+    """The setting of the baseline row a row of ``setting`` is compared with: the empty
+    one, else the only one, else the row's own (the fold models of a tuned grid, ``tuned,
+    fold i``: fold i against the baseline's fold i); None when the block has no baseline
+    row, or several labelled ones and none unlabelled nor of ``setting`` (no single
     reference)."""
     settings = list(dict.fromkeys(base_rows["setting"]))
     if "" in settings:
         return ""
-    return settings[0] if len(settings) == 1 else None
+    if len(settings) == 1:
+        return settings[0]
+    return setting if setting in settings else None
 
 
 def _compare(
