@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, unknown_name
 from harness.config.deviations import PaperDeviation, find_deviation
 from harness.config.grids import MAX_CELLS, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
@@ -18,6 +18,7 @@ from harness.config.protocol_files import list_protocols, load_protocol
 from harness.engine.deviation_effects import (
     effect_lines,
     effect_sentences,
+    measurable_deviations,
     measure_deviations,
 )
 from harness.engine.runtime import resolve_device
@@ -128,9 +129,10 @@ def _measure(args: argparse.Namespace) -> int:
     paper = load_grid(args.grid, max_cells=None)
     smoke = load_grid(args.grid, smoke=True, max_cells=None)
     ledgers = [load_ledger(args.ledger)] if args.ledger else None
-    if args.name:
-        found = {n: d for cell in smoke.cells for n, d in cell.paper_deviations.items()}
-        find_deviation(found, args.name, f"grid {smoke.name}")
+    if args.name and args.name not in measurable_deviations(args.grid, ledgers):
+        raise unknown_name(
+            f"deviation of grid {smoke.name}", args.name, measurable_deviations(args.grid, ledgers)
+        )
     started = time.monotonic()
     effects = measure_deviations(
         args.grid,

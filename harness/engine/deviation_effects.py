@@ -34,7 +34,14 @@ from harness.engine.runtime import resolve_device
 from harness.engine.trainer import Trainer
 from harness.reports.stats import t_interval
 
-__all__ = ["EFFECT_METRICS", "Effect", "measure_deviations", "effect_lines", "effect_sentences"]
+__all__ = [
+    "EFFECT_METRICS",
+    "Effect",
+    "measure_deviations",
+    "measurable_deviations",
+    "effect_lines",
+    "effect_sentences",
+]
 
 #: The test metrics whose paired differences are reported.
 EFFECT_METRICS = ("precision_at_1", "mean_average_precision_at_r")
@@ -154,9 +161,12 @@ def _deviation_effects(
     """The effects of one deviation on each smoke cell it changes."""
     effects = []
     for cell in cells:
-        if deviation not in cell.paper_deviations:
+        case = _paper_case(cases, grid, cell)
+        if deviation not in cell.paper_deviations and (
+            case is None or deviation not in case.deviations
+        ):
             continue
-        settings = _authors_settings(ledgers, deviation, _paper_case(cases, grid, cell))
+        settings = _authors_settings(ledgers, deviation, case)
         if not settings:
             continue
         label = f"{cell.method}/{cell.loss}"
@@ -171,6 +181,10 @@ def _deviation_effects(
             continue
         if _inert_schedule(cell.protocol, switched):
             reason = "only StepLR steps after the smoke run's last epoch change"
+            effects.append(Effect(deviation, label, settings, reason=reason))
+            continue
+        if _inert_window(cell.protocol, switched):
+            reason = "the smoke run evaluates the same epochs either way (its last alone)"
             effects.append(Effect(deviation, label, settings, reason=reason))
             continue
         pairs = [(run(switched, cell, s), run(cell.protocol, cell, s)) for s in seeds]
@@ -195,6 +209,15 @@ def _inert_schedule(before: Protocol, after: Protocol) -> bool:
     return same.canonical_json() == before.canonical_json() and not steps
 
 
+def _inert_window(before: Protocol, after: Protocol) -> bool:
+    """Whether the two protocols differ only in the selection window, and the window leaves
+    the same epochs to evaluate (a smoke run of one epoch: its last alone either way)."""
+    epochs = before.schedule.epochs
+    same = dataclasses.replace(after, selection=before.selection)
+    due = [[e for e in range(1, epochs + 1) if p.selection.due(e, epochs)] for p in (before, after)]
+    return same.canonical_json() == before.canonical_json() and due[0] == due[1]
+
+
 def measure_deviations(
     grid_name: str,
     *,
@@ -209,24 +232,14 @@ def measure_deviations(
     version over ``seeds`` (see the module docstring), in deviation-name order; the
     authors' values from ``ledgers`` (default: the shipped ledgers that cover the grid).
     ``only``: that deviation alone."""
-    grid = load_grid(grid_name, smoke=True, max_cells=None)
-    if ledgers is None:
-        ledgers = ledgers_for_grid(load_grid(grid_name, max_cells=None).name)
-    if not ledgers:
-        raise HarnessError(
-            f"grid {grid_name} has no recipe ledger to take the authors' values from"
-        )
-    cases = [c for ledger in ledgers for c in ledger_cases(ledger, [grid_name], max_cells=None)]
-    first = grid.cells[0].seed
-    cells = [c for c in grid.cells if c.seed == first]
+    grid, cells, cases, ledgers = _smoke_cells(grid_name, ledgers)
     unmeasured = {name: why for ledger in ledgers for name, why in ledger.unmeasured.items()}
     runner = _Runner(device, data_root, log)
 
     def run(protocol: Protocol, cell: Cell, seed: int) -> dict[str, float]:
         return runner.scores(protocol, cell, seed, grid)
 
-    names = sorted({n for c in cells for n in c.paper_deviations if not n.startswith("smoke_")})
-    names = [n for n in names if only is None or n == only]
+    names = [n for n in _names(grid, cells, cases) if only is None or n == only]
     effects: list[Effect] = []
     for name in names:
         if name in unmeasured:
@@ -236,6 +249,40 @@ def measure_deviations(
         reason = "no ledger entry sets it on the cells the smoke grid stands for (their dataset and backbone)"
         effects += found or [Effect(name, reason=reason)]
     return effects
+
+
+def _smoke_cells(
+    grid_name: str, ledgers: list[Ledger] | None
+) -> tuple[Grid, list[Cell], list[Case], list[Ledger]]:
+    """The smoke grid, its cells of one seed, the ledgers' cases of the paper grid, the
+    ledgers (default: the shipped ones that cover the grid)."""
+    grid = load_grid(grid_name, smoke=True, max_cells=None)
+    if ledgers is None:
+        ledgers = ledgers_for_grid(load_grid(grid_name, max_cells=None).name)
+    if not ledgers:
+        raise HarnessError(
+            f"grid {grid_name} has no recipe ledger to take the authors' values from"
+        )
+    cases = [c for ledger in ledgers for c in ledger_cases(ledger, [grid_name], max_cells=None)]
+    first = grid.cells[0].seed
+    return grid, [c for c in grid.cells if c.seed == first], cases, ledgers
+
+
+def _names(grid: Grid, cells: list[Cell], cases: list[Case]) -> list[str]:
+    """The deviations of the smoke cells and of the paper's cells they stand for (a
+    deviation scoped to the paper's backbone, GoogLeNet's, is measured on the smoke
+    backbone), less the smoke version's own."""
+    found = {n for c in cells for n in c.paper_deviations}
+    for cell in cells:
+        case = _paper_case(cases, grid, cell)
+        found |= set(case.deviations) if case is not None else set()
+    return sorted(n for n in found if not n.startswith("smoke_"))
+
+
+def measurable_deviations(grid_name: str, ledgers: list[Ledger] | None = None) -> list[str]:
+    """The deviations :func:`measure_deviations` reports for grid ``grid_name``."""
+    grid, cells, cases, _ = _smoke_cells(grid_name, ledgers)
+    return _names(grid, cells, cases)
 
 
 def effect_lines(grid_name: str, effects: list[Effect], seeds: tuple[int, ...]) -> list[str]:
