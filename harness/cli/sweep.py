@@ -22,7 +22,7 @@ from harness.cli.sweep_cluster import (
     status,
     submit,
 )
-from harness.cli.sweep_tuned import queue_tuned_grid, tuned_final_report
+from harness.cli.sweep_tuned import check_tuned_tables, queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
 from harness.engine.grid_datasets import check_datasets_unchanged
 from harness.engine.run_config import logs_model
@@ -91,6 +91,7 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
     if grid.tune is not None:  # what the datasets tell of the folds, before they are read
         check_tuned_folds(grid, args.data_root)
+        check_tuned_tables(grid)
     check_checkpoint_root(args.checkpoint_root)
     check_study_storage(args.storage)
     open_store()

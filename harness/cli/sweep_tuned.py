@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.written import write_outputs
+from harness.cli.outputs import output_file
 from harness.config.grids import Grid
 from harness.engine.sweep import pop_lock
 from harness.engine.tuned_studies import tuned_studies
@@ -20,12 +21,19 @@ from harness.engine.tuned_sweep import (
     study_progress,
     unfinished_tuned_cells,
 )
-from harness.reports.figures import forest_files
+from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables.compose import TableRequest, make_table
 from harness.reports.tables.load import load_runs, select_report
-from harness.reports.tuning import tuned_table_files
+from harness.reports.tuning import tuned_table_files, tuned_table_paths
 
-__all__ = ["queue_tuned_grid", "tuned_final_report", "progress_lines", "write_tuned_tables"]
+__all__ = [
+    "queue_tuned_grid",
+    "tuned_final_report",
+    "progress_lines",
+    "write_tuned_tables",
+    "check_tuned_tables",
+    "tuned_table_stems",
+]
 
 TABLES = Path("results/tables")
 
@@ -85,13 +93,32 @@ def tuned_final_report(grid: Grid, storage: str) -> int:
     return 0
 
 
+def tuned_table_stems(grid: Grid, folder: Path) -> dict[str, Path]:
+    """Each report of the grid's tables and the stem of its files under ``folder``."""
+    assert grid.tune is not None
+    reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]
+    return {r: folder / (grid.name if r == "separated" else f"{grid.name}-{r}") for r in reports}
+
+
+def check_tuned_tables(grid: Grid, folder: Path = TABLES) -> None:
+    """Every file the grid's tables may be written to, checked before any work (each may
+    replace only the harness's own earlier output)."""
+    for stem in tuned_table_stems(grid, folder).values():
+        for fmt, ext in (("markdown", ".md"), ("latex", ".tex")):
+            for path in (
+                stem.with_suffix(ext),
+                *forest_paths(stem),
+                *tuned_table_paths(stem, fmt),
+            ):
+                output_file(path, f"grid {grid.name}'s table set")
+
+
 def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     """The grid's tables (each report, Markdown and LaTeX) under ``folder``, each with its
     forest plot, its appendix of chosen settings and its best-so-far figure: all of them
     one set, written together or not at all (a full disk leaves the previous set)."""
 
     assert grid.tune is not None
-    reports = ["separated", "concatenated"] if grid.tune.folds > 1 else ["separated"]
     caption = grid.description or f"Tuned grid {grid.name}"
     if grid.smoke:
         caption += " -- smoke run: a pipeline check"
@@ -100,8 +127,7 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
         options["metrics"] = tuple(grid.metrics)
     runs = load_runs([grid.experiment])
     files: dict[Path, bytes | str] = {}
-    for report in reports:
-        stem = folder / (grid.name if report == "separated" else f"{grid.name}-{report}")
+    for report, stem in tuned_table_stems(grid, folder).items():
         title = caption + (f" ({report} fold models)" if grid.tune.folds > 1 else "")
         for fmt, ext in (("markdown", ".md"), ("latex", ".tex")):
             table = make_table(

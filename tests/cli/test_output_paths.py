@@ -317,3 +317,17 @@ def test_the_tracking_store_is_never_another_programs_file(
     assert path.read_bytes() == before
     if name == "other.db":
         assert _tables(path) == {"notes"}
+
+
+def test_a_tuned_sweep_checks_its_whole_table_set_before_any_work(workdir, capsys):
+    """The sweep writes results/tables/<grid>.* at its end: a file there that the harness
+    did not write is refused before the first trial, and left as it was."""
+    tables = Path("results") / "tables"
+    tables.mkdir(parents=True)
+    mine = tables / "tiny-tuned-smoke.settings.tex"
+    mine.write_text(USER_FILES["paper.tex"])
+    argv = ["sweep", "--grid", str(ROOT / "tests" / "grids" / "tiny-tuned.toml"), "--smoke"]
+    line = _refused(argv, "the harness did not write it", capsys)
+    assert "tiny-tuned-smoke.settings.tex" in line
+    assert mine.read_text() == USER_FILES["paper.tex"]
+    assert sorted(p.name for p in tables.iterdir()) == [mine.name]
