@@ -74,7 +74,8 @@ def tuning_notes(runs: pd.DataFrame, order: Sequence[str] = ()) -> list[str]:
         return []
     budget = tuned["tune_budget"].value_counts().index[0]
     trials = tuned["tune_trials"].value_counts().index[0]
-    report = tuned["tune_report"].fillna("single").value_counts().index[0]
+    # A k = 1 result has no report tag: the store reads it as "" (or NaN).
+    report = tuned["tune_report"].fillna("").replace("", "single").value_counts().index[0]
     what = {
         "separated": "each cell is the mean over seeds of the mean of the fold models' test "
         "metrics (MLRC's separated report)",

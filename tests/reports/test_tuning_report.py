@@ -54,6 +54,12 @@ def test_the_budget_is_stated_and_rows_tuned_with_another_budget_are_named_and_l
     assert labels["plain"] == "tuned" and labels["sam"] == "tuned, other budget"  # options left out
 
 
+def test_a_grid_of_one_fold_is_one_model_per_seed_in_the_notes():
+    """With ``folds = 1`` the final runs carry no report tag, which the store reads as "" ."""
+    runs = _runs().assign(tune_report="")
+    assert "each cell is the mean over seeds of one model per seed" in tuning_notes(runs)[0]
+
+
 def test_the_appendix_lists_each_rows_chosen_setting_in_markdown_and_latex():
     markdown = settings_appendix(_runs(), "markdown")
     assert markdown.count("| resnet50 | margin | cub200 |") == 3
