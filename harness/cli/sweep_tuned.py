@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.base.atomic import atomic_write_set
 from harness.config.grids import Grid
-from harness.engine.sweep import pop_lock
+from harness.engine.sweep_queue import pop_lock
 from harness.engine.tuned_studies import tuned_studies
 from harness.engine.tuned_sweep import (
     plan_tasks,
