@@ -7,11 +7,11 @@ the grid's queue: it pops a cell, runs it, pops the next, and ends when the queu
 The queue, not the array, decides who runs what, so the queue's guarantees hold on the
 cluster as on one machine:
 
-* a task killed mid-cell (``scancel``, a node lost, the out-of-memory killer) stops
-  sending its trial's heartbeat; another task, or the next start, fails the trial and
-  queues the cell again, which then resumes from its last checkpoint: at once where that
-  task runs on the killed task's node (its process is gone,
-  :func:`harness.engine.sweep_queue.fail_lost_trials`), else once the heartbeat is
+* a task killed mid-cell (``scancel``, whose SIGTERM ends it at once; a node lost; the
+  out-of-memory killer) stops sending its trial's heartbeat; another task, or the next
+  start, fails the trial and queues the cell again, which then resumes from its last
+  checkpoint: at once where that task runs on the killed task's node (its process is
+  gone, :func:`harness.engine.sweep_queue.fail_lost_trials`), else once the heartbeat is
   ``--grace`` seconds old;
 * a task preempted or out of time gets submitit's signal: :meth:`SweepTask.checkpoint`
   hands its cell back to the queue at once (no wait for the heartbeat to go stale) and
@@ -117,6 +117,13 @@ class SweepTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, int]:
         spec = self.spec
+        # Told to stop (scancel: Slurm's SIGTERM to every process of the job), the task
+        # ends at once, as a killed one: the cell it holds stays RUNNING and another task,
+        # or the next start, retries it. submitit's own handler ignores SIGTERM: the task
+        # would run on while its data-loading processes die of the same signal, record
+        # their deaths as the cell's error (retried by the next start only) and pop the
+        # next cell.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(spec.cwd)
         os.environ.update(spec.env)
 

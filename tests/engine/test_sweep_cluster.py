@@ -158,6 +158,30 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     assert "checkpoint: handed back 1 cell(s)" in log.read_text()
 
 
+def test_a_task_told_to_stop_ends_at_once_and_the_next_start_runs_its_cell(workdir, capsys):
+    """SIGTERM to a task mid-cell (what ``scancel`` sends every process of a job): the task
+    ends at once, as a killed one, its cell's trial left RUNNING (not failed with an error
+    of its own); the next start queues the cell again at once, its worker being gone, and
+    runs it to its one FINISHED run."""
+    grid_path = _grid(workdir, methods=("plain",), epochs=8)
+    grid = load_grid(grid_path)
+    storage = "sqlite:///results/optuna.db"
+    argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
+    assert main(argv) == 0
+    trial = _wait_for_running_trial(grid, storage)
+    cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
+    wait_until(lambda: run_in_progress(grid.experiment, **cell), "the cell's first epoch")
+    os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGTERM)
+    _wait_for_tasks(grid)
+    assert [t.state.name for t in _study(grid, storage).trials] == ["RUNNING"]
+    assert main([*argv, "--wait"]) == 0
+    trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert "error" not in trials[0].user_attrs
+    finished = [r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]
+    assert [r.data.tags[CELL_ATTR] for r in finished] == [grid.cells[0].key]
+
+
 def test_a_tuned_grids_task_of_a_preempted_job_is_handed_back_as_the_same_task(tmp_path):
     """A tuned grid's queue holds search trials and final cells: the task a preempted job
     holds is failed and queued again as that same task, for another worker; a task held
