@@ -58,8 +58,9 @@ def pop_lock(url: str | None):
         twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
         exclusive lock on a file beside the database does the same for local workers.
 
-        ``url``: the storage URL the study was opened with (:func:`harness.engine.sweep.storage_url`), passed in
-        rather than read back from Optuna's storage objects (private, and wrapped in a cache).
+        ``url``: the storage URL the study was opened with
+        (:func:`harness.engine.sweep.storage_url`), passed in rather than read back from
+        Optuna's storage objects (private, and wrapped in a cache).
         The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
         Windows), released when the block ends or the process dies."""
     if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
