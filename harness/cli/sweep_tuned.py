@@ -13,7 +13,7 @@ from typing import Any
 from harness.base.written import write_outputs
 from harness.cli.outputs import output_file
 from harness.config.grids import Grid
-from harness.engine.sweep import pop_lock
+from harness.engine.sweep_queue import pop_lock
 from harness.engine.tuned_studies import tuned_studies
 from harness.engine.tuned_sweep import (
     plan_tasks,

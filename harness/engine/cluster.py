@@ -7,10 +7,12 @@ the grid's queue: it pops a cell, runs it, pops the next, and ends when the queu
 The queue, not the array, decides who runs what, so the queue's guarantees hold on the
 cluster as on one machine:
 
-* a task killed mid-cell (``scancel``, a node lost, the out-of-memory killer) stops
-  sending its trial's heartbeat; after ``--grace`` seconds another task, or the next
-  start, fails the trial as stale and queues the cell again, which then resumes from
-  its last checkpoint;
+* a task killed mid-cell (``scancel``, whose SIGTERM ends it at once; a node lost; the
+  out-of-memory killer) stops sending its trial's heartbeat; another task, or the next
+  start, fails the trial and queues the cell again, which then resumes from its last
+  checkpoint: at once where that task runs on the killed task's node (its process is
+  gone, :func:`harness.engine.sweep_queue.fail_lost_trials`), else once the heartbeat is
+  ``--grace`` seconds old;
 * a task preempted or out of time gets submitit's signal: :meth:`SweepTask.checkpoint`
   hands its cell back to the queue at once (no wait for the heartbeat to go stale) and
   submitit requeues the task, which comes back as a worker like any other;
@@ -51,7 +53,8 @@ from harness.config.executor import slurm_minutes
 from harness.config.grids import Grid, load_grid
 from harness.engine.cells import job_of_this_task
 from harness.engine.slurm import SlurmOptions
-from harness.engine.sweep import CELL_ATTR, open_storage, open_study
+from harness.engine.sweep import open_storage, open_study
+from harness.engine.sweep_queue import queued_attrs
 from harness.engine.tuned_sweep import run_worker
 from harness.store.dead_runs import fail_dead_runs
 from harness.store.location import artifact_root
@@ -114,6 +117,13 @@ class SweepTask(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, int]:
         spec = self.spec
+        # Told to stop (scancel: Slurm's SIGTERM to every process of the job), the task
+        # ends at once, as a killed one: the cell it holds stays RUNNING and another task,
+        # or the next start, retries it. submitit's own handler ignores SIGTERM: the task
+        # would run on while its data-loading processes die of the same signal, record
+        # their deaths as the cell's error (retried by the next start only) and pop the
+        # next cell.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(spec.cwd)
         os.environ.update(spec.env)
 
@@ -156,9 +166,9 @@ def release_trials(
     study = optuna.load_study(study_name=f"sweep:{grid_name}", storage=storage)
     ended = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("job") not in jobs or CELL_ATTR not in trial.user_attrs:
+        work = queued_attrs(trial)  # a cell, or a tuned grid's trial or final cell
+        if trial.user_attrs.get("job") not in jobs or not work:
             continue
-        key = trial.user_attrs[CELL_ATTR]
         try:
             storage.set_trial_user_attr(trial._trial_id, "error", why)
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
@@ -166,8 +176,7 @@ def release_trials(
             continue
         ended += 1
         if again:
-            label = trial.user_attrs.get("cell", key)
-            study.enqueue_trial({}, user_attrs={CELL_ATTR: key, "cell": label})
+            study.enqueue_trial({}, user_attrs=work)
     return ended
 
 

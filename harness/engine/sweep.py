@@ -14,7 +14,10 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
   whose heartbeat goes stale, Optuna fails it and
   ``RetryHeartbeatStaleTrialCallback`` (``RetryFailedTrialCallback`` before Optuna 4.9)
   re-queues it, so another worker
-  (or the next start) runs the cell;
+  (or the next start) runs the cell; a trial whose worker (``host:pid``, recorded on it)
+  is a process of this host that has ended is failed and re-queued the same way at once,
+  without waiting for its heartbeat
+  (:func:`harness.engine.sweep_queue.fail_lost_trials`);
 * a cell that raises is reported, its trial failed, and it is queued again on the
   next start;
 * a test-time-only cell (grid ``[test_time]``, e.g. DIML on a trained ``plain``) is
@@ -30,21 +33,17 @@ what differs there is :mod:`harness.engine.cells`'s.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import socket
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
-from filelock import FileLock
-from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import RDBStorage, fail_stale_trials
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from harness.base.atomic import atomic_write_json
@@ -55,6 +54,13 @@ from harness.config.fingerprint import fingerprint
 from harness.config.grids import Cell, Grid
 from harness.engine import training
 from harness.engine.cells import cell_output, job_of_this_task, slurm_ids, train_in_processes
+from harness.engine.sweep_queue import (
+    Heartbeat,
+    fail_lost_trials,
+    hold_trial,
+    pop_lock,
+    settle_trial,
+)
 from harness.methods import METHODS
 from harness.store.location import DEFAULT_STORAGE
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
@@ -82,11 +88,8 @@ __all__ = [
     "run_cell_process",
     "runs_of_cell",
     "tag_cell",
-    "pop_lock",
     "unfinished_cells",
     "DEFAULT_STORAGE",
-    "Heartbeat",
-    "settle_trial",
     "CELL_ATTR",
 ]
 
@@ -190,7 +193,7 @@ def enqueue_cells(grid: Grid, study) -> dict[str, Any]:
     Returns counts, the cells that failed on an earlier start (now retried) and the
     cells still waiting for their base cell."""
 
-    fail_stale_trials(study)
+    fail_lost_trials(study)
     done = finished_cells(grid)
     by = _trials_by_state(study)
     pending = {t.user_attrs[CELL_ATTR] for t in by["WAITING"] + by["RUNNING"]}
@@ -244,52 +247,6 @@ def enqueue_ready_dependents(grid: Grid, study) -> int:
     for cell in ready:
         study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key, "cell": cell.label})
     return len(ready)
-
-
-def pop_lock(url: str | None):
-    """Serialise popping a queued trial among the processes of one machine on SQLite (and
-    creating the storage, and queueing the cells).
-
-        Optuna pops a WAITING trial with ``SELECT ... FOR UPDATE``, which SQLite ignores: two
-        workers that ask at the same moment can both get the same trial and run the cell
-        twice. PostgreSQL (the storage across machines) honours the row lock; on SQLite an
-        exclusive lock on a file beside the database does the same for local workers.
-
-        ``url``: the storage URL the study was opened with (:func:`storage_url`), passed in
-        rather than read back from Optuna's storage objects (private, and wrapped in a cache).
-        The lock is the maintained ``filelock`` package's (``flock`` on POSIX, ``msvcrt`` on
-        Windows), released when the block ends or the process dies."""
-    if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
-        return contextlib.nullcontext()
-
-    return FileLock(url.removeprefix("sqlite:///") + ".pop.lock")
-
-
-class Heartbeat:
-    """Record an Optuna heartbeat for one trial every ``interval`` seconds in a thread."""
-
-    def __init__(self, storage, trial_id: int):
-        self.storage, self.trial_id = storage, trial_id
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        interval = self.storage.get_heartbeat_interval() or 30
-        while True:
-            try:
-                self.storage.record_heartbeat(self.trial_id)
-            except Exception as err:  # a transient database error must not kill the run
-                _log(f"heartbeat failed: {err}")
-            if self.stop.wait(interval):
-                return
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def runs_of_cell(grid: Grid, cell: Cell, fp: str, status: str) -> list:
@@ -465,7 +422,8 @@ def worker_loop(
     report: dict[str, list] = {"done": [], "failed": [], "skipped": []}
     splits_cache: dict = {}
     while True:
-        fail_stale_trials(study)
+        with pop_lock(settings.get("storage")):
+            fail_lost_trials(study)
         by = _trials_by_state(study)
         if not by["WAITING"]:
             if not by["RUNNING"]:
@@ -480,10 +438,7 @@ def worker_loop(
         if key is None:  # another worker took the last queued cell first
             study.tell(trial, state=TrialState.FAIL)
             continue
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        # The cluster job that holds the cell, for sweep --status ("": a worker started by
-        # hand); set on every trial, since a retried trial inherits its predecessor's.
-        trial.set_user_attr("job", job_of_this_task(settings))
+        hold_trial(trial, settings)
         with Heartbeat(study._storage, trial._trial_id):
             _work_on_trial(
                 grid, study, trial, cells.get(key), settings, splits_cache, report, train
@@ -543,34 +498,6 @@ def _work_on_trial(
         run_id=record["mlflow_run_id"],
     )
     report["done"].append(cell.label)
-
-
-def settle_trial(
-    study, trial, *, state=None, value: float | None = None, error: str = "", run_id: str = ""
-) -> None:
-    """Tell the study how ``trial`` ended, unless it was already ended under this worker:
-    a heartbeat late past the grace period (an overloaded machine) makes another worker
-    fail the live trial as stale and queue it again. Telling then raised, which killed
-    this worker and left the queue with fewer workers than cells waiting (the flaky
-    "3 of 4 cells finished"). The run this worker finished stays the cell's; the queued
-    retry finds it FINISHED and skips the cell."""
-
-    try:
-        if study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
-            raise UpdateFinishedTrialError
-        if error:
-            trial.set_user_attr("error", error)
-        if run_id:
-            trial.set_user_attr("mlflow_run_id", run_id)
-        if value is None:
-            study.tell(trial, state=state, skip_if_finished=True)
-        else:
-            study.tell(trial, value, skip_if_finished=True)
-    except UpdateFinishedTrialError:
-        _log(
-            f"trial {trial.number} was failed as stale by another worker while it ran here (heartbeat "
-            f"late by more than the grace period); its retry skips the cell once this run is FINISHED"
-        )
 
 
 def unfinished_cells(grid: Grid, study) -> list[tuple[Cell, str]]:

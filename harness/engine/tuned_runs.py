@@ -38,7 +38,7 @@ from harness.engine import training
 from harness.engine.embedding import embed_images
 from harness.engine.model import build_model
 from harness.engine.runtime import resolve_device
-from harness.engine.sweep import pop_lock
+from harness.engine.sweep_queue import pop_lock
 from harness.engine.training import prepare_splits
 from harness.engine.tuned_studies import (
     Study,

@@ -35,14 +35,11 @@ the tables write their notes, the appendix of chosen settings and the best-so-fa
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 
 from harness.base.errors import HarnessError
@@ -50,7 +47,14 @@ from harness.components.data import check_fold_splits
 from harness.config.grids import Cell, Grid
 from harness.config.protocol import apply_overrides
 from harness.engine.data import check_folds_fit
-from harness.engine.sweep import Heartbeat, pop_lock, settle_trial, worker_loop
+from harness.engine.sweep import worker_loop
+from harness.engine.sweep_queue import (
+    Heartbeat,
+    fail_lost_trials,
+    hold_trial,
+    pop_lock,
+    settle_trial,
+)
 from harness.engine.training import prepare_splits
 from harness.engine.tuned_runs import run_final_cell, run_trial
 from harness.engine.tuned_studies import (
@@ -105,7 +109,7 @@ def plan_tasks(grid: Grid, queue, storage, *, retry_failed: bool = True) -> dict
     queued again only with ``retry_failed`` (a sweep's start; its workers leave it for the
     next start, as an untuned grid's failed cells). Returns what it found."""
 
-    fail_stale_trials(queue)
+    fail_lost_trials(queue)  # a dead worker's task is queued again
     by = _queue_trials(queue)
     pending = {_task_id(t.user_attrs) for t in by["WAITING"] + by["RUNNING"]}
     if not retry_failed:  # failed with an error (not interrupted, not stale: those are retried)
@@ -180,18 +184,18 @@ def tuned_worker_loop(
     report: dict[str, list] = {"done": [], "failed": []}
     cache: dict = {}
     while True:
-        by = _queue_trials(queue)
-        if not by["WAITING"]:
+        if not _queue_trials(queue)["WAITING"]:
             with pop_lock(settings.get("storage")):
-                counts = plan_tasks(grid, queue, storage, retry_failed=False)
-            if counts["trials_queued"] or counts["finals_queued"]:
+                plan_tasks(grid, queue, storage, retry_failed=False)
+            by = _queue_trials(queue)  # planned now, or a dead worker's task queued again
+            if by["WAITING"]:
                 continue
-            if not _queue_trials(queue)["RUNNING"]:
+            if not by["RUNNING"]:
                 # Nothing runs now; a task that ended since the plan above may have readied
                 # the next round (it records before it ends): plan once more, then stop.
                 with pop_lock(settings.get("storage")):
-                    again = plan_tasks(grid, queue, storage, retry_failed=False)
-                if again["trials_queued"] or again["finals_queued"]:
+                    plan_tasks(grid, queue, storage, retry_failed=False)
+                if _queue_trials(queue)["WAITING"]:
                     continue
                 return report
             time.sleep(poll)
@@ -201,7 +205,7 @@ def tuned_worker_loop(
         if TASK_ATTR not in task.user_attrs:  # another worker took the last queued task
             queue.tell(task, state=TrialState.FAIL)
             continue
-        task.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        hold_trial(task, settings)
         with Heartbeat(queue._storage, task._trial_id):
             _work_on_task(grid, queue, storage, task, settings, cache, report)
 

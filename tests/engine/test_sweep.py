@@ -137,25 +137,6 @@ def test_smoke_table_replaces_keys_and_adds_deviations():
 # ------------------------------------------------------------------------------ sweep
 
 
-def test_local_workers_pop_trials_under_one_file_lock(tmp_path):
-    """On SQLite, popping a trial is serialised by a ``filelock`` lock beside the database,
-    named by the storage URL the sweep was given (not read back from Optuna's objects)."""
-    import filelock
-
-    from harness.engine.sweep import pop_lock
-
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    with pop_lock(url):
-        assert (tmp_path / "optuna.db.pop.lock").exists()
-        with pytest.raises(filelock.Timeout):  # a second worker (another lock file handle) waits
-            pop_lock(url).acquire(timeout=0.2)
-    with pop_lock(url):  # released
-        pass
-    for shared in ("postgresql://u@host/db", "sqlite:///:memory:", None):
-        with pop_lock(shared):  # the database's own row lock (or one process) suffices
-            pass
-
-
 def test_sweep_runs_every_cell_once_and_a_restart_skips_finished_cells(workdir, capsys):
     grid_path = _grid(workdir)
     grid = load_grid(grid_path)

@@ -15,13 +15,16 @@ import uuid
 from pathlib import Path
 
 import mlflow
+import optuna
 import pytest
 
 from harness.cli.main import build_parser, main
 from harness.cli.sweep import cmd_sweep
 from harness.config.grids import load_grid
-from harness.engine.cluster import read_jobs, sweep_folder
-from harness.engine.sweep import CELL_ATTR
+from harness.engine.cluster import read_jobs, release_trials, sweep_folder
+from harness.engine.sweep import CELL_ATTR, open_storage
+from harness.engine.sweep_queue import hold_trial
+from harness.engine.tuned_sweep import TASK_ATTR
 from tests import slurm_fakes
 from tests.waiting import run_in_progress, wait_until
 
@@ -153,6 +156,52 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     # The signal came mid-cell, while the task's output went to the cell's log.
     log = sweep_folder(grid) / "cells" / f"{grid.cells[0].label.replace('/', '__')}.err"
     assert "checkpoint: handed back 1 cell(s)" in log.read_text()
+
+
+def test_a_task_told_to_stop_ends_at_once_and_the_next_start_runs_its_cell(workdir, capsys):
+    """SIGTERM to a task mid-cell (what ``scancel`` sends every process of a job): the task
+    ends at once, as a killed one, its cell's trial left RUNNING (not failed with an error
+    of its own); the next start queues the cell again at once, its worker being gone, and
+    runs it to its one FINISHED run."""
+    grid_path = _grid(workdir, methods=("plain",), epochs=8)
+    grid = load_grid(grid_path)
+    storage = "sqlite:///results/optuna.db"
+    argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
+    assert main(argv) == 0
+    trial = _wait_for_running_trial(grid, storage)
+    cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
+    wait_until(lambda: run_in_progress(grid.experiment, **cell), "the cell's first epoch")
+    os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGTERM)
+    _wait_for_tasks(grid)
+    assert [t.state.name for t in _study(grid, storage).trials] == ["RUNNING"]
+    assert main([*argv, "--wait"]) == 0
+    trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert "error" not in trials[0].user_attrs
+    finished = [r for r in _runs(grid.experiment) if r.info.status == "FINISHED"]
+    assert [r.data.tags[CELL_ATTR] for r in finished] == [grid.cells[0].key]
+
+
+def test_a_tuned_grids_task_of_a_preempted_job_is_handed_back_as_the_same_task(tmp_path):
+    """A tuned grid's queue holds search trials and final cells: the task a preempted job
+    holds is failed and queued again as that same task, for another worker; a task held
+    by another job is left alone."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    queue = optuna.create_study(
+        study_name="sweep:tuned", storage=open_storage(url), direction="maximize"
+    )
+    search = {TASK_ATTR: "trial", "tune_study": "tune:tuned:plain", "tune_trial": 3}
+    final = {TASK_ATTR: "final", CELL_ATTR: "c0", "cell": "plain/seed0"}
+    for attrs in (search, final):
+        queue.enqueue_trial({}, user_attrs=attrs)
+    hold_trial(queue.ask(), {"job_id": "41"})
+    hold_trial(queue.ask(), {"job_id": "42"})
+    assert release_trials(url, "tuned", ["41"], "preempted", again=True) == 1
+    trials = sorted(queue.get_trials(), key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "WAITING"]
+    assert trials[0].user_attrs["error"] == "preempted"
+    assert trials[1].user_attrs["job"] == "42"
+    assert trials[2].user_attrs == search
 
 
 @pytest.mark.parametrize("in_background", [False, True])

@@ -31,6 +31,7 @@ from harness.config.grids import load_grid
 from harness.engine.training import RunConfig, prepare_splits, run_training
 from harness.engine.tuned_studies import settled, trial_setting, tuned_studies
 
+REPO = Path(__file__).resolve().parents[2]
 GRIDS = Path(__file__).resolve().parents[1] / "grids"
 TUNED = GRIDS / "tiny-tuned.toml"
 
@@ -198,7 +199,7 @@ def _sweep(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
         cwd=workdir,
         capture_output=True,
         text=True,
-        env={**os.environ, "DML_HARNESS_LOG_MODEL": "0"},
+        env={**os.environ, "PYTHONPATH": str(REPO), "DML_HARNESS_LOG_MODEL": "0"},
         timeout=1500,
     )
 
@@ -290,57 +291,78 @@ def _state(workdir: Path, storage: str) -> dict:
     return {"trials": trials, "tables": texts}
 
 
+def _sweep_in(folder: Path, fault: str = "") -> subprocess.CompletedProcess:
+    """The tuned grid swept on 2 workers in ``folder`` (its own stores and checkpoints),
+    ``fault``: the test-only hook's ``POINT:N:ACTION`` (:mod:`harness.base.faults`). The
+    grace period (an hour) never passes: only a worker's death can retry its task."""
+    folder.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db",
+        "DML_HARNESS_CHECKPOINTS": str(folder / "checkpoints"),
+        "DML_HARNESS_LOG_MODEL": "0",
+    }
+    if fault:
+        env["DML_HARNESS_FAULT"] = fault
+    else:
+        env.pop("DML_HARNESS_FAULT", None)
+    argv = [sys.executable, "-m", "harness", "sweep", "--grid", str(TUNED), "--workers", "2"]
+    argv += ["--storage", f"sqlite:///{folder}/optuna.db", "--grace", "3600"]
+    return subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_root) -> dict:
+    """The studies and tables of the tuned grid swept without a fault."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    done = _sweep_in(folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _state(folder, f"sqlite:///{folder}/optuna.db")
+
+
+TABLES = {
+    "tiny-tuned.md",
+    "tiny-tuned.tex",
+    "tiny-tuned-concatenated.md",
+    "tiny-tuned-concatenated.tex",
+    "tiny-tuned.settings.md",
+    "tiny-tuned.settings.tex",
+    "tiny-tuned.search.png",
+    "tiny-tuned.forest.png",
+}
+
+
 @pytest.mark.slow
-def test_a_tuned_sweep_killed_in_the_search_and_in_the_final_phase_ends_as_an_uninterrupted_one(
-    tmp_path,
+@pytest.mark.parametrize(
+    "phase, fault",
+    [("search", "train_batch:5:kill"), ("final", "final_run:2:kill")],
+    ids=["search", "final"],
+)
+def test_a_tuned_sweep_killed_ends_in_one_start_as_an_uninterrupted_one(
+    tmp_path, uninterrupted, phase, fault
 ):
-    timing = ("--heartbeat", "1", "--grace", "6", "--workers", "2")
-
-    def sweep(folder: Path, fault: str = "") -> subprocess.CompletedProcess:
-        folder.mkdir(exist_ok=True)
-        env = {
-            **os.environ,
-            "MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db",
-            "DML_HARNESS_CHECKPOINTS": str(folder / "checkpoints"),
-            "DML_HARNESS_LOG_MODEL": "0",
-        }
-        if fault:
-            env["DML_HARNESS_FAULT"] = fault
-        else:
-            env.pop("DML_HARNESS_FAULT", None)
-        storage = ("--storage", f"sqlite:///{folder}/optuna.db")
-        argv = [sys.executable, "-m", "harness", "sweep", "--grid", str(TUNED), *storage, *timing]
-        return subprocess.run(
-            argv, cwd=folder, env=env, capture_output=True, text=True, timeout=1800
-        )
-
-    reference, faulted = tmp_path / "reference", tmp_path / "faulted"
-    assert sweep(reference).returncode == 0
-    # Both workers killed (SIGKILL) at their 5th training batch: inside their first search
-    # runs (3 batches an epoch); then at their 2nd final run, once the search is over.
-    storage = f"sqlite:///{faulted}/optuna.db"
-    first = sweep(faulted, "train_batch:5:kill")
-    assert first.returncode != 0
-    assert all(len(t) < 3 for t in _state(faulted, storage)["trials"].values())  # search unfinished
-    second = sweep(faulted, "final_run:2:kill")
-    assert second.returncode != 0
-    assert all(len(t) == 3 for t in _state(faulted, storage)["trials"].values())  # search over
-    assert not (faulted / "results" / "tables").exists()  # the final phase unfinished
-    assert sweep(faulted).returncode == 0
-    want = _state(reference, f"sqlite:///{reference}/optuna.db")
-    got = _state(faulted, storage)
-    assert got["trials"] == want["trials"]
-    assert {
-        "tiny-tuned.md",
-        "tiny-tuned.tex",
-        "tiny-tuned-concatenated.md",
-        "tiny-tuned-concatenated.tex",
-        "tiny-tuned.settings.md",
-        "tiny-tuned.settings.tex",
-        "tiny-tuned.search.png",
-        "tiny-tuned.forest.png",
-    } <= set(got["tables"])
-    assert got["tables"] == want["tables"]
+    """Both workers killed (SIGKILL) in the search (at their 5th training batch: inside
+    their first search runs, of 3 batches an epoch) or in the final phase (at their 2nd
+    final run, the search over), then one start at once: the dead workers' trials or final
+    cells are queued again without waiting for their heartbeats, and the sweep ends with
+    the studies (each trial's setting and value) and the tables of an uninterrupted one."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    killed = _sweep_in(tmp_path, fault)
+    assert killed.returncode != 0
+    budgets = [len(t) for t in _state(tmp_path, storage)["trials"].values()]
+    if phase == "search":
+        assert all(n < 3 for n in budgets)  # the search unfinished
+    else:
+        assert budgets == [3, 3]  # the search over, the final phase unfinished
+    assert not (tmp_path / "results" / "tables").exists()
+    again = _sweep_in(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ended without finishing it; queued again" in again.stderr
+    got = _state(tmp_path, storage)
+    assert got["trials"] == uninterrupted["trials"]
+    assert TABLES <= set(got["tables"])
+    assert got["tables"] == uninterrupted["tables"]
 
 
 def test_trial_n_of_every_method_draws_the_same_shared_dimensions_while_random():
