@@ -383,7 +383,10 @@ def postgres(tmp_path):
     """A throw-away PostgreSQL server on 127.0.0.1 (Debian's ``postgresql``), or a skip."""
     import importlib.util
 
-    if not (importlib.util.find_spec("psycopg") or importlib.util.find_spec("psycopg2")):
+    # The driver named in the URL: SQLAlchemy's default for postgresql:// is psycopg (3)
+    # from its 2.1 on, psycopg2 before; the test extras install psycopg2-binary.
+    driver = next((d for d in ("psycopg", "psycopg2") if importlib.util.find_spec(d)), None)
+    if driver is None:
         pytest.skip("no PostgreSQL driver: pip install psycopg2-binary (or 'psycopg[binary]')")
     bindir = (
         next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
@@ -462,7 +465,7 @@ def postgres(tmp_path):
             capture_output=True,
             timeout=60,
         )
-        yield f"postgresql://postgres@127.0.0.1:{port}/sweep"
+        yield f"postgresql+{driver}://postgres@127.0.0.1:{port}/sweep"
     finally:
         subprocess.run(
             [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],

@@ -21,6 +21,7 @@ import pytest
 from harness.cli.main import build_parser, main
 from harness.cli.sweep import cmd_sweep
 from harness.config.grids import load_grid
+from harness.engine.cells import train_in_processes
 from harness.engine.cluster import read_jobs, release_trials, sweep_folder
 from harness.engine.sweep import CELL_ATTR, open_storage
 from harness.engine.sweep_queue import hold_trial
@@ -367,12 +368,15 @@ def test_a_cell_on_several_gpus_is_trained_by_torchrun_through_the_ddp_path(
 
 
 @pytest.mark.slow  # two torchrun processes with gloo on the CPU: a minute or more
-def test_local_executor_trains_a_cell_on_two_processes(workdir, capsys, monkeypatch):
+def test_a_cell_of_a_two_gpu_task_trains_on_two_processes(workdir, monkeypatch):
+    """What a task with --gpus-per-task 2 runs for its cell: torchrun's two processes
+    training it together, process 0 recording the run (here with gloo on the CPU: the
+    local executor refuses more GPUs than the machine has)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     grid_path = _grid(workdir, methods=("plain",))
     grid = load_grid(grid_path)
-    argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
-    assert main([*argv, "--gpus-per-task", "2", "--wait"]) == 0
+    settings = {"processes": 2, "device": "cpu", "storage": "sqlite:///results/optuna.db"}
+    record = train_in_processes(grid_path, False, grid.cells[0].key, settings)
     [run] = _runs(grid.experiment)
+    assert run.info.run_id == record["mlflow_run_id"]
     assert run.info.status == "FINISHED" and run.data.tags["world_size"] == "2"
-    assert run.data.tags[CELL_ATTR] == grid.cells[0].key
