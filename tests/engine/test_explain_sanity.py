@@ -136,4 +136,6 @@ def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map
     # The strip: the same pair under every method's maps, one column per run.
     strip = workdir / "t.strip.png"
     assert strip.is_file() and strip.stat().st_size > 10_000
-    assert main([*table, "--strip"]) == 2  # refused: the files are there
+    assert main([*table, "--strip"]) == 0  # the harness's own outputs: written over
+    strip.write_bytes(strip.read_bytes() + b"edited")
+    assert main([*table, "--strip"]) == 2  # changed since: refused without --force

@@ -17,6 +17,7 @@ from mlflow.entities import Metric, Param
 from harness.base.errors import HarnessError
 from harness.base.faults import ENV
 from harness.base.metric_keys import metric_key
+from harness.base.written import RECORD_NAME
 from harness.cli.main import main
 from harness.cli.sweep_tuned import write_tuned_tables
 from harness.config.grids import load_grid
@@ -120,7 +121,8 @@ def test_the_concatenated_report_tables_a_one_fold_grid_and_the_fold_models(
 
 
 def _table_set(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """The set's files (the record of what the harness wrote aside)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != RECORD_NAME}
 
 
 def test_a_sweeps_tables_are_one_set_that_a_full_disk_leaves_as_it_was(
