@@ -288,8 +288,10 @@ class GroupingHead(Method):
     when ``normalize`` is in the architecture's name, and the one name it has is
     ``'googlenet'`` (``architectures/googlenet.py`` lines 40-41, ``configs/defaults.py``
     line 10); no GoogLeNet script is released, so which the authors ran is not known.
-    False runs that reading: the losses see the raw groups; the embedding evaluated is
-    their concatenation L2-normalised as a whole, as every method's is.
+    False hands the raw groups to the losses; the embedding evaluated is their
+    concatenation L2-normalised as a whole, as every method's is. A loss whose distance
+    normalises its inputs (PML's default, ``normalize_embeddings=True``) sees unit groups
+    either way: the code's criteria, which take raw distances, are not reproduced then.
     """
 
     label = "A-grouping"
