@@ -183,11 +183,18 @@ def _deviation_effects(
             reason = "only StepLR steps after the smoke run's last epoch change"
             effects.append(Effect(deviation, label, settings, reason=reason))
             continue
-        if _inert_window(cell.protocol, switched):
-            reason = "the smoke run evaluates the same epochs either way (its last alone)"
-            effects.append(Effect(deviation, label, settings, reason=reason))
-            continue
-        pairs = [(run(switched, cell, s), run(cell.protocol, cell, s)) for s in seeds]
+        grids_protocol = cell.protocol
+        if _inert_window(grids_protocol, switched):
+            epochs = _window_epochs(grids_protocol, switched)
+            if epochs is None:
+                reason = "the smoke run evaluates the same epochs either way"
+                effects.append(Effect(deviation, label, settings, reason=reason))
+                continue
+            # The window acts only on a run long enough to evaluate an epoch it closes:
+            # both arms run that many epochs, and the row says so.
+            grids_protocol, switched = (_lengthened(p, epochs) for p in (grids_protocol, switched))
+            settings = {**settings, "schedule.epochs (both arms)": epochs}
+        pairs = [(run(switched, cell, s), run(grids_protocol, cell, s)) for s in seeds]
         differences = {
             m: t_interval([ours[m] - theirs[m] for ours, theirs in pairs]) for m in EFFECT_METRICS
         }
@@ -216,6 +223,27 @@ def _inert_window(before: Protocol, after: Protocol) -> bool:
     same = dataclasses.replace(after, selection=before.selection)
     due = [[e for e in range(1, epochs + 1) if p.selection.due(e, epochs)] for p in (before, after)]
     return same.canonical_json() == before.canonical_json() and due[0] == due[1]
+
+
+#: The longest run a selection window is lengthened to so that it acts (smoke scale).
+WINDOW_EPOCHS_MAX = 10
+
+
+def _window_epochs(before: Protocol, after: Protocol) -> int | None:
+    """The fewest epochs, past the smoke run's and up to :data:`WINDOW_EPOCHS_MAX`, at
+    which the two selections evaluate different epochs (None if there is none)."""
+    for epochs in range(before.schedule.epochs + 1, WINDOW_EPOCHS_MAX + 1):
+        due = [[e for e in range(1, epochs + 1) if p.selection.due(e, epochs)] for p in (before, after)]
+        if due[0] != due[1]:
+            return epochs
+    return None
+
+
+def _lengthened(protocol: Protocol, epochs: int) -> Protocol:
+    """``protocol`` run for ``epochs`` epochs."""
+    return dataclasses.replace(
+        protocol, schedule=dataclasses.replace(protocol.schedule, epochs=epochs)
+    )
 
 
 def measure_deviations(

@@ -85,6 +85,40 @@ def test_a_deviation_is_measured_on_the_cells_it_changes_and_the_rest_say_why(tm
     assert any("| unrunnable | - | - | not measured: no key |" in line for line in table)
 
 
+def test_a_selection_window_is_measured_on_runs_long_enough_for_it_to_act(tmp_path):
+    """A one-epoch smoke run evaluates its last epoch alone whatever the window: both arms
+    run the fewest epochs at which the window closes an epoch (two), and the row says so."""
+    protocol = tmp_path / "trial.toml"
+    protocol.write_text(
+        TINY_PROTOCOL.read_text(encoding="utf-8")
+        + '\n[deviations.window]\npaper = "epochs up to 5 not kept"\nharness = "any epoch"\n'
+        'why = "a test"\n',
+        encoding="utf-8",
+    )
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'name = "trial"\nprotocol = "{protocol}"\nmethods = ["plain"]\nlosses = ["margin"]\n'
+        'backbones = ["efficientnet_lite0"]\ndatasets = ["synthetic"]\nseeds = [0]\n'
+        '[smoke]\nseeds = [0]\n[smoke.set]\n"schedule.epochs" = 1\n',
+        encoding="utf-8",
+    )
+    ledger = tmp_path / "ledger.toml"
+    ledger.write_text(
+        f'paper = "trial"\ngrids = ["{grid}"]\n[[entry]]\nsetting = "window"\n'
+        'key = "selection.after_epoch"\nvalue = 5\nsource = "x"\ndeviation = "window"\n',
+        encoding="utf-8",
+    )
+    effects = measure_deviations(
+        str(grid), seeds=(0, 1), device="cpu", log=lambda line: None, ledgers=[load_ledger(ledger)]
+    )
+    assert [e.reason for e in effects] == [""]
+    assert effects[0].settings == {
+        "selection.after_epoch": 5,
+        "schedule.epochs (both arms)": 2,
+    }
+    assert effects[0].differences[EFFECT_METRICS[0]][2] == 2
+
+
 def test_an_effect_line_reports_the_interval_and_n():
     effect = Effect("d", "plain/margin", {"k": 1}, {m: (1.5, 0.25, 3) for m in EFFECT_METRICS})
     line = effect_lines("g", [effect], (0, 1, 2))[-1]

@@ -133,11 +133,10 @@ def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
     assert len(_runs(grid.experiment)) == 2 and len(read_jobs(grid)) == 1
 
 
-def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
-    """submitit's preemption signal (USR2) on the task mid-cell (as soon as its run has
-    logged the first of 8 epochs): the checkpoint hook fails the cell's trial at once and
-    queues the cell again; submitit requeues the task, which runs the cell to its one
-    FINISHED run."""
+def _signal_a_task_mid_cell(workdir, signum: int):
+    """Sweep a one-cell grid of 8 epochs as a local task, send the task ``signum`` once its
+    cell has logged its first epoch, and wait for the tasks to end; returns the grid, its
+    storage URL and the sweep's command line."""
     grid_path = _grid(workdir, methods=("plain",), epochs=8)
     grid = load_grid(grid_path)
     storage = "sqlite:///results/optuna.db"
@@ -146,8 +145,17 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     trial = _wait_for_running_trial(grid, storage)
     cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
     wait_until(lambda: run_in_progress(grid.experiment, **cell), "the cell's first epoch")
-    os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGUSR2)
+    os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signum)
     _wait_for_tasks(grid)
+    return grid, storage, argv
+
+
+def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
+    """submitit's preemption signal (USR2) on the task mid-cell (as soon as its run has
+    logged the first of 8 epochs): the checkpoint hook fails the cell's trial at once and
+    queues the cell again; submitit requeues the task, which runs the cell to its one
+    FINISHED run."""
+    grid, storage, argv = _signal_a_task_mid_cell(workdir, signal.SIGUSR2)
     trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[0].user_attrs["error"].startswith("preempted or out of time")
@@ -164,16 +172,7 @@ def test_a_task_told_to_stop_ends_at_once_and_the_next_start_runs_its_cell(workd
     ends at once, as a killed one, its cell's trial left RUNNING (not failed with an error
     of its own); the next start queues the cell again at once, its worker being gone, and
     runs it to its one FINISHED run."""
-    grid_path = _grid(workdir, methods=("plain",), epochs=8)
-    grid = load_grid(grid_path)
-    storage = "sqlite:///results/optuna.db"
-    argv = ["sweep", "--grid", str(grid_path), "--device", "cpu", "--executor", "local"]
-    assert main(argv) == 0
-    trial = _wait_for_running_trial(grid, storage)
-    cell = {CELL_ATTR: trial.user_attrs[CELL_ATTR]}
-    wait_until(lambda: run_in_progress(grid.experiment, **cell), "the cell's first epoch")
-    os.kill(int(trial.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGTERM)
-    _wait_for_tasks(grid)
+    grid, storage, argv = _signal_a_task_mid_cell(workdir, signal.SIGTERM)
     assert [t.state.name for t in _study(grid, storage).trials] == ["RUNNING"]
     assert main([*argv, "--wait"]) == 0
     trials = sorted(_study(grid, storage).trials, key=lambda t: t.number)
