@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.components.evaluation import exhaustive_knn  # noqa: E402
 from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics  # noqa: E402
-from harness.engine.embedding import make_pair_scorer, pair_chunks  # noqa: E402
+from harness.engine.run.embedding import make_pair_scorer, pair_chunks  # noqa: E402
 from harness.methods import create_method  # noqa: E402
 
 LEVELS, R = 3, 512

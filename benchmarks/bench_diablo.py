@@ -29,7 +29,7 @@ def build(method: str, backbone: str, size: int, options: dict, device: torch.de
     from harness.components.losses import MetricLoss, create_loss, create_miner
     from harness.config.protocol import apply_overrides
     from harness.config.protocol_files import load_protocol
-    from harness.engine.model import build_model, build_optimizer
+    from harness.engine.run.model import build_model, build_optimizer
 
     protocol, _ = apply_overrides(
         load_protocol("smoke"),
@@ -96,7 +96,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     from harness.config.overrides import parse_value
-    from harness.engine.training import resolve_device, seed_everything
+    from harness.engine.run.runtime import resolve_device, seed_everything
 
     device = resolve_device(args.device)
     options = {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}

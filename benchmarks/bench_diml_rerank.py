@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.components.evaluation import knn, rerank_top_k  # noqa: E402
 from harness.components.transport import sinkhorn  # noqa: E402
-from harness.engine.embedding import make_reranker  # noqa: E402
+from harness.engine.run.embedding import make_reranker  # noqa: E402
 from harness.methods import create_method  # noqa: E402
 
 CHANNELS, SIZE, DIM, GRID, K = 2048, 7, 128, 4, 100
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from harness.engine.training import resolve_device
+    from harness.engine.run.runtime import resolve_device
 
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)

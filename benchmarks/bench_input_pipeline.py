@@ -132,7 +132,7 @@ def loader_rate(
 
     from harness.components.data.sampling import ClassBalancedBatchSampler, TransformedImages
     from harness.components.data.transforms import build_transform
-    from harness.engine.data import adapted_sampling, prepare_splits
+    from harness.engine.run.data import adapted_sampling, prepare_splits
 
     splits = prepare_splits(protocol, dataset, data_root, seed=0)
     classes, per_class, _ = adapted_sampling(protocol, len(np.unique(splits.train.labels)))
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from harness.config.protocol_files import load_protocol
-    from harness.engine.training import resolve_device
+    from harness.engine.run.runtime import resolve_device
 
     device = resolve_device(args.device)
     protocol_name = args.protocol or ("roth2020" if device.type == "cuda" else "smoke")

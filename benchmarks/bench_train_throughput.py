@@ -6,11 +6,11 @@ the same precision (the autocast the harness picks for the device):
 
 * bare: ``zero_grad``; forward and the head's ``loss_terms`` under autocast; ``backward``;
   ``step``: on batches already normalised on the device, nothing else;
-* harness: :meth:`harness.engine.trainer.Trainer.train_epoch` over the same batches as the
+* harness: :meth:`harness.engine.run.trainer.Trainer.train_epoch` over the same batches as the
   loader hands them (uint8, on the host): the copy to the device and normalisation, the
   per-step mining seed, the loss scaler, the on-device loss tally and its read every
   ``[training] sync_every`` steps, the progress bar;
-* compiled: the same loop under ``run --compile`` (:mod:`harness.engine.compiled_step`,
+* compiled: the same loop under ``run --compile`` (:mod:`harness.engine.run.compiled_step`,
   its own trainer and model, built alike): forward, loss and backward as one graph where
   the miner works in a fixed shape (``--set miner.name=distance_weighted_fixed``), the
   optimizer step as a second; with ``--cuda-graphs``, replayed as a CUDA graph. Its
@@ -65,10 +65,10 @@ def build(
     (random uint8 images, the sampler's class-balanced labels), compiled under ``compile``."""
     from harness.config.protocol import apply_overrides
     from harness.config.protocol_files import load_protocol
-    from harness.engine.data import prepare_splits
-    from harness.engine.recorder import NullRecorder
-    from harness.engine.run_config import RunConfig, RunSettings
-    from harness.engine.trainer import Trainer
+    from harness.engine.run.data import prepare_splits
+    from harness.engine.run.recorder import NullRecorder
+    from harness.engine.run.run_config import RunConfig, RunSettings
+    from harness.engine.run.trainer import Trainer
 
     protocol = load_protocol(protocol_name).for_dataset("synthetic")
     protocol, _ = apply_overrides(protocol, [*overrides, f"sampling.batches_per_epoch={steps}"])
@@ -165,7 +165,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     from harness.base.device import amp_name, configure_determinism
-    from harness.engine.runtime import resolve_device
+    from harness.engine.run.runtime import resolve_device
 
     device = resolve_device(args.device)
     configure_determinism(False, fast=args.fast)

@@ -12,7 +12,7 @@ protocol, the test split embedded again, and:
 Each recomputed value is printed beside the report run's recorded metric, and the mean
 over seeds beside the table's cell (:func:`harness.reports.tables.summarize` of the
 report). The check is independent of the code that wrote the reports
-(``harness.engine.tuned_runs``): it reads the store as a user would and embeds with the
+(``harness.engine.tuning.runs``): it reads the store as a user would and embeds with the
 public embedding path.
 
 Usage: ``python benchmarks/check_tuned_reports.py --experiment fair-tuned-roth2020-smoke
@@ -33,10 +33,10 @@ from harness.base.errors import HarnessError
 from harness.components.data.transforms import build_transform
 from harness.components.evaluation import evaluate_embeddings, l2_normalize
 from harness.config.protocol import protocol_from_dict
-from harness.engine.embedding import embed_images
-from harness.engine.model import build_model
-from harness.engine.rerun import method_options
-from harness.engine.training import prepare_splits
+from harness.engine.audit.rerun import method_options
+from harness.engine.run.data import prepare_splits
+from harness.engine.run.embedding import embed_images
+from harness.engine.run.model import build_model
 from harness.reports.tables import summarize
 from harness.reports.tables.load import load_runs, select_report
 from harness.store.records import read_json_artifact, read_record

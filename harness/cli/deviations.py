@@ -15,13 +15,13 @@ from harness.config.grids import MAX_CELLS, load_grid
 from harness.config.ledger import check_ledger, family_counts, ledgers_for_grid, load_ledger
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import list_protocols, load_protocol
-from harness.engine.deviation_effects import (
+from harness.engine.audit.deviation_effects import (
     effect_lines,
     effect_sentences,
     measurable_deviations,
     measure_deviations,
 )
-from harness.engine.runtime import resolve_device
+from harness.engine.run.runtime import resolve_device
 from harness.reports.tables.effects import write_effect_notes
 
 

@@ -1,5 +1,5 @@
 """``python -m harness explain --run RUN_ID``: the arguments, the notes and the scores
-printed; the explanation is :mod:`harness.engine.explain`'s (what it computes and
+printed; the explanation is :mod:`harness.engine.explain.explain_run`'s (what it computes and
 writes is described there)."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from harness.cli.outputs import (
     output_folder,
 )
 from harness.cli.store import open_store
-from harness.engine.explain import SCORE_KEYS, explain_run, load_run, record_to_run
-from harness.engine.explain_sanity import SANITY_SCORES
-from harness.engine.runtime import resolve_device
+from harness.engine.explain.explain_run import SCORE_KEYS, explain_run, record_to_run
+from harness.engine.explain.maps import load_run
+from harness.engine.explain.sanity import SANITY_SCORES
+from harness.engine.run.runtime import resolve_device
 
 __all__ = ["cmd_explain", "format_record"]
 

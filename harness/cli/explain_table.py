@@ -11,7 +11,7 @@ from harness.base.written import write_outputs
 from harness.cli.arguments import default_file_name
 from harness.cli.outputs import output_stem
 from harness.cli.store import open_store
-from harness.engine.explain_strip import explain_strip
+from harness.engine.explain.strip import explain_strip
 from harness.reports.explanation_table import (
     ExplainRow,
     explain_rows,

@@ -1,5 +1,5 @@
 """``python -m harness rerun``: train runs again from their records and say whether their
-numbers come out again (:mod:`harness.engine.rerun`, verdicts in
+numbers come out again (:mod:`harness.engine.audit.rerun`, verdicts in
 :mod:`harness.reports.reruns`).
 
 ``rerun RUN_ID [RUN_ID ...]``, ``rerun --experiment NAME [--filter "..."]`` or
@@ -18,7 +18,7 @@ from dataclasses import replace
 from harness.base.errors import HarnessError
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import open_store
-from harness.engine.rerun import (
+from harness.engine.audit.rerun import (
     RerunPlan,
     check_data,
     input_differences,
@@ -26,9 +26,9 @@ from harness.engine.rerun import (
     plan_rerun,
     rerun,
 )
-from harness.engine.run_config import RunSettings
-from harness.engine.runtime import resolve_device
-from harness.engine.training import TrainFunction, run_training
+from harness.engine.run.run_config import RunSettings
+from harness.engine.run.runtime import resolve_device
+from harness.engine.run.training import TrainFunction, run_training
 from harness.reports.reruns import (
     DIFFERS,
     format_comparisons,

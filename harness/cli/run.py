@@ -1,5 +1,5 @@
 """``python -m harness run``: train and test methods under a fair protocol, seed by seed;
-the runs themselves are :func:`harness.engine.training.run_training`'s."""
+the runs themselves are :func:`harness.engine.run.training.run_training`'s."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def _protocol(
 
 
 def run_control(args: argparse.Namespace) -> str:
-    """The diagnostic control the runs train as (:data:`~harness.engine.data.CONTROLS`),
+    """The diagnostic control the runs train as (:data:`~harness.engine.run.data.CONTROLS`),
     "" for none; both flags at once are one error line."""
     if args.seen_class_control and args.shuffled_labels_control:
         raise HarnessError(
@@ -205,7 +205,7 @@ def check_checkpoint_root(root: Path | None) -> None:
 
 def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
     """Train and test each method with each seed (``train``: what trains one run, default
-    :func:`~harness.engine.training.run_training`); print the table, write ``--json``."""
+    :func:`~harness.engine.run.training.run_training`); print the table, write ``--json``."""
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE

@@ -1,6 +1,6 @@
 """``python -m harness sweep --grid NAME``: the sweep's arguments, its local worker
 processes and its final report; the queue and the workers are
-:mod:`harness.engine.sweep`'s."""
+:mod:`harness.engine.grid.sweep`'s."""
 
 from __future__ import annotations
 
@@ -24,19 +24,19 @@ from harness.cli.sweep_cluster import (
 )
 from harness.cli.sweep_tuned import check_tuned_tables, queue_tuned_grid, tuned_final_report
 from harness.config.grids import MAX_CELLS, Grid, load_grid
-from harness.engine.grid_datasets import check_datasets_unchanged
-from harness.engine.run_config import logs_model
-from harness.engine.slurm import SlurmOptions
-from harness.engine.sweep import (
+from harness.engine.grid.datasets import check_datasets_unchanged
+from harness.engine.grid.slurm import SlurmOptions
+from harness.engine.grid.status import wait
+from harness.engine.grid.sweep import (
     open_study,
     queue_grid,
     run_cell_process,
     storage_url,
     unfinished_cells,
 )
-from harness.engine.sweep_status import wait
-from harness.engine.training import resolve_device
-from harness.engine.tuned_sweep import (
+from harness.engine.run.run_config import logs_model
+from harness.engine.run.runtime import resolve_device
+from harness.engine.tuning.sweep import (
     check_search_size,
     check_tuned_folds,
     check_tuned_grid,

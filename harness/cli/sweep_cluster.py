@@ -1,6 +1,6 @@
 """``sweep --executor slurm|local``, ``sweep --status`` and ``sweep --cancel``: a grid's
-cells as the tasks of one job array (:mod:`harness.engine.cluster`), and the view and the
-cancel of what was submitted (:mod:`harness.engine.sweep_status`).
+cells as the tasks of one job array (:mod:`harness.engine.grid.cluster`), and the view and the
+cancel of what was submitted (:mod:`harness.engine.grid.status`).
 
 Everything that can be refused is refused before anything is written or submitted: the
 options against the executor, Slurm's presence, the partition and its limits, and Slurm's
@@ -19,23 +19,23 @@ import optuna
 from harness.base.errors import HarnessError
 from harness.cli.sweep_tuned import progress_lines
 from harness.config.grids import Grid
-from harness.engine.cluster import (
+from harness.engine.grid.cluster import (
     DEFAULT_MINUTES,
     check_local_gpus,
     read_jobs,
     submit_tasks,
     task_spec,
 )
-from harness.engine.slurm import (
+from harness.engine.grid.slurm import (
     SlurmOptions,
     check_resources,
     partition_limits,
     require_slurm,
     test_submission,
 )
-from harness.engine.sweep import open_storage, storage_url
-from harness.engine.sweep_status import cancel_sweep, cell_states, live_tasks, status_lines
-from harness.engine.tuned_sweep import unfinished_tuned_cells
+from harness.engine.grid.status import cancel_sweep, cell_states, live_tasks, status_lines
+from harness.engine.grid.sweep import open_storage, storage_url
+from harness.engine.tuning.sweep import run_worker, unfinished_tuned_cells
 
 __all__ = ["cluster_options", "preflight", "submit", "status", "cancel"]
 
@@ -109,7 +109,7 @@ def submit(
     submitter: Any = None,
 ) -> dict | None:
     """Submit the grid's queued cells as tasks (``--workers`` of them, else one per cell to
-    run) through ``submitter`` (default :func:`harness.engine.cluster.submit_tasks`);
+    run) through ``submitter`` (default :func:`harness.engine.grid.cluster.submit_tasks`);
     returns the submitted array's record, None when no cell is left to run."""
 
     to_run = counts["queued"] + counts["pending"]
@@ -124,6 +124,7 @@ def submit(
         args.heartbeat,
         args.grace,
         {**settings, "processes": gpus if gpus > 1 else 1},
+        run_worker,
     )
     record = (submitter or submit_tasks)(args.executor, grid, spec, options, tasks)
     limit = f", time {options.time}" if options.time else ""

@@ -13,14 +13,9 @@ from typing import Any
 from harness.base.written import write_outputs
 from harness.cli.outputs import output_file
 from harness.config.grids import Grid
-from harness.engine.sweep_queue import pop_lock
-from harness.engine.tuned_studies import tuned_studies
-from harness.engine.tuned_sweep import (
-    plan_tasks,
-    record_storage,
-    study_progress,
-    unfinished_tuned_cells,
-)
+from harness.engine.grid.queue import pop_lock
+from harness.engine.tuning.studies import record_storage, tuned_studies
+from harness.engine.tuning.sweep import plan_tasks, study_progress, unfinished_tuned_cells
 from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables.compose import TableRequest, make_table
 from harness.reports.tables.load import load_runs, select_report

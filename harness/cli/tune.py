@@ -1,5 +1,5 @@
 """``python -m harness tune --method M --dataset D --trials N``: the arguments, the best
-trial and the reproduction's mean over seeds; the study is :mod:`harness.engine.tune`'s."""
+trial and the reproduction's mean over seeds; the study is :mod:`harness.engine.tuning.tune`'s."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from harness.cli.fetch import check_dataset
 from harness.cli.run import check_checkpoint_root
 from harness.cli.store import check_study_storage, open_store
 from harness.components.data.own import dataset_name
-from harness.engine.run_config import logs_model
-from harness.engine.training import RunSettings, resolve_device
-from harness.engine.tune import (
+from harness.engine.run.run_config import RunSettings, logs_model
+from harness.engine.run.runtime import resolve_device
+from harness.engine.tuning.tune import (
     failed_trials,
     reproduce,
     search,
@@ -28,7 +28,7 @@ __all__ = ["cmd_tune", "failures_status"]
 
 def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     """The study's trials, its best trial, and the best setting reproduced over the seeds
-    (``train``: what trains one run, default :func:`~harness.engine.training.run_training`)."""
+    (``train``: what trains one run, default :func:`~harness.engine.run.training.run_training`)."""
     # torch and the data loaders: imported when a command needs them
 
     resolve_device(args.device)
@@ -66,11 +66,11 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
 
 def failures_status(setup, study) -> int:
     """The exit status of a finished search ``study`` of ``setup``
-    (:func:`harness.engine.tune.tune_setup`): 0, or 1 with one line on stderr counting the
+    (:func:`harness.engine.tuning.tune.tune_setup`): 0, or 1 with one line on stderr counting the
     failed trials (not the interrupted ones, which run again) and saying where their errors
     are. The best setting stands among the trials that ran, but a search that lost trials
     is not the search that was asked for. (When every trial fails,
-    :func:`harness.engine.tune.search` raises: exit 2, nothing to report.)"""
+    :func:`harness.engine.tuning.tune.search` raises: exit 2, nothing to report.)"""
     failed = failed_trials(study)
     if not failed:
         return 0

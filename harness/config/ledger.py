@@ -16,7 +16,7 @@ authors' value and where that value is read::
     when = { dataset = ["sop"], method = ["agrouping"], loss = ["margin"] }   # optional
     deviation = "sampler_replacement"      # optional: the deviation that names a difference
     observe = "unit_groups"                # optional: a claim the key cannot show, checked
-                                           # on the built run (harness.engine.built_run)
+                                           # on the built run (harness.engine.audit.built_run)
 
 A ledger that cites released code names each repository once, in a ``[[code]]`` table
 (``name``, the tag its citations use; ``repository``; the full ``commit``), and each entry

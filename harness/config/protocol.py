@@ -260,7 +260,7 @@ def check_batch_fits(protocol: Protocol, dataset: str, *, images: int, classes: 
     and before a run is tracked: a batch of ``classes_per_batch x samples_per_class``
     images must fit in the training images. A split with fewer classes than a batch asks
     for gives every batch all of them, with more images each and the same batch size
-    (:func:`harness.engine.data.adapted_sampling`), so the classes are not refused."""
+    (:func:`harness.engine.run.data.adapted_sampling`), so the classes are not refused."""
     s = protocol.sampling
     if s.batch_size > images:
         raise HarnessError(

@@ -312,7 +312,7 @@ class EvaluationSpec:
         )
     )
     #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
-    #: model at once (harness.engine.embedding): the embeddings are the same, only faster.
+    #: model at once (harness.engine.run.embedding): the embeddings are the same, only faster.
     batch_size: Annotated[Int, Field(gt=0, le=MAX_STEPS)] = 128
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:

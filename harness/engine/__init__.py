@@ -1,104 +1,61 @@
-"""Training, evaluation of a model, distributed runs, grid sweeps and Optuna tuning.
+"""Training and evaluation of a run, grid sweeps, tuning, explanations and audits: one
+package per subsystem.
 
-The engine as a library: a :class:`Trainer` made from its parts (the modules and optimizer,
-the training batches, the step, an :class:`Evaluator`, a :class:`Checkpointer` and a
-:class:`Recorder`), :meth:`Trainer.from_config` to build them for a :class:`RunConfig`, and
-:func:`run_training`, the harness's own run of one configuration (tracked in MLflow,
-checkpointed under the checkpoint root)::
+- :mod:`harness.engine.run`: one run, from its configuration to tracked metrics (the
+  :class:`Trainer` and its parts);
+- :mod:`harness.engine.grid`: a grid's cells as tasks of one queue, here or on Slurm;
+- :mod:`harness.engine.tuning`: Optuna studies, the same budget for every method;
+- :mod:`harness.engine.explain`: a finished run's attribution maps and their checks;
+- :mod:`harness.engine.audit`: re-runs, the run as built against the ledgers, and the
+  measured effect of each deviation.
+
+``grid`` and ``tuning`` use ``run``; ``tuning`` uses ``grid``; nothing in the engine uses
+``explain`` or ``audit`` (the import contracts in ``pyproject.toml``). The run's library
+surface is re-exported here::
 
     from harness.engine import InMemoryCheckpointer, InMemoryRecorder, RunConfig, Trainer
-
-Each name is imported from its module when first used: ``python -m harness --help``
-does not load the training stack (torch, timm, MLflow) for them.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from harness.engine.checkpoints import (
-        Checkpointer,
-        FolderCheckpointer,
-        InMemoryCheckpointer,
-        RunFolder,
-    )
-    from harness.engine.compiled_step import whole_graph_blocker
-    from harness.engine.data import (
-        TrainingBatches,
-        check_training_split,
-        control_deviation,
-        prepare_splits,
-    )
-    from harness.engine.distributed import shutdown
-    from harness.engine.embedding import Evaluator, SplitEvaluator, evaluate_split
-    from harness.engine.mlflow_recorder import MlflowRecorder
-    from harness.engine.model import EmbeddingModel, build_model
-    from harness.engine.recorder import (
-        FinishedRun,
-        InMemoryRecorder,
-        NullRecorder,
-        Recorder,
-        StepFlush,
-    )
-    from harness.engine.run_config import (
-        RunConfig,
-        RunSettings,
-        default_checkpoint_root,
-        logs_model,
-        run_key,
-    )
-    from harness.engine.runtime import default_workers, resolve_device, seed_everything
-    from harness.engine.step import TrainingParts, TrainingStep, run_miner
-    from harness.engine.trainer import EpochCallback, Progress, Trainer
-    from harness.engine.training import TrainFunction, run_training, training_splits
-
-#: Each public name and the module that defines it.
-_EXPORTS = {
-    # the trainer and its parts
-    "Trainer": "trainer",
-    "Progress": "trainer",
-    "EpochCallback": "trainer",
-    "TrainingParts": "step",
-    "TrainingStep": "step",
-    "TrainingBatches": "data",
-    "control_deviation": "data",
-    "EmbeddingModel": "model",
-    "build_model": "model",
-    "Evaluator": "embedding",
-    "SplitEvaluator": "embedding",
-    "evaluate_split": "embedding",
-    # where a run's results and checkpoints go
-    "Recorder": "recorder",
-    "InMemoryRecorder": "recorder",
-    "NullRecorder": "recorder",
-    "FinishedRun": "recorder",
-    "StepFlush": "recorder",
-    "MlflowRecorder": "mlflow_recorder",
-    "Checkpointer": "checkpoints",
-    "InMemoryCheckpointer": "checkpoints",
-    "FolderCheckpointer": "checkpoints",
-    "RunFolder": "checkpoints",
-    # one run: its configuration, its data, its training
-    "RunConfig": "run_config",
-    "RunSettings": "run_config",
-    "default_checkpoint_root": "run_config",
-    "logs_model": "run_config",
-    "run_key": "run_config",
-    "prepare_splits": "data",
-    "check_training_split": "data",
-    "training_splits": "training",
-    "run_training": "training",
-    "TrainFunction": "training",
-    # where a run executes
-    "resolve_device": "runtime",
-    "default_workers": "runtime",
-    "seed_everything": "runtime",
-    "shutdown": "distributed",
-    "run_miner": "step",
-    "whole_graph_blocker": "compiled_step",
-}
+from harness.engine.run import (
+    Checkpointer,
+    EmbeddingModel,
+    EpochCallback,
+    Evaluator,
+    FinishedRun,
+    FolderCheckpointer,
+    InMemoryCheckpointer,
+    InMemoryRecorder,
+    MlflowRecorder,
+    NullRecorder,
+    Progress,
+    Recorder,
+    RunConfig,
+    RunFolder,
+    RunSettings,
+    SplitEvaluator,
+    StepFlush,
+    Trainer,
+    TrainFunction,
+    TrainingBatches,
+    TrainingParts,
+    TrainingStep,
+    build_model,
+    check_training_split,
+    control_deviation,
+    default_checkpoint_root,
+    default_workers,
+    evaluate_split,
+    logs_model,
+    prepare_splits,
+    resolve_device,
+    run_key,
+    run_miner,
+    run_training,
+    seed_everything,
+    shutdown,
+    training_splits,
+    whole_graph_blocker,
+)
 
 __all__ = [
     "Trainer",
@@ -140,16 +97,3 @@ __all__ = [
     "run_miner",
     "whole_graph_blocker",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # imported once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

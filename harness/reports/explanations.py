@@ -305,7 +305,7 @@ def no_maps_note(method: str) -> str:
         "Eq. 1-2, with the pair's cosine as the score) explains any run: "
         "`python -m harness explain --run RUN_ID` draws it and scores it against the part "
         "masks and with deletion and insertion curves; its figures go to this run's "
-        "`explain/` artifacts (harness.engine.explain).\n"
+        "`explain/` artifacts (harness.engine.explain.explain_run).\n"
     )
 
 

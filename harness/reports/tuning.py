@@ -1,4 +1,4 @@
-"""What a tuned grid's tables say of the search (:mod:`harness.engine.tuned_sweep`), read
+"""What a tuned grid's tables say of the search (:mod:`harness.engine.tuning.sweep`), read
 from the final runs' tags alone: the budget note under the table (and a warning with the
 rows marked when the rows' budgets differ), the appendix of each row's chosen
 hyperparameters (Markdown and LaTeX), and the best validation value so far against the

@@ -1,5 +1,5 @@
 """``run --cuda-graphs`` names what keeps a method's step from being one graph before any
-run starts. The reason is the engine's (:func:`~harness.engine.compiled_step.whole_graph_blocker`
+run starts. The reason is the engine's (:func:`~harness.engine.run.compiled_step.whole_graph_blocker`
 over the method's head and the miner the run would use), checked here on the CPU for each
 method as ``run`` checks it; the command's own line, which needs a GPU to get past the device
 check, is checked where there is one."""
@@ -14,8 +14,8 @@ import torch
 from harness.base.device import amp_dtype
 from harness.cli.main import main
 from harness.config.protocol_files import load_protocol
-from harness.engine.compiled_step import whole_graph_blocker
-from harness.engine.step import run_miner
+from harness.engine.run.compiled_step import whole_graph_blocker
+from harness.engine.run.step import run_miner
 from harness.methods import check_method_options
 from tests.conftest import TINY_PROTOCOL
 

@@ -155,7 +155,7 @@ def test_shuffled_labels_control_is_a_deviation_and_its_run_explains(
 
 def test_a_method_revision_from_two_on_changes_the_checkpoint_key(tiny_protocol):
     from harness.config.protocol_files import load_protocol
-    from harness.engine.training import RunConfig, run_key
+    from harness.engine.run.run_config import RunConfig, run_key
     from tests.revisions import PLAIN_TEST, RevisedPlainHead, plain_test
 
     cfg = RunConfig(

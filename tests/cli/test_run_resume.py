@@ -177,9 +177,10 @@ def test_resume_evaluates_a_shared_diml_again_into_its_own_run(workdir, tiny_pro
 def test_a_checkpoint_carries_the_amp_loss_scale(workdir, tiny_protocol):
     """On CUDA the GradScaler's scale and growth counter must survive a resume."""
     from harness.config.protocol_files import load_protocol
-    from harness.engine.recorder import NullRecorder
-    from harness.engine.trainer import Trainer
-    from harness.engine.training import RunConfig, prepare_splits
+    from harness.engine.run.data import prepare_splits
+    from harness.engine.run.recorder import NullRecorder
+    from harness.engine.run.run_config import RunConfig
+    from harness.engine.run.trainer import Trainer
 
     protocol = load_protocol(tiny_protocol)
     cfg = RunConfig(

@@ -20,7 +20,7 @@ from harness.components.data.synthetic import (
 )
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
-from harness.engine.training import prepare_splits
+from harness.engine.run.data import prepare_splits
 from tests.fixtures import make_cars, make_cub, make_fashion_mnist, make_inshop, make_sop
 
 

@@ -241,7 +241,7 @@ def test_cpu_evaluation_forwards_small_batches_with_the_same_embeddings():
     from harness.components.data.base import ArrayImageSet
     from harness.components.data.transforms import build_transform
     from harness.config.protocol_files import load_protocol
-    from harness.engine.embedding import CPU_FORWARD_BATCH, embed_images
+    from harness.engine.run.embedding import CPU_FORWARD_BATCH, embed_images
 
     image = load_protocol("smoke").image
     pixels = np.random.default_rng(0).integers(0, 256, (70, 40, 40, 3), dtype=np.uint8)

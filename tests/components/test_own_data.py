@@ -127,7 +127,7 @@ def test_query_and_gallery_roles_give_in_shop_style_evaluation(tmp_path):
 
 def test_a_given_validation_split_is_kept_and_not_carved(tmp_path, tiny_protocol):
     from harness.config.protocol_files import load_protocol
-    from harness.engine.data import prepare_splits
+    from harness.engine.run.data import prepare_splits
 
     make_class_folders(tmp_path / "images", classes=6, per_class=2)
     rows = []
@@ -283,7 +283,7 @@ def test_a_table_says_when_the_validation_split_came_with_the_dataset():
 
 
 def test_a_tune_study_is_one_per_file_list(folder):
-    from harness.engine.tune import tune_setup
+    from harness.engine.tuning.tune import tune_setup
 
     name = dataset_name(str(folder))
     setup = tune_setup("plain", name, protocol=str(TINY_PROTOCOL))

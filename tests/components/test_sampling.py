@@ -43,7 +43,7 @@ def test_a_split_with_fewer_classes_than_a_batch_keeps_the_batch_within_the_prot
     num_classes, expected
 ):
     from harness.config.protocol_files import load_protocol
-    from harness.engine.data import adapted_sampling
+    from harness.engine.run.data import adapted_sampling
 
     protocol = load_protocol("roth2020")  # 56 x 2 = 112
     classes, per_class, note = adapted_sampling(protocol, num_classes)

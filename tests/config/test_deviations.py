@@ -210,7 +210,7 @@ def test_a_grid_cell_records_its_own_deviations_not_its_protocols():
     from types import SimpleNamespace
 
     from harness.config.deviations import deviation_tags
-    from harness.engine.training import paper_deviations
+    from harness.engine.run.run_config import paper_deviations
 
     grid = load_grid("agrouping-table3", smoke=True)
     cell = next(c for c in grid.cells if c.method == "agrouping")

@@ -17,8 +17,8 @@ from harness.config.grids import load_grid
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
 from harness.config.sections import ImageSpec
-from harness.engine import sweep
-from harness.engine.training import prepare_splits
+from harness.engine.grid import sweep
+from harness.engine.run.data import prepare_splits
 from harness.store.tracking import Tracker
 from tests.fixtures import make_cub
 

@@ -1,4 +1,4 @@
-"""The ledgers' entries checked on the run as built (harness.engine.built_run): each cell
+"""The ledgers' entries checked on the run as built (harness.engine.audit.built_run): each cell
 family's model, optimizer, scheduler, loss and sampler on tiny labels, and what they show
 of each entry's key; and the settings that only a built run can show (BatchNorm's
 weights, the baseline's pooling and initialisation, AVSL's clipping units, DIML's grid)."""
@@ -14,7 +14,7 @@ from harness.components.gradients import clip_gradients, clip_units
 from harness.config.ledger import check_ledger, list_ledgers, load_ledger, same_value
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
-from harness.engine.built_run import (
+from harness.engine.audit.built_run import (
     UNOBSERVED,
     build_run,
     claim_holds,

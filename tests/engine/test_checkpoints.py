@@ -39,7 +39,7 @@ def _checkpoint(epoch: int) -> dict:
 
 
 def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
-    from harness.engine.checkpoints import CheckpointFile
+    from harness.engine.run.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
     digest = CheckpointFile(path).save(_checkpoint(1))
@@ -73,7 +73,7 @@ def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path, capsys):
 def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
     """Same length, one byte flipped anywhere (a bad sector, a copy gone wrong): the sha256
     sidecar refuses it, where torch.load alone may read garbage tensors without complaint."""
-    from harness.engine.checkpoints import CheckpointFile
+    from harness.engine.run.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
     CheckpointFile(path).save(_checkpoint(1))
@@ -97,7 +97,7 @@ def test_a_checkpoint_with_any_byte_changed_is_refused(tmp_path, capsys):
 def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_valid(
     tmp_path, monkeypatch
 ):
-    from harness.engine.checkpoints import CheckpointFile
+    from harness.engine.run.checkpoints import CheckpointFile
 
     path = tmp_path / "last.pt"
     file = CheckpointFile(path)
@@ -122,7 +122,7 @@ def test_a_crash_between_the_sidecar_and_the_rename_keeps_the_old_checkpoint_val
 def test_resume_from_a_truncated_checkpoint_restarts_and_ends_with_the_uninterrupted_metrics(
     workdir, tiny_protocol, capsys
 ):
-    from harness.engine.checkpoints import CheckpointFile
+    from harness.engine.run.checkpoints import CheckpointFile
 
     common = ("--methods", "plain", "--protocol", str(tiny_protocol))
     reference, resumed = workdir / "ref.json", workdir / "resumed.json"

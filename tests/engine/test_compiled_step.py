@@ -13,11 +13,11 @@ import torch
 
 from harness.base.errors import HarnessError
 from harness.config.protocol_files import load_protocol
-from harness.engine.compiled_step import compile_step, whole_graph_blocker
-from harness.engine.data import prepare_splits
-from harness.engine.recorder import InMemoryRecorder
-from harness.engine.run_config import RunConfig
-from harness.engine.trainer import Trainer
+from harness.engine.run.compiled_step import compile_step, whole_graph_blocker
+from harness.engine.run.data import prepare_splits
+from harness.engine.run.recorder import InMemoryRecorder
+from harness.engine.run.run_config import RunConfig
+from harness.engine.run.trainer import Trainer
 from harness.methods import list_methods
 from tests.conftest import TINY_PROTOCOL
 
@@ -168,7 +168,7 @@ def test_a_step_inductor_did_not_replay_says_so_once(capsys):
     grows), the run says so in one line, once."""
     from torch._dynamo.utils import counters
 
-    from harness.engine.compiled_step import said_if_not_replayed
+    from harness.engine.run.compiled_step import said_if_not_replayed
 
     def skipped_step(images, labels):
         counters["inductor"]["cudagraph_skips"] += 1

@@ -1,4 +1,4 @@
-"""``deviations --measure`` (harness.engine.deviation_effects): a deviation switched to the
+"""``deviations --measure`` (harness.engine.audit.deviation_effects): a deviation switched to the
 authors' value its ledger gives, against the grid's value, on the smoke cells it
 changes, as paired differences over seeds; unmeasurable ones with their reason."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.config.ledger import load_ledger
-from harness.engine.deviation_effects import (
+from harness.engine.audit.deviation_effects import (
     EFFECT_METRICS,
     Effect,
     effect_lines,
@@ -140,7 +140,7 @@ def test_bad_measure_input_is_one_error_line(capsys, argv, message):
 
 
 def test_measured_effects_reach_the_notes_of_the_grids_tables(tmp_path):
-    from harness.engine.deviation_effects import effect_sentences
+    from harness.engine.audit.deviation_effects import effect_sentences
     from harness.reports.tables.effects import effect_notes, write_effect_notes
 
     effects = [

@@ -24,7 +24,7 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.data.sampling import ClassBalancedBatchSampler
 from harness.components.losses import MetricLoss, create_loss, create_miner
-from harness.engine.distributed import (
+from harness.engine.run.distributed import (
     GatheredMetricLoss,
     Processes,
     average_gradients,

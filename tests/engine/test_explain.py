@@ -29,8 +29,14 @@ from harness.components.explanation.scores import (
     region_scores,
 )
 from harness.config.protocol_files import load_protocol
-from harness.engine.explain import near_miss_class_pairs, output_rows, similarity_gradcam
-from harness.engine.explain_maps import RunContext, load_images, part_labels
+from harness.engine.explain.maps import (
+    RunContext,
+    load_images,
+    near_miss_class_pairs,
+    output_rows,
+    part_labels,
+    similarity_gradcam,
+)
 from harness.methods import list_methods
 
 
@@ -281,7 +287,8 @@ def _check_scores(scores: dict) -> None:
 
 
 def test_explain_end_to_end_on_a_tiny_run_with_and_without_own_maps(workdir, tiny_protocol, capsys):
-    from harness.engine.explain import explain_run, load_run
+    from harness.engine.explain.explain_run import explain_run
+    from harness.engine.explain.maps import load_run
 
     run_id = _train(tiny_protocol, workdir, "agrouping")
     out = workdir / "explain.json"

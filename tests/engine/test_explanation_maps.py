@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from harness.components.explanation.maps import grouped_pair_maps, offset_removed
 from harness.components.explanation.sanity import ground_truth_maps, uniform_on_object_maps
 from harness.components.explanation.scores import within_object_scores
-from harness.engine.explain_maps import PairMaps, Pairs, scored_maps
-from harness.engine.explain_parts import part_scores
-from harness.engine.explain_sanity import sanity_verdicts, trained_parts_stage
+from harness.engine.explain.maps import PairMaps, Pairs, scored_maps
+from harness.engine.explain.parts import part_scores
+from harness.engine.explain.sanity import sanity_verdicts, trained_parts_stage
 from harness.methods import HeadOutput
 from harness.methods.avsl_figures import rectified_cams
 from harness.methods.diablo import attended_energy

@@ -149,7 +149,7 @@ def test_autocast_is_bf16_where_supported_and_off_on_cpu():
 def test_default_workers_overlap_loading_only_where_a_core_is_free(monkeypatch):
     """One loader process on CPU with 2+ cores per training process (its batch is prepared
     during the step), none when torchrun already gives each process under 2 cores, 4 on CUDA."""
-    from harness.engine.training import default_workers
+    from harness.engine.run.runtime import default_workers
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert default_workers(torch.device("cpu")) == 1

@@ -30,9 +30,9 @@ import pytest
 
 from harness.cli.main import main
 from harness.config.grids import load_grid
-from harness.engine.cluster import read_jobs
-from harness.engine.slurm import queue_states
-from harness.engine.sweep import CELL_ATTR
+from harness.engine.grid.cluster import read_jobs
+from harness.engine.grid.slurm import queue_states
+from harness.engine.grid.sweep import CELL_ATTR
 from tests.refusals import assert_refused
 from tests.waiting import run_in_progress
 
@@ -290,7 +290,7 @@ def test_a_tuned_grid_on_a_real_slurm_ends_as_a_local_sweep(slurm, workdir, monk
     the same trials, and the same tables, byte for byte."""
     import optuna
 
-    from harness.engine.tuned_studies import settled, tuned_studies
+    from harness.engine.tuning.studies import settled, tuned_studies
 
     grid_file = str(Path(__file__).resolve().parents[1] / "grids" / "tiny-tuned.toml")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per worker on either side

@@ -22,7 +22,7 @@ from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
 from harness.cli.parsers.sweep import add_sweep_parser
 from harness.config.grids import load_grid
-from harness.engine.sweep import CELL_ATTR
+from harness.engine.grid.sweep import CELL_ATTR
 from harness.methods.plain import PlainHead
 from tests.revisions import PLAIN_TEST, RevisedPlainHead, plain_test
 from tests.waiting import run_in_progress
@@ -486,7 +486,7 @@ def test_postgres_three_workers_every_cell_once_and_a_killed_worker_is_retried(w
     # more than 4 s, another worker failed its trial as stale and ran the cell again.
     common = ["--grid", str(grid_path), "--storage", postgres, "--heartbeat", "1", "--grace", "15"]
     # Queue the cells (no worker in this process: zero cells are run by it) ...
-    from harness.engine.sweep import enqueue_cells, open_study, storage_url
+    from harness.engine.grid.sweep import enqueue_cells, open_study, storage_url
 
     study = open_study(grid, postgres, heartbeat=1, grace=15)
     assert enqueue_cells(grid, study)["queued"] == 4

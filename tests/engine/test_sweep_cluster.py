@@ -21,11 +21,11 @@ import pytest
 from harness.cli.main import build_parser, main
 from harness.cli.sweep import cmd_sweep
 from harness.config.grids import load_grid
-from harness.engine.cells import train_in_processes
-from harness.engine.cluster import read_jobs, release_trials, sweep_folder
-from harness.engine.sweep import CELL_ATTR, open_storage
-from harness.engine.sweep_queue import hold_trial
-from harness.engine.tuned_sweep import TASK_ATTR
+from harness.engine.grid.cells import train_in_processes
+from harness.engine.grid.cluster import read_jobs, release_trials, sweep_folder
+from harness.engine.grid.queue import hold_trial
+from harness.engine.grid.sweep import CELL_ATTR, open_storage
+from harness.engine.tuning.sweep import TASK_ATTR
 from tests import slurm_fakes
 from tests.waiting import run_in_progress, wait_until
 
@@ -80,7 +80,7 @@ def _wait_for_running_trial(grid, storage: str, timeout: float = 600):
 
 
 def _wait_for_tasks(grid, timeout: float = 900) -> None:
-    from harness.engine.sweep_status import live_tasks
+    from harness.engine.grid.status import live_tasks
 
     deadline = time.time() + timeout
     while live_tasks(read_jobs(grid)):
@@ -259,8 +259,8 @@ def test_the_slurm_array_is_built_from_the_options_over_the_grid_table(tmp_path)
     grid's ``[executor.slurm]`` under the options, the array's parallelism, requeue signal."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    from harness.engine.cluster import executor_parameters
-    from harness.engine.slurm import SlurmOptions
+    from harness.engine.grid.cluster import executor_parameters
+    from harness.engine.grid.slurm import SlurmOptions
 
     grid = load_grid(
         _grid(
@@ -329,7 +329,7 @@ def test_a_cell_on_several_gpus_is_trained_by_torchrun_through_the_ddp_path(
     command they run is torchrun over ``sweep --cell``, which builds the cell's run in each
     process (checked here as built; ``test_local_executor_trains_a_cell_on_two_processes``
     runs it on CPU, and no test here has GPUs)."""
-    from harness.engine.cells import processes_command
+    from harness.engine.grid.cells import processes_command
 
     monkeypatch.setenv(
         "PATH", f"{slurm_fakes.install(tmp_path_factory.mktemp('slurm'))}:/usr/bin:/bin"

@@ -15,8 +15,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from harness.engine.sweep import CELL_ATTR, open_storage
-from harness.engine.sweep_queue import WORKER_ATTR, fail_lost_trials, hold_trial, pop_lock
+from harness.engine.grid.queue import WORKER_ATTR, fail_lost_trials, hold_trial, pop_lock
+from harness.engine.grid.sweep import CELL_ATTR, open_storage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,8 +50,8 @@ def test_a_trial_whose_worker_died_on_this_host_is_queued_again_at_once(tmp_path
         study.enqueue_trial({}, user_attrs={CELL_ATTR: key, "cell": f"cell {key}"})
     worker = (  # pops cell a, holds it, and is killed
         "import os, signal, optuna\n"
-        "from harness.engine.sweep import open_storage\n"
-        "from harness.engine.sweep_queue import hold_trial\n"
+        "from harness.engine.grid.sweep import open_storage\n"
+        "from harness.engine.grid.queue import hold_trial\n"
         f"queue = optuna.load_study(study_name='sweep:lost', storage=open_storage({url!r}, grace=3600))\n"
         "hold_trial(queue.ask(), {})\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from harness.config.grids import load_grid
-from harness.engine.sweep import CELL_ATTR, open_study
+from harness.engine.grid.sweep import CELL_ATTR, open_study
 from tests.conftest import TINY_PROTOCOL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 START = textwrap.dedent("""
     import sys, time
     from harness.config.grids import load_grid
-    from harness.engine.sweep import open_study, queue_grid
+    from harness.engine.grid.sweep import open_study, queue_grid
     grid_path, storage, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
     grid = load_grid(grid_path)
     time.sleep(max(0.0, at - time.time()))

@@ -4,7 +4,7 @@ On a GPU the host queues a step's kernels and runs ahead unless something reads 
 device: a scalar read (``.item()``, ``float(t)``, ``bool(t)``), a copy to the host, or an
 op whose output shape depends on the data. :class:`~harness.base.syncs.SyncCounter`
 counts them on any device, so K steps of the engine's real epoch loop
-(:meth:`~harness.engine.trainer.Trainer.train_epoch`) are counted here, in float32 and under
+(:meth:`~harness.engine.run.trainer.Trainer.train_epoch`) are counted here, in float32 and under
 bfloat16 autocast (the mixed-precision path of every method, run on the CPU).
 
 The loss values are read once per ``[training] sync_every`` steps (one ``.tolist()`` per
@@ -31,10 +31,10 @@ from harness.base.errors import HarnessError
 from harness.base.syncs import SyncCounter
 from harness.components.losses import MinedTriplets
 from harness.config.protocol_files import load_protocol
-from harness.engine.data import prepare_splits
-from harness.engine.recorder import InMemoryRecorder, StepFlush
-from harness.engine.run_config import RunConfig
-from harness.engine.trainer import Trainer
+from harness.engine.run.data import prepare_splits
+from harness.engine.run.recorder import InMemoryRecorder, StepFlush
+from harness.engine.run.run_config import RunConfig
+from harness.engine.run.trainer import Trainer
 from harness.methods import list_methods, sam_tuples
 from tests.conftest import TINY_PROTOCOL
 

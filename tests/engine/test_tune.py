@@ -16,7 +16,7 @@ from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
 from harness.cli.parsers.tune import add_tune_parser
 from harness.config.protocol_files import load_protocol
-from harness.engine.tune import study_name, suggest
+from harness.engine.tuning.tune import study_name, suggest
 
 
 def _tune(*argv: str, train=None) -> int:

@@ -28,8 +28,10 @@ from harness.components.data import (
     seal_test,
 )
 from harness.config.grids import load_grid
-from harness.engine.training import RunConfig, prepare_splits, run_training
-from harness.engine.tuned_studies import settled, trial_setting, tuned_studies
+from harness.engine.run.data import prepare_splits
+from harness.engine.run.run_config import RunConfig
+from harness.engine.run.training import run_training
+from harness.engine.tuning.studies import settled, trial_setting, tuned_studies
 
 REPO = Path(__file__).resolve().parents[2]
 GRIDS = Path(__file__).resolve().parents[1] / "grids"

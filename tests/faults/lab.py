@@ -165,9 +165,9 @@ _PRELOADED = (
     "mlflow",
     "optuna",
     "harness.cli.main",
-    "harness.engine.sweep",
-    "harness.engine.training",
-    "harness.engine.tune",
+    "harness.engine.grid.sweep",
+    "harness.engine.run.training",
+    "harness.engine.tuning.tune",
     "harness.methods",
     "harness.reports.tables",
 )

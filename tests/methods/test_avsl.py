@@ -14,7 +14,7 @@ from torch import nn
 from harness.components.evaluation import evaluate_embeddings, exhaustive_knn
 from harness.components.evaluation.metrics import relevant_counts, retrieval_metrics
 from harness.components.losses import MetricLoss, create_loss
-from harness.engine.embedding import make_pair_scorer, make_reranker
+from harness.engine.run.embedding import make_pair_scorer, make_reranker
 from harness.methods import TrainingBatch
 from harness.methods.avsl import (
     attribution,

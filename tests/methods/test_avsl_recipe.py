@@ -368,9 +368,9 @@ def _engine_step(overrides: dict, steps=((0, 0),)):
     """Training steps ``(epoch, step)`` of AVSL on the tiny protocol through the public
     trainer, with the gradient norm of each parameter group read where the optimizer steps
     (the trainer, and the norms of the first step)."""
-    from harness.engine import training
-    from harness.engine.recorder import InMemoryRecorder
-    from harness.engine.trainer import Trainer
+    from harness.engine.run import training
+    from harness.engine.run.recorder import InMemoryRecorder
+    from harness.engine.run.trainer import Trainer
     from tests.conftest import TINY_PROTOCOL
 
     protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)

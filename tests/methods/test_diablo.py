@@ -13,7 +13,7 @@ from harness.base.errors import HarnessError
 from harness.components.backbones import create_backbone
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
-from harness.engine.model import EmbeddingModel, build_optimizer
+from harness.engine.run.model import EmbeddingModel, build_optimizer
 from harness.methods import METHODS, create_method
 from harness.methods.diablo import (
     DiabloHead,

@@ -17,7 +17,7 @@ from pytorch_metric_learning import miners as pml_miners
 from harness.base.errors import HarnessError
 from harness.components.evaluation import evaluate_embeddings, rerank_top_k
 from harness.components.losses import MetricLoss
-from harness.engine.embedding import make_reranker
+from harness.engine.run.embedding import make_reranker
 from harness.methods import METHODS, HeadOutput, PaperInfo, TrainingBatch, create_method
 from harness.methods.diml import (
     PAPER,

@@ -398,8 +398,8 @@ def test_the_patch_count_finds_modules_classes_and_strings_only(tmp_path):
         """\
         import os
         import harness.base.atomic as atomic
-        from harness.engine import training
-        from harness.engine.trainer import Trainer
+        from harness.engine.run import training
+        from harness.engine.run.trainer import Trainer
         from harness.methods import METHODS, sam_tuples
         from harness.methods.plain import PlainHead
         def test_x(monkeypatch):
@@ -414,7 +414,7 @@ def test_the_patch_count_finds_modules_classes_and_strings_only(tmp_path):
             monkeypatch.setattr("os.sched_getaffinity", None)
             trainer = Trainer.from_config(None, None)
             monkeypatch.setattr(trainer, "train_step", None)
-            with mock.patch("harness.engine.training.run_training"), mock.patch.object(
+            with mock.patch("harness.engine.run.training.run_training"), mock.patch.object(
                 PlainHead, "revision", 2
             ):
                 monkeypatch.delattr(training, "run_training")

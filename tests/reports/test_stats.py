@@ -157,7 +157,7 @@ def test_a_separated_reports_per_query_values_average_to_its_metrics():
     """The separated report is the mean over fold models of each model's metrics; its
     per-query values (what the bootstrap resamples) must average to the same numbers, P@1
     and Recall@K included: a model's first-hit rank is kept, not averaged with another's."""
-    from harness.engine.tuned_runs import separated_per_query
+    from harness.engine.tuning.runs import separated_per_query
 
     rng = np.random.default_rng(5)
     labels = np.repeat(np.arange(12), 4)

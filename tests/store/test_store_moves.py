@@ -169,7 +169,7 @@ def test_a_moved_store_serves_its_artifacts_and_models_from_the_copy(
     import mlflow.pytorch
     import torch
 
-    from harness.engine.export import example_images
+    from harness.engine.run.export import example_images
     from harness.store.artifacts import resolve_proxied_locally
 
     moved, run = moved_store
@@ -244,7 +244,7 @@ def test_a_model_loads_from_the_moved_copy_in_python_that_never_imports_the_harn
     import numpy as np
     import torch
 
-    from harness.engine.export import example_images
+    from harness.engine.run.export import example_images
     from harness.store.artifacts import resolve_proxied_locally
 
     declared = {e.name: e.value for e in entry_points(group="mlflow.artifact_repository")}

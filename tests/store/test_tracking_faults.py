@@ -55,7 +55,7 @@ def test_only_a_missing_run_starts_a_new_one(workdir, monkeypatch):
 
 
 def test_search_values_with_quotes_are_quoted_for_mlflow(workdir):
-    from harness.engine.sweep import runs_of_cell
+    from harness.engine.grid.sweep import runs_of_cell
     from harness.store.tracking import filter_value
 
     client = mlflow.MlflowClient()

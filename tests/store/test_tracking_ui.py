@@ -31,8 +31,9 @@ from harness.cli.main import main
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform
 from harness.config.protocol_files import load_protocol
-from harness.engine.embedding import embed_images
-from harness.engine.training import build_model, prepare_splits
+from harness.engine.run.data import prepare_splits
+from harness.engine.run.embedding import embed_images
+from harness.engine.run.model import build_model
 from harness.methods import METHODS
 from harness.store.artifacts import PROXIED_ROOT
 from harness.store.runs_view import CURVES_SECTION, HEADLINE_SECTION, VERSION, VERSION_FIELD

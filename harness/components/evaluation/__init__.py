@@ -1,7 +1,7 @@
 """Evaluation suite: chunked exact kNN (faiss) + retrieval and clustering metrics.
 
 One implementation of each metric for the whole project: ``run`` (via
-``harness.engine.training``), ``python -m harness evaluate`` and the benchmarks all go
+``harness.engine.run.training``), ``python -m harness evaluate`` and the benchmarks all go
 through :func:`evaluate_embeddings`.
 
 Metric names (the keys of the result and of the run's JSON):

@@ -20,7 +20,7 @@ NeurIPS 2018).
   randomised model (Sec. 3.1, Fig. 4). A map whose ranks survive the destruction of the
   model says nothing about the model.
 
-Pure functions over tensors and modules; :mod:`harness.engine.explain_sanity` runs them
+Pure functions over tensors and modules; :mod:`harness.engine.explain.sanity` runs them
 on a finished run.
 """
 

@@ -1,6 +1,6 @@
 """Scores of explanation maps against ground truth and against the model itself.
 
-Pure functions over tensors, used by ``python -m harness explain`` (:mod:`harness.engine.explain`)
+Pure functions over tensors, used by ``python -m harness explain`` (:mod:`harness.engine.explain.explain_run`)
 and tested on planted maps (``tests/engine/test_explain.py``).
 
 Ground truth (the ``synthetic`` dataset's part label maps: 0 background, 1..4 parts):

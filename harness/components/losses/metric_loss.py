@@ -37,7 +37,7 @@ class MetricLoss:
     Random miners (distance-weighted sampling) draw from torch's generator seeded by
     :meth:`set_step` with ``(seed, epoch, step, draw)``, ``draw`` counting the mining calls
     of the step (one per group or level): their tuples then depend on nothing else that
-    consumes random numbers, so one process and N processes (:mod:`harness.engine.distributed`,
+    consumes random numbers, so one process and N processes (:mod:`harness.engine.run.distributed`,
     which mines the same gathered batch) draw the same tuples, and a resumed run those of
     an uninterrupted one.
     """
