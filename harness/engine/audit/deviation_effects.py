@@ -233,7 +233,9 @@ def _window_epochs(before: Protocol, after: Protocol) -> int | None:
     """The fewest epochs, past the smoke run's and up to :data:`WINDOW_EPOCHS_MAX`, at
     which the two selections evaluate different epochs (None if there is none)."""
     for epochs in range(before.schedule.epochs + 1, WINDOW_EPOCHS_MAX + 1):
-        due = [[e for e in range(1, epochs + 1) if p.selection.due(e, epochs)] for p in (before, after)]
+        due = [
+            [e for e in range(1, epochs + 1) if p.selection.due(e, epochs)] for p in (before, after)
+        ]
         if due[0] != due[1]:
             return epochs
     return None
