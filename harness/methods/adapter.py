@@ -18,12 +18,17 @@ __all__ = ["adapt_role_hooks", "undeclared_roles"]
 
 
 def undeclared_roles(cls: type) -> dict[type, list[str]]:
-    """Each role of which ``cls`` defines members without subclassing it, with those members."""
+    """Each role of which ``cls`` defines a member of its own (one no other role has, so
+    ``rerank_fields`` alone makes no :class:`~harness.methods.roles.PairScorer`) without
+    subclassing it, with the members of the role it defines."""
     found = {}
     for role in ROLES:
         if role in cls.__mro__:
             continue
+        others = {m for r in ROLES if r is not role for m in role_members(r)}
         written = [m for m in role_members(role) if hasattr(cls, m)]
+        if not set(written) - others:
+            continue
         if written:
             found[role] = written
     return found

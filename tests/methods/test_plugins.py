@@ -23,7 +23,15 @@ from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.cli.main import main
 from harness.config.grids import load_grid
-from harness.methods import METHODS, HeadOutput, Method, list_methods, register_method
+from harness.methods import (
+    METHODS,
+    HeadOutput,
+    Method,
+    PairExplainer,
+    Tunable,
+    list_methods,
+    register_method,
+)
 from harness.methods.base import PLUGIN_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +42,7 @@ TINY_PROTOCOL = REPO / "tests" / "protocols" / "tiny.toml"
 THROWAWAY = "throwaway_pool"
 
 
-class ThrowawayHead(Method):
+class ThrowawayHead(Method, Tunable):
     """Average pooling + linear, scaled before normalising (a plugin that declares only
     ``embed``, one option and a search space)."""
 
@@ -99,7 +107,7 @@ def test_a_new_plugin_without_pair_maps_declines_them(throwaway):
         test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one,
     )
 
-    assert not ThrowawayHead(channels={"s32": 8}, embedding_size=4).explains_pairs
+    assert not isinstance(ThrowawayHead(channels={"s32": 8}, embedding_size=4), PairExplainer)
     test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one(throwaway)
 
 
