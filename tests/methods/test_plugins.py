@@ -113,13 +113,14 @@ def test_a_new_plugin_without_pair_maps_declines_them(throwaway):
 
 def test_a_new_plugin_passes_the_conformance_suite(throwaway):
     from tests.methods import test_conformance as suite
+    from tests.methods import test_roles as roles
 
     suite.test_builds_with_metadata(throwaway)
     for loss in ("margin", "proxy_anchor"):
         suite.test_forward_loss_backward_and_optimizer_groups(throwaway, loss)
     suite.test_state_dict_round_trip_gives_the_same_embedding(throwaway)
-    suite.test_explain_and_rerank(throwaway)
-    suite.test_search_space_uses_own_options(throwaway)
+    assert throwaway in roles.having(Tunable)
+    roles.test_tunable(throwaway)
     suite.test_every_method_declares_a_row_label_of_its_own()
 
 
