@@ -248,12 +248,7 @@ def evaluate_split(
     ``per_query``: keep the per-query values of the method's ranking (``result.per_query``).
     """
     head = model.head
-    scorer_head = head if rerank and isinstance(head, roles.PairScorer) else None
-    exhaustive = bool(scorer_head and scorer_head.rerank_fields and scorer_head.exhaustive_pairs)
-    reranker_head = head if rerank and isinstance(head, roles.Reranker) else None
-    rerank_k = reranker_head.rerank_k if reranker_head and reranker_head.rerank_fields else 0
-    rerank_k = 0 if exhaustive else rerank_k
-    keep = typing.cast(roles.Reranker, head).rerank_fields if rerank_k > 0 or exhaustive else ()
+    exhaustive, rerank_k, keep = _ranking(head) if rerank else (False, 0, ())
     q, q_fields, g, g_fields = _embed_sets(
         model, query_set, gallery_set, protocol, device=device, workers=workers, keep=keep
     )
@@ -271,28 +266,32 @@ def evaluate_split(
             **kw,
         )
 
+    g_kept = None if gallery_set is None else g_fields
     if exhaustive:
         n_gallery = len(q) - 1 if g is None else len(g)
         scorer = make_pair_scorer(
-            typing.cast(roles.PairScorer, head),
-            q_fields,
-            None if gallery_set is None else g_fields,
-            device=device,
+            typing.cast(roles.PairScorer, head), q_fields, g_kept, device=device
         )
         ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
         ranked["num_ranked_candidates"] = n_gallery
     elif rerank_k > 0:
-        reranker = make_reranker(
-            typing.cast(roles.Reranker, head),
-            q_fields,
-            None if gallery_set is None else g_fields,
-            device=device,
-        )
+        reranker = make_reranker(typing.cast(roles.Reranker, head), q_fields, g_kept, device=device)
         ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
         return score(per_query=per_query)
     return _with_global(ranked, score())
+
+
+def _ranking(head: object) -> tuple[bool, int, tuple[str, ...]]:
+    """How the evaluation ranks by ``head``'s roles: (exhaustively by a
+    :class:`~harness.methods.roles.PairScorer`'s pair scores, the candidates per query a
+    :class:`~harness.methods.roles.Reranker` re-scores, the head fields kept per image)."""
+    if isinstance(head, roles.PairScorer) and head.rerank_fields and head.exhaustive_pairs:
+        return True, 0, head.rerank_fields
+    if isinstance(head, roles.Reranker) and head.rerank_fields and head.rerank_k > 0:
+        return False, head.rerank_k, head.rerank_fields
+    return False, 0, ()
 
 
 def _embed_sets(
