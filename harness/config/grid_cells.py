@@ -218,7 +218,7 @@ def _test_time_base(grid: Grid, sub: dict[str, list], protocol: Protocol, method
             f"grid {grid.name}: test_time.{method} = '{base_method}', but with the options of "
             f"protocol '{protocol.name}' {method} does not train as {base_method}; its cells "
             f"would evaluate weights trained another way (expected a method whose "
-            f"Method.trains_as names '{base_method}' with the protocol's options for it)"
+            f"TrainsAsAnother.trains_as names '{base_method}' with the protocol's options for it)"
         )
     return base_method
 

@@ -49,7 +49,7 @@ from harness.components.losses import (
     miner_search_space,
 )
 from harness.config.overrides import flatten_keys
-from harness.methods import METHODS
+from harness.methods import METHODS, Tunable
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -470,10 +470,10 @@ def suggest_setting(
         else:
             overrides[name] = value
     overrides = _miner_overrides(overrides, loss, protocol)
-    if spec.method_spaces:
+    if spec.method_spaces and issubclass(cls := METHODS.get(method).cls, Tunable):
         # A name the entries hold was suggested above; Optuna answers it with that value.
         options.update(
-            METHODS.get(method).cls.search_space(
+            cls.search_space(
                 cast("Trial", _Overriding(trial, entries)), embedding_size=protocol.embedding.size
             )
         )

@@ -26,12 +26,38 @@ from harness.methods.base import (
     register_variant,
     training_base,
 )
+from harness.methods.roles import (
+    ROLES,
+    Explainer,
+    FigureMaker,
+    HostReader,
+    IdReranker,
+    LossShaper,
+    PairExplainer,
+    PairScorer,
+    ProcessBound,
+    Reranker,
+    TrainsAsAnother,
+    Tunable,
+)
 
 # Every module of the package, in name order: importing one registers its methods.
 import_modules(__name__, __path__, skip=("base",))
 
 __all__ = [
     "METHODS",
+    "ROLES",
+    "Explainer",
+    "FigureMaker",
+    "HostReader",
+    "IdReranker",
+    "LossShaper",
+    "PairExplainer",
+    "PairScorer",
+    "ProcessBound",
+    "Reranker",
+    "TrainsAsAnother",
+    "Tunable",
     "HeadOutput",
     "Method",
     "PaperInfo",

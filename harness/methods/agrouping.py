@@ -80,6 +80,7 @@ from harness.methods.base import (
     register_method,
     register_variant,
 )
+from harness.methods.roles import Explainer, LossShaper, PairExplainer, Tunable
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -270,7 +271,7 @@ GROUPINGS: dict[str, tuple[type[nn.Module], int | None]] = {
 # ------------------------------------------------------------------------------ the head
 
 
-class GroupingHead(Method):
+class GroupingHead(Method, LossShaper, Tunable, Explainer, PairExplainer):
     """Deep grouped metric learning head (Sec. 3.1-3.2): feature map -> P groups of
     d = D / P dims, each L2-normalised; ``embedding`` = concatenation / sqrt(P).
 

@@ -172,6 +172,17 @@ from harness.methods.base import (
     TrainingBatch,
     register_method,
 )
+from harness.methods.roles import (
+    Explainer,
+    FigureMaker,
+    HostReader,
+    LossShaper,
+    PairExplainer,
+    PairScorer,
+    ProcessBound,
+    Reranker,
+    Tunable,
+)
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -234,7 +245,18 @@ def _output_fields(out: HeadOutput) -> tuple[torch.Tensor, torch.Tensor]:
     description="AVSL: multi-level similarity nodes rectified through CAM-overlap edges, "
     "exhaustive ranking by the learned distance",
 )
-class AVSLHead(Method):
+class AVSLHead(
+    Method,
+    LossShaper,
+    HostReader,
+    ProcessBound,
+    Tunable,
+    Reranker,
+    PairScorer,
+    Explainer,
+    PairExplainer,
+    FigureMaker,
+):
     """Per level GAP + GMP and a 1x1 conv to r dims; nodes, CAM edges and reliabilities."""
 
     label = "AVSL"

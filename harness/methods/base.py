@@ -1,44 +1,34 @@
-"""The plugin interface every paper's method implements: the contract, written once.
+"""The plugin interface every paper's method implements: the head, written once.
 
-A method is a head over backbone feature maps (`Method`). Its public
-`forward` checks the inputs and calls the one hook every plugin fills,
-`Method.embed`. Every other hook has a default that means "not used", and
-every attribute the engine reads is declared on `Method` with its default,
-so the engine never asks a head what it has (no `hasattr`).
+A method is a head over backbone feature maps (`Method`): it embeds and trains, and that is
+all it must do. Its public `forward` checks the inputs and calls the one member every
+plugin writes, `Method.embed`. What a paper's head does beyond that (re-ranking,
+explanation maps, figures, a search space, needs of its training step) is a role, one
+protocol each in :mod:`harness.methods.roles`, which the head declares by subclassing it;
+the engine asks for a role (``isinstance(head, Reranker)``) and never calls a head for one
+it lacks.
 
-Hooks the engine calls (B: images, D: embedding size, Q queries, K candidates, G
-gallery items, P pairs); ``tests/project/test_method_contract.py`` checks that this table
-names every hook `Method` defines and nothing else:
+The members of `Method` a plugin writes (B: images, D: embedding size);
+``tests/project/test_method_contract.py`` checks that this table names them and nothing else:
 
-| hook | what the engine does with it |
+| member | what the engine does with it |
 |---|---|
-| `embed` | maps of `stages` (B x C_s x H_s x W_s each) -> `HeadOutput`; `embedding` (B x D) is ranked |
+| `stages` | the backbone points whose maps `embed` receives, in chain order |
 | `setup` | called once with the backbone at build time (other `stages`, pretrained segment copies) |
+| `embed` | maps of `stages` (B x C_s x H_s x W_s each) -> `HeadOutput`; `embedding` (B x D) is ranked |
 | `loss_terms` | named loss terms of a `TrainingBatch` (batch means; pairs via its `metric_loss`), summed |
 | `optimizer_groups` | the head's optimizer parameter groups (per-part learning rates) |
-| `loss_optimizer_groups` | the metric loss's trained parameters' groups (proxies, margin beta) |
-| `step_host_reads` | why a training step reads the device from the host, or "" (checked: none) |
-| `rerank_similarity` | Q x K scores that replace the cosine on each query's top `rerank_k` candidates |
-| `rerank_by_ids` | the same from stored fields and ids, what the evaluation calls (default: `rerank_similarity`) |
-| `score_pairs` | Q x G scores of every pair, for a head with `exhaustive_pairs` (default: `rerank_similarity`) |
-| `explain` | B x K x H x W maps, drawn on test images after training |
-| `pair_maps` | P x h x w maps of (query, gallery) pairs, scored by `harness explain` |
-| `explains_pairs` | whether `pair_maps` gives maps (default: overrides it); the conformance tests hold it |
-| `figures` | a paper figure of a test tuple (`figure_tuples`) as data (`FigureSet`); the engine draws it |
-| `search_space` | the Optuna search space over the method's options (`harness tune`) |
-| `cross_process_refusal` | why the method cannot train across processes (`torchrun`), or "" |
-| `trains_as` | the method whose training is this one's (a test-time-only method) |
-| `display_name` | the method's row label in tables, from a run's options (or the `label` attribute) |
 
-Attributes the engine reads (declared below with their defaults): `stages`,
-`rerank_fields`, `rerank_k`, `exhaustive_pairs`, `metric_loss_copies`,
-`metric_loss_dim`, `supported_losses`, `figure_tuples`, `label`,
-`revision`. Paper metadata lives on the class as data (`PaperInfo`); paper
-defaults are the constructor's keyword defaults; named variants are registered with
-preset options (and may carry their own `label`). What a head returns and receives
-(`HeadOutput`, `TrainingBatch`, `PaperInfo`) is defined in `harness.methods.head_data`,
-what `figures` returns (`FigureSet`, `FigureData`, `Panel`, `Link`) in
-`harness.methods.figures`; both are exported here.
+Registration data on the class, read by the registry and the tables: `paper`, `label`,
+`revision`. Paper defaults are the constructor's keyword defaults; named variants are
+registered with preset options (and may carry their own `label`). What a head returns and
+receives (`HeadOutput`, `TrainingBatch`, `PaperInfo`) is defined in
+`harness.methods.head_data`, what a figure returns (`FigureSet`, `FigureData`, `Panel`,
+`Link`) in `harness.methods.figures`; both are exported here.
+
+A subclass that writes a role's hooks without declaring the role is adapted for this
+release (:mod:`harness.methods.adapter`: the role's defaults fill what it lacks) with a
+`DeprecationWarning` naming the role to declare.
 """
 
 from __future__ import annotations
@@ -47,20 +37,20 @@ import inspect
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
+from harness.methods.adapter import adapt_role_hooks
 from harness.methods.figures import FIGURE_TUPLES, FigureData, FigureSet, Link, Panel
 from harness.methods.head_data import HeadOutput, PaperInfo, TrainingBatch
 from harness.methods.names import method_name_rule
+from harness.methods.roles import LossShaper, TrainsAsAnother
 
 if TYPE_CHECKING:
-    from optuna.trial import Trial
-
     from harness.components.backbones import Backbone
 
 __all__ = [
@@ -85,33 +75,20 @@ __all__ = [
 
 
 class Method(nn.Module):
-    """Base class of every plugin head. Subclasses implement :meth:`embed`; every other
-    hook and attribute below has a default that means "not used"."""
+    """Base class of every plugin head: :meth:`embed` is written by every subclass;
+    ``stages``, :meth:`setup`, :meth:`loss_terms` and :meth:`optimizer_groups` have
+    defaults. A head's other roles are the protocols of :mod:`harness.methods.roles`."""
 
     #: Registry name of the configurable class (variants add their own names).
     name: ClassVar[str] = ""
     paper: ClassVar[PaperInfo | None] = None
-    #: Row label in tables, formatted with the run's method options by :meth:`display_name`
-    #: (``"+ DIABLO (N = {entries})"``); "" labels a row by its registry name.
+    #: Row label in tables, formatted with the run's method options by
+    #: :meth:`MethodEntry.display_name` (``"+ DIABLO (N = {entries})"``); "" labels a row by
+    #: its registry name.
     label: ClassVar[str] = ""
     #: Backbone points whose maps ``embed`` receives, in chain order (``"s8"``, ``"s16"``,
     #: ``"s32"`` on every backbone); :meth:`setup` may declare others per backbone.
     stages: tuple[str, ...] = ("s32",)
-    #: Head-output fields (:meth:`HeadOutput.field`) the evaluation keeps for every image,
-    #: for :meth:`rerank_similarity` / :meth:`score_pairs`.
-    rerank_fields: ClassVar[tuple[str, ...]] = ()
-    #: Candidates per query that :meth:`rerank_similarity` re-scores (0: no re-ranking).
-    rerank_k: int = 0
-    #: Rank every query against the whole gallery by :meth:`score_pairs` instead of
-    #: re-ranking the cosine's top ``rerank_k`` (the engine scores gallery chunks and keeps
-    #: a running top-k).
-    exhaustive_pairs: bool = False
-    #: Independent instances of the metric loss the head needs (one per group, level...).
-    metric_loss_copies: int = 1
-    #: Registered loss names the head can train with (None: any); checked before a run starts.
-    supported_losses: tuple[str, ...] | None = None
-    #: The tuples of test images (:data:`FIGURE_TUPLES`) that :meth:`figures` explains.
-    figure_tuples: ClassVar[tuple[Literal["pair", "triplet"], ...]] = ()
     #: Bump when a change alters what the method computes with the same options. It
     #: enters grid cell keys and checkpoint keys (from 2 on, so that revision-1 keys never
     #: change): finished cells of older code are rerun, not reused, and runs record it.
@@ -119,13 +96,15 @@ class Method(nn.Module):
     #: The name the head was built under (:func:`create_method`; "" when built directly).
     registry_name: str = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adapt_role_hooks(cls)
+
     def __init__(self, *, channels: dict[str, int], embedding_size: int):
         super().__init__()
         self.channels = dict(channels)
         self.in_channels = channels["s32"]
         self.embedding_size = embedding_size
-        #: Size of the vectors the head passes to the metric loss (proxies are sized by it).
-        self.metric_loss_dim = embedding_size
         #: Pretrained copies of backbone segments (:meth:`setup`): trained at the
         #: protocol's backbone learning rate, not the head's.
         self.pretrained = nn.ModuleDict()
@@ -204,163 +183,6 @@ class Method(nn.Module):
             }
         ]
 
-    def loss_optimizer_groups(self, loss_fn: nn.Module, optimizer: Any) -> list[dict[str, Any]]:
-        """Parameter groups of the metric loss's trained parameters (proxies, margin beta):
-        one group at the protocol's ``optimizer.lr_loss`` and ``optimizer.loss_weight_decay``
-        (none when the loss has none). ``optimizer`` is the protocol's
-        :class:`~harness.config.sections.OptimizerSpec`; override to train them elsewhere
-        (AVSL's code keeps its proxies in its collector)."""
-        params = [p for p in loss_fn.parameters() if p.requires_grad]
-        return (
-            [
-                {
-                    "params": params,
-                    "lr": optimizer.lr_loss,
-                    "weight_decay": optimizer.loss_weight_decay,
-                    "name": "loss",
-                }
-            ]
-            if params
-            else []
-        )
-
-    def step_host_reads(self) -> str:
-        """Why this head's training step reads values from the device, where by its design
-        it must (a selection made on the host, a solver that stops on each problem's
-        convergence), or "" when it never does. The engine's own step reads nothing: with
-        "" the whole step only queues device work, which ``tests/engine/test_syncs.py`` checks for
-        every method that declares nothing. Mining the metric loss's tuples (the protocol's
-        miner) produces data-dependent shapes by nature and is not counted here."""
-        return ""
-
-    @classmethod
-    def cross_process_refusal(cls, options: dict[str, Any]) -> str:
-        """Why this method (with ``options``, all of them resolved) cannot train across
-        processes (``torchrun``), or "" when it can; the engine refuses such a run with it
-        before anything starts. A method can when every pair term goes through
-        ``batch.metric_loss`` (gathered over processes) and every other loss term is a mean
-        over the batch's images (DDP's average then makes it the global mean)."""
-        return ""
-
-    @classmethod
-    def trains_as(cls, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-        """The method (registry name, options) whose training is this one's step for step
-        under ``options`` (all of them resolved), or None when it trains its own way.
-        ``run`` then trains that method once and evaluates this one on its selected weights
-        without training, as a grid's ``[test_time]`` cell does: for test-time-only methods.
-        The selected epoch is then the base's (chosen by its own validation score), as when
-        a training-free method is applied to a trained baseline; trained alone, this method
-        would select its epoch by its own (e.g. re-ranked) validation score."""
-        return None
-
-    @classmethod
-    def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
-        """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``;
-        ``harness tune`` builds the method with them (``embedding_size``: the protocol's,
-        for options that must divide it)."""
-        return {}
-
-    # ------------------------------------------------------------------ evaluation
-
-    def rerank_similarity(
-        self, query: dict[str, torch.Tensor], candidates: dict[str, torch.Tensor]
-    ) -> torch.Tensor | None:
-        """Scores (higher = closer) of Q x K (query, candidate) pairs from the
-        ``rerank_fields`` (query: Q x ..., candidates: Q x K x ...), or None when the method
-        does not re-rank. The evaluation orders each query's top ``rerank_k`` cosine
-        candidates by them (logging the cosine ranking's metrics as ``global_*``)."""
-        return None
-
-    def rerank_by_ids(
-        self,
-        query_fields: Mapping[str, torch.Tensor],
-        gallery_fields: Mapping[str, torch.Tensor],
-        query_ids,
-        candidate_ids,
-    ) -> torch.Tensor:
-        """What the evaluation calls to re-rank: :meth:`rerank_similarity` from the stored
-        ``rerank_fields`` of every query and gallery item (N x ... each) and ids, Q
-        ``query_ids`` and Q x K ``candidate_ids``; returns Q x K scores. The default gathers
-        the candidates; override only to gather lazily (DIML: the Q x K x N x D candidate
-        grids are never built)."""
-        q_ids = torch.as_tensor(query_ids, dtype=torch.long)
-        c_ids = torch.as_tensor(candidate_ids, dtype=torch.long)
-        return typing.cast(
-            torch.Tensor,
-            self.rerank_similarity(
-                {k: query_fields[k][q_ids] for k in self.rerank_fields},
-                {k: gallery_fields[k][c_ids] for k in self.rerank_fields},
-            ),
-        )
-
-    def score_pairs(
-        self, query: dict[str, torch.Tensor], gallery: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """Scores (higher = closer) of every (query, gallery) pair, Q x G, from the
-        ``rerank_fields`` of Q queries and G gallery items; the evaluation calls it chunk by
-        chunk when the head declares ``exhaustive_pairs``. The default expands the gallery
-        to Q x G candidates for :meth:`rerank_similarity`; override for a cheaper form."""
-        q = len(next(iter(query.values())))
-        out = self.rerank_similarity(
-            query, {k: v.unsqueeze(0).expand(q, *v.shape) for k, v in gallery.items()}
-        )
-        if out is None:
-            raise HarnessError(
-                f"{type(self).__name__} declares exhaustive_pairs but scores no pairs"
-            )
-        return out
-
-    # ------------------------------------------------------------------ explanation
-
-    def explain(self, images: torch.Tensor, output: HeadOutput) -> torch.Tensor | None:
-        """Explanation maps B x K x H x W in [0, 1] at image resolution for B normalised
-        ``images`` and this head's ``output`` for them, or None (the method has none). After
-        training the engine draws them on test images (one row per map) and, on datasets
-        with part masks, logs each map's share of mass on each part."""
-        return None
-
-    def pair_maps(
-        self, query: HeadOutput, gallery: HeadOutput, same: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Maps explaining P (query, gallery) pairs, or None (the method has none);
-        ``python -m harness explain`` scores them against a Grad-CAM baseline.
-
-        ``query`` / ``gallery``: this head's outputs (eval mode) for the P query and the P
-        gallery images, row i = pair i; ``same``: P bools, whether pair i is of one class.
-        As SAM's Siamese weights do (Sec. 3.1.1), a positive pair is explained by what makes
-        it similar and a negative one by what makes it dissimilar. Returns (P x h x w,
-        P x h' x w'), non-negative, at feature resolution (the harness resizes them)."""
-        return None
-
-    @property
-    def explains_pairs(self) -> bool:
-        """Whether :meth:`pair_maps` gives maps (not None): by default, whether the class
-        overrides it. A head whose maps depend on its options overrides this too."""
-        return type(self).pair_maps is not Method.pair_maps
-
-    def figures(
-        self, kind: str, images: list[torch.Tensor], outputs: list[HeadOutput]
-    ) -> FigureSet | None:
-        """A paper figure explaining a tuple of test images, as data, or None. The engine
-        calls it after training for each ``kind`` in ``figure_tuples`` (:data:`FIGURE_TUPLES`:
-        ``"pair"``, a query and its nearest neighbour; ``"triplet"``, anchor, positive and
-        negative), then draws the :class:`FigureSet`, writes its figures and data and logs
-        them with the run. ``images``: the tuple's pictures, 3 x H x W in [0, 1];
-        ``outputs``: this head's outputs for them (eval mode), batches of one
-        (:meth:`HeadOutput.select`)."""
-        return None
-
-    # ------------------------------------------------------------------ reporting
-
-    @classmethod
-    def display_name(cls, options: Mapping[str, Any], *, label: str = "") -> str:
-        """The method's row label in tables: ``label`` (a registered variant's own) or the
-        class's :attr:`label`, formatted with a run's resolved method ``options`` (a run
-        records them as ``params.method.<option>``); "" when neither is set (tables then
-        use the registry name). Tables call it through :meth:`MethodEntry.display_name`."""
-        template = label or cls.label
-        return template.format_map(dict(options)) if template else ""
-
 
 # ------------------------------------------------------------------------ registry
 
@@ -398,9 +220,11 @@ class MethodEntry:
 
     def display_name(self, recorded: Mapping[str, Any] | None = None) -> str:
         """Row label in tables for a run that recorded the method options ``recorded``
-        (the others at their defaults): :meth:`Method.display_name`, else the registry name."""
+        (the others at their defaults): this variant's ``label`` or the class's
+        :attr:`Method.label`, formatted with them; the registry name when neither is set."""
         options = {**self.options(), **(recorded or {})}
-        return self.cls.display_name(options, label=self.label) or self.name
+        template = self.label or self.cls.label
+        return template.format_map(options) if template else self.name
 
     def key_fields(self) -> dict[str, int]:
         """What a cell or checkpoint key adds for this method: its revision from 2 on."""
@@ -476,13 +300,15 @@ def create_method(name: str, *, channels: dict[str, int], embedding_size: int, *
 
 def training_base(name: str, protocol_options: dict[str, dict[str, Any]]) -> str:
     """The method whose training is ``name``'s under a protocol's method options
-    (``protocol.methods``): what its :meth:`Method.trains_as` declares, when that method's
-    own resolved options match the declared ones; "" when it trains its own way."""
+    (``protocol.methods``): what its :meth:`~harness.methods.roles.TrainsAsAnother.trains_as`
+    declares, when that method's own resolved options match the declared ones; "" when it
+    trains its own way."""
 
     def resolved(method: str) -> dict[str, Any]:
         return {**METHODS.get(method).options(), **protocol_options.get(method, {})}
 
-    declared = METHODS.get(name).cls.trains_as(resolved(name))
+    cls = METHODS.get(name).cls
+    declared = cls.trains_as(resolved(name)) if issubclass(cls, TrainsAsAnother) else None
     if declared is None:
         return ""
     base, options = declared
@@ -503,9 +329,10 @@ def check_method_options(
     head = create_method(
         name, channels=_PLACEHOLDER_CHANNELS, embedding_size=embedding_size, **options
     )
-    if loss and head.supported_losses is not None and loss not in head.supported_losses:
+    supported = head.supported_losses if isinstance(head, LossShaper) else None
+    if loss and supported is not None and loss not in supported:
         raise HarnessError(
             f"method '{name}' cannot train with loss '{loss}' with these options; "
-            f"valid: {', '.join(head.supported_losses)}"
+            f"valid: {', '.join(supported)}"
         )
     return head

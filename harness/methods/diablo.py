@@ -83,6 +83,7 @@ from harness.methods.base import (
     register_method,
     register_variant,
 )
+from harness.methods.roles import Explainer, PairExplainer, Tunable
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -170,7 +171,7 @@ def _resize(attention: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     description="DIABLO: dictionary attention (dimension-wise, pre-attention, N = 8), "
     "psi run per entry, N branches of D/N",
 )
-class DiabloHead(Method):
+class DiabloHead(Method, Tunable, Explainer, PairExplainer):
     """Dictionary-based attention head (see the module docstring).
 
     Options: ``selection`` (``"feature"`` | ``"dimension"``), ``placement`` (``"pre"`` |
@@ -210,7 +211,6 @@ class DiabloHead(Method):
         self.selection, self.placement, self.entries = selection, placement, entries
         self.temperature, self.rescale = float(temperature), rescale
         self.branch_dim = embedding_size // entries
-        self.metric_loss_dim = embedding_size
 
     # ---------------------------------------------------------------------- building
 

@@ -129,6 +129,16 @@ from harness.methods.diml_training import (
     training_tuples,
 )
 from harness.methods.plain import PlainHead
+from harness.methods.roles import (
+    Explainer,
+    FigureMaker,
+    IdReranker,
+    LossShaper,
+    PairExplainer,
+    ProcessBound,
+    Reranker,
+    TrainsAsAnother,
+)
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -197,7 +207,17 @@ def code_grid_pool(fmap: torch.Tensor, grid: int) -> torch.Tensor:
     description="DIML: optimal-transport matching of G x G local embeddings, "
     "cross-correlation marginals, top-K re-ranking",
 )
-class DIMLHead(PlainHead):
+class DIMLHead(
+    PlainHead,
+    LossShaper,
+    Reranker,
+    IdReranker,
+    Explainer,
+    PairExplainer,
+    FigureMaker,
+    ProcessBound,
+    TrainsAsAnother,
+):
     """The plain head (GAP + Linear, L2-normalised) plus DIML's grid of local embeddings.
 
     ``embed`` returns ``embedding`` (B x D, exactly :class:`~harness.methods.plain.PlainHead`'s)

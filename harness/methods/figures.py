@@ -1,4 +1,4 @@
-"""Figures as data: what a plugin's :meth:`~harness.methods.base.Method.figures` returns
+"""Figures as data: what a plugin's :meth:`~harness.methods.roles.FigureMaker.figures` returns
 for the engine to draw (panels of images with heat maps, grid lines and labelled arrows)
 and the data kept beside them. Part of the plugin contract: importable from
 :mod:`harness.methods.base` as well."""
@@ -14,7 +14,7 @@ import torch
 __all__ = ["FIGURE_TUPLES", "Panel", "Link", "FigureData", "FigureSet"]
 
 #: The tuples of test images a method may explain in a figure
-#: (:meth:`~harness.methods.base.Method.figures`): ``"pair"``: a query and its nearest
+#: (:meth:`~harness.methods.roles.FigureMaker.figures`): ``"pair"``: a query and its nearest
 #: neighbour among the other test images; ``"triplet"``: an anchor, another image of its
 #: class and one of another class.
 FIGURE_TUPLES = ("pair", "triplet")
@@ -58,7 +58,7 @@ class FigureData:
 
 @dataclass(frozen=True)
 class FigureSet:
-    """What :meth:`~harness.methods.base.Method.figures` returns: its figures and the data worth keeping beside
+    """What :meth:`~harness.methods.roles.FigureMaker.figures` returns: its figures and the data worth keeping beside
     them, each written by the engine next to the figures and logged with the run:
     ``records`` ``{suffix: JSON-able dict}`` -> ``<kind><suffix>.json``; ``arrays``
     ``{suffix: {name: tensor}}`` -> ``<kind><suffix>.npz``."""

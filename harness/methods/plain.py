@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.methods.base import HeadOutput, Method, register_method
+from harness.methods.roles import Tunable
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -29,7 +30,7 @@ INITS = ("default", "kaiming_normal_fan_out")
 
 
 @register_method("plain", description="global pooling + linear (no-grouping baseline)")
-class PlainHead(Method):
+class PlainHead(Method, Tunable):
     """Global pooling (average, max or their sum) then a linear embedding, L2-normalised."""
 
     label = "Baseline"

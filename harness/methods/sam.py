@@ -159,6 +159,14 @@ from harness.methods.base import (
     register_method,
     register_variant,
 )
+from harness.methods.roles import (
+    Explainer,
+    FigureMaker,
+    HostReader,
+    PairExplainer,
+    ProcessBound,
+    Tunable,
+)
 from harness.methods.sam_attention import (
     FORMS,
     NORMALIZATIONS,
@@ -235,7 +243,7 @@ STAGES = ("s8", "s16", "s32")
     description="SAM: similarity attention + similarity mining on soft-masked images "
     "(triplet form), GAP + linear head",
 )
-class SAMHead(Method):
+class SAMHead(Method, HostReader, ProcessBound, Tunable, Explainer, PairExplainer, FigureMaker):
     """The plain head (GAP -> Linear -> L2) trained with SAM's similarity mining (see the
     module docstring). Options: ``form`` (``"triplet"`` | ``"siamese"`` | ``"quadruplet"``),
     ``stage`` (the map of Eq. 1), ``alpha`` / ``beta`` (Sigma), ``gamma`` (Eq. 3),

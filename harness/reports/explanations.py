@@ -1,7 +1,7 @@
 """The explanation figures and part statistics logged with a trained run.
 
-For heads that explain (:meth:`harness.methods.base.Method.explain` and
-:meth:`harness.methods.base.Method.figures`), the engine calls :func:`log_explanations` after
+For heads that explain (the roles :class:`harness.methods.roles.Explainer` and
+:class:`harness.methods.roles.FigureMaker`), the engine calls :func:`log_explanations` after
 the test evaluation. Plugins return data; this module draws it: every picture with a
 map over it goes through :func:`draw_overlay`, every figure a plugin describes
 (:class:`harness.methods.base.FigureData`) through :func:`draw_figure`, and
@@ -35,6 +35,7 @@ from harness.components.explanation.images import (
 )
 from harness.components.explanation.maps import attention_figure, upsample_maps
 from harness.methods.base import FigureData, FigureSet, HeadOutput, Link, Method
+from harness.methods.roles import Explainer, FigureMaker
 
 __all__ = [
     "log_explanations",
@@ -245,9 +246,9 @@ def write_tuple_figures(
     caption: str = "",
 ) -> list[Path]:
     """Ask ``head`` for its ``kind`` figure of a tuple of test images
-    (:meth:`~harness.methods.base.Method.figures`) and write what it returns, titled after
-    ``caption``; [] when it draws none."""
-    if kind not in head.figure_tuples:
+    (:meth:`~harness.methods.roles.FigureMaker.figures`) and write what it returns, titled
+    after ``caption``; [] when it draws none (or is no :class:`~harness.methods.roles.FigureMaker`)."""
+    if not isinstance(head, FigureMaker) or kind not in head.figure_tuples:
         return []
     figures = head.figures(kind, images, outputs)
     return [] if figures is None else write_figure_set(figures, out_dir, kind, caption=caption)
@@ -278,7 +279,11 @@ def log_explanations(
     label = run_label or model.head.registry_name
     _log_pair_figure(model.head, batch, out_dir, tracker, label)
     _log_triplet_figure(model, splits, protocol, device, out_dir, tracker, label)
-    maps = model.head.explain(batch.images, batch.output)
+    maps = (
+        model.head.explain(batch.images, batch.output)
+        if isinstance(model.head, Explainer)
+        else None
+    )
     if maps is None:
         tracker.log_text(no_maps_note(model.head.registry_name), NO_MAPS_ARTIFACT)
         return
@@ -309,9 +314,14 @@ def no_maps_note(method: str) -> str:
     )
 
 
+def _makes_figure(head: Method, kind: str) -> bool:
+    """Whether ``head`` is a :class:`~harness.methods.roles.FigureMaker` of ``kind`` tuples."""
+    return isinstance(head, FigureMaker) and kind in head.figure_tuples
+
+
 def _log_pair_figure(head: Method, batch: ImageBatch, out_dir: Path, tracker, label: str) -> None:
     """The head's pair figure of the first test image and its nearest neighbour."""
-    if len(batch.pictures) < 2 or "pair" not in head.figure_tuples:
+    if len(batch.pictures) < 2 or not _makes_figure(head, "pair"):
         return
     j = nearest_neighbour(batch.output.embedding)
     for path in write_tuple_figures(
@@ -330,7 +340,7 @@ def _log_triplet_figure(
 ) -> None:
     """The head's triplet figure of the first test triplet (:func:`first_test_triplet`)."""
     triplet = first_test_triplet(splits.test.labels)
-    if triplet is None or "triplet" not in model.head.figure_tuples:
+    if triplet is None or not _makes_figure(model.head, "triplet"):
         return
     batch = run_test_images(model, splits.test, protocol.image, triplet, device)
     for path in write_tuple_figures(

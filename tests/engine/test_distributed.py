@@ -197,12 +197,12 @@ def test_a_batch_that_does_not_split_is_refused():
     ],
 )
 def test_methods_that_cannot_train_across_processes_are_refused(method, reason):
-    from harness.methods import METHODS
+    from harness.methods import METHODS, ProcessBound
 
     entry = METHODS.get(method)
     assert reason in entry.cls.cross_process_refusal(entry.options())
     assert METHODS.get("diml").cls.cross_process_refusal(METHODS.get("diml").options()) == ""
-    assert METHODS.get("plain").cls.cross_process_refusal({}) == ""
+    assert not issubclass(METHODS.get("plain").cls, ProcessBound)
 
 
 def _torchrun(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

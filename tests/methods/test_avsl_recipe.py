@@ -27,6 +27,7 @@ from harness.config.grids import load_grid
 from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import load_protocol
 from harness.methods import TrainingBatch
+from harness.methods.roles import metric_loss_groups
 from tests.methods.test_conformance import BATCH, EMB, build, images
 
 # ------------------------------------------------------------- 5: gradient clipping
@@ -93,8 +94,7 @@ def test_avsl_proxies_train_at_the_collector_rate_with_weight_decay(dataset, rat
     assert "loss" not in groups  # ProxyAnchor has no other parameter
     assert groups["inference"]["lr"] == pytest.approx(rate)  # alpha, beta: the same collector
     # The harness's default: the proxies in the loss group at lr_loss without decay.
-    plain = build("avsl").head
-    default = plain.loss_optimizer_groups(losses, load_protocol("roth2020").optimizer)
+    default = metric_loss_groups(losses, load_protocol("roth2020").optimizer)
     assert [g["name"] for g in default] == ["loss"] and default[0]["weight_decay"] == 0.0
 
 

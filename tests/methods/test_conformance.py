@@ -4,17 +4,12 @@ Every plugin must build from its defaults on a backbone (``setup``), embed the m
 of the points it declares, train one step with the harness's real
 :class:`~harness.components.losses.MetricLoss` (per-copy instances, a miner, a loss sized by
 ``metric_loss_dim``), put every trainable parameter in exactly one optimizer group
-(its pretrained copies in the backbone's), round-trip its state dict, re-rank through
-the engine's one adapter when it declares ``rerank_fields``, explain (or decline to),
-and offer a search space over its own options.
+(its pretrained copies in the backbone's) and round-trip its state dict. The checks of
+each role a plugin declares are ``tests/methods/test_roles.py``'s.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-import optuna
 import pytest
 import torch
 from torch import nn
@@ -22,17 +17,19 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.backbones import Backbone, BackboneSpec
 from harness.components.losses import MetricLoss, create_miner, miner_for
-from harness.engine.run.embedding import make_reranker
 from harness.engine.run.model import EmbeddingModel, create_loss_module
 from harness.methods import (
     METHODS,
     HeadOutput,
+    LossShaper,
     Method,
     PaperInfo,
     TrainingBatch,
+    TrainsAsAnother,
     check_method_options,
     list_methods,
 )
+from harness.methods.roles import loss_copies, loss_dim
 
 EMB = 32
 BATCH = 8
@@ -87,17 +84,18 @@ def test_builds_with_metadata(name):
     assert model.backbone.out_stages == tuple(head.stages)
     assert entry.cls.paper is None or isinstance(entry.cls.paper, PaperInfo)
     assert set(entry.preset) <= set(entry.options())
-    assert head.rerank_k >= 0 and head.metric_loss_copies >= 1 and head.metric_loss_dim >= 1
+    assert loss_copies(head) >= 1 and loss_dim(head) >= 1
 
 
 @pytest.mark.parametrize("loss", ["margin", "proxy_anchor"])
 def test_forward_loss_backward_and_optimizer_groups(name, loss):
     model = build(name).train()
     head = model.head
-    if head.supported_losses is not None and loss not in head.supported_losses:
+    supported = head.supported_losses if isinstance(head, LossShaper) else None
+    if supported is not None and loss not in supported:
         with pytest.raises(HarnessError, match=f"cannot train with loss '{loss}'"):
             check_method_options(name, {}, embedding_size=EMB, loss=loss)
-        loss = head.supported_losses[0]
+        loss = supported[0]
     labels = torch.arange(BATCH) // 2  # 4 classes x 2
     metric_loss = run_loss(head, loss)
     x = images()
@@ -136,39 +134,10 @@ def test_state_dict_round_trip_gives_the_same_embedding(name):
         torch.testing.assert_close(other(images(1)).embedding, model(images(1)).embedding)
 
 
-def test_explain_and_rerank(name):
-    model = build(name).eval()
-    head = model.head
-    x = images(1)
-    with torch.no_grad():
-        out = model(x)
-        maps = head.explain(torch.rand(BATCH, 3, *IMAGE), out)
-    if maps is not None:
-        assert maps.dim() == 4 and maps.shape[0] == BATCH and maps.shape[2:] == IMAGE
-        assert torch.isfinite(maps).all() and maps.min() >= 0 and maps.max() <= 1
-    if head.rerank_fields:
-        fields = {f: out.field(f) for f in head.rerank_fields}
-        candidates = np.stack([np.roll(np.arange(BATCH), -s)[:3] for s in range(1, BATCH + 1)])[
-            :BATCH
-        ]
-        scores = make_reranker(head, fields, queries_per_call=3)(np.arange(BATCH), candidates)
-        assert scores.shape == (BATCH, 3) and np.isfinite(scores).all()
-
-
-def test_search_space_uses_own_options(name):
-    entry = METHODS.get(name)
-    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
-    params = entry.cls.search_space(trial, embedding_size=EMB)
-    assert set(params) <= set(entry.options())
-    rebuilt = build(name, **params).eval()
-    with torch.no_grad():
-        out = rebuilt(images())
-    assert math.isclose(float(out.embedding.norm(dim=-1).mean()), 1.0, rel_tol=1e-4)
-
-
 def _trains_as(name: str):
     entry = METHODS.get(name)
-    return entry.cls.trains_as(entry.options())
+    cls = entry.cls
+    return cls.trains_as(entry.options()) if issubclass(cls, TrainsAsAnother) else None
 
 
 @pytest.mark.parametrize("name", [n for n in list_methods() if _trains_as(n) is not None])

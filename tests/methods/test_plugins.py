@@ -23,7 +23,15 @@ from harness.base.errors import HarnessError
 from harness.base.registry import Registry
 from harness.cli.main import main
 from harness.config.grids import load_grid
-from harness.methods import METHODS, HeadOutput, Method, list_methods, register_method
+from harness.methods import (
+    METHODS,
+    HeadOutput,
+    Method,
+    PairExplainer,
+    Tunable,
+    list_methods,
+    register_method,
+)
 from harness.methods.base import PLUGIN_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +42,7 @@ TINY_PROTOCOL = REPO / "tests" / "protocols" / "tiny.toml"
 THROWAWAY = "throwaway_pool"
 
 
-class ThrowawayHead(Method):
+class ThrowawayHead(Method, Tunable):
     """Average pooling + linear, scaled before normalising (a plugin that declares only
     ``embed``, one option and a search space)."""
 
@@ -99,19 +107,20 @@ def test_a_new_plugin_without_pair_maps_declines_them(throwaway):
         test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one,
     )
 
-    assert not ThrowawayHead(channels={"s32": 8}, embedding_size=4).explains_pairs
+    assert not isinstance(ThrowawayHead(channels={"s32": 8}, embedding_size=4), PairExplainer)
     test_every_method_gives_pair_maps_or_declines_and_the_baseline_maps_every_one(throwaway)
 
 
 def test_a_new_plugin_passes_the_conformance_suite(throwaway):
     from tests.methods import test_conformance as suite
+    from tests.methods import test_roles as roles
 
     suite.test_builds_with_metadata(throwaway)
     for loss in ("margin", "proxy_anchor"):
         suite.test_forward_loss_backward_and_optimizer_groups(throwaway, loss)
     suite.test_state_dict_round_trip_gives_the_same_embedding(throwaway)
-    suite.test_explain_and_rerank(throwaway)
-    suite.test_search_space_uses_own_options(throwaway)
+    assert throwaway in roles.having(Tunable)
+    roles.test_tunable(throwaway)
     suite.test_every_method_declares_a_row_label_of_its_own()
 
 

@@ -1,7 +1,8 @@
-"""The plugin contract's hook table is the code's: the table in the docstring of
-``harness/methods/base.py`` (rendered on the API page, docs/api/methods-base.md) names every
-hook ``Method`` defines and nothing else, each one the harness calls, and the attributes it
-lists are ``Method``'s."""
+"""The plugin contract is small and its tables are the code's: the table in the docstring of
+``harness/methods/base.py`` (rendered on docs/api/methods-base.md) names every member
+``Method`` offers a plugin, at most five, and nothing else; every member of every role
+(``harness/methods/roles.py``) is used by the harness outside the plugins; and the
+engine asks for roles, never calling a role's member on a ``Method`` it has not checked."""
 
 from __future__ import annotations
 
@@ -10,36 +11,35 @@ import re
 from pathlib import Path
 
 import harness.methods.base as contract
-from harness.methods import Method
+from harness.methods import ROLES, Method
+from harness.methods.roles import role_members
 
 REPO = Path(__file__).resolve().parents[2]
-#: What ``Method`` defines that a plugin does not override: the checked entry point that
-#: calls ``embed``, the helper for ``optimizer_groups`` and the accessor of what ``setup``
-#: received.
-NOT_HOOKS = {"forward", "head_parameters", "backbone"}
-#: The contract's own modules: their default hooks call the others as the engine does.
-CONTRACT = {"base.py", "head_data.py", "figures.py", "names.py", "__init__.py"}
-#: Hooks that declare what another hook does, for the suite's conformance checks rather
-#: than for the engine: ``explains_pairs`` says whether ``pair_maps`` gives maps
-#: (tests/engine/test_explain.py holds every registered method to it; the engine calls
-#: ``pair_maps`` and takes None as "no maps").
+#: What ``Method`` defines that a plugin does not write: the checked entry point that calls
+#: ``embed``, the helper for ``optimizer_groups``, the accessor of what ``setup`` received,
+#: and the hook that adapts a subclass written with one class's hooks.
+NOT_MEMBERS = {"forward", "head_parameters", "backbone"}
+#: The contract's own modules: their defaults call the other members as the engine does.
+CONTRACT = {"base.py", "roles.py", "head_data.py", "figures.py", "names.py", "__init__.py"}
+#: Members that declare what another member does, for the suite's conformance checks:
+#: ``explains_pairs`` says whether ``pair_maps`` gives maps (tests/methods/test_roles.py).
 DECLARATIONS = {"explains_pairs"}
 
 
-def table_hooks(doc: str) -> list[str]:
-    """The first column of the docstring's hook table."""
+def table_members(doc: str) -> list[str]:
+    """The first column of the docstring's table."""
     return re.findall(r"^\| `(\w+)` \|", doc, re.M)
 
 
-def defined_hooks(cls: type) -> set[str]:
-    """The public methods and properties ``cls`` defines in its own body, less
-    :data:`NOT_HOOKS`."""
+def defined_members(cls: type) -> set[str]:
+    """The public methods, properties and declared attributes ``cls`` defines in its own
+    body, less :data:`NOT_MEMBERS` and the registration data."""
     kinds = (property, classmethod, staticmethod)
     return {
         name
         for name, value in vars(cls).items()
         if not name.startswith("_") and (callable(value) or isinstance(value, kinds))
-    } - NOT_HOOKS
+    } - NOT_MEMBERS | {"stages"}
 
 
 def attribute_names(paths: list[Path]) -> set[str]:
@@ -52,44 +52,50 @@ def attribute_names(paths: list[Path]) -> set[str]:
     }
 
 
-def test_the_hook_table_names_every_hook_the_contract_defines():
-    table = table_hooks(contract.__doc__ or "")
-    assert len(table) == len(set(table)), "a hook listed twice"
-    assert set(table) == defined_hooks(Method)
-
-
-def test_the_harness_calls_every_hook_in_the_table():
-    """Each hook is called outside the plugins: by the engine, the reports, the commands
-    or the contract's own defaults (``rerank_by_ids`` calls ``rerank_similarity``); a
-    declaration (:data:`DECLARATIONS`) by the test suite."""
+def callers() -> list[Path]:
     plugins = REPO / "harness" / "methods"
-    callers = [
+    return [
         path
         for path in sorted((REPO / "harness").rglob("*.py"))
         if path.parent != plugins or path.name in CONTRACT
     ]
-    hooks = set(table_hooks(contract.__doc__ or ""))
-    assert hooks - DECLARATIONS - attribute_names(callers) == set()
+
+
+def test_the_table_names_every_member_method_offers_and_they_are_few():
+    table = table_members(contract.__doc__ or "")
+    assert len(table) == len(set(table)), "a member listed twice"
+    assert set(table) == defined_members(Method)
+    assert len(table) <= 5
+
+
+def test_the_harness_uses_every_member_of_method_and_of_every_role():
+    """Each member is used outside the plugins: by the engine, the reports, the commands or
+    the contract's own defaults; a declaration (:data:`DECLARATIONS`) by the test suite."""
+    used = attribute_names(callers())
+    members = set(table_members(contract.__doc__ or ""))
+    members |= {m for role in ROLES for m in role_members(role)}
+    assert members - DECLARATIONS - used == set()
     tests = sorted((REPO / "tests").rglob("*.py"))
-    assert DECLARATIONS <= hooks and DECLARATIONS - attribute_names(tests) == set()
+    assert DECLARATIONS - attribute_names(tests) == set()
 
 
-def test_the_attributes_the_docstring_lists_are_the_contracts():
-    listed = re.search(r"Attributes the engine reads[^:]*:(.*?)\.", contract.__doc__ or "", re.S)
-    assert listed, "the docstring lists no attributes"
-    names = re.findall(r"`(\w+)`", listed.group(1))
+def test_method_has_no_member_of_a_role():
+    """A role's members live on the role: ``Method`` answers none of them, so the engine
+    cannot call one without asking for the role."""
     head = Method(channels={"s8": 8, "s16": 16, "s32": 32}, embedding_size=8)
-    assert names and [n for n in names if not hasattr(head, n)] == []
+    for role in ROLES:
+        assert not isinstance(head, role)
+        assert [m for m in role_members(role) if hasattr(head, m)] == [], role.__name__
 
 
 def test_the_checks_can_fail():
-    """A table without a hook the class defines, or with one it does not, is caught."""
+    """A table without a member the class defines, or with one it does not, is caught."""
 
     class Extended(Method):
         def new_hook(self) -> str:
             return ""
 
     doc = contract.__doc__ or ""
-    assert set(table_hooks(doc)) != defined_hooks(Extended) | defined_hooks(Method)
+    assert set(table_members(doc)) != defined_members(Extended) | defined_members(Method)
     assert "new_hook" not in attribute_names([REPO / "harness" / "methods" / "base.py"])
-    assert table_hooks("| `a` | x |\n| `b` | y |\n") == ["a", "b"]
+    assert table_members("| `a` | x |\n| `b` | y |\n") == ["a", "b"]

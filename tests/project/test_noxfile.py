@@ -152,7 +152,7 @@ def test_the_fair_table_smoke_caption_names_no_published_columns(noxfile):
         assert "a pipeline check" in caption and "published" not in caption
 
 
-def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(
+def test_the_docs_session_writes_the_schemas_and_the_roles_table_before_it_builds_the_site(
     noxfile, tmp_path, monkeypatch
 ):
     written = []
@@ -169,7 +169,9 @@ def test_the_docs_session_writes_the_schemas_before_it_builds_the_site(
     (tmp_path / "docs").mkdir()
     session = SchemaSession()
     noxfile.docs(session)
-    *schemas, build = session.calls
+    *schemas, roles, build = session.calls
+    assert roles[:2] == ("python", "-c") and "write_role_table" in roles[2]
+    assert str(tmp_path / "docs" / "writing-a-plugin.md") in roles[2]
     assert schemas == [
         ("python", "-m", "harness", "schema", "protocol"),
         ("python", "-m", "harness", "schema", "grid"),

@@ -9,7 +9,7 @@ For a finished run of any method, on its test split:
    their nearest neighbour by the embedding (the pairs retrieval puts first).
 2. Maps, one per image of each pair, from two sources:
 
-   * ``method``: the method's own (:meth:`harness.methods.Method.pair_maps`: A-grouping's and
+   * ``method``: the method's own (:meth:`harness.methods.PairExplainer.pair_maps`: A-grouping's and
      DIABLO's group maps, DIML's transport, AVSL's attribution, SAM's similarity attention);
      a method without maps is scored by the baseline only (one note line).
    * ``baseline``, for every run: similarity Grad-CAM of the embedding (Selvaraju et al.
@@ -18,7 +18,7 @@ For a finished run of any method, on its test split:
      feature map the backbone hands to the head, weights = its spatial mean, ReLU of the
      weighted sum. The target is the cosine for a same-class pair and its negative (the
      distance, up to a constant) for a pair of two classes, as SAM's Siamese weights
-     explain similarity and dissimilarity (Sec. 3.1.1); :meth:`~harness.methods.Method.pair_maps`
+     explain similarity and dissimilarity (Sec. 3.1.1); :meth:`~harness.methods.PairExplainer.pair_maps`
      follows the same rule.
 
 3. Scores per pair, then mean and 95% t-interval over pairs (:mod:`harness.components.explanation.scores`):
@@ -93,7 +93,7 @@ from harness.engine.explain.sanity import (
     sanity_metrics,
     sanity_verdicts,
 )
-from harness.methods import HeadOutput
+from harness.methods import Explainer, HeadOutput
 from harness.reports.explanations import curves_figure, pairs_figure, write_tuple_figures
 from harness.store.queries import log_to_run
 
@@ -211,7 +211,8 @@ def _method_figures(ctx: RunContext, pairs: Pairs, out_dir: Path) -> list[Path]:
     images = load_images(ctx, pairs.query[:16])
     with torch.no_grad():
         out = ctx.model(images)
-        maps = ctx.model.head.explain(images, out)
+        head = ctx.model.head
+        maps = head.explain(images, out) if isinstance(head, Explainer) else None
     pictures = to_pictures(ctx, images)
     if maps is not None:
         rank = out.attention.amax(dim=(2, 3)).cpu() if out.attention is not None else "mass"

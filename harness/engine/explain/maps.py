@@ -6,6 +6,7 @@ method's own and the similarity Grad-CAM baseline) with the pair's embeddings.""
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from harness.engine.run.data import prepare_splits, recorded_control
 from harness.engine.run.model import build_model
 from harness.engine.run.run_config import default_checkpoint_root
 from harness.engine.run.runtime import resolve_device
-from harness.methods import METHODS
+from harness.methods import METHODS, PairExplainer
 from harness.store.location import tracking_uri
 from harness.store.queries import find_run, read_artifact
 from harness.store.weights import load_finished_weights
@@ -363,7 +364,8 @@ def compute_maps(
     the query and gallery embeddings (P x D), all from one forward pass per batch."""
     size = ctx.protocol.image.size
     own_q, own_g, base_q, base_g, emb_q, emb_g = [], [], [], [], [], []
-    has_own = True
+    head = ctx.model.head
+    has_own = isinstance(head, PairExplainer)
     for start in range(0, len(pairs.query), batch):
         rows = slice(start, start + batch)
         q, g = load_images(ctx, pairs.query[rows]), load_images(ctx, pairs.gallery[rows])
@@ -375,7 +377,7 @@ def compute_maps(
         emb_g.append(out.embedding[len(q) :].float())
         if has_own:
             with torch.no_grad():
-                own = ctx.model.head.pair_maps(
+                own = typing.cast(PairExplainer, head).pair_maps(
                     output_rows(out, slice(0, len(q))), output_rows(out, slice(len(q), None)), same
                 )
             if own is None:

@@ -4,7 +4,7 @@
 host: no value read back, no shape that depends on the data, no Python the compiler
 cannot follow. A training step meets that when its miner works in a fixed shape
 (:class:`~harness.components.losses.miners.FixedShapeMiner`, or no miner) and its method
-declares no host work (:meth:`~harness.methods.Method.step_host_reads`). Then its
+declares no host work (:class:`~harness.methods.roles.HostReader`). Then its
 forward, loss terms and backward compile with ``fullgraph=True``: one graph, replayed every
 step, and with ``--cuda-graphs`` (inductor's ``reduce-overhead`` mode) as a CUDA graph.
 
@@ -38,6 +38,7 @@ from torch._dynamo.utils import counters
 from harness.base.errors import HarnessError
 from harness.components.losses import FixedShapeMiner
 from harness.engine.run.runtime import log_line
+from harness.methods.roles import HostReader
 
 __all__ = [
     "CompiledStep",
@@ -70,7 +71,7 @@ def whole_graph_blocker(head: Any, miner: Any, dtype: torch.dtype | None = None)
             f"data (a fixed-shape miner: distance_weighted_fixed, distance_weighted_roth, "
             f"hard_negative, multi_similarity)"
         )
-    host = head.step_host_reads()
+    host = head.step_host_reads() if isinstance(head, HostReader) else ""
     if host:
         return f"the method works on the host by design: {host}"
     return ""

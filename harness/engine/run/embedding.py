@@ -2,11 +2,13 @@
 
 The engine knows one thing about methods that score their own way: a method may
 score (query, candidate) pairs from fields it keeps per image (``rerank_fields``,
-``rerank_k`` and :meth:`~harness.methods.base.Method.rerank_by_ids`). :func:`make_reranker`
-is the one adapter from that hook to the id-based :data:`~harness.components.evaluation.Reranker`
-that :func:`~harness.components.evaluation.evaluate_embeddings` calls. A head that declares
-``exhaustive_pairs`` is ranked by its pair scores over the whole gallery instead
-(:meth:`~harness.methods.base.Method.score_pairs` through :func:`make_pair_scorer`, chunked).
+``rerank_k`` of the :class:`~harness.methods.roles.Reranker` role, scored by
+:func:`~harness.methods.roles.rerank_scores`). :func:`make_reranker` is the one adapter from
+that role to the id-based :data:`~harness.components.evaluation.Reranker` that
+:func:`~harness.components.evaluation.evaluate_embeddings` calls. A
+:class:`~harness.methods.roles.PairScorer` that declares ``exhaustive_pairs`` is ranked by
+its pair scores over the whole gallery instead (``score_pairs`` through
+:func:`make_pair_scorer`, chunked).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from harness.components.data import DatasetSplits
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
+from harness.methods import roles
 
 if TYPE_CHECKING:
     from harness.config.protocol import Protocol
     from harness.engine.run.model import EmbeddingModel
-    from harness.methods.base import Method
 
 __all__ = [
     "Evaluator",
@@ -60,7 +62,7 @@ PAIRS_PER_CALL = 1 << 14
 
 
 def make_reranker(
-    method: Method,
+    method: roles.Reranker,
     query_fields: Mapping[str, torch.Tensor],
     gallery_fields: Mapping[str, torch.Tensor] | None = None,
     *,
@@ -68,8 +70,9 @@ def make_reranker(
     device: torch.device | str | None = None,
 ) -> Reranker:
     """``(query ids (Q,), candidate ids Q x K) -> Q x K float32 scores`` from the method's
-    ``rerank_by_ids`` over stored fields (``gallery_fields=None``: same-source retrieval),
-    ``queries_per_call`` queries at a time (default: 256 on the CPU, 4,096 on a GPU).
+    re-ranking scores (:func:`~harness.methods.roles.rerank_scores`) over stored fields
+    (``gallery_fields=None``: same-source retrieval), ``queries_per_call`` queries at a time
+    (default: 256 on the CPU, 4,096 on a GPU).
     ``device``: where the fields are moved once and the scores computed (default: where
     they are)."""
     same = gallery_fields is None
@@ -93,7 +96,8 @@ def make_reranker(
     def rerank(query_ids: np.ndarray, candidate_ids: np.ndarray) -> np.ndarray:
         query_ids, candidate_ids = np.asarray(query_ids), np.asarray(candidate_ids)
         out = [
-            method.rerank_by_ids(
+            roles.rerank_scores(
+                method,
                 query_fields,
                 gallery_fields,
                 query_ids[i : i + queries_per_call],
@@ -117,7 +121,7 @@ def pair_chunks(
 
 
 def make_pair_scorer(
-    method: Method,
+    method: roles.PairScorer,
     query_fields: Mapping[str, torch.Tensor],
     gallery_fields: Mapping[str, torch.Tensor] | None = None,
     *,
@@ -244,9 +248,7 @@ def evaluate_split(
     ``per_query``: keep the per-query values of the method's ranking (``result.per_query``).
     """
     head = model.head
-    exhaustive = bool(rerank and head.rerank_fields and head.exhaustive_pairs)
-    rerank_k = head.rerank_k if rerank and head.rerank_fields and not exhaustive else 0
-    keep = head.rerank_fields if rerank_k > 0 or exhaustive else ()
+    exhaustive, rerank_k, keep = _ranking(head) if rerank else (False, 0, ())
     q, q_fields, g, g_fields = _embed_sets(
         model, query_set, gallery_set, protocol, device=device, workers=workers, keep=keep
     )
@@ -264,22 +266,32 @@ def evaluate_split(
             **kw,
         )
 
+    g_kept = None if gallery_set is None else g_fields
     if exhaustive:
         n_gallery = len(q) - 1 if g is None else len(g)
         scorer = make_pair_scorer(
-            head, q_fields, None if gallery_set is None else g_fields, device=device
+            typing.cast(roles.PairScorer, head), q_fields, g_kept, device=device
         )
         ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
         ranked["num_ranked_candidates"] = n_gallery
     elif rerank_k > 0:
-        reranker = make_reranker(
-            head, q_fields, None if gallery_set is None else g_fields, device=device
-        )
+        reranker = make_reranker(typing.cast(roles.Reranker, head), q_fields, g_kept, device=device)
         ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
         return score(per_query=per_query)
     return _with_global(ranked, score())
+
+
+def _ranking(head: object) -> tuple[bool, int, tuple[str, ...]]:
+    """How the evaluation ranks by ``head``'s roles: (exhaustively by a
+    :class:`~harness.methods.roles.PairScorer`'s pair scores, the candidates per query a
+    :class:`~harness.methods.roles.Reranker` re-scores, the head fields kept per image)."""
+    if isinstance(head, roles.PairScorer) and head.rerank_fields and head.exhaustive_pairs:
+        return True, 0, head.rerank_fields
+    if isinstance(head, roles.Reranker) and head.rerank_fields and head.rerank_k > 0:
+        return False, head.rerank_k, head.rerank_fields
+    return False, 0, ()
 
 
 def _embed_sets(

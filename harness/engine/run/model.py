@@ -13,6 +13,7 @@ from harness.components.backbones import Backbone, create_backbone
 from harness.components.losses import create_loss
 from harness.config.protocol import Protocol
 from harness.methods import HeadOutput, Method, create_method
+from harness.methods.roles import LossShaper, loss_copies, loss_dim, metric_loss_groups
 
 __all__ = [
     "EmbeddingModel",
@@ -87,12 +88,14 @@ def on_device(model: EmbeddingModel, device: torch.device) -> EmbeddingModel:
 def create_loss_module(
     head: Method, loss: str, loss_args: dict[str, Any] | None = None, *, num_classes: int
 ) -> nn.Module:
-    """The metric loss a head trains with: one instance per copy it asks for
-    (``metric_loss_copies``, e.g. one per group), each sized by its ``metric_loss_dim``.
-    One instance keeps its state-dict keys; several are a ModuleList."""
+    """The metric loss a head trains with: one instance per copy it asks for (a
+    :class:`~harness.methods.roles.LossShaper`'s ``metric_loss_copies``, e.g. one per group),
+    each sized by its ``metric_loss_dim`` (:func:`~harness.methods.roles.loss_copies`,
+    :func:`~harness.methods.roles.loss_dim`). One instance keeps its state-dict keys; several
+    are a ModuleList."""
     losses = [
-        create_loss(loss, loss_args, num_classes=num_classes, embedding_size=head.metric_loss_dim)
-        for _ in range(head.metric_loss_copies)
+        create_loss(loss, loss_args, num_classes=num_classes, embedding_size=loss_dim(head))
+        for _ in range(loss_copies(head))
     ]
     return losses[0] if len(losses) == 1 else nn.ModuleList(losses)
 
@@ -102,7 +105,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The protocol's optimizer over parameter groups named ``backbone`` (with the
     pretrained copies a head keeps), the head's own groups and the loss's groups
-    (:meth:`harness.methods.base.Method.loss_optimizer_groups`)."""
+    (a :class:`~harness.methods.roles.LossShaper`'s ``loss_optimizer_groups``, else
+    :func:`~harness.methods.roles.metric_loss_groups`)."""
     o = protocol.optimizer
     # Pretrained copies of backbone segments that a head keeps (DIABLO's phi) train like
     # the backbone they came from.
@@ -120,7 +124,11 @@ def build_optimizer(
         }
     ]
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
-    groups += model.head.loss_optimizer_groups(loss_module, o)
+    head = model.head
+    if isinstance(head, LossShaper):
+        groups += head.loss_optimizer_groups(loss_module, o)
+    else:
+        groups += metric_loss_groups(loss_module, o)
     # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
     if o.name == "adam":
         return torch.optim.Adam(groups, fused=True)

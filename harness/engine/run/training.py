@@ -39,7 +39,7 @@ from harness.engine.run.run_config import (
 )
 from harness.engine.run.runtime import default_workers, log_line, resolve_device, seed_everything
 from harness.engine.run.trainer import EpochCallback, Trainer
-from harness.methods import METHODS
+from harness.methods import METHODS, ProcessBound
 from harness.store.dead_runs import mark_dead_runs_killed
 from harness.store.tracking import filter_value, newest_run
 from harness.store.weights import load_finished_weights
@@ -319,7 +319,8 @@ def _check_distributable(cfg: RunConfig, procs: Processes) -> None:
             f"process's share, not by the protocol's batch"
         )
     entry = METHODS.get(cfg.method)
-    reason = entry.cls.cross_process_refusal({**entry.options(), **cfg.method_options})
+    cls, options = entry.cls, {**entry.options(), **cfg.method_options}
+    reason = cls.cross_process_refusal(options) if issubclass(cls, ProcessBound) else ""
     if reason:
         raise HarnessError(
             f"method '{cfg.method}' cannot train across {procs.world_size} processes: {reason}"

@@ -2,10 +2,11 @@
 plugin's search space and a few protocol fields, scored on validation, then the best
 setting reproduced over the protocol's seeds and scored on the test split.
 
-* Search space: ``Method.search_space(trial)`` (with ``embedding_size=`` where the
-  plugin accepts it) plus protocol fields (``--space``, default the head and backbone
-  learning rates, log-uniform over [value / 10, value * 10]); protocol fields that
-  differ from the protocol are recorded as deviations of the trial's run.
+* Search space: the ``search_space(trial, embedding_size=...)`` of a
+  :class:`~harness.methods.roles.Tunable` method (none for another) plus protocol fields
+  (``--space``, default the head and backbone learning rates, log-uniform over
+  [value / 10, value * 10]); protocol fields that differ from the protocol are
+  recorded as deviations of the trial's run.
 * Objective: the best validation value of the protocol's selection metric (MAP@R by
   default) over the epochs, read from the run's ``val/<metric>`` history. Tuning
   needs ``selection.mode = "validation"``: the test split is never looked at to choose.
@@ -51,7 +52,7 @@ from harness.engine.grid.sweep import open_storage
 from harness.engine.run import training
 from harness.engine.run.data import check_folds_fit, check_training_split, prepare_splits
 from harness.engine.run.run_config import RunConfig, RunSettings
-from harness.methods import METHODS
+from harness.methods import METHODS, Tunable
 from harness.store.dead_runs import mark_dead_runs_killed, process_is_dead, worker_id
 from harness.store.queries import metric_history, search_runs, set_run_tags
 from harness.store.tracking import filter_value as q
@@ -97,7 +98,9 @@ def suggest(
     (:data:`harness.components.losses.LOSS_SEARCH_SPACES`, as protocol fields
     ``loss.args.<loss>.<argument>``)."""
 
-    options = METHODS.get(method).cls.search_space(trial, embedding_size=protocol.embedding.size)
+    cls = METHODS.get(method).cls
+    size = protocol.embedding.size
+    options = cls.search_space(trial, embedding_size=size) if issubclass(cls, Tunable) else {}
     check_space(protocol, space)
     overrides = {
         field: trial.suggest_float(
