@@ -128,7 +128,7 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
     check_tuned_grid(grid, settings, flag="--")
     queue = open_study(grid, settings["storage"])
-    queue_tuned_grid(grid, queue, settings["storage"])
+    queue_tuned_grid(grid, queue, settings["storage"], finals=not args.no_reproduce)
     records = record_storage(settings["storage"])
     report = tuned_worker_loop(
         grid, queue, records, settings=settings, train=train, finals=not args.no_reproduce
