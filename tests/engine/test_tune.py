@@ -282,3 +282,30 @@ def test_tune_refuses_more_folds_than_the_training_classes_allow(workdir, tiny_p
         _tune(
             "--method", "plain", "--protocol", str(tiny_protocol), "--folds", "500", "--trials", "1"
         )
+
+
+def test_a_failed_trial_is_exit_1_naming_it_and_the_next_start_runs_it_again(
+    workdir, tiny_protocol, capsys
+):
+    """A trial whose run fails (not a diverging loss: that trial is pruned) leaves the
+    study short: its best trial so far is printed, then one line on stderr naming the
+    failed task, exit status 1; the next start runs it again and finishes the study."""
+    calls: list = []
+    fake = _fake_training(calls)
+
+    def failing_once(cfg, splits=None, on_epoch=None):
+        if len(calls) == 1:
+            calls.append(cfg)
+            raise HarnessError("a run that fails")
+        return fake(cfg, splits, on_epoch)
+
+    argv = _common(tiny_protocol, f"sqlite:///{workdir / 'optuna.db'}", "tune-failed")
+    argv += ["--trials", "2", "--no-reproduce"]
+    assert _tune(*argv, train=failing_once) == 1
+    captured = capsys.readouterr()
+    assert "best trial 0: " in captured.out
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith("1 task(s) failed (tune:") and "trial 1)" in line
+    assert _tune(*argv, train=failing_once) == 0
+    (trials,) = _trials(tune_grid(_args(*argv)), f"sqlite:///{workdir / 'optuna.db'}").values()
+    assert sorted(trials) == [0, 1]
