@@ -110,13 +110,6 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
             "no reported run repeats a trial; choose the reported seeds with --seeds"
         )
     grid = tune_grid(args)
-    settings = {
-        "data_root": args.data_root,
-        "device": args.device,
-        "loader_workers": args.loader_workers,
-        "storage": storage_url(args.storage),
-        "checkpoint_root": None,
-    }
     check_tuned_folds(grid, args.data_root, flag="--")
     if not args.no_reproduce:
         check_tuned_tables(grid)
@@ -126,7 +119,15 @@ def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
         check_dataset(dataset, args.data_root)
     open_store()
     logs_model()  # a bad $DML_HARNESS_LOG_MODEL is refused before any training
-    check_tuned_grid(grid, settings, flag="--")
+    # the batch and the folds on the loaded splits, before the storage's folder is made
+    check_tuned_grid(grid, {"data_root": args.data_root}, flag="--")
+    settings = {
+        "data_root": args.data_root,
+        "device": args.device,
+        "loader_workers": args.loader_workers,
+        "storage": storage_url(args.storage),
+        "checkpoint_root": None,
+    }
     queue = open_study(grid, settings["storage"])
     queue_tuned_grid(grid, queue, settings["storage"], finals=not args.no_reproduce)
     records = record_storage(settings["storage"])
