@@ -256,8 +256,8 @@ class Method(nn.Module):
     @classmethod
     def search_space(cls, trial: Trial, *, embedding_size: int) -> dict[str, Any]:
         """Optuna search space over the method's options: ``{option: trial.suggest_*(...)}``;
-        ``harness tune`` builds the method with them (``embedding_size``: the protocol's,
-        for options that must divide it)."""
+        ``harness tune`` (and a tuned grid with ``method_spaces``) builds the method with
+        them (``embedding_size``: the protocol's, for options that must divide it)."""
         return {}
 
     # ------------------------------------------------------------------ evaluation

@@ -77,7 +77,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_seed_arguments(p: argparse.ArgumentParser) -> None:
-    """The seeds of the trials, of the reproduction and of the sampler."""
+    """The seeds of the trials (refused: the grid's rule), of the final runs and of the sampler."""
     p.add_argument(
         "--seed",
         type=at_least(0, SEED_LIMIT - 1),
