@@ -33,12 +33,13 @@ __all__ = [
 TABLES = Path("results/tables")
 
 
-def queue_tuned_grid(grid: Grid, queue, storage: str) -> dict[str, Any]:
-    """Queue what can run now; the counts ``sweep --executor`` sizes its array by."""
+def queue_tuned_grid(grid: Grid, queue, storage: str, *, finals: bool = True) -> dict[str, Any]:
+    """Queue what can run now (without ``finals``: the search's trials alone); the counts
+    ``sweep --executor`` sizes its array by."""
 
     records = record_storage(storage)  # opened before the lock, which opening may take
     with pop_lock(storage):
-        counts = plan_tasks(grid, queue, records)
+        counts = plan_tasks(grid, queue, records, finals=finals)
     spec = grid.tune
     assert spec is not None
     trials = sum(s.trials for s in tuned_studies(grid))

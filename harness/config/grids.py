@@ -58,6 +58,7 @@ __all__ = [
     "GridFile",
     "grid_json_schema",
     "load_grid",
+    "grid_from_table",
     "list_grids",
     "grid_dir",
     "expand",
@@ -108,8 +109,35 @@ def load_grid(
     before they are expanded; more than ``max_cells`` (None: no cap) is refused."""
     path = _grid_path(name_or_path)
     data, spec = _read_grid_file(path)
-    slurm = _checked_slurm(spec.executor.slurm.model_dump(exclude_none=True), "grid")
     data = _with_dataset_names(_with_method_names(data, path), path)
+    return _built(data, spec, path, smoke=smoke, max_cells=max_cells, on_count=on_count)
+
+
+def grid_from_table(data: dict[str, Any], path: Path, *, max_cells: int | None = MAX_CELLS) -> Grid:
+    """A grid from the table a grid file holds, given in memory (``python -m harness tune``
+    builds its one-cell tuned grid so): validated and expanded as :func:`load_grid` does a
+    file's. ``path`` stands for the file: relative protocol paths are taken from its folder
+    and its stem is the default name; nothing reads it. Its ``datasets`` are registered
+    names (:func:`~harness.components.data.own.dataset_name`'s), not paths."""
+    try:
+        spec = GridFile.model_validate(data)
+    except ValidationError as err:
+        raise refusal(err, GridFile.model_json_schema(), what="grid key") from None
+    data = _with_method_names(data, path)
+    return _built(data, spec, path, smoke=False, max_cells=max_cells, on_count=None)
+
+
+def _built(
+    data: dict[str, Any],
+    spec: GridFile,
+    path: Path,
+    *,
+    smoke: bool,
+    max_cells: int | None,
+    on_count: Callable[[int], object] | None,
+) -> Grid:
+    """The grid of a validated table (its methods and datasets already named), expanded."""
+    slurm = _checked_slurm(spec.executor.slurm.model_dump(exclude_none=True), "grid")
     top, axes, extras = _smoke_applied(data, smoke, path)
     published = data.get("published", {})
     all_methods = {m for sub in (data, *data.get("extra", [])) for m in sub.get("methods", [])}

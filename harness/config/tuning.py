@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, unknown_name
 from harness.components.evaluation import RETRIEVAL_METRICS
 from harness.components.losses import (
     LOSS_PARAMETER_RATE,
@@ -59,15 +59,24 @@ __all__ = [
     "SpaceEntry",
     "parse_tune",
     "DEFAULT_PROTOCOL_SPACE",
+    "TUNABLE_FIELDS",
+    "decade_space",
     "TPE_STARTUP_TRIALS",
     "study_space",
     "suggest_setting",
 ]
 
-#: ``harness tune``'s default protocol fields (one method searched on its own): a decade
-#: either side of the protocol's value, log-uniform. A tuned grid searches MLRC's space
-#: instead (below).
+#: ``harness tune``'s default protocol fields (``--space``; one method searched on its
+#: own): a decade either side of the protocol's value, log-uniform (:func:`decade_space`),
+#: besides MLRC's space (below).
 DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
+#: The positive float fields ``tune --space`` is most often given (named in its refusals).
+TUNABLE_FIELDS = (
+    "optimizer.lr_backbone",
+    "optimizer.lr_head",
+    "optimizer.lr_loss",
+    "optimizer.weight_decay",
+)
 #: The loss parameters' learning rate (a margin loss's per-class beta, a proxy loss's
 #: proxies), searched by default where the loss has parameters: MLRC searched it and kept
 #: the trunk's and the embedder's rates fixed (Musgrave et al. 2020, Sec. 4.2 and
@@ -478,3 +487,24 @@ def suggest_setting(
             )
         )
     return options, overrides
+
+
+def decade_space(protocol, fields: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``tune --space``: each field, a positive float of ``protocol``, searched log-uniform
+    over a decade either side of its value, as ``[tune.space]`` entries; anything else is
+    refused in one line naming the flag."""
+    values = flatten_keys(protocol.to_dict())
+    space: dict[str, dict[str, Any]] = {}
+    for name in fields:
+        if name not in values:
+            raise HarnessError(
+                f"--space: {unknown_name('protocol field', name, sorted(TUNABLE_FIELDS))}"
+            )
+        value = values[name]
+        if not isinstance(value, float) or not math.isfinite(value) or value <= 0:
+            raise HarnessError(
+                f"--space: '{name}' = {value!r}; only positive float fields are tunable "
+                f"({', '.join(TUNABLE_FIELDS)})"
+            )
+        space[name] = {"low": value / 10, "high": value * 10, "log": True}
+    return space

@@ -283,13 +283,24 @@ def test_a_table_says_when_the_validation_split_came_with_the_dataset():
 
 
 def test_a_tune_study_is_one_per_file_list(folder):
-    from harness.engine.tuning.tune import tune_setup
+    """``tune``'s grid names the dataset by its registered name; its study (as any tuned
+    grid's) is keyed by the file list's fingerprint, so a changed file makes another."""
+    import argparse
 
+    from harness.cli.parsers.tune import add_tune_parser
+    from harness.cli.tune import tune_grid
+    from harness.engine.tuning.studies import tuned_studies
+
+    parser = argparse.ArgumentParser()
+    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    argv = ["tune", "--method", "plain", "--trials", "1", "--protocol", str(TINY_PROTOCOL)]
+    args = parser.parse_args([*argv, "--dataset", str(folder)])
+    grid = tune_grid(args)
     name = dataset_name(str(folder))
-    setup = tune_setup("plain", name, protocol=str(TINY_PROTOCOL))
-    assert setup.dataset == name and f":{name}@{_fingerprint(folder)}:" in setup.name
-    assert setup.experiment == f"tune-plain-{name}-tiny"
+    (study,) = tuned_studies(grid)
+    assert study.first.dataset == name and f"/{name}:" in study.name
+    assert grid.experiment == f"tune-plain-{name}-tiny"
     image = _image(folder, 3, 0)
     image.write_bytes(image.read_bytes() + b"\0")
-    changed = tune_setup("plain", dataset_name(str(folder)), protocol=str(TINY_PROTOCOL))
-    assert changed.name != setup.name
+    changed = tuned_studies(tune_grid(args))[0]
+    assert changed.name != study.name

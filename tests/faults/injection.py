@@ -13,7 +13,7 @@ the scenario's row records:
 * ``recovered``: the restart exited 0 with its result, and the fault's own exit was
   either a signal or one clear ``error:`` line (no traceback);
 * ``identical``: the final metrics (or table text) equal the uninterrupted reference's;
-* ``twice``: cells (run: the one run; sweep: grid cells; tune: trials and reproductions)
+* ``twice``: cells (run: the one run; sweep: grid cells; tune: trials and final runs)
   with more than one FINISHED MLflow run;
 * ``running``: runs of the scenario left RUNNING;
 * ``half_read``: a result file present after the fault that is not whole (0 expected).

@@ -167,7 +167,7 @@ _PRELOADED = (
     "harness.cli.main",
     "harness.engine.grid.sweep",
     "harness.engine.run.training",
-    "harness.engine.tuning.tune",
+    "harness.engine.tuning.sweep",
     "harness.methods",
     "harness.reports.tables",
 )

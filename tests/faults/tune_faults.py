@@ -26,7 +26,8 @@ TUNE_ARGS = (
 
 
 class TuneFaults:
-    """``tune`` (2 trials, then the best over seed 0), restarted by running it again."""
+    """``tune`` (2 trials, then the best over seed 0: a tuned grid of one study), restarted
+    by running it again."""
 
     def __init__(self, lab: Lab):
         self.lab = lab
@@ -45,12 +46,16 @@ class TuneFaults:
         )
 
     def _result(self, cwd: Path, name: str) -> tuple:
-        """The study's completed trials (parameters, values) and the reproduction's test metrics."""
+        """The study's completed trials (parameters, values) and the final run's test metrics."""
         import optuna
 
         storage = f"sqlite:///{cwd / 'optuna.db'}"
-        (summary,) = optuna.get_all_study_summaries(storage)
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        (name_of_study,) = [
+            s.study_name
+            for s in optuna.get_all_study_summaries(storage)
+            if s.study_name.startswith("tune:")
+        ]
+        study = optuna.load_study(study_name=name_of_study, storage=storage)
         trials = sorted(
             (tuple(sorted(t.params.items())), t.value)
             for t in study.trials
@@ -59,7 +64,7 @@ class TuneFaults:
         repro = [
             frozen({k: v for k, v in r.data.metrics.items() if k.startswith("test/")})
             for r in runs_of(self.store, name)
-            if r.info.status == "FINISHED" and r.data.tags.get("tune_role") == "reproduction"
+            if r.info.status == "FINISHED" and r.data.tags.get("tune_role") == "final"
         ]
         return tuple(trials), tuple(sorted(repro))
 
@@ -80,12 +85,12 @@ class TuneFaults:
                 row.note + " restart: " + (restart.err.strip().splitlines() or [""])[-1][:120]
             ).strip()
         row.identical = row.recovered and self._result(cwd, name) == self.reference
-        runs = runs_of(self.store, name)
+        runs = runs_of(self.store, name) + runs_of(self.store, f"{name}-search")
         row.twice = count_twice(
             runs,
             lambda r: (
                 r.data.tags.get("tune_role"),
-                r.data.tags.get("optuna_trial"),
+                r.data.tags.get("tune_trial"),
                 r.data.tags.get("seed"),
             ),
         )

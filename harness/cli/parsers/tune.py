@@ -1,4 +1,5 @@
-"""``tune``'s arguments: the study, the protocol it tunes, and the seeds."""
+"""``tune``'s arguments: the one-method tuned grid it sweeps (its study, the protocol
+it tunes, the seeds)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "tune",
-        help="Optuna TPE over a method's search space (validation), "
-        "then the best setting over the protocol's seeds (test)",
+        help="one method tuned as a tuned grid of one study: Optuna TPE on validation, "
+        "then the best setting over the seeds on test, and the grid's tables",
     )
     p.add_argument("--method", required=True)
     p.add_argument("--dataset", default="synthetic", help=DATASET_HELP)
@@ -33,7 +34,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         help="the short name of a --dataset PATH (default: the folder's or the .csv file's name)",
     )
     p.add_argument(
-        "--trials", type=at_least(1), required=True, help="total trials of the study (resumable)"
+        "--trials", type=at_least(1), required=True, help="the study's budget of trials (resumable)"
     )
     p.add_argument(
         "--folds",
@@ -49,18 +50,24 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--loss", help="metric loss (default: the protocol's)")
     p.add_argument(
         "--space",
-        help="comma-separated protocol fields to tune as deviations "
+        help="comma-separated protocol fields searched a decade either side of their value, "
+        "besides the loss's and the method's spaces "
         f"(default {','.join(DEFAULT_PROTOCOL_SPACE)}; '' for none)",
     )
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="fixed protocol override (a deviation)"
     )
     _add_seed_arguments(p)
-    p.add_argument("--no-reproduce", action="store_true", help="stop after the search")
+    p.add_argument(
+        "--no-reproduce",
+        action="store_true",
+        help="stop after the search: no final runs, no tables",
+    )
     p.add_argument(
         "--experiment",
         type=experiment_name,
-        help="MLflow experiment (default tune-<method>-<dataset>-<protocol>)",
+        help="MLflow experiment of the final runs, <experiment>-search of the trials; it "
+        "names the grid and its tables (default tune-<method>-<dataset>-<protocol>)",
     )
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto")
@@ -70,14 +77,14 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_seed_arguments(p: argparse.ArgumentParser) -> None:
-    """The seeds of the trials, of the reproduction and of the sampler."""
+    """The seeds of the trials (refused: the grid's rule), of the final runs and of the sampler."""
     p.add_argument(
         "--seed",
         type=at_least(0, SEED_LIMIT - 1),
-        help="training seed of the trials (default: the protocol's first)",
+        help="refused: the trials train with one seed above the highest of --seeds",
     )
     p.add_argument(
-        "--seeds", type=int_list, help="seeds of the reproduction (default: the protocol's)"
+        "--seeds", type=int_list, help="seeds of the final runs (default: the protocol's)"
     )
     p.add_argument(
         "--sampler-seed",

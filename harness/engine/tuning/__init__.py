@@ -1,5 +1,6 @@
 """Tuning: Optuna studies over a method's search space, with the same trial budget for
-every method (``python -m harness tune`` and a tuned grid's ``sweep``).
+every method: a tuned grid's sweep (``python -m harness tune`` sweeps a grid of one
+method).
 """
 
 from harness.engine.tuning.runs import (
@@ -37,17 +38,6 @@ from harness.engine.tuning.sweep import (
     tuned_worker_loop,
     unfinished_tuned_cells,
 )
-from harness.engine.tuning.tune import (
-    DEFAULT_SPACE,
-    TuneSetup,
-    failed_trials,
-    reproduce,
-    search,
-    study_name,
-    suggest,
-    tune_setup,
-    where_failures_are,
-)
 
 __all__ = [
     "run_trial",
@@ -79,13 +69,4 @@ __all__ = [
     "check_tuned_grid",
     "check_tuned_folds",
     "check_search_size",
-    "DEFAULT_SPACE",
-    "TuneSetup",
-    "tune_setup",
-    "search",
-    "reproduce",
-    "suggest",
-    "study_name",
-    "failed_trials",
-    "where_failures_are",
 ]

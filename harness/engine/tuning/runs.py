@@ -169,9 +169,12 @@ def _should_prune(spec: TuneSpec, fold: int, mean: float, history: dict[int, Any
     return len(values) >= _PRUNE_AFTER and mean < statistics.median(values)
 
 
-def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -> float:
+def run_trial(
+    study: Study, number: int, storage, settings: dict, cache: dict, train: Any = None
+) -> float:
     """Trial ``number`` of ``study``: its k fold runs (a finished one is read, not run
-    again), the mean of their best validation values, recorded in the study (once)."""
+    again), the mean of their best validation values, recorded in the study (once);
+    ``train`` trains a run (default :func:`~harness.engine.run.training.run_training`)."""
 
     spec = study.spec
     record = record_study(study, storage)
@@ -188,7 +191,7 @@ def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -
     state = TrialState.COMPLETE
     for fold in fold_plan(study.grid):
         try:
-            run_id = _trial_fold_run(study, number, fold, setting, settings, cache)
+            run_id = _trial_fold_run(study, number, fold, setting, (settings, cache, train))
         except NonFiniteLoss as err:  # a diverging setting: the trial ends, the study goes on
             log(f"{study.label} trial {number} fold {fold}: {err}; recorded as pruned")
             state = TrialState.PRUNED
@@ -224,13 +227,13 @@ def _add_trial(record, params, distributions, value, intermediate, state, attrs)
     )
 
 
-def _trial_fold_run(
-    study: Study, number: int, fold: int | None, setting: tuple, settings: dict, cache: dict
-) -> str:
+def _trial_fold_run(study: Study, number: int, fold: int | None, setting: tuple, how: tuple) -> str:
     """The run of one fold of a trial (its finished run if there is one): trained on the
-    fold's training classes with the test split sealed, selected on the fold."""
+    fold's training classes with the test split sealed, selected on the fold; ``how``:
+    the worker's settings, its splits cache and what trains a run."""
 
     params, options, protocol = setting
+    settings, cache, train = how
     cell = search_cell(study)
     tags = {
         "tune_study": study.name,
@@ -253,7 +256,7 @@ def _trial_fold_run(
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, tags)
     return run_id
 
@@ -304,10 +307,12 @@ def _fold_selection(deviations: dict, folds: int) -> dict:
     return {**deviations, SELECTION_DEVIATION: dataclasses.replace(said, harness=harness)}
 
 
-def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict) -> None:
+def run_final_cell(
+    grid: Grid, cell: Cell, storage, settings: dict, cache: dict, train: Any = None
+) -> None:
     """A final cell: the best setting of its study trained with the cell's seed on each
     fold (a test-time cell: its base cell's fold runs evaluated), then its results in the
-    grid's experiment."""
+    grid's experiment (``train``: what trains a run, as for :func:`run_trial`)."""
     spec = grid.tune
     assert spec is not None
     base_cell = cell
@@ -328,7 +333,7 @@ def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict)
     options = {**cell.method_options, **({} if cell.base_key else options)}
     tags = _final_tags(study, record, best, cell)
     run_ids = [
-        _final_fold_run(grid, cell, fold, (protocol, options, tags), settings, cache)
+        _final_fold_run(grid, cell, fold, (protocol, options, tags), (settings, cache, train))
         for fold in fold_plan(grid)
     ]
     if spec.folds > 1:
@@ -336,14 +341,14 @@ def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict)
     log(f"final {cell.label}: done ({len(run_ids)} run(s))")
 
 
-def _final_fold_run(
-    grid: Grid, cell: Cell, fold: int | None, setting: tuple, settings: dict, cache: dict
-) -> str:
+def _final_fold_run(grid: Grid, cell: Cell, fold: int | None, setting: tuple, how: tuple) -> str:
     """The final run of one fold of a cell (its finished run if there is one): with
     ``folds = 1`` the cell's run in the grid's experiment, else a fold model in
-    ``<experiment>-folds``; a test-time cell evaluates its base cell's run of that fold."""
+    ``<experiment>-folds``; a test-time cell evaluates its base cell's run of that fold
+    (``how``: as for a trial's fold run)."""
 
     protocol, options, tags = setting
+    settings, cache, train = how
     spec = grid.tune
     assert spec is not None
     experiment = grid.experiment if spec.folds == 1 else folds_experiment(grid)
@@ -376,7 +381,7 @@ def _final_fold_run(
         tags=fold_tags,
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id
 

@@ -54,7 +54,7 @@ from harness.engine.grid.queue import (
     settle_trial,
 )
 from harness.engine.grid.sweep import worker_loop
-from harness.engine.run.data import check_folds_fit, prepare_splits
+from harness.engine.run.data import check_folds_fit, check_training_split, prepare_splits
 from harness.engine.tuning.runs import run_final_cell, run_trial
 from harness.engine.tuning.studies import (
     Study,
@@ -101,12 +101,15 @@ def _task_id(attrs: dict[str, Any]) -> tuple:
     return ("final", attrs["cell_key"])
 
 
-def plan_tasks(grid: Grid, queue, storage, *, retry_failed: bool = True) -> dict[str, Any]:
+def plan_tasks(
+    grid: Grid, queue, storage, *, retry_failed: bool = True, finals: bool = True
+) -> dict[str, Any]:
     """Queue what can run now and is neither settled nor queued nor running: each study's
     trials whose earlier rounds are settled; once every study has its whole budget, the
-    final cells (a test-time cell once its base cell is final). A task that failed is
-    queued again only with ``retry_failed`` (a sweep's start; its workers leave it for the
-    next start, as an untuned grid's failed cells). Returns what it found."""
+    final cells (a test-time cell once its base cell is final; none without ``finals``:
+    the search alone). A task that failed is queued again only with ``retry_failed`` (a
+    sweep's start; its workers leave it for the next start, as an untuned grid's failed
+    cells). Returns what it found."""
 
     fail_lost_trials(queue)  # a dead worker's task is queued again
     by = _queue_trials(queue)
@@ -122,12 +125,13 @@ def plan_tasks(grid: Grid, queue, storage, *, retry_failed: bool = True) -> dict
     finished = finished_final_cells(grid)
     studies = tuned_studies(grid)
     queued, complete = _plan_trials(studies, queue, storage, pending)
-    finals = _plan_finals(studies, queue, pending, finished) if complete == len(studies) else 0
+    ready = finals and complete == len(studies)
+    final_count = _plan_finals(studies, queue, pending, finished) if ready else 0
     return {
         "studies": len(studies),
         "complete": complete,
         "trials_queued": queued,
-        "finals_queued": finals,
+        "finals_queued": final_count,
         "finals_done": len(finished),
         "pending": len(pending),
     }
@@ -173,11 +177,20 @@ def _plan_finals(studies: list[Study], queue, pending: set, finished: set[str]) 
 
 
 def tuned_worker_loop(
-    grid: Grid, queue, storage, *, settings: dict | None = None, poll: float = 2.0
+    grid: Grid,
+    queue,
+    storage,
+    *,
+    settings: dict | None = None,
+    poll: float = 2.0,
+    train: Any = None,
+    finals: bool = True,
 ) -> dict[str, list]:
-    """Pop and run the tuned grid's tasks until every study and final cell is done, or
-    nothing more can run; plans new tasks whenever the queue is empty. Returns this
-    worker's ``{"done": [...], "failed": [(task, error)]}``."""
+    """Pop and run the tuned grid's tasks until every study and final cell is done (with
+    ``finals`` False: every study), or nothing more can run; plans new tasks whenever the
+    queue is empty (``train``: what trains a run, default
+    :func:`~harness.engine.run.training.run_training`). Returns this worker's
+    ``{"done": [...], "failed": [(task, error)]}``."""
 
     settings = settings or {}
     report: dict[str, list] = {"done": [], "failed": []}
@@ -185,7 +198,7 @@ def tuned_worker_loop(
     while True:
         if not _queue_trials(queue)["WAITING"]:
             with pop_lock(settings.get("storage")):
-                plan_tasks(grid, queue, storage, retry_failed=False)
+                plan_tasks(grid, queue, storage, retry_failed=False, finals=finals)
             by = _queue_trials(queue)  # planned now, or a dead worker's task queued again
             if by["WAITING"]:
                 continue
@@ -193,7 +206,7 @@ def tuned_worker_loop(
                 # Nothing runs now; a task that ended since the plan above may have readied
                 # the next round (it records before it ends): plan once more, then stop.
                 with pop_lock(settings.get("storage")):
-                    plan_tasks(grid, queue, storage, retry_failed=False)
+                    plan_tasks(grid, queue, storage, retry_failed=False, finals=finals)
                 if _queue_trials(queue)["WAITING"]:
                     continue
                 return report
@@ -206,11 +219,13 @@ def tuned_worker_loop(
             continue
         hold_trial(task, settings)
         with Heartbeat(queue._storage, task._trial_id):
-            _work_on_task(grid, queue, storage, task, settings, cache, report)
+            _work_on_task(grid, queue, storage, task, (settings, cache, train), report)
 
 
-def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
-
+def _work_on_task(grid, queue, storage, task, how: tuple, report) -> None:
+    """Run one popped task (``how``: the worker's settings, its splits cache and what
+    trains a run) and settle it in the queue."""
+    settings, cache, train = how
     attrs = task.user_attrs
     twins = [
         t
@@ -228,10 +243,10 @@ def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
     try:
         if attrs[TASK_ATTR] == "trial":
             study = next(s for s in tuned_studies(grid) if s.name == attrs["tune_study"])
-            value = run_trial(study, int(attrs["tune_trial"]), storage, settings, cache)
+            value = run_trial(study, int(attrs["tune_trial"]), storage, settings, cache, train)
         else:
             cell = next(c for c in grid.cells if c.key == attrs["cell_key"])
-            run_final_cell(grid, cell, storage, settings, cache)
+            run_final_cell(grid, cell, storage, settings, cache, train)
             value = 0.0
     except KeyboardInterrupt:
         settle_trial(queue, task, state=TrialState.FAIL, error="interrupted")
@@ -294,32 +309,38 @@ def run_worker(
     if grid.tune is None:
         return worker_loop(grid, queue, settings=settings, train=train)
     return tuned_worker_loop(
-        grid, queue, record_storage(settings.get("storage")), settings=settings
+        grid, queue, record_storage(settings.get("storage")), settings=settings, train=train
     )
 
 
-def check_tuned_folds(grid: Grid, data_root: Path | None) -> None:
+def check_tuned_folds(grid: Grid, data_root: Path | None, *, flag: str = "") -> None:
     """A tuned grid's folds against what each dataset tells without loading or generating
     its images (:func:`~harness.engine.run.data.check_folds_fit`): checked before the
     datasets are read, so a set generated on first use is not generated for a grid it
-    cannot serve."""
+    cannot serve. A refusal names the grid's ``tune.folds``, or ``flag`` (``--``: the
+    command's ``--folds``) where the command gave the folds."""
     assert grid.tune is not None
     for cell in _one_cell_per_dataset(grid):
-        _for_cell(grid, cell, check_folds_fit, cell.dataset, data_root, grid.tune.folds)
+        _for_cell(grid, cell, flag, check_folds_fit, cell.dataset, data_root, grid.tune.folds)
 
 
-def check_tuned_grid(grid: Grid, settings: dict) -> None:
+def check_tuned_grid(grid: Grid, settings: dict, *, flag: str = "") -> None:
     """What a tuned grid needs of its data, checked on the loaded splits before anything
-    is queued: enough training classes for its folds (two per fold) and no validation
-    split of a dataset's own, in every dataset."""
+    is queued: with ``folds = 1`` a batch that fits in the training split, else enough
+    training classes for its folds (two per fold) and no validation split of a dataset's
+    own, in every dataset (``flag``: as for :func:`check_tuned_folds`)."""
 
     assert grid.tune is not None
-    if grid.tune.folds == 1:
-        return
     for cell in _one_cell_per_dataset(grid):
+        if grid.tune.folds == 1:
+            splits = prepare_splits(
+                cell.protocol, cell.dataset, settings.get("data_root"), seed=cell.seed
+            )
+            check_training_split(cell.protocol, cell.dataset, splits)
+            continue
         whole, _ = apply_overrides(cell.protocol, {"selection.mode": "last"})
         splits = prepare_splits(whole, cell.dataset, settings.get("data_root"), seed=cell.seed)
-        _for_cell(grid, cell, check_fold_splits, splits, grid.tune.folds)
+        _for_cell(grid, cell, flag, check_fold_splits, splits, grid.tune.folds)
 
 
 def _one_cell_per_dataset(grid: Grid) -> list[Cell]:
@@ -330,12 +351,14 @@ def _one_cell_per_dataset(grid: Grid) -> list[Cell]:
     return list(cells.values())
 
 
-def _for_cell(grid: Grid, cell: Cell, check, *args) -> None:
+def _for_cell(grid: Grid, cell: Cell, flag: str, check, *args) -> None:
     """``check(*args)``, its refusal (``folds = ...``) said of the grid's ``tune.folds``
-    on the cell's dataset."""
+    on the cell's dataset, or of ``flag``."""
     try:
         check(*args)
     except HarnessError as err:
+        if flag:
+            raise HarnessError(f"{flag}{err}") from None
         raise HarnessError(f"grid {grid.name}, dataset {cell.dataset}: tune.{err}") from None
 
 
