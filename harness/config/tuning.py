@@ -58,16 +58,11 @@ __all__ = [
     "TuneSpec",
     "SpaceEntry",
     "parse_tune",
-    "DEFAULT_PROTOCOL_SPACE",
     "TPE_STARTUP_TRIALS",
     "study_space",
     "suggest_setting",
 ]
 
-#: ``harness tune``'s default protocol fields (one method searched on its own): a decade
-#: either side of the protocol's value, log-uniform. A tuned grid searches MLRC's space
-#: instead (below).
-DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
 #: The loss parameters' learning rate (a margin loss's per-class beta, a proxy loss's
 #: proxies), searched by default where the loss has parameters: MLRC searched it and kept
 #: the trunk's and the embedder's rates fixed (Musgrave et al. 2020, Sec. 4.2 and

@@ -490,7 +490,7 @@ def test_tune_exits_1_when_some_trials_failed_and_names_them(capsys):
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
 
-    from harness.cli.tune import failures_status
+    from harness.cli.tune_command import failures_status
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")

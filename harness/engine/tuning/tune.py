@@ -43,10 +43,10 @@ from harness.base.metric_keys import group_metrics, metric_key
 from harness.components.data import check_fold_splits, fold_splits, seal_test
 from harness.components.data.own import dataset_manifest
 from harness.components.losses import LOSSES, loss_search_space
+from harness.config.catalog import DEFAULT_PROTOCOL_SPACE, protocol_dir
 from harness.config.overrides import flatten_keys
 from harness.config.protocol import apply_overrides
-from harness.config.protocol_files import default_protocol, load_protocol, protocol_dir
-from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
+from harness.config.protocol_files import default_protocol, load_protocol
 from harness.engine.grid.sweep import open_storage
 from harness.engine.run import training
 from harness.engine.run.data import check_folds_fit, check_training_split, prepare_splits
