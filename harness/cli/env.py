@@ -13,7 +13,7 @@ __all__ = ["cmd_env"]
 def cmd_env(args: argparse.Namespace) -> int:
     """Print or write the constraints of a run's environment
     (:func:`harness.cli.env_command.cmd_env`)."""
-    # deferred: MLflow loads only when the command runs
+    # deferred: MLflow and torch load only when the command runs
     from harness.cli import env_command
 
     return env_command.cmd_env(args)

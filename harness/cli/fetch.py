@@ -14,7 +14,7 @@ __all__ = ["cmd_fetch", "cmd_verify"]
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Download (or read), verify and unpack the benchmark of ``args``
     (:func:`harness.cli.fetch_command.cmd_fetch`)."""
-    # deferred: torch and the datasets' loaders load only when the command runs
+    # deferred: numpy, scipy and the datasets' loaders load only when the command runs
     from harness.cli import fetch_command
 
     return fetch_command.cmd_fetch(args)
@@ -23,7 +23,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Decode every image of the dataset of ``args`` once
     (:func:`harness.cli.fetch_command.cmd_verify`)."""
-    # deferred: torch and the datasets' loaders load only when the command runs
+    # deferred: numpy, scipy and the datasets' loaders load only when the command runs
     from harness.cli import fetch_command
 
     return fetch_command.cmd_verify(args)

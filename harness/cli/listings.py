@@ -14,7 +14,7 @@ __all__ = ["cmd_datasets", "cmd_methods"]
 def cmd_datasets(args: argparse.Namespace) -> int:
     """List the datasets: found or not, where, verified or not
     (:func:`harness.cli.listings_command.cmd_datasets`)."""
-    # deferred: torch and the datasets' loaders load only when the command runs
+    # deferred: numpy, scipy and the datasets' loaders load only when the command runs
     from harness.cli import listings_command
 
     return listings_command.cmd_datasets(args)

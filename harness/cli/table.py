@@ -13,7 +13,7 @@ __all__ = ["cmd_table"]
 def cmd_table(args: argparse.Namespace) -> int:
     """Write the table of the experiments of ``args``
     (:func:`harness.cli.table_command.cmd_table`)."""
-    # deferred: MLflow, pandas and the reports load only when the command runs
+    # deferred: torch, MLflow, pandas and the reports load only when the command runs
     from harness.cli import table_command
 
     return table_command.cmd_table(args)

@@ -13,7 +13,7 @@ __all__ = ["cmd_ui"]
 def cmd_ui(args: argparse.Namespace) -> int:
     """Serve the MLflow UI over the tracking store
     (:func:`harness.cli.ui_command.cmd_ui`)."""
-    # deferred: MLflow loads only when the command runs
+    # deferred: MLflow and torch load only when the command runs
     from harness.cli import ui_command
 
     return ui_command.cmd_ui(args)
