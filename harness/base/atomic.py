@@ -35,8 +35,6 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
 from harness.base.errors import HarnessError
 from harness.base.faults import fault_point
 from harness.base.paths import NAME_MAX, is_sqlite_database, special_file_kind
@@ -356,6 +354,10 @@ def atomic_save_torch(
         digest.append(sha256_file(tmp))
         if before_replace is not None:
             before_replace(tmp, digest[0])
+
+    # deferred: torch loads only where a checkpoint is saved, not with every atomic write
+    # (the command line's --help and its outputs' checks use this module)
+    import torch
 
     def save(fh) -> None:
         try:

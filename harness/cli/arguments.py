@@ -1,17 +1,13 @@
 """Argument types of the command line: each refuses a bad value while the arguments are
 parsed, so that the refusal is argparse's one ``error:`` line (``harness.cli.main``) and
-comes before any work. And :class:`Command`, the one place where a subcommand's module is
-imported: when the command runs."""
+comes before any work."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from harness.base.errors import HarnessError
 
@@ -30,7 +26,6 @@ __all__ = [
     "DATASET_HELP",
     "EMBEDDED_DEFAULT",
     "SEED_LIMIT",
-    "Command",
 ]
 
 #: ``--dataset``'s help, the same for every command that takes it.
@@ -182,17 +177,3 @@ def dataset_label(text: str) -> str:
     if not name or "/" in name or "\\" in name:
         raise argparse.ArgumentTypeError(f"expected a name without '/' or '\\', got '{text}'")
     return name
-
-
-@dataclass(frozen=True)
-class Command:
-    """A subcommand's implementation, named by its module and function and imported only when
-    the command runs (``args.func(args)``). The parsers (:mod:`harness.cli.parsers`) name
-    their command this way, so that ``--help`` and a usage error load no command's module
-    and each command module imports what it uses at its top."""
-
-    module: str
-    function: str
-
-    def __call__(self, args: argparse.Namespace, **kwargs: Any) -> int:
-        return getattr(importlib.import_module(self.module), self.function)(args, **kwargs)

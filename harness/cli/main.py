@@ -35,7 +35,9 @@ from harness.cli.parsers.sweep import add_sweep_parser
 from harness.cli.parsers.table import add_table_parser
 from harness.cli.parsers.tune import add_tune_parser
 from harness.cli.processes import terminated
-from harness.store.provenance import record_invocation
+from harness.store.invocation import record_invocation
+
+__all__ = ["PROG", "DEBUG_HELP", "Parser", "build_parser", "run_main", "main"]
 
 PROG = "python -m harness"
 

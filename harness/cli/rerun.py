@@ -1,129 +1,24 @@
-"""``python -m harness rerun``: train runs again from their records and say whether their
-numbers come out again (:mod:`harness.engine.audit.rerun`, verdicts in
-:mod:`harness.reports.reruns`).
+"""``python -m harness rerun``: runs trained again from their records, every metric compared.
 
-``rerun RUN_ID [RUN_ID ...]``, ``rerun --experiment NAME [--filter "..."]`` or
-``rerun --table EXPERIMENT`` (the runs behind the cells of that experiment's table, which
-is printed at the end with its reproduced cells marked). Every run is checked before any
-trains; one summary line per run as it ends, then the table of verdicts. Exit status 0
-when no run DIFFERS, 1 when one does, 2 on bad input.
-"""
+The module imports nothing heavy, so that ``--help`` answers at once; the command's
+work, and what it loads, is :mod:`harness.cli.rerun_command`, imported when it runs."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import replace
-
-from harness.base.errors import HarnessError
-from harness.cli.run import check_checkpoint_root
-from harness.cli.store import open_store
-from harness.engine.audit.rerun import (
-    RerunPlan,
-    check_data,
-    input_differences,
-    load_splits,
-    plan_rerun,
-    rerun,
-)
-from harness.engine.run.run_config import RunSettings
-from harness.engine.run.runtime import resolve_device
-from harness.engine.run.training import TrainFunction, run_training
-from harness.reports.reruns import (
-    DIFFERS,
-    format_comparisons,
-    format_differences,
-    format_metric_table,
-    format_summary_line,
-)
-from harness.reports.tables import TableRequest, make_table
-from harness.reports.tables.load import load_runs
-from harness.store.records import experiment_runs, read_record
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["cmd_rerun"]
 
 
-def _run_ids(args: argparse.Namespace) -> list[str]:
-    """The runs asked for: ids, an experiment's (filtered) runs, or a table's runs."""
-    if args.filter and not args.experiment:
-        raise HarnessError("rerun: --filter selects runs of --experiment; give --experiment")
-    given = [bool(args.run_ids), bool(args.experiment), bool(args.table)]
-    if sum(given) != 1:
-        raise HarnessError("rerun: give run ids, --experiment NAME or --table EXPERIMENT (one)")
-    if args.run_ids:
-        return list(dict.fromkeys(args.run_ids))
-    if args.experiment:
-        ids = experiment_runs(args.experiment, args.filter)
-        if not ids:
-            raise HarnessError(
-                f"rerun: no run of experiment '{args.experiment}'"
-                + (f" matches --filter {args.filter!r}" if args.filter else "")
-            )
-        return ids
-    runs = load_runs([args.table])
-    if runs.empty:
-        raise HarnessError(f"rerun: no table: experiment '{args.table}' has no finished runs")
-    return list(runs["run_id"])
+def cmd_rerun(
+    args: argparse.Namespace, *, train: Callable[..., dict[str, Any]] | None = None
+) -> int:
+    """Re-run the runs of ``args`` and compare their metrics
+    (:func:`harness.cli.rerun_command.cmd_rerun`); ``train`` stands in for the engine's
+    training of one run."""
+    # deferred: torch, the engine and MLflow load only when the command runs
+    from harness.cli import rerun_command
 
-
-def _check_arguments(args: argparse.Namespace) -> None:
-    """What the arguments name, before the store opens: the data root, the device, the
-    checkpoint root (a folder that can be written, outside the store)."""
-    if args.data_root is not None and not args.data_root.is_dir():
-        raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
-    resolve_device(args.device)
-    check_checkpoint_root(args.checkpoint_root)
-
-
-def _settings(args: argparse.Namespace) -> RunSettings:
-    return RunSettings(
-        data_root=args.data_root,
-        device=resolve_device(args.device).type,
-        workers=args.workers,
-        checkpoint_root=args.checkpoint_root,
-    )
-
-
-def _plans(args: argparse.Namespace, ids: list[str]) -> list[RerunPlan]:
-    """Every run's plan, checked before any trains; runs that start from another run's
-    weights after that run, when it is re-run too."""
-    settings = _settings(args)
-    plans = [
-        plan_rerun(read_record(run_id), settings, allow_code_change=args.allow_code_change)
-        for run_id in ids
-    ]
-    return sorted(plans, key=lambda plan: plan.cfg.init_from in ids)
-
-
-def cmd_rerun(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
-    """Check every run, print what differs from its record, train each again, compare."""
-    _check_arguments(args)
-    open_store()
-    plans = _plans(args, _run_ids(args))
-    prepared = []
-    for plan in plans:
-        splits = load_splits(plan)
-        check_data(plan, splits, allow_data_change=args.allow_data_change)
-        prepared.append((plan, splits, input_differences(plan, splits)))
-    for plan, _, differences in prepared:
-        print(
-            format_differences(f"{plan.label} ({plan.record.run_id})", differences), file=sys.stderr
-        )
-    reruns: dict[str, str] = {}  # original run id -> its rerun's id
-    comparisons = []
-    for plan, splits, differences in prepared:
-        if plan.cfg.init_from in reruns:  # start from the rerun of the run it started from
-            plan = replace(plan, cfg=replace(plan.cfg, init_from=reruns[plan.cfg.init_from]))
-        comparison = rerun(
-            plan, splits, differences, tolerance=args.tolerance, train=train or run_training
-        )
-        reruns[plan.record.run_id] = comparison.rerun_id
-        comparisons.append(comparison)
-        print(format_summary_line(comparison), file=sys.stderr)
-        if comparison.verdict == DIFFERS:
-            print(format_metric_table(comparison), file=sys.stderr)
-    print(format_comparisons(comparisons))
-    if args.table:
-        print()
-        print(make_table(TableRequest(experiments=(args.table,), fmt="markdown")).text)
-    return 1 if any(c.verdict == DIFFERS for c in comparisons) else 0
+    return rerun_command.cmd_rerun(args, train=train)

@@ -1,25 +1,19 @@
-"""``python -m harness schema``: the JSON Schema of protocol or grid files, for editors
-that check TOML against one (taplo, Even Better TOML: a ``#:schema`` line at the top of
-the file). The same declared types validate every file the harness reads."""
+"""``python -m harness schema``: the JSON Schema of protocol or grid files.
+
+The module imports nothing heavy, so that ``--help`` answers at once; the command's
+work, and what it loads, is :mod:`harness.cli.schema_command`, imported when it runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
-from harness.config.grids import grid_json_schema
-from harness.config.protocol import protocol_json_schema
-
-__all__ = ["cmd_schema", "schema_text"]
-
-
-def schema_text(kind: str) -> str:
-    """The JSON Schema of ``kind`` files as the text ``docs/<kind>.schema.json`` holds."""
-
-    schema = protocol_json_schema() if kind == "protocol" else grid_json_schema()
-    return json.dumps(schema, indent=2) + "\n"
+__all__ = ["cmd_schema"]
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(schema_text(args.kind), end="")
-    return 0
+    """Print the JSON Schema of ``args.kind``
+    (:func:`harness.cli.schema_command.cmd_schema`)."""
+    # deferred: the plugins and torch (the schema names their options) load only when the command runs
+    from harness.cli import schema_command
+
+    return schema_command.cmd_schema(args)

@@ -22,10 +22,11 @@ from harness.components.backbones import BACKBONES
 from harness.components.data import DATASETS
 from harness.components.data.own import dataset_manifest
 from harness.components.losses import LOSSES
+from harness.config.catalog import protocol_dir
 from harness.config.deviations import PaperDeviation, applicable
 from harness.config.overrides import Deviation, flatten_keys
 from harness.config.protocol import Protocol, apply_overrides
-from harness.config.protocol_files import load_protocol, protocol_dir
+from harness.config.protocol_files import load_protocol
 from harness.config.tuning import TuneSpec
 from harness.methods import METHODS, training_base
 

@@ -43,11 +43,12 @@ from pydantic import ValidationError
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
 from harness.components.data.own import dataset_manifest, dataset_name
+from harness.config.catalog import MAX_CELLS, grid_dir, list_grids
 from harness.config.executor import check_time
 from harness.config.grid_cells import Cell, Grid, expand
 from harness.config.grid_file import GridFile, grid_json_schema
 from harness.config.protocol import apply_overrides
-from harness.config.protocol_files import load_protocol, protocol_dir
+from harness.config.protocol_files import load_protocol
 from harness.config.schema import refusal, shown
 from harness.config.tuning import TuneSpec, parse_tune
 from harness.methods import METHODS, list_methods
@@ -59,22 +60,11 @@ __all__ = [
     "grid_json_schema",
     "load_grid",
     "grid_from_table",
-    "list_grids",
-    "grid_dir",
     "expand",
-    "MAX_CELLS",
     "cell_count",
 ]
 
 AXES = ("methods", "losses", "backbones", "datasets", "seeds")
-
-
-def grid_dir() -> Path:
-    return protocol_dir() / "grids"
-
-
-def list_grids() -> list[str]:
-    return sorted(p.stem for p in grid_dir().glob("*.toml"))
 
 
 #: A grid's name: it names the sweep's folder (``sweeps/<name>``), its queue's study and
@@ -83,9 +73,6 @@ GRID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: The longest grid name: room for the longest file named after it
 #: (``results/tables/<grid>-concatenated.settings.tex``) within a file name's 255 bytes.
 GRID_NAME_MAX = 200
-#: The most cells a grid expands to unless its sweep is given ``--yes``: a larger one is
-#: most likely an axis written by mistake (each cell is a training run).
-MAX_CELLS = 5_000
 
 
 def cell_count(axes: dict[str, list], extras: list[dict[str, list]]) -> int:

@@ -76,6 +76,7 @@ from pydantic import BaseModel, Field, ValidationError
 from harness.base.errors import HarnessError, unknown_name
 from harness.base.paths import read_text
 from harness.components.losses import LOSSES, PML_REDUCTION, loss_defaults
+from harness.config.catalog import MAX_CELLS, protocol_dir
 from harness.config.citations import (
     DIGEST_PATTERN,
     Citation,
@@ -84,9 +85,9 @@ from harness.config.citations import (
     parse_citations,
 )
 from harness.config.deviations import PaperDeviation, applicable
-from harness.config.grids import MAX_CELLS, load_grid
+from harness.config.grids import load_grid
 from harness.config.protocol import Protocol, protocol_json_schema
-from harness.config.protocol_files import load_protocol, protocol_dir
+from harness.config.protocol_files import load_protocol
 from harness.config.schema import SPEC_CONFIG, Str, refusal
 from harness.methods import METHODS
 

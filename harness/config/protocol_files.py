@@ -13,14 +13,13 @@ from harness.base.paths import read_text
 from harness.components.backbones import BACKBONES
 from harness.components.data import DATASETS
 from harness.components.losses import LOSSES, MINERS, check_loss_args
+from harness.config.catalog import list_protocols, protocol_dir
 from harness.config.deviations import check_names
 from harness.config.protocol import Protocol, protocol_from_dict
 from harness.methods import METHODS
 
 __all__ = [
     "load_protocol",
-    "list_protocols",
-    "protocol_dir",
     "default_protocol",
     "BENCHMARKS",
 ]
@@ -32,21 +31,6 @@ BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
 def default_protocol(dataset: str) -> str:
     """``smoke`` on the small CPU datasets, the field's standard (``roth2020``) on benchmarks."""
     return "roth2020" if dataset in BENCHMARKS else "smoke"
-
-
-def protocol_dir() -> Path:
-    """The shipped protocols: ``protocols/`` of the source checkout (the source of truth),
-    else the copy a wheel installs as package data (``harness/_protocols``, mapped from
-    ``protocols/`` in pyproject.toml), else ``protocols/`` in the working directory."""
-    package = Path(__file__).resolve().parents[1]  # harness/
-    for folder in (package.parent / "protocols", package / "_protocols"):
-        if (folder / "smoke.toml").is_file():  # not just any folder named protocols
-            return folder
-    return Path.cwd() / "protocols"
-
-
-def list_protocols() -> list[str]:
-    return sorted(p.stem for p in protocol_dir().glob("*.toml"))
 
 
 def load_protocol(name_or_path: str | Path) -> Protocol:

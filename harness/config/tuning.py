@@ -58,7 +58,6 @@ __all__ = [
     "TuneSpec",
     "SpaceEntry",
     "parse_tune",
-    "DEFAULT_PROTOCOL_SPACE",
     "TUNABLE_FIELDS",
     "decade_space",
     "TPE_STARTUP_TRIALS",
@@ -66,10 +65,6 @@ __all__ = [
     "suggest_setting",
 ]
 
-#: ``harness tune``'s default protocol fields (``--space``; one method searched on its
-#: own): a decade either side of the protocol's value, log-uniform (:func:`decade_space`),
-#: besides MLRC's space (below).
-DEFAULT_PROTOCOL_SPACE = ("optimizer.lr_head", "optimizer.lr_backbone")
 #: The positive float fields ``tune --space`` is most often given (named in its refusals).
 TUNABLE_FIELDS = (
     "optimizer.lr_backbone",

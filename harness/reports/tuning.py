@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = [
-    "REPORTS",
     "tuned_runs",
     "tuning_notes",
     "fold_report",
@@ -32,9 +31,6 @@ __all__ = [
     "tuned_table_paths",
 ]
 
-#: A tuned grid's final results with k > 1 folds: the mean over the k fold models
-#: ("separated") or their concatenated embeddings ("concatenated"); "single" for k = 1.
-REPORTS = ("separated", "concatenated")
 BLOCK = ["backbone", "loss", "dataset"]
 
 
@@ -69,7 +65,7 @@ def budget_keys(runs: pd.DataFrame) -> pd.Series:
 
 
 def fold_report(runs: pd.DataFrame) -> pd.Series:
-    """Each run's report of its fold models (:data:`REPORTS`), ``single`` for a run that is
+    """Each run's report of its fold models (:data:`harness.config.catalog.REPORTS`), ``single`` for a run that is
     one model (a one-fold grid's final run, whose ``tune_report`` is missing or empty)."""
     if "tune_report" not in runs:
         return pd.Series("single", index=runs.index)
@@ -264,8 +260,8 @@ def search_figure_files(runs: pd.DataFrame, stem: Path) -> dict[Path, bytes | st
     (backbone, loss, dataset) and one line per method: ``<stem>.search.png`` and ``.pdf``
     by path, rendered, not written (empty for runs that were not tuned)."""
 
-    # deferred: pyplot adds 0.35 s to --help (table's parser reads REPORTS from this
-    # module), and the Agg backend is chosen before pyplot loads
+    # deferred: pyplot adds 0.35 s to each command that reads tuned runs without drawing
+    # them, and the Agg backend is chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")

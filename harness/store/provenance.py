@@ -8,11 +8,14 @@ import os
 import platform
 import shlex
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
 import torch
+from mlflow.entities import SourceType
+from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+from harness.store.invocation import invocation
 
 __all__ = [
     "PACKAGES",
@@ -22,8 +25,6 @@ __all__ = [
     "commit_in_history",
     "harness_version",
     "package_versions",
-    "record_invocation",
-    "invocation",
     "source_tags",
     "environment_tags",
 ]
@@ -130,23 +131,6 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-#: The command line of this process as the user typed it (:func:`record_invocation`).
-_invocation: list[str] = []
-
-
-def record_invocation(program: str, argv: list[str]) -> None:
-    """Remember the command this process runs (``program``, e.g. ``python -m harness``, and
-    its arguments), which the runs it starts record as their source."""
-    _invocation[:] = [*program.split(), *argv]
-
-
-def invocation() -> list[str]:
-    """The recorded command line, else this process's ``sys.argv`` (Python callers)."""
-    if _invocation:
-        return list(_invocation)
-    return [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
-
-
 def source_tags(commit: str) -> dict[str, str]:
     """MLflow's standard source tags, which ``MlflowClient.create_run`` (unlike the fluent
     ``mlflow.start_run``) does not set: the UI shows the source and commit from them.
@@ -155,12 +139,6 @@ def source_tags(commit: str) -> dict[str, str]:
     Source column), ``command`` holds the whole command line, ``harness_version`` the
     installed version; ``mlflow.source.git.commit`` the bare commit (``git_commit`` adds
     ``-dirty``; the ``git_commit`` tag keeps that, with ``source/uncommitted.patch``)."""
-    # Imported when used: importing MLflow takes seconds, and every command loads this module
-    # (record_invocation) without starting a run.
-    # deferred: mlflow adds 0.7 s to every command, --help included (harness.cli.main
-    # imports this module to record the invocation)
-    from mlflow.entities import SourceType
-    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 
     command = invocation()
     words = command[:3] if command[1:3] == ["-m", "harness"] else command[:1]  # the program

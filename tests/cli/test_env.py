@@ -15,7 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from harness.cli.env import pytorch_index
+from harness.cli.env_command import pytorch_index
 from harness.cli.main import main
 from harness.store.provenance import environment_tags
 from tests.refusals import assert_refused

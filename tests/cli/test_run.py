@@ -358,7 +358,7 @@ def test_a_run_stores_its_per_query_results_and_evaluation_code(workdir, tiny_pr
 def test_run_shares_training_only_where_a_method_trains_as_another_in_the_same_run(
     tiny_protocol, monkeypatch
 ):
-    from harness.cli.run import shared_training
+    from harness.cli.run_command import shared_training
     from harness.config.protocol import apply_overrides
     from harness.config.protocol_files import load_protocol
 

@@ -216,7 +216,7 @@ def test_the_pages_are_printed_and_opened_once_the_server_answers(monkeypatch, c
     import threading
     import webbrowser
 
-    from harness.cli.ui import announce_when_up
+    from harness.cli.ui_command import announce_when_up
 
     opened = []
     monkeypatch.setattr(webbrowser, "open", opened.append)

@@ -288,7 +288,7 @@ def test_a_tune_study_is_one_per_file_list(folder):
     import argparse
 
     from harness.cli.parsers.tune import add_tune_parser
-    from harness.cli.tune import tune_grid
+    from harness.cli.tune_command import tune_grid
     from harness.engine.tuning.studies import tuned_studies
 
     parser = argparse.ArgumentParser()

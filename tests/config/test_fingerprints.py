@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.config.catalog import list_protocols
 from harness.config.fingerprint import fingerprint
-from harness.config.protocol_files import list_protocols, load_protocol
+from harness.config.protocol_files import load_protocol
 
 #: fingerprint(protocol on cub200, split digest "digest", its default loss and arguments)
 PINNED = {

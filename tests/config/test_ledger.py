@@ -8,7 +8,7 @@ import pytest
 
 from harness.base.errors import HarnessError
 from harness.cli.main import main
-from harness.config.grids import list_grids
+from harness.config.catalog import list_grids
 from harness.config.ledger import (
     NOT_SETTINGS,
     check_ledger,

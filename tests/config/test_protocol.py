@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.config.catalog import list_protocols
 from harness.config.fingerprint import fingerprint
 from harness.config.protocol import apply_overrides
-from harness.config.protocol_files import list_protocols, load_protocol
+from harness.config.protocol_files import load_protocol
 
 
 @pytest.mark.parametrize("name", ["smoke", "roth2020", "agrouping"])

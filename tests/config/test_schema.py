@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from harness.cli.schema import schema_text
+from harness.cli.schema_command import schema_text
 from harness.methods import METHODS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

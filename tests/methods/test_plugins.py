@@ -79,7 +79,7 @@ def test_a_new_plugin_is_listed_with_its_options(throwaway, capsys):
 
 
 def test_a_new_plugin_has_its_options_in_the_schema_and_leaves_the_published_copy_valid(throwaway):
-    from harness.cli.schema import schema_text
+    from harness.cli.schema_command import schema_text
     from tests.config.test_schema import (
         test_every_plugin_declares_option_types_its_defaults_satisfy,
         test_the_published_copy_is_the_generated_schema_up_to_registered_methods,

@@ -157,32 +157,40 @@ def test_every_layer_is_checked():
     }
 
 
-#: A package's lazy re-exports (PEP 562): they re-export names without importing the
-#: modules (and torch) that define them until a name is used, which keeps every command's
-#: start-up short.
-LAZY_EXPORT_HOOKS = frozenset({"__getattr__", "__dir__"})
-
-
 def _init_definitions(source: str) -> list[str]:
-    """``name:line`` of each function or class defined in a package ``__init__``, but the
-    lazy re-export hooks."""
+    """``name:line`` of each function or class defined in a package ``__init__``."""
     return [
         f"{node.name}:{node.lineno}"
         for node in ast.parse(source).body
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        and node.name not in LAZY_EXPORT_HOOKS
     ]
 
 
 def test_no_package_init_defines_a_function_or_class():
-    """A package's ``__init__`` says what the package is and re-exports its public names;
-    its functions and classes live in modules a reader finds by name."""
+    """A package's ``__init__`` says what the package is and re-exports its public names
+    by importing them; its functions and classes live in modules a reader finds by name.
+    No lazy re-export either (a module-level ``__getattr__`` or ``__dir__``, PEP 562): a
+    name imports the module that defines it, so go-to-definition finds it."""
     found = {
         str(path.relative_to(REPO)): names
         for path in sorted((REPO / "harness").rglob("__init__.py"))
         if (names := _init_definitions(path.read_text()))
     }
     assert found == {}
+
+
+def test_no_module_defines_a_lazy_attribute_hook():
+    """No module of ``harness/`` answers a missing attribute at import time (a module-level
+    ``__getattr__`` or ``__dir__``): every name it offers is defined or imported in it."""
+    found = {
+        str(path.relative_to(REPO)): [
+            f"{node.name}:{node.lineno}"
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__")
+        ]
+        for path in sorted((REPO / "harness").rglob("*.py"))
+    }
+    assert {path: names for path, names in found.items() if names} == {}
 
 
 #: Imports inside functions that harness/ may hold: each defers a measured start-up cost
@@ -220,8 +228,10 @@ def _deferred_imports(source: str) -> tuple[int, list[int]]:
 
 def test_imports_sit_at_the_top_of_each_module():
     """A module says what it depends on at its top; an import inside a function is one that
-    would cost every command's start-up (``python -m harness --help`` loads the parsers,
-    the plugins and what they import), and its ``# deferred:`` comment gives the figure."""
+    would cost the start-up of commands that do not use it (``python -m harness --help``
+    loads the parsers and the light command modules they import, whose command functions
+    each import their work when the command runs), and its ``# deferred:`` comment says
+    what it defers."""
     counts, unexplained = {}, {}
     for path in sorted((REPO / "harness").rglob("*.py")):
         count, lines = _deferred_imports(path.read_text())

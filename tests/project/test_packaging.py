@@ -38,8 +38,9 @@ def test_every_package_and_data_folder_is_listed():
 
 
 def test_the_data_folders_are_found_from_any_working_directory(tmp_path, monkeypatch):
+    from harness.config.catalog import protocol_dir
     from harness.config.grids import load_grid
-    from harness.config.protocol_files import load_protocol, protocol_dir
+    from harness.config.protocol_files import load_protocol
     from harness.reports.tables import load_published, locate_published, published_dir
 
     monkeypatch.chdir(tmp_path)

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.config.grids import list_grids, load_grid
+from harness.config.catalog import list_grids
+from harness.config.grids import load_grid
 from harness.reports.tables import LATEX_PACKAGES, TableRequest, make_table
 
 pytestmark = [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.arguments import (
-    Command,
-)
-from harness.config.grids import MAX_CELLS, list_grids
+from harness.cli.deviations import cmd_deviations
+from harness.config.catalog import MAX_CELLS, list_grids
+
+__all__ = ["add_deviations_parser"]
 
 
 def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
@@ -48,5 +48,5 @@ def add_deviations_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help=f"with --grid: expand a grid of more than {MAX_CELLS:,} cells (refused without it)",
     )
-    p.set_defaults(func=Command("harness.cli.deviations", "cmd_deviations"))
+    p.set_defaults(func=cmd_deviations)
     return p

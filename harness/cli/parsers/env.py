@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.arguments import Command
+from harness.cli.env import cmd_env
 from harness.cli.outputs import add_force_argument, add_output_argument
+
+__all__ = ["add_env_parser"]
 
 
 def add_env_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,5 +25,5 @@ def add_env_parser(subparsers) -> argparse.ArgumentParser:
         help="write the constraints to FILE (atomically) instead of printing them",
     )
     add_force_argument(env)
-    env.set_defaults(func=Command("harness.cli.env", "cmd_env"))
+    env.set_defaults(func=cmd_env)
     return env

@@ -6,11 +6,13 @@ import argparse
 from pathlib import Path
 
 from harness.cli.arguments import (
-    Command,
     at_least,
 )
+from harness.cli.explain import cmd_explain
 from harness.cli.outputs import add_force_argument, add_output_argument
-from harness.components.explanation.scores import CANVASES, CURVE_PAIRS
+from harness.components.explanation.curve_settings import CANVASES, CURVE_PAIRS
+
+__all__ = ["add_explain_parser"]
 
 
 def add_explain_parser(subparsers) -> argparse.ArgumentParser:
@@ -60,7 +62,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         "under cascading randomisation of the weights (Adebayo et al. 2018), with three "
         "verdicts per source: beats chance, changes under randomisation, uses training",
     )
-    p.set_defaults(func=Command("harness.cli.explain", "cmd_explain"))
+    p.set_defaults(func=cmd_explain)
     return p
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 
 from harness.cli.arguments import (
-    Command,
     at_least,
     experiment_name,
     file_name,
 )
+from harness.cli.explain_table import cmd_explain_table
 from harness.cli.outputs import add_force_argument, add_output_argument
+
+__all__ = ["add_explain_table_parser"]
 
 
 def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,5 +54,5 @@ def add_explain_table_parser(subparsers) -> argparse.ArgumentParser:
         metavar="K",
         help="which of explain's near-miss pairs the strip shows (default 0, the first)",
     )
-    p.set_defaults(func=Command("harness.cli.explain_table", "cmd_explain_table"))
+    p.set_defaults(func=cmd_explain_table)
     return p

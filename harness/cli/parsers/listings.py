@@ -6,9 +6,13 @@ import os
 from pathlib import Path
 
 from harness.cli.arguments import (
-    Command,
     positive_number,
 )
+from harness.cli.fetch import cmd_fetch, cmd_verify
+from harness.cli.listings import cmd_datasets, cmd_methods
+from harness.cli.ui import cmd_ui
+
+__all__ = ["add_listing_parsers", "add_fetch_parser", "add_verify_parser"]
 
 
 def add_listing_parsers(subparsers) -> None:
@@ -18,13 +22,13 @@ def add_listing_parsers(subparsers) -> None:
         "'datasets fetch NAME' downloads one, 'datasets verify NAME' decodes every image",
     )
     ds.add_argument("--data-root", type=Path)
-    ds.set_defaults(func=Command("harness.cli.listings", "cmd_datasets"))
+    ds.set_defaults(func=cmd_datasets)
     commands = ds.add_subparsers(dest="datasets_command", metavar="{fetch,verify}")
     add_fetch_parser(commands)
     add_verify_parser(commands)
 
     me = subparsers.add_parser("methods", help="list registered method plugins")
-    me.set_defaults(func=Command("harness.cli.listings", "cmd_methods"))
+    me.set_defaults(func=cmd_methods)
 
     ui = subparsers.add_parser("ui", help="open the MLflow UI over the tracking store (127.0.0.1)")
     ui.add_argument("--host", default="127.0.0.1")
@@ -37,7 +41,7 @@ def add_listing_parsers(subparsers) -> None:
     ui.add_argument(
         "--open", action="store_true", help="open the first runs page in the default web browser"
     )
-    ui.set_defaults(func=Command("harness.cli.ui", "cmd_ui"))
+    ui.set_defaults(func=cmd_ui)
 
 
 def add_fetch_parser(dataset_commands) -> None:
@@ -76,7 +80,7 @@ def add_fetch_parser(dataset_commands) -> None:
         default=60.0,
         help="seconds a silent connection is waited for (default 60)",
     )
-    fetch.set_defaults(func=Command("harness.cli.fetch", "cmd_fetch"))
+    fetch.set_defaults(func=cmd_fetch)
 
 
 def add_verify_parser(dataset_commands) -> None:
@@ -105,4 +109,4 @@ def add_verify_parser(dataset_commands) -> None:
         default=min(8, os.cpu_count() or 1),
         help="decoding threads (default: the CPU count, at most 8)",
     )
-    verify.set_defaults(func=Command("harness.cli.fetch", "cmd_verify"))
+    verify.set_defaults(func=cmd_verify)

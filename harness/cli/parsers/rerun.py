@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.arguments import Command, at_least, experiment_name, positive_number
+from harness.cli.arguments import at_least, experiment_name, positive_number
 from harness.cli.outputs import add_output_argument
+from harness.cli.rerun import cmd_rerun
+
+__all__ = ["add_rerun_parser", "DEFAULT_TOLERANCE", "DESCRIPTION"]
 
 #: ``--tolerance``'s default: the noise interval of a test metric (a fraction) when the
 #: run's cell has one seed.
@@ -67,5 +70,5 @@ def add_rerun_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="re-run a run whose commit is not in this checkout's history",
     )
-    rerun_parser.set_defaults(func=Command("harness.cli.rerun", "cmd_rerun"))
+    rerun_parser.set_defaults(func=cmd_rerun)
     return rerun_parser

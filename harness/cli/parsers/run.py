@@ -8,7 +8,6 @@ from pathlib import Path
 from harness.cli.arguments import (
     DATASET_HELP,
     EMBEDDED_DEFAULT,
-    Command,
     at_least,
     dataset_label,
     experiment_name,
@@ -17,7 +16,10 @@ from harness.cli.arguments import (
     name_list,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
+from harness.cli.run import cmd_run
 from harness.config.sections import MAX_STEPS
+
+__all__ = ["add_run_parser"]
 
 
 def add_run_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,7 +27,7 @@ def add_run_parser(subparsers) -> argparse.ArgumentParser:
     _add_what_arguments(run)
     _add_how_arguments(run)
     _add_weights_arguments(run)
-    run.set_defaults(func=Command("harness.cli.run", "cmd_run"))
+    run.set_defaults(func=cmd_run)
     return run
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.arguments import (
-    Command,
-)
+from harness.cli.schema import cmd_schema
+
+__all__ = ["add_schema_parser", "KINDS"]
+
 
 #: The kinds of file with a JSON Schema.
 KINDS = ("protocol", "grid")
@@ -23,5 +24,5 @@ def add_schema_parser(subparsers) -> argparse.ArgumentParser:
         default="protocol",
         help="which files: protocol (default) or grid",
     )
-    schema.set_defaults(func=Command("harness.cli.schema", "cmd_schema"))
+    schema.set_defaults(func=cmd_schema)
     return schema

@@ -7,13 +7,15 @@ from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.arguments import (
-    Command,
     at_least,
 )
 from harness.cli.outputs import add_output_argument
+from harness.cli.sweep import cmd_sweep
+from harness.config.catalog import MAX_CELLS
 from harness.config.executor import check_mem, check_time
-from harness.config.grids import MAX_CELLS
 from harness.store.location import DEFAULT_STORAGE
+
+__all__ = ["add_sweep_parser", "add_cluster_arguments"]
 
 
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,7 +75,7 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     )
     add_cluster_arguments(p)
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=Command("harness.cli.sweep", "cmd_sweep"))
+    p.set_defaults(func=cmd_sweep)
     return p
 
 

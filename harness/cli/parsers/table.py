@@ -7,12 +7,14 @@ from pathlib import Path
 
 from harness.base.metric_keys import TABLE_METRICS
 from harness.cli.arguments import (
-    Command,
     experiment_name,
     file_name,
 )
 from harness.cli.outputs import add_force_argument, add_output_argument
-from harness.reports.tuning import REPORTS
+from harness.cli.table import cmd_table
+from harness.config.catalog import REPORTS
+
+__all__ = ["add_table_parser"]
 
 
 def add_table_parser(subparsers) -> argparse.ArgumentParser:
@@ -65,7 +67,7 @@ def add_table_parser(subparsers) -> argparse.ArgumentParser:
         help="fail (exit 2, nothing written) when a cell cannot be computed as it should, e.g. a "
         "run's per-query results are missing; without it such cells are marked and listed on stderr",
     )
-    p.set_defaults(func=Command("harness.cli.table", "cmd_table"))
+    p.set_defaults(func=cmd_table)
     return p
 
 

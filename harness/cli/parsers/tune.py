@@ -9,14 +9,16 @@ from pathlib import Path
 from harness.cli.arguments import (
     DATASET_HELP,
     SEED_LIMIT,
-    Command,
     at_least,
     dataset_label,
     experiment_name,
     int_list,
 )
 from harness.cli.outputs import add_output_argument
-from harness.config.tuning import DEFAULT_PROTOCOL_SPACE
+from harness.cli.tune import cmd_tune
+from harness.config.catalog import DEFAULT_PROTOCOL_SPACE
+
+__all__ = ["add_tune_parser"]
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,7 +74,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data-root", type=Path)
     p.add_argument("--device", default="auto")
     p.add_argument("--loader-workers", type=at_least(0), help="data-loading processes per run")
-    p.set_defaults(func=Command("harness.cli.tune", "cmd_tune"))
+    p.set_defaults(func=cmd_tune)
     return p
 
 

@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from scipy import stats
 
+from harness.components.explanation.curve_settings import CANVASES
+
 __all__ = [
-    "CURVE_PAIRS",
     "part_shares",
     "region_scores",
     "within_object_scores",
@@ -48,25 +49,13 @@ __all__ = [
     "curve_auc",
     "mean_interval",
     "STEP",
-    "CANVASES",
     "gaussian_kernel",
     "blurred_canvas",
 ]
 
-#: Pairs whose deletion / insertion curves are measured by default: each pair costs 19
-#: inner steps x (deletion, insertion) + 1 intact image, x 3 pixel orders = 117 forward
-#: passes, so 48 pairs take 5,616, the bulk of the command's time on a CPU
-#: (``--curve-pairs`` sets it).
-CURVE_PAIRS = 48
-
 #: Fraction of the image removed or revealed per step of the deletion / insertion curves.
 STEP = 0.05
 
-#: What the insertion curve reveals pixels on: ``mean``, the normalised input's 0 (the
-#: protocol's mean colour, also what deletion leaves), or ``blur``, the query itself
-#: blurred by a Gaussian of :data:`BLUR_SIGMA` of the image's side (RISE's insertion
-#: substrate, Petsiuk et al. 2018, Sec. 4.1: sigma 5 at 224 px).
-CANVASES = ("mean", "blur")
 BLUR_SIGMA = 5 / 224
 
 

@@ -64,10 +64,10 @@ from tqdm import tqdm
 
 from harness.base.atomic import finite_json
 from harness.base.metric_keys import metric_key
+from harness.components.explanation.curve_settings import CURVE_PAIRS
 from harness.components.explanation.maps import attention_figure
 from harness.components.explanation.sanity import random_maps
 from harness.components.explanation.scores import (
-    CURVE_PAIRS,
     STEP,
     curve_auc,
     mean_interval,
@@ -285,7 +285,7 @@ def explain_run(
     ``sanity``: also the ceiling, the floors and the cascading randomisation
     (:mod:`harness.engine.explain.sanity`), under ``sanity`` and ``sanity_verdicts``;
     ``canvas``: what insertion reveals pixels on
-    (:data:`~harness.components.explanation.scores.CANVASES`)."""
+    (:data:`~harness.components.explanation.curve_settings.CANVASES`)."""
     started = time.perf_counter()
     notes: list[str] = []
     rng = np.random.default_rng(seed)

@@ -1,0 +1,99 @@
+"""The command line answers at once: ``python -m harness --help`` and every subcommand's
+``--help`` load neither torch nor a method plugin, each checked in a fresh interpreter;
+``methods`` lists every registered plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli.main import build_parser, main
+from harness.cli.outputs import subcommands
+from harness.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Run ``python -m harness ARGV`` as the console does, then print the modules it loaded.
+PROBE = """
+import json, runpy, sys
+sys.argv = ["harness", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("harness", run_name="__main__")
+except SystemExit as exit:
+    code = exit.code
+print("\\n" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _help_argvs() -> list[list[str]]:
+    """``--help`` of the program, of every subcommand and of ``datasets``'s subcommands."""
+    argvs = [["--help"]]
+    for name, parser in subcommands(build_parser()).items():
+        argvs.append([name, "--help"])
+        argvs += [[name, sub, "--help"] for sub in subcommands(parser)]
+    return argvs
+
+
+def _loaded(argv: list[str]) -> tuple[int, list[str], str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.rstrip().splitlines()[-1])
+    return record["code"], record["modules"], done.stdout
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    """torch and the plugins' modules among ``modules`` (importing any module of
+    ``harness.methods`` imports every plugin)."""
+    return [m for m in modules if m.split(".")[0] == "torch" or m.startswith("harness.methods")]
+
+
+def test_the_help_argvs_cover_every_subcommand():
+    argvs = _help_argvs()
+    commands = {argv[0] for argv in argvs if len(argv) > 1}
+    assert {"run", "sweep", "tune", "methods", "deviations", "schema"} <= commands
+    assert ["datasets", "fetch", "--help"] in argvs
+
+
+@pytest.mark.parametrize("argv", _help_argvs(), ids=" ".join)
+def test_help_loads_neither_torch_nor_a_plugin(argv):
+    code, modules, out = _loaded(argv)
+    assert code == 0
+    assert "usage:" in out
+    assert _heavy(modules) == []
+
+
+def test_the_check_finds_torch_and_the_plugins():
+    """The probe can fail: ``methods`` loads the plugins, and torch with them."""
+    code, modules, _ = _loaded(["methods"])
+    assert code == 0
+    heavy = _heavy(modules)
+    assert "torch" in heavy and "harness.methods.plain" in heavy
+
+
+def test_deviations_help_lists_the_grids_from_their_files(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["deviations", "--help"])
+    grids = sorted(p.stem for p in (REPO / "protocols" / "grids").glob("*.toml"))
+    # argparse wraps the help, at spaces and hyphens
+    assert grids and ",".join(grids) in "".join(capsys.readouterr().out.split())
+
+
+def test_methods_lists_every_registered_plugin(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    named = [line.split()[0] for line in out if line and not line.startswith(" ")]
+    assert named == METHODS.list()
+    assert all("; options: " in line for line in out if line.startswith(" "))
