@@ -9,6 +9,7 @@ from harness.engine.run.checkpoints import (
     FolderCheckpointer,
     InMemoryCheckpointer,
     RunFolder,
+    SavedWeights,
 )
 from harness.engine.run.compiled_step import (
     CompiledStep,
@@ -53,6 +54,8 @@ from harness.engine.run.embedding import (
     pair_chunks,
 )
 from harness.engine.run.export import (
+    DrawExplanations,
+    ExportEmbedder,
     ImageEmbedder,
     example_images,
 )
@@ -101,6 +104,7 @@ from harness.engine.run.step import (
     step_modules,
 )
 from harness.engine.run.trainer import (
+    EndOfRunStep,
     EpochCallback,
     Progress,
     StepFunction,
@@ -119,6 +123,7 @@ __all__ = [
     "FolderCheckpointer",
     "CheckpointFile",
     "RunFolder",
+    "SavedWeights",
     "CompiledStep",
     "whole_graph_blocker",
     "compile_step",
@@ -154,6 +159,8 @@ __all__ = [
     "QUERIES_PER_RERANK_CALL_CUDA",
     "PAIRS_PER_CALL",
     "ImageEmbedder",
+    "ExportEmbedder",
+    "DrawExplanations",
     "example_images",
     "MlflowRecorder",
     "run_params",
@@ -190,6 +197,7 @@ __all__ = [
     "Trainer",
     "Progress",
     "EpochCallback",
+    "EndOfRunStep",
     "StepFunction",
     "TrainFunction",
     "training_splits",

@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader
 
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError
-from harness.base.faults import fault_point
 from harness.components.data import DatasetSplits
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform, normalize_batch
@@ -310,7 +309,6 @@ def _embed_sets(
         )
 
     q, q_fields = embed(query_set)
-    fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
     if gallery_set is None:
         return q, q_fields, None, q_fields
     g, g_fields = embed(gallery_set)

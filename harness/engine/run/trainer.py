@@ -34,7 +34,6 @@ from tqdm import tqdm
 
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError, NonFiniteLoss
-from harness.base.faults import fault_point
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
 from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_variants
@@ -51,7 +50,7 @@ from harness.engine.run.model import (
     create_loss_module,
     on_device,
 )
-from harness.engine.run.recorder import Recorder, StepFlush
+from harness.engine.run.recorder import FinishedRun, Recorder, StepFlush
 from harness.engine.run.run_config import RunConfig
 from harness.engine.run.runtime import epoch_seed, log_line, seed_everything
 from harness.engine.run.step import TrainingParts, TrainingStep
@@ -60,6 +59,7 @@ __all__ = [
     "Trainer",
     "Progress",
     "EpochCallback",
+    "EndOfRunStep",
     "StepFunction",
 ]
 
@@ -68,6 +68,9 @@ CPU = torch.device("cpu")
 #: Called after each epoch as ``(epoch, record)`` in process 0; may raise (e.g.
 #: ``optuna.TrialPruned``, which stops the run).
 EpochCallback = Callable[[int, dict[str, Any]], None]
+#: Run by :meth:`Trainer.finish` in process 0 once the selected weights are tested and
+#: saved (e.g. log them, export the model, draw explanations).
+EndOfRunStep = Callable[[FinishedRun], None]
 #: A training step: ``(images, labels, seed, epoch, step) -> (loss, terms)`` on the device
 #: (:class:`~harness.engine.run.step.TrainingStep`).
 StepFunction = Callable[
@@ -104,8 +107,9 @@ class Trainer:
     ``recorder`` its results go to.
 
     :meth:`fit` runs the epochs (:meth:`run_epoch`: :meth:`train_epoch`,
-    :meth:`validate_and_select`, the record and the checkpoint), :meth:`load_selected_weights`
-    and :meth:`test` finish the run; :meth:`resume` continues after a checkpoint.
+    :meth:`validate_and_select`, the record and the checkpoint), :meth:`load_selected_weights`,
+    :meth:`test` and :meth:`finish` (the selected weights to the checkpointer, then the
+    ``end_of_run`` steps) end the run; :meth:`resume` continues after a checkpoint.
     :meth:`from_config` builds every part for a run's configuration."""
 
     protocol: Protocol
@@ -126,6 +130,8 @@ class Trainer:
     #: The selected epoch of the run whose weights the model starts from (0: none).
     init_selected_epoch: int = 0
     on_epoch: EpochCallback | None = None
+    #: The steps of the finished run, in order (:meth:`finish`).
+    end_of_run: list[EndOfRunStep] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)
 
     @classmethod
@@ -143,6 +149,7 @@ class Trainer:
         workers: int = 0,
         procs: Processes = SINGLE_PROCESS,
         on_epoch: EpochCallback | None = None,
+        end_of_run: list[EndOfRunStep] | None = None,
     ) -> Trainer:
         """The trainer of ``cfg`` on ``splits``: the loss module, optimizer, schedule,
         batches and step of its protocol, around ``model`` (already on ``device``, with the
@@ -171,6 +178,7 @@ class Trainer:
             evaluate_only=cfg.evaluate_only,
             init_selected_epoch=init_selected_epoch,
             on_epoch=on_epoch,
+            end_of_run=list(end_of_run or []),
         )
 
     @property
@@ -250,7 +258,6 @@ class Trainer:
                 # (a miner on NaN distances): the first non-finite batch is the error to report.
                 meter.flush_pending(step - 1)
                 raise
-            fault_point("train_batch")  # test-only hook (harness.base.faults); nothing when unset
             meter.add(loss, terms, len(images), step)
         return meter.finish(step)
 
@@ -310,6 +317,21 @@ class Trainer:
         scores = self.evaluator(self.model, "test", metrics=metrics, per_query=True)
         self.recorder.record_test(scores, selected_epoch)
         return scores
+
+    def finish(self, selected_epoch: int, test: dict[str, float]) -> FinishedRun:
+        """The tested weights of ``selected_epoch`` to the checkpointer, then each
+        ``end_of_run`` step on the finished run; returns it."""
+        weights = {
+            "model": self.model.state_dict(),
+            "method": self.method,
+            "selected_epoch": selected_epoch,
+        }
+        finished = FinishedRun(
+            self.model, selected_epoch, test, self.checkpointer.save_selected(weights)
+        )
+        for step in self.end_of_run:
+            step(finished)
+        return finished
 
 
 def _training_parts(

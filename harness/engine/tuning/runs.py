@@ -18,7 +18,6 @@ import torch
 from optuna.trial import TrialState, create_trial
 
 from harness.base.errors import HarnessError, NonFiniteLoss
-from harness.base.faults import fault_point
 from harness.base.metric_keys import group_metrics, metric_key
 from harness.components.data import fold_splits, seal_test
 from harness.components.data.transforms import build_transform
@@ -169,9 +168,12 @@ def _should_prune(spec: TuneSpec, fold: int, mean: float, history: dict[int, Any
     return len(values) >= _PRUNE_AFTER and mean < statistics.median(values)
 
 
-def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -> float:
+def run_trial(
+    study: Study, number: int, storage, settings: dict, cache: dict, *, train: Any = None
+) -> float:
     """Trial ``number`` of ``study``: its k fold runs (a finished one is read, not run
-    again), the mean of their best validation values, recorded in the study (once)."""
+    again), the mean of their best validation values, recorded in the study (once).
+    ``train``: what trains a run (default :func:`~harness.engine.run.training.run_training`)."""
 
     spec = study.spec
     record = record_study(study, storage)
@@ -188,7 +190,7 @@ def run_trial(study: Study, number: int, storage, settings: dict, cache: dict) -
     state = TrialState.COMPLETE
     for fold in fold_plan(study.grid):
         try:
-            run_id = _trial_fold_run(study, number, fold, setting, settings, cache)
+            run_id = _trial_fold_run(study, number, fold, setting, settings, cache, train)
         except NonFiniteLoss as err:  # a diverging setting: the trial ends, the study goes on
             log(f"{study.label} trial {number} fold {fold}: {err}; recorded as pruned")
             state = TrialState.PRUNED
@@ -225,7 +227,13 @@ def _add_trial(record, params, distributions, value, intermediate, state, attrs)
 
 
 def _trial_fold_run(
-    study: Study, number: int, fold: int | None, setting: tuple, settings: dict, cache: dict
+    study: Study,
+    number: int,
+    fold: int | None,
+    setting: tuple,
+    settings: dict,
+    cache: dict,
+    train: Any,
 ) -> str:
     """The run of one fold of a trial (its finished run if there is one): trained on the
     fold's training classes with the test split sealed, selected on the fold."""
@@ -253,7 +261,7 @@ def _trial_fold_run(
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, tags)
     return run_id
 
@@ -304,10 +312,12 @@ def _fold_selection(deviations: dict, folds: int) -> dict:
     return {**deviations, SELECTION_DEVIATION: dataclasses.replace(said, harness=harness)}
 
 
-def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict) -> None:
+def run_final_cell(
+    grid: Grid, cell: Cell, storage, settings: dict, cache: dict, *, train: Any = None
+) -> None:
     """A final cell: the best setting of its study trained with the cell's seed on each
     fold (a test-time cell: its base cell's fold runs evaluated), then its results in the
-    grid's experiment."""
+    grid's experiment (``train``: what trains a run, as for :func:`run_trial`)."""
     spec = grid.tune
     assert spec is not None
     base_cell = cell
@@ -328,7 +338,7 @@ def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict)
     options = {**cell.method_options, **({} if cell.base_key else options)}
     tags = _final_tags(study, record, best, cell)
     run_ids = [
-        _final_fold_run(grid, cell, fold, (protocol, options, tags), settings, cache)
+        _final_fold_run(grid, cell, fold, (protocol, options, tags), settings, cache, train)
         for fold in fold_plan(grid)
     ]
     if spec.folds > 1:
@@ -337,7 +347,13 @@ def run_final_cell(grid: Grid, cell: Cell, storage, settings: dict, cache: dict)
 
 
 def _final_fold_run(
-    grid: Grid, cell: Cell, fold: int | None, setting: tuple, settings: dict, cache: dict
+    grid: Grid,
+    cell: Cell,
+    fold: int | None,
+    setting: tuple,
+    settings: dict,
+    cache: dict,
+    train: Any,
 ) -> str:
     """The final run of one fold of a cell (its finished run if there is one): with
     ``folds = 1`` the cell's run in the grid's experiment, else a fold model in
@@ -354,7 +370,6 @@ def _final_fold_run(
     run = _finished_run(experiment, {"tune_cell": cell.key, "tune_fold": fold_name})
     if run is not None:
         return run.info.run_id
-    fault_point("final_run")  # test-only hook (harness.base.faults); nothing when unset
     init_from = ""
     if cell.base_key:
         base_run = _finished_run(experiment, {"tune_cell": cell.base_key, "tune_fold": fold_name})
@@ -376,7 +391,7 @@ def _final_fold_run(
         tags=fold_tags,
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = training.run_training(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id
 

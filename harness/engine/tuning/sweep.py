@@ -173,11 +173,18 @@ def _plan_finals(studies: list[Study], queue, pending: set, finished: set[str]) 
 
 
 def tuned_worker_loop(
-    grid: Grid, queue, storage, *, settings: dict | None = None, poll: float = 2.0
+    grid: Grid,
+    queue,
+    storage,
+    *,
+    settings: dict | None = None,
+    poll: float = 2.0,
+    train: Any = None,
 ) -> dict[str, list]:
     """Pop and run the tuned grid's tasks until every study and final cell is done, or
-    nothing more can run; plans new tasks whenever the queue is empty. Returns this
-    worker's ``{"done": [...], "failed": [(task, error)]}``."""
+    nothing more can run; plans new tasks whenever the queue is empty (``train``: what
+    trains each run, default :func:`~harness.engine.run.training.run_training`). Returns
+    this worker's ``{"done": [...], "failed": [(task, error)]}``."""
 
     settings = settings or {}
     report: dict[str, list] = {"done": [], "failed": []}
@@ -206,10 +213,10 @@ def tuned_worker_loop(
             continue
         hold_trial(task, settings)
         with Heartbeat(queue._storage, task._trial_id):
-            _work_on_task(grid, queue, storage, task, settings, cache, report)
+            _work_on_task(grid, queue, storage, task, settings, cache, report, train)
 
 
-def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
+def _work_on_task(grid, queue, storage, task, settings, cache, report, train) -> None:
 
     attrs = task.user_attrs
     twins = [
@@ -228,10 +235,12 @@ def _work_on_task(grid, queue, storage, task, settings, cache, report) -> None:
     try:
         if attrs[TASK_ATTR] == "trial":
             study = next(s for s in tuned_studies(grid) if s.name == attrs["tune_study"])
-            value = run_trial(study, int(attrs["tune_trial"]), storage, settings, cache)
+            value = run_trial(
+                study, int(attrs["tune_trial"]), storage, settings, cache, train=train
+            )
         else:
             cell = next(c for c in grid.cells if c.key == attrs["cell_key"])
-            run_final_cell(grid, cell, storage, settings, cache)
+            run_final_cell(grid, cell, storage, settings, cache, train=train)
             value = 0.0
     except KeyboardInterrupt:
         settle_trial(queue, task, state=TrialState.FAIL, error="interrupted")
@@ -294,7 +303,7 @@ def run_worker(
     if grid.tune is None:
         return worker_loop(grid, queue, settings=settings, train=train)
     return tuned_worker_loop(
-        grid, queue, record_storage(settings.get("storage")), settings=settings
+        grid, queue, record_storage(settings.get("storage")), settings=settings, train=train
     )
 
 
