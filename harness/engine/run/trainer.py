@@ -238,28 +238,47 @@ class Trainer:
             self.on_epoch(epoch + 1, record)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One epoch of :meth:`train_step`, queued without waiting on the device: each step's
-        loss and the epoch's sums stay on the device (:class:`_StepTally`) and are read every
-        ``[training] sync_every`` steps and at the end (a :class:`StepFlush` to the recorder),
-        where a non-finite loss stops the run and names its first batch. Returns the epoch's
-        mean loss (``train_loss``, ``train_loss_<term>``), throughput and seconds."""
+        """One epoch, one batch's trip per turn of the loop: draw it from the loader, move it
+        to the device, :meth:`train_step`, tally its loss on the device
+        (:class:`_StepTally`), and every ``[training] sync_every`` steps and at the end read
+        the tally once and log it (a :class:`StepFlush` to the recorder,
+        :class:`_EpochMeter`), where a non-finite loss stops the run and names its first
+        batch. Returns the epoch's mean loss (``train_loss``, ``train_loss_<term>``),
+        throughput and seconds."""
         torch.manual_seed(
             epoch_seed(self.seed, epoch)
         )  # dropout (miners: per step, augmentation: per image)
         self.batches.sampler.set_epoch(epoch)
         self.parts.model.train()
-        meter = _EpochMeter(self, epoch)
+        sync_every = self.protocol.training.sync_every
+        tally, meter = _StepTally(sync_every, self.device), _EpochMeter(self, epoch)
+        bar = tqdm(
+            self.batches.loader,
+            desc=f"{self.method} epoch {epoch + 1}/{self.epochs}",
+            unit="batch",
+            leave=False,
+            disable=None,
+            file=sys.stderr,
+        )
         step = -1
-        for step, (images, labels, _) in enumerate(meter.bar):
+        for step, (images, labels, _) in enumerate(bar):
+            images = images.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
             try:
                 loss, terms = self.train_step(images, labels, epoch, step)
             except Exception:
                 # Weights a non-finite loss has reached can make a later step fail another way
                 # (a miner on NaN distances): the first non-finite batch is the error to report.
-                meter.flush_pending(step - 1)
+                if tally.filled:
+                    meter.log(tally, step - 1, bar)
                 raise
-            meter.add(loss, terms, len(images), step)
-        return meter.finish(step)
+            tally.add(loss, terms, len(images))
+            meter.seen += len(images)
+            if tally.filled == sync_every:
+                meter.log(tally, step, bar)
+        if tally.filled:
+            meter.log(tally, step, bar)
+        return meter.summary()
 
     def train_step(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int
@@ -411,43 +430,20 @@ class _StepTally:
 
 
 class _EpochMeter:
-    """One epoch's running account: the device-side tally, the images seen, the progress
-    bar over the loader, and the flushes that read the tally and hand it to the recorder."""
+    """One epoch's running account on the host: the images seen, the time, the sums last
+    read from the tally; :meth:`log` reads the tally and hands it to the recorder."""
 
     def __init__(self, trainer: Trainer, epoch: int):
         self.trainer, self.epoch = trainer, epoch
-        self.sync_every = trainer.protocol.training.sync_every
         self.steps_before = epoch * len(trainer.batches.sampler)
         self.seen, self.started = 0, time.perf_counter()
-        self.tally = _StepTally(self.sync_every, trainer.device)
         self.sums: dict[str, float] = {}
-        self.bar = tqdm(
-            trainer.batches.loader,
-            desc=f"{trainer.method} epoch {epoch + 1}/{trainer.epochs}",
-            unit="batch",
-            leave=False,
-            disable=None,
-            file=sys.stderr,
-        )
 
-    def add(
-        self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int, step: int
-    ) -> None:
-        """Step ``step``'s loss and terms; a flush when the window is full."""
-        self.tally.add(loss, terms, batch_size)
-        self.seen += batch_size
-        if self.tally.filled == self.sync_every:
-            self.flush(step)
-
-    def flush_pending(self, step: int) -> None:
-        """Flush the steps not yet read, the last of them ``step``."""
-        if self.tally.filled:
-            self.flush(step)
-
-    def flush(self, step: int) -> None:
-        """The one host sync: read steps ``step - filled + 1 .. step``, raise on a non-finite loss."""
-        first = step - self.tally.filled + 1
-        losses, self.sums = self.tally.read()
+    def log(self, tally: _StepTally, step: int, bar: tqdm) -> None:
+        """The one host sync: read steps ``step - filled + 1 .. step`` from ``tally``, raise
+        on a non-finite loss, show the running loss on ``bar`` and record the flush."""
+        first = step - tally.filled + 1
+        losses, self.sums = tally.read()
         bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
         trainer = self.trainer
         if bad is not None:
@@ -455,12 +451,12 @@ class _EpochMeter:
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
                 f"(method '{trainer.method}', loss '{trainer.loss}'); run stopped and marked FAILED"
             )
-        self.bar.set_postfix(
+        bar.set_postfix(
             loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
             img_s=f"{self.seen / (time.perf_counter() - self.started):.0f}",
         )
-        lr = float(self.trainer.parts.optimizer.param_groups[0]["lr"])
-        self.trainer.recorder.record_flush(
+        lr = float(trainer.parts.optimizer.param_groups[0]["lr"])
+        trainer.recorder.record_flush(
             StepFlush(
                 self.epoch + 1,
                 self.steps_before + step + 1,
@@ -471,9 +467,8 @@ class _EpochMeter:
             )
         )
 
-    def finish(self, step: int) -> dict[str, float]:
-        """The last flush, then the epoch's mean loss and terms, throughput and seconds."""
-        self.flush_pending(step)
+    def summary(self) -> dict[str, float]:
+        """The epoch's mean loss and terms, throughput and seconds."""
         elapsed = time.perf_counter() - self.started
         totals = {k: v / max(self.seen, 1) for k, v in self.sums.items()}
         return {
