@@ -71,7 +71,7 @@ from harness.engine.run.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    create_loss_module,
+    create_criterion,
     on_device,
 )
 from harness.engine.run.recorder import (
@@ -170,7 +170,7 @@ __all__ = [
     "EmbeddingModel",
     "build_model",
     "on_device",
-    "create_loss_module",
+    "create_criterion",
     "build_optimizer",
     "build_scheduler",
     "StepFlush",

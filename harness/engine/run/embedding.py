@@ -29,7 +29,8 @@ from harness.components.data.transforms import build_transform, normalize_batch
 from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
 
 if TYPE_CHECKING:
-    from harness.config.protocol import Protocol
+    # The benchmark's protocol, named apart from typing.Protocol (the Evaluator interface).
+    from harness.config.protocol import Protocol as BenchmarkProtocol
     from harness.engine.run.model import EmbeddingModel
     from harness.methods.base import Method
 
@@ -224,7 +225,7 @@ def evaluate_split(
     model: EmbeddingModel,
     query_set,
     gallery_set,
-    protocol: Protocol,
+    protocol: BenchmarkProtocol,
     dataset: str,
     *,
     device: torch.device,
@@ -285,7 +286,7 @@ def _embed_sets(
     model: EmbeddingModel,
     query_set,
     gallery_set,
-    protocol: Protocol,
+    protocol: BenchmarkProtocol,
     *,
     device: torch.device,
     workers: int,
@@ -348,7 +349,7 @@ class SplitEvaluator:
     protocol (the dataset's recall@k), on ``device`` with ``workers`` loading processes."""
 
     splits: DatasetSplits
-    protocol: Protocol
+    protocol: BenchmarkProtocol
     dataset: str
     device: torch.device = torch.device("cpu")
     workers: int = 0

@@ -47,7 +47,7 @@ from harness.engine.run.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    create_loss_module,
+    create_criterion,
     on_device,
 )
 from harness.engine.run.recorder import FinishedRun, Recorder, StepFlush
@@ -122,7 +122,7 @@ class Trainer:
     seed: int = 0
     #: The method and loss names, in progress lines and errors.
     method: str = ""
-    loss: str = ""
+    loss_name: str = ""
     device: torch.device = CPU
     procs: Processes = SINGLE_PROCESS
     #: Train no epoch: the model's weights (those of ``init_selected_epoch``) are the run's.
@@ -172,7 +172,7 @@ class Trainer:
             checkpointer or InMemoryCheckpointer(),
             seed=cfg.seed,
             method=cfg.method,
-            loss=cfg.loss,
+            loss_name=cfg.loss,
             device=device,
             procs=procs,
             evaluate_only=cfg.evaluate_only,
@@ -361,24 +361,29 @@ def _training_parts(
     workers: int,
     procs: Processes,
 ) -> tuple[TrainingParts, TrainingBatches, TrainingStep]:
-    """The loss module, optimizer, schedule and loss scaler around ``model``, the batches
-    of ``splits.train`` and the step of ``cfg`` (compiled in one process under
-    ``compile``), built in this order (the order of the random draws they make)."""
+    """The criterion (the loss module), optimizer, schedule and loss scaler around
+    ``model``, the batches of ``splits.train`` and the step of ``cfg`` (compiled in one
+    process under ``compile``), built in this order (the order of the random draws they
+    make)."""
     protocol = cfg.protocol
     num_classes = len(np.unique(splits.train.labels))
-    loss_module = create_loss_module(
-        model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
-    ).to(device)
-    optimizer = build_optimizer(protocol, model, loss_module)
+    criterion = create_criterion(model.head, cfg.loss, cfg.loss_args, num_classes=num_classes).to(
+        device
+    )
+    optimizer = build_optimizer(protocol, model, criterion)
     batches = TrainingBatches.build(
-        protocol, splits, seed=cfg.seed, device=device, workers=workers, procs=procs, loss=cfg.loss
+        protocol,
+        splits,
+        seed=cfg.seed,
+        device=device,
+        workers=workers,
+        procs=procs,
+        loss_name=cfg.loss,
     )
     dtype = amp_dtype(device, protocol.numerics.precision)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
-    parts = TrainingParts(
-        model, loss_module, optimizer, build_scheduler(protocol, optimizer), scaler
-    )
+    parts = TrainingParts(model, criterion, optimizer, build_scheduler(protocol, optimizer), scaler)
     step = TrainingStep.build(
         protocol,
         cfg.loss,
@@ -449,7 +454,7 @@ class _EpochMeter:
         if bad is not None:
             raise NonFiniteLoss(
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
-                f"(method '{trainer.method}', loss '{trainer.loss}'); run stopped and marked FAILED"
+                f"(method '{trainer.method}', loss '{trainer.loss_name}'); run stopped and marked FAILED"
             )
         bar.set_postfix(
             loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
