@@ -178,7 +178,7 @@ def test_a_table_that_cannot_write_its_last_file_leaves_the_previous_table_and_f
     last.mkdir()
     capsys.readouterr()
     assert main([*argv, "--caption", "second"]) == 2
-    assert f"cannot write {last}" in capsys.readouterr().err
+    assert str(last) in capsys.readouterr().err  # one line naming the refused file
     assert {path: path.read_bytes() for path in files} == before
     assert b"first" in before[out]
     assert not list(out.parent.glob(".*.tmp"))
