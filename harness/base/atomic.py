@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.base.errors import HarnessError
-from harness.base.faults import fault_point
 from harness.base.paths import NAME_MAX, is_sqlite_database, special_file_kind
 
 __all__ = [
@@ -107,7 +106,6 @@ def atomic_write(
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
             write_fn(fh)
             fh.flush()
-            fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
             if hasattr(os, "fchmod"):  # not on Windows
                 os.fchmod(fh.fileno(), _FILE_MODE)
             os.fsync(fh.fileno())
@@ -262,7 +260,6 @@ def _staged(path: Path, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            fault_point("write", path.name)  # test-only (harness.base.faults); nothing when unset
             if hasattr(os, "fchmod"):
                 os.fchmod(fh.fileno(), _FILE_MODE)
             os.fsync(fh.fileno())

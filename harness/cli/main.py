@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.cli.faults import FAULT_ENV, fault_train
 from harness.cli.parsers.deviations import add_deviations_parser
 from harness.cli.parsers.env import add_env_parser
 from harness.cli.parsers.evaluate import add_evaluate_parser
@@ -114,7 +115,9 @@ def run_main(argv: list[str] | None = None) -> int:
     :func:`main` with SIGTERM turned into ``KeyboardInterrupt``. Kept out of :func:`main`
     so that calling ``main`` from Python (tests, notebooks) leaves signals alone."""
     signal.signal(signal.SIGTERM, terminated)
-    return main(argv)
+    # The fault-injection suite's one seam (test-only; it names a command that trains).
+    fault = os.environ.get(FAULT_ENV, "")
+    return main(argv, train=fault_train(fault) if fault else None)
 
 
 def _program() -> str:

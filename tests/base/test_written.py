@@ -52,17 +52,18 @@ def test_the_record_moves_with_its_folder(tmp_path):
     assert list(record["files"]) == ["r.json"]
 
 
-def test_a_set_that_fails_midway_keeps_the_earlier_outputs_as_the_harness_s(tmp_path, monkeypatch):
-    """A full disk while the second file of a set is written: both targets keep their
-    earlier content, which the record still names."""
+def test_a_set_that_fails_midway_keeps_the_earlier_outputs_as_the_harness_s(tmp_path):
+    """A set whose second file cannot be written (a folder stands where it goes): the
+    first target keeps its earlier content, which the record still names."""
     first, second = tmp_path / "t.md", tmp_path / "t.tex"
-    write_outputs({first: "old md", second: "old tex"})
-    monkeypatch.setenv("DML_HARNESS_FAULT", "write:t.tex:1:enospc")
+    write_outputs({first: "old md"})
+    second.mkdir()
     with pytest.raises(HarnessError, match="cannot write"):
         write_outputs({first: "new md", second: "new tex"})
-    monkeypatch.delenv("DML_HARNESS_FAULT")
-    assert (first.read_text(), second.read_text()) == ("old md", "old tex")
-    assert provenance(first) == provenance(second) == "unchanged"
+    assert first.read_text() == "old md" and second.is_dir()
+    assert provenance(first) == "unchanged"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+    second.rmdir()
     write_outputs({first: "new md", second: "new tex"})
     assert provenance(first) == "unchanged"
     assert first.read_text() == "new md"

@@ -154,10 +154,10 @@ def test_avsl_clips_its_collector_as_one_unit_and_each_loss_copy_alone(loss):
     run = build_run(protocol, method, loss)
     head = run.model.head
     collector = {id(p) for p in (*head.alphas.parameters(), *head.betas.parameters())}
-    proxies = {id(p) for n, p in run.loss_fn.named_parameters() if n.endswith("proxies")}
+    proxies = {id(p) for n, p in run.criterion.named_parameters() if n.endswith("proxies")}
     units = [{id(p) for p in u} for u in clip_units(run.optimizer)]
     assert (collector | proxies) in units
-    copies = list(run.loss_fn) if isinstance(run.loss_fn, nn.ModuleList) else [run.loss_fn]
+    copies = list(run.criterion) if isinstance(run.criterion, nn.ModuleList) else [run.criterion]
     for copy in copies:
         rest = {id(p) for p in copy.parameters()} - proxies
         assert not rest or rest in units

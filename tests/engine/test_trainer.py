@@ -66,6 +66,29 @@ def test_the_trainer_records_every_epoch_the_selected_epoch_and_the_test(cfg, tr
     assert 0 <= recorder.test["mean_average_precision_at_r"] <= 1
 
 
+def test_finishing_saves_the_selected_weights_then_runs_the_end_of_run_steps(trained):
+    trainer, recorder, checkpointer, selected = trained
+    seen: list[tuple[str, int]] = []
+    trainer.end_of_run = [
+        lambda run: seen.append(("first", run.selected_epoch)),
+        lambda run: seen.append(("second", run.selected_epoch)),
+    ]
+    finished = trainer.finish(selected, recorder.test)
+    assert seen == [("first", selected), ("second", selected)]
+    assert finished.weights is None and finished.test == recorder.test
+    assert checkpointer.selected is not None
+    assert checkpointer.selected["selected_epoch"] == selected
+    assert checkpointer.selected["method"] == "plain"
+    assert set(checkpointer.selected["model"]) == set(trainer.model.state_dict())
+
+
+def test_a_folder_checkpointer_saves_the_selected_weights_as_model_pt(tmp_path):
+    checkpointer = FolderCheckpointer(RunFolder(tmp_path / "run"), {"fingerprint": "f"})
+    saved = checkpointer.save_selected({"model": {}, "method": "plain", "selected_epoch": 1})
+    assert saved is not None and saved.path == tmp_path / "run" / "model.pt"
+    assert saved.relpath == "run/model.pt" and len(saved.sha256) == 64
+
+
 def test_a_trainer_resumed_after_an_epoch_ends_as_an_uninterrupted_one(cfg, splits, trained):
     _, whole, checkpoints, _ = trained
     resumed = InMemoryRecorder()

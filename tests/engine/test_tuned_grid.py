@@ -295,7 +295,7 @@ def _state(workdir: Path, storage: str) -> dict:
 
 def _sweep_in(folder: Path, fault: str = "") -> subprocess.CompletedProcess:
     """The tuned grid swept on 2 workers in ``folder`` (its own stores and checkpoints),
-    ``fault``: the test-only hook's ``POINT:N:ACTION`` (:mod:`harness.base.faults`). The
+    ``fault``: the test-only ``PART:N:ACTION`` of :mod:`harness.cli.faults`. The
     grace period (an hour) never passes: only a worker's death can retry its task."""
     folder.mkdir(exist_ok=True)
     env = {
@@ -338,15 +338,15 @@ TABLES = {
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "phase, fault",
-    [("search", "train_batch:5:kill"), ("final", "final_run:2:kill")],
+    [("search", "train_batch:5:kill"), ("final", "selected:2:kill")],
     ids=["search", "final"],
 )
 def test_a_tuned_sweep_killed_ends_in_one_start_as_an_uninterrupted_one(
     tmp_path, uninterrupted, phase, fault
 ):
     """Both workers killed (SIGKILL) in the search (at their 5th training batch: inside
-    their first search runs, of 3 batches an epoch) or in the final phase (at their 2nd
-    final run, the search over), then one start at once: the dead workers' trials or final
+    their first search runs, of 3 batches an epoch) or in the final phase (at the selected weights of their
+    2nd final run, the search over), then one start at once: the dead workers' trials or final
     cells are queued again without waiting for their heartbeats, and the sweep ends with
     the studies (each trial's setting and value) and the tables of an uninterrupted one."""
     storage = f"sqlite:///{tmp_path}/optuna.db"

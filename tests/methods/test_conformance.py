@@ -17,7 +17,7 @@ from torch import nn
 from harness.base.errors import HarnessError
 from harness.components.backbones import Backbone, BackboneSpec
 from harness.components.losses import MetricLoss, create_miner, miner_for
-from harness.engine.run.model import EmbeddingModel, create_loss_module
+from harness.engine.run.model import EmbeddingModel, create_criterion
 from harness.methods import (
     METHODS,
     HeadOutput,
@@ -64,10 +64,10 @@ def images(seed: int = 0) -> torch.Tensor:
 
 
 def run_loss(head: Method, loss: str) -> MetricLoss:
-    """The trainer's metric loss (:func:`~harness.engine.run.model.create_loss_module`) for 4
+    """The trainer's metric loss (:func:`~harness.engine.run.model.create_criterion`) for 4
     classes, with the miner a protocol of distance-weighted sampling gives ``loss``."""
     miner = create_miner(*miner_for(loss, "distance_weighted"))
-    return MetricLoss(create_loss_module(head, loss, num_classes=4), miner)
+    return MetricLoss(create_criterion(head, loss, num_classes=4), miner)
 
 
 @pytest.fixture(params=list_methods())

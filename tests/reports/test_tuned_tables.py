@@ -15,7 +15,6 @@ import pytest
 from mlflow.entities import Metric, Param
 
 from harness.base.errors import HarnessError
-from harness.base.faults import ENV
 from harness.base.metric_keys import metric_key
 from harness.base.written import RECORD_NAME
 from harness.cli.main import main
@@ -125,9 +124,7 @@ def _table_set(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != RECORD_NAME}
 
 
-def test_a_sweeps_tables_are_one_set_that_a_full_disk_leaves_as_it_was(
-    tuned_store, workdir, monkeypatch
-):
+def test_a_sweeps_tables_are_one_set_that_a_refused_file_leaves_as_it_was(tuned_store, workdir):
     grid = dataclasses.replace(load_grid(TUNED), experiment=tuned_store["grid"])
     folder = workdir / "tables"
     written = write_tuned_tables(grid, folder)
@@ -138,14 +135,21 @@ def test_a_sweeps_tables_are_one_set_that_a_full_disk_leaves_as_it_was(
             before
         )
     assert b"(concatenated fold models)" in before["tiny-tuned-concatenated.md"]
-    # A full disk at the last file of the set: no file of the set replaced, none left over.
-    monkeypatch.setenv(ENV, "write:tiny-tuned-concatenated.settings.tex:1:enospc")
+    # The last file of the set refused (a folder stands where it goes): no other file of
+    # the set replaced, none left over.
+    last = folder / "tiny-tuned-concatenated.settings.tex"
+    kept = last.read_bytes()
+    last.unlink()
+    last.mkdir()
     again = dataclasses.replace(grid, description="a second caption")
-    with pytest.raises(HarnessError, match="No space left on device"):
+    with pytest.raises(HarnessError, match="cannot write"):
         write_tuned_tables(again, folder)
-    assert _table_set(folder) == before
+    assert {k: v for k, v in _table_set(folder).items() if k != last.name} == {
+        k: v for k, v in before.items() if k != last.name
+    }
     assert not list(folder.glob(".*.tmp"))
-    monkeypatch.delenv(ENV)
+    last.rmdir()
+    last.write_bytes(kept)
     write_tuned_tables(again, folder)
     assert b"a second caption" in (folder / "tiny-tuned.md").read_bytes()
 

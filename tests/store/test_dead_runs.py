@@ -13,7 +13,7 @@ import uuid
 import mlflow
 import pytest
 
-from harness.base.faults import ENV as FAULT_ENV
+from harness.cli.faults import FAULT_ENV
 from harness.cli.main import main
 from harness.store.location import tracking_uri
 

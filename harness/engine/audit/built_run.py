@@ -34,7 +34,7 @@ from harness.engine.run.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    create_loss_module,
+    create_criterion,
 )
 
 __all__ = [
@@ -66,7 +66,7 @@ class BuiltRun:
     method: str
     loss: str
     model: EmbeddingModel
-    loss_fn: nn.Module
+    criterion: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
     labels: np.ndarray
@@ -87,16 +87,16 @@ def build_run(
     options = protocol.methods.get(method, {}) if options is None else options
     model = build_model(built, method, options)
     num_classes = len(np.unique(_LABELS))
-    loss_fn = create_loss_module(
+    criterion = create_criterion(
         model.head, loss, protocol.loss_args(loss), num_classes=num_classes
     )
-    optimizer = build_optimizer(built, model, loss_fn)
+    optimizer = build_optimizer(built, model, criterion)
     return BuiltRun(
         protocol,
         method,
         loss,
         model,
-        loss_fn,
+        criterion,
         optimizer,
         build_scheduler(built, optimizer),
         _LABELS,
@@ -272,8 +272,8 @@ def _avsl_clip_units(run: BuiltRun) -> Any:
     units = [{id(p) for p in u} for u in clip_units(run.optimizer)]
     head: Any = run.model.head
     collector = {id(p) for p in (*head.alphas.parameters(), *head.betas.parameters())}
-    proxies = {id(p) for n, p in run.loss_fn.named_parameters() if n.endswith("proxies")}
-    copies = list(run.loss_fn) if isinstance(run.loss_fn, nn.ModuleList) else [run.loss_fn]
+    proxies = {id(p) for n, p in run.criterion.named_parameters() if n.endswith("proxies")}
+    copies = list(run.criterion) if isinstance(run.criterion, nn.ModuleList) else [run.criterion]
     rest = [{id(p) for p in c.parameters()} - proxies for c in copies]
     whole = collector | (proxies if head.proxies_in_collector else set())
     if whole in units and all(r in units for r in rest if r):
@@ -350,7 +350,7 @@ def _loss_arg(run: BuiltRun, loss: str, arg: str) -> Any:
     is read at its initial value."""
     if loss != run.loss:
         return UNOBSERVED
-    module = run.loss_fn[0] if isinstance(run.loss_fn, nn.ModuleList) else run.loss_fn
+    module = run.criterion[0] if isinstance(run.criterion, nn.ModuleList) else run.criterion
     value = getattr(module, arg, UNOBSERVED)
     if isinstance(value, torch.Tensor):
         values = {round(float(v), 6) for v in value.detach().flatten()}

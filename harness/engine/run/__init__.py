@@ -9,6 +9,7 @@ from harness.engine.run.checkpoints import (
     FolderCheckpointer,
     InMemoryCheckpointer,
     RunFolder,
+    SavedWeights,
 )
 from harness.engine.run.compiled_step import (
     CompiledStep,
@@ -53,6 +54,8 @@ from harness.engine.run.embedding import (
     pair_chunks,
 )
 from harness.engine.run.export import (
+    DrawExplanations,
+    ExportEmbedder,
     ImageEmbedder,
     example_images,
 )
@@ -68,7 +71,7 @@ from harness.engine.run.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    create_loss_module,
+    create_criterion,
     on_device,
 )
 from harness.engine.run.recorder import (
@@ -101,6 +104,7 @@ from harness.engine.run.step import (
     step_modules,
 )
 from harness.engine.run.trainer import (
+    EndOfRunStep,
     EpochCallback,
     Progress,
     StepFunction,
@@ -119,6 +123,7 @@ __all__ = [
     "FolderCheckpointer",
     "CheckpointFile",
     "RunFolder",
+    "SavedWeights",
     "CompiledStep",
     "whole_graph_blocker",
     "compile_step",
@@ -154,6 +159,8 @@ __all__ = [
     "QUERIES_PER_RERANK_CALL_CUDA",
     "PAIRS_PER_CALL",
     "ImageEmbedder",
+    "ExportEmbedder",
+    "DrawExplanations",
     "example_images",
     "MlflowRecorder",
     "run_params",
@@ -163,7 +170,7 @@ __all__ = [
     "EmbeddingModel",
     "build_model",
     "on_device",
-    "create_loss_module",
+    "create_criterion",
     "build_optimizer",
     "build_scheduler",
     "StepFlush",
@@ -190,6 +197,7 @@ __all__ = [
     "Trainer",
     "Progress",
     "EpochCallback",
+    "EndOfRunStep",
     "StepFunction",
     "TrainFunction",
     "training_splits",

@@ -1,5 +1,6 @@
 """Checkpoints: the :class:`Checkpointer` a :class:`~harness.engine.run.trainer.Trainer` saves
-each epoch's resumable state through and a resume loads it from, kept in memory
+each epoch's resumable state and the run's selected weights through and a resume loads the
+state from, kept in memory
 (:class:`InMemoryCheckpointer`) or in a run's folder under the checkpoint root
 (:class:`FolderCheckpointer`: ``last.pt``, guarded by a checksum file, beside the
 selected weights).
@@ -28,6 +29,7 @@ from harness.engine.run.runtime import log_line
 __all__ = [
     "CHECKPOINT_KEYS",
     "Checkpointer",
+    "SavedWeights",
     "InMemoryCheckpointer",
     "FolderCheckpointer",
     "CheckpointFile",
@@ -142,9 +144,20 @@ class RunFolder:
         return self.path / name
 
 
+@dataclass(frozen=True)
+class SavedWeights:
+    """Where a checkpointer saved a run's selected weights: the file, its sha256, and its
+    path under the checkpoint root (which still resolves when the root moves)."""
+
+    path: Path
+    sha256: str
+    relpath: str
+
+
 @runtime_checkable
 class Checkpointer(Protocol):
-    """Where a run's resumable state goes after each epoch, and where a resume finds it."""
+    """Where a run's resumable state goes after each epoch, and where a resume finds it;
+    where the run's selected weights go once it is tested."""
 
     def save(self, checkpoint: dict[str, Any]) -> None:
         """Keep ``checkpoint`` (live tensors: a checkpointer that holds it copies them) as
@@ -154,6 +167,11 @@ class Checkpointer(Protocol):
         """The checkpoint a resume continues from, or None (none kept, or one refused)."""
         ...
 
+    def save_selected(self, weights: dict[str, Any]) -> SavedWeights | None:
+        """Keep the selected ``weights`` (the model's state and what it is); where they went
+        (None: nowhere a file names)."""
+        ...
+
 
 @dataclass
 class InMemoryCheckpointer:
@@ -161,6 +179,7 @@ class InMemoryCheckpointer:
     notebooks); :meth:`load` returns the last."""
 
     saved: list[dict[str, Any]] = field(default_factory=list)
+    selected: dict[str, Any] | None = None
 
     def save(self, checkpoint: dict[str, Any]) -> None:
         # A copy: the checkpoint holds the live tensors of the model and optimizer.
@@ -169,12 +188,17 @@ class InMemoryCheckpointer:
     def load(self) -> dict[str, Any] | None:
         return copy.deepcopy(self.saved[-1]) if self.saved else None
 
+    def save_selected(self, weights: dict[str, Any]) -> SavedWeights | None:
+        self.selected = copy.deepcopy(weights)
+        return None
+
 
 @dataclass
 class FolderCheckpointer:
     """A :class:`Checkpointer` into a run's folder: ``last.pt`` and its checksum file
-    (:meth:`RunFolder.save_last`); ``stamp`` is saved with every checkpoint (the run's
-    fingerprint, and its tracked run, which a resume continues)."""
+    (:meth:`RunFolder.save_last`), and the selected weights as ``model.pt``; ``stamp`` is
+    saved with every checkpoint (the run's fingerprint, and its tracked run, which a resume
+    continues), its fingerprint with the selected weights."""
 
     folder: RunFolder
     stamp: dict[str, Any] = field(default_factory=dict)
@@ -184,3 +208,9 @@ class FolderCheckpointer:
 
     def load(self) -> dict[str, Any] | None:
         return self.folder.load_last()
+
+    def save_selected(self, weights: dict[str, Any]) -> SavedWeights | None:
+        path, sha256 = self.folder.save_selected(
+            {**weights, "fingerprint": self.stamp.get("fingerprint", "")}
+        )
+        return SavedWeights(path, sha256, f"{self.folder.key}/{path.name}")

@@ -168,9 +168,9 @@ class TrainingBatches:
         device: torch.device,
         workers: int = 0,
         procs: Processes = SINGLE_PROCESS,
-        loss: str = "",
+        loss_name: str = "",
     ) -> TrainingBatches:
-        """Batches of ``splits.train`` for a run of ``seed`` and ``loss`` (the protocol's
+        """Batches of ``splits.train`` for a run of ``seed`` and ``loss_name`` (the protocol's
         sampler for it): this process's share of each batch under ``procs``, decoded and
         augmented by ``workers`` processes."""
         label_ids = np.unique(splits.train.labels)
@@ -184,7 +184,7 @@ class TrainingBatches:
             rank=procs.rank,
             world_size=procs.world_size,
             sample_seeds=True,
-            loss=loss,
+            loss=loss_name,
         )
         # Losses with per-class parameters (proxies, margin beta) need labels 0..C-1.
         label_map = {int(c): i for i, c in enumerate(label_ids)}

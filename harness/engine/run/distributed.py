@@ -149,8 +149,8 @@ class GatheredMetricLoss(MetricLoss):
     would on the same global batch, and all compute the same loss.
     """
 
-    def __init__(self, loss_module, miner, procs: Processes):
-        super().__init__(loss_module, miner)
+    def __init__(self, criterion, miner, procs: Processes):
+        super().__init__(criterion, miner)
         self.procs = procs
 
     def _gather(

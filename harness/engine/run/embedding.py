@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader
 
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError
-from harness.base.faults import fault_point
 from harness.components.data import DatasetSplits
 from harness.components.data.sampling import TransformedImages
 from harness.components.data.transforms import build_transform, normalize_batch
@@ -33,7 +32,8 @@ from harness.components.evaluation import Reranker, Scores, evaluate_embeddings
 from harness.methods import roles
 
 if TYPE_CHECKING:
-    from harness.config.protocol import Protocol
+    # The benchmark's protocol, named apart from typing.Protocol (the Evaluator interface).
+    from harness.config.protocol import Protocol as BenchmarkProtocol
     from harness.engine.run.model import EmbeddingModel
 
 __all__ = [
@@ -229,7 +229,7 @@ def evaluate_split(
     model: EmbeddingModel,
     query_set,
     gallery_set,
-    protocol: Protocol,
+    protocol: BenchmarkProtocol,
     dataset: str,
     *,
     device: torch.device,
@@ -298,7 +298,7 @@ def _embed_sets(
     model: EmbeddingModel,
     query_set,
     gallery_set,
-    protocol: Protocol,
+    protocol: BenchmarkProtocol,
     *,
     device: torch.device,
     workers: int,
@@ -322,7 +322,6 @@ def _embed_sets(
         )
 
     q, q_fields = embed(query_set)
-    fault_point("evaluate")  # test-only hook (harness.base.faults); nothing when unset
     if gallery_set is None:
         return q, q_fields, None, q_fields
     g, g_fields = embed(gallery_set)
@@ -362,7 +361,7 @@ class SplitEvaluator:
     protocol (the dataset's recall@k), on ``device`` with ``workers`` loading processes."""
 
     splits: DatasetSplits
-    protocol: Protocol
+    protocol: BenchmarkProtocol
     dataset: str
     device: torch.device = torch.device("cpu")
     workers: int = 0

@@ -6,17 +6,29 @@ normalisation, so that a user who loads the logged MLflow model
 prepared by the protocol's evaluation transform (resize and centre crop), with no
 harness settings to repeat. The plain ``model.pt`` checkpoint (state dict only) stays
 the file ``--init-from`` and ``--resume`` read.
+
+:class:`ExportEmbedder` (the logged model) and :class:`DrawExplanations` (the explanation
+figures) are end-of-run steps of a :class:`~harness.engine.run.trainer.Trainer`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from harness.base.metric_keys import readable
+from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
+from harness.engine.run.recorder import FinishedRun
+from harness.engine.run.run_config import LOG_MODEL_ENV, RunConfig, logs_model
+from harness.reports.explanations import log_explanations
+from harness.store.tracking import Tracker
 
-__all__ = ["ImageEmbedder", "example_images"]
+__all__ = ["ImageEmbedder", "example_images", "ExportEmbedder", "DrawExplanations"]
 
 
 class ImageEmbedder(nn.Module):
@@ -39,3 +51,84 @@ def example_images(image_size: int, count: int = 2, seed: int = 0) -> np.ndarray
     """``count`` random uint8 images of the protocol's evaluation size (an input example)."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, size=(count, 3, image_size, image_size), dtype=np.uint8)
+
+
+@dataclass
+class ExportEmbedder:
+    """An end-of-run step: the selected weights as an MLflow model (images -> embeddings,
+    the UI's Models tab) named after the run (:meth:`model_name`), its signature from a
+    forward pass on two example images; registered under ``--register``'s name when given.
+    The headline test scores go with it as readable percentages
+    (:func:`~harness.base.metric_keys.readable`), linked to the model and the run's dataset
+    (``split_digest``), so that the Models tab names the data it was tested on. Skipped
+    where ``$DML_HARNESS_LOG_MODEL`` is 0 (:func:`~harness.engine.run.run_config.logs_model`)."""
+
+    tracker: Tracker
+    cfg: RunConfig
+    split_digest: str
+    device: torch.device
+
+    def model_name(self) -> str:
+        """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
+        no ``/``, ``:``, ``.``, ``%`` or quote in it: those become ``-``)."""
+        cfg = self.cfg
+        name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
+        return "".join("-" if c in "/:.%'\"" else c for c in name)
+
+    def __call__(self, finished: FinishedRun) -> None:
+        cfg, device, model = self.cfg, self.device, finished.model
+        if not logs_model():
+            self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
+            return
+        embedder = ImageEmbedder(model, cfg.protocol.image).to(device).eval()
+        images = example_images(cfg.protocol.image.size)
+        with torch.inference_mode():
+            embeddings = embedder(torch.from_numpy(images).to(device)).cpu().numpy()
+        # Exported on the CPU, so that the logged model loads on a machine without a GPU.
+        embedder = embedder.cpu()
+        try:
+            uri = self.tracker.log_pytorch_model(
+                embedder,
+                images,
+                embeddings,
+                name=self.model_name(),
+                step=finished.selected_epoch,
+                registered_name=cfg.registered_model,
+                tags={
+                    "method": cfg.method,
+                    "dataset": cfg.dataset,
+                    "loss": cfg.loss,
+                    "protocol": cfg.protocol.name,
+                    "seed": str(cfg.seed),
+                },
+            )
+        finally:
+            model.to(device)
+        self.tracker.set_tags({"model_uri": uri})
+        self.tracker.log_model_scores(
+            uri, readable(finished.test), (cfg.dataset, self.split_digest)
+        )
+
+
+@dataclass
+class DrawExplanations:
+    """An end-of-run step: the head's explanations of test images, drawn into the run's
+    ``folder`` and logged (:func:`~harness.reports.explanations.log_explanations`)."""
+
+    tracker: Tracker
+    cfg: RunConfig
+    splits: DatasetSplits
+    folder: Path
+    device: torch.device
+
+    def __call__(self, finished: FinishedRun) -> None:
+        cfg = self.cfg
+        log_explanations(
+            finished.model,
+            self.splits,
+            cfg.protocol,
+            self.device,
+            self.folder,
+            self.tracker,
+            run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}",
+        )

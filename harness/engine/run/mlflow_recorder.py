@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from harness.base.device import amp_name
-from harness.base.metric_keys import metric_key, readable
+from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
 from harness.components.data.base import GIVEN_VALIDATION, VALIDATION_SPLIT_TAG
 from harness.components.data.manifest import MANIFEST_ARTIFACT
@@ -21,12 +20,10 @@ from harness.components.losses import miner_for
 from harness.config.deviations import TAG_PREFIX, footnote, to_tag
 from harness.engine.run.checkpoints import RunFolder
 from harness.engine.run.data import adapted_sampling
-from harness.engine.run.export import ImageEmbedder, example_images
 from harness.engine.run.recorder import FinishedRun, StepFlush
-from harness.engine.run.run_config import LOG_MODEL_ENV, RunConfig, logs_model, paper_deviations
+from harness.engine.run.run_config import RunConfig, paper_deviations
 from harness.engine.run.runtime import log_line
 from harness.methods import METHODS
-from harness.reports.explanations import log_explanations
 from harness.reports.results import run_note
 from harness.store.dead_runs import CHECKPOINT_DIR_TAG, worker_id
 from harness.store.location import tracking_uri
@@ -42,11 +39,12 @@ __all__ = ["MlflowRecorder", "run_params", "run_tags", "dataset_tags", "dataset_
 class MlflowRecorder:
     """A :class:`~harness.engine.run.recorder.Recorder` into one MLflow run and the run's folder:
     the run's description, per-step and per-epoch metrics, the test scores and per-query
-    values; and for the finished run its selected weights, the logged embedder, its
-    description and explanations. :meth:`open` makes or continues the MLflow run.
+    values, and the finished run's description; :meth:`record_selected_weights` is the
+    end-of-run step that logs where the checkpointer saved its selected weights.
+    :meth:`open` makes or continues the MLflow run.
 
     ``splits``, ``world_size`` and ``device``: what the run trains and evaluates on, and
-    where (recorded with it, and used for the logged embedder and the explanations)."""
+    where (recorded with it)."""
 
     def __init__(
         self,
@@ -148,75 +146,24 @@ class MlflowRecorder:
 
     # ------------------------------------------------------- the finished run
 
-    def record_selected_weights(self, model: nn.Module, selected_epoch: int) -> None:
-        """The selected weights as ``model.pt``, and where they are with their sha256."""
-        path, sha256 = self.folder.save_selected(
-            {
-                "model": model.state_dict(),
-                "method": self.cfg.method,
-                "fingerprint": self.fingerprint,
-                "selected_epoch": selected_epoch,
-            }
-        )
+    def record_selected_weights(self, finished: FinishedRun) -> None:
+        """Where the checkpointer saved the selected weights, with their sha256, and the
+        file as the run's ``weights/model.pt`` artifact (an end-of-run step: nothing to
+        record where they went nowhere a file names)."""
+        saved = finished.weights
+        if saved is None:
+            return
         # The absolute path, and the path under the checkpoint root (which still resolves
         # when the root moves) with the file's sha256, checked by --init-from.
         self.tracker.set_tags(
             {
-                "selected_epoch": selected_epoch,
-                "model_path": str(path.resolve()),
-                "model_relpath": f"{self.folder.key}/{path.name}",
-                "model_sha256": sha256,
+                "selected_epoch": finished.selected_epoch,
+                "model_path": str(saved.path.resolve()),
+                "model_relpath": saved.relpath,
+                "model_sha256": saved.sha256,
             }
         )
-        self.tracker.log_artifact(path, "weights")  # listed in the UI as weights/model.pt
-
-    def record_embedder(
-        self, model: nn.Module, selected_epoch: int, scores: dict[str, float]
-    ) -> None:
-        """The selected weights as an MLflow model (images -> embeddings, the UI's Models
-        tab) named after the run (:meth:`model_name`), its signature from a forward pass on
-        two example images; registered under ``--register``'s name when given. The headline
-        test ``scores`` go with it as readable percentages
-        (:func:`~harness.base.metric_keys.readable`), linked to the model and the run's
-        dataset, so that the Models tab names the data it was tested on. Skipped where
-        ``$DML_HARNESS_LOG_MODEL`` is 0 (:func:`~harness.engine.run.run_config.logs_model`)."""
-        cfg, device = self.cfg, self.device
-        if not logs_model():
-            self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
-            return
-        embedder = ImageEmbedder(model, cfg.protocol.image).to(device).eval()
-        images = example_images(cfg.protocol.image.size)
-        with torch.inference_mode():
-            embeddings = embedder(torch.from_numpy(images).to(device)).cpu().numpy()
-        # Exported on the CPU, so that the logged model loads on a machine without a GPU.
-        embedder = embedder.cpu()
-        try:
-            uri = self.tracker.log_pytorch_model(
-                embedder,
-                images,
-                embeddings,
-                name=self.model_name(),
-                step=selected_epoch,
-                registered_name=cfg.registered_model,
-                tags={
-                    "method": cfg.method,
-                    "dataset": cfg.dataset,
-                    "loss": cfg.loss,
-                    "protocol": cfg.protocol.name,
-                    "seed": str(cfg.seed),
-                },
-            )
-        finally:
-            model.to(device)
-        self.tracker.set_tags({"model_uri": uri})
-        self.tracker.log_model_scores(uri, readable(scores), (cfg.dataset, self.splits.digest()))
-
-    def model_name(self) -> str:
-        """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
-        no ``/``, ``:``, ``.``, ``%`` or quote in it: those become ``-``)."""
-        cfg = self.cfg
-        name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
-        return "".join("-" if c in "/:.%'\"" else c for c in name)
+        self.tracker.log_artifact(saved.path, "weights")  # listed in the UI as weights/model.pt
 
     def record_note(self, scores: dict[str, float], selected_epoch: int) -> None:
         """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`)."""
@@ -235,28 +182,11 @@ class MlflowRecorder:
         )
         self.tracker.set_tags({RUN_NOTE_TAG: note})
 
-    def record_explanations(self, model: nn.Module) -> None:
-        """The head's explanations of test images (:func:`~harness.reports.explanations.log_explanations`)."""
-        cfg = self.cfg
-        log_explanations(
-            model,
-            self.splits,
-            cfg.protocol,
-            self.device,
-            self.folder.path,
-            self.tracker,
-            run_label=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}",
-        )
-
     def finish(self, result: FinishedRun | None) -> None:
-        """The finished run: its selected weights, the logged embedder, its description and
-        explanations (none of them for a search trial, ``result`` None), then the run
-        marked FINISHED."""
+        """The finished run's description (none for a search trial, ``result`` None), then
+        the run marked FINISHED."""
         if result is not None:
-            self.record_selected_weights(result.model, result.selected_epoch)
-            self.record_embedder(result.model, result.selected_epoch, result.test)
             self.record_note(result.test, result.selected_epoch)
-            self.record_explanations(result.model)
         self.tracker.finish("FINISHED")
 
     def fail(self, err: BaseException) -> None:

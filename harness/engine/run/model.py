@@ -19,7 +19,7 @@ __all__ = [
     "EmbeddingModel",
     "build_model",
     "on_device",
-    "create_loss_module",
+    "create_criterion",
     "build_optimizer",
     "build_scheduler",
 ]
@@ -85,8 +85,8 @@ def on_device(model: EmbeddingModel, device: torch.device) -> EmbeddingModel:
     return model.to(device, memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack Module.to(device, memory_format=...), which it accepts
 
 
-def create_loss_module(
-    head: Method, loss: str, loss_args: dict[str, Any] | None = None, *, num_classes: int
+def create_criterion(
+    head: Method, loss_name: str, loss_args: dict[str, Any] | None = None, *, num_classes: int
 ) -> nn.Module:
     """The metric loss a head trains with: one instance per copy it asks for (a
     :class:`~harness.methods.roles.LossShaper`'s ``metric_loss_copies``, e.g. one per group),
@@ -94,14 +94,14 @@ def create_loss_module(
     :func:`~harness.methods.roles.loss_dim`). One instance keeps its state-dict keys; several
     are a ModuleList."""
     losses = [
-        create_loss(loss, loss_args, num_classes=num_classes, embedding_size=loss_dim(head))
+        create_loss(loss_name, loss_args, num_classes=num_classes, embedding_size=loss_dim(head))
         for _ in range(loss_copies(head))
     ]
     return losses[0] if len(losses) == 1 else nn.ModuleList(losses)
 
 
 def build_optimizer(
-    protocol: Protocol, model: EmbeddingModel, loss_module: nn.Module
+    protocol: Protocol, model: EmbeddingModel, criterion: nn.Module
 ) -> torch.optim.Optimizer:
     """The protocol's optimizer over parameter groups named ``backbone`` (with the
     pretrained copies a head keeps), the head's own groups and the loss's groups
@@ -126,9 +126,9 @@ def build_optimizer(
     groups += model.head.optimizer_groups(o.lr_head, o.weight_decay)
     head = model.head
     if isinstance(head, LossShaper):
-        groups += head.loss_optimizer_groups(loss_module, o)
+        groups += head.loss_optimizer_groups(criterion, o)
     else:
-        groups += metric_loss_groups(loss_module, o)
+        groups += metric_loss_groups(criterion, o)
     # Fused Adam: one kernel for all parameters instead of a Python loop over ~200 tensors.
     if o.name == "adam":
         return torch.optim.Adam(groups, fused=True)

@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
 
+from harness.engine.run.checkpoints import SavedWeights
+
 __all__ = ["StepFlush", "FinishedRun", "Recorder", "InMemoryRecorder", "NullRecorder"]
 
 
@@ -39,11 +41,13 @@ class StepFlush:
 class FinishedRun:
     """A run whose training and test are done: the ``model`` with the weights of
     ``selected_epoch`` loaded (for an evaluate-only run, the epoch its base run selected)
-    and their ``test`` scores."""
+    and their ``test`` scores; ``weights``: where the checkpointer saved those weights (None:
+    nowhere a file names)."""
 
     model: nn.Module
     selected_epoch: int
     test: dict[str, float]
+    weights: SavedWeights | None = None
 
 
 @runtime_checkable

@@ -43,12 +43,12 @@ CPU = torch.device("cpu")
 @dataclass
 class TrainingParts:
     """The modules and optimizer state a run trains: what a checkpoint saves and a resume
-    restores. ``loss_module``: the metric loss's own module (one instance, or a
+    restores. ``criterion``: the metric loss's own module (one instance, or a
     ``ModuleList`` of a head's copies), whose parameters (margin betas, proxies) are
     optimised beside the model's."""
 
     model: EmbeddingModel
-    loss_module: nn.Module
+    criterion: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler
@@ -56,7 +56,7 @@ class TrainingParts:
     def state(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
-            "loss": self.loss_module.state_dict(),
+            "loss": self.criterion.state_dict(),  # the key checkpoints on disk carry
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -64,24 +64,26 @@ class TrainingParts:
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         self.model.load_state_dict(checkpoint["model"])
-        self.loss_module.load_state_dict(checkpoint["loss"])
+        self.criterion.load_state_dict(checkpoint["loss"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         if checkpoint.get("scaler"):  # absent in older checkpoints; empty when AMP is off
             self.scaler.load_state_dict(checkpoint["scaler"])
 
 
-def run_miner(loss: str, protocol: Protocol) -> Any:
-    """The miner a run of ``loss`` uses under ``protocol`` (the protocol's, or the
+def run_miner(loss_name: str, protocol: Protocol) -> Any:
+    """The miner a run of ``loss_name`` uses under ``protocol`` (the protocol's, or the
     loss's own: :func:`~harness.components.losses.miner_for`)."""
     return create_miner(
-        *miner_for(loss, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners)
+        *miner_for(
+            loss_name, protocol.miner.name, protocol.miner.args, loss_miners=protocol.loss.miners
+        )
     )
 
 
 def step_modules(
     protocol: Protocol,
-    loss: str,
+    loss_name: str,
     parts: TrainingParts,
     *,
     device: torch.device = CPU,
@@ -92,13 +94,13 @@ def step_modules(
     run's miner (:func:`run_miner`): across processes DDP and the loss over the gathered
     batch, and under ``compile`` the model compiled inside DDP (in one process the step
     compiles itself, :meth:`TrainingStep.compile`)."""
-    miner = run_miner(loss, protocol)
+    miner = run_miner(loss_name, protocol)
     if not procs.distributed:
-        return parts.model, MetricLoss(parts.loss_module, miner)
+        return parts.model, MetricLoss(parts.criterion, miner)
     train_model: nn.Module = wrap_model(parts.model, device)
     if compile:
         train_model = cast(nn.Module, torch.compile(train_model))  # an OptimizedModule
-    return train_model, GatheredMetricLoss(parts.loss_module, miner, procs)
+    return train_model, GatheredMetricLoss(parts.criterion, miner, procs)
 
 
 @dataclass
@@ -129,7 +131,7 @@ class TrainingStep:
     def build(
         cls,
         protocol: Protocol,
-        loss: str,
+        loss_name: str,
         parts: TrainingParts,
         *,
         device: torch.device = CPU,
@@ -137,9 +139,9 @@ class TrainingStep:
         autocast_dtype: torch.dtype | None = None,
         compile: bool = False,
     ) -> TrainingStep:
-        """The step of a run of ``loss`` under ``protocol`` (:func:`step_modules`)."""
+        """The step of a run of ``loss_name`` under ``protocol`` (:func:`step_modules`)."""
         train_model, metric_loss = step_modules(
-            protocol, loss, parts, device=device, procs=procs, compile=compile
+            protocol, loss_name, parts, device=device, procs=procs, compile=compile
         )
         return cls(
             parts,
@@ -226,7 +228,7 @@ class TrainingStep:
         """The loss module's own gradients averaged across processes, clipping, the update."""
         parts = self.parts
         if isinstance(self.metric_loss, GatheredMetricLoss):
-            average_gradients(parts.loss_module.parameters(), self.procs)
+            average_gradients(parts.criterion.parameters(), self.procs)
         clip_gradients(parts.optimizer, self.clip_grad_norm if self.clipping else 0.0, parts.scaler)
         parts.scaler.step(parts.optimizer)
         parts.scaler.update()

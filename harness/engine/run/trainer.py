@@ -34,7 +34,6 @@ from tqdm import tqdm
 
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError, NonFiniteLoss
-from harness.base.faults import fault_point
 from harness.base.metric_keys import metric_key
 from harness.components.data import DatasetSplits
 from harness.components.evaluation import RETRIEVAL_METRICS, Scores, with_paper_variants
@@ -48,10 +47,10 @@ from harness.engine.run.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    create_loss_module,
+    create_criterion,
     on_device,
 )
-from harness.engine.run.recorder import Recorder, StepFlush
+from harness.engine.run.recorder import FinishedRun, Recorder, StepFlush
 from harness.engine.run.run_config import RunConfig
 from harness.engine.run.runtime import epoch_seed, log_line, seed_everything
 from harness.engine.run.step import TrainingParts, TrainingStep
@@ -60,6 +59,7 @@ __all__ = [
     "Trainer",
     "Progress",
     "EpochCallback",
+    "EndOfRunStep",
     "StepFunction",
 ]
 
@@ -68,6 +68,9 @@ CPU = torch.device("cpu")
 #: Called after each epoch as ``(epoch, record)`` in process 0; may raise (e.g.
 #: ``optuna.TrialPruned``, which stops the run).
 EpochCallback = Callable[[int, dict[str, Any]], None]
+#: Run by :meth:`Trainer.finish` in process 0 once the selected weights are tested and
+#: saved (e.g. log them, export the model, draw explanations).
+EndOfRunStep = Callable[[FinishedRun], None]
 #: A training step: ``(images, labels, seed, epoch, step) -> (loss, terms)`` on the device
 #: (:class:`~harness.engine.run.step.TrainingStep`).
 StepFunction = Callable[
@@ -104,8 +107,9 @@ class Trainer:
     ``recorder`` its results go to.
 
     :meth:`fit` runs the epochs (:meth:`run_epoch`: :meth:`train_epoch`,
-    :meth:`validate_and_select`, the record and the checkpoint), :meth:`load_selected_weights`
-    and :meth:`test` finish the run; :meth:`resume` continues after a checkpoint.
+    :meth:`validate_and_select`, the record and the checkpoint), :meth:`load_selected_weights`,
+    :meth:`test` and :meth:`finish` (the selected weights to the checkpointer, then the
+    ``end_of_run`` steps) end the run; :meth:`resume` continues after a checkpoint.
     :meth:`from_config` builds every part for a run's configuration."""
 
     protocol: Protocol
@@ -118,7 +122,7 @@ class Trainer:
     seed: int = 0
     #: The method and loss names, in progress lines and errors.
     method: str = ""
-    loss: str = ""
+    loss_name: str = ""
     device: torch.device = CPU
     procs: Processes = SINGLE_PROCESS
     #: Train no epoch: the model's weights (those of ``init_selected_epoch``) are the run's.
@@ -126,6 +130,8 @@ class Trainer:
     #: The selected epoch of the run whose weights the model starts from (0: none).
     init_selected_epoch: int = 0
     on_epoch: EpochCallback | None = None
+    #: The steps of the finished run, in order (:meth:`finish`).
+    end_of_run: list[EndOfRunStep] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)
 
     @classmethod
@@ -143,6 +149,7 @@ class Trainer:
         workers: int = 0,
         procs: Processes = SINGLE_PROCESS,
         on_epoch: EpochCallback | None = None,
+        end_of_run: list[EndOfRunStep] | None = None,
     ) -> Trainer:
         """The trainer of ``cfg`` on ``splits``: the loss module, optimizer, schedule,
         batches and step of its protocol, around ``model`` (already on ``device``, with the
@@ -165,12 +172,13 @@ class Trainer:
             checkpointer or InMemoryCheckpointer(),
             seed=cfg.seed,
             method=cfg.method,
-            loss=cfg.loss,
+            loss_name=cfg.loss,
             device=device,
             procs=procs,
             evaluate_only=cfg.evaluate_only,
             init_selected_epoch=init_selected_epoch,
             on_epoch=on_epoch,
+            end_of_run=list(end_of_run or []),
         )
 
     @property
@@ -230,29 +238,47 @@ class Trainer:
             self.on_epoch(epoch + 1, record)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One epoch of :meth:`train_step`, queued without waiting on the device: each step's
-        loss and the epoch's sums stay on the device (:class:`_StepTally`) and are read every
-        ``[training] sync_every`` steps and at the end (a :class:`StepFlush` to the recorder),
-        where a non-finite loss stops the run and names its first batch. Returns the epoch's
-        mean loss (``train_loss``, ``train_loss_<term>``), throughput and seconds."""
+        """One epoch, one batch's trip per turn of the loop: draw it from the loader, move it
+        to the device, :meth:`train_step`, tally its loss on the device
+        (:class:`_StepTally`), and every ``[training] sync_every`` steps and at the end read
+        the tally once and log it (a :class:`StepFlush` to the recorder,
+        :class:`_EpochMeter`), where a non-finite loss stops the run and names its first
+        batch. Returns the epoch's mean loss (``train_loss``, ``train_loss_<term>``),
+        throughput and seconds."""
         torch.manual_seed(
             epoch_seed(self.seed, epoch)
         )  # dropout (miners: per step, augmentation: per image)
         self.batches.sampler.set_epoch(epoch)
         self.parts.model.train()
-        meter = _EpochMeter(self, epoch)
+        sync_every = self.protocol.training.sync_every
+        tally, meter = _StepTally(sync_every, self.device), _EpochMeter(self, epoch)
+        bar = tqdm(
+            self.batches.loader,
+            desc=f"{self.method} epoch {epoch + 1}/{self.epochs}",
+            unit="batch",
+            leave=False,
+            disable=None,
+            file=sys.stderr,
+        )
         step = -1
-        for step, (images, labels, _) in enumerate(meter.bar):
+        for step, (images, labels, _) in enumerate(bar):
+            images = images.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
             try:
                 loss, terms = self.train_step(images, labels, epoch, step)
             except Exception:
                 # Weights a non-finite loss has reached can make a later step fail another way
                 # (a miner on NaN distances): the first non-finite batch is the error to report.
-                meter.flush_pending(step - 1)
+                if tally.filled:
+                    meter.log(tally, step - 1, bar)
                 raise
-            fault_point("train_batch")  # test-only hook (harness.base.faults); nothing when unset
-            meter.add(loss, terms, len(images), step)
-        return meter.finish(step)
+            tally.add(loss, terms, len(images))
+            meter.seen += len(images)
+            if tally.filled == sync_every:
+                meter.log(tally, step, bar)
+        if tally.filled:
+            meter.log(tally, step, bar)
+        return meter.summary()
 
     def train_step(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, step: int
@@ -311,6 +337,21 @@ class Trainer:
         self.recorder.record_test(scores, selected_epoch)
         return scores
 
+    def finish(self, selected_epoch: int, test: dict[str, float]) -> FinishedRun:
+        """The tested weights of ``selected_epoch`` to the checkpointer, then each
+        ``end_of_run`` step on the finished run; returns it."""
+        weights = {
+            "model": self.model.state_dict(),
+            "method": self.method,
+            "selected_epoch": selected_epoch,
+        }
+        finished = FinishedRun(
+            self.model, selected_epoch, test, self.checkpointer.save_selected(weights)
+        )
+        for step in self.end_of_run:
+            step(finished)
+        return finished
+
 
 def _training_parts(
     cfg: RunConfig,
@@ -320,24 +361,29 @@ def _training_parts(
     workers: int,
     procs: Processes,
 ) -> tuple[TrainingParts, TrainingBatches, TrainingStep]:
-    """The loss module, optimizer, schedule and loss scaler around ``model``, the batches
-    of ``splits.train`` and the step of ``cfg`` (compiled in one process under
-    ``compile``), built in this order (the order of the random draws they make)."""
+    """The criterion (the loss module), optimizer, schedule and loss scaler around
+    ``model``, the batches of ``splits.train`` and the step of ``cfg`` (compiled in one
+    process under ``compile``), built in this order (the order of the random draws they
+    make)."""
     protocol = cfg.protocol
     num_classes = len(np.unique(splits.train.labels))
-    loss_module = create_loss_module(
-        model.head, cfg.loss, cfg.loss_args, num_classes=num_classes
-    ).to(device)
-    optimizer = build_optimizer(protocol, model, loss_module)
+    criterion = create_criterion(model.head, cfg.loss, cfg.loss_args, num_classes=num_classes).to(
+        device
+    )
+    optimizer = build_optimizer(protocol, model, criterion)
     batches = TrainingBatches.build(
-        protocol, splits, seed=cfg.seed, device=device, workers=workers, procs=procs, loss=cfg.loss
+        protocol,
+        splits,
+        seed=cfg.seed,
+        device=device,
+        workers=workers,
+        procs=procs,
+        loss_name=cfg.loss,
     )
     dtype = amp_dtype(device, protocol.numerics.precision)
     # A loss scaler only for float16 autocast (bfloat16 has float32's range).
     scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
-    parts = TrainingParts(
-        model, loss_module, optimizer, build_scheduler(protocol, optimizer), scaler
-    )
+    parts = TrainingParts(model, criterion, optimizer, build_scheduler(protocol, optimizer), scaler)
     step = TrainingStep.build(
         protocol,
         cfg.loss,
@@ -389,56 +435,33 @@ class _StepTally:
 
 
 class _EpochMeter:
-    """One epoch's running account: the device-side tally, the images seen, the progress
-    bar over the loader, and the flushes that read the tally and hand it to the recorder."""
+    """One epoch's running account on the host: the images seen, the time, the sums last
+    read from the tally; :meth:`log` reads the tally and hands it to the recorder."""
 
     def __init__(self, trainer: Trainer, epoch: int):
         self.trainer, self.epoch = trainer, epoch
-        self.sync_every = trainer.protocol.training.sync_every
         self.steps_before = epoch * len(trainer.batches.sampler)
         self.seen, self.started = 0, time.perf_counter()
-        self.tally = _StepTally(self.sync_every, trainer.device)
         self.sums: dict[str, float] = {}
-        self.bar = tqdm(
-            trainer.batches.loader,
-            desc=f"{trainer.method} epoch {epoch + 1}/{trainer.epochs}",
-            unit="batch",
-            leave=False,
-            disable=None,
-            file=sys.stderr,
-        )
 
-    def add(
-        self, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch_size: int, step: int
-    ) -> None:
-        """Step ``step``'s loss and terms; a flush when the window is full."""
-        self.tally.add(loss, terms, batch_size)
-        self.seen += batch_size
-        if self.tally.filled == self.sync_every:
-            self.flush(step)
-
-    def flush_pending(self, step: int) -> None:
-        """Flush the steps not yet read, the last of them ``step``."""
-        if self.tally.filled:
-            self.flush(step)
-
-    def flush(self, step: int) -> None:
-        """The one host sync: read steps ``step - filled + 1 .. step``, raise on a non-finite loss."""
-        first = step - self.tally.filled + 1
-        losses, self.sums = self.tally.read()
+    def log(self, tally: _StepTally, step: int, bar: tqdm) -> None:
+        """The one host sync: read steps ``step - filled + 1 .. step`` from ``tally``, raise
+        on a non-finite loss, show the running loss on ``bar`` and record the flush."""
+        first = step - tally.filled + 1
+        losses, self.sums = tally.read()
         bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
         trainer = self.trainer
         if bad is not None:
             raise NonFiniteLoss(
                 f"loss is {losses[bad]} at epoch {self.epoch + 1}, batch {first + bad + 1} "
-                f"(method '{trainer.method}', loss '{trainer.loss}'); run stopped and marked FAILED"
+                f"(method '{trainer.method}', loss '{trainer.loss_name}'); run stopped and marked FAILED"
             )
-        self.bar.set_postfix(
+        bar.set_postfix(
             loss=f"{self.sums.get('', 0.0) / max(self.seen, 1):.4f}",
             img_s=f"{self.seen / (time.perf_counter() - self.started):.0f}",
         )
-        lr = float(self.trainer.parts.optimizer.param_groups[0]["lr"])
-        self.trainer.recorder.record_flush(
+        lr = float(trainer.parts.optimizer.param_groups[0]["lr"])
+        trainer.recorder.record_flush(
             StepFlush(
                 self.epoch + 1,
                 self.steps_before + step + 1,
@@ -449,9 +472,8 @@ class _EpochMeter:
             )
         )
 
-    def finish(self, step: int) -> dict[str, float]:
-        """The last flush, then the epoch's mean loss and terms, throughput and seconds."""
-        self.flush_pending(step)
+    def summary(self) -> dict[str, float]:
+        """The epoch's mean loss and terms, throughput and seconds."""
         elapsed = time.perf_counter() - self.started
         totals = {k: v / max(self.seen, 1) for k, v in self.sums.items()}
         return {

@@ -13,7 +13,7 @@ checkpoints.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +29,17 @@ from harness.engine.run.checkpoints import FolderCheckpointer, RunFolder
 from harness.engine.run.data import check_training_split, prepare_splits
 from harness.engine.run.distributed import Processes, barrier, processes_from_env
 from harness.engine.run.embedding import Evaluator
+from harness.engine.run.export import DrawExplanations, ExportEmbedder
 from harness.engine.run.mlflow_recorder import MlflowRecorder
 from harness.engine.run.model import EmbeddingModel, build_model, on_device
-from harness.engine.run.recorder import FinishedRun, NullRecorder, Recorder
+from harness.engine.run.recorder import NullRecorder, Recorder
 from harness.engine.run.run_config import (
     RunConfig,
     paper_deviations,
     run_key,
 )
 from harness.engine.run.runtime import default_workers, log_line, resolve_device, seed_everything
-from harness.engine.run.trainer import EpochCallback, Trainer
+from harness.engine.run.trainer import EndOfRunStep, EpochCallback, Trainer
 from harness.methods import METHODS, ProcessBound
 from harness.store.dead_runs import mark_dead_runs_killed
 from harness.store.tracking import filter_value, newest_run
@@ -81,13 +82,9 @@ class _RunPlan:
     fp: str
     folder: RunFolder
     experiment: str
-    checkpointer: FolderCheckpointer = field(init=False)
     checkpoint: dict[str, Any] | None = None
     #: An evaluate-only run trains nothing and keeps no last.pt: it resumes into its run.
     previous: str | None = None
-
-    def __post_init__(self) -> None:
-        self.checkpointer = FolderCheckpointer(self.folder, {"fingerprint": self.fp})
 
 
 #: What trains one run (:func:`run_training`, or a stand-in handed to ``run``, ``sweep`` and
@@ -101,6 +98,7 @@ def run_training(
     *,
     on_epoch: EpochCallback | None = None,
     evaluator: Evaluator | None = None,
+    wrap_parts: Callable[[Trainer], Trainer] | None = None,
 ) -> dict[str, Any]:
     """Train and test one run; returns the record written by ``run --json`` (empty in the
     processes other than 0 of a distributed run, which train their share and wait).
@@ -110,7 +108,9 @@ def run_training(
     shared between runs); None: prepared and checked here. ``on_epoch``: called after each
     epoch with ``(epoch, record)`` (may raise, e.g. ``optuna.TrialPruned``). ``evaluator``:
     what scores the model on validation and test (default:
-    :class:`~harness.engine.run.embedding.SplitEvaluator` of the splits).
+    :class:`~harness.engine.run.embedding.SplitEvaluator` of the splits). ``wrap_parts``:
+    given the trainer as built, the one that trains (the fault-injection suite wraps its
+    checkpointer, evaluator or step there).
 
     Model selection follows ``protocol.selection``: the epoch with the best
     validation metric ("validation"), the best test metric ("test-paper", the
@@ -122,6 +122,12 @@ def run_training(
     selected weights, record.
     """
     plan = _prepare(cfg, splits)
+    wrap = wrap_parts or (lambda trainer: trainer)
+    stamp = {"fingerprint": plan.fp}
+    if not plan.procs.is_main:
+        follower = _trainer(plan, NullRecorder(), on_epoch, evaluator)
+        follower.checkpointer = FolderCheckpointer(plan.folder, stamp)
+        return _follow(wrap(follower), plan.checkpoint)
     recorder = MlflowRecorder(
         cfg,
         plan.folder,
@@ -131,15 +137,29 @@ def run_training(
         world_size=plan.procs.world_size,
         device=plan.device,
     )
-    trainer = _trainer(
-        plan, recorder if plan.procs.is_main else NullRecorder(), on_epoch, evaluator
-    )
-    if not plan.procs.is_main:
-        return _follow(trainer, plan.checkpoint)
+    trainer = _trainer(plan, recorder, on_epoch, evaluator)
     recorder.open(plan.checkpoint.get("mlflow_run_id") if plan.checkpoint else plan.previous)
-    plan.checkpointer.stamp["mlflow_run_id"] = recorder.run_id
-    selected_epoch, test = _train_and_test(trainer, recorder, plan)
+    # The parts that need the tracked run, given it: a resume continues the run its
+    # checkpoint names, and the end-of-run steps log into it.
+    trainer.checkpointer = FolderCheckpointer(
+        plan.folder, {**stamp, "mlflow_run_id": recorder.run_id}
+    )
+    trainer.end_of_run = _end_of_run(plan, recorder)
+    selected_epoch, test = _train_and_test(wrap(trainer), recorder, plan)
     return _run_record(plan, recorder.run_id, selected_epoch, test)
+
+
+def _end_of_run(plan: _RunPlan, recorder: MlflowRecorder) -> list[EndOfRunStep]:
+    """What follows a tested run: its selected weights logged, the model exported, the
+    explanations drawn (none of them for a search trial)."""
+    if plan.cfg.search_only:
+        return []
+    tracker = recorder.tracker
+    return [
+        recorder.record_selected_weights,
+        ExportEmbedder(tracker, plan.cfg, plan.splits.digest(), plan.device),
+        DrawExplanations(tracker, plan.cfg, plan.splits, plan.folder.path, plan.device),
+    ]
 
 
 def _trainer(
@@ -154,7 +174,6 @@ def _trainer(
         plan.cfg,
         plan.splits,
         recorder=recorder,
-        checkpointer=plan.checkpointer,
         evaluator=evaluator,
         model=model,
         init_selected_epoch=init_selected_epoch,
@@ -201,7 +220,7 @@ def _train_and_test(
             recorder.finish(None)
         else:
             test = trainer.test(selected_epoch)
-            recorder.finish(FinishedRun(trainer.model, selected_epoch, test))
+            recorder.finish(trainer.finish(selected_epoch, test))
         barrier(plan.procs)
     except BaseException as err:
         recorder.fail(err)
@@ -302,7 +321,7 @@ def _find_resume(plan: _RunPlan) -> None:
             plan.previous = previous
             log_line(f"evaluating {cfg.method} seed {cfg.seed} again into its run {previous}")
     if cfg.resume:
-        plan.checkpoint = plan.checkpointer.load()  # None (and one line) if unusable
+        plan.checkpoint = plan.folder.load_last()  # None (and one line) if unusable
     if plan.checkpoint is not None:
         log_line(
             f"resuming {cfg.method} seed {cfg.seed} after epoch {plan.checkpoint['epoch']} "

@@ -18,7 +18,6 @@ import torch
 from optuna.trial import TrialState, create_trial
 
 from harness.base.errors import HarnessError, NonFiniteLoss
-from harness.base.faults import fault_point
 from harness.base.metric_keys import group_metrics, metric_key
 from harness.components.data import fold_splits, seal_test
 from harness.components.data.transforms import build_transform
@@ -359,7 +358,6 @@ def _final_fold_run(grid: Grid, cell: Cell, fold: int | None, setting: tuple, ho
     run = _finished_run(experiment, {"tune_cell": cell.key, "tune_fold": fold_name})
     if run is not None:
         return run.info.run_id
-    fault_point("final_run")  # test-only hook (harness.base.faults); nothing when unset
     init_from = ""
     if cell.base_key:
         base_run = _finished_run(experiment, {"tune_cell": cell.base_key, "tune_fold": fold_name})
