@@ -19,7 +19,7 @@ from torch import nn
 from harness.components.losses import LOSSES
 from harness.config.protocol_files import load_protocol
 from harness.engine.run.embedding import make_pair_scorer, make_reranker
-from harness.engine.run.model import create_loss_module
+from harness.engine.run.model import create_criterion
 from harness.methods import (
     METHODS,
     ROLES,
@@ -81,7 +81,7 @@ def test_loss_shaper(name):
     supported = head.supported_losses
     assert supported is None or (supported and set(supported) <= set(LOSSES.list()))
     loss = "proxy_anchor" if supported is None or "proxy_anchor" in supported else supported[0]
-    module = create_loss_module(head, loss, num_classes=4)
+    module = create_criterion(head, loss, num_classes=4)
     copies = list(module) if isinstance(module, nn.ModuleList) else [module]
     assert len(copies) == loss_copies(head)
     groups = head.loss_optimizer_groups(module, _optimizer_spec())
