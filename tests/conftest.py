@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,6 +17,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Runs skip the logged MLflow model (torch.export: about half of a tiny run's time); the
 # tests of the logged model ask for it with the `logged_models` fixture or the setting.
 os.environ.setdefault("DML_HARNESS_LOG_MODEL", "0")
+
+
+@pytest.fixture(autouse=True)
+def tracking_uri_follows_the_environment():
+    """After each test, MLflow's process-wide tracking URI is the environment's again.
+
+    ``mlflow.set_tracking_uri`` (called by each command) keeps the URI in a module global that
+    outlives a test's ``monkeypatch`` of ``MLFLOW_TRACKING_URI``; a later test's
+    ``MlflowClient()`` would otherwise open an earlier test's store, which may since have
+    been moved (SQLite then answers "attempt to write a readonly database")."""
+    yield
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        # None (no URI in the environment) leaves MLflow reading the environment again
+        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI"))
 
 
 @pytest.fixture(scope="session")

@@ -161,7 +161,7 @@ def test_a_sigkill_of_the_ui_process_group_ends_the_server_and_its_workers(tmp_p
 
 @pytest.mark.slow
 def test_ui_lists_the_runs_through_its_rest_api(workdir):
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # the server reads the same
     experiment = client.create_experiment(f"ui-{time.time_ns()}")
     run_ids = set()
     for method in ("ngrouping", "agrouping"):  # what a grid's cells leave in the store
