@@ -1,5 +1,5 @@
 """Fault injection at scale: kill, interrupt, corrupt, lock, move and fill the disk under
-``run``, ``sweep`` (3 workers) and ``tune``, restart each the normal way, and
+``run``, ``sweep`` (3 workers), ``tune`` and ``table``, restart each the normal way, and
 print the table (fault, point, recovered, final metrics identical, cells run twice, runs
 left RUNNING, half-written results read).
 
@@ -9,7 +9,7 @@ and writes the Markdown table that docs/faults.md shows. It lives in
 ``benchmarks/`` beside the other measurement scripts because it measures (minutes of
 subprocesses, a table as its output) rather than asserts; it exits 1 if any row fails.
 
-Usage: python benchmarks/fault_injection.py [--seed 0] [--commands run,sweep,tune]
+Usage: python benchmarks/fault_injection.py [--seed 0] [--commands run,sweep,tune,table]
        [--out results/fault_injection.md] [--workdir DIR] [--keep] [--start K] [--stop M]
 """
 
@@ -34,7 +34,7 @@ from tests.faults.lab import Lab  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="seeds the random moments and offsets")
-    parser.add_argument("--commands", default="run,sweep,tune")
+    parser.add_argument("--commands", default="run,sweep,tune,table")
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     parser.add_argument(
         "--workdir", type=Path, help="folder for the scenarios (default: a temporary one)"

@@ -47,6 +47,7 @@ __all__ = [
     "atomic_save_torch",
     "finite_json",
     "sha256_file",
+    "sync_to_disk",
     "publish_folder",
     "remove_orphans_in",
     "writer_tag",
@@ -78,6 +79,19 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def sync_to_disk(fh: IO[Any], path: Path) -> None:
+    """Flush the temporary file ``fh`` of ``path``, give it the usual permissions and fsync
+    it: the one step of every atomic write between its data and its rename.
+
+    The writers look it up on this module at each write, so that a caller observing writes
+    can wrap it whole; the fault-injection suite does, at the command's edge
+    (:mod:`harness.cli.faults`), to land a kill or a full disk inside a named file's write."""
+    fh.flush()
+    if hasattr(os, "fchmod"):  # not on Windows
+        os.fchmod(fh.fileno(), _FILE_MODE)
+    os.fsync(fh.fileno())
+
+
 def atomic_write(
     path: Path | str,
     write_fn: Callable[[IO[Any]], Any],
@@ -105,10 +119,7 @@ def atomic_write(
     try:
         with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as fh:
             write_fn(fh)
-            fh.flush()
-            if hasattr(os, "fchmod"):  # not on Windows
-                os.fchmod(fh.fileno(), _FILE_MODE)
-            os.fsync(fh.fileno())
+            sync_to_disk(fh, path)
         if before_replace is not None:
             before_replace(tmp)
         os.replace(tmp, path)
@@ -259,10 +270,7 @@ def _staged(path: Path, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            if hasattr(os, "fchmod"):
-                os.fchmod(fh.fileno(), _FILE_MODE)
-            os.fsync(fh.fileno())
+            sync_to_disk(fh, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink()

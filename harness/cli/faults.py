@@ -15,23 +15,31 @@ Parts (``PART``; the count runs over every run of the process):
 * ``train_batch``: the step, after a training batch's optimizer step;
 * ``evaluate``: the evaluator, before an evaluation (validation or test) embeds anything;
 * ``checkpoint``: the checkpointer, before an epoch's checkpoint is saved;
-* ``selected``: the checkpointer, before the selected weights are saved.
+* ``selected``: the checkpointer, before the selected weights are saved;
+* ``write:NAME``: the atomic writer (:func:`harness.base.atomic.sync_to_disk`, wrapped), once
+  a file whose name matches ``NAME`` (:func:`fnmatch.fnmatch`: ``write:last.pt``,
+  ``write:*.md``) holds its data in its temporary file, before the rename; any command,
+  not only those that train.
 
 Actions: ``kill`` (SIGKILL to itself: nothing runs after it), ``term`` (SIGTERM to
 itself: the harness's handler unwinds as from Ctrl-C) and ``enospc`` (the write fails
 as on a full disk: one line naming the file; for ``train_batch`` and ``evaluate`` an
-``OSError(ENOSPC)``).
+``OSError(ENOSPC)``; for ``write:NAME`` the ``OSError(ENOSPC)`` the disk would raise, which
+the atomic writer turns into its line, the temporary file holding part of the data as
+after a real short write).
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.base import atomic
 from harness.base.errors import HarnessError
 
 __all__ = ["FAULT_ENV", "Fault", "FaultyCheckpointer", "fault_train"]
@@ -52,24 +60,30 @@ class Fault:
 
     @classmethod
     def parse(cls, text: str) -> Fault:
-        """``PART:N:ACTION``."""
-        part, _, rest = text.partition(":")
-        count, _, action = rest.partition(":")
-        if part not in _PARTS or not count.isdigit() or action not in _ACTIONS:
+        """``PART:N:ACTION`` (``PART`` may be ``write:NAME``)."""
+        head, _, action = text.rpartition(":")
+        part, _, count = head.rpartition(":")
+        known = part in _PARTS or (part.startswith("write:") and len(part) > len("write:"))
+        if not known or not count.isdigit() or action not in _ACTIONS:
             raise HarnessError(
                 f"{FAULT_ENV}={text!r}: expected PART:N:ACTION with PART one of "
-                f"{', '.join(_PARTS)} and ACTION one of {', '.join(_ACTIONS)}"
+                f"{', '.join(_PARTS)} or write:NAME and ACTION one of {', '.join(_ACTIONS)}"
             )
         return cls(part, int(count), action)
 
     def arrive(self, part: str, what: str = "") -> None:
         """Count one use of ``part`` (writing ``what``); fail here when it is the wanted one."""
-        if part != self.part:
+        if part == "write":
+            if not fnmatch.fnmatch(what, self.part.removeprefix("write:")):
+                return
+        elif part != self.part:
             return
         self.arrived += 1
         if self.arrived != self.count:
             return
         if self.action == "enospc":
+            if part == "write":  # as the disk says it; the atomic writer names the file
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             if what:
                 raise HarnessError(f"cannot write {what}: {os.strerror(errno.ENOSPC)}")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -120,12 +134,27 @@ def _wrap(fault: Fault, trainer: Any) -> Any:
     return trainer
 
 
-def fault_train(spec: str) -> Callable[..., dict[str, Any]]:
-    """What trains a run under the fault ``spec`` (``PART:N:ACTION``)."""
+def _wrap_writer(fault: Fault) -> None:
+    """The atomic writer's step before each rename counted into ``fault``."""
+    inner = atomic.sync_to_disk
+
+    def sync_to_disk(fh: Any, path: Any) -> None:
+        inner(fh, path)
+        fault.arrive("write", path.name)
+
+    atomic.sync_to_disk = sync_to_disk
+
+
+def fault_train(spec: str) -> Callable[..., dict[str, Any]] | None:
+    """What trains a run under the fault ``spec`` (``PART:N:ACTION``); for a ``write:NAME``
+    fault, which any command meets, the atomic writer is wrapped and None (train as usual)
+    is returned."""
+    fault = Fault.parse(spec)
+    if fault.part.startswith("write:"):
+        _wrap_writer(fault)
+        return None
     # deferred: the training stack (torch, ~1 s) only where the suite asks for a fault
     from harness.engine.run.training import run_training
-
-    fault = Fault.parse(spec)
 
     def train(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return run_training(*args, wrap_parts=lambda trainer: _wrap(fault, trainer), **kwargs)

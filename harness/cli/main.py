@@ -115,7 +115,7 @@ def run_main(argv: list[str] | None = None) -> int:
     :func:`main` with SIGTERM turned into ``KeyboardInterrupt``. Kept out of :func:`main`
     so that calling ``main`` from Python (tests, notebooks) leaves signals alone."""
     signal.signal(signal.SIGTERM, terminated)
-    # The fault-injection suite's one seam (test-only; it names a command that trains).
+    # The fault-injection suite's one seam (test-only): a part of each run or the atomic writer.
     fault = os.environ.get(FAULT_ENV, "")
     return main(argv, train=fault_train(fault) if fault else None)
 

@@ -97,7 +97,7 @@ class RunFaults:
         return row
 
     def hook(self, point: str, n: int, action: str) -> Row:
-        """Fail at the ``n``-th use of the run's part ``point`` (:mod:`harness.cli.faults`)."""
+        """Fail at the ``n``-th use of the part ``point`` (:mod:`harness.cli.faults`)."""
         name = f"run-{uuid.uuid4().hex[:8]}"
         cwd = self.lab.root / name
         spec = f"{point}:{n}:{action}"
@@ -133,7 +133,7 @@ class RunFaults:
         return self._finish(row, name, cwd, fault_ok)
 
     def damaged_checkpoint(self, how: str) -> Row:
-        """Killed at its second checkpoint (``last.pt`` holds epoch 1), then
+        """Killed during its second checkpoint write (``last.pt`` holds epoch 1), then
         ``last.pt`` truncated at a random byte or one byte flipped: the resume must refuse
         it in one line and start from scratch."""
         name = f"run-{uuid.uuid4().hex[:8]}"
@@ -141,7 +141,7 @@ class RunFaults:
         proc = self.lab.harness(
             cwd,
             (*RUN_ARGS, "--experiment", name, "--json", "out.json"),
-            self.lab.env(self.store, "checkpoint:2:kill"),
+            self.lab.env(self.store, "write:last.pt:2:kill"),
         )
         (checkpoint,) = cwd.glob("results/checkpoints/*/last.pt")
         data = bytearray(checkpoint.read_bytes())

@@ -1,4 +1,5 @@
-"""Faults injected into ``sweep`` (3 workers), restarted by running the same sweep again."""
+"""Faults injected into ``sweep`` (3 workers), restarted by running the same sweep again,
+and into ``table`` over the sweep's experiment."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import signal
 import uuid
 from pathlib import Path
 
-from .checks import Row, children, count_running, count_twice, frozen, runs_of
+from .checks import Row, children, count_running, count_twice, ended_by_fault, frozen, runs_of
 from .lab import TINY_PROTOCOL, Lab
 
 SWEEP_TIMING = ("--heartbeat", "1", "--grace", "6")
@@ -130,3 +131,57 @@ class SweepFaults:
         )
         row = Row("sweep", "SIGTERM", f"random, the sweep command, t={at:.1f}s")
         return self._finish(row, name, cwd, proc.rc in (0, 130))
+
+
+class TableFaults:
+    """``table`` over the reference sweep's experiment, written to a file, then again."""
+
+    def __init__(self, lab: Lab, sweep: SweepFaults):
+        self.lab, self.sweep = lab, sweep
+        self.reference = ""
+
+    def _args(self, out: Path) -> tuple[str, ...]:
+        return (
+            "table",
+            "--experiment",
+            "sweep-reference",
+            "--format",
+            "markdown",
+            "--out",
+            str(out),
+        )
+
+    def prepare(self) -> None:
+        cwd = self.lab.root / "table-reference"
+        proc = self.lab.harness(cwd, self._args(cwd / "t.md"), self.lab.env(self.sweep.store))
+        if proc.rc != 0:
+            raise RuntimeError(f"reference table failed:\n{proc.err[-3000:]}")
+        self.reference = (cwd / "t.md").read_text()
+
+    def hook(self, action: str) -> Row:
+        cwd = self.lab.root / f"table-{uuid.uuid4().hex[:8]}"
+        out = cwd / "t.md"
+        proc = self.lab.harness(
+            cwd, self._args(out), self.lab.env(self.sweep.store, f"write:t.md:1:{action}")
+        )
+        row = Row(
+            "table",
+            {"kill": "SIGKILL", "term": "SIGTERM", "enospc": "disk full (ENOSPC)"}[action],
+            "table write",
+        )
+        row.half_read = int(out.exists())  # the fault hit before the rename: no file, not a part
+        leftovers = [p.name for p in cwd.glob(".t.md.*")]
+        if leftovers and action != "kill":
+            row.half_read += 1
+            row.note = f"temporary left: {leftovers}"
+        restart = self.lab.harness(cwd, self._args(out), self.lab.env(self.sweep.store))
+        row.recovered = ended_by_fault(proc, action) and restart.rc == 0
+        row.identical = row.recovered and out.read_text() == self.reference
+        if action == "kill" and leftovers:
+            after = [p.name for p in cwd.glob(".t.md.*")]
+            row.note = (
+                "SIGKILL left its temporary file (never read); the restart removed it"
+                if not after
+                else f"SIGKILL left its temporary file (never read); still there after the restart: {after}"
+            )
+        return row

@@ -34,7 +34,7 @@ def run_faults(lab) -> RunFaults:
 
 @pytest.mark.parametrize(
     "point, n, action",
-    [("checkpoint", 2, "kill"), ("evaluate", 3, "term"), ("checkpoint", 2, "enospc")],
+    [("write:last.pt", 2, "kill"), ("evaluate", 3, "term"), ("write:last.pt", 2, "enospc")],
 )
 def test_run_survives_a_fault_at_a_named_point(run_faults, point, n, action):
     row = run_faults.hook(point, n, action)
@@ -54,7 +54,7 @@ def test_a_truncated_checkpoint_restarts_the_run_from_scratch(run_faults):
 def test_a_sweep_of_three_workers_killed_at_a_checkpoint_write_finishes_every_cell_once(lab):
     faults = SweepFaults(lab)
     faults.prepare()
-    row = faults.hook("checkpoint", 2, "kill")
+    row = faults.hook("write:last.pt", 2, "kill")
     assert row.ok, row
 
 
