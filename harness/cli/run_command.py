@@ -29,8 +29,6 @@ from harness.engine import (
     RunConfig,
     RunSettings,
     control_deviation,
-    default_checkpoint_root,
-    logs_model,
     resolve_device,
     run_miner,
     run_training,
@@ -40,6 +38,7 @@ from harness.engine import (
 )
 from harness.methods import METHODS, check_method_options, list_methods, training_base
 from harness.reports.results import format_results
+from harness.store.environment import default_checkpoint_root, logs_model
 from harness.store.weights import check_finished_run
 
 if TYPE_CHECKING:

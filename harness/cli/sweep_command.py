@@ -35,7 +35,6 @@ from harness.engine.grid.sweep import (
     storage_url,
     unfinished_cells,
 )
-from harness.engine.run.run_config import logs_model
 from harness.engine.run.runtime import resolve_device
 from harness.engine.tuning.sweep import (
     check_search_size,
@@ -43,6 +42,7 @@ from harness.engine.tuning.sweep import (
     check_tuned_grid,
     run_worker,
 )
+from harness.store.environment import logs_model
 
 __all__ = ["cmd_sweep"]
 

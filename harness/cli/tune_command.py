@@ -28,7 +28,6 @@ from harness.config.protocol import apply_overrides
 from harness.config.protocol_files import default_protocol, load_protocol
 from harness.config.tuning import decade_space
 from harness.engine.grid.sweep import open_study, storage_url
-from harness.engine.run.run_config import logs_model
 from harness.engine.run.runtime import resolve_device
 from harness.engine.tuning.studies import (
     Study,
@@ -42,6 +41,7 @@ from harness.engine.tuning.studies import (
 from harness.engine.tuning.sweep import check_tuned_folds, check_tuned_grid, tuned_worker_loop
 from harness.methods import METHODS
 from harness.reports.results import format_results
+from harness.store.environment import logs_model
 from harness.store.queries import search_runs
 from harness.store.tracking import filter_value as q
 

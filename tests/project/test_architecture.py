@@ -261,3 +261,55 @@ def test_the_deferred_import_check_finds_an_unexplained_import():
         "    return x\n"
     )
     assert _deferred_imports(source) == (4, [15])
+
+
+def environment_reads(tree: ast.AST) -> list[str]:
+    """The variables a module reads from ``os.environ`` (``.get``, ``[...]``, ``os.getenv``);
+    ``?`` where the name is not a literal."""
+
+    def name(node: ast.AST | None) -> str:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else "?"
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if (func.attr == "get" and is_environ(func.value)) or func.attr == "getenv":
+                found.append(name(node.args[0] if node.args else None))
+        elif isinstance(node, ast.Subscript) and is_environ(node.value):
+            if isinstance(node.ctx, ast.Load):
+                found.append(name(node.slice))
+    return found
+
+
+#: Reads of the process environment below the command line and the store, each with its
+#: reason: the data root's default belongs to the datasets' loaders, a layer below the store;
+#: the cluster's submission saves PYTHONPATH to restore it after putting the checkout first.
+ENVIRONMENT_READS_BELOW = {
+    "harness/components/data/base.py": ["DML_HARNESS_DATA"],
+    "harness/engine/grid/cluster.py": ["PYTHONPATH"],
+}
+
+
+def test_settings_are_read_from_the_environment_only_by_the_cli_and_the_store():
+    """Every other setting reaches the engine as a value or through
+    :mod:`harness.store.environment`."""
+    reads = {}
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(("harness/cli/", "harness/store/")):
+            continue
+        found = environment_reads(ast.parse(path.read_text()))
+        if found:
+            reads[relative] = found
+    assert reads == ENVIRONMENT_READS_BELOW
+
+
+def test_the_environment_read_check_finds_each_form_of_read():
+    code = (
+        'import os\nos.environ.get("A")\nos.environ["B"]\nos.getenv("C")\nos.environ["D"] = "1"\n'
+    )
+    assert environment_reads(ast.parse(code)) == ["A", "B", "C"]

@@ -25,9 +25,9 @@ from harness.components.explanation.maps import offset_removed, upsample_maps
 from harness.config.protocol import protocol_from_dict
 from harness.engine.run.data import prepare_splits, recorded_control
 from harness.engine.run.model import build_model
-from harness.engine.run.run_config import default_checkpoint_root
 from harness.engine.run.runtime import resolve_device
 from harness.methods import METHODS, PairExplainer
+from harness.store.environment import default_checkpoint_root
 from harness.store.location import tracking_uri
 from harness.store.queries import find_run, read_artifact
 from harness.store.weights import load_finished_weights

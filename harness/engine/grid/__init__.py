@@ -3,12 +3,10 @@ Slurm through submitit), and a sweep's status (``python -m harness sweep``).
 """
 
 from harness.engine.grid.cells import (
-    SLURM_TAGS,
     cell_output,
     job_of_this_task,
     log_name,
     processes_command,
-    slurm_ids,
     train_in_processes,
 )
 from harness.engine.grid.cluster import (
@@ -72,8 +70,6 @@ from harness.engine.grid.sweep import (
 )
 
 __all__ = [
-    "SLURM_TAGS",
-    "slurm_ids",
     "job_of_this_task",
     "log_name",
     "cell_output",

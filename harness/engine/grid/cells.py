@@ -21,28 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.store.environment import slurm_ids
 
 __all__ = [
-    "SLURM_TAGS",
-    "slurm_ids",
     "job_of_this_task",
     "log_name",
     "cell_output",
     "processes_command",
     "train_in_processes",
 ]
-
-#: MLflow tag -> the environment variable Slurm sets in a job's processes.
-SLURM_TAGS = {
-    "slurm_job_id": "SLURM_JOB_ID",
-    "slurm_array_job_id": "SLURM_ARRAY_JOB_ID",
-    "slurm_array_task_id": "SLURM_ARRAY_TASK_ID",
-}
-
-
-def slurm_ids() -> dict[str, str]:
-    """The Slurm ids of the job this process runs in (none outside Slurm), as run tags."""
-    return {tag: os.environ[var] for tag, var in SLURM_TAGS.items() if os.environ.get(var)}
 
 
 def job_of_this_task(settings: dict) -> str:

@@ -56,6 +56,7 @@ from harness.engine.grid.queue import queued_attrs
 from harness.engine.grid.slurm import SlurmOptions
 from harness.engine.grid.sweep import open_storage, open_study
 from harness.store.dead_runs import fail_dead_runs
+from harness.store.environment import carried_environment
 from harness.store.location import artifact_root
 
 __all__ = [
@@ -74,10 +75,6 @@ __all__ = [
 EXECUTORS = ("slurm", "local")
 #: A task's time limit when neither the options, the grid nor the partition gives one.
 DEFAULT_MINUTES = 24 * 60
-#: Environment variables that say where the sweep's data, runs and queue are: handed to
-#: every task, so that a cluster that starts jobs with a clean environment finds them.
-CARRIED = ("MLFLOW_TRACKING_URI", "HF_HUB_OFFLINE")
-CARRIED_PREFIX = "DML_HARNESS_"
 
 
 def sweep_folder(grid: Grid) -> Path:
@@ -264,7 +261,7 @@ def task_spec(
 ) -> TaskSpec:
     """The spec of the grid's tasks, each running ``worker``: this working directory, the
     carried environment, and each cell's output under the sweep's folder."""
-    env = {k: v for k, v in os.environ.items() if k in CARRIED or k.startswith(CARRIED_PREFIX)}
+    env = carried_environment()
     return TaskSpec(
         grid=str(grid.path),
         smoke=grid.smoke,

@@ -52,7 +52,7 @@ from harness.base.metric_keys import group_metrics
 from harness.config.deviations import deviation_tags
 from harness.config.fingerprint import fingerprint
 from harness.config.grids import Cell, Grid
-from harness.engine.grid.cells import cell_output, job_of_this_task, slurm_ids, train_in_processes
+from harness.engine.grid.cells import cell_output, job_of_this_task, train_in_processes
 from harness.engine.grid.queue import (
     Heartbeat,
     fail_lost_trials,
@@ -64,6 +64,7 @@ from harness.engine.run import training
 from harness.engine.run.data import check_training_split, prepare_splits
 from harness.engine.run.run_config import RunConfig, RunSettings
 from harness.methods import METHODS
+from harness.store.environment import optuna_storage_setting, slurm_ids
 from harness.store.location import DEFAULT_STORAGE
 from harness.store.queries import all_runs, search_runs, set_run_tags, terminate_run
 from harness.store.tracking import filter_value as q
@@ -102,7 +103,7 @@ def _log(msg: str) -> None:
 
 
 def storage_url(url: str | None) -> str:
-    url = url or os.environ.get("DML_HARNESS_OPTUNA_STORAGE") or DEFAULT_STORAGE
+    url = url or optuna_storage_setting() or DEFAULT_STORAGE
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         folder = Path(url.removeprefix("sqlite:///").split("?", 1)[0]).parent
         try:

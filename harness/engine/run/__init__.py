@@ -81,15 +81,7 @@ from harness.engine.run.recorder import (
     Recorder,
     StepFlush,
 )
-from harness.engine.run.run_config import (
-    LOG_MODEL_ENV,
-    RunConfig,
-    RunSettings,
-    default_checkpoint_root,
-    logs_model,
-    paper_deviations,
-    run_key,
-)
+from harness.engine.run.run_config import RunConfig, RunSettings, paper_deviations, run_key
 from harness.engine.run.runtime import (
     default_workers,
     epoch_seed,
@@ -180,9 +172,6 @@ __all__ = [
     "NullRecorder",
     "RunConfig",
     "RunSettings",
-    "default_checkpoint_root",
-    "LOG_MODEL_ENV",
-    "logs_model",
     "run_key",
     "paper_deviations",
     "seed_everything",

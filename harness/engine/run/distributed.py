@@ -19,7 +19,6 @@ seed, and only the gradient that flows into its own embeddings is scaled by N.
 from __future__ import annotations
 
 import datetime
-import os
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from harness.base.errors import HarnessError
 from harness.components.losses.metric_loss import _MINE, MetricLoss
 from harness.components.losses.mined import apply_loss
+from harness.store.environment import torchrun_ranks
 
 __all__ = [
     "Processes",
@@ -68,20 +68,10 @@ class Processes:
 SINGLE_PROCESS = Processes()
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    try:
-        return int(value) if value else default
-    except ValueError:
-        raise HarnessError(
-            f"environment variable {name}={value!r} is not an integer (set by torchrun)"
-        ) from None
-
-
 def processes_from_env(device: torch.device) -> tuple[Processes, torch.device]:
     """The process group torchrun describes (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), joined
     once (gloo on CPU, NCCL on CUDA), and this process's device (``cuda:LOCAL_RANK``)."""
-    procs = Processes(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0))
+    procs = Processes(*torchrun_ranks())
     if not procs.distributed:
         return procs, device
     if device.type == "cuda":

@@ -24,8 +24,9 @@ from harness.base.metric_keys import readable
 from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
 from harness.engine.run.recorder import FinishedRun
-from harness.engine.run.run_config import LOG_MODEL_ENV, RunConfig, logs_model
+from harness.engine.run.run_config import RunConfig
 from harness.reports.explanations import log_explanations
+from harness.store.environment import LOG_MODEL_ENV, logs_model
 from harness.store.tracking import Tracker
 
 __all__ = ["ImageEmbedder", "example_images", "ExportEmbedder", "DrawExplanations"]

@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.base.errors import HarnessError
 from harness.config.deviations import TAG_PREFIX, PaperDeviation, applicable, from_tag
 from harness.config.overrides import Deviation
 from harness.config.protocol import Protocol
 from harness.methods import METHODS
+from harness.store.environment import default_checkpoint_root
 
 __all__ = [
     "RunConfig",
     "RunSettings",
-    "default_checkpoint_root",
-    "LOG_MODEL_ENV",
-    "logs_model",
     "run_key",
     "paper_deviations",
 ]
@@ -143,27 +139,6 @@ class RunConfig:
             settings=settings or RunSettings(),
             **run,
         )
-
-
-#: The setting that turns off the logged MLflow model of each run (``0``); the selected
-#: weights stay in the run's ``weights/`` artifact and its checkpoint folder either way.
-LOG_MODEL_ENV = "DML_HARNESS_LOG_MODEL"
-
-
-def logs_model() -> bool:
-    """Whether finished runs log their embedder as an MLflow model: ``$DML_HARNESS_LOG_MODEL``
-    ``1`` (the default) or ``0``. Exporting the model (torch.export) costs seconds per run,
-    which a large sweep or a test suite may rather spend training; the run then records
-    ``model_uri`` as ``none``. Any other value is one error line."""
-    value = os.environ.get(LOG_MODEL_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise HarnessError(f"{LOG_MODEL_ENV} must be 1 (log each run's model) or 0, not {value!r}")
-    return value == "1"
-
-
-def default_checkpoint_root() -> Path:
-    """``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints`` (relative to the working directory)."""
-    return Path(os.environ.get("DML_HARNESS_CHECKPOINTS") or "results/checkpoints")
 
 
 def run_key(cfg: RunConfig, fp: str) -> str:
