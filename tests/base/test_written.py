@@ -4,11 +4,14 @@ way leaves the earlier outputs and the record consistent."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 
 import pytest
 
+from harness.base import atomic
 from harness.base.errors import HarnessError
 from harness.base.written import (
     RECORD_NAME,
@@ -52,18 +55,28 @@ def test_the_record_moves_with_its_folder(tmp_path):
     assert list(record["files"]) == ["r.json"]
 
 
-def test_a_set_that_fails_midway_keeps_the_earlier_outputs_as_the_harness_s(tmp_path):
-    """A set whose second file cannot be written (a folder stands where it goes): the
-    first target keeps its earlier content, which the record still names."""
+def full_disk_at(name: str, sync_to_disk):
+    """The atomic writer's step before a rename, failing as a full disk for the file ``name``."""
+
+    def sync(fh, path) -> None:
+        sync_to_disk(fh, path)
+        if path.name == name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return sync
+
+
+def test_a_set_that_fails_midway_keeps_the_earlier_outputs_as_the_harness_s(tmp_path, monkeypatch):
+    """A full disk while the second file of a set is written: both targets keep their
+    earlier content, which the record still names."""
     first, second = tmp_path / "t.md", tmp_path / "t.tex"
-    write_outputs({first: "old md"})
-    second.mkdir()
+    write_outputs({first: "old md", second: "old tex"})
+    monkeypatch.setattr(atomic, "sync_to_disk", full_disk_at("t.tex", atomic.sync_to_disk))
     with pytest.raises(HarnessError, match="cannot write"):
         write_outputs({first: "new md", second: "new tex"})
-    assert first.read_text() == "old md" and second.is_dir()
-    assert provenance(first) == "unchanged"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
-    second.rmdir()
+    monkeypatch.undo()
+    assert (first.read_text(), second.read_text()) == ("old md", "old tex")
+    assert provenance(first) == provenance(second) == "unchanged"
     write_outputs({first: "new md", second: "new tex"})
     assert provenance(first) == "unchanged"
     assert first.read_text() == "new md"

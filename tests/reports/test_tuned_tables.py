@@ -14,9 +14,11 @@ import mlflow
 import pytest
 from mlflow.entities import Metric, Param
 
+from harness.base import atomic
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
 from harness.base.written import RECORD_NAME
+from harness.cli.faults import fault_train
 from harness.cli.main import main
 from harness.cli.sweep_tuned import write_tuned_tables
 from harness.config.grids import load_grid
@@ -124,7 +126,9 @@ def _table_set(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != RECORD_NAME}
 
 
-def test_a_sweeps_tables_are_one_set_that_a_refused_file_leaves_as_it_was(tuned_store, workdir):
+def test_a_sweeps_tables_are_one_set_that_a_full_disk_leaves_as_it_was(
+    tuned_store, workdir, monkeypatch
+):
     grid = dataclasses.replace(load_grid(TUNED), experiment=tuned_store["grid"])
     folder = workdir / "tables"
     written = write_tuned_tables(grid, folder)
@@ -135,21 +139,14 @@ def test_a_sweeps_tables_are_one_set_that_a_refused_file_leaves_as_it_was(tuned_
             before
         )
     assert b"(concatenated fold models)" in before["tiny-tuned-concatenated.md"]
-    # The last file of the set refused (a folder stands where it goes): no other file of
-    # the set replaced, none left over.
-    last = folder / "tiny-tuned-concatenated.settings.tex"
-    kept = last.read_bytes()
-    last.unlink()
-    last.mkdir()
+    # A full disk at the last file of the set: no file of the set replaced, none left over.
+    monkeypatch.setattr(atomic, "sync_to_disk", atomic.sync_to_disk)  # restored afterwards
+    fault_train("write:tiny-tuned-concatenated.settings.tex:1:enospc")
     again = dataclasses.replace(grid, description="a second caption")
-    with pytest.raises(HarnessError, match="cannot write"):
+    with pytest.raises(HarnessError, match="No space left on device"):
         write_tuned_tables(again, folder)
-    assert {k: v for k, v in _table_set(folder).items() if k != last.name} == {
-        k: v for k, v in before.items() if k != last.name
-    }
+    assert _table_set(folder) == before
     assert not list(folder.glob(".*.tmp"))
-    last.rmdir()
-    last.write_bytes(kept)
     write_tuned_tables(again, folder)
     assert b"a second caption" in (folder / "tiny-tuned.md").read_bytes()
 
