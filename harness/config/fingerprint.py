@@ -29,9 +29,11 @@ def fingerprint(
     table. Absent from the payload at 1, so single-process fingerprints are unchanged.
 
     The ``[training]`` section (:class:`~harness.config.sections.TrainingSpec`) is left out: it says how often the
-    loop reads the device, which changes no number."""
+    loop reads the device, which changes no number. So is ``evaluation.examples``: how many
+    test queries the run's figures show."""
     canonical = protocol.to_dict()
     canonical.pop("training", None)
+    canonical.get("evaluation", {}).pop("examples", None)
     payload = json.dumps(
         {
             "protocol": canonical,

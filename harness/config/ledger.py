@@ -469,6 +469,7 @@ NOT_SETTINGS: dict[str, str] = {
     "datasets": "per-dataset sections of the other keys, applied before an entry is checked",
     "executor.slurm": "where a grid's cells run, not what they compute",
     "training.sync_every": "how often the training loop reads the device; changes no number",
+    "evaluation.examples": "how many test queries the run's figures show; changes no number",
 }
 
 

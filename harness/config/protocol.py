@@ -237,6 +237,7 @@ FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "image.crop_ratio": (3 / 4, 4 / 3),
     "sampling.sampler": "classes",
     "sampling.loss_samplers": {},
+    "evaluation.examples": 6,
 }
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "SelectionSpec",
     "EvaluationSpec",
     "MAX_STEPS",
+    "MAX_EXAMPLES",
     "PRECISIONS",
     "SELECTION_MODES",
     "IMAGENET_MEAN",
@@ -49,6 +50,8 @@ NonNegative = Field(ge=0)
 Seed = Field(ge=0, lt=2**32)
 #: Epochs, milestones and other counts of steps: a larger value is a mistake, not a plan.
 MAX_STEPS = 100_000
+#: Most queries a run's retrieval examples show (a row each).
+MAX_EXAMPLES = 60
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,13 @@ class EvaluationSpec:
     #: Images per evaluation batch. On CPU at most ``CPU_FORWARD_BATCH`` (32) go through the
     #: model at once (harness.engine.run.embedding): the embeddings are the same, only faster.
     batch_size: Annotated[Int, Field(gt=0, le=MAX_STEPS)] = 128
+    #: Test queries in the run's retrieval examples, each drawn with its top
+    #: neighbours (the worst, the best and seeded random ones, a third each), whose classes
+    #: the run's embedding map marks (:mod:`harness.reports.figures.views`); 0 draws
+    #: neither figure. A figure changes no number: left out of the fingerprint
+    #: (:func:`harness.config.fingerprint.fingerprint`) and, at its default, of the
+    #: canonical form.
+    examples: Annotated[Int, Field(ge=0, le=MAX_EXAMPLES)] = 6
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:
         return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))

@@ -302,3 +302,20 @@ def test_training_section_is_out_of_the_fingerprint_and_checked():
     assert fingerprint(changed, "split") == fingerprint(base, "split")
     with pytest.raises(HarnessError, match="training.sync_every"):
         apply_overrides(base, {"training.sync_every": 0})
+
+
+def test_evaluation_examples_is_out_of_the_fingerprint_and_checked():
+    base = load_protocol("smoke")
+    assert base.evaluation.examples == 6
+    # absent at its default: shipped canonical forms (and cell keys) unchanged
+    assert "examples" not in base.to_dict()["evaluation"]
+    for count in (0, 12):
+        changed, _ = apply_overrides(base, {"evaluation.examples": count})
+        assert changed.evaluation.examples == count
+        assert changed.to_dict()["evaluation"]["examples"] == count
+        assert fingerprint(changed, "split") == fingerprint(base, "split")
+    other, _ = apply_overrides(base, {"evaluation.batch_size": 7})
+    assert fingerprint(other, "split") != fingerprint(base, "split")  # its section still counts
+    for bad in (-1, 61):
+        with pytest.raises(HarnessError, match="evaluation.examples"):
+            apply_overrides(base, {"evaluation.examples": bad})
