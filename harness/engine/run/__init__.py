@@ -44,6 +44,7 @@ from harness.engine.run.embedding import (
     PAIRS_PER_CALL,
     QUERIES_PER_RERANK_CALL,
     QUERIES_PER_RERANK_CALL_CUDA,
+    EmbeddedScores,
     Evaluator,
     SplitEvaluator,
     embed_images,
@@ -107,6 +108,7 @@ from harness.engine.run.training import (
     run_training,
     training_splits,
 )
+from harness.engine.run.views import VIEW_METRIC, DrawRetrievalViews, cosine_values
 
 __all__ = [
     "CHECKPOINT_KEYS",
@@ -140,6 +142,7 @@ __all__ = [
     "check_replicas_agree",
     "Evaluator",
     "SplitEvaluator",
+    "EmbeddedScores",
     "loader_worker_init",
     "embed_images",
     "evaluate_split",
@@ -191,4 +194,7 @@ __all__ = [
     "TrainFunction",
     "training_splits",
     "run_training",
+    "DrawRetrievalViews",
+    "VIEW_METRIC",
+    "cosine_values",
 ]

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Evaluator",
     "SplitEvaluator",
+    "EmbeddedScores",
     "loader_worker_init",
     "embed_images",
     "evaluate_split",
@@ -225,6 +226,15 @@ def embed_images(
     return emb, {k: torch.cat(v).cpu() for k, v in kept.items()}
 
 
+class EmbeddedScores(Scores):
+    """:class:`~harness.components.evaluation.Scores` with the embeddings they were computed
+    from: ``embeddings`` is ``(queries, gallery)`` (Q x D and N x D float32; the gallery
+    None where the queries search each other), so that what follows a test (the run's
+    figures) needs no second pass over its images."""
+
+    embeddings: tuple[np.ndarray, np.ndarray | None] | None = None
+
+
 def evaluate_split(
     model: EmbeddingModel,
     query_set,
@@ -246,6 +256,7 @@ def evaluate_split(
     cosine ranking's metrics are then returned too, prefixed ``global_``, with
     ``num_ranked_candidates``: how many candidates per query the method scored.
     ``per_query``: keep the per-query values of the method's ranking (``result.per_query``).
+    The embeddings scored ride along (:class:`EmbeddedScores`).
     """
     head = model.head
     exhaustive, rerank_k, keep = _ranking(head) if rerank else (False, 0, ())
@@ -279,8 +290,8 @@ def evaluate_split(
         ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
         ranked["num_ranked_candidates"] = rerank_k
     else:
-        return score(per_query=per_query)
-    return _with_global(ranked, score())
+        return _embedded(score(per_query=per_query), q, g)
+    return _embedded(_with_global(ranked, score()), q, g)
 
 
 def _ranking(head: object) -> tuple[bool, int, tuple[str, ...]]:
@@ -335,6 +346,14 @@ def _with_global(ranked: Scores, plain: Scores) -> Scores:
         {**ranked, **{f"global_{k}": v for k, v in plain.items() if not k.startswith("num_")}}
     )
     out.per_query = ranked.per_query
+    return out
+
+
+def _embedded(scores: Scores, queries: np.ndarray, gallery: np.ndarray | None) -> EmbeddedScores:
+    """``scores`` (and their per-query values) with the embeddings they were computed from."""
+    out = EmbeddedScores(scores)
+    out.per_query = scores.per_query
+    out.embeddings = (queries, gallery)
     return out
 
 

@@ -40,6 +40,7 @@ from harness.engine.run.run_config import (
 )
 from harness.engine.run.runtime import default_workers, log_line, resolve_device, seed_everything
 from harness.engine.run.trainer import EndOfRunStep, EpochCallback, Trainer
+from harness.engine.run.views import DrawRetrievalViews
 from harness.methods import METHODS, ProcessBound
 from harness.store.dead_runs import mark_dead_runs_killed
 from harness.store.tracking import filter_value, newest_run
@@ -151,7 +152,8 @@ def run_training(
 
 def _end_of_run(plan: _RunPlan, recorder: MlflowRecorder) -> list[EndOfRunStep]:
     """What follows a tested run: its selected weights logged, the model exported, the
-    explanations drawn (none of them for a search trial)."""
+    explanations, the retrieval examples and the embedding map drawn (none of them for a
+    search trial)."""
     if plan.cfg.search_only:
         return []
     tracker = recorder.tracker
@@ -159,6 +161,9 @@ def _end_of_run(plan: _RunPlan, recorder: MlflowRecorder) -> list[EndOfRunStep]:
         recorder.record_selected_weights,
         ExportEmbedder(tracker, plan.cfg, plan.splits.digest(), plan.device),
         DrawExplanations(tracker, plan.cfg, plan.splits, plan.folder.path, plan.device),
+        DrawRetrievalViews(
+            tracker, plan.cfg, plan.splits, plan.folder.path, plan.device, plan.workers
+        ),
     ]
 
 
