@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from harness.config.overrides import jsonable
-from harness.config.protocol import Protocol
+from harness.config.protocol import UNCOUNTED_KEYS, Protocol
 
 __all__ = ["fingerprint"]
 
@@ -28,12 +28,17 @@ def fingerprint(
     averaged gradients), so runs with other world sizes are not put side by side in one
     table. Absent from the payload at 1, so single-process fingerprints are unchanged.
 
-    The ``[training]`` section (:class:`~harness.config.sections.TrainingSpec`) is left out: it says how often the
-    loop reads the device, which changes no number. So is ``evaluation.examples``: how many
+    The keys that change no number (:data:`~harness.config.protocol.UNCOUNTED_KEYS`) are
+    left out: the ``[training]`` section (:class:`~harness.config.sections.TrainingSpec`),
+    which says how often the loop reads the device, and ``evaluation.examples``, how many
     test queries the run's figures show."""
     canonical = protocol.to_dict()
-    canonical.pop("training", None)
-    canonical.get("evaluation", {}).pop("examples", None)
+    for key in UNCOUNTED_KEYS:
+        section, _, name = key.partition(".")
+        if name:
+            canonical.get(section, {}).pop(name, None)
+        else:
+            canonical.pop(section, None)
     payload = json.dumps(
         {
             "protocol": canonical,

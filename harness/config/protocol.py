@@ -72,6 +72,8 @@ __all__ = [
     "check_batch_fits",
     "protocol_from_dict",
     "FINGERPRINT_OMITTED_AT_DEFAULT",
+    "UNCOUNTED_KEYS",
+    "changes_no_number",
 ]
 
 
@@ -365,8 +367,22 @@ def apply_overrides(
     """Return the protocol with ``{"schedule.epochs": 3}`` (or ``["schedule.epochs=3"]``) applied.
 
     Each changed field becomes a :class:`~harness.config.overrides.Deviation`; values equal
-    to the protocol's are not deviations (:func:`harness.config.overrides.set_dotted_keys`).
+    to the protocol's are not deviations (:func:`harness.config.overrides.set_dotted_keys`),
+    nor are the keys that change no number (:func:`changes_no_number`).
     """
     table = protocol._full_dict()
     deviations = set_dotted_keys(table, parse_overrides(overrides))
-    return _validated(table), deviations
+    return _validated(table), tuple(d for d in deviations if not changes_no_number(d.field))
+
+
+#: Protocol keys (a section, or ``section.key``) that change no number a run computes:
+#: ``[training]`` says how often the loop reads the device, ``evaluation.examples`` what the
+#: run's figures show. The fingerprint leaves them out
+#: (:func:`harness.config.fingerprint.fingerprint`) and a change of one is no deviation
+#: (:func:`apply_overrides`): the run stays comparable with every other, unflagged.
+UNCOUNTED_KEYS = ("training", "evaluation.examples")
+
+
+def changes_no_number(key: str) -> bool:
+    """Whether the dotted protocol ``key`` is (or lies in) one of :data:`UNCOUNTED_KEYS`."""
+    return any(key == k or key.startswith(f"{k}.") for k in UNCOUNTED_KEYS)

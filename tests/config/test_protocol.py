@@ -297,8 +297,9 @@ def test_training_section_is_out_of_the_fingerprint_and_checked():
     assert (
         "training" not in base.to_dict()
     )  # absent at its defaults: shipped canonical forms unchanged
-    changed, _ = apply_overrides(base, {"training.sync_every": 7})
+    changed, deviations = apply_overrides(base, {"training.sync_every": 7})
     assert changed.training.sync_every == 7 and changed.to_dict()["training"] == {"sync_every": 7}
+    assert deviations == ()  # it changes no number: no run is flagged for it
     assert fingerprint(changed, "split") == fingerprint(base, "split")
     with pytest.raises(HarnessError, match="training.sync_every"):
         apply_overrides(base, {"training.sync_every": 0})
@@ -310,12 +311,13 @@ def test_evaluation_examples_is_out_of_the_fingerprint_and_checked():
     # absent at its default: shipped canonical forms (and cell keys) unchanged
     assert "examples" not in base.to_dict()["evaluation"]
     for count in (0, 12):
-        changed, _ = apply_overrides(base, {"evaluation.examples": count})
-        assert changed.evaluation.examples == count
+        changed, deviations = apply_overrides(base, {"evaluation.examples": count})
+        assert changed.evaluation.examples == count and deviations == ()  # nothing to flag
         assert changed.to_dict()["evaluation"]["examples"] == count
         assert fingerprint(changed, "split") == fingerprint(base, "split")
-    other, _ = apply_overrides(base, {"evaluation.batch_size": 7})
+    other, deviations = apply_overrides(base, {"evaluation.batch_size": 7})
     assert fingerprint(other, "split") != fingerprint(base, "split")  # its section still counts
+    assert [d.field for d in deviations] == ["evaluation.batch_size"]
     for bad in (-1, 61):
         with pytest.raises(HarnessError, match="evaluation.examples"):
             apply_overrides(base, {"evaluation.examples": bad})

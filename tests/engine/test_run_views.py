@@ -1,6 +1,6 @@
 """A finished run logs its retrieval examples and embedding map (``views/``), drawn from
 the test evaluation's own embeddings and per-query values; ``evaluation.examples = 0``
-logs neither and leaves the run's fingerprint and numbers alone."""
+logs neither and leaves the run's fingerprint alone."""
 
 from __future__ import annotations
 
