@@ -188,3 +188,25 @@ def test_no_examples_when_no_query_has_a_value_and_no_map_of_a_few_points(views,
         0,
     )
     assert views_files(empty, tmp_path) == {}
+
+
+def test_a_split_with_a_gallery_draws_its_neighbours_from_the_gallery(views, tmp_path):
+    rng = np.random.default_rng(5)
+    gallery_labels = np.repeat(np.arange(5), 3) + 100  # classes the queries do not have
+    gallery = ArrayImageSet(rng.integers(0, 256, (15, 40, 40, 3), dtype=np.uint8), gallery_labels)
+    with_gallery = ViewData(
+        views.embeddings,
+        views.images,
+        views.values,
+        views.image_spec,
+        3,
+        0,
+        gallery=rng.normal(size=(15, 8)).astype(np.float32),
+        gallery_images=gallery,
+    )
+    rows = json.loads(views_files(with_gallery, tmp_path)[tmp_path / EXAMPLES_DATA])
+    assert len(rows) == 3
+    for row in rows:
+        assert all(0 <= i < 15 for i in row["neighbours"])
+        assert row["neighbour_labels"] == [int(gallery_labels[i]) for i in row["neighbours"]]
+        assert row["correct"] == [False] * 5
