@@ -71,6 +71,7 @@ def test_a_set_that_fails_midway_keeps_the_earlier_outputs_as_the_harness_s(tmp_
     earlier content, which the record still names."""
     first, second = tmp_path / "t.md", tmp_path / "t.tex"
     write_outputs({first: "old md", second: "old tex"})
+    # the atomic writer's one seam (as the fault-injection suite wraps it): a full disk at t.tex
     monkeypatch.setattr(atomic, "sync_to_disk", full_disk_at("t.tex", atomic.sync_to_disk))
     with pytest.raises(HarnessError, match="cannot write"):
         write_outputs({first: "new md", second: "new tex"})
