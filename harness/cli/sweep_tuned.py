@@ -20,6 +20,7 @@ from harness.reports.figures import forest_files, forest_paths
 from harness.reports.tables.compose import TableRequest, make_table
 from harness.reports.tables.load import load_runs, select_report
 from harness.reports.tuning import tuned_table_files, tuned_table_paths
+from harness.store.tables import record_table_set
 
 __all__ = [
     "queue_tuned_grid",
@@ -112,7 +113,8 @@ def check_tuned_tables(grid: Grid, folder: Path = TABLES) -> None:
 def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
     """The grid's tables (each report, Markdown and LaTeX) under ``folder``, each with its
     forest plot, its appendix of chosen settings and its best-so-far figure: all of them
-    one set, written together or not at all (a full disk leaves the previous set)."""
+    one set, written together or not at all (a full disk leaves the previous set), then
+    logged to the grid's table run in its experiment (:mod:`harness.store.tables`)."""
 
     assert grid.tune is not None
     caption = grid.description or f"Tuned grid {grid.name}"
@@ -139,4 +141,5 @@ def write_tuned_tables(grid: Grid, folder: Path) -> list[Path]:
                 }
             )
     write_outputs(files)
+    record_table_set([grid.experiment], grid.name, files)
     return list(files)

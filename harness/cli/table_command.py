@@ -25,6 +25,7 @@ from harness.reports.tables import (
 )
 from harness.reports.tables.load import load_runs, select_report
 from harness.reports.tuning import tuned_table_files, tuned_table_paths
+from harness.store.tables import record_table_set
 
 __all__ = ["cmd_table"]
 
@@ -61,6 +62,13 @@ def cmd_table(args: argparse.Namespace) -> int:
     print(
         f"written to {out}"
         + (f"; beside it {', '.join(p.name for p in figures)}" if figures else ""),
+        file=sys.stderr,
+    )
+    record_table_set(request.experiments, stem.name, [out, *figures], table.deltas)
+    print(
+        f"logged to the tracking store: run '{stem.name}' of experiment "
+        f"{', '.join(request.experiments)} holds the table set"
+        + (f"; {len(table.deltas)} run(s) got delta/* metrics" if table.deltas else ""),
         file=sys.stderr,
     )
     return 0

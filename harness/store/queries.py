@@ -23,7 +23,12 @@ from mlflow.entities import Metric, Param, RunTag
 from harness.base.errors import HarnessError
 from harness.store.artifacts import PROXIED_SCHEME, proxied_local_path, resolve_proxied_locally
 from harness.store.location import artifact_root, tracking_uri
-from harness.store.tracking import _existing_run_experiment, _search_runs, experiment_id
+from harness.store.tracking import (
+    _existing_run_experiment,
+    _search_runs,
+    experiment_id,
+    training_runs_only,
+)
 
 __all__ = [
     "client",
@@ -137,7 +142,7 @@ def finished_runs_frame(experiments: Sequence[str]):
         ids[exp.experiment_id] = name
     frame = mlflow.search_runs(
         experiment_ids=list(ids),
-        filter_string="attributes.status = 'FINISHED'",
+        filter_string=training_runs_only("attributes.status = 'FINISHED'"),
         output_format="pandas",
     )
     return frame, ids
@@ -155,7 +160,7 @@ def newest_finished_runs(experiments: Sequence[str]) -> list:
         )
     return mlflow.search_runs(
         experiment_names=list(experiments),
-        filter_string="attributes.status = 'FINISHED'",
+        filter_string=training_runs_only("attributes.status = 'FINISHED'"),
         output_format="list",
         order_by=["attributes.start_time DESC"],
     )

@@ -14,6 +14,7 @@ from typing import Any
 from harness.base.errors import HarnessError
 from harness.store.location import tracking_uri
 from harness.store.queries import client, find_run, read_artifact, set_run_tags
+from harness.store.tracking import training_runs_only
 
 __all__ = [
     "RunRecord",
@@ -97,7 +98,7 @@ def experiment_runs(experiment: str, filter_string: str = "") -> list[str]:
         try:
             page = c.search_runs(
                 [found.experiment_id],
-                filter_string=filter_string,
+                filter_string=training_runs_only(filter_string),
                 order_by=["attributes.start_time ASC"],
                 max_results=1000,
                 page_token=token,

@@ -50,6 +50,8 @@ __all__ = [
     "filter_value",
     "newest_run",
     "MODEL_NAME",
+    "TABLE_SET_TAG",
+    "training_runs_only",
 ]
 
 # MLflow and torch are imported inside the functions that use them: importing them takes
@@ -89,15 +91,28 @@ def filter_value(value: Any) -> str:
     )
 
 
+#: The tag of the run that holds a table set (:mod:`harness.store.tables`): the table's name.
+TABLE_SET_TAG = "table_set"
+
+
+def training_runs_only(filter_string: str = "") -> str:
+    """``filter_string`` (MLflow's search syntax) narrowed to the runs that trained or
+    evaluated a model: a table set's run is no result of its experiment, so tables,
+    reruns, grids and studies never count it."""
+    only = f"tags.{TABLE_SET_TAG} IS NULL"
+    return f"{filter_string} and {only}" if filter_string.strip() else only
+
+
 def _search_runs(experiment: str, filter_string: str, **kwargs) -> list:
-    """Runs of ``experiment`` matching ``filter_string`` (none when it does not exist)."""
+    """The training runs of ``experiment`` matching ``filter_string`` (none when it does
+    not exist; :func:`training_runs_only`)."""
 
     mlflow.set_tracking_uri(tracking_uri())
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:
         return []
     return mlflow.MlflowClient().search_runs(
-        [exp.experiment_id], filter_string=filter_string, **kwargs
+        [exp.experiment_id], filter_string=training_runs_only(filter_string), **kwargs
     )
 
 

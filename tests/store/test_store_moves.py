@@ -98,7 +98,7 @@ def test_a_copied_store_gives_the_same_tables_and_names_a_missing_artifact(
         run = next(
             r
             for r in mlflow.search_runs(experiment_names=[experiment], output_format="list")
-            if r.data.tags["method"] == "ngrouping"
+            if r.data.tags.get("method") == "ngrouping"  # the table run has none
         )
         artifact = moved / "mlartifacts" / run.info.run_id / "artifacts" / PER_QUERY_ARTIFACT
         artifact.unlink()

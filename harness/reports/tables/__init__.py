@@ -93,6 +93,7 @@ from harness.reports.tables.published import (
     load_published,
     locate_published,
     parse_published_row,
+    published_deltas,
     published_dir,
 )
 from harness.reports.tables.render import TableContent, TableRenderer
@@ -109,6 +110,7 @@ __all__ = [
     "published_dir",
     "parse_published_row",
     "attach_published",
+    "published_deltas",
     "render_latex",
     "render_markdown",
     "write_atomic",

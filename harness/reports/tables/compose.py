@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -36,7 +36,12 @@ from harness.reports.tables.paired import (
     missing_results,
     paired_tests,
 )
-from harness.reports.tables.published import PublishedValues, attach_published, published_values
+from harness.reports.tables.published import (
+    PublishedValues,
+    attach_published,
+    published_deltas,
+    published_values,
+)
 from harness.reports.tables.render import TableContent, TableRenderer
 from harness.reports.tables.summary import summarize
 from harness.reports.tuning import tuning_notes
@@ -102,14 +107,17 @@ class TableRequest:
 class Table:
     """A rendered table and what it was computed from: ``text`` (LaTeX or Markdown),
     ``tests`` (:func:`~harness.reports.tables.paired.paired_tests`, the rows of the
-    paired-tests table), ``labels`` (row labels by method) and ``problems`` (one line per
-    run whose results a cell needed and did not get: run id and what is missing)."""
+    paired-tests table), ``labels`` (row labels by method), ``problems`` (one line per
+    run whose results a cell needed and did not get: run id and what is missing) and
+    ``deltas`` (each run's distance to its published value,
+    :func:`~harness.reports.tables.published.published_deltas`)."""
 
     text: str
     tests: pd.DataFrame
     labels: dict[str, str]
     metrics: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table:
@@ -161,6 +169,7 @@ def make_table(request: TableRequest, runs: pd.DataFrame | None = None) -> Table
         labels=content.row_labels(),
         metrics=tuple(metrics),
         problems=tuple(problems),
+        deltas=published_deltas(runs, values, metrics),
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "PublishedValues",
     "published_values",
     "attach_published",
+    "published_deltas",
 ]
 
 
@@ -241,3 +242,27 @@ def attach_published(cells: pd.DataFrame, published: pd.DataFrame | None) -> pd.
     for flag in ("flagged", "code_flagged", "reproduced"):
         out[flag] = out[flag].astype("boolean").fillna(False).astype(bool)
     return out[CELL_COLUMNS].reset_index(drop=True)
+
+
+def published_deltas(
+    runs: pd.DataFrame, published: pd.DataFrame | None, metrics: Iterable[str]
+) -> dict[str, dict[str, float]]:
+    """Each run's distance to the published value of its cell, in percentage points (the
+    unit of the papers' tables): ``{run id: {metric: 100 x test value - published}}``.
+    A run is matched as the table matches its cell (backbone, loss, method, dataset and
+    metric, every setting beside its method's value); a run without a published value or
+    without the metric is left out."""
+    if published is None or published.empty or runs.empty:
+        return {}
+    deltas: dict[str, dict[str, float]] = {}
+    for metric in metrics:
+        column = f"test_{metric}"
+        values = published.loc[published["metric"] == metric, [*KEYS, "value"]]
+        if column not in runs or values.empty:
+            continue
+        matched = runs[["run_id", *KEYS, column]].merge(values, on=KEYS).dropna()
+        for run_id, reproduced, value in zip(
+            matched["run_id"], matched[column], matched["value"], strict=True
+        ):
+            deltas.setdefault(str(run_id), {})[metric] = 100.0 * float(reproduced) - float(value)
+    return deltas
