@@ -78,15 +78,19 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=False)
 def docs(session: nox.Session) -> None:
     """The JSON Schemas of protocol and grid files into ``docs/`` (from the registered
-    methods), the plugin roles' table into ``docs/writing-a-plugin.md``, then the
+    methods), the plugin roles' table into ``docs/writing-a-plugin.md``, the built-in
+    plugins' catalog that ``harness methods`` reads (``harness/config/method_catalog.py``), then the
     documentation site into ``site/`` (``-- --site-dir DIR`` elsewhere); any warning fails
     it."""
     for kind in ("protocol", "grid"):
         with open(ROOT / "docs" / f"{kind}.schema.json", "w", encoding="utf-8") as out:
             session.run("python", "-m", "harness", "schema", kind, stdout=out)
     page = ROOT / "docs" / "writing-a-plugin.md"
+    catalog = ROOT / "harness" / "config" / "method_catalog.py"
     write = (
-        f"from harness.methods.role_docs import write_role_table; write_role_table({str(page)!r})"
+        f"from harness.methods.role_docs import write_role_table; write_role_table({str(page)!r}); "
+        "from harness.methods.listing import write_method_catalog; "
+        f"write_method_catalog({str(catalog)!r})"
     )
     session.run("python", "-c", write)
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})

@@ -6,18 +6,32 @@ from __future__ import annotations
 import builtins
 import contextlib
 import fnmatch
+import hashlib
 import importlib
 import pkgutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from harness.base.errors import HarnessError, unknown_name
 
-__all__ = ["NameTaken", "BadName", "Registry", "import_modules"]
+__all__ = [
+    "NameTaken",
+    "BadName",
+    "Registry",
+    "import_modules",
+    "METHOD_PLUGIN_GROUP",
+    "source_digest",
+]
 
 T = TypeVar("T")
+
+#: The entry-point group through which an installed package registers method plugins
+#: (``[project.entry-points."dml_harness.methods"]``): here, below the plugins, so that a
+#: command can ask whether any is installed without importing them.
+METHOD_PLUGIN_GROUP = "dml_harness.methods"
 
 
 class NameTaken(ValueError):
@@ -169,3 +183,13 @@ def import_modules(package: str, path: Iterable[str], *, skip: Iterable[str] = (
     for module in sorted(info.name for info in pkgutil.iter_modules(path)):
         if module not in left_out and not module.startswith("_"):
             importlib.import_module(f"{package}.{module}")
+
+
+def source_digest(folder: Path) -> str:
+    """The sha256 of the Python files of ``folder`` (names and contents, in name order):
+    a catalog written from the plugins of a package holds its digest, and is read only
+    while the package's files are the ones it was written from."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()

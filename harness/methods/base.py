@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from harness.base.errors import HarnessError
-from harness.base.registry import Registry
+from harness.base.registry import METHOD_PLUGIN_GROUP, Registry
 from harness.methods.adapter import adapt_role_hooks
 from harness.methods.figures import FIGURE_TUPLES, FigureData, FigureSet, Link, Panel
 from harness.methods.head_data import HeadOutput, PaperInfo, TrainingBatch
@@ -234,7 +234,7 @@ class MethodEntry:
 #: The entry-point group through which an installed package registers method plugins
 #: (``[project.entry-points."dml_harness.methods"]``): :data:`METHODS` imports each of its
 #: entry points once, at its first lookup.
-PLUGIN_GROUP = "dml_harness.methods"
+PLUGIN_GROUP = METHOD_PLUGIN_GROUP
 
 METHODS: Registry[MethodEntry] = Registry(
     "method", entry_point_group=PLUGIN_GROUP, name_rule=method_name_rule

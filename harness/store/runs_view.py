@@ -13,8 +13,9 @@ dataset, loss and seed, best P@1 first; the headline columns come first, so that
 a 1000 px window. Its charts open on two sections: the headline test metrics, one dot per
 run above its method's name (the MLflow UI's bar charts name no run, and its scatter
 charts leave a y axis 80 px of labels, a x axis the room they need), and the curves, the
-validation split's selection metric in % per epoch, ``train/loss`` and ``train/lr``
-(log scale) per step. Every other metric keeps its chart in its group's section,
+validation split's selection metric in % per epoch, ``train/loss`` and beside it
+``train/relative_loss`` (each run's loss over its first: losses of different scales on one
+chart), and ``train/lr`` (log scale) per step. Every other metric keeps its chart in its group's section,
 collapsed; a group no run has gets no section.
 
 The state's fields are MLflow's (its ``EXPERIMENT_PAGE_UI_STATE_FIELDS`` and search
@@ -29,7 +30,15 @@ import json
 import time
 from collections.abc import Iterable
 
-from harness.base.metric_keys import GROUPS, HEADLINE, READABLE, display_key, split_key
+from harness.base.metric_keys import (
+    GROUPS,
+    HEADLINE,
+    LOSS_KEY,
+    READABLE,
+    RELATIVE_LOSS_KEY,
+    display_key,
+    split_key,
+)
 
 __all__ = [
     "VIEW_KEY",
@@ -49,7 +58,7 @@ VIEW_KEY, VIEW_NAME = "metric-learning", "Metric learning"
 #: The experiment tag prefix of MLflow's saved views.
 TAG_PREFIX = "mlflow.sharedViewState."
 #: Which form of the view the harness writes; a harness view of an older form is rewritten.
-VERSION = 3
+VERSION = 4
 VERSION_FIELD = "harnessViewVersion"
 #: The state fields of the first form of the view, which carried no version.
 _FIRST_FORM = {"selectedColumns", "orderByKey", "orderByAsc"}
@@ -100,7 +109,7 @@ def _line(key: str, section: str, *, log: bool = False) -> dict:
 
 
 def _charts(selection: str, metric_keys: set[str]) -> list[dict]:
-    """The headline dot plots, the three curves, and hidden charts of the other display
+    """The headline dot plots, the four curves, and hidden charts of the other display
     copies: the UI makes a chart of its own for every metric no chart names."""
     headline, curves = "section-headline", "section-curves"
     charts = [
@@ -116,7 +125,8 @@ def _charts(selection: str, metric_keys: set[str]) -> list[dict]:
     chosen = display_key("val", selection if selection in HEADLINE else _DEFAULT_SELECTION)
     charts += [
         _line(str(chosen), curves),
-        _line("train/loss", curves),
+        _line(LOSS_KEY, curves),
+        _line(RELATIVE_LOSS_KEY, curves),
         _line("train/lr", curves, log=True),
     ]
     copies = {display_key(group, name) for group in ("test", "val") for name in HEADLINE}
@@ -142,7 +152,7 @@ def _sections(metric_keys: set[str]) -> list[dict]:
             "columns": 2,
             "cardHeight": 320,
         },
-        {"uuid": "section-curves", "name": CURVES_SECTION, "display": True, "columns": 3},
+        {"uuid": "section-curves", "name": CURVES_SECTION, "display": True, "columns": 2},
     ]
     sections += [{"uuid": f"section-{name}", "name": name, "display": False} for name in names]
     return [{**section, "isReordered": True} for section in sections]

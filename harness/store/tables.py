@@ -32,7 +32,7 @@ DELTA_PREFIX = "delta/"
 _LINKS_START = "<!-- harness: tables -->"
 _LINKS_END = "<!-- harness: end of tables -->"
 _LINKS = re.compile(re.escape(_LINKS_START) + r".*?" + re.escape(_LINKS_END), re.DOTALL)
-_LINK = re.compile(r"^- \[([^\]]+)\]\(#/experiments/[^/]+/runs/(\w+)/", re.MULTILINE)
+_LINK = re.compile(r"\[([^\]]+)\]\(#/experiments/[^/]+/runs/(\w+)/")
 
 
 def record_table_set(
@@ -97,20 +97,18 @@ def table_run(experiment: str, name: str) -> str:
 
 
 def linked_description(description: str, experiment_id: str, links: Mapping[str, str]) -> str:
-    """``description`` with its block of table links written anew: the links already
-    there and ``links`` (``{table name: run id}``); the text around the block is kept as it
-    was."""
+    """``description`` with its line of table links written anew, first: the links already
+    there and ``links`` (``{table name: run id}``); the rest is kept as it was."""
     block = _LINKS.search(description)
     known = dict(_LINK.findall(block.group(0))) if block else {}
     rest = _LINKS.sub("", description).strip()
-    lines = [
-        f"- [{name}](#/experiments/{experiment_id}/runs/{run_id}/artifacts/{TABLES_FOLDER})"
+    shown = [
+        f"[{name}](#/experiments/{experiment_id}/runs/{run_id}/artifacts/{TABLES_FOLDER})"
         for name, run_id in sorted({**known, **links}.items())
     ]
-    text = "\n".join(
-        [_LINKS_START, "**Tables** (each a run of this experiment):", *lines, _LINKS_END]
-    )
-    return f"{rest}\n\n{text}" if rest else text
+    # One line, first: the UI shows a description's first line and folds the rest.
+    text = f"{_LINKS_START}\n**Tables**: {' · '.join(shown)}\n{_LINKS_END}"
+    return f"{text}\n\n{rest}" if rest else text
 
 
 def _link_from_description(experiment: str, name: str, run_id: str) -> None:

@@ -12,6 +12,7 @@ so the MLflow UI and ``mlflow.pytorch.load_model`` follow a moved store too.
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from collections.abc import Iterable
@@ -35,7 +36,7 @@ from mlflow.utils.mlflow_tags import (
 )
 
 from harness.base.errors import HarnessError
-from harness.base.metric_keys import READABLE, display_copies
+from harness.base.metric_keys import LOSS_KEY, READABLE, RELATIVE_LOSS_KEY, display_copies
 from harness.config.overrides import flatten_keys
 from harness.store.artifacts import PROXIED_ROOT, resolve_proxied_locally, sqlite_artifact_folder
 from harness.store.location import artifact_root, tracking_uri
@@ -180,6 +181,8 @@ class Tracker:
         else:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
+        #: The run's first logged training loss (the divisor of ``train/relative_loss``).
+        self.first_loss: float | None = None
 
     def log_params(self, params: dict[str, Any]) -> None:
 
@@ -215,8 +218,10 @@ class Tracker:
 
     def log_metric_steps(self, series: dict[str, list[tuple[int, float]]]) -> None:
         """Several values of each metric, each at its own step, in one request:
-        ``{"train/loss": [(step, value), ...]}``."""
+        ``{"train/loss": [(step, value), ...]}``; beside the training loss, the same curve
+        divided by the run's first loss (:data:`~harness.base.metric_keys.RELATIVE_LOSS_KEY`)."""
 
+        series = {**series, **self.relative_loss(series.get(LOSS_KEY, []))}
         now = int(time.time() * 1000)
         items = [
             Metric(name, float(value), now, step)
@@ -225,6 +230,20 @@ class Tracker:
         ]
         for start in range(0, len(items), 1000):  # MLflow takes at most 1000 metrics a request
             self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
+
+    def relative_loss(self, points: list[tuple[int, float]]) -> dict[str, list]:
+        """``points`` of the training loss as ``{train/relative_loss: [(step, loss / first
+        loss)]}``; the first loss is the run's first logged one (read back from the store
+        when the run resumes). None where the first loss is zero or not finite."""
+        if not points:
+            return {}
+        if self.first_loss is None:
+            history = self.client.get_metric_history(self.run_id, LOSS_KEY) if self.resumed else []
+            first = min(history, key=lambda m: m.step) if history else None
+            self.first_loss = float(first.value if first is not None else points[0][1])
+        if self.first_loss == 0 or not math.isfinite(self.first_loss):
+            return {}
+        return {RELATIVE_LOSS_KEY: [(step, value / self.first_loss) for step, value in points]}
 
     def log_dataset(
         self,

@@ -1,6 +1,6 @@
 """The command line answers at once: ``python -m harness --help`` and every subcommand's
 ``--help`` load neither torch nor a method plugin, each checked in a fresh interpreter;
-``methods`` lists every registered plugin."""
+``methods`` lists every registered plugin, the built-in ones from their catalog."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.base.registry import source_digest
 from harness.cli.main import build_parser, main
 from harness.cli.outputs import subcommands
+from harness.config.method_catalog import METHOD_LINES, SOURCE_DIGEST
 from harness.methods import METHODS
+from harness.methods.listing import PLUGINS, method_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,11 +79,22 @@ def test_help_loads_neither_torch_nor_a_plugin(argv):
 
 
 def test_the_check_finds_torch_and_the_plugins():
-    """The probe can fail: ``methods`` loads the plugins, and torch with them."""
-    code, modules, _ = _loaded(["methods"])
+    """The probe can fail: ``schema`` loads the plugins (their options), and torch with them."""
+    code, modules, _ = _loaded(["schema", "protocol"])
     assert code == 0
     heavy = _heavy(modules)
     assert "torch" in heavy and "harness.methods.plain" in heavy
+
+
+def test_methods_lists_the_registry_without_loading_a_plugin():
+    """In a fresh interpreter ``methods`` reads the catalog of built-in plugins and loads
+    neither torch nor a plugin; what it prints is what the registry gives (so the catalog
+    is not stale: ``nox -s docs`` writes it)."""
+    code, modules, out = _loaded(["methods"])
+    assert code == 0 and _heavy(modules) == []
+    lines = method_lines(built_in=True)
+    assert out.rstrip().rsplit("\n", 1)[0].rstrip() == "\n".join(lines[n] for n in sorted(lines))
+    assert METHOD_LINES == lines and SOURCE_DIGEST == source_digest(PLUGINS)
 
 
 def test_deviations_help_lists_the_grids_from_their_files(capsys):

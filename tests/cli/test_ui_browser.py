@@ -9,10 +9,12 @@ profile.
   metrics in % without scrolling sideways, best P@1 first; again after another view was
   opened.
 - The charts open on the headline metrics, one dot per run above its method's name, each
-  run in a colour of its own, and on the curves (validation in % per epoch, training loss
-  and learning rate per step); the run's tooltip starts with plain text.
+  run in a colour of its own, and on the curves (validation in % per epoch, training loss,
+  the loss over its first value and learning rate per step); the run's tooltip starts with plain text.
 - A run's page shows its description's deviations without a click; its logged model's
   page the run's final metrics; the compare page the runs.
+- A run's retrieval examples and embedding map show on its Artifacts tab; the table
+  ``harness table`` logs is rendered there too, linked from the experiment's description.
 
 The screenshots go to ``$DML_HARNESS_SCREENSHOTS``, else ``results/ui-screenshots/``
 (git-ignored), ``<width>-<page>.png``, for a person to look at.
@@ -37,6 +39,8 @@ import pytest
 from harness.base.metric_keys import HEADLINE, READABLE
 from harness.cli.main import main
 from harness.store.runs_view import CURVES_SECTION, HEADLINE_SECTION, VIEW_KEY
+from harness.store.tables import TABLES_FOLDER
+from harness.store.tracking import TABLE_SET_TAG
 from harness.store.ui import ML_VIEW_QUERY, RUN_NOTE_TAG
 from harness.store.ui_app import WORKFLOW, WORKFLOW_KEY
 from harness.store.ui_runs import COLOUR_TAG
@@ -49,6 +53,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 REGISTERED = "ui-browser-embedder"
 WIDTHS, HEIGHT = (1000, 1400), 1000
+#: The curves section's charts, in order.
+CURVES = ("val MAP at R", "train/loss", "train/relative_loss", "train/lr")
 
 pytestmark = [
     pytest.mark.slow,
@@ -278,7 +284,7 @@ def test_the_charts_open_on_the_headline_dots_and_the_curves(served, width):
             for i in range(len(lines) - 1)
             if re.fullmatch(r"\(\d+\)", lines[i + 1])
         ]
-        assert sections[:2] == [(HEADLINE_SECTION, "(4)"), (CURVES_SECTION, "(3)")], sections
+        assert sections[:2] == [(HEADLINE_SECTION, "(4)"), (CURVES_SECTION, "(4)")], sections
         assert all(count != "(0)" for _, count in sections)  # no empty section
         methods = sorted(runs)
         colours = {m: runs[m].data.tags[COLOUR_TAG] for m in methods}
@@ -295,10 +301,10 @@ def test_the_charts_open_on_the_headline_dots_and_the_curves(served, width):
         curves = _scroll_to(driver, CURVES_SECTION, "the curves")
         _shot(driver, width, "curves")
         titles = [c["title"] for c in curves]
-        assert titles == ["val MAP at R", "train/loss", "train/lr"], titles
+        assert titles == list(CURVES), titles
         lr = runs["plain"].data.metrics["train/lr"]
-        ticks = [float(t.replace("µ", "e-6").replace("m", "e-3")) for t in curves[2]["y"] if t]
-        assert min(ticks) < lr < max(ticks), (lr, curves[2]["y"])  # the logged value, in range
+        ticks = [float(t.replace("µ", "e-6").replace("m", "e-3")) for t in curves[3]["y"] if t]
+        assert min(ticks) < lr < max(ticks), (lr, curves[3]["y"])  # the logged value, in range
     finally:
         driver.quit()
 
@@ -349,17 +355,16 @@ def _tooltip(driver, runs) -> None:
 
 
 def _scroll_to(driver, section: str, what: str) -> list[dict]:
-    """Scroll the charts to ``section``; the three curves once drawn (a chart loads when in
+    """Scroll the charts to ``section``; the four curves once drawn (a chart loads when in
     view), in their order."""
     from selenium.webdriver.common.by import By
 
     heading = driver.find_element(By.XPATH, f"//*[normalize-space(text())='{section}']")
     driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", heading)
-    titles = ("val MAP at R", "train/loss", "train/lr")
 
     def drawn(d) -> list[dict]:
-        plots = [p for p in _plots(d) if p["title"] in titles]
-        return plots if len(plots) == len(titles) else []
+        plots = [p for p in _plots(d) if p["title"] in CURVES]
+        return plots if len(plots) == len(CURVES) else []
 
     return _wait(driver, drawn, what)
 
@@ -433,4 +438,56 @@ def _unfolded(driver, element) -> bool:
         return r.bottom <= b.top + 0.6 * b.height + 1;
         """,
         element,
+    )
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_runs_figures_and_the_table_inside_mlflow(served, width, tmp_path):
+    """A run's retrieval examples and embedding map, drawn on its Artifacts tab; the table
+    ``harness table`` logs, rendered on its run's Artifacts tab and linked from the first
+    line of the experiment's description. Last in the module: the table's run is one more
+    row of the runs table the tests above count."""
+    from selenium.webdriver.common.by import By
+
+    runs = served["runs"]
+    experiment_id, run_id = runs["plain"].info.experiment_id, runs["plain"].info.run_id
+    base = f"{served['base']}/#/experiments/{experiment_id}"
+    driver = _browser(width)
+    try:
+        for figure in ("retrieval_examples", "embedding_map"):
+            driver.get(f"{base}/runs/{run_id}/artifacts/views/{figure}.png")
+            _wait(driver, lambda d: _drawn_images(d), f"the run's {figure}")
+            _shot(driver, width, figure.replace("_", "-"))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(tmp_path)
+            table = ["table", "--experiment", served["experiment"], "--format", "markdown"]
+            assert main([*table, "--name", "ui-table"]) == 0
+        found = mlflow.MlflowClient().search_runs(
+            [experiment_id], filter_string=f"tags.{TABLE_SET_TAG} = 'ui-table'"
+        )
+        link = f"/runs/{found[0].info.run_id}/artifacts/{TABLES_FOLDER}"
+        driver.get(f"{base}/runs?{ML_VIEW_QUERY}")
+        anchors = _wait(  # the description's link, not the run's name in the table
+            driver,
+            lambda d: d.find_elements(
+                By.XPATH, f"//a[normalize-space(.)='ui-table' and contains(@href, '{link}')]"
+            ),
+            "the table's link in the experiment's description",
+        )
+        assert anchors[0].is_displayed() and anchors[0].get_attribute("href").endswith(link)
+        _shot(driver, width, "table-link")
+        driver.get(f"{served['base']}/#/experiments/{experiment_id}{link}/ui-table.md")
+        _wait(driver, lambda d: "| " not in _text(d) and "Baseline" in _text(d), "the table")
+        _shot(driver, width, "table")
+        cells = driver.find_elements(By.XPATH, "//*[normalize-space(text())='Baseline']")
+        assert cells and cells[0].is_displayed(), "the table's rows are rendered, not raw Markdown"
+    finally:
+        driver.quit()
+
+
+def _drawn_images(driver) -> list[int]:
+    """The widths of the page's images that the browser decoded (an artifact's preview)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('img'))"
+        ".filter(i => i.complete && i.naturalWidth > 200).map(i => i.naturalWidth)"
     )

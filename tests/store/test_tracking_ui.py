@@ -130,6 +130,11 @@ def test_every_metric_is_in_a_group_with_the_headline_first(store):
     assert [m.step for m in history] == [1, 2]  # validation against the epoch
     lr = mlflow.MlflowClient().get_metric_history(records["plain"]["mlflow_run_id"], "train/lr")
     assert [m.step for m in lr] == list(range(1, 7))  # every step of 2 epochs of 3 batches
+    client, run_id = mlflow.MlflowClient(), records["plain"]["mlflow_run_id"]
+    losses = client.get_metric_history(run_id, "train/loss")
+    relative = client.get_metric_history(run_id, "train/relative_loss")
+    assert [m.step for m in relative] == [m.step for m in losses]
+    assert [r.value for r in relative] == pytest.approx([m.value / losses[0].value for m in losses])
 
 
 def test_the_headline_is_also_logged_in_percent_and_tables_ignore_it(store):
@@ -262,6 +267,7 @@ def test_the_experiment_is_of_the_model_development_kind(store):
         *(("SCATTER", READABLE[m]) for m in HEADLINE),
         ("LINE", "val MAP at R"),
         ("LINE", "train/loss"),
+        ("LINE", "train/relative_loss"),
         ("LINE", "train/lr"),
     ]
     assert all(c["xaxis"] == {"key": "method", "type": "PARAM"} for c in shown[:4])
