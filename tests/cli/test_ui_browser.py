@@ -452,16 +452,17 @@ def test_a_runs_figures_and_the_table_inside_mlflow(served, width, tmp_path):
     runs = served["runs"]
     experiment_id, run_id = runs["plain"].info.experiment_id, runs["plain"].info.run_id
     base = f"{served['base']}/#/experiments/{experiment_id}"
+    # Before the browser opens: the page keeps the experiment it loaded first.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        table = ["table", "--experiment", served["experiment"], "--format", "markdown"]
+        assert main([*table, "--name", "ui-table"]) == 0
     driver = _browser(width)
     try:
         for figure in ("retrieval_examples", "embedding_map"):
             driver.get(f"{base}/runs/{run_id}/artifacts/views/{figure}.png")
             _wait(driver, lambda d: _drawn_images(d), f"the run's {figure}")
             _shot(driver, width, figure.replace("_", "-"))
-        with pytest.MonkeyPatch.context() as patch:
-            patch.chdir(tmp_path)
-            table = ["table", "--experiment", served["experiment"], "--format", "markdown"]
-            assert main([*table, "--name", "ui-table"]) == 0
         found = mlflow.MlflowClient().search_runs(
             [experiment_id], filter_string=f"tags.{TABLE_SET_TAG} = 'ui-table'"
         )
