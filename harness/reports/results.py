@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -107,6 +108,8 @@ def run_note(
     paper_deviations: list[str],
     init_from: str = "",
     evaluate_only: bool = False,
+    model: str = "",
+    figures: Sequence[str] = (),
 ) -> str:
     """The Markdown summary a run shows as its description in the MLflow UI, read in three
     places: the run's page (which shows its first lines and folds the rest under *Show
@@ -115,7 +118,8 @@ def run_note(
     headline test metrics in % with two decimals (:func:`_headline`); then the deviations
     from the paper, counted and named (``paper_deviations``: one ``name: text`` line each),
     and the protocol's, which the run's tag ``deviations`` holds; then how the weights were
-    selected; the paper's deviations in full last."""
+    selected; then what to look at: the logged ``model`` (its name) and the ``figures``
+    (artifact paths); the paper's deviations in full last."""
     if evaluate_only:
         source = f", of the trained run {init_from}, whose weights this run evaluates"
     else:
@@ -132,6 +136,10 @@ def run_note(
         "",
         f"Model selection: {selection}, epoch {selected_epoch}{source}.",
     ]
+    look = [f"the model {model} (Models tab)"] if model else []
+    look += [f"{', '.join(figures)} (Artifacts tab)"] if figures else []
+    if look:
+        lines += ["", f"Look at: {'; '.join(look)}."]
     if paper_deviations:
         lines += ["", "Deviations from the paper:", "", *[f"- {d}" for d in paper_deviations]]
     return "\n".join(lines) + "\n"

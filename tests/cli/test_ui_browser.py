@@ -460,8 +460,14 @@ def test_a_runs_figures_and_the_table_inside_mlflow(served, width, tmp_path):
     driver = _browser(width)
     try:
         for figure in ("retrieval_examples", "embedding_map"):
-            driver.get(f"{base}/runs/{run_id}/artifacts/views/{figure}.png")
-            _wait(driver, lambda d: _drawn_images(d), f"the run's {figure}")
+            path = f"views/{figure}.png"
+            driver.get("about:blank")  # a page load: the UI keeps a file chosen in the same page
+            driver.get(f"{base}/runs/{run_id}/artifacts/{path}")
+            _wait(
+                driver,
+                lambda d: f"{path}\n" in _text(d) and _drawn_images(d),  # noqa: B023 (waited here)
+                f"the run's {path}",
+            )
             _shot(driver, width, figure.replace("_", "-"))
         found = mlflow.MlflowClient().search_runs(
             [experiment_id], filter_string=f"tags.{TABLE_SET_TAG} = 'ui-table'"

@@ -210,11 +210,17 @@ def test_a_description_names_the_deviations_from_the_paper_before_listing_them()
         selected_epoch=3,
         deviations=["optimizer.lr_head: 0.001 -> 0.01"],
         paper_deviations=["backbone: paper X (ref); here Y. Why.", "sampler: paper A; here B. C."],
+        model="avsl-cub200-margin-seed0",
+        figures=["views/retrieval_examples.png", "views/embedding_map.png"],
     ).splitlines()
     assert note[0] == "avsl on cub200, protocol avsl. Test: P@1 45.90 %, R@1 46.00 %, NMI 64.40 %."
     assert note[2] == (
         "Deviations from the paper: 2 (backbone, sampler; below). From the protocol "
         "(tag deviations): optimizer.lr_head: 0.001 -> 0.01."
+    )
+    assert note[6] == (
+        "Look at: the model avsl-cub200-margin-seed0 (Models tab); views/retrieval_examples.png, "
+        "views/embedding_map.png (Artifacts tab)."
     )
     assert note[-2:] == [
         "- backbone: paper X (ref); here Y. Why.",
