@@ -24,7 +24,7 @@ from harness.base.metric_keys import readable
 from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
 from harness.engine.run.recorder import FinishedRun
-from harness.engine.run.run_config import RunConfig
+from harness.engine.run.run_config import RunConfig, run_name
 from harness.reports.explanations import log_explanations
 from harness.store.environment import LOG_MODEL_ENV, logs_model
 from harness.store.tracking import Tracker
@@ -70,11 +70,8 @@ class ExportEmbedder:
     device: torch.device
 
     def model_name(self) -> str:
-        """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
-        no ``/``, ``:``, ``.``, ``%`` or quote in it: those become ``-``)."""
-        cfg = self.cfg
-        name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
-        return "".join("-" if c in "/:.%'\"" else c for c in name)
+        """The logged model's name: the run's own (:func:`~harness.engine.run.run_config.run_name`)."""
+        return run_name(self.cfg)
 
     def __call__(self, finished: FinishedRun) -> None:
         cfg, device, model = self.cfg, self.device, finished.model

@@ -21,7 +21,7 @@ from harness.config.deviations import TAG_PREFIX, footnote, to_tag
 from harness.engine.run.checkpoints import RunFolder
 from harness.engine.run.data import adapted_sampling
 from harness.engine.run.recorder import FinishedRun, StepFlush
-from harness.engine.run.run_config import RunConfig, paper_deviations
+from harness.engine.run.run_config import RunConfig, paper_deviations, run_name
 from harness.engine.run.runtime import log_line
 from harness.methods import METHODS
 from harness.reports.results import run_note
@@ -81,10 +81,7 @@ class MlflowRecorder:
     def open(self, run_id: str | None = None) -> None:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run
         of an evaluate-only run) when this experiment has it, else a new one."""
-        cfg = self.cfg
-        self._tracker = Tracker(
-            self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id
-        )
+        self._tracker = Tracker(self.experiment, run_name(self.cfg), run_id=run_id)
 
     def start(self, checkpoint: dict[str, Any] | None) -> None:
         """Record the run's metadata (a new run) or which code continued it (a resumed one);
