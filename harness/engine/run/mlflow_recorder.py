@@ -30,6 +30,7 @@ from harness.store.location import tracking_uri
 from harness.store.provenance import environment_tags, git_commit, uncommitted_changes
 from harness.store.tracking import Tracker, flatten
 from harness.store.ui import RUN_NOTE_TAG
+from harness.store.weights import MODEL_PATH_TAG
 
 CPU = torch.device("cpu")
 
@@ -95,7 +96,8 @@ class MlflowRecorder:
         tracker.set_tags(
             {
                 "harness_worker": worker_id(),  # the process that owns the run now
-                CHECKPOINT_DIR_TAG: str(self.folder.path.resolve()),
+                # relative to the checkpoint root, which may move
+                CHECKPOINT_DIR_TAG: self.folder.key,
             }
         )
         if checkpoint is not None and not tracker.resumed:
@@ -150,13 +152,12 @@ class MlflowRecorder:
         saved = finished.weights
         if saved is None:
             return
-        # The absolute path, and the path under the checkpoint root (which still resolves
-        # when the root moves) with the file's sha256, checked by --init-from.
+        # The path under the checkpoint root (which still resolves when the root moves) with
+        # the file's sha256, checked by --init-from.
         self.tracker.set_tags(
             {
                 "selected_epoch": finished.selected_epoch,
-                "model_path": str(saved.path.resolve()),
-                "model_relpath": saved.relpath,
+                MODEL_PATH_TAG: saved.relpath,
                 "model_sha256": saved.sha256,
             }
         )
