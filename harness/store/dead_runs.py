@@ -35,7 +35,7 @@ CHECKPOINT_DIR_TAG = "checkpoint_dir"
 
 
 def under_checkpoint_root(recorded: str, root: Path | str | None = None) -> Path | None:
-    """Where a path a run recorded (``checkpoint_dir``, ``model_path``) is now: a relative
+    """Where a path a run recorded (``checkpoint_dir``, ``model_path``) is found: a relative
     one under ``root`` (None: :func:`~harness.store.environment.default_checkpoint_root`),
     an absolute one as recorded. None for an empty tag and for a relative one that would
     leave the root (``..``)."""

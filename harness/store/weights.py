@@ -84,6 +84,7 @@ def load_finished_weights(
     flag: str,
     expect_fingerprint: str = "",
     checkpoint_root: Path | None = None,
+    strict: bool = False,
 ) -> int:
     """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
     run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
@@ -93,7 +94,8 @@ def load_finished_weights(
     path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
     or replaced since is one error line, not silently other weights.
     Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    re-ranking head's extra parameters) keep their initialisation, unless ``strict`` (a model
+    that must be the run's whole: an export), where they are an error. ``expect_fingerprint``
     (evaluate-only runs): the run must have been trained under this same protocol and split.
     """
     run = _finished_run(run_id, flag)
@@ -109,6 +111,8 @@ def load_finished_weights(
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    if strict and missing:
+        raise HarnessError(f"{flag}: run '{run_id}' has no weights for {missing[:3]} of this model")
     print(
         f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
         file=sys.stderr,
