@@ -6,8 +6,10 @@ as params), its selected weights loaded from the checkpoint root (checked agains
 sha256 it recorded), and the network with the protocol's input normalisation in front
 (:class:`~harness.engine.run.export.ImageEmbedder`) saved as a ``torch.export`` program
 in MLflow's pytorch flavour (:func:`harness.store.model_folder.save_model_folder`): the
-image batch, height and width stay free. The model's metadata holds the run, its protocol
-fingerprint and the evaluation preprocessing the harness scored it with.
+image batch, height and width stay free where the network's graph allows. The saved
+program is loaded back and checked against the network at the protocol's image size
+(which it must take) and at 224 px; the model's metadata holds the run, its protocol
+fingerprint, the evaluation preprocessing the harness scored it with and the sizes checked.
 
 The folder is written beside ``DIR`` and renamed into place whole
 (:func:`~harness.base.atomic.staged_folder`), with ``harness-export.json`` listing the
@@ -20,10 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from harness.base.atomic import sha256_file, staged_folder
@@ -32,18 +34,31 @@ from harness.base.paths import writable_folder
 from harness.cli.store import open_store
 from harness.config.protocol import Protocol, protocol_from_dict
 from harness.engine.audit.rerun import method_options
-from harness.engine.run.export import exportable_embedder, probe_images
+from harness.engine.run.export import example_images, exportable_embedder
 from harness.engine.run.model import build_model
 from harness.methods import METHODS
 from harness.store.location import reserved_paths, tracking_uri
-from harness.store.model_folder import save_model_folder
+from harness.store.model_folder import add_metadata, checked_sizes, save_model_folder
+from harness.store.queries import find_run
 from harness.store.records import RunRecord, read_json_artifact, read_record
 from harness.store.weights import MODEL_PATH_TAG, load_finished_weights
 
-__all__ = ["cmd_export", "MANIFEST", "earlier_export", "export_metadata"]
+__all__ = [
+    "cmd_export",
+    "MANIFEST",
+    "TRACE_SIZE",
+    "CHECK_SIZE",
+    "earlier_export",
+    "export_metadata",
+]
 
 #: The file of an export that lists the sha256 of every other file in it.
 MANIFEST = "harness-export.json"
+#: The smallest side of the images an export is traced with: at an output stride of 32,
+#: feature maps of 2 x 2 or more, so that no size of the program is fixed at 1.
+TRACE_SIZE = 64
+#: The image side every export is checked at besides the protocol's.
+CHECK_SIZE = 224
 
 
 def _files(folder: Path) -> dict[str, str]:
@@ -79,12 +94,9 @@ def _check_folder(folder: Path) -> Path:
 
 def _record(run_id: str) -> RunRecord:
     """The FINISHED training run ``run_id`` with selected weights; else one line."""
-    try:
-        record = read_record(run_id)
-    except HarnessError:
-        raise HarnessError(
-            f"export: no run '{run_id}' in the tracking store {tracking_uri()}"
-        ) from None
+    if find_run(run_id) is None:
+        raise HarnessError(f"export: no run '{run_id}' in the tracking store {tracking_uri()}")
+    record = read_record(run_id)
     if record.status != "FINISHED":
         raise HarnessError(
             f"export: run '{run_id}' is {record.status}, not FINISHED: it has no selected weights"
@@ -141,7 +153,8 @@ def export_metadata(record: RunRecord, protocol: Protocol, embedding_size: int) 
         "weights_sha256": record.tag("model_sha256"),
         "embedding_size": embedding_size,
         "preprocessing": {
-            "input": "uint8 RGB images, B x 3 x H x W (any batch, height and width)",
+            "input": "uint8 RGB images, B x 3 x H x W: any batch, the sizes the program "
+            "takes (image_sizes_checked: those it was checked at)",
             "evaluation_transform": image.eval_transform,
             "resize": image.resize,
             "crop": image.size,
@@ -153,15 +166,29 @@ def export_metadata(record: RunRecord, protocol: Protocol, embedding_size: int) 
     }
 
 
-def _write(embedder: torch.nn.Module, folder: Path, metadata: dict[str, Any], size: int) -> None:
-    """The model folder and its manifest into ``folder`` (empty)."""
-    images = probe_images(size)
-    with torch.inference_mode():
-        embeddings = embedder(torch.from_numpy(images)).numpy()
-    save_model_folder(embedder, folder, images, embeddings.astype(np.float32), metadata=metadata)
-    (folder / MANIFEST).write_text(
-        json.dumps({"run_id": metadata["run_id"], "files": _files(folder)}, indent=2) + "\n",
-        encoding="utf-8",
+def _write(
+    embedder: torch.nn.Module, folder: Path, metadata: dict[str, Any], size: int
+) -> list[int]:
+    """The model folder and its manifest into ``folder`` (empty); returns the image sizes it
+    was checked at. Traced at :data:`TRACE_SIZE` where the protocol's images are smaller
+    (their feature maps of 1 x 1 would fix the program's sizes), else at the protocol's
+    size; traced again at the protocol's size when that first program refuses it."""
+    for trace in dict.fromkeys((max(size, TRACE_SIZE), size)):
+        shutil.rmtree(folder)  # empty, or what a first trace left
+        folder.mkdir()
+        images = example_images(trace)
+        with torch.inference_mode():
+            embeddings = embedder(torch.from_numpy(images)).numpy()
+        save_model_folder(embedder, folder, images, embeddings, metadata=metadata)
+        checked = checked_sizes(folder, embedder, tuple(dict.fromkeys((size, CHECK_SIZE))))
+        if size in checked:
+            add_metadata(folder, {"traced_at": trace, "image_sizes_checked": checked})
+            manifest = {"run_id": metadata["run_id"], "files": _files(folder)}
+            (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            return checked
+    raise HarnessError(
+        f"export: the program saved from run '{metadata['run_id']}' does not embed {size} px "
+        f"images as its network does; nothing written"
     )
 
 
@@ -176,10 +203,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     embedder = exportable_embedder(model, protocol.image)
     metadata = export_metadata(record, protocol, protocol.embedding.size)
     with staged_folder(folder) as staged:
-        _write(embedder, staged, metadata, protocol.image.size)
+        checked = _write(embedder, staged, metadata, protocol.image.size)
         _check_folder(folder)  # another process may have written it meanwhile
+    sizes = " and ".join(f"{size} px" for size in checked)
     print(
-        f"exported run {record.run_id} ({metadata['run_name']}) to {folder}: "
-        f"mlflow.pyfunc.load_model({str(folder)!r}) loads it"
+        f"exported run {record.run_id} ({metadata['run_name']}) to {folder}, checked at "
+        f"{sizes}: mlflow.pyfunc.load_model({str(folder)!r}) loads it"
     )
     return 0

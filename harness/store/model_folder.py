@@ -24,11 +24,19 @@ import mlflow.pytorch
 import numpy as np
 import torch
 import torch.fx.experimental._config as symbolic_shapes
-from mlflow.models import ModelSignature
+from mlflow.models import Model, ModelSignature
+from mlflow.models.model import MLMODEL_FILE_NAME
 from mlflow.types import Schema, TensorSpec
 from torch import nn
 
-__all__ = ["embedder_signature", "model_requirements", "free_sizes", "save_model_folder"]
+__all__ = [
+    "embedder_signature",
+    "model_requirements",
+    "free_sizes",
+    "save_model_folder",
+    "checked_sizes",
+    "add_metadata",
+]
 
 
 def embedder_signature(images: np.ndarray, embeddings: np.ndarray) -> ModelSignature:
@@ -88,3 +96,32 @@ def save_model_folder(
             metadata=metadata,
             serialization_format="pt2",
         )
+
+
+def checked_sizes(
+    folder: Path, embedder: nn.Module, sizes: tuple[int, ...], *, atol: float = 1e-4
+) -> list[int]:
+    """The image sizes among ``sizes`` at which the program saved in ``folder`` embeds three
+    random images as ``embedder`` does (within ``atol``); a size its graph refuses (a
+    guard on the input's shape fails) or embeds otherwise is left out."""
+    program = mlflow.pytorch.load_model(str(folder))
+    passed = []
+    for size in sizes:
+        images = torch.from_numpy(
+            np.random.default_rng(size).integers(0, 256, (3, 3, size, size), dtype=np.uint8)
+        )
+        try:
+            with torch.inference_mode():
+                got, expected = program(images), embedder(images)
+        except (AssertionError, RuntimeError):  # a guard of the program, or a shape it cannot take
+            continue
+        if got.shape == expected.shape and torch.allclose(got, expected, rtol=0, atol=atol):
+            passed.append(size)
+    return passed
+
+
+def add_metadata(folder: Path, metadata: dict[str, Any]) -> None:
+    """``metadata`` added to the ``MLmodel`` of the model saved in ``folder``."""
+    model = Model.load(str(folder))
+    model.metadata = {**(model.metadata or {}), **metadata}
+    model.save(str(folder / MLMODEL_FILE_NAME))

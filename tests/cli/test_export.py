@@ -104,6 +104,7 @@ def test_an_export_embeds_as_the_run_at_the_protocols_size_and_at_224_px(recorde
     info = mlflow.models.get_model_info(str(folder))
     assert info.metadata["fingerprint"] == run.data.tags["fingerprint"]
     assert info.metadata["run_name"] == run.info.run_name == "plain-synthetic-margin-seed0"
+    assert info.metadata["image_sizes_checked"] == [32, 224]
     loaded = mlflow.pytorch.load_model(str(folder))
     for size in (32, 224):
         for count in (1, 3):

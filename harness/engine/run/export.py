@@ -38,15 +38,9 @@ __all__ = [
     "ImageEmbedder",
     "exportable_embedder",
     "example_images",
-    "probe_images",
-    "PROBE_SIZE",
     "ExportEmbedder",
     "DrawExplanations",
 ]
-
-#: The smallest side of the images an export is traced with: at an output stride of 32,
-#: feature maps of 2 x 2 or more, so that no size of the program is fixed at 1.
-PROBE_SIZE = 64
 
 
 class ImageEmbedder(nn.Module):
@@ -77,12 +71,6 @@ def example_images(image_size: int, count: int = 2, seed: int = 0) -> np.ndarray
     return rng.integers(0, 256, size=(count, 3, image_size, image_size), dtype=np.uint8)
 
 
-def probe_images(image_size: int) -> np.ndarray:
-    """The input example an export is traced with: two images (a batch of one would fix
-    the batch), of the protocol's size or :data:`PROBE_SIZE`, whichever is larger."""
-    return example_images(max(image_size, PROBE_SIZE))
-
-
 @dataclass
 class ExportEmbedder:
     """An end-of-run step: the selected weights as an MLflow model (images -> embeddings,
@@ -106,9 +94,11 @@ class ExportEmbedder:
         if not logs_model():
             self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
             return
-        # Exported on the CPU, so that the logged model loads on a machine without a GPU.
+        # Exported on the CPU, so that the logged model loads on a machine without a GPU;
+        # traced at the protocol's size, which it then always takes, with the other sizes
+        # its graph leaves free (``harness export`` also tries a larger trace).
         embedder = exportable_embedder(model, cfg.protocol.image)
-        images = probe_images(cfg.protocol.image.size)
+        images = example_images(cfg.protocol.image.size)
         with torch.inference_mode():
             embeddings = embedder(torch.from_numpy(images)).numpy()
         uri = self.tracker.log_pytorch_model(
