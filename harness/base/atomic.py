@@ -28,9 +28,10 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +50,7 @@ __all__ = [
     "sha256_file",
     "sync_to_disk",
     "publish_folder",
+    "staged_folder",
     "remove_orphans_in",
     "writer_tag",
 ]
@@ -62,7 +64,9 @@ def _umask() -> int:
     return mask
 
 
-_FILE_MODE = 0o666 & ~_umask()
+_UMASK = _umask()
+_FILE_MODE = 0o666 & ~_UMASK
+_FOLDER_MODE = 0o777 & ~_UMASK
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -232,6 +236,42 @@ def publish_folder(tmp: Path, target: Path) -> None:
         _fsync_dir(Path(folder))
     os.rename(tmp, target)
     _fsync_dir(Path(target).parent)
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new, empty folder beside ``target`` (``.NAME.HOST-PID.RANDOM.tmp``) for the block
+    to fill. When the block ends, the folder replaces ``target`` in one rename
+    (:func:`publish_folder`); an existing ``target``, which the caller has checked may go,
+    is renamed aside first, put back if the rename fails, then removed. On any error,
+    ``KeyboardInterrupt`` included, the staged folder is removed and ``target`` is left as
+    it was: a reader sees the old folder or the whole new one, never a part."""
+    target = Path(target)
+    tmp = Path(
+        tempfile.mkdtemp(
+            prefix=f"{_temp_prefix(target)}{_OWNER}.", suffix=".tmp", dir=target.parent
+        )
+    )
+    try:
+        os.chmod(tmp, _FOLDER_MODE)  # mkdtemp's 0700: the mode any other new folder gets
+        yield tmp
+        if target.exists():
+            aside = Path(
+                tempfile.mkdtemp(
+                    prefix=f"{_temp_prefix(target)}{_OWNER}.", suffix=".old.tmp", dir=target.parent
+                )
+            )
+            os.rename(target, aside)
+            try:
+                publish_folder(tmp, target)
+            except BaseException:
+                os.rename(aside, target)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            publish_folder(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone once published
 
 
 def atomic_write_set(files: dict[Path, bytes | str]) -> None:

@@ -29,6 +29,7 @@ from harness.cli.env import cmd_env
 from harness.cli.evaluate import cmd_evaluate
 from harness.cli.explain import cmd_explain
 from harness.cli.explain_table import cmd_explain_table
+from harness.cli.export import cmd_export
 from harness.cli.fetch import cmd_fetch, cmd_verify
 from harness.cli.listings import cmd_datasets, cmd_methods
 from harness.cli.main import DEBUG_HELP, PROG, Parser, build_parser, main, run_main
@@ -72,6 +73,7 @@ __all__ = [
     "cmd_evaluate",
     "cmd_explain",
     "cmd_explain_table",
+    "cmd_export",
     "cmd_fetch",
     "cmd_verify",
     "cmd_datasets",

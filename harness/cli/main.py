@@ -1,5 +1,5 @@
 """``python -m harness``: run, evaluate, sweep, tune, table, explain,
-explain-table, datasets, methods, ui, deviations, rerun, schema, env.
+explain-table, datasets, methods, ui, deviations, rerun, export, schema, env.
 
 Every user error is one line on stderr and exit status 2 (argparse's usage errors
 too); nothing is written until a command has its result (``--json`` files are written
@@ -28,6 +28,7 @@ from harness.cli.parsers.env import add_env_parser
 from harness.cli.parsers.evaluate import add_evaluate_parser
 from harness.cli.parsers.explain import add_explain_parser
 from harness.cli.parsers.explain_table import add_explain_table_parser
+from harness.cli.parsers.export import add_export_parser
 from harness.cli.parsers.listings import add_listing_parsers
 from harness.cli.parsers.rerun import add_rerun_parser
 from harness.cli.parsers.run import add_run_parser
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_listing_parsers(sub)
     add_deviations_parser(sub)
     add_rerun_parser(sub)
+    add_export_parser(sub)
     add_schema_parser(sub)
     add_env_parser(sub)
     # also after the subcommand; SUPPRESS keeps one given before

@@ -19,6 +19,7 @@ of the harness beyond itself, and MLflow only inside its functions.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -29,6 +30,7 @@ __all__ = [
     "sqlite_artifact_folder",
     "proxied_local_path",
     "proxied_repository",
+    "copying_local_repository",
     "resolve_proxied_locally",
 ]
 
@@ -68,11 +70,15 @@ def proxied_repository(
 ):
     """MLflow's repository for ``artifact_uri`` (``mlflow-artifacts:``): the store's own
     folder when the tracking URI (given, else MLflow's current one) is a SQLite store, else
-    MLflow's proxy client (a tracking server), as MLflow itself would give."""
+    MLflow's proxy client (a tracking server), as MLflow itself would give.
+
+    The store's folder is read as a server's would be: a download goes to a folder of its
+    own (:func:`copying_local_repository`), never handed out in place. MLflow writes into the
+    folder a download gives it (loading ``models:/...`` adds a ``registered_model_meta``
+    file there), and a load must leave the store as it was."""
     # deferred: MLflow loads this module (its entry point) while it imports its artifact
     # registry, and harness.store.location puts it on --help (mlflow: 0.7 s)
     import mlflow
-    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
     from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
 
     local = proxied_local_path(artifact_uri, tracking_uri or mlflow.get_tracking_uri())
@@ -80,9 +86,25 @@ def proxied_repository(
         return MlflowArtifactsRepository(
             artifact_uri, tracking_uri=tracking_uri, registry_uri=registry_uri
         )
-    return LocalArtifactRepository(
+    return copying_local_repository()(
         local.as_uri(), tracking_uri=tracking_uri, registry_uri=registry_uri
     )
+
+
+@functools.cache
+def copying_local_repository() -> type:
+    """MLflow's repository of a local folder, except that a download without a destination
+    copies into a temporary folder (as from a server) instead of returning the stored
+    folder itself, which MLflow's model loading then writes into."""
+    # deferred: as in proxied_repository, MLflow imports this module while loading these
+    from mlflow.store.artifact.artifact_repo import ArtifactRepository
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    class CopyingLocalArtifactRepository(LocalArtifactRepository):
+        def download_artifacts(self, artifact_path, dst_path=None):
+            return ArtifactRepository.download_artifacts(self, artifact_path, dst_path)
+
+    return CopyingLocalArtifactRepository
 
 
 def resolve_proxied_locally() -> None:

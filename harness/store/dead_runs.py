@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import mlflow
 from mlflow.entities import ViewType
 
 from harness.base.atomic import remove_orphans_in
+from harness.store.environment import default_checkpoint_root
 from harness.store.location import sqlite_database, tracking_uri
 from harness.store.tracking import _search_runs
 
 __all__ = [
     "CHECKPOINT_DIR_TAG",
+    "under_checkpoint_root",
     "worker_id",
     "process_is_dead",
     "mark_dead_runs_killed",
@@ -25,9 +28,25 @@ __all__ = [
 # MLflow is imported inside the functions that use it: importing it takes seconds, which
 # commands that never open the store (--help, schema, methods) should not pay.
 
-#: The tag holding a run's checkpoint folder (absolute), where a killed run's partial
-#: files are removed when it is marked FAILED.
+#: The tag holding a run's checkpoint folder, relative to the checkpoint root (an absolute
+#: one, as some records hold, is read as it is): where a killed run's partial files are
+#: removed when it is marked FAILED.
 CHECKPOINT_DIR_TAG = "checkpoint_dir"
+
+
+def under_checkpoint_root(recorded: str, root: Path | str | None = None) -> Path | None:
+    """Where a path a run recorded (``checkpoint_dir``, ``model_path``) is found: a relative
+    one under ``root`` (None: :func:`~harness.store.environment.default_checkpoint_root`),
+    an absolute one as recorded. None for an empty tag and for a relative one that would
+    leave the root (``..``)."""
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if path.is_absolute():
+        return path
+    if ".." in path.parts:
+        return None
+    return Path(root if root is not None else default_checkpoint_root()) / path
 
 
 def worker_id() -> str:
@@ -100,6 +119,8 @@ def fail_dead_runs() -> list[str]:
             client.set_tag(run.info.run_id, "failure", _ended_without_finishing(worker))
             client.set_terminated(run.info.run_id, status="FAILED")
             failed.append(run.info.run_id)
-            if run.data.tags.get(CHECKPOINT_DIR_TAG):  # a checkpoint the killed process was writing
-                remove_orphans_in(run.data.tags[CHECKPOINT_DIR_TAG])
+            # a checkpoint the killed process was writing, under this process's root
+            folder = under_checkpoint_root(run.data.tags.get(CHECKPOINT_DIR_TAG, ""))
+            if folder is not None and folder.is_dir():
+                remove_orphans_in(folder)
     return failed

@@ -14,19 +14,16 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import mlflow.pytorch
-import torch
 from mlflow.data.code_dataset_source import CodeDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.models import infer_signature
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.utils.mlflow_tags import (
     MLFLOW_DATASET_CONTEXT,
@@ -40,6 +37,7 @@ from harness.base.metric_keys import LOSS_KEY, READABLE, RELATIVE_LOSS_KEY, disp
 from harness.config.overrides import flatten_keys
 from harness.store.artifacts import PROXIED_ROOT, resolve_proxied_locally, sqlite_artifact_folder
 from harness.store.location import artifact_root, tracking_uri
+from harness.store.model_folder import embedder_signature, free_sizes, model_requirements
 from harness.store.provenance import harness_version
 from harness.store.runs_view import view_tag
 from harness.store.ui import EXPERIMENT_KIND_TAG, RUN_NOTE_TAG, prepare_for_ui
@@ -318,22 +316,18 @@ class Tracker:
         in a subprocess to infer them) and the input example is not run again through a
         serving round trip (the caller computed ``output_example`` from it)."""
 
-        signature = infer_signature(input_example, output_example)
         latest = self._latest_metrics()
         after = max((m.step for m in latest.values()), default=-1) + 1
         # The logged model belongs to the fluent API's active experiment, not to the run's.
         mlflow.set_experiment(experiment_id=self.experiment_id)
         # "pt2": the graph exported by torch.export, loaded without unpickling code (and
-        # without this project's source); a batch of two keeps the batch dimension dynamic.
-        with warnings.catch_warnings():
-            # torch.export's archive writer warns when parameters share storage without one
-            # tensor spanning it (views); it stores them correctly, and the loaded model
-            # embeds identically (tests/store/test_tracking_ui.py).
-            warnings.filterwarnings("ignore", message="No complete tensor found in the group")
+        # without this project's source); the signature leaves the batch, height and width
+        # free, and a batch of two keeps the batch dimension dynamic.
+        with free_sizes():
             info = mlflow.pytorch.log_model(
                 model,
                 name=name,
-                signature=signature,
+                signature=embedder_signature(input_example, output_example),
                 input_example=input_example,
                 pip_requirements=_model_requirements(),
                 run_id=self.run_id,
@@ -443,9 +437,4 @@ def _existing_run_experiment(client, run_id: str) -> str | None:
 def _model_requirements() -> list[str]:
     """The pip requirements a logged model names (MLflow would otherwise load the model in
     a subprocess to infer them): torch, mlflow and this package at their versions."""
-
-    return [
-        f"torch=={torch.__version__.split('+')[0]}",
-        f"mlflow=={mlflow.__version__}",
-        *([f"dml-harness=={version}"] if (version := harness_version()) else []),
-    ]
+    return model_requirements(*([f"dml-harness=={v}"] if (v := harness_version()) else []))

@@ -13,10 +13,15 @@ import mlflow
 import torch
 
 from harness.base.errors import HarnessError
+from harness.store.dead_runs import under_checkpoint_root
 from harness.store.location import tracking_uri
 from harness.store.tracking import _existing_run_experiment
 
-__all__ = ["check_finished_run", "load_finished_weights"]
+__all__ = ["MODEL_PATH_TAG", "check_finished_run", "load_finished_weights"]
+
+#: The tag holding a run's selected weights (``model.pt``), relative to the checkpoint
+#: root (an absolute one, as some records hold, is read as it is).
+MODEL_PATH_TAG = "model_path"
 
 # MLflow and torch are imported inside the functions that use them: importing them takes
 # seconds, which commands that never open the store (--help, schema, methods) should not pay.
@@ -25,29 +30,26 @@ __all__ = ["check_finished_run", "load_finished_weights"]
 def _weights_file(
     run_id: str, tags: dict[str, str], checkpoint_root: Path | None, flag: str
 ) -> Path:
-    """The run's ``model.pt``: under the checkpoint root (``model_relpath``, else the last
-    two parts of ``model_path`` for runs recorded before that tag) first, so that a moved
-    root still serves, else the absolute ``model_path``."""
-    recorded = tags.get("model_path", "")
-    relative = tags.get("model_relpath") or (
-        "/".join(Path(recorded).parts[-2:]) if recorded else ""
-    )
+    """The run's ``model.pt``: ``model_path`` under the checkpoint root (``None``: the
+    default one). A run recorded with an absolute ``model_path`` is looked for under the
+    root first (its ``model_relpath``, else the path's last two parts), so that a moved
+    root still serves, then at that absolute path."""
+    recorded = tags.get(MODEL_PATH_TAG, "")
     candidates = []
-    if (
-        relative
-        and checkpoint_root is not None
-        and not Path(relative).is_absolute()
-        and ".." not in Path(relative).parts
-    ):
-        candidates.append(Path(checkpoint_root) / relative)
-    if recorded:
+    if recorded and not Path(recorded).is_absolute():
+        candidates.append(under_checkpoint_root(recorded, checkpoint_root))
+    elif recorded:
+        relative = tags.get("model_relpath") or "/".join(Path(recorded).parts[-2:])
+        if not Path(relative).is_absolute():
+            candidates.append(under_checkpoint_root(relative, checkpoint_root))
         candidates.append(Path(recorded))
-    for path in candidates:
+    found = [path for path in candidates if path is not None]
+    for path in found:
         if path.is_file():
             return path
     raise HarnessError(
         f"{flag}: run '{run_id}' has no saved model: looked for "
-        f"{' and '.join(map(str, candidates)) or 'a model_path tag'} (a checkpoint root "
+        f"{' and '.join(map(str, found)) or 'a model_path tag'} (a checkpoint root "
         f"where the run's checkpoints are now finds them)"
     )
 
@@ -82,6 +84,7 @@ def load_finished_weights(
     flag: str,
     expect_fingerprint: str = "",
     checkpoint_root: Path | None = None,
+    strict: bool = False,
 ) -> int:
     """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
     run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
@@ -91,7 +94,8 @@ def load_finished_weights(
     path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
     or replaced since is one error line, not silently other weights.
     Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation. ``expect_fingerprint``
+    re-ranking head's extra parameters) keep their initialisation, unless ``strict`` (a model
+    that must be the run's whole: an export), where they are an error. ``expect_fingerprint``
     (evaluate-only runs): the run must have been trained under this same protocol and split.
     """
     run = _finished_run(run_id, flag)
@@ -107,6 +111,8 @@ def load_finished_weights(
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
+    if strict and missing:
+        raise HarnessError(f"{flag}: run '{run_id}' has no weights for {missing[:3]} of this model")
     print(
         f"initialised from run {run_id} ({path}); {len(missing)} new tensors keep their initialisation",
         file=sys.stderr,

@@ -58,9 +58,10 @@ def test_init_from_after_the_store_and_checkpoints_moved(
         )
         weights = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "weights")}
         assert weights == {"weights/model.pt"}
-        model_file = Path(tags["model_path"])
+        # recorded relative to the checkpoint root, as is the run's checkpoint folder
+        assert tags["model_path"] == f"{tags['checkpoint_dir']}/model.pt"
+        model_file = workdir / "results" / "checkpoints" / tags["model_path"]
         assert tags["model_sha256"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
-        assert tags["model_relpath"] == f"{model_file.parent.name}/model.pt"
 
         moved = workdir / "elsewhere"
         moved.mkdir()
@@ -86,7 +87,7 @@ def test_init_from_after_the_store_and_checkpoints_moved(
         for name, value in trained["metrics"].items():
             assert metrics[f"global_{name}"] == pytest.approx(value, abs=1e-12)
 
-        moved_file = moved / "checkpoints" / tags["model_relpath"]
+        moved_file = moved / "checkpoints" / tags["model_path"]
         data = bytearray(moved_file.read_bytes())
         data[len(data) // 2] ^= 0xFF
         moved_file.write_bytes(bytes(data))

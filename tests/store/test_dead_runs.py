@@ -13,8 +13,10 @@ import uuid
 import mlflow
 import pytest
 
+from harness.base.atomic import writer_tag
 from harness.cli.faults import FAULT_ENV
 from harness.cli.main import main
+from harness.store.dead_runs import CHECKPOINT_DIR_TAG, under_checkpoint_root
 from harness.store.location import tracking_uri
 
 
@@ -122,3 +124,38 @@ def test_a_killed_run_is_failed_by_the_next_command_and_resumes(workdir, tiny_pr
         1,
         2,
     ]
+
+
+def test_a_recorded_path_is_read_under_the_checkpoint_root_or_as_recorded(tmp_path, monkeypatch):
+    """``checkpoint_dir`` and ``model_path`` are recorded relative to the checkpoint root
+    and read under the root in effect; an absolute one is read as recorded."""
+    monkeypatch.setenv("DML_HARNESS_CHECKPOINTS", str(tmp_path / "root"))
+    assert under_checkpoint_root("key/model.pt") == tmp_path / "root" / "key" / "model.pt"
+    assert under_checkpoint_root("key", tmp_path / "moved") == tmp_path / "moved" / "key"
+    assert under_checkpoint_root(str(tmp_path / "old" / "key")) == tmp_path / "old" / "key"
+    assert under_checkpoint_root("../key") is None
+    assert under_checkpoint_root("") is None
+
+
+def test_a_dead_runs_partial_checkpoint_is_removed_under_the_root_it_names(
+    workdir, monkeypatch, capsys
+):
+    """A killed run's ``checkpoint_dir`` (relative) names its folder under the checkpoint
+    root; the command that fails the run removes the dead writer's partial file there."""
+    root = workdir / "checkpoints"
+    folder = root / "run-key"
+    folder.mkdir(parents=True)
+    dead = _dead_pid()
+    partial = folder / f".last.pt.{writer_tag(dead)}.abc123de.tmp"
+    partial.write_bytes(b"x")
+    (folder / "last.pt").write_bytes(b"x")
+    monkeypatch.setenv("DML_HARNESS_CHECKPOINTS", str(root))
+    client = _client()
+    experiment = client.create_experiment(f"partial-{uuid.uuid4().hex[:8]}")
+    run = client.create_run(
+        experiment,
+        tags={"harness_worker": f"{socket.gethostname()}:{dead}", CHECKPOINT_DIR_TAG: "run-key"},
+    ).info.run_id
+    assert main(["table", "--experiment", "no-such-experiment"]) == 2  # opens the store
+    assert client.get_run(run).info.status == "FAILED"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt"]

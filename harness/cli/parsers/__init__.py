@@ -8,6 +8,7 @@ from harness.cli.parsers.env import add_env_parser
 from harness.cli.parsers.evaluate import add_evaluate_parser
 from harness.cli.parsers.explain import add_explain_parser
 from harness.cli.parsers.explain_table import add_explain_table_parser
+from harness.cli.parsers.export import add_export_parser
 from harness.cli.parsers.listings import add_fetch_parser, add_listing_parsers, add_verify_parser
 from harness.cli.parsers.rerun import DEFAULT_TOLERANCE, DESCRIPTION, add_rerun_parser
 from harness.cli.parsers.run import add_run_parser
@@ -22,6 +23,7 @@ __all__ = [
     "add_evaluate_parser",
     "add_explain_parser",
     "add_explain_table_parser",
+    "add_export_parser",
     "add_listing_parsers",
     "add_fetch_parser",
     "add_verify_parser",

@@ -82,7 +82,13 @@ from harness.engine.run.recorder import (
     Recorder,
     StepFlush,
 )
-from harness.engine.run.run_config import RunConfig, RunSettings, paper_deviations, run_key
+from harness.engine.run.run_config import (
+    RunConfig,
+    RunSettings,
+    paper_deviations,
+    run_key,
+    run_name,
+)
 from harness.engine.run.runtime import (
     default_workers,
     epoch_seed,
@@ -176,6 +182,7 @@ __all__ = [
     "RunConfig",
     "RunSettings",
     "run_key",
+    "run_name",
     "paper_deviations",
     "seed_everything",
     "epoch_seed",

@@ -2,10 +2,14 @@
 
 :class:`ImageEmbedder` wraps a run's selected weights with the protocol's input
 normalisation, so that a user who loads the logged MLflow model
-(``mlflow.pytorch.load_model``) gets the embeddings the harness evaluated from images
-prepared by the protocol's evaluation transform (resize and centre crop), with no
-harness settings to repeat. The plain ``model.pt`` checkpoint (state dict only) stays
-the file ``--init-from`` and ``--resume`` read.
+(``mlflow.pytorch.load_model``) or an exported folder (``python -m harness export``) gets
+the embeddings the harness evaluated from images prepared by the protocol's evaluation
+transform (resize and centre crop), with no harness settings to repeat.
+:func:`exportable_embedder` makes the copy that is saved: its padding traced in integer
+arithmetic (:func:`~harness.components.exportable.exportable`), on the CPU, so that the
+``torch.export`` program takes any batch and any image size the backbone takes, on any
+machine. The plain ``model.pt`` checkpoint (state dict only) stays the file
+``--init-from`` and ``--resume`` read.
 
 :class:`ExportEmbedder` (the logged model) and :class:`DrawExplanations` (the explanation
 figures) are end-of-run steps of a :class:`~harness.engine.run.trainer.Trainer`.
@@ -23,17 +27,24 @@ from torch import nn
 from harness.base.metric_keys import readable
 from harness.components.data import DatasetSplits
 from harness.components.data.transforms import normalize_batch
+from harness.components.exportable import exportable
 from harness.engine.run.recorder import FinishedRun
-from harness.engine.run.run_config import RunConfig
+from harness.engine.run.run_config import RunConfig, run_name
 from harness.reports.explanations import log_explanations
 from harness.store.environment import LOG_MODEL_ENV, logs_model
 from harness.store.tracking import Tracker
 
-__all__ = ["ImageEmbedder", "example_images", "ExportEmbedder", "DrawExplanations"]
+__all__ = [
+    "ImageEmbedder",
+    "exportable_embedder",
+    "example_images",
+    "ExportEmbedder",
+    "DrawExplanations",
+]
 
 
 class ImageEmbedder(nn.Module):
-    """uint8 images B x 3 x S x S (the protocol's evaluation crop) -> B x D float32
+    """uint8 images B x 3 x H x W (the protocol's evaluation crop: S x S) -> B x D float32
     L2-normalised embeddings, the ones retrieval ranks by."""
 
     def __init__(self, model: nn.Module, image_spec):
@@ -42,14 +53,20 @@ class ImageEmbedder(nn.Module):
         self.image_spec = image_spec
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        batch = normalize_batch(images, self.image_spec).contiguous(
-            memory_format=torch.channels_last
-        )
-        return self.model(batch).embedding.float()
+        return self.model(normalize_batch(images, self.image_spec)).embedding.float()
+
+
+def exportable_embedder(model: nn.Module, image_spec) -> ImageEmbedder:
+    """A copy of ``model`` (``model`` is left as it is), ready for ``torch.export`` with free
+    image sizes (:func:`~harness.components.exportable.exportable`), behind the protocol's
+    normalisation, on the CPU, its weights in the default memory format (a trained model's
+    are channels-last) and in eval mode: the model a saved program is traced from."""
+    embedder = ImageEmbedder(exportable(model), image_spec).cpu()
+    return embedder.to(memory_format=torch.contiguous_format).eval()
 
 
 def example_images(image_size: int, count: int = 2, seed: int = 0) -> np.ndarray:
-    """``count`` random uint8 images of the protocol's evaluation size (an input example)."""
+    """``count`` random uint8 images of ``image_size`` pixels a side (an input example)."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, size=(count, 3, image_size, image_size), dtype=np.uint8)
 
@@ -67,44 +84,38 @@ class ExportEmbedder:
     tracker: Tracker
     cfg: RunConfig
     split_digest: str
-    device: torch.device
 
     def model_name(self) -> str:
-        """The logged model's name: the run's method, dataset, loss and seed (MLflow allows
-        no ``/``, ``:``, ``.``, ``%`` or quote in it: those become ``-``)."""
-        cfg = self.cfg
-        name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
-        return "".join("-" if c in "/:.%'\"" else c for c in name)
+        """The logged model's name: the run's own (:func:`~harness.engine.run.run_config.run_name`)."""
+        return run_name(self.cfg)
 
     def __call__(self, finished: FinishedRun) -> None:
-        cfg, device, model = self.cfg, self.device, finished.model
+        cfg, model = self.cfg, finished.model
         if not logs_model():
             self.tracker.set_tags({"model_uri": f"none ({LOG_MODEL_ENV}=0)"})
             return
-        embedder = ImageEmbedder(model, cfg.protocol.image).to(device).eval()
+        # Exported on the CPU, so that the logged model loads on a machine without a GPU;
+        # traced at the protocol's size, which it then always takes, with the other sizes
+        # its graph leaves free (``harness export`` also tries a larger trace).
+        embedder = exportable_embedder(model, cfg.protocol.image)
         images = example_images(cfg.protocol.image.size)
         with torch.inference_mode():
-            embeddings = embedder(torch.from_numpy(images).to(device)).cpu().numpy()
-        # Exported on the CPU, so that the logged model loads on a machine without a GPU.
-        embedder = embedder.cpu()
-        try:
-            uri = self.tracker.log_pytorch_model(
-                embedder,
-                images,
-                embeddings,
-                name=self.model_name(),
-                step=finished.selected_epoch,
-                registered_name=cfg.registered_model,
-                tags={
-                    "method": cfg.method,
-                    "dataset": cfg.dataset,
-                    "loss": cfg.loss,
-                    "protocol": cfg.protocol.name,
-                    "seed": str(cfg.seed),
-                },
-            )
-        finally:
-            model.to(device)
+            embeddings = embedder(torch.from_numpy(images)).numpy()
+        uri = self.tracker.log_pytorch_model(
+            embedder,
+            images,
+            embeddings,
+            name=self.model_name(),
+            step=finished.selected_epoch,
+            registered_name=cfg.registered_model,
+            tags={
+                "method": cfg.method,
+                "dataset": cfg.dataset,
+                "loss": cfg.loss,
+                "protocol": cfg.protocol.name,
+                "seed": str(cfg.seed),
+            },
+        )
         self.tracker.set_tags({"model_uri": uri})
         self.tracker.log_model_scores(
             uri, readable(finished.test), (cfg.dataset, self.split_digest)

@@ -21,7 +21,7 @@ from harness.config.deviations import TAG_PREFIX, footnote, to_tag
 from harness.engine.run.checkpoints import RunFolder
 from harness.engine.run.data import adapted_sampling
 from harness.engine.run.recorder import FinishedRun, StepFlush
-from harness.engine.run.run_config import RunConfig, paper_deviations
+from harness.engine.run.run_config import RunConfig, paper_deviations, run_name
 from harness.engine.run.runtime import log_line
 from harness.methods import METHODS
 from harness.reports.results import run_note
@@ -30,6 +30,7 @@ from harness.store.location import tracking_uri
 from harness.store.provenance import environment_tags, git_commit, uncommitted_changes
 from harness.store.tracking import Tracker, flatten
 from harness.store.ui import RUN_NOTE_TAG
+from harness.store.weights import MODEL_PATH_TAG
 
 CPU = torch.device("cpu")
 
@@ -81,10 +82,7 @@ class MlflowRecorder:
     def open(self, run_id: str | None = None) -> None:
         """The run in the tracking store: ``run_id`` (a checkpoint's run, or the earlier run
         of an evaluate-only run) when this experiment has it, else a new one."""
-        cfg = self.cfg
-        self._tracker = Tracker(
-            self.experiment, f"{cfg.method}-{cfg.loss}-seed{cfg.seed}", run_id=run_id
-        )
+        self._tracker = Tracker(self.experiment, run_name(self.cfg), run_id=run_id)
 
     def start(self, checkpoint: dict[str, Any] | None) -> None:
         """Record the run's metadata (a new run) or which code continued it (a resumed one);
@@ -98,7 +96,8 @@ class MlflowRecorder:
         tracker.set_tags(
             {
                 "harness_worker": worker_id(),  # the process that owns the run now
-                CHECKPOINT_DIR_TAG: str(self.folder.path.resolve()),
+                # relative to the checkpoint root, which may move
+                CHECKPOINT_DIR_TAG: self.folder.key,
             }
         )
         if checkpoint is not None and not tracker.resumed:
@@ -153,13 +152,12 @@ class MlflowRecorder:
         saved = finished.weights
         if saved is None:
             return
-        # The absolute path, and the path under the checkpoint root (which still resolves
-        # when the root moves) with the file's sha256, checked by --init-from.
+        # The path under the checkpoint root (which still resolves when the root moves) with
+        # the file's sha256, checked by --init-from.
         self.tracker.set_tags(
             {
                 "selected_epoch": finished.selected_epoch,
-                "model_path": str(saved.path.resolve()),
-                "model_relpath": saved.relpath,
+                MODEL_PATH_TAG: saved.relpath,
                 "model_sha256": saved.sha256,
             }
         )

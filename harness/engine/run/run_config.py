@@ -20,8 +20,13 @@ __all__ = [
     "RunConfig",
     "RunSettings",
     "run_key",
+    "run_name",
     "paper_deviations",
 ]
+
+#: Characters MLflow refuses in a logged model's name, which a run's name (the model's
+#: too) spells as ``-``.
+_UNNAMEABLE = "/:.%'\""
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,15 @@ def run_key(cfg: RunConfig, fp: str) -> str:
         default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def run_name(cfg: RunConfig) -> str:
+    """The one name of a run in the tracking store and of the model it logs: its method,
+    dataset, loss and seed (``avsl-cub200-margin-seed0``); ``runs:/<run id>/<this name>``
+    loads the model. MLflow allows no ``/``, ``:``, ``.``, ``%`` or quote in a model's
+    name: those become ``-`` in both."""
+    name = f"{cfg.method}-{cfg.dataset}-{cfg.loss}-seed{cfg.seed}"
+    return "".join("-" if c in _UNNAMEABLE else c for c in name)
 
 
 def _search_trial(tags: dict[str, str]) -> str:

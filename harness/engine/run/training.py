@@ -159,7 +159,7 @@ def _end_of_run(plan: _RunPlan, recorder: MlflowRecorder) -> list[EndOfRunStep]:
     tracker = recorder.tracker
     return [
         recorder.record_selected_weights,
-        ExportEmbedder(tracker, plan.cfg, plan.splits.digest(), plan.device),
+        ExportEmbedder(tracker, plan.cfg, plan.splits.digest()),
         DrawExplanations(tracker, plan.cfg, plan.splits, plan.folder.path, plan.device),
         DrawRetrievalViews(
             tracker, plan.cfg, plan.splits, plan.folder.path, plan.device, plan.workers
