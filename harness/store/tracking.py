@@ -164,6 +164,8 @@ class Tracker:
         self.client = mlflow.MlflowClient()
         #: The logged models of this run logged here (their ids), which take its description.
         self.model_ids: list[str] = []
+        #: The artifact paths of the files logged here (``views/embedding_map.png``).
+        self.logged: list[str] = []
         #: Whether ``run_id`` was found and continues; False when a new run was created
         #: (also when a checkpoint names a run that is not in this store and experiment:
         #: resuming another experiment's run would leave this experiment without it).
@@ -284,6 +286,7 @@ class Tracker:
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), folder)
+        self.logged.append(f"{folder}/{Path(path).name}" if folder else Path(path).name)
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)

@@ -194,6 +194,11 @@ def test_the_description_summarises_the_run(store):
         )
         assert tags["deviations"] == "none"
         assert lines[4].startswith(f"Model selection: validation, epoch {record['selected_epoch']}")
+        name = _run(records, method).info.run_name  # its model's name too
+        assert lines[6] == (
+            f"Look at: the model {name} (Models tab); views/retrieval_examples.png, "
+            "views/embedding_map.png (Artifacts tab)."
+        )
     diml = _run(records, "diml").data.tags[RUN_NOTE_TAG]
     assert records["plain"]["mlflow_run_id"] in diml.splitlines()[4]
 

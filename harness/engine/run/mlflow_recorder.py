@@ -24,6 +24,7 @@ from harness.engine.run.recorder import FinishedRun, StepFlush
 from harness.engine.run.run_config import RunConfig, paper_deviations, run_name
 from harness.engine.run.runtime import log_line
 from harness.methods import METHODS
+from harness.reports.figures import VIEWS_FOLDER
 from harness.reports.results import run_note
 from harness.store.dead_runs import CHECKPOINT_DIR_TAG, worker_id
 from harness.store.location import tracking_uri
@@ -164,7 +165,8 @@ class MlflowRecorder:
         self.tracker.log_artifact(saved.path, "weights")  # listed in the UI as weights/model.pt
 
     def record_note(self, scores: dict[str, float], selected_epoch: int) -> None:
-        """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`)."""
+        """The run's description in the MLflow UI (a Markdown summary; :func:`run_note`),
+        naming the model and the figures the run's end-of-run steps logged."""
         cfg = self.cfg
         note = run_note(
             method=cfg.method,
@@ -177,6 +179,12 @@ class MlflowRecorder:
             paper_deviations=[footnote(n, d) for n, d in paper_deviations(cfg).items()],
             init_from=cfg.init_from,
             evaluate_only=cfg.evaluate_only,
+            model=run_name(cfg) if self.tracker.model_ids else "",
+            figures=[
+                p
+                for p in self.tracker.logged
+                if p.startswith(f"{VIEWS_FOLDER}/") and p.endswith(".png")
+            ],
         )
         self.tracker.set_tags({RUN_NOTE_TAG: note})
 
