@@ -34,6 +34,7 @@ def _records(path: Path) -> list[dict]:
 # --------------------------------------------------- a moved store, MLflow conventions
 
 
+@pytest.mark.slow  # 35 s on 2 cores: a run, a move, a second run
 def test_init_from_after_the_store_and_checkpoints_moved(
     workdir, tiny_protocol, monkeypatch, capsys
 ):

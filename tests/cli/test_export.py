@@ -4,12 +4,13 @@ embeds images as the harness does, at the protocol's 32 px and at 224 px, in bat
 and three; it holds the run's fingerprint; an earlier export is replaced whole and any other
 folder refused; every bad input is one line, exit 2, nothing written. Loading the run's
 logged model from a copy of the store leaves every file of the copy as it was, and the
-model is named as its run. The slow test loads the folder in a Python that cannot import
-the harness."""
+model is named as its run. The slow test loads the folder in a fresh virtual environment
+with only torch and MLflow."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import shutil
@@ -25,6 +26,7 @@ import mlflow.pytorch
 import numpy as np
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from harness.base.atomic import staged_folder
 from harness.cli.export_command import MANIFEST, earlier_export
@@ -118,6 +120,7 @@ def test_an_export_embeds_as_the_run_at_the_protocols_size_and_at_224_px(recorde
     np.testing.assert_allclose(predicted, _harness_embeddings(run_id, images), atol=1e-5)
 
 
+@pytest.mark.slow  # 25 s on 2 cores: two exports
 def test_an_earlier_export_is_replaced_whole_and_a_changed_one_refused(recorded, here, capsys):
     """An export over an earlier one left as it was replaces it; one edited since, or a
     folder of other files, is refused before any work and left byte for byte."""
@@ -229,52 +232,91 @@ def test_a_run_recorded_with_absolute_paths_is_read_as_recorded(recorded, here, 
     ) == int(tags["selected_epoch"])
 
 
-#: The loading side of the slow test: a Python whose path has the standard library and a
-#: copy of the environment's packages without the harness; argv: that copy, the folder.
+#: The loading side of the slow test, run by the fresh environment's Python; argv: the folder.
 LOADER = textwrap.dedent("""
     import importlib.metadata, importlib.util, json, sys
-    sys.path.append(sys.argv[1])
     assert importlib.util.find_spec("harness") is None
     import mlflow.pyfunc, numpy
-    model = mlflow.pyfunc.load_model(sys.argv[2])
+    model = mlflow.pyfunc.load_model(sys.argv[1])
     out = {}
     for size in (32, 96, 224):
         images = numpy.random.default_rng(size).integers(0, 256, (3, 3, size, size), numpy.uint8)
         out[size] = model.predict(images).tolist()
     out["modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "harness")
-    groups = importlib.metadata.entry_points(group="mlflow.artifact_repository")
-    out["entry_points"] = [e.value for e in groups]
+    out["installed"] = sorted(d.metadata["Name"].lower() for d in importlib.metadata.distributions())
     print(json.dumps(out))
 """)
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "lock.txt"
 
 
-def _packages_without_the_harness(folder: Path) -> Path:
-    """``folder`` with a link to every entry of this environment's site-packages but the
-    harness's own: its editable install's path file and finder, its metadata (and with it
-    the entry point MLflow would follow into it), and a ``harness`` package."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    folder.mkdir()
-    for entry in site.iterdir():
-        if "dml_harness" in entry.name or entry.name == "harness":
+def _distributions(root: str) -> set[str]:
+    """``root`` and every distribution it requires, installed here (their names)."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
             continue
-        (folder / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
-    return folder
+        seen.add(name)
+        try:
+            requires = importlib.metadata.distribution(name).requires or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+def _fresh_environment(folder: Path) -> Path:
+    """A virtual environment made here with torch and MLflow alone: torch (and what it
+    requires) as this environment has it, linked into the new one's site-packages (its CUDA
+    build is gigabytes to fetch again), then ``pip install mlflow`` at the lock's versions.
+    Its Python, or a skip where pip cannot install MLflow."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, timeout=300)
+    python = folder / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    entries = {
+        file.parts[0]
+        for name in _distributions("torch")
+        for file in importlib.metadata.distribution(name).files or []
+        if file.parts[0] not in ("..", "__pycache__") and not file.name.endswith(".pth")
+    }
+    here = Path(sysconfig.get_paths()["purelib"])
+    for entry in sorted(entries):
+        if (here / entry).exists() and not (site / entry).exists():
+            (site / entry).symlink_to(here / entry, target_is_directory=(here / entry).is_dir())
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "-c", str(LOCK), "mlflow"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if install.returncode != 0:
+        pytest.skip(f"pip cannot install MLflow into a fresh environment: {install.stderr[-300:]}")
+    return python
 
 
 @pytest.mark.slow
-def test_an_export_loads_and_embeds_in_a_python_without_the_harness(recorded, here, tmp_path):
-    """The folder loaded by ``mlflow.pyfunc.load_model`` in a Python that has MLflow, torch
-    and the rest of this environment, and not the harness: ``python -I -S`` (no site-packages,
-    no path files, no working folder on the path) with a copy of the environment's packages
-    that leaves out the harness's install, metadata and entry point. A fresh virtual
-    environment cannot be made here (no index to install torch and MLflow from), and one
-    made with ``--system-site-packages`` would see the harness. It embeds 32, 96 and 224 px
-    images as this process does."""
+def test_an_export_loads_and_embeds_in_a_fresh_environment_of_mlflow_and_torch(
+    recorded, here, tmp_path
+):
+    """The folder loaded by ``mlflow.pyfunc.load_model`` in a virtual environment made for
+    the test with only torch and MLflow (and what they require) installed, no harness: it
+    embeds 32, 96 and 224 px images as this process does."""
     folder = tmp_path / "model"
     assert main(["export", recorded["run_id"], str(folder)]) == 0
-    packages = _packages_without_the_harness(tmp_path / "packages")
+    python = _fresh_environment(tmp_path / "venv")
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", LOADER, str(packages), str(folder)],
+        [python, "-c", LOADER, str(folder)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -282,7 +324,9 @@ def test_an_export_loads_and_embeds_in_a_python_without_the_harness(recorded, he
     )
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
-    assert printed["modules"] == [] and printed["entry_points"] == []
+    assert printed["modules"] == [] and "dml-harness" not in printed["installed"]
+    assert {"mlflow", "torch"} <= set(printed["installed"])
+    assert not {"timm", "pytorch-metric-learning", "torchvision"} & set(printed["installed"])
     assert importlib.util.find_spec("harness") is not None  # here, the harness is there
     for size in (32, 96, 224):
         images = np.random.default_rng(size).integers(0, 256, (3, 3, size, size), np.uint8)

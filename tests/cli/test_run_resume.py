@@ -96,7 +96,10 @@ def test_resume_in_another_experiment_starts_a_run_there(workdir, tiny_protocol)
     assert run.info.status == "FINISHED" and run.data.tags["fingerprint"] == a["fingerprint"]
 
 
-@pytest.mark.parametrize("method", ["plain", "avsl"])
+@pytest.mark.parametrize(
+    "method",
+    ["plain", pytest.param("avsl", marks=pytest.mark.slow)],  # avsl: 40 s on 2 cores
+)
 def test_resume_after_sigkill_ends_with_the_uninterrupted_metrics(workdir, tiny_protocol, method):
     """AVSL: its CAM-overlap edges (Eqs. 3-4) are buffers updated by momentum every step,
     so a resumed run matches only if the checkpoint carries them."""
@@ -246,7 +249,9 @@ def test_the_console_script_installs_the_sigterm_handler(capsys):
         handler(signal.SIGTERM, None)
 
 
-@pytest.mark.parametrize("entry", ["python -m harness", "dml-harness"])
+@pytest.mark.parametrize(
+    "entry", ["python -m harness", pytest.param("dml-harness", marks=pytest.mark.slow)]
+)
 def test_sigterm_marks_the_run_killed(workdir, tiny_protocol, entry):
     """A sweep stops its workers with SIGTERM; their runs must not stay RUNNING, whichever
     entry point started them."""

@@ -79,6 +79,7 @@ def _explained(run_id: str, workdir, capsys) -> tuple[dict, str]:
     return json.loads(out.read_text()), capsys.readouterr().out
 
 
+@pytest.mark.slow  # 17 s on 2 cores
 def test_sanity_rows_verdicts_and_table_marks(workdir, tiny_protocol, centre_map_method, capsys):
     record, printed = _explained(_trained(tiny_protocol, workdir, "agrouping"), workdir, capsys)
     sanity = record["sanity"]

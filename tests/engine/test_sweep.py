@@ -304,6 +304,7 @@ def test_sweep_runs_test_time_cells_on_their_finished_base_runs(workdir, capsys)
     assert len(_runs(grid.experiment)) == 2  # nothing ran again
 
 
+@pytest.mark.slow  # 17 s on 2 cores: worker processes train a base and its test-time cells
 def test_worker_processes_queue_test_time_cells_when_their_base_finishes(workdir, capsys):
     """Workers (here two processes on SQLite) pick up DIML cells themselves once the
     plain cell they evaluate has finished: no coordinator round is needed."""

@@ -150,6 +150,7 @@ def _signal_a_task_mid_cell(workdir, signum: int):
     return grid, storage, argv
 
 
+@pytest.mark.slow  # 30 s on 2 cores
 def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     """submitit's preemption signal (USR2) on the task mid-cell (as soon as its run has
     logged the first of 8 epochs): the checkpoint hook fails the cell's trial at once and
@@ -167,6 +168,7 @@ def test_a_preempted_task_hands_its_cell_back_and_is_requeued(workdir, capsys):
     assert "checkpoint: handed back 1 cell(s)" in log.read_text()
 
 
+@pytest.mark.slow  # 35 s on 2 cores
 def test_a_task_told_to_stop_ends_at_once_and_the_next_start_runs_its_cell(workdir, capsys):
     """SIGTERM to a task mid-cell (what ``scancel`` sends every process of a job): the task
     ends at once, as a killed one, its cell's trial left RUNNING (not failed with an error
@@ -204,7 +206,7 @@ def test_a_tuned_grids_task_of_a_preempted_job_is_handed_back_as_the_same_task(t
     assert trials[2].user_attrs == search
 
 
-@pytest.mark.parametrize("in_background", [False, True])
+@pytest.mark.parametrize("in_background", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_status_shows_the_running_cell_and_cancel_stops_it_leaving_finished_cells(
     workdir, capsys, in_background
 ):

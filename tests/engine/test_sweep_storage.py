@@ -30,6 +30,7 @@ START = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 14 s on 2 cores: two sweep processes
 def test_two_sweeps_started_together_on_a_new_sqlite_storage_both_work(tmp_path):
     grid_path = tmp_path / "grid.toml"
     grid_path.write_text(
