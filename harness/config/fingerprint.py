@@ -30,8 +30,8 @@ def fingerprint(
 
     The keys that change no number (:data:`~harness.config.protocol.UNCOUNTED_KEYS`) are
     left out: the ``[training]`` section (:class:`~harness.config.sections.TrainingSpec`),
-    which says how often the loop reads the device, and ``evaluation.examples``, how many
-    test queries the run's figures show."""
+    which says how often the loop reads the device, and ``evaluation.examples`` and
+    ``evaluation.map_points``, what the run's figures show."""
     canonical = protocol.to_dict()
     for key in UNCOUNTED_KEYS:
         section, _, name = key.partition(".")

@@ -470,6 +470,7 @@ NOT_SETTINGS: dict[str, str] = {
     "executor.slurm": "where a grid's cells run, not what they compute",
     "training.sync_every": "how often the training loop reads the device; changes no number",
     "evaluation.examples": "how many test queries the run's figures show; changes no number",
+    "evaluation.map_points": "how many test embeddings the run's map draws; changes no number",
 }
 
 

@@ -240,6 +240,7 @@ FINGERPRINT_OMITTED_AT_DEFAULT: dict[str, Any] = {
     "sampling.sampler": "classes",
     "sampling.loss_samplers": {},
     "evaluation.examples": 6,
+    "evaluation.map_points": 5000,
 }
 
 
@@ -376,11 +377,11 @@ def apply_overrides(
 
 
 #: Protocol keys (a section, or ``section.key``) that change no number a run computes:
-#: ``[training]`` says how often the loop reads the device, ``evaluation.examples`` what the
-#: run's figures show. The fingerprint leaves them out
+#: ``[training]`` says how often the loop reads the device, ``evaluation.examples`` and
+#: ``evaluation.map_points`` what the run's figures show. The fingerprint leaves them out
 #: (:func:`harness.config.fingerprint.fingerprint`) and a change of one is no deviation
 #: (:func:`apply_overrides`): the run stays comparable with every other, unflagged.
-UNCOUNTED_KEYS = ("training", "evaluation.examples")
+UNCOUNTED_KEYS = ("training", "evaluation.examples", "evaluation.map_points")
 
 
 def changes_no_number(key: str) -> bool:

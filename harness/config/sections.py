@@ -50,6 +50,8 @@ NonNegative = Field(ge=0)
 Seed = Field(ge=0, lt=2**32)
 #: Epochs, milestones and other counts of steps: a larger value is a mistake, not a plan.
 MAX_STEPS = 100_000
+#: The fewest and the most test embeddings a run's embedding map may draw.
+MIN_MAP_POINTS, MAX_MAP_POINTS = 50, 5000
 #: Most queries a run's retrieval examples show (a row each).
 MAX_EXAMPLES = 60
 
@@ -324,6 +326,10 @@ class EvaluationSpec:
     #: (:func:`harness.config.fingerprint.fingerprint`) and, at its default, of the
     #: canonical form.
     examples: Annotated[Int, Field(ge=0, le=MAX_EXAMPLES)] = 6
+    #: Most test embeddings the run's embedding map draws (a sample drawn with the run's
+    #: seed above it, the example queries always in it): t-SNE's cost grows with them. Like
+    #: ``examples``, it changes no number.
+    map_points: Annotated[Int, Field(ge=MIN_MAP_POINTS, le=MAX_MAP_POINTS)] = MAX_MAP_POINTS
 
     def recall_k_for(self, dataset: str) -> tuple[int, ...]:
         return tuple(self.recall_k.get(dataset, self.recall_k.get("default", (1,))))

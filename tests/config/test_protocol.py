@@ -321,3 +321,14 @@ def test_evaluation_examples_is_out_of_the_fingerprint_and_checked():
     for bad in (-1, 61):
         with pytest.raises(HarnessError, match="evaluation.examples"):
             apply_overrides(base, {"evaluation.examples": bad})
+
+
+def test_the_maps_points_are_out_of_the_fingerprint_and_checked():
+    smoke, fair = load_protocol("smoke"), load_protocol("roth2020")
+    assert smoke.evaluation.map_points == 500 and fair.evaluation.map_points == 5000
+    assert "map_points" not in fair.to_dict()["evaluation"]  # absent at its default
+    changed, deviations = apply_overrides(fair, {"evaluation.map_points": 500})
+    assert deviations == () and fingerprint(changed, "split") == fingerprint(fair, "split")
+    for bad in (49, 5001):
+        with pytest.raises(HarnessError, match="evaluation.map_points"):
+            apply_overrides(fair, {"evaluation.map_points": bad})

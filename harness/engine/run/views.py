@@ -67,6 +67,7 @@ class DrawRetrievalViews:
             caption=f"{cfg.method}, {cfg.dataset}, seed {cfg.seed}",
             gallery=gallery,
             gallery_images=self.splits.gallery,
+            map_points=cfg.protocol.evaluation.map_points,
         )
         for path in write_views(views, self.folder / VIEWS_FOLDER):
             self.tracker.log_artifact(path, VIEWS_FOLDER)

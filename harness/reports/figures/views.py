@@ -25,6 +25,7 @@ from harness.base.written import write_outputs
 from harness.components.data import ImageSet
 from harness.components.data.transforms import build_transform
 from harness.reports.figures.embedding_map import (
+    MAP_POINTS,
     MIN_MAP_POINTS,
     draw_embedding_map,
     map_sample,
@@ -76,6 +77,8 @@ class ViewData:
     caption: str = ""
     gallery: np.ndarray | None = None
     gallery_images: ImageSet | None = None
+    #: Most points the embedding map draws (the protocol's ``evaluation.map_points``).
+    map_points: int = MAP_POINTS
 
 
 def retrieval_examples(views: ViewData) -> list[RetrievalExample]:
@@ -136,7 +139,7 @@ def _embedding_map(
     """The map of a sample of the test embeddings (the example queries in it) and its
     points: test index, label, coordinates and the example row a query heads (0: none)."""
     queries = [e.query for e in examples]
-    sample = map_sample(len(views.embeddings), queries, views.seed)
+    sample = map_sample(len(views.embeddings), queries, views.seed, limit=views.map_points)
     points = tsne_points(views.embeddings[sample], views.seed)
     labels = views.images.labels[sample]
     position = {int(index): p for p, index in enumerate(sample)}
