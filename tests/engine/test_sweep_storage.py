@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.config.grids import load_grid
 from harness.engine.grid.sweep import CELL_ATTR, open_study
 from tests.conftest import TINY_PROTOCOL
