@@ -377,10 +377,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="default results/benchmarks/scale-<dataset>")
     args = parser.parse_args(argv)
     args.fractions = sorted(float(f) for f in args.fraction.split(",") if f.strip())
-    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = sorted(set(args.stages) - set(STAGES))
-    if unknown:
+    asked = {s.strip() for s in args.stages.split(",") if s.strip()}
+    if unknown := sorted(asked - set(STAGES)):
         parser.error(f"unknown stages {unknown}: expected some of {', '.join(STAGES)}")
+    if "table" in asked and "record" not in asked:
+        parser.error("the stage table reads the runs of the stage record: ask for both")
+    args.stages = [s for s in STAGES if s in asked]  # always in the command's order
     args.out = args.out or Path("results") / "benchmarks" / f"scale-{args.dataset}"
     return args
 
