@@ -1,0 +1,1 @@
+"""The benchmark scripts of ``benchmarks/``, run on tiny inputs."""
