@@ -44,6 +44,7 @@ def test_a_stand_in_reads_back_with_its_counts(dataset, tmp_path):
     assert stand_ins.stand_in(dataset, 0.002, tmp_path)[2] is False  # reused
 
 
+@pytest.mark.slow  # 15 s on 2 cores: the whole script at two tiny fractions
 def test_the_script_times_every_stage_at_each_fraction(tmp_path):
     out = tmp_path / "out"
     command = [
