@@ -23,8 +23,13 @@ Measured, for each fraction, in this order (the smoke protocol, as ``run`` reads
   class-clustered embeddings of the split's size and the protocol's dimension;
 * record: two runs (``plain`` and ``agrouping``) with those scores and per-query
   values written by ``MlflowRecorder`` into a temporary SQLite store;
-* table: ``python -m harness table`` over that store, ``agrouping`` against ``plain``
-  (the paired bootstrap reads the per-query values).
+* chance: the table's chance row for that test set (``chance_levels``: the default
+  draws of random embeddings, each scored by the whole evaluation, the table's default
+  metrics): an exact search of every query against the gallery and a k-means with one
+  cluster per class, per draw;
+* table: ``python -m harness table --chance-draws 0`` over that store, ``agrouping``
+  against ``plain`` (the paired bootstrap reads the per-query values); the chance row is
+  the stage above.
 
 For each stage: seconds, the peak resident memory of this process during the stage
 (sampled every 10 ms from /proc; loader workers are not counted) and the exponent of
@@ -71,11 +76,13 @@ from harness.engine.run.mlflow_recorder import MlflowRecorder
 from harness.engine.run.model import build_model, on_device
 from harness.engine.run.run_config import RunConfig
 from harness.engine.run.runtime import default_workers
+from harness.reports.tables import DEFAULT_METRICS
+from harness.reports.tables.chance import CHANCE_DRAWS, SplitLabels, chance_levels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stand_ins import stand_in  # the sibling module of this script
 
-STAGES = ("verify", "splits", "sampler", "loader", "embed", "evaluate", "record", "table")
+STAGES = ("verify", "splits", "sampler", "loader", "embed", "evaluate", "record", "chance", "table")
 PROTOCOL = "smoke"
 CPU = torch.device("cpu")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -255,9 +262,17 @@ def stage_record(ctx: Context) -> dict:
     return {"runs": 2}
 
 
+def stage_chance(ctx: Context) -> dict:
+    splits = ctx.ensure_splits()
+    gallery = None if splits.gallery is None else splits.gallery.labels
+    levels = chance_levels(SplitLabels(splits.test.labels, gallery), DEFAULT_METRICS)
+    return {"metrics": len(levels), "draws": CHANCE_DRAWS}
+
+
 def stage_table(ctx: Context) -> dict:
     out = ctx.work / "table.md"
     args = ["table", "--experiment", ctx.work.name, "--baseline", "plain", "--out", str(out)]
+    args += ["--chance-draws", "0"]  # the chance row is its own stage
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = harness_main(args)
     if code != 0:

@@ -67,7 +67,17 @@ def test_the_script_times_every_stage_at_each_fraction(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((out / "scale.json").read_text())
-    stages = ["verify", "splits", "sampler", "loader", "embed", "evaluate", "record", "table"]
+    stages = [
+        "verify",
+        "splits",
+        "sampler",
+        "loader",
+        "embed",
+        "evaluate",
+        "record",
+        "chance",
+        "table",
+    ]
     assert result["stages"] == stages
     assert [f["fraction"] for f in result["fractions"]] == [0.01, 0.02]
     for fraction in result["fractions"]:
