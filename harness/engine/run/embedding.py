@@ -284,27 +284,38 @@ def evaluate_split(
             **kw,
         )
 
-    g_kept = None if gallery_set is None else g_fields
-    if exhaustive:
-        n_gallery = len(q) - 1 if g is None else len(g)
-        scorer = make_pair_scorer(
-            typing.cast(roles.PairScorer, head), q_fields, g_kept, device=device
-        )
-        with _bar(len(q) * (len(q) if g is None else len(g)), "ranking every pair", "pair") as bar:
+    if not exhaustive and rerank_k == 0:
+        return _embedded(score(per_query=per_query), q, g)
+    fields = (q_fields, None if gallery_set is None else g_fields)
+    searched = len(q) if g is None else len(g)
+    ranked = _method_ranking(head, score, fields, len(q), searched, rerank_k, device, per_query)
+    return _embedded(_with_global(ranked, score()), q, g)
+
+
+def _method_ranking(
+    head, score, fields, queries: int, searched: int, rerank_k: int, device, per_query: bool
+) -> Scores:
+    """The metrics of ``head``'s own ranking of ``queries`` queries, each against
+    ``searched`` items (``score``: the evaluation with the ranking's arguments): every pair
+    by its pair scores (``rerank_k`` 0), else the top ``rerank_k`` re-ranked; from the kept
+    ``fields`` (the queries', the gallery's or None), with a progress bar."""
+    if rerank_k == 0:
+        same = fields[1] is None
+        scorer = make_pair_scorer(typing.cast(roles.PairScorer, head), *fields, device=device)
+        with _bar(queries * searched, "ranking every pair", "pair") as bar:
             counted = _counted(scorer, bar, lambda q_ids, g_ids: len(q_ids) * len(g_ids))
+            n_gallery = searched - 1 if same else searched
             ranked = score(
                 pair_scorer=counted, pair_chunks=pair_chunks(n_gallery), per_query=per_query
             )
         ranked["num_ranked_candidates"] = n_gallery
-    elif rerank_k > 0:
-        reranker = make_reranker(typing.cast(roles.Reranker, head), q_fields, g_kept, device=device)
-        with _bar(len(q), f"re-ranking the top {rerank_k}", "query") as bar:
-            counted = _counted(reranker, bar, lambda q_ids, _: len(q_ids))
-            ranked = score(reranker=counted, rerank_k=rerank_k, per_query=per_query)
-        ranked["num_ranked_candidates"] = rerank_k
-    else:
-        return _embedded(score(per_query=per_query), q, g)
-    return _embedded(_with_global(ranked, score()), q, g)
+        return ranked
+    reranker = make_reranker(typing.cast(roles.Reranker, head), *fields, device=device)
+    with _bar(queries, f"re-ranking the top {rerank_k}", "query") as bar:
+        counted = _counted(reranker, bar, lambda q_ids, _: len(q_ids))
+        ranked = score(reranker=counted, rerank_k=rerank_k, per_query=per_query)
+    ranked["num_ranked_candidates"] = rerank_k
+    return ranked
 
 
 def _bar(total: int, what: str, unit: str) -> tqdm:
