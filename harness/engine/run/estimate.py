@@ -107,9 +107,13 @@ class Estimate:
     device: str
     methods: tuple[MethodCost, ...]
     warm_up_seconds: float
-    #: The runs of the command; more than :attr:`runs` where the estimate stopped early,
-    #: once the runs counted had passed its limit (then its seconds are a lower bound).
+    #: The runs of the command whose warm-up worked; more than :attr:`runs` where the
+    #: estimate stopped early, once the runs counted had passed its limit (then its
+    #: seconds are a lower bound).
     planned: int = 0
+    #: Methods whose warm-up failed, and how (their runs are not counted: each reports its
+    #: own error when it runs).
+    unmeasured: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -138,9 +142,10 @@ class Estimate:
             for part in m.parts:
                 kinds[part.kind] += part.seconds
         shown = ", ".join(f"{kind} {duration(s)}" for kind, s in kinds.items() if s >= 0.5)
+        missing = f"; not counted: {', '.join(self.unmeasured)}" if self.unmeasured else ""
         return (
             f"estimate: {self.amount()} on {self.device} for {self.counted()} "
-            f"({shown}; measured in a {self.warm_up_seconds:.1f} s warm-up)"
+            f"({shown}; measured in a {self.warm_up_seconds:.1f} s warm-up{missing})"
         )
 
     def amount(self) -> str:
@@ -195,10 +200,16 @@ def estimate_runs(
     runs_of: dict[str, int] = defaultdict(int)
     trained: dict[str, int] = defaultdict(int)
     hints: dict[str, str] = {}
-    total = 0.0
+    total, unmeasured = 0.0, dict[str, str]()
     for run in runs:
         cfg = run.cfg
-        found = _run_parts(warm_up, run)
+        if cfg.method in unmeasured:
+            continue
+        try:
+            found = _run_parts(warm_up, run)
+        except Exception as err:  # the run itself reports it, in its own way
+            unmeasured.setdefault(cfg.method, f"{cfg.method} (its warm-up: {type(err).__name__})")
+            continue
         parts[cfg.method] += found
         runs_of[cfg.method] += 1
         trained[cfg.method] += int(not cfg.evaluate_only and cfg.protocol.schedule.epochs > 0)
@@ -210,7 +221,9 @@ def estimate_runs(
         MethodCost(method, runs_of[method], trained[method], _merged(found), hints[method])
         for method, found in parts.items()
     )
-    return Estimate(device.type, methods, clock() - started, len(runs))
+    failed = sum(run.cfg.method in unmeasured for run in runs)
+    planned = len(runs) - failed
+    return Estimate(device.type, methods, clock() - started, planned, tuple(unmeasured.values()))
 
 
 def _run_parts(warm_up: WarmUp, run: PlannedRun) -> list[CostPart]:

@@ -53,7 +53,6 @@ __all__ = [
     "EvaluationCost",
     "MAX_TIMED_STEPS",
     "STEP_SECONDS",
-    "SLOW_STEP_SECONDS",
     "CPU_STEP_IMAGES",
     "CPU_EMBED_IMAGES",
     "PROBE_QUERIES",
@@ -63,9 +62,6 @@ __all__ = [
 #: least one, at most this many); their median is the step's time.
 MAX_TIMED_STEPS = 5
 STEP_SECONDS = 0.5
-#: The process's first step is counted when it takes this long (its set-up is then a
-#: small share of it), else it is run once more.
-SLOW_STEP_SECONDS = 2.0
 #: Images per warm-up step on the CPU, where a run's batch is larger: the step's time is
 #: scaled by the run's batch over this one's (the backbone's cost grows with the images).
 CPU_STEP_IMAGES = CPU_FORWARD_BATCH
@@ -191,24 +187,24 @@ class WarmUp:
 
     def _step_seconds(self, trainer: Trainer, images: torch.Tensor, labels: torch.Tensor) -> float:
         """Seconds of a training step on one batch: the median of the steps that fill
-        :data:`STEP_SECONDS` (at most :data:`MAX_TIMED_STEPS`). The process's first step
-        on the CPU is not counted unless it took :data:`SLOW_STEP_SECONDS`: it pays for the
-        threads' and the allocator's set-up (measured on 2 CPU cores, smoke protocol: 0.83 s
-        against 0.55 s; a later method's first step is within 10% of its next). On a GPU no
-        model's first step is counted (it chooses its kernels)."""
-        cuda = self.device.type == "cuda"
-        skip, timed = cuda or not self.warm, []
+        :data:`STEP_SECONDS` (at most :data:`MAX_TIMED_STEPS`). The first step of the
+        warm-up on the CPU is not counted: it pays for the threads' and the allocator's
+        set-up (measured on 2 CPU cores, smoke protocol: 0.83 s against 0.55 s; a later
+        method's first step is within 10% of its next). On a GPU no model's first step is
+        counted (it chooses its kernels). A non-finite loss ends the steps."""
+        skip, timed = self.device.type == "cuda" or not self.warm, []
+        self.warm = True
         for index in range(1 + MAX_TIMED_STEPS):
             started = self.clock()
             loss, _ = trainer.train_step(images, labels, 0, index)
-            float(loss)  # waits for the device
-            timed.append(self.clock() - started)
-            if skip:
-                skip, self.warm = False, True
-                if cuda or timed[0] < SLOW_STEP_SECONDS:
-                    timed = []
-                    continue
-            if sum(timed) >= STEP_SECONDS or len(timed) == MAX_TIMED_STEPS:
+            finite = math.isfinite(float(loss))  # waits for the device
+            elapsed = self.clock() - started
+            if skip and finite:
+                skip = False
+                continue
+            timed.append(elapsed)
+            # Weights a non-finite loss has reached can fail the next step: the run reports it.
+            if not finite or sum(timed) >= STEP_SECONDS or len(timed) == MAX_TIMED_STEPS:
                 break
         return float(np.median(timed))
 
