@@ -1,12 +1,13 @@
 """The warm-up behind :func:`~harness.engine.run.estimate.estimate_runs`: a few measured
 pieces of a command's work on this device, each measured once per distinct setting.
 
-- :meth:`WarmUp.training`: a run's trainer as :meth:`~harness.engine.run.trainer.Trainer.from_config`
-  builds it (eagerly: ``--compile`` is not measured; on the CPU with batches of at most
-  about :data:`CPU_STEP_IMAGES` images, the time scaled to the run's batch), one real batch
-  of its training loader, and steps on it until :data:`STEP_SECONDS` have passed (at most
-  :data:`MAX_TIMED_STEPS`), their median taken; the process's first step, which pays for
-  setting up threads and memory, is not counted.
+- :meth:`WarmUp.training`: a run's trainer as
+  :meth:`~harness.engine.run.trainer.Trainer.from_config` builds it (eagerly: ``--compile``
+  is not measured; on the CPU with batches of at most about :data:`CPU_STEP_IMAGES`
+  images, the time scaled to the run's batch), the loading of a batch of its training
+  loader, and steps on one until :data:`STEP_SECONDS` have passed (at most
+  :data:`MAX_TIMED_STEPS`), their median taken; the warm-up's first step on the CPU, which
+  pays for setting up threads and memory, and each model's first on a GPU are not counted.
 - :meth:`WarmUp.evaluation`: :func:`~harness.engine.run.embedding.embed_images` over a
   batch of test images (the loading timed apart), and where the head ranks by its own
   scores (:func:`~harness.engine.run.embedding.head_ranking`) one call of its pair scorer
