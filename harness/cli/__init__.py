@@ -4,9 +4,9 @@ user mistake. :func:`run_main` is the entry point of ``python -m harness`` and o
 
 The package re-exports the names of its light modules: the entry points, the argument
 types, the output checks, the process helpers and each subcommand's function. A command's
-work (``harness/cli/<command>_command.py``, and ``store``, ``sweep_cluster``,
-``sweep_tuned`` beside them) loads torch, the engine or MLflow, so it is imported by its
-command's function when that command runs, not here."""
+work (``harness/cli/<command>_command.py``, and ``store``, ``estimates``,
+``sweep_cluster``, ``sweep_tuned`` beside them) loads torch, the engine or MLflow, so it
+is imported by its command's function when that command runs, not here."""
 
 from harness.cli.arguments import (
     DATASET_HELP,

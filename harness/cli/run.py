@@ -12,11 +12,16 @@ from typing import Any
 __all__ = ["cmd_run"]
 
 
-def cmd_run(args: argparse.Namespace, *, train: Callable[..., dict[str, Any]] | None = None) -> int:
+def cmd_run(
+    args: argparse.Namespace,
+    *,
+    train: Callable[..., dict[str, Any]] | None = None,
+    estimate: Callable[..., Any] | None = None,
+) -> int:
     """Train and test the methods of ``args``, seed by seed
     (:func:`harness.cli.run_command.cmd_run`); ``train`` stands in for the engine's
-    training of one run."""
+    training of one run, ``estimate`` for the estimate made before the first."""
     # deferred: torch, the engine and MLflow load only when the command runs
     from harness.cli import run_command
 
-    return run_command.cmd_run(args, train=train)
+    return run_command.cmd_run(args, train=train, estimate=estimate)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from harness.base.device import CUBLAS_WORKSPACE, amp_dtype
 from harness.base.errors import HarnessError
 from harness.base.written import write_output_json
+from harness.cli.estimates import EstimateFunction, estimate_or_refuse, say_estimate
 from harness.cli.fetch_command import check_data_root, check_dataset, ensure_dataset
 from harness.cli.outputs import (
     output_file,
@@ -29,6 +30,7 @@ from harness.engine import (
     RunConfig,
     RunSettings,
     control_deviation,
+    default_workers,
     resolve_device,
     run_miner,
     run_training,
@@ -36,6 +38,7 @@ from harness.engine import (
     training_splits,
     whole_graph_blocker,
 )
+from harness.engine.run.estimate import PlannedRun
 from harness.methods import METHODS, check_method_options, list_methods, training_base
 from harness.reports.results import format_results
 from harness.store.environment import default_checkpoint_root, logs_model
@@ -203,9 +206,18 @@ def check_checkpoint_root(root: Path | None) -> None:
     )
 
 
-def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
+def cmd_run(
+    args: argparse.Namespace,
+    *,
+    train: TrainFunction | None = None,
+    estimate: EstimateFunction | None = None,
+) -> int:
     """Train and test each method with each seed (``train``: what trains one run, default
-    :func:`~harness.engine.run.training.run_training`); print the table, write ``--json``."""
+    :func:`~harness.engine.run.training.run_training`); print the table, write ``--json``.
+
+    Before the first run, the harness's own training (``train`` not given) is estimated
+    (``estimate``: default :func:`~harness.engine.run.estimate.estimate_runs`) and the
+    estimate printed; on a CPU one over an hour is refused without ``--yes``."""
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
@@ -215,8 +227,15 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
     _check_inputs(args, req, main_process)
     shared = {} if args.init_from else shared_training(req.methods, req.protocol)
     splits = _splits(args, req, req.seeds[0])
+    # The harness's own training, in one process (torchrun's processes train together).
+    one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    estimated = (
+        _estimate(args, req, splits, shared, estimate) if train is None and one_process else None
+    )
     if main_process:
         _announce(req, splits, shared)
+        if estimated is not None:
+            say_estimate(estimated)
     records: list[dict] = []
     try:
         for seed in req.seeds:
@@ -232,6 +251,26 @@ def cmd_run(args: argparse.Namespace, *, train: TrainFunction | None = None) -> 
     if args.json:
         write_output_json(args.json, records)
     return 0
+
+
+def _estimate(
+    args: argparse.Namespace,
+    req: _Request,
+    splits,
+    shared: dict[str, str],
+    estimate: EstimateFunction | None,
+):
+    """The estimate of every run of the command (each seed's on the first seed's splits),
+    refused on a CPU over an hour without ``--yes``."""
+    runs = [
+        PlannedRun(_config(args, req, seed, method, shared), splits)
+        for seed in req.seeds
+        for method in _in_order(req.methods, shared)
+    ]
+    device = resolve_device(req.settings.device)
+    workers = default_workers(device) if req.settings.workers is None else req.settings.workers
+    chosen = {} if estimate is None else {"estimate": estimate}
+    return estimate_or_refuse(runs, device, workers=workers, yes=args.yes, **chosen)
 
 
 def _check_inputs(args: argparse.Namespace, req: _Request, main_process: bool) -> None:
@@ -290,26 +329,44 @@ def _run_seed(
 
     records: list[dict] = []
     trained: dict[str, str] = {}  # method -> its run id, this seed
-    for method in sorted(req.methods, key=lambda m: m in shared):  # base methods first
-        base = shared.get(method, "")
-        cfg = RunConfig.build(
-            req.protocol,
-            method=method,
-            dataset=req.dataset,
-            loss=req.loss,
-            seed=seed,
-            deviations=req.deviations,
-            settings=req.settings,
-            protocol_path=req.protocol_path,
-            resume=args.resume,
-            experiment=args.experiment or "",
-            init_from=trained[base] if base else args.init_from or "",
-            evaluate_only=bool(base) or args.evaluate_only,
-            registered_model=args.register or "",
-        )
-        records.append(train(cfg, splits))
+    for method in _in_order(req.methods, shared):
+        records.append(train(_config(args, req, seed, method, shared, trained), splits))
         trained[method] = records[-1].get("mlflow_run_id", "")
     return records
+
+
+def _in_order(methods: list[str], shared: dict[str, str]) -> list[str]:
+    """The methods in the order they run: those that train first, then those evaluated on
+    another's trained weights."""
+    return sorted(methods, key=lambda m: m in shared)
+
+
+def _config(
+    args: argparse.Namespace,
+    req: _Request,
+    seed: int,
+    method: str,
+    shared: dict[str, str],
+    trained: dict[str, str] | None = None,
+) -> RunConfig:
+    """The run of ``method`` with ``seed``; one evaluated on another's weights starts from
+    that method's run of this seed (its id in ``trained``; none yet for the estimate)."""
+    base = shared.get(method, "")
+    return RunConfig.build(
+        req.protocol,
+        method=method,
+        dataset=req.dataset,
+        loss=req.loss,
+        seed=seed,
+        deviations=req.deviations,
+        settings=req.settings,
+        protocol_path=req.protocol_path,
+        resume=args.resume,
+        experiment=args.experiment or "",
+        init_from=(trained or {}).get(base, "") if base else args.init_from or "",
+        evaluate_only=bool(base) or args.evaluate_only,
+        registered_model=args.register or "",
+    )
 
 
 def shared_training(methods: list[str], protocol) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.cli.estimates import estimate_or_refuse, say_estimate
 from harness.cli.fetch_command import check_dataset
 from harness.cli.run_command import check_checkpoint_root
 from harness.cli.store import check_study_storage, open_store
@@ -29,13 +30,17 @@ from harness.engine.grid.datasets import check_datasets_unchanged
 from harness.engine.grid.slurm import SlurmOptions
 from harness.engine.grid.status import wait
 from harness.engine.grid.sweep import (
+    finished_cells,
     open_study,
     queue_grid,
     run_cell_process,
     storage_url,
     unfinished_cells,
 )
-from harness.engine.run.runtime import resolve_device
+from harness.engine.run.data import check_training_split, prepare_splits
+from harness.engine.run.estimate import PlannedRun
+from harness.engine.run.run_config import RunConfig, RunSettings
+from harness.engine.run.runtime import default_workers, resolve_device
 from harness.engine.tuning.sweep import (
     check_search_size,
     check_tuned_folds,
@@ -63,6 +68,8 @@ def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = N
     if grid.tune is not None and not quiet:
         # the folds on the loaded splits, up front: before the storage's folder is made
         check_tuned_grid(grid, {"data_root": args.data_root})
+    if not quiet and grid.tune is None and not args.executor and train is None:
+        _estimate(args, grid)  # the cells this machine runs, before anything is queued
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = run_worker(grid, study, settings=_settings(args), train=train)
@@ -102,6 +109,43 @@ def _checked_grid(args: argparse.Namespace, *, quiet: bool) -> tuple[Grid, Slurm
         for dataset in sorted({cell.dataset for cell in grid.cells}):
             check_dataset(dataset, args.data_root)
     return grid, options
+
+
+def _estimate(args: argparse.Namespace, grid: Grid) -> None:
+    """Print the estimate of the grid's cells without a finished run, as this machine's
+    workers run them; refused on a CPU over an hour without ``--yes``. A cell whose split
+    does not fit its batch is left to its worker to report."""
+    done = finished_cells(grid)
+    settings = RunSettings.of_worker(_settings(args))
+    splits_of: dict = {}
+    runs = []
+    for cell in (c for c in grid.cells if c.key not in done):
+        key = (cell.dataset, repr(cell.protocol.splits), repr(cell.protocol.selection))
+        if key not in splits_of:
+            splits_of[key] = prepare_splits(cell.protocol, cell.dataset, args.data_root)
+        try:
+            check_training_split(cell.protocol, cell.dataset, splits_of[key])
+        except HarnessError:
+            continue
+        cfg = RunConfig.build(
+            cell.protocol,
+            method=cell.method,
+            dataset=cell.dataset,
+            loss=cell.loss,
+            seed=cell.seed,
+            deviations=cell.deviations,
+            settings=settings,
+            method_options=cell.method_options,
+            evaluate_only=bool(cell.base_key),
+        )
+        runs.append(PlannedRun(cfg, splits_of[key]))
+    if not runs:
+        return
+    device = resolve_device(args.device)
+    workers = default_workers(device) if args.loader_workers is None else args.loader_workers
+    estimated = estimate_or_refuse(runs, device, workers=workers, yes=args.yes)
+    shared = f"; its {args.workers} workers share this device" if (args.workers or 1) > 1 else ""
+    say_estimate(estimated, note=shared)
 
 
 def _queue_and_work(

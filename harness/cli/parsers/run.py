@@ -94,6 +94,12 @@ def _add_how_arguments(run: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="continue interrupted runs from their last checkpoint"
     )
     run.add_argument(
+        "--yes",
+        action="store_true",
+        help="run on a CPU what the estimate printed before the first run puts over an hour "
+        "(refused without it)",
+    )
+    run.add_argument(
         "--deterministic",
         action="store_true",
         help="deterministic kernels on every device (an op without one is an error), cuDNN "

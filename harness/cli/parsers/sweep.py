@@ -71,7 +71,8 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--yes",
         action="store_true",
-        help=f"sweep a grid of more than {MAX_CELLS:,} cells (refused without it)",
+        help=f"sweep a grid of more than {MAX_CELLS:,} cells, or on a CPU one the estimate "
+        "printed before the first cell puts over an hour (refused without it)",
     )
     add_cluster_arguments(p)
     p.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)

@@ -49,10 +49,21 @@ from harness.engine.run.embedding import (
     SplitEvaluator,
     embed_images,
     evaluate_split,
+    head_ranking,
     loader_worker_init,
     make_pair_scorer,
     make_reranker,
     pair_chunks,
+)
+from harness.engine.run.estimate import (
+    EXPORT_SECONDS,
+    RUN_SECONDS,
+    CostPart,
+    Estimate,
+    MethodCost,
+    PlannedRun,
+    duration,
+    estimate_runs,
 )
 from harness.engine.run.export import (
     DrawExplanations,
@@ -115,6 +126,14 @@ from harness.engine.run.training import (
     training_splits,
 )
 from harness.engine.run.views import VIEW_METRIC, DrawRetrievalViews, cosine_values
+from harness.engine.run.warm_up import (
+    MAX_TIMED_STEPS,
+    PROBE_QUERIES,
+    STEP_SECONDS,
+    EvaluationCost,
+    StepCost,
+    WarmUp,
+)
 
 __all__ = [
     "CHECKPOINT_KEYS",
@@ -152,6 +171,7 @@ __all__ = [
     "loader_worker_init",
     "embed_images",
     "evaluate_split",
+    "head_ranking",
     "make_reranker",
     "make_pair_scorer",
     "pair_chunks",
@@ -159,6 +179,20 @@ __all__ = [
     "QUERIES_PER_RERANK_CALL",
     "QUERIES_PER_RERANK_CALL_CUDA",
     "PAIRS_PER_CALL",
+    "PlannedRun",
+    "CostPart",
+    "MethodCost",
+    "Estimate",
+    "estimate_runs",
+    "duration",
+    "RUN_SECONDS",
+    "EXPORT_SECONDS",
+    "WarmUp",
+    "StepCost",
+    "EvaluationCost",
+    "MAX_TIMED_STEPS",
+    "STEP_SECONDS",
+    "PROBE_QUERIES",
     "ImageEmbedder",
     "ExportEmbedder",
     "DrawExplanations",

@@ -14,6 +14,7 @@ its pair scores over the whole gallery instead (``score_pairs`` through
 from __future__ import annotations
 
 import os
+import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from harness.base.device import amp_dtype
 from harness.base.errors import HarnessError
@@ -43,6 +45,7 @@ __all__ = [
     "loader_worker_init",
     "embed_images",
     "evaluate_split",
+    "head_ranking",
     "make_reranker",
     "make_pair_scorer",
     "pair_chunks",
@@ -193,7 +196,8 @@ def embed_images(
 ) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Embeddings (N x D float32) of an image set, plus the head-output fields in ``keep``
     (``batch_size`` images per forward pass, at most :data:`CPU_FORWARD_BATCH` on CPU),
-    under the protocol's ``[numerics] precision`` (:func:`harness.base.device.amp_dtype`)."""
+    under the protocol's ``[numerics] precision`` (:func:`harness.base.device.amp_dtype`).
+    At a terminal a progress bar shows the images embedded, their rate and the time left."""
     model.eval()
     if device.type == "cpu":
         batch_size = min(batch_size, CPU_FORWARD_BATCH)
@@ -208,16 +212,19 @@ def embed_images(
     kept: dict[str, list[torch.Tensor]]
     embs, kept = [], {k: [] for k in keep}
     dtype = amp_dtype(device, precision)
-    for batch, _, _ in loader:
-        batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
-        batch = batch.contiguous(memory_format=torch.channels_last)  # as in training
-        with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
-            out = model(batch)
-        # Kept on the device until the end: a copy to the host per batch would wait for
-        # the batch's forward pass before the next one is queued.
-        embs.append(out.embedding.float())
-        for k in keep:
-            kept[k].append(out.field(k).float())
+    with _bar(len(images), "embedding", "img") as bar:
+        for batch, _, _ in loader:
+            count = len(batch)
+            batch = normalize_batch(batch.to(device, non_blocking=True), image_spec)
+            batch = batch.contiguous(memory_format=torch.channels_last)  # as in training
+            with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None):
+                out = model(batch)
+            # Kept on the device until the end: a copy to the host per batch would wait for
+            # the batch's forward pass before the next one is queued.
+            embs.append(out.embedding.float())
+            for k in keep:
+                kept[k].append(out.field(k).float())
+            bar.update(count)
     emb = (
         torch.cat(embs).cpu().numpy()
         if embs
@@ -259,7 +266,7 @@ def evaluate_split(
     The embeddings scored ride along (:class:`EmbeddedScores`).
     """
     head = model.head
-    exhaustive, rerank_k, keep = _ranking(head) if rerank else (False, 0, ())
+    exhaustive, rerank_k, keep = head_ranking(head) if rerank else (False, 0, ())
     q, q_fields, g, g_fields = _embed_sets(
         model, query_set, gallery_set, protocol, device=device, workers=workers, keep=keep
     )
@@ -277,24 +284,67 @@ def evaluate_split(
             **kw,
         )
 
-    g_kept = None if gallery_set is None else g_fields
-    if exhaustive:
-        n_gallery = len(q) - 1 if g is None else len(g)
-        scorer = make_pair_scorer(
-            typing.cast(roles.PairScorer, head), q_fields, g_kept, device=device
-        )
-        ranked = score(pair_scorer=scorer, pair_chunks=pair_chunks(n_gallery), per_query=per_query)
-        ranked["num_ranked_candidates"] = n_gallery
-    elif rerank_k > 0:
-        reranker = make_reranker(typing.cast(roles.Reranker, head), q_fields, g_kept, device=device)
-        ranked = score(reranker=reranker, rerank_k=rerank_k, per_query=per_query)
-        ranked["num_ranked_candidates"] = rerank_k
-    else:
+    if not exhaustive and rerank_k == 0:
         return _embedded(score(per_query=per_query), q, g)
+    fields = (q_fields, None if gallery_set is None else g_fields)
+    searched = len(q) if g is None else len(g)
+    ranked = _method_ranking(head, score, fields, len(q), searched, rerank_k, device, per_query)
     return _embedded(_with_global(ranked, score()), q, g)
 
 
-def _ranking(head: object) -> tuple[bool, int, tuple[str, ...]]:
+def _method_ranking(
+    head, score, fields, queries: int, searched: int, rerank_k: int, device, per_query: bool
+) -> Scores:
+    """The metrics of ``head``'s own ranking of ``queries`` queries, each against
+    ``searched`` items (``score``: the evaluation with the ranking's arguments): every pair
+    by its pair scores (``rerank_k`` 0), else the top ``rerank_k`` re-ranked; from the kept
+    ``fields`` (the queries', the gallery's or None), with a progress bar."""
+    if rerank_k == 0:
+        same = fields[1] is None
+        scorer = make_pair_scorer(typing.cast(roles.PairScorer, head), *fields, device=device)
+        with _bar(queries * searched, "ranking every pair", "pair") as bar:
+            counted = _counted(scorer, bar, lambda q_ids, g_ids: len(q_ids) * len(g_ids))
+            n_gallery = searched - 1 if same else searched
+            ranked = score(
+                pair_scorer=counted, pair_chunks=pair_chunks(n_gallery), per_query=per_query
+            )
+        ranked["num_ranked_candidates"] = n_gallery
+        return ranked
+    reranker = make_reranker(typing.cast(roles.Reranker, head), *fields, device=device)
+    with _bar(queries, f"re-ranking the top {rerank_k}", "query") as bar:
+        counted = _counted(reranker, bar, lambda q_ids, _: len(q_ids))
+        ranked = score(reranker=counted, rerank_k=rerank_k, per_query=per_query)
+    ranked["num_ranked_candidates"] = rerank_k
+    return ranked
+
+
+def _bar(total: int, what: str, unit: str) -> tqdm:
+    """A progress bar of ``total`` units (its rate and the time left), shown only at a
+    terminal and gone when done."""
+    return tqdm(
+        total=total,
+        desc=what,
+        unit=unit,
+        unit_scale=True,
+        leave=False,
+        disable=None,
+        file=sys.stderr,
+    )
+
+
+def _counted(call, bar: tqdm, count):
+    """``call`` (a pair scorer or a re-ranker: ``(query ids, other ids) -> scores``), moving
+    ``bar`` on by ``count(query ids, other ids)`` after each call."""
+
+    def counted(query_ids, other_ids):
+        out = call(query_ids, other_ids)
+        bar.update(count(query_ids, other_ids))
+        return out
+
+    return counted
+
+
+def head_ranking(head: object) -> tuple[bool, int, tuple[str, ...]]:
     """How the evaluation ranks by ``head``'s roles: (exhaustively by a
     :class:`~harness.methods.roles.PairScorer`'s pair scores, the candidates per query a
     :class:`~harness.methods.roles.Reranker` re-scores, the head fields kept per image)."""
