@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from harness.base.errors import HarnessError
-from harness.components.data import DATASETS, cap_per_class, carve_validation, seen_class_control
+from harness.components.data import (
+    DATASETS,
+    ArrayImageSet,
+    cap_per_class,
+    carve_validation,
+    indices_by_class,
+    seen_class_control,
+)
 from harness.components.data.fashion_mnist import read_idx
 from harness.components.data.synthetic import (
     PARTS,
@@ -130,6 +137,20 @@ def test_cap_per_class(tmp_path):
     make_cub(tmp_path, per_class=3)
     capped = cap_per_class(DATASETS.get("cub200").load(tmp_path).train, 2, seed=0)
     assert np.bincount(capped.labels).max() == 2 and capped.num_classes == 100
+
+
+def test_capping_keeps_the_images_a_scan_of_each_class_keeps():
+    """The grouping by one sort gives each class's indices in the order, and the seeded
+    draws, of a scan of the labels per class (unsorted labels, classes of 1 to 9 images)."""
+    labels = np.random.default_rng(3).integers(0, 40, 200)
+    draws, kept = np.random.default_rng(7), []
+    for label in np.unique(labels):
+        idx = np.flatnonzero(labels == label)
+        assert np.array_equal(indices_by_class(labels)[len(kept)], idx)
+        kept.append(np.sort(draws.choice(idx, size=4, replace=False)) if idx.size > 4 else idx)
+    images = ArrayImageSet(np.zeros((200, 2, 2, 3), np.uint8), labels)
+    capped = cap_per_class(images, 4, seed=7)
+    assert np.array_equal(capped.labels, labels[np.sort(np.concatenate(kept))])
 
 
 def test_seen_class_control_trains_on_other_images_of_the_test_classes(tmp_path):

@@ -11,6 +11,7 @@ from harness.components.data.base import (
     cap_per_class,
     carve_validation,
     default_data_root,
+    indices_by_class,
     seen_class_control,
     shuffled_label_control,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "seen_class_control",
     "shuffled_label_control",
     "default_data_root",
+    "indices_by_class",
     "class_folds",
     "check_fold_count",
     "check_fold_splits",

@@ -31,6 +31,7 @@ __all__ = [
     "OfficialCounts",
     "check_class_disjoint",
     "check_official_counts",
+    "indices_by_class",
     "DATASETS",
     "register_dataset",
     "default_data_root",
@@ -403,9 +404,17 @@ def cap_per_class(images: ImageSet, cap: int, seed: int) -> ImageSet:
         return images
     rng = np.random.default_rng(seed)
     keep = []
-    for label in np.unique(images.labels):
-        idx = np.flatnonzero(images.labels == label)
+    for idx in indices_by_class(images.labels):
         if idx.size > cap:
             idx = np.sort(rng.choice(idx, size=cap, replace=False))
         keep.append(idx)
     return images.subset(np.sort(np.concatenate(keep)))
+
+
+def indices_by_class(labels: np.ndarray) -> list[np.ndarray]:
+    """Each class's image indices, ascending, the classes in ``np.unique``'s order: one
+    stable sort, where a scan of the labels per class would cost images x classes (SOP:
+    120,053 x 22,634)."""
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    order = np.argsort(codes.reshape(-1), kind="stable")
+    return np.split(order, np.cumsum(counts)[:-1])

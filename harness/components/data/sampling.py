@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from harness.base.errors import HarnessError
+from harness.components.data.base import indices_by_class
 
 __all__ = [
     "ClassBalancedBatchSampler",
@@ -84,7 +85,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
                 f"processes: each process takes the same number of classes of a global batch, so "
                 f"classes_per_batch must be a multiple of the number of processes"
             )
-        self.by_class = {c: np.flatnonzero(self.labels == c) for c in self.classes}
+        self.by_class = dict(zip(self.classes, indices_by_class(self.labels), strict=True))
         self.classes_per_batch = classes_per_batch
         self.samples_per_class = samples_per_class
         batch = classes_per_batch * samples_per_class
