@@ -54,6 +54,9 @@ def refusal(estimate: Estimate) -> str:
 
 
 def say_estimate(estimate: Estimate, *, note: str = "") -> None:
-    """The estimate's two lines on stderr (``note`` ends the first)."""
+    """The estimate's two lines on stderr (``note`` ends the first); none where no run
+    was counted (each failed its warm-up, and the run itself says why, in one line)."""
+    if not estimate.methods:
+        return
     print(estimate.line() + note, file=sys.stderr)
     print(estimate.breakdown(), file=sys.stderr, flush=True)

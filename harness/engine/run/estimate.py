@@ -277,12 +277,16 @@ def _evaluation_parts(
     if selections:
         metric_seconds += selections * _metrics(warm_up, cfg, val, cost.dim, tuple(chosen), False)
     images = selections * val.images + test.images
-    evaluations = f"{selections:,} selection{'s' if selections != 1 else ''} and the test"
+    evaluations = (
+        f"{selections:,} selection{'s' if selections != 1 else ''} and the test"
+        if selections
+        else "the test"
+    )
     times = 2 if cost.ranking else 1  # the method's ranking, then the cosine's (global_*)
     return [
         CostPart(
             "embedding",
-            f"{method}'s embedding of {images:,} images over {evaluations}",
+            f"{method}'s embedding of {images:,} images for {evaluations}",
             images * cost.image_seconds,
         ),
         *_ranking_parts(method, cost, val, test, selections),
