@@ -95,6 +95,7 @@ def _harness_embeddings(run_id: str, images: np.ndarray) -> np.ndarray:
         return ImageEmbedder(model.eval(), protocol.image)(torch.from_numpy(images)).numpy()
 
 
+@pytest.mark.slow  # 32 s on 2 cores; the fresh-environment test checks the same sizes loaded by MLflow
 def test_an_export_embeds_as_the_run_at_the_protocols_size_and_at_224_px(recorded, here):
     run_id = recorded["run_id"]
     folder = here.parent / "model"

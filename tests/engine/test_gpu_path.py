@@ -87,18 +87,16 @@ def test_a_seeded_item_leaves_the_callers_random_stream_alone():
 
 
 class _NanFromBatchTwo(PlainHead):
-    """A plain head whose loss is NaN from its second training step on (test only)."""
-
-    calls = 0
+    """A plain head whose loss is NaN from its second training step on (test only). Each
+    model counts its own steps: the estimate's warm-up trains a model of its own first."""
 
     def loss_terms(self, output: HeadOutput, batch):
-        type(self).calls += 1
+        self.calls = getattr(self, "calls", 0) + 1
         loss = batch.metric_loss(output.embedding, batch.labels)
-        return {"metric": loss * (float("nan") if type(self).calls >= 2 else 1.0)}
+        return {"metric": loss * (float("nan") if self.calls >= 2 else 1.0)}
 
 
 def test_the_deferred_check_names_the_first_non_finite_batch(workdir, tiny_protocol, capsys):
-    _NanFromBatchTwo.calls = 0
     with METHODS.temporarily("nan2-test", MethodEntry("nan2-test", _NanFromBatchTwo, {})):
         assert main(["run", "--methods", "nan2-test", "--protocol", str(tiny_protocol)]) == 2
     assert "error: loss is nan at epoch 1, batch 2 " in capsys.readouterr().err
