@@ -30,6 +30,7 @@ from harness.engine.grid.datasets import check_datasets_unchanged
 from harness.engine.grid.slurm import SlurmOptions
 from harness.engine.grid.status import wait
 from harness.engine.grid.sweep import (
+    cell_run_config,
     finished_cells,
     open_study,
     queue_grid,
@@ -39,7 +40,6 @@ from harness.engine.grid.sweep import (
 )
 from harness.engine.run.data import check_training_split, prepare_splits
 from harness.engine.run.estimate import PlannedRun
-from harness.engine.run.run_config import RunConfig, RunSettings
 from harness.engine.run.runtime import default_workers, resolve_device
 from harness.engine.tuning.sweep import (
     check_search_size,
@@ -116,7 +116,7 @@ def _estimate(args: argparse.Namespace, grid: Grid) -> None:
     workers run them; refused on a CPU over an hour without ``--yes``. A cell whose split
     does not fit its batch is left to its worker to report."""
     done = finished_cells(grid)
-    settings = RunSettings.of_worker(_settings(args))
+    worker = _settings(args)
     splits_of: dict = {}
     runs = []
     for cell in (c for c in grid.cells if c.key not in done):
@@ -127,17 +127,7 @@ def _estimate(args: argparse.Namespace, grid: Grid) -> None:
             check_training_split(cell.protocol, cell.dataset, splits_of[key])
         except HarnessError:
             continue
-        cfg = RunConfig.build(
-            cell.protocol,
-            method=cell.method,
-            dataset=cell.dataset,
-            loss=cell.loss,
-            seed=cell.seed,
-            deviations=cell.deviations,
-            settings=settings,
-            method_options=cell.method_options,
-            evaluate_only=bool(cell.base_key),
-        )
+        cfg = cell_run_config(grid, cell, worker)
         runs.append(PlannedRun(cfg, splits_of[key]))
     if not runs:
         return

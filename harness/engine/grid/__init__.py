@@ -54,6 +54,7 @@ from harness.engine.grid.status import (
 )
 from harness.engine.grid.sweep import (
     CELL_ATTR,
+    cell_run_config,
     enqueue_cells,
     enqueue_ready_dependents,
     finished_cells,
@@ -117,6 +118,7 @@ __all__ = [
     "queue_grid",
     "worker_loop",
     "run_cell",
+    "cell_run_config",
     "run_cell_process",
     "runs_of_cell",
     "tag_cell",

@@ -88,6 +88,7 @@ __all__ = [
     "queue_grid",
     "worker_loop",
     "run_cell",
+    "cell_run_config",
     "run_cell_process",
     "runs_of_cell",
     "tag_cell",
@@ -303,7 +304,7 @@ def run_cell(
         record = train_in_processes(grid.path, grid.smoke, cell.key, settings)
     else:
         train = train or training.run_training
-        record = train(_run_config(grid, cell, settings, init_from), splits)
+        record = train(cell_run_config(grid, cell, settings, init_from), splits)
     tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
 
@@ -318,7 +319,7 @@ def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None
         raise HarnessError(f"grid {grid.name} has no cell {key}")
     init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
     splits = _cell_splits(cell, settings, {})
-    result = training.run_training(_run_config(grid, cell, settings, init_from), splits)
+    result = training.run_training(cell_run_config(grid, cell, settings, init_from), splits)
     if result:  # process 0
         atomic_write_json(record, result)
 
@@ -376,9 +377,11 @@ def _kill_dead_runs(grid: Grid, cell: Cell, fp: str) -> None:
         _log(f"{cell.label}: run {run.info.run_id} of a dead worker marked KILLED")
 
 
-def _run_config(grid: Grid, cell: Cell, settings: dict, init_from: str):
-    """The training run of the cell: resumable, from ``init_from`` (evaluation only for a
-    cell with a base cell), tagged with the cell from the start."""
+def cell_run_config(grid: Grid, cell: Cell, settings: dict, init_from: str = "") -> RunConfig:
+    """The training run of the cell (``settings``: the worker's, as
+    :meth:`~harness.engine.run.run_config.RunSettings.of_worker` reads them): resumable,
+    from ``init_from`` (evaluation only for a cell with a base cell), tagged with the cell
+    from the start."""
 
     return RunConfig.build(
         cell.protocol,
