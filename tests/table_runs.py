@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.base.metric_keys import metric_key
-from harness.cli.parsers.table import add_table_parser
+from harness.cli.table import add_table_parser
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "agrouping.csv"
 

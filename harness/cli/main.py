@@ -22,21 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from harness.base.errors import HarnessError
+from harness.cli.deviations import add_deviations_parser
+from harness.cli.env import add_env_parser
+from harness.cli.evaluate import add_evaluate_parser
+from harness.cli.explain import add_explain_parser
+from harness.cli.explain_table import add_explain_table_parser
+from harness.cli.export import add_export_parser
 from harness.cli.faults import FAULT_ENV, fault_train
-from harness.cli.parsers.deviations import add_deviations_parser
-from harness.cli.parsers.env import add_env_parser
-from harness.cli.parsers.evaluate import add_evaluate_parser
-from harness.cli.parsers.explain import add_explain_parser
-from harness.cli.parsers.explain_table import add_explain_table_parser
-from harness.cli.parsers.export import add_export_parser
-from harness.cli.parsers.listings import add_listing_parsers
-from harness.cli.parsers.rerun import add_rerun_parser
-from harness.cli.parsers.run import add_run_parser
-from harness.cli.parsers.schema import add_schema_parser
-from harness.cli.parsers.sweep import add_sweep_parser
-from harness.cli.parsers.table import add_table_parser
-from harness.cli.parsers.tune import add_tune_parser
+from harness.cli.listings import add_listing_parsers
 from harness.cli.processes import terminated
+from harness.cli.rerun import add_rerun_parser
+from harness.cli.run import add_run_parser
+from harness.cli.schema import add_schema_parser
+from harness.cli.sweep import add_sweep_parser
+from harness.cli.table import add_table_parser
+from harness.cli.tune import add_tune_parser
 from harness.store.invocation import record_invocation
 
 __all__ = ["PROG", "DEBUG_HELP", "Parser", "build_parser", "run_main", "main"]

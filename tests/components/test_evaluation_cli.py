@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.base.errors import HarnessError
-from harness.cli.parsers.evaluate import add_evaluate_parser
+from harness.cli.evaluate import add_evaluate_parser
 from harness.components.evaluation import (
     evaluate_embeddings,
     gpu_available,

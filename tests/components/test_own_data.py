@@ -287,7 +287,7 @@ def test_a_tune_study_is_one_per_file_list(folder):
     grid's) is keyed by the file list's fingerprint, so a changed file makes another."""
     import argparse
 
-    from harness.cli.parsers.tune import add_tune_parser
+    from harness.cli.tune import add_tune_parser
     from harness.cli.tune_command import tune_grid
     from harness.engine.tuning.studies import tuned_studies
 

@@ -20,7 +20,7 @@ import pytest
 
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
-from harness.cli.parsers.sweep import add_sweep_parser
+from harness.cli.sweep import add_sweep_parser
 from harness.config.grids import load_grid
 from harness.engine.grid.sweep import CELL_ATTR
 from harness.methods.plain import PlainHead

@@ -14,7 +14,7 @@ import pytest
 from harness.base.errors import HarnessError
 from harness.base.metric_keys import metric_key
 from harness.cli.main import main
-from harness.cli.parsers.tune import add_tune_parser
+from harness.cli.tune import add_tune_parser
 from harness.cli.tune_command import TUNE_ROUND, tune_grid
 from harness.config.protocol_files import load_protocol
 from harness.engine.tuning.studies import record_storage, record_study, settled, tuned_studies

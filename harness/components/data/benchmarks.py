@@ -58,8 +58,14 @@ def _labels(values: list[str], path: Path) -> np.ndarray:
         raise HarnessError(f"malformed class id in {path}: {err}") from None
 
 
-def _read_rows(path: Path, *, skip: int = 0, min_fields: int = 2) -> list[list[str]]:
-    rows = []
+def _read_columns(
+    path: Path, columns: tuple[int, ...], *, skip: int = 0, min_fields: int = 2
+) -> list[list[str]]:
+    """The ``columns`` of ``path``'s whitespace-separated rows after ``skip`` header lines,
+    one list per column. Only the wanted strings are kept, never a list per row: 120,000
+    rows of lists (SOP) would set off full passes of the cyclic garbage collector, which
+    cost more than reading the file."""
+    kept: list[list[str]] = [[] for _ in columns]
     with open(_index_file(path), encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if lineno <= skip or not line.strip():
@@ -67,8 +73,9 @@ def _read_rows(path: Path, *, skip: int = 0, min_fields: int = 2) -> list[list[s
             fields = line.split()
             if len(fields) < min_fields:
                 raise HarnessError(f"malformed line {lineno} in {path}: {line.strip()!r}")
-            rows.append(fields)
-    return rows
+            for values, column in zip(kept, columns, strict=True):
+                values.append(fields[column])
+    return kept
 
 
 def _id_table(path: Path, value: str) -> dict[str, str]:
@@ -168,8 +175,8 @@ def _read_ebay(path: Path) -> tuple[list[str], np.ndarray]:
         raise HarnessError(
             f"{path}: expected header 'image_id class_id super_class_id path', got {' '.join(header)!r}"
         )
-    rows = _read_rows(path, skip=1, min_fields=4)
-    return [r[3] for r in rows], _labels([r[1] for r in rows], path)
+    class_ids, paths = _read_columns(path, (1, 3), skip=1, min_fields=4)
+    return paths, _labels(class_ids, path)
 
 
 @register_dataset(
@@ -208,7 +215,6 @@ def load_inshop(root: Path) -> DatasetSplits:
             f"{listing}: expected a count on line 1 and the header "
             "'image_name item_id evaluation_status' on line 2"
         )
-    rows = [line.split() for line in lines[2:] if line.strip()]
     # Images live under Img/ in the official release (image_name starts with img/).
     image_root = root / "Img" if (root / "Img").is_dir() else root
     by_status: dict[str, tuple[list[str], list[str]]] = {
@@ -216,7 +222,10 @@ def load_inshop(root: Path) -> DatasetSplits:
         "query": ([], []),
         "gallery": ([], []),
     }
-    for lineno, row in enumerate(rows, start=3):
+    for lineno, line in enumerate(lines[2:], start=3):
+        row = line.split()  # not kept: a list per row would set off the garbage collector
+        if not row:
+            continue
         if len(row) < 3 or row[2] not in by_status:
             raise HarnessError(f"malformed line {lineno} in {listing}: {' '.join(row)!r}")
         paths, labels = by_status[row[2]]
