@@ -17,6 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Runs skip the logged MLflow model (torch.export: about half of a tiny run's time); the
 # tests of the logged model ask for it with the `logged_models` fixture or the setting.
 os.environ.setdefault("DML_HARNESS_LOG_MODEL", "0")
+# Commands start without the warm-up and its estimate (about a second per method): the tests
+# of the estimate ask for it with the `estimates` fixture, and one test measures every
+# registered method's warm-up (tests/cli/test_run_estimate.py).
+os.environ.setdefault("DML_HARNESS_ESTIMATE", "0")
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +80,10 @@ def experiment(workdir) -> str:
 def logged_models(monkeypatch) -> None:
     """Runs log their embedder as an MLflow model, as they do outside the tests."""
     monkeypatch.setenv("DML_HARNESS_LOG_MODEL", "1")
+
+
+@pytest.fixture
+def estimates(monkeypatch) -> None:
+    """``run`` and ``sweep`` measure their warm-up and print their estimate, as they do
+    outside the tests."""
+    monkeypatch.setenv("DML_HARNESS_ESTIMATE", "1")

@@ -41,7 +41,7 @@ from harness.engine import (
 from harness.engine.run.estimate import PlannedRun
 from harness.methods import METHODS, check_method_options, list_methods, training_base
 from harness.reports.results import format_results
-from harness.store.environment import default_checkpoint_root, logs_model
+from harness.store.environment import default_checkpoint_root, estimates_commands, logs_model
 from harness.store.weights import check_finished_run
 
 if TYPE_CHECKING:
@@ -217,7 +217,9 @@ def cmd_run(
 
     Before the first run, the harness's own training (``train`` not given) is estimated
     (``estimate``: default :func:`~harness.engine.run.estimate.estimate_runs`) and the
-    estimate printed; on a CPU one over an hour is refused without ``--yes``."""
+    estimate printed; on a CPU one over an hour is refused without ``--yes``. With
+    ``DML_HARNESS_ESTIMATE=0`` (:func:`~harness.store.environment.estimates_commands`)
+    nothing is estimated."""
 
     if args.deterministic and not args.fast:  # before anything touches CUDA (cuBLAS reads it once)
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
@@ -230,7 +232,9 @@ def cmd_run(
     # The harness's own training, in one process (torchrun's processes train together).
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     estimated = (
-        _estimate(args, req, splits, shared, estimate) if train is None and one_process else None
+        _estimate(args, req, splits, shared, estimate)
+        if train is None and one_process and estimates_commands()
+        else None
     )
     if main_process:
         _announce(req, splits, shared)

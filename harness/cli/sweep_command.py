@@ -47,7 +47,7 @@ from harness.engine.tuning.sweep import (
     check_tuned_grid,
     run_worker,
 )
-from harness.store.environment import logs_model
+from harness.store.environment import estimates_commands, logs_model
 
 __all__ = ["cmd_sweep"]
 
@@ -69,7 +69,8 @@ def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = N
         # the folds on the loaded splits, up front: before the storage's folder is made
         check_tuned_grid(grid, {"data_root": args.data_root})
     if not quiet and grid.tune is None and not args.executor and train is None:
-        _estimate(args, grid)  # the cells this machine runs, before anything is queued
+        if estimates_commands():
+            _estimate(args, grid)  # the cells this machine runs, before anything is queued
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = run_worker(grid, study, settings=_settings(args), train=train)

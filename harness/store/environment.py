@@ -7,6 +7,9 @@ The variables, each with what it sets:
   (default ``results/checkpoints``, relative to the working directory);
 * ``DML_HARNESS_LOG_MODEL``: ``1`` (default) logs each finished run's embedder as an MLflow
   model, ``0`` skips it;
+* ``DML_HARNESS_ESTIMATE``: ``1`` (default) has ``run`` and ``sweep`` measure a warm-up and
+  print their estimate before the first run (a CPU command over an hour stopping without
+  ``--yes``), ``0`` starts at once, as ``--yes`` does, with no estimate;
 * ``DML_HARNESS_OPTUNA_STORAGE``: the Optuna storage of tuned grids when the command names none;
 * ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: the process group ``torchrun`` starts;
 * ``SLURM_JOB_ID``, ``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``: the Slurm job a worker
@@ -27,11 +30,13 @@ from harness.base.errors import HarnessError
 __all__ = [
     "CHECKPOINTS_ENV",
     "LOG_MODEL_ENV",
+    "ESTIMATE_ENV",
     "OPTUNA_STORAGE_ENV",
     "SLURM_TAGS",
     "carried_environment",
     "default_checkpoint_root",
     "logs_model",
+    "estimates_commands",
     "optuna_storage_setting",
     "slurm_ids",
     "torchrun_ranks",
@@ -41,6 +46,8 @@ CHECKPOINTS_ENV = "DML_HARNESS_CHECKPOINTS"
 #: The setting that turns off the logged MLflow model of each run (``0``); the selected
 #: weights stay in the run's ``weights/`` artifact and its checkpoint folder either way.
 LOG_MODEL_ENV = "DML_HARNESS_LOG_MODEL"
+#: The setting that turns off the warm-up and the estimate before ``run`` and ``sweep`` (``0``).
+ESTIMATE_ENV = "DML_HARNESS_ESTIMATE"
 OPTUNA_STORAGE_ENV = "DML_HARNESS_OPTUNA_STORAGE"
 #: MLflow tag -> the environment variable Slurm sets in a job's processes.
 SLURM_TAGS = {
@@ -63,6 +70,20 @@ def logs_model() -> bool:
     value = os.environ.get(LOG_MODEL_ENV, "1").strip()
     if value not in ("0", "1"):
         raise HarnessError(f"{LOG_MODEL_ENV} must be 1 (log each run's model) or 0, not {value!r}")
+    return value == "1"
+
+
+def estimates_commands() -> bool:
+    """Whether ``run`` and ``sweep`` measure a warm-up and print their estimate first:
+    ``$DML_HARNESS_ESTIMATE`` ``1`` (the default) or ``0``. The warm-up costs about a second
+    per method on 2 CPU cores, which a script of many short runs (a test suite) may rather
+    spend on the runs; with ``0`` nothing is estimated and nothing is gated, as under
+    ``--yes``. Any other value is one error line."""
+    value = os.environ.get(ESTIMATE_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise HarnessError(
+            f"{ESTIMATE_ENV} must be 1 (estimate before the first run) or 0, not {value!r}"
+        )
     return value == "1"
 
 

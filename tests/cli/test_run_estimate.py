@@ -15,8 +15,13 @@ from harness.base.errors import HarnessError
 from harness.cli.estimates import GATE_SECONDS, refusal
 from harness.cli.main import build_parser, main
 from harness.cli.run import cmd_run
-from harness.engine.run.estimate import CostPart, Estimate, MethodCost, estimate_runs
+from harness.config.protocol_files import load_protocol
+from harness.engine import RunConfig, training_splits
+from harness.engine.run.estimate import CostPart, Estimate, MethodCost, PlannedRun, estimate_runs
+from harness.methods import list_methods
 from tests.fixtures import make_cub
+
+pytestmark = pytest.mark.usefixtures("estimates")
 
 
 def _runs(experiment: str) -> list:
@@ -109,3 +114,45 @@ def test_the_refusal_names_the_costliest_part_and_the_top_k_deviation():
     )
     assert "\n" not in line
     assert refusal(_costly(GATE_SECONDS - 1)).startswith("estimated 59 min 59 s on cpu")
+
+
+def test_the_warm_up_measures_every_registered_method(workdir, tiny_protocol):
+    """Each registered method's warm-up (its trainer built, its steps, its embedding and
+    ranking) works on the tiny protocol: every method is counted, none left out. The other
+    tests run their commands without the warm-up (``DML_HARNESS_ESTIMATE=0``)."""
+    protocol = load_protocol(tiny_protocol).for_dataset("synthetic")
+    splits = training_splits(protocol, "synthetic", None, seed=0)
+    methods = list_methods()
+    runs = [
+        PlannedRun(
+            RunConfig.build(protocol, method=m, dataset="synthetic", loss="margin", seed=0), splits
+        )
+        for m in methods
+    ]
+    found = estimate_runs(runs, torch.device("cpu"), workers=0)
+    assert found.unmeasured == ()
+    assert [m.method for m in found.methods] == methods
+    for cost in found.methods:
+        kinds = {part.kind for part in cost.parts}
+        assert {"training", "embedding"} <= kinds, (cost.method, kinds)
+        assert all(part.seconds > 0 for part in cost.parts), cost
+
+
+def test_without_the_estimate_a_run_starts_at_once_and_a_bad_setting_is_one_line(
+    workdir, tiny_protocol, monkeypatch, capsys
+):
+    experiment = uuid.uuid4().hex[:8]
+    argv = ["run", "--methods", "plain", "--protocol", str(tiny_protocol), "--device", "cpu"]
+    argv += ["--epochs", "0", "--experiment", experiment]
+    monkeypatch.setenv("DML_HARNESS_ESTIMATE", "no")
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [
+        "error: DML_HARNESS_ESTIMATE must be 1 (estimate before the first run) or 0, not 'no'"
+    ]
+    assert _runs(experiment) == []
+    monkeypatch.setenv("DML_HARNESS_ESTIMATE", "0")
+    assert main(argv) == 0
+    assert "estimate:" not in capsys.readouterr().err
+    assert len(_runs(experiment)) == 1

@@ -7,10 +7,14 @@ import uuid
 from pathlib import Path
 
 import mlflow
+import pytest
 
 from harness.cli.main import main
 
 TINY_PROTOCOL = Path(__file__).parents[1] / "protocols" / "tiny.toml"
+
+
+pytestmark = pytest.mark.usefixtures("estimates")
 
 
 def _grid(tmp: Path, extra: str = "") -> tuple[Path, str]:
