@@ -91,6 +91,8 @@ def _wait_for_tasks(grid, timeout: float = 900) -> None:
 # --------------------------------------------------------------- the local executor
 
 
+# 26 s on 2 cores; the default run drives the local executor in the status and cancel test
+@pytest.mark.slow
 def test_local_executor_runs_every_cell_once_with_its_output_and_slurm_ids(
     workdir, capsys, monkeypatch
 ):
