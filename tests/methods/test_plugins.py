@@ -310,10 +310,11 @@ PLUGIN_REFUSALS = [
         f"group {PLUGIN_GROUP}): method name 'all' is reserved: --methods all and a grid's "
         'methods = "all" stand for every method; rename the plugin\'s method',
     ),
-    (
+    pytest.param(  # a command's start, 8 s: the reserved name's case runs by default
         _VARIANT + "register_variant('a,b', PlainHead)\n",
         ("run", "--methods", "a,b", "--protocol", str(TINY_PROTOCOL)),
         "method name 'a,b' is not a method name: expected letters, digits",
+        marks=pytest.mark.slow,
     ),
     (
         _VARIANT + "register_variant('all', PlainHead)\n",
@@ -331,7 +332,9 @@ PLUGIN_REFUSALS = [
 
 
 @pytest.mark.parametrize(
-    "module, argv, expected", PLUGIN_REFUSALS, ids=[" ".join(c[1][:3]) for c in PLUGIN_REFUSALS]
+    "module, argv, expected",
+    PLUGIN_REFUSALS,
+    ids=[" ".join(getattr(c, "values", c)[1][:3]) for c in PLUGIN_REFUSALS],
 )
 def test_an_installed_plugin_that_cannot_work_is_refused(tmp_path, module, argv, expected):
     """The refusal contract, for a command started as users start it (the plugin is
