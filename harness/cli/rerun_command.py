@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from harness.base.errors import HarnessError
 from harness.cli.run_command import check_checkpoint_root
@@ -95,6 +96,13 @@ def _plans(args: argparse.Namespace, ids: list[str]) -> list[RerunPlan]:
     return sorted(plans, key=lambda plan: plan.cfg.init_from in ids)
 
 
+def _from_rerun(plan: RerunPlan, rerun_id: str, root: Path) -> RerunPlan:
+    """``plan`` starting from the weights of the rerun ``rerun_id``, looked for under the
+    checkpoint root ``root`` that rerun wrote them in."""
+    settings = replace(plan.cfg.settings, init_root=root)
+    return replace(plan, cfg=replace(plan.cfg, init_from=rerun_id, settings=settings))
+
+
 def cmd_rerun(args: argparse.Namespace, *, train: TrainFunction | None = None) -> int:
     """Check every run, print what differs from its record, train each again, compare."""
     _check_arguments(args)
@@ -109,15 +117,16 @@ def cmd_rerun(args: argparse.Namespace, *, train: TrainFunction | None = None) -
         print(
             format_differences(f"{plan.label} ({plan.record.run_id})", differences), file=sys.stderr
         )
-    reruns: dict[str, str] = {}  # original run id -> its rerun's id
+    # original run id -> its rerun's id and the checkpoint root that rerun wrote in
+    reruns: dict[str, tuple[str, Path]] = {}
     comparisons = []
     for plan, splits, differences in prepared:
         if plan.cfg.init_from in reruns:  # start from the rerun of the run it started from
-            plan = replace(plan, cfg=replace(plan.cfg, init_from=reruns[plan.cfg.init_from]))
+            plan = _from_rerun(plan, *reruns[plan.cfg.init_from])
         comparison = rerun(
             plan, splits, differences, tolerance=args.tolerance, train=train or run_training
         )
-        reruns[plan.record.run_id] = comparison.rerun_id
+        reruns[plan.record.run_id] = (comparison.rerun_id, plan.cfg.settings.checkpoint_root)
         comparisons.append(comparison)
         print(format_summary_line(comparison), file=sys.stderr)
         if comparison.verdict == DIFFERS:

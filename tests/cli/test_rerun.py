@@ -179,3 +179,23 @@ def test_a_run_of_three_methods_reruns_identical_float_for_float(
     rows = [line for line in out.splitlines() if line.startswith("| ") and "seed 0" in line]
     assert len(rows) == 3 and all(" | IDENTICAL | " in row for row in rows), out
     assert "IDENTICAL 3, WITHIN NOISE 0, DIFFERS 0" in out
+
+
+@pytest.mark.slow
+def test_a_shared_diml_run_reruns_alone_from_the_original_plain_weights(
+    tmp_path, monkeypatch, capsys, data_root
+):
+    """``rerun`` of DIML's run alone: it starts from the original ``plain`` run's weights,
+    looked for under the checkpoint root where that run keeps them (its own checkpoints go
+    under ``reruns/``)."""
+    experiment = f"rerun-diml-{uuid.uuid4().hex[:6]}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    records = tmp_path / "records.json"
+    argv = ["run", "--methods", "plain,diml", "--protocol", str(TINY_PROTOCOL)]
+    assert main([*argv, "--experiment", experiment, "--json", str(records)]) == 0
+    (diml,) = [r for r in json.loads(records.read_text()) if r["method"] == "diml"]
+    capsys.readouterr()
+    assert main(["rerun", diml["mlflow_run_id"]]) == 0
+    out = capsys.readouterr().out
+    assert "IDENTICAL 1, WITHIN NOISE 0, DIFFERS 0" in out, out

@@ -206,10 +206,13 @@ def plan_rerun(
 
 def _rerun_settings(record: RunRecord, settings: RunSettings) -> RunSettings:
     """This machine's data root and device, the run's recorded kernels and compile flags,
-    and checkpoints under ``<root>/reruns/<run id>-<random stamp>``: never the original's folder."""
+    and checkpoints under ``<root>/reruns/<run id>-<random stamp>``: never the original's
+    folder. The weights it starts from (``init_from``) are looked for under ``<root>``,
+    where the runs it re-runs keep theirs."""
     stamp = uuid.uuid4().hex[:8]
     return replace(
         settings,
+        init_root=settings.checkpoint_root,
         deterministic=_flag(record, "deterministic"),
         fast=_flag(record, "fast"),
         compile=_flag(record, "compile"),

@@ -44,6 +44,10 @@ class RunSettings:
     #: ``$DML_HARNESS_CHECKPOINTS``, else ``results/checkpoints``). Runs record their
     #: weights relative to it too, so a moved root still serves ``--init-from``.
     checkpoint_root: Path = field(default_factory=lambda: default_checkpoint_root())
+    #: Where the weights of ``init_from`` are looked for, when not under ``checkpoint_root``
+    #: (a rerun checkpoints into a folder of its own and starts from runs checkpointed
+    #: elsewhere); None: ``checkpoint_root``.
+    init_root: Path | None = None
     #: Deterministic kernels everywhere, cuDNN/cuBLAS made repeatable (:mod:`harness.base.device`).
     deterministic: bool = False
     #: cuDNN autotuning and non-deterministic kernels (:func:`~harness.base.device.configure_determinism`).

@@ -202,7 +202,7 @@ def _initial_model(plan: _RunPlan) -> tuple[EmbeddingModel, int]:
             model,
             cfg.init_from,
             flag="--init-from",
-            checkpoint_root=cfg.settings.checkpoint_root,
+            checkpoint_root=cfg.settings.init_root or cfg.settings.checkpoint_root,
             expect_fingerprint=plan.fp if cfg.evaluate_only else "",
         )
     return on_device(model, plan.device), init_selected_epoch
