@@ -68,9 +68,9 @@ def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = N
     if grid.tune is not None and not quiet:
         # the folds on the loaded splits, up front: before the storage's folder is made
         check_tuned_grid(grid, {"data_root": args.data_root})
-    if not quiet and grid.tune is None and not args.executor and train is None:
-        if estimates_commands():
-            _estimate(args, grid)  # the cells this machine runs, before anything is queued
+    estimated_here = not quiet and grid.tune is None and not args.executor and train is None
+    if estimated_here and estimates_commands():
+        _estimate(args, grid)  # the cells this machine runs, before anything is queued
     study = open_study(grid, args.storage, heartbeat=args.heartbeat, grace=args.grace)
     if args.worker_only:
         report = run_worker(grid, study, settings=_settings(args), train=train)
