@@ -6,7 +6,7 @@ which runs the real command line in other processes (sweep workers among them) a
 a kill to land exactly "during a checkpoint" or "during evaluation", which a signal sent
 from outside at a random moment rarely does. :func:`run_main` of :mod:`harness.cli.main`
 reads the variable, in this one place, and hands the commands that train a
-:func:`fault_train`: :func:`~harness.engine.run.training.run_training` with the named part of
+:func:`fault_train`: :func:`~harness.engine.run.training.train_run` with the named part of
 each run's :class:`~harness.engine.run.trainer.Trainer` wrapped. Unset (always, outside
 those tests) nothing is wrapped.
 
@@ -154,9 +154,9 @@ def fault_train(spec: str) -> Callable[..., dict[str, Any]] | None:
         _wrap_writer(fault)
         return None
     # deferred: the training stack (torch, ~1 s) only where the suite asks for a fault
-    from harness.engine.run.training import run_training
+    from harness.engine.run.training import train_run
 
     def train(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        return run_training(*args, wrap_parts=lambda trainer: _wrap(fault, trainer), **kwargs)
+        return train_run(*args, wrap_parts=lambda trainer: _wrap(fault, trainer), **kwargs)
 
     return train

@@ -131,7 +131,7 @@ def _program() -> str:
 def main(argv: list[str] | None = None, *, train: Any = None) -> int:
     """Run the command of ``argv`` (default: the process's arguments); its errors are one
     line on stderr. ``train``: what trains one run of ``run``, ``sweep`` and ``tune``
-    (default :func:`harness.engine.run.training.run_training`; tests and notebooks hand a
+    (default :func:`harness.engine.run.training.train_run`; tests and notebooks hand a
     stand-in)."""
     args = None
     argv = sys.argv[1:] if argv is None else list(argv)

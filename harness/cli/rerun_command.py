@@ -29,7 +29,7 @@ from harness.engine.audit.rerun import (
 )
 from harness.engine.run.run_config import RunSettings
 from harness.engine.run.runtime import resolve_device
-from harness.engine.run.training import TrainFunction, run_training
+from harness.engine.run.training import TrainFunction, train_run
 from harness.reports.reruns import (
     DIFFERS,
     format_comparisons,
@@ -124,7 +124,7 @@ def cmd_rerun(args: argparse.Namespace, *, train: TrainFunction | None = None) -
         if plan.cfg.init_from in reruns:  # start from the rerun of the run it started from
             plan = _from_rerun(plan, *reruns[plan.cfg.init_from])
         comparison = rerun(
-            plan, splits, differences, tolerance=args.tolerance, train=train or run_training
+            plan, splits, differences, tolerance=args.tolerance, train=train or train_run
         )
         reruns[plan.record.run_id] = (comparison.rerun_id, plan.cfg.settings.checkpoint_root)
         comparisons.append(comparison)

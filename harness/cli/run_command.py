@@ -1,5 +1,5 @@
 """``python -m harness run``: train and test methods under a fair protocol, seed by seed;
-the runs themselves are :func:`harness.engine.run.training.run_training`'s."""
+the runs themselves are :func:`harness.engine.run.training.train_run`'s."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from harness.engine import (
     default_workers,
     resolve_device,
     run_miner,
-    run_training,
     shutdown,
+    train_run,
     training_splits,
     whole_graph_blocker,
 )
@@ -213,7 +213,7 @@ def cmd_run(
     estimate: EstimateFunction | None = None,
 ) -> int:
     """Train and test each method with each seed (``train``: what trains one run, default
-    :func:`~harness.engine.run.training.run_training`); print the table, write ``--json``.
+    :func:`~harness.engine.run.training.train_run`); print the table, write ``--json``.
 
     Before the first run, the harness's own training (``train`` not given) is estimated
     (``estimate``: default :func:`~harness.engine.run.estimate.estimate_runs`) and the
@@ -245,7 +245,7 @@ def cmd_run(
         for seed in req.seeds:
             if req.protocol.splits.validation_by_run_seed and seed != req.seeds[0]:
                 splits = _splits(args, req, seed)  # each seed its own carve
-            records += _run_seed(args, req, seed, splits, shared, train or run_training)
+            records += _run_seed(args, req, seed, splits, shared, train or train_run)
     finally:
         shutdown()  # a process group left open would hang the other processes' exit
     if not main_process:

@@ -53,7 +53,7 @@ __all__ = ["cmd_sweep"]
 
 
 def cmd_sweep(args: argparse.Namespace, *, train: Any = None, submitter: Any = None) -> int:
-    """Queue the grid's cells and run them here (``train``: default ``run_training``), or
+    """Queue the grid's cells and run them here (``train``: default ``train_run``), or
     submit them as tasks (``submitter``: default ``submit_tasks``)."""
     if args.status or args.cancel:
         grid = load_grid(args.status or args.cancel, smoke=args.smoke, max_cells=None)

@@ -103,7 +103,7 @@ def _grid_name(experiment: str) -> str:
 def cmd_tune(args: argparse.Namespace, *, train: Any = None) -> int:
     """The study's trials, its best trial and (unless ``--no-reproduce``) its final runs
     and tables (``train``: what trains one run, default
-    :func:`~harness.engine.run.training.run_training`)."""
+    :func:`~harness.engine.run.training.train_run`)."""
     resolve_device(args.device)
     if args.seed is not None:
         raise HarnessError(

@@ -51,6 +51,7 @@ from harness.engine.run import (
     run_training,
     seed_everything,
     shutdown,
+    train_run,
     training_splits,
     whole_graph_blocker,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "prepare_splits",
     "check_training_split",
     "training_splits",
+    "train_run",
     "run_training",
     "TrainFunction",
     "resolve_device",

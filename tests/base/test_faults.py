@@ -19,7 +19,7 @@ from mlflow.exceptions import MlflowException
 
 from harness.base.errors import HarnessError
 from harness.cli.main import main
-from harness.engine import run_training
+from harness.engine import train_run
 
 
 def run_cli(*args: str, train=None) -> int:
@@ -137,7 +137,7 @@ def test_a_tracking_failure_while_failing_a_run_keeps_the_original_error(
         return real_set_terminated(client, run_id, status, end_time)
 
     monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", store_down)
-    failing = functools.partial(run_training, evaluator=original)
+    failing = functools.partial(train_run, evaluator=original)
     argv = ("--methods", "plain", "--protocol", str(tiny_protocol), "--epochs", "0")
     assert run_cli(*argv, "--experiment", experiment, train=failing) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -164,7 +164,7 @@ def test_run_json_writes_null_for_non_finite_metrics(workdir, tiny_protocol):
             "0",
             "--json",
             str(out),
-            train=functools.partial(run_training, evaluator=scores),
+            train=functools.partial(train_run, evaluator=scores),
         )
         == 0
     )

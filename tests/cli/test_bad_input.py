@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from harness.engine import run_training
+from harness.engine import train_run
 from harness.methods import METHODS, HeadOutput
 from harness.methods.base import MethodEntry
 from harness.methods.plain import PlainHead
@@ -474,7 +474,7 @@ def test_a_selection_metric_that_is_never_a_number_fails_the_run(workdir, capsys
         ],
         "was NaN at every evaluation",
         out,
-        train=functools.partial(run_training, evaluator=no_scores),
+        train=functools.partial(train_run, evaluator=no_scores),
     )
 
 

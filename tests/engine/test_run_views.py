@@ -30,7 +30,7 @@ from harness.engine.run import (
     SplitEvaluator,
     build_model,
     cosine_values,
-    run_training,
+    train_run,
     training_splits,
 )
 from harness.reports.figures import EXAMPLES_DATA, MAP_DATA, VIEWS_FOLDER
@@ -48,7 +48,7 @@ def _run(protocol) -> dict:
         seed=0,
         experiment=f"views-{uuid.uuid4().hex[:8]}",
     )
-    return run_training(cfg)
+    return train_run(cfg)
 
 
 def _logged(run_id: str) -> set[str]:

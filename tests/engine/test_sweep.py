@@ -354,14 +354,14 @@ def test_a_worker_losing_the_race_to_create_the_experiment_joins_it(workdir, mon
 
 
 def test_a_test_time_cell_waits_while_its_base_cell_fails(workdir, capsys):
-    from harness.engine import run_training
+    from harness.engine import train_run
 
     grid_path = _grid(workdir, methods=("plain", "diml"), extra='[test_time]\ndiml = "plain"\n')
 
     def crash_plain(cfg, splits=None):
         if cfg.method == "plain":
             raise RuntimeError("simulated crash")
-        return run_training(cfg, splits)
+        return train_run(cfg, splits)
 
     storage = f"sqlite:///{workdir / 'optuna.db'}"
     assert _sweep("--grid", str(grid_path), "--storage", storage, train=crash_plain) == 1

@@ -142,4 +142,4 @@ def test_the_engine_package_exports_each_public_name_from_its_module():
 
     missing = [name for name in engine.__all__ if getattr(engine, name, None) is None]
     assert missing == []
-    assert {"Trainer", "Recorder", "Checkpointer", "RunConfig", "run_training"} <= set(dir(engine))
+    assert {"Trainer", "Recorder", "Checkpointer", "RunConfig", "train_run"} <= set(dir(engine))

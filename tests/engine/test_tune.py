@@ -36,7 +36,7 @@ def _tune(*argv: str, train=None) -> int:
 
 
 def _fake_training(calls: list):
-    """Stands in for ``run_training``: an MLflow run with the tags a table reads and a
+    """Stands in for ``train_run``: an MLflow run with the tags a table reads and a
     validation history that grows with the head's learning rate, no training."""
     from harness.store.tracking import Tracker
 

@@ -30,7 +30,7 @@ from harness.components.data import (
 from harness.config.grids import load_grid
 from harness.engine.run.data import prepare_splits
 from harness.engine.run.run_config import RunConfig
-from harness.engine.run.training import run_training
+from harness.engine.run.training import train_run
 from harness.engine.tuning.studies import settled, trial_setting, tuned_studies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def test_a_search_run_never_reads_the_test_split_and_a_full_run_on_sealed_splits
     protocol = load_protocol(tiny_protocol)
     splits = seal_test(prepare_splits(protocol, "synthetic", None, seed=0), "the search")
     common = dict(method="plain", dataset="synthetic", loss="margin", seed=0)
-    record = run_training(
+    record = train_run(
         RunConfig.build(protocol, search_only=True, experiment="sealed", **common), splits
     )
     run = mlflow.MlflowClient().get_run(record["mlflow_run_id"])
@@ -192,7 +192,7 @@ def test_a_search_run_never_reads_the_test_split_and_a_full_run_on_sealed_splits
     assert any(k.startswith("val/") for k in run.data.metrics)
     assert not any(k.startswith("test/") for k in run.data.metrics)
     with pytest.raises(SealedSplitRead):
-        run_training(RunConfig.build(protocol, experiment="sealed", **common), splits)
+        train_run(RunConfig.build(protocol, experiment="sealed", **common), splits)
 
 
 def _sweep(workdir: Path, *extra: str) -> subprocess.CompletedProcess:

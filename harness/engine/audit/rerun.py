@@ -35,10 +35,10 @@ from harness.config.deviations import TAG_PREFIX
 from harness.config.fingerprint import fingerprint
 from harness.config.overrides import Deviation
 from harness.config.protocol import protocol_from_dict
-from harness.engine.run.data import recorded_control
+from harness.engine.run.data import recorded_control, training_splits
 from harness.engine.run.run_config import RunConfig, RunSettings
 from harness.engine.run.runtime import resolve_device
-from harness.engine.run.training import run_training, training_splits
+from harness.engine.run.training import train_run
 from harness.methods import METHODS
 from harness.reports.reruns import (
     Comparison,
@@ -315,7 +315,7 @@ def cell_half_widths(record: RunRecord, tolerance: float) -> tuple[dict[str, flo
     return widths, (f"{seeds} seeds of the cell" if seeds >= 2 else f"tolerance {tolerance:g}")
 
 
-#: What trains one run: :func:`~harness.engine.run.training.run_training` or a stand-in.
+#: What trains one run: :func:`~harness.engine.run.training.train_run` or a stand-in.
 Train = Callable[..., dict[str, Any]]
 
 
@@ -325,7 +325,7 @@ def rerun(
     differences: list[InputDifference],
     *,
     tolerance: float,
-    train: Train = run_training,
+    train: Train = train_run,
 ) -> Comparison:
     """Train ``plan``'s run again, compare every metric with the record, and keep the
     comparison with both runs: ``rerun/comparison.json`` and ``rerun/comparison.md`` on the

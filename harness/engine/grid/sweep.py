@@ -8,7 +8,7 @@ Coordination uses an Optuna RDB storage as the shared queue (SQLite under
   (tag ``cell_key``) and no queued or running trial is enqueued as a fixed trial
   (``study.enqueue_trial``, the cell key in its user attributes);
 * workers pop trials with ``study.ask()``, run the cell through
-  :func:`harness.engine.run.training.run_training` (``resume=True``: a retried cell continues
+  :func:`harness.engine.run.training.train_run` (``resume=True``: a retried cell continues
   from its last checkpoint) and ``study.tell()`` the selection metric;
 * workers send Optuna heartbeats; a worker killed mid-cell leaves a RUNNING trial
   whose heartbeat goes stale, Optuna fails it and
@@ -288,7 +288,7 @@ def run_cell(
     splits_cache: dict,
     train: Any = None,
 ):
-    """Train the cell's run (``train``: :func:`~harness.engine.run.training.run_training`, or a
+    """Train the cell's run (``train``: :func:`~harness.engine.run.training.train_run`, or a
     stand-in), or adopt a finished untagged one; the run tagged with the cell and trial."""
 
     splits = _cell_splits(cell, settings, splits_cache)
@@ -303,7 +303,7 @@ def run_cell(
     if settings.get("processes", 1) > 1:  # one process per GPU of the task, under torchrun
         record = train_in_processes(grid.path, grid.smoke, cell.key, settings)
     else:
-        train = train or training.run_training
+        train = train or training.train_run
         record = train(cell_run_config(grid, cell, settings, init_from), splits)
     tag_cell(record["mlflow_run_id"], grid, cell, trial_number, study_name)
     return record
@@ -319,7 +319,7 @@ def run_cell_process(grid: Grid, key: str, settings: dict, record: Path) -> None
         raise HarnessError(f"grid {grid.name} has no cell {key}")
     init_from = finished_cells(grid).get(cell.base_key, "") if cell.base_key else ""
     splits = _cell_splits(cell, settings, {})
-    result = training.run_training(cell_run_config(grid, cell, settings, init_from), splits)
+    result = training.train_run(cell_run_config(grid, cell, settings, init_from), splits)
     if result:  # process 0
         atomic_write_json(record, result)
 
@@ -414,7 +414,7 @@ def worker_loop(
     """Pop and run queued cells until none is queued or running anywhere.
 
     ``settings["storage"]``: the study's storage URL (a SQLite one gets a local pop lock).
-    ``train``: what trains a cell's run (default :func:`~harness.engine.run.training.run_training`).
+    ``train``: what trains a cell's run (default :func:`~harness.engine.run.training.train_run`).
     Returns ``{"done": [...], "failed": [(label, error)], "skipped": [...]}`` for this worker."""
 
     # Import the training stack (torch, timm, MLflow: seconds of work, much of it holding

@@ -2,6 +2,7 @@
 recorders, from a protocol to tracked metrics (``python -m harness run``).
 """
 
+from harness.engine.run.assembly import AssembledRun, ResolvedRun, assemble_run, resolve_run
 from harness.engine.run.checkpoints import (
     CHECKPOINT_KEYS,
     Checkpointer,
@@ -27,6 +28,7 @@ from harness.engine.run.data import (
     control_deviation,
     prepare_splits,
     recorded_control,
+    training_splits,
 )
 from harness.engine.run.distributed import (
     SINGLE_PROCESS,
@@ -123,7 +125,7 @@ from harness.engine.run.trainer import (
 from harness.engine.run.training import (
     TrainFunction,
     run_training,
-    training_splits,
+    train_run,
 )
 from harness.engine.run.views import VIEW_METRIC, DrawRetrievalViews, cosine_values
 from harness.engine.run.warm_up import (
@@ -234,7 +236,12 @@ __all__ = [
     "StepFunction",
     "TrainFunction",
     "training_splits",
+    "train_run",
     "run_training",
+    "ResolvedRun",
+    "resolve_run",
+    "AssembledRun",
+    "assemble_run",
     "DrawRetrievalViews",
     "VIEW_METRIC",
     "cosine_values",

@@ -33,6 +33,7 @@ from harness.engine.run.distributed import SINGLE_PROCESS, Processes
 from harness.engine.run.embedding import loader_worker_init
 
 __all__ = [
+    "training_splits",
     "prepare_splits",
     "check_folds_fit",
     "check_training_split",
@@ -63,6 +64,22 @@ def recorded_control(deviations: str) -> str:
         if value in deviations:
             return name
     return ""
+
+
+def training_splits(
+    protocol: Protocol,
+    dataset: str,
+    data_root: Path | None,
+    *,
+    control: str = "",
+    seed: int | None = None,
+) -> DatasetSplits:
+    """The splits a run trains and is evaluated on (:func:`prepare_splits`), the protocol's
+    rules that need them checked (its batch fits in the training split): what ``run``,
+    ``sweep`` and ``tune`` hand :func:`~harness.engine.run.training.train_run`."""
+    splits = prepare_splits(protocol, dataset, data_root, control=control, seed=seed)
+    check_training_split(protocol, dataset, splits)
+    return splits
 
 
 def prepare_splits(

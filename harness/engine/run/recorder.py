@@ -52,7 +52,7 @@ class FinishedRun:
 
 @runtime_checkable
 class Recorder(Protocol):
-    """Where :func:`~harness.engine.run.training.run_training` and its
+    """Where :func:`~harness.engine.run.training.train_run` and its
     :class:`~harness.engine.run.trainer.Trainer` report one run, from its start to its end:
     :meth:`open` and :meth:`start`, then :meth:`record_flush` at every flush of the step
     loop, :meth:`record_epoch` after each epoch, :meth:`record_test` once, and

@@ -173,7 +173,7 @@ def run_trial(
 ) -> float:
     """Trial ``number`` of ``study``: its k fold runs (a finished one is read, not run
     again), the mean of their best validation values, recorded in the study (once);
-    ``train`` trains a run (default :func:`~harness.engine.run.training.run_training`)."""
+    ``train`` trains a run (default :func:`~harness.engine.run.training.train_run`)."""
 
     spec = study.spec
     record = record_study(study, storage)
@@ -255,7 +255,7 @@ def _trial_fold_run(study: Study, number: int, fold: int | None, setting: tuple,
         tags={**{k: str(v) for k, v in tags.items()}, "tune_params": json.dumps(params)},
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.train_run)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, tags)
     return run_id
 
@@ -379,7 +379,7 @@ def _final_fold_run(grid: Grid, cell: Cell, fold: int | None, setting: tuple, ho
         tags=fold_tags,
     )
     check_training_split(cfg.protocol, cfg.dataset, splits)
-    run_id = (train or training.run_training)(cfg, splits)["mlflow_run_id"]
+    run_id = (train or training.train_run)(cfg, splits)["mlflow_run_id"]
     set_run_tags(run_id, fold_tags)
     return run_id
 

@@ -189,7 +189,7 @@ def tuned_worker_loop(
     """Pop and run the tuned grid's tasks until every study and final cell is done (with
     ``finals`` False: every study), or nothing more can run; plans new tasks whenever the
     queue is empty (``train``: what trains a run, default
-    :func:`~harness.engine.run.training.run_training`). Returns this worker's
+    :func:`~harness.engine.run.training.train_run`). Returns this worker's
     ``{"done": [...], "failed": [(task, error)]}``."""
 
     settings = settings or {}
