@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from harness.base.errors import HarnessError
 from harness.components.data import (
@@ -203,6 +205,10 @@ def test_synthetic_is_deterministic_and_has_part_masks(tmp_path):
     assert len(files) == 16  # 8 images + 8 masks
     for rel in files:
         assert (a / rel).read_bytes() == (b / rel).read_bytes()
+    # The pack training reads holds each PNG's pixels, in the manifest's order.
+    items = json.loads((a / "manifest.json").read_text())["items"]
+    decoded = [np.asarray(Image.open(a / it["path"]).convert("RGB")) for it in items]
+    assert np.array_equal(np.load(a / "images.npy"), np.stack(decoded))
     mask = load_part_mask(a, "masks/000/000.png")
     assert mask.shape == (48, 48)
     assert (
