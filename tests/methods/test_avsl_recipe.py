@@ -368,14 +368,14 @@ def _engine_step(overrides: dict, steps=((0, 0),)):
     """Training steps ``(epoch, step)`` of AVSL on the tiny protocol through the public
     trainer, with the gradient norm of each parameter group read where the optimizer steps
     (the trainer, and the norms of the first step)."""
-    from harness.engine.run import training
+    from harness.engine.run import RunConfig, prepare_splits
     from harness.engine.run.recorder import InMemoryRecorder
     from harness.engine.run.trainer import Trainer
     from tests.conftest import TINY_PROTOCOL
 
     protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)
-    splits = training.prepare_splits(protocol, "synthetic", None, seed=0)
-    cfg = training.RunConfig.build(
+    splits = prepare_splits(protocol, "synthetic", None, seed=0)
+    cfg = RunConfig.build(
         protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0
     )
     trainer = Trainer.from_config(cfg, splits, recorder=InMemoryRecorder())
