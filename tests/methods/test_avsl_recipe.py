@@ -375,9 +375,7 @@ def _engine_step(overrides: dict, steps=((0, 0),)):
 
     protocol, _ = apply_overrides(load_protocol(TINY_PROTOCOL), overrides)
     splits = prepare_splits(protocol, "synthetic", None, seed=0)
-    cfg = RunConfig.build(
-        protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0
-    )
+    cfg = RunConfig.build(protocol, method="avsl", dataset="synthetic", loss="proxy_anchor", seed=0)
     trainer = Trainer.from_config(cfg, splits, recorder=InMemoryRecorder())
     norms = []
     step = trainer.parts.scaler.step
