@@ -229,7 +229,11 @@ def test_a_tuned_sweep_on_two_workers_gives_every_study_its_budget_and_mlrc_repo
     assert all(r.data.tags["tune_role"] == "trial" for r in search)
     # Every trial of both studies, on either worker, trained on the same two folds.
     assert len({r.data.tags["tune_fold_classes"] for r in search}) == 2
-    finals = runs("grid-tiny-tuned")
+    reports, table_sets = [], []
+    for run in runs("grid-tiny-tuned"):  # the reports, and the run that holds the table set
+        (table_sets if "table_set" in run.data.tags else reports).append(run)
+    assert [run.info.run_name for run in table_sets] == ["tiny-tuned"]
+    finals = reports
     assert (
         sorted(r.data.tags["tune_report"] for r in finals)
         == ["concatenated"] * 4 + ["separated"] * 4
