@@ -32,6 +32,7 @@ from torchvision import models as torchvision_models
 
 from harness.base.errors import HarnessError
 from harness.base.registry import Registry
+from harness.components.hub_weights import pretrained_timm_model
 
 __all__ = [
     "Backbone",
@@ -328,12 +329,12 @@ def _timm_model(timm_name: str, pretrained: bool, name: str, output_stride: int)
     # deferred: timm adds 0.4 s to --help and methods (the plugins import this module)
     import timm
 
+    if not pretrained:
+        return timm.create_model(timm_name, pretrained=False, output_stride=output_stride)
     try:
-        return timm.create_model(timm_name, pretrained=pretrained, output_stride=output_stride)
+        return pretrained_timm_model(timm_name, output_stride=output_stride)
     except Exception as err:
-        if pretrained:
-            raise _weights_unavailable(name, err) from None
-        raise
+        raise _weights_unavailable(name, err) from None
 
 
 @BACKBONES.register("resnet50")

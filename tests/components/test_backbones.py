@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from harness.base.errors import HarnessError
 from harness.components.backbones import BACKBONES, create_backbone, efficientnet_lite0_state_dict
 
+REPO = Path(__file__).resolve().parents[2]
 STRIDES = {"s8": 8, "s16": 16, "s32": 32}
 
 
@@ -89,6 +96,53 @@ def test_unavailable_pretrained_weights_fail_clearly(monkeypatch):
         HarnessError, match="pretrained weights for backbone 'resnet50' are not available offline"
     ):
         create_backbone("resnet50", pretrained=True)
+
+
+# A hub that refuses connections at once, a cache of its own, and offline mode off: what
+# a machine without a network sees, without waiting on name resolution.
+UNREACHABLE_HUB = "http://127.0.0.1:9"
+HUB_SCRIPT = """
+import sys, torch
+from harness.base.errors import HarnessError
+from harness.components.backbones import create_backbone
+try:
+    backbone = create_backbone("resnet18", pretrained=True)
+except HarnessError as err:
+    print("refused:", err)
+    sys.exit(3)
+print("conv1 sum:", float(backbone.body.conv1.weight.sum()))
+"""
+
+
+def run_with_hub_cache(cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=UNREACHABLE_HUB, HF_HUB_CACHE=str(cache), PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-c", HUB_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_missing_hub_weights_fail_at_once_without_retrying_the_hub(tmp_path):
+    done = run_with_hub_cache(tmp_path / "hub")
+    assert done.returncode == 3, done.stderr
+    assert "pretrained weights for backbone 'resnet18' are not available offline" in done.stdout
+    assert "Retrying" not in done.stderr
+
+
+def test_cached_hub_weights_load_without_asking_the_hub(tmp_path):
+    source = create_backbone("resnet18", pretrained=False)
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--timm--resnet18.tv_in1k"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    state = {k: v.contiguous() for k, v in source.body.state_dict().items()}
+    save_file(state, str(snapshot / "model.safetensors"))
+    done = run_with_hub_cache(tmp_path / "hub")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"conv1 sum: {float(source.body.conv1.weight.detach().sum())}" in done.stdout
+    assert "Retrying" not in done.stderr
 
 
 def test_weights_file_is_loaded_safely(tmp_path):
