@@ -127,13 +127,14 @@ def _measure(args: argparse.Namespace) -> int:
     resolve_device(args.device)
     if args.data_root is not None and not Path(args.data_root).is_dir():
         raise HarnessError(f"--data-root {args.data_root} does not exist or is not a folder")
+    ledgers = [load_ledger(args.ledger)] if args.ledger else None
+    if args.name:
+        measurable = measurable_deviations(args.grid, ledgers)
+        if args.name not in measurable:
+            smoke_name = load_grid(args.grid, smoke=True, max_cells=None).name
+            raise unknown_name(f"deviation of grid {smoke_name}", args.name, measurable)
     paper = load_grid(args.grid, max_cells=None)
     smoke = load_grid(args.grid, smoke=True, max_cells=None)
-    ledgers = [load_ledger(args.ledger)] if args.ledger else None
-    if args.name and args.name not in measurable_deviations(args.grid, ledgers):
-        raise unknown_name(
-            f"deviation of grid {smoke.name}", args.name, measurable_deviations(args.grid, ledgers)
-        )
     started = time.monotonic()
     effects = measure_deviations(
         args.grid,

@@ -42,8 +42,22 @@ def load_protocol(name_or_path: str | Path) -> Protocol:
             raise unknown_name("protocol", str(name_or_path), list_protocols())
     if not path.is_file():
         raise HarnessError(f"protocol file not found: {path}")
+    text = read_text(path, "TOML")
+    key = (path.resolve(), text)
+    if key not in _LOADED:
+        _LOADED[key] = _parse_protocol(path, text)
+    return _LOADED[key]
+
+
+#: Protocols parsed, by file and text. A grid's cells, a sweep's runs and a table's rows
+#: read the same few files hundreds of times, and a :class:`Protocol` is frozen, so each
+#: text is parsed and validated once.
+_LOADED: dict[tuple[Path, str], Protocol] = {}
+
+
+def _parse_protocol(path: Path, text: str) -> Protocol:
     try:
-        data = tomllib.loads(read_text(path, "TOML"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise HarnessError(f"malformed protocol file {path}: {err}") from None
     except RecursionError:  # arrays or tables nested thousands deep

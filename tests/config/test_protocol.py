@@ -332,3 +332,15 @@ def test_the_maps_points_are_out_of_the_fingerprint_and_checked():
     for bad in (49, 5001):
         with pytest.raises(HarnessError, match="evaluation.map_points"):
             apply_overrides(fair, {"evaluation.map_points": bad})
+
+
+def test_a_protocol_file_is_read_again_when_its_text_changes(tmp_path):
+    path = tmp_path / "edited.toml"
+    path.write_text('name = "edited"\n[embedding]\nsize = 64\n')
+    first = load_protocol(path)
+    assert load_protocol(path) is first  # the same text: parsed once
+    path.write_text('name = "edited"\n[embedding]\nsize = 32\n')  # same size, new value
+    assert load_protocol(path).embedding.size == 32
+    path.write_text('name = "edited"\n[embedding]\nsize = "wide"\n')
+    with pytest.raises(HarnessError, match="embedding.size"):
+        load_protocol(path)
