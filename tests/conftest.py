@@ -38,6 +38,14 @@ def tracking_uri_follows_the_environment():
         mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_folder(tmp_path_factory) -> Path:
+    """The harness's cache (the kept ``methods`` lines of installed plugins) is the session's."""
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["DML_HARNESS_CACHE"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
     """A data root shared by the session; the synthetic dataset is generated here once."""

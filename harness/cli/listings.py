@@ -18,6 +18,7 @@ from harness.cli.arguments import (
     positive_number,
 )
 from harness.cli.fetch import cmd_fetch, cmd_verify
+from harness.cli.plugin_lines import package_plugin_lines
 from harness.cli.ui import cmd_ui
 from harness.config.method_catalog import METHOD_LINES, SOURCE_DIGEST
 
@@ -50,21 +51,19 @@ def cmd_methods(args: argparse.Namespace) -> int:
     """Each registered method plugin: its name and description, then its paper (or
     ``harness baseline``) and its options with their defaults. The built-in plugins' lines
     come from :mod:`harness.config.method_catalog`, without importing a plugin (and
-    torch); the registry is read where a package installs plugins of its own or the
-    plugins are loaded already, or where the plugin files are not those the catalog was
-    written from."""
-    if (
-        METHODS_MODULE in sys.modules
-        or entry_points(group=METHOD_PLUGIN_GROUP)
-        or source_digest(PLUGIN_FOLDER) != SOURCE_DIGEST
-    ):
+    torch); an installed package's plugins from the lines kept when they were last read
+    (:mod:`harness.cli.plugin_lines`). The registry is read where the plugins are loaded
+    already, where the plugin files are not those the catalog was written from, or where a
+    package's files are not those its kept lines were read from."""
+    packages = entry_points(group=METHOD_PLUGIN_GROUP)
+    if METHODS_MODULE in sys.modules or source_digest(PLUGIN_FOLDER) != SOURCE_DIGEST:
         # deferred: the plugins and torch, which they build on, load only for a registry
         # the catalog does not hold
         from harness.methods.listing import method_lines
 
         lines = method_lines()
     else:
-        lines = METHOD_LINES
+        lines = {**METHOD_LINES, **package_plugin_lines(packages, set(METHOD_LINES))}
     print("\n".join(lines[name] for name in sorted(lines)))
     return 0
 

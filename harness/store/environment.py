@@ -11,6 +11,9 @@ The variables, each with what it sets:
   print their estimate before the first run (a CPU command over an hour stopping without
   ``--yes``), ``0`` starts at once, as ``--yes`` does, with no estimate;
 * ``DML_HARNESS_OPTUNA_STORAGE``: the Optuna storage of tuned grids when the command names none;
+* ``DML_HARNESS_CACHE``: where the harness keeps what it can recompute (the ``methods`` lines
+  of installed packages' plugins); default ``$XDG_CACHE_HOME/dml-harness``, else
+  ``~/.cache/dml-harness``;
 * ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``: the process group ``torchrun`` starts;
 * ``SLURM_JOB_ID``, ``SLURM_ARRAY_JOB_ID``, ``SLURM_ARRAY_TASK_ID``: the Slurm job a worker
   runs in, recorded as run tags.
@@ -32,6 +35,8 @@ __all__ = [
     "LOG_MODEL_ENV",
     "ESTIMATE_ENV",
     "OPTUNA_STORAGE_ENV",
+    "CACHE_ENV",
+    "cache_folder",
     "SLURM_TAGS",
     "carried_environment",
     "default_checkpoint_root",
@@ -49,6 +54,7 @@ LOG_MODEL_ENV = "DML_HARNESS_LOG_MODEL"
 #: The setting that turns off the warm-up and the estimate before ``run`` and ``sweep`` (``0``).
 ESTIMATE_ENV = "DML_HARNESS_ESTIMATE"
 OPTUNA_STORAGE_ENV = "DML_HARNESS_OPTUNA_STORAGE"
+CACHE_ENV = "DML_HARNESS_CACHE"
 #: MLflow tag -> the environment variable Slurm sets in a job's processes.
 SLURM_TAGS = {
     "slurm_job_id": "SLURM_JOB_ID",
@@ -90,6 +96,13 @@ def estimates_commands() -> bool:
 def optuna_storage_setting() -> str | None:
     """``$DML_HARNESS_OPTUNA_STORAGE``, or None where it is unset or empty."""
     return os.environ.get(OPTUNA_STORAGE_ENV) or None
+
+
+def cache_folder() -> Path:
+    """``$DML_HARNESS_CACHE``, else ``dml-harness`` under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "dml-harness"
 
 
 def slurm_ids() -> dict[str, str]:

@@ -43,8 +43,8 @@ def _help_argvs() -> list[list[str]]:
     return argvs
 
 
-def _loaded(argv: list[str]) -> tuple[int, list[str], str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+def _loaded(argv: list[str], **env_vars: str) -> tuple[int, list[str], str]:
+    env = {**os.environ, **env_vars, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(argv)],
         capture_output=True,
@@ -87,21 +87,25 @@ def test_the_check_finds_torch_and_the_plugins():
     assert "torch" in heavy and "harness.methods.plain" in heavy
 
 
-def test_methods_lists_the_registry_without_loading_a_plugin():
+def test_methods_lists_the_registry_without_loading_a_plugin(tmp_path):
     """In a fresh interpreter ``methods`` reads the catalog of built-in plugins and loads
     neither torch nor a plugin; what it prints is what the registry gives (so the catalog
     is not stale: ``nox -s docs`` writes it). Where a package installs plugins of its own
-    (``pip install ./my-plugin``), their lines come from their classes: the registry loads,
-    and every plugin is listed."""
-    code, modules, out = _loaded(["methods"])
+    (``pip install ./my-plugin``), their lines come from their classes the first time (the
+    registry loads) and from the lines kept then afterwards (nothing heavy loads)."""
     assert METHOD_LINES == method_lines(built_in=True) and SOURCE_DIGEST == source_digest(PLUGINS)
+    first = _loaded(["methods"], DML_HARNESS_CACHE=str(tmp_path))
+    again = _loaded(["methods"], DML_HARNESS_CACHE=str(tmp_path))
     if entry_points(group=METHOD_PLUGIN_GROUP):
         lines = method_lines()
-        assert code == 0 and "harness.methods.plain" in _heavy(modules)
+        assert "harness.methods.plain" in _heavy(first[1])
     else:
         lines = METHOD_LINES
-        assert code == 0 and _heavy(modules) == []
-    assert out.rstrip().rsplit("\n", 1)[0].rstrip() == "\n".join(lines[n] for n in sorted(lines))
+        assert _heavy(first[1]) == []
+    listing = "\n".join(lines[n] for n in sorted(lines))
+    for code, _, out in (first, again):
+        assert code == 0 and out.rstrip().rsplit("\n", 1)[0].rstrip() == listing
+    assert _heavy(again[1]) == []
 
 
 def test_deviations_help_lists_the_grids_from_their_files(capsys):

@@ -449,6 +449,37 @@ def test_an_installed_package_s_plugin_is_listed(installed_plugin, tmp_path):
     assert _repository_state() == state
 
 
+def test_an_installed_package_s_plugin_is_listed_from_kept_lines_until_its_file_changes(
+    installed_plugin, tmp_path
+):
+    site = tmp_path / "site"
+    shutil.copytree(installed_plugin, site)
+    env = {"DML_HARNESS_CACHE": str(tmp_path / "cache")}
+
+    def listing() -> tuple[str, bool]:
+        path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "harness", "methods"],
+            cwd=tmp_path,
+            env={**os.environ, **env, "PYTHONPATH": path},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        torch = any(line.split("|")[-1].strip() == "torch" for line in done.stderr.splitlines())
+        return done.stdout, torch
+
+    first, first_torch = listing()
+    kept, kept_torch = listing()
+    assert "installed plugin: average pooling + linear" in first and kept == first
+    assert first_torch and not kept_torch  # the kept lines: neither the plugin nor torch
+    module = site / "tinyhead_plugin.py"
+    module.write_text(module.read_text().replace("average pooling", "mean pooling"))
+    edited, edited_torch = listing()
+    assert "installed plugin: mean pooling + linear" in edited and edited_torch
+
+
 @pytest.mark.slow
 def test_an_installed_package_s_plugin_trains_and_evaluates(
     installed_plugin, tmp_path, data_root, tracking_dir

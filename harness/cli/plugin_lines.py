@@ -1,0 +1,89 @@
+"""The ``methods`` lines of the plugins that installed packages register, kept between calls.
+
+A package's plugin is listed from its class, so listing it imports the plugin and torch
+(seconds on a laptop). Its lines change only with its files: they are kept in
+``method-plugins.json`` under :func:`~harness.store.environment.cache_folder`, keyed by each
+entry point (name, module, distribution and version) and a digest of its module's files,
+and read back while every key still matches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint
+from importlib.util import find_spec
+from pathlib import Path
+
+from harness.base.atomic import atomic_write_json
+from harness.base.registry import source_digest
+from harness.store.environment import cache_folder
+
+__all__ = ["package_plugin_lines", "LISTING_FILE"]
+
+LISTING_FILE = "method-plugins.json"
+
+
+def package_plugin_lines(entry_points: Iterable[EntryPoint], built_in: set[str]) -> dict[str, str]:
+    """``{name: lines}`` of the methods that the packages of ``entry_points`` register
+    (every registered method not in ``built_in``): kept lines while the packages' files are
+    those they were read from, else read from the registry (which imports the plugins) and
+    kept."""
+    points = list(entry_points)
+    if not points:
+        return {}
+    key = _entry_point_key(points)
+    path = cache_folder() / LISTING_FILE
+    kept = _read(path)
+    if key is not None and kept.get("key") == key:
+        return kept["lines"]
+    # deferred: the plugins and torch, which they build on, load only when the kept lines
+    # do not match the installed packages
+    from harness.methods.listing import method_lines
+
+    lines = {name: line for name, line in method_lines().items() if name not in built_in}
+    if key is not None:
+        try:
+            atomic_write_json(path, {"key": key, "lines": lines})
+        except OSError:
+            pass  # an unwritable cache folder: the next call reads the registry again
+    return lines
+
+
+def _entry_point_key(entry_points: Iterable[EntryPoint]) -> list[list[str]] | None:
+    """Per entry point: its name, module, distribution, version and the digest of its
+    module's files; None where a module cannot be found without running it."""
+    key = []
+    for point in sorted(entry_points, key=lambda p: (p.name, p.value)):
+        try:
+            spec = find_spec(point.module)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+            return None
+        origin = Path(spec.origin)
+        digest = (
+            source_digest(origin.parent)
+            if spec.submodule_search_locations is not None
+            else hashlib.sha256(origin.read_bytes()).hexdigest()
+        )
+        dist = point.dist
+        key.append(
+            [
+                point.name,
+                point.value,
+                dist.name if dist else "",
+                dist.version if dist else "",
+                digest,
+            ]
+        )
+    return key
+
+
+def _read(path: Path) -> dict:
+    """The kept listing, or ``{}`` where there is none or it cannot be read."""
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) and isinstance(kept.get("lines"), dict) else {}
