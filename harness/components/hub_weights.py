@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 from torch import nn
 
@@ -44,14 +45,17 @@ def cached_weights_file(timm_name: str) -> str | None:
 
 
 def hub_reachable() -> bool:
-    """Whether the hub's host (``HF_ENDPOINT``) accepts a connection, and offline mode
-    (``HF_HUB_OFFLINE``) is off."""
+    """Whether offline mode (``HF_HUB_OFFLINE``) is off and the hub's host (``HF_ENDPOINT``)
+    accepts a connection. Behind a proxy the host is not probed (the proxy may be the only
+    way out): the download is tried."""
     # deferred: huggingface_hub is only needed where pretrained weights are asked for
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
     endpoint = urlsplit(constants.ENDPOINT)
+    if endpoint.scheme in getproxies():
+        return True
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
         with socket.create_connection((endpoint.hostname or "", port), timeout=PROBE_SECONDS):

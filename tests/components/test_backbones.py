@@ -115,7 +115,12 @@ print("conv1 sum:", float(backbone.body.conv1.weight.sum()))
 
 
 def run_with_hub_cache(cache: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    # No proxy either: behind one the hub is not probed but asked.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "HF_HUB_OFFLINE" and not k.lower().endswith("_proxy")
+    }
     env.update(HF_ENDPOINT=UNREACHABLE_HUB, HF_HUB_CACHE=str(cache), PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-c", HUB_SCRIPT], env=env, capture_output=True, text=True, timeout=120
