@@ -16,6 +16,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
+from harness.base.errors import HarnessError
 from harness.base.registry import source_digest
 from harness.store.environment import cache_folder
 
@@ -45,7 +46,7 @@ def package_plugin_lines(entry_points: Iterable[EntryPoint], built_in: set[str])
     if key is not None:
         try:
             atomic_write_json(path, {"key": key, "lines": lines})
-        except OSError:
+        except (OSError, HarnessError):
             pass  # an unwritable cache folder: the next call reads the registry again
     return lines
 

@@ -478,6 +478,9 @@ def test_an_installed_package_s_plugin_is_listed_from_kept_lines_until_its_file_
     module.write_text(module.read_text().replace("average pooling", "mean pooling"))
     edited, edited_torch = listing()
     assert "installed plugin: mean pooling + linear" in edited and edited_torch
+    env["DML_HARNESS_CACHE"] = str(module)  # a file, not a folder: nothing can be kept
+    unkept, unkept_torch = listing()
+    assert unkept == edited and unkept_torch
 
 
 @pytest.mark.slow
