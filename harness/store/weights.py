@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -17,7 +18,14 @@ from harness.store.dead_runs import under_checkpoint_root
 from harness.store.location import tracking_uri
 from harness.store.tracking import _existing_run_experiment
 
-__all__ = ["MODEL_PATH_TAG", "check_finished_run", "load_finished_weights"]
+__all__ = [
+    "MODEL_PATH_TAG",
+    "FinishedWeights",
+    "check_finished_run",
+    "find_finished_weights",
+    "load_weights",
+    "load_finished_weights",
+]
 
 #: The tag holding a run's selected weights (``model.pt``), relative to the checkpoint
 #: root (an absolute one, as some records hold, is read as it is).
@@ -77,27 +85,28 @@ def _finished_run(run_id: str, flag: str):
     return run
 
 
-def load_finished_weights(
-    model,
+@dataclass(frozen=True)
+class FinishedWeights:
+    """Where a FINISHED run's selected weights are: the run, the file, the sha256 the run
+    recorded for it (empty where it recorded none) and the epoch its tags say it selected."""
+
+    run_id: str
+    path: Path
+    sha256: str = ""
+    selected_epoch: int = 0
+
+
+def find_finished_weights(
     run_id: str,
     *,
     flag: str,
     expect_fingerprint: str = "",
     checkpoint_root: Path | None = None,
-    strict: bool = False,
-) -> int:
-    """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
-    run selected them at. ``flag``: where the caller took ``run_id`` from (an option, a
-    setting), named at the start of every refusal.
-
-    The file is found under ``checkpoint_root`` (relative tag) or at the recorded absolute
-    path, and must match the run's ``model_sha256`` tag (when it has one): a file changed
-    or replaced since is one error line, not silently other weights.
-    Keys the new head does not have are an error; keys only the new head has (e.g. a
-    re-ranking head's extra parameters) keep their initialisation, unless ``strict`` (a model
-    that must be the run's whole: an export), where they are an error. ``expect_fingerprint``
-    (evaluate-only runs): the run must have been trained under this same protocol and split.
-    """
+) -> FinishedWeights:
+    """The weights file of FINISHED run ``run_id``: under ``checkpoint_root`` (relative tag)
+    or at the recorded absolute path. ``flag``: where the caller took ``run_id`` from (an
+    option, a setting), named at the start of every refusal. ``expect_fingerprint``
+    (evaluate-only runs): the run must have been trained under this same protocol and split."""
     run = _finished_run(run_id, flag)
     path = _weights_file(run_id, run.data.tags, checkpoint_root, flag)
     trained_under = run.data.tags.get("fingerprint", "")
@@ -107,7 +116,22 @@ def load_finished_weights(
             f"{trained_under or 'unknown'}, this run's is {expect_fingerprint}; evaluating "
             f"without training needs the same protocol, dataset and loss"
         )
-    state, selected = _saved_weights(path, run_id, run.data.tags.get("model_sha256", ""), flag)
+    tags = run.data.tags
+    return FinishedWeights(
+        run_id, path, tags.get("model_sha256", ""), int(tags.get("selected_epoch") or 0)
+    )
+
+
+def load_weights(model, weights: FinishedWeights, *, flag: str, strict: bool = False) -> int:
+    """Load ``weights`` into ``model`` (the file must match its recorded sha256: a file
+    changed or replaced since is one error line, not silently other weights); returns the
+    epoch the run selected them at.
+
+    Keys the new head does not have are an error; keys only the new head has (e.g. a
+    re-ranking head's extra parameters) keep their initialisation, unless ``strict`` (a model
+    that must be the run's whole: an export), where they are an error."""
+    run_id, path = weights.run_id, weights.path
+    state, selected = _saved_weights(path, run_id, weights.sha256, flag)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise HarnessError(f"{flag}: run '{run_id}' has weights this model lacks: {unexpected[:3]}")
@@ -118,7 +142,24 @@ def load_finished_weights(
         file=sys.stderr,
         flush=True,
     )
-    return int(selected or run.data.tags.get("selected_epoch") or 0)
+    return int(selected or weights.selected_epoch)
+
+
+def load_finished_weights(
+    model,
+    run_id: str,
+    *,
+    flag: str,
+    expect_fingerprint: str = "",
+    checkpoint_root: Path | None = None,
+    strict: bool = False,
+) -> int:
+    """Load the selected weights of a FINISHED run into ``model``; returns the epoch that
+    run selected them at (:func:`find_finished_weights`, then :func:`load_weights`)."""
+    weights = find_finished_weights(
+        run_id, flag=flag, expect_fingerprint=expect_fingerprint, checkpoint_root=checkpoint_root
+    )
+    return load_weights(model, weights, flag=flag, strict=strict)
 
 
 def _saved_weights(path: Path, run_id: str, expected: str, flag: str) -> tuple[dict, int | None]:

@@ -38,7 +38,7 @@ from harness.engine.run.views import DrawRetrievalViews
 from harness.methods import METHODS, ProcessBound
 from harness.store.dead_runs import mark_dead_runs_killed
 from harness.store.tracking import filter_value, newest_run
-from harness.store.weights import load_finished_weights
+from harness.store.weights import FinishedWeights, find_finished_weights, load_weights
 
 __all__ = [
     "ResolvedRun",
@@ -65,6 +65,8 @@ class ResolvedRun:
     checkpoint: dict[str, Any] | None = None
     #: An evaluate-only run trains nothing and keeps no last.pt: it resumes into its run.
     previous: str | None = None
+    #: The weights the model starts from (``init_from``'s), found and checked; None: fresh.
+    init_weights: FinishedWeights | None = None
     #: The run's record without its outcome (method, protocol, deviations, settings).
     record: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +85,8 @@ class AssembledRun:
 def resolve_run(cfg: RunConfig, splits: DatasetSplits | None = None) -> ResolvedRun:
     """Resolve the device and processes; load the splits (unless given, with the protocol's
     batch rule checked on them); fingerprint the run; find the checkpoint (or,
-    evaluate-only, the earlier run) a resume continues."""
+    evaluate-only, the earlier run) a resume continues, and the weights of ``init_from``
+    (an evaluate-only run's must carry the run's fingerprint)."""
     if cfg.evaluate_only and not cfg.init_from:
         raise HarnessError(
             "an evaluate-only run needs init_from (the run whose weights it evaluates)"
@@ -123,6 +126,13 @@ def resolve_run(cfg: RunConfig, splits: DatasetSplits | None = None) -> Resolved
         record=_run_record(cfg, fp, procs),
     )
     _find_resume(resolved)
+    if cfg.init_from:
+        resolved.init_weights = find_finished_weights(
+            cfg.init_from,
+            flag="--init-from",
+            checkpoint_root=settings.init_root or settings.checkpoint_root,
+            expect_fingerprint=fp if cfg.evaluate_only else "",
+        )
     return resolved
 
 
@@ -267,18 +277,12 @@ def _trainer(
 
 def _initial_model(resolved: ResolvedRun) -> tuple[EmbeddingModel, int]:
     """Seed, then the run's model on its device and the epoch its weights come from (0:
-    fresh ones; else the selected epoch of ``init_from``, read from the tracking store and
-    the checkpoint root; an evaluate-only run's must carry the run's fingerprint)."""
+    fresh ones; else the selected epoch of ``init_from``, whose weights the resolution
+    found)."""
     cfg = resolved.cfg
     seed_everything(cfg.seed)
     model = build_model(cfg.protocol, cfg.method, cfg.method_options)
     init_selected_epoch = 0
-    if cfg.init_from:
-        init_selected_epoch = load_finished_weights(
-            model,
-            cfg.init_from,
-            flag="--init-from",
-            checkpoint_root=cfg.settings.init_root or cfg.settings.checkpoint_root,
-            expect_fingerprint=resolved.fingerprint if cfg.evaluate_only else "",
-        )
+    if resolved.init_weights is not None:
+        init_selected_epoch = load_weights(model, resolved.init_weights, flag="--init-from")
     return on_device(model, resolved.device), init_selected_epoch
