@@ -3,8 +3,8 @@
 A package's plugin is listed from its class, so listing it imports the plugin and torch
 (seconds on a laptop). Its lines change only with its files: they are kept in
 ``method-plugins.json`` under :func:`~harness.store.environment.cache_folder`, keyed by each
-entry point (name, module, distribution and version) and a digest of its module's files,
-and read back while every key still matches."""
+entry point (name, module, distribution and version) and a digest of the Python files of
+its top-level package, and read back while every key still matches."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from harness.base.atomic import atomic_write_json
 from harness.base.errors import HarnessError
-from harness.base.registry import source_digest
 from harness.store.environment import cache_folder
 
 __all__ = ["package_plugin_lines", "LISTING_FILE"]
@@ -52,22 +51,14 @@ def package_plugin_lines(entry_points: Iterable[EntryPoint], built_in: set[str])
 
 
 def _entry_point_key(entry_points: Iterable[EntryPoint]) -> list[list[str]] | None:
-    """Per entry point: its name, module, distribution, version and the digest of its
-    module's files; None where a module cannot be found without running it."""
+    """Per entry point: its name, module, distribution, version and the digest of the
+    Python files of its top-level package (or module); None where one cannot be found
+    without running it."""
     key = []
     for point in sorted(entry_points, key=lambda p: (p.name, p.value)):
-        try:
-            spec = find_spec(point.module)
-        except (ImportError, ValueError):
+        digest = _source_digest(point.module.split(".")[0])
+        if digest is None:
             return None
-        if spec is None or spec.origin is None or not Path(spec.origin).is_file():
-            return None
-        origin = Path(spec.origin)
-        digest = (
-            source_digest(origin.parent)
-            if spec.submodule_search_locations is not None
-            else hashlib.sha256(origin.read_bytes()).hexdigest()
-        )
         dist = point.dist
         key.append(
             [
@@ -79,6 +70,31 @@ def _entry_point_key(entry_points: Iterable[EntryPoint]) -> list[list[str]] | No
             ]
         )
     return key
+
+
+def _source_digest(top_level: str) -> str | None:
+    """The sha256 of the Python files of package ``top_level`` (relative names and
+    contents, in name order) or of module ``top_level``'s file; found without importing it."""
+    try:
+        spec = find_spec(top_level)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        files = sorted(
+            (path.relative_to(folder).as_posix(), path)
+            for folder in map(Path, spec.submodule_search_locations)
+            for path in folder.rglob("*.py")
+        )
+    elif spec.origin and Path(spec.origin).is_file():
+        files = [(Path(spec.origin).name, Path(spec.origin))]
+    else:
+        return None
+    digest = hashlib.sha256()
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _read(path: Path) -> dict:
