@@ -125,14 +125,14 @@ def resolve_run(cfg: RunConfig, splits: DatasetSplits | None = None) -> Resolved
         cfg.experiment or f"{cfg.dataset}-{cfg.protocol.name}",
         record=_run_record(cfg, fp, procs),
     )
-    _find_resume(resolved)
-    if cfg.init_from:
+    if cfg.init_from:  # a refusal comes before _find_resume changes anything in the store
         resolved.init_weights = find_finished_weights(
             cfg.init_from,
             flag="--init-from",
             checkpoint_root=settings.init_root or settings.checkpoint_root,
             expect_fingerprint=fp if cfg.evaluate_only else "",
         )
+    _find_resume(resolved)
     return resolved
 
 
