@@ -185,11 +185,13 @@ def import_modules(package: str, path: Iterable[str], *, skip: Iterable[str] = (
             importlib.import_module(f"{package}.{module}")
 
 
-def source_digest(folder: Path) -> str:
-    """The sha256 of the Python files of ``folder`` (names and contents, in name order):
-    a catalog written from the plugins of a package holds its digest, and is read only
-    while the package's files are the ones it was written from."""
+def source_digest(folder: Path, *, recursive: bool = False) -> str:
+    """The sha256 of the Python files of ``folder`` (``recursive``: and of its subfolders;
+    names relative to ``folder`` and contents, in name order): a catalog written from the
+    plugins of a package holds its digest, and is read only while the package's files are
+    the ones it was written from."""
+    files = folder.rglob("*.py") if recursive else folder.glob("*.py")
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in sorted((p.relative_to(folder).as_posix(), p) for p in files):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()

@@ -55,7 +55,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
     (:mod:`harness.cli.plugin_lines`). The registry is read where the plugins are loaded
     already, where the plugin files are not those the catalog was written from, or where a
     package's files are not those its kept lines were read from."""
-    packages = entry_points(group=METHOD_PLUGIN_GROUP)
     if METHODS_MODULE in sys.modules or source_digest(PLUGIN_FOLDER) != SOURCE_DIGEST:
         # deferred: the plugins and torch, which they build on, load only for a registry
         # the catalog does not hold
@@ -63,6 +62,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
         lines = method_lines()
     else:
+        packages = entry_points(group=METHOD_PLUGIN_GROUP)
         lines = {**METHOD_LINES, **package_plugin_lines(packages, set(METHOD_LINES))}
     print("\n".join(lines[name] for name in sorted(lines)))
     return 0

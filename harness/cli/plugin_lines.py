@@ -8,15 +8,15 @@ its top-level package, and read back while every key still matches."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from importlib.metadata import EntryPoint
 from importlib.util import find_spec
 from pathlib import Path
 
-from harness.base.atomic import atomic_write_json
+from harness.base.atomic import atomic_write_json, sha256_file
 from harness.base.errors import HarnessError
+from harness.base.registry import source_digest
 from harness.store.environment import cache_folder
 
 __all__ = ["package_plugin_lines", "LISTING_FILE"]
@@ -73,8 +73,8 @@ def _entry_point_key(entry_points: Iterable[EntryPoint]) -> list[list[str]] | No
 
 
 def _source_digest(top_level: str) -> str | None:
-    """The sha256 of the Python files of package ``top_level`` (relative names and
-    contents, in name order) or of module ``top_level``'s file; found without importing it."""
+    """The digest of package ``top_level``'s Python files, or of module ``top_level``'s
+    file; found without importing it."""
     try:
         spec = find_spec(top_level)
     except (ImportError, ValueError):
@@ -82,19 +82,11 @@ def _source_digest(top_level: str) -> str | None:
     if spec is None:
         return None
     if spec.submodule_search_locations:
-        files = sorted(
-            (path.relative_to(folder).as_posix(), path)
-            for folder in map(Path, spec.submodule_search_locations)
-            for path in folder.rglob("*.py")
-        )
-    elif spec.origin and Path(spec.origin).is_file():
-        files = [(Path(spec.origin).name, Path(spec.origin))]
-    else:
-        return None
-    digest = hashlib.sha256()
-    for name, path in files:
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+        folders = map(Path, spec.submodule_search_locations)
+        return ",".join(source_digest(folder, recursive=True) for folder in folders)
+    if spec.origin and Path(spec.origin).is_file():
+        return sha256_file(spec.origin)
+    return None
 
 
 def _read(path: Path) -> dict:
